@@ -1,0 +1,252 @@
+"""Snapshots, demands, plan actions and quotes: the value objects of pricing.
+
+A :class:`ChainSnapshot` holds counts and byte frontiers only, never hole positions, so
+every capacity decision is a pure function of ``O(bands)`` numbers.
+
+Band geometry in a snapshot (bytes, half-open span ``[lo, hi)``)::
+
+    LOW END   lo = 0,  hi = span * P           grows up at hi
+    FLOAT     lo, hi multiples of P            grows at either side
+    HIGH END  hi = B,  lo = B - span * P       grows down at lo
+
+    span = live + holes  (pages);  the null pages are live pages held by the chain.
+
+Plan actions (all page counts > 0), each paired with the predicted snapshot after it:
+
+================  =========================================================================
+``UseHoles``      band takes ``pages`` of its holes in place: live += k, holes -= k.
+``Extend``        band grows by ``pages`` new pages at ``side`` (an END only at its
+                  frontier side: LOW END -> HIGH, HIGH END -> LOW): live += k, span += k.
+``Compact``       band moves live pages into holes so that the frontier at ``side``
+                  retreats by ``pages``: holes -= k, span -= k. Copies at most k pages
+                  (fewer when holes already lie at that frontier). LOW END side HIGH,
+                  HIGH END side LOW; a FLOAT either side (HIGH: ``hi`` retreats).
+``Relocate``      FLOAT only: live pages move to the packed span ``[lo, lo + live * P)``
+                  (``lo`` a multiple of P): holes = 0. Copies at most ``live`` pages.
+``WaitFence``     wait for the in-flight forward's fence before any copy; clears
+                  ``fence_pending`` on every band.
+================  =========================================================================
+
+Execution order inside a plan is always: ``WaitFence``; ``Compact`` of ENDs;
+``Compact``/``Relocate`` of the float; ``UseHoles``; ``Extend`` - so every copy happens
+before any new page is handed out and every extension lands on free bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from kvchain.layout import Anchor
+
+
+class Side(StrEnum):
+    """A side of a band: ``LOW`` (toward byte 0) or ``HIGH`` (toward byte B)."""
+
+    LOW = "low"
+    HIGH = "high"
+
+
+@dataclass(frozen=True, slots=True)
+class BandSnapshot:
+    """Counts and frontiers of one band.
+
+    Attributes:
+        label: lifetime label (``"state"``, ``"window"``, ``"local"``, ``"full"``).
+        anchor: LOW, HIGH or FLOAT.
+        page_bytes: ``P_X`` bytes per page.
+        lo: low frontier, bytes (inclusive).
+        hi: high frontier, bytes (exclusive).
+        live: pages bound to virtual ids (null pages included).
+        holes: free pages inside ``[lo, hi)``.
+        cap: index-space cap, pages (the span may not exceed it).
+        movable: the move gate is open (pages may be copied at all).
+        fence_pending: an in-flight forward may still write pages; a copy must first wait
+            for its fence (an action ``WaitFence``).
+    """
+
+    label: str
+    anchor: Anchor
+    page_bytes: int
+    lo: int
+    hi: int
+    live: int
+    holes: int
+    cap: int
+    movable: bool = True
+    fence_pending: bool = False
+
+    @property
+    def span(self) -> int:
+        """Pages in ``[lo, hi)``: ``live + holes``."""
+        return (self.hi - self.lo) // self.page_bytes
+
+    @property
+    def free_index_room(self) -> int:
+        """Pages the span may still grow by under the index-space cap."""
+        return self.cap - self.span
+
+
+@dataclass(frozen=True, slots=True)
+class ChainSnapshot:
+    """The chain as pricing sees it: buffer bytes + band snapshots, low -> high.
+
+    ``epoch`` is the chain's capacity epoch when the snapshot was taken; it does not take
+    part in equality (price == outcome compares counts and frontiers only).
+    """
+
+    buffer_bytes: int
+    bands: tuple[BandSnapshot, ...]
+    epoch: int = field(default=0, compare=False)
+
+    def gap_below(self, i: int) -> int:
+        """Free bytes between band ``i - 1`` (or byte 0) and band ``i``."""
+        low = self.bands[i - 1].hi if i > 0 else 0
+        return self.bands[i].lo - low
+
+    def gap_above(self, i: int) -> int:
+        """Free bytes between band ``i`` and band ``i + 1`` (or byte B)."""
+        high = self.bands[i + 1].lo if i + 1 < len(self.bands) else self.buffer_bytes
+        return high - self.bands[i].hi
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of live pages of all bands (null pages included)."""
+        return sum(b.live * b.page_bytes for b in self.bands)
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes not held by a live page: holes plus gaps."""
+        return self.buffer_bytes - self.live_bytes
+
+    def with_band(self, i: int, band: BandSnapshot) -> ChainSnapshot:
+        """A copy with band ``i`` replaced (same epoch)."""
+        bands = list(self.bands)
+        bands[i] = band
+        return replace(self, bands=tuple(bands))
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """Pages wanted per band, aligned with the chain's bands (low -> high).
+
+    For a state band the pages are state slots. Build one with :meth:`zeros` and
+    :meth:`plus`, or directly from a tuple.
+    """
+
+    pages: tuple[int, ...]
+
+    @staticmethod
+    def zeros(num_bands: int) -> Demand:
+        """The empty demand of a chain with ``num_bands`` bands."""
+        return Demand((0,) * num_bands)
+
+    def plus(self, other: Demand) -> Demand:
+        """Element-wise sum (both must have the same length)."""
+        return Demand(tuple(a + b for a, b in zip(self.pages, other.pages, strict=True)))
+
+    def scaled(self, n: int) -> Demand:
+        """Every band's pages times ``n``."""
+        return Demand(tuple(a * n for a in self.pages))
+
+    @property
+    def is_empty(self) -> bool:
+        """True when no band wants a page."""
+        return not any(self.pages)
+
+
+# --- plan actions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UseHoles:
+    """Take ``pages`` holes of band ``band`` in place."""
+
+    band: int
+    pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class Extend:
+    """Grow band ``band`` by ``pages`` new pages at ``side``."""
+
+    band: int
+    side: Side
+    pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class Compact:
+    """Retreat band ``band``'s frontier at ``side`` by ``pages`` (that many holes removed)."""
+
+    band: int
+    side: Side
+    pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class Relocate:
+    """Pack the float band ``band`` into ``[lo, lo + live * page_bytes)`` with no holes."""
+
+    band: int
+    lo: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitFence:
+    """Wait for the in-flight forward's fence before copying."""
+
+
+Action = UseHoles | Extend | Compact | Relocate | WaitFence
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """One action of a plan and the snapshot predicted after it."""
+
+    action: Action
+    after: ChainSnapshot
+
+
+class RefusalReason(StrEnum):
+    """Why a quote refuses."""
+
+    BYTES = "bytes"  # demand + live bytes exceed the buffer: nothing can help
+    GRID = "grid"  # bytes suffice, but no candidate places whole pages
+    INDEX_CAP = "index_cap"  # a band's span would exceed its index-space cap
+    MOVES_BLOCKED = "moves_blocked"  # only a plan with copies fits, and the gate is closed
+
+
+@dataclass(frozen=True, slots=True)
+class Quote:
+    """The planner's answer for one demand on one snapshot.
+
+    Attributes:
+        demand: the priced demand.
+        before: the snapshot priced.
+        steps: the ordered plan (empty if the demand is empty or refused).
+        fits: whether the plan realizes the demand.
+        shortfall_bytes: on refusal, positive: extra free bytes the best candidate needs
+            (0 when it fits).
+        reason: on refusal, why; ``None`` when it fits.
+        copied_bytes: upper bound of bytes the plan copies (sum of ``pages x P`` of its
+            Compact and Relocate actions; 0 for an in-place plan).
+    """
+
+    demand: Demand
+    before: ChainSnapshot
+    steps: tuple[PlanStep, ...]
+    fits: bool
+    shortfall_bytes: int = 0
+    reason: RefusalReason | None = None
+    copied_bytes: int = 0
+
+    @property
+    def after(self) -> ChainSnapshot:
+        """Predicted snapshot after the whole plan (``before`` if there are no steps)."""
+        return self.steps[-1].after if self.steps else self.before
+
+    @property
+    def needs_moves(self) -> bool:
+        """True when the plan copies pages (Compact or Relocate)."""
+        return any(isinstance(s.action, Compact | Relocate) for s in self.steps)

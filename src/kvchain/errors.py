@@ -1,0 +1,131 @@
+"""Typed errors of kvchain.
+
+Every refused or invalid operation raises a subclass of :class:`KVChainError` and leaves
+the object it was called on exactly as it was (snapshot, epoch, tables, bytes).
+"""
+
+from __future__ import annotations
+
+
+class KVChainError(Exception):
+    """Base class of every error kvchain raises on purpose."""
+
+
+# --- configuration (spec, catalog, layout) -------------------------------------------
+
+
+class ConfigError(KVChainError, ValueError):
+    """A model configuration or option is invalid (names the field and the value)."""
+
+
+class UnknownFamilyError(ConfigError):
+    """A Hugging Face config whose architecture/model_type kvchain cannot map to layers."""
+
+
+class MissingFieldError(ConfigError):
+    """A config lacks a field the layer declarations need (names the field)."""
+
+
+class UnknownModelError(ConfigError, KeyError):
+    """A catalog lookup by a name that no bundled model has."""
+
+
+class UnknownGPUError(ConfigError, KeyError):
+    """A GPU name that the GPU table does not know."""
+
+
+class LayoutError(ConfigError):
+    """Classes that cannot be laid out as a chain (e.g. both window and chunked-local)."""
+
+
+class BufferTooSmallError(LayoutError):
+    """The buffer cannot hold one smallest request.
+
+    Attributes:
+        needed_bytes: bytes the smallest request needs (pages rounded, reserved pages
+            included).
+        available_bytes: bytes of the buffer.
+    """
+
+    def __init__(self, message: str, *, needed_bytes: int, available_bytes: int) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.available_bytes = available_bytes
+
+
+# --- allocation -----------------------------------------------------------------------
+
+
+class AllocationError(KVChainError):
+    """Base of the chain allocator's errors."""
+
+
+class InvalidDemandError(AllocationError, ValueError):
+    """A demand of the wrong length, negative pages or a band index out of range."""
+
+
+class CapacityError(AllocationError):
+    """A demand that does not fit the chain now.
+
+    Attributes:
+        shortfall_bytes: positive proof of the refusal: how many more free bytes (of the
+            best candidate plan, grid rounding included) the demand needs.
+        demand: the refused :class:`~kvchain.alloc.snapshot.Demand`.
+        reason: short machine-readable reason (``"bytes"``, ``"grid"``, ``"index_cap"``,
+            ``"moves_blocked"``).
+    """
+
+    def __init__(self, message: str, *, shortfall_bytes: int, demand: object, reason: str) -> None:
+        super().__init__(message)
+        self.shortfall_bytes = shortfall_bytes
+        self.demand = demand
+        self.reason = reason
+
+
+class UnknownPageError(AllocationError, KeyError):
+    """A virtual page id that is not bound in its band (never taken, or out of range)."""
+
+
+class DoubleReleaseError(AllocationError):
+    """A virtual page released twice (or twice within one release call)."""
+
+
+class MovesBlockedError(AllocationError):
+    """A move was asked for while the move gate is closed."""
+
+
+class PlanMismatchError(AllocationError, AssertionError):
+    """The executor's live snapshot differs from the planner's prediction: a bug."""
+
+
+class AuditError(AllocationError, AssertionError):
+    """The chain's integrity audit failed (overlap, span != live + holes, bad tables)."""
+
+
+# --- requests and scheduling ------------------------------------------------------------
+
+
+class RequestError(KVChainError):
+    """Base of the request layer's and scheduler's errors."""
+
+
+class UnknownRequestError(RequestError, KeyError):
+    """A request id the KV manager or scheduler does not hold."""
+
+
+class RequestTooLargeError(RequestError):
+    """A request that can never fit the chain, even alone on an empty chain.
+
+    Attributes:
+        needed_bytes: bytes it needs at its peak.
+        available_bytes: bytes the empty chain offers.
+    """
+
+    def __init__(self, message: str, *, needed_bytes: int, available_bytes: int) -> None:
+        super().__init__(message)
+        self.needed_bytes = needed_bytes
+        self.available_bytes = available_bytes
+
+
+class TraceError(KVChainError, ValueError):
+    """A malformed request trace (names the file, line and field)."""

@@ -1,0 +1,227 @@
+"""Chain layout: buffer bytes + cache classes -> ordered bands, page sizes, validation.
+
+The chain (DESIGN section 2)::
+
+     byte 0                                                        byte B
+     | state band  ->|    low gap    |<- window band ->|   high gap   |<- full band |
+       END (LOW), grows up            FLOAT (middle)                   END (HIGH), grows down
+
+Band order is fixed by lifetime: state < window/local < full. One class is a plain pool
+(a LOW END); two classes are two ENDs; three are LOW END | FLOAT | HIGH END. The ENDs hold
+what is costly to move or grows without bound (state slots, full-attention pages); the
+window (or chunked-local) band is capped per request and cheapest to move, so it floats.
+
+Page grids: a LOW END and the FLOAT use the absolute grid (physical page ``j`` at bytes
+``[j * P, (j + 1) * P)``); a HIGH END is anchored at ``B``, so its grid starts at
+``grid_base = B mod P``. Physical page ``j`` of any band lies at
+``[grid_base + j * P, grid_base + (j + 1) * P)``.
+
+Reserved pages: one **null page** per band whose pages are released while their request
+still runs (window and chunked-local), so page tables can point released entries at zeros
+of the same band. Full-attention pages are only released with their request, so the full
+band reserves nothing (this keeps F8/F10 capacities exact: ``15,520`` and
+``1,150,000`` tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from kvchain.errors import BufferTooSmallError, LayoutError
+from kvchain.spec.layers import CacheClass, LifetimeClass
+
+
+class Anchor(StrEnum):
+    """Where a band is pinned: ``LOW`` END (grows up), ``HIGH`` END (grows down), ``FLOAT``."""
+
+    LOW = "low"
+    HIGH = "high"
+    FLOAT = "float"
+
+
+@dataclass(frozen=True, slots=True)
+class BandLayout:
+    """Geometry of one band.
+
+    Attributes:
+        cache_class: the lifetime class the band holds.
+        anchor: LOW, HIGH or FLOAT.
+        page_tokens: tokens per page (``P``) for token bands; 1 for the state band (one
+            slot per page).
+        page_bytes: bytes per page: ``P * E`` for token bands, ``S`` for the state band.
+        grid_base: byte offset of physical page 0 (see module docstring).
+        cap: index-space cap: the most pages the band may address (physical indices
+            ``0 .. cap - 1`` on its grid).
+        reserved_pages: null pages the chain holds in this band from construction on.
+    """
+
+    cache_class: CacheClass
+    anchor: Anchor
+    page_tokens: int
+    page_bytes: int
+    grid_base: int
+    cap: int
+    reserved_pages: int
+
+    @property
+    def lifetime(self) -> LifetimeClass:
+        """The band's lifetime class."""
+        return self.cache_class.lifetime
+
+    @property
+    def label(self) -> str:
+        """Short name: ``"state"``, ``"window"``, ``"local"`` or ``"full"``."""
+        return self.cache_class.lifetime.value
+
+
+@dataclass(frozen=True, slots=True)
+class ChainLayout:
+    """A validated chain layout.
+
+    Attributes:
+        buffer_bytes: ``B``.
+        page_size: tokens per page of every token band (``P``).
+        bands: band layouts ordered low -> high in the buffer.
+        state_slots_per_request: slots a new request claims (1 working + checkpoints).
+    """
+
+    buffer_bytes: int
+    page_size: int
+    bands: tuple[BandLayout, ...]
+    state_slots_per_request: int = 1
+
+    def index_of(self, lifetime: LifetimeClass) -> int | None:
+        """Band index (low -> high) of a lifetime class, or ``None`` if absent."""
+        for i, band in enumerate(self.bands):
+            if band.lifetime is lifetime:
+                return i
+        return None
+
+    def band(self, lifetime: LifetimeClass) -> BandLayout | None:
+        """The band of a lifetime class, or ``None``."""
+        i = self.index_of(lifetime)
+        return None if i is None else self.bands[i]
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of all null pages."""
+        return sum(b.reserved_pages * b.page_bytes for b in self.bands)
+
+    @property
+    def shape_name(self) -> str:
+        """E.g. ``"state|window|full"`` (low -> high)."""
+        return "|".join(b.label for b in self.bands)
+
+
+def min_window_pages(window: int, page_size: int) -> int:
+    """Fewest pages a request's sliding window can span: ``ceil((W - 1) / P) + 1``.
+
+    A window of ``W`` tokens ending anywhere may straddle a page boundary, e.g. ``W = 32``,
+    ``P = 32``: at length 32 the window covers pages 0 and 1 (field case F9).
+    """
+    return math.ceil((window - 1) / page_size) + 1
+
+
+def smallest_request_bytes(layout_bands: Sequence[BandLayout], page_size: int,
+                           state_slots: int) -> int:
+    """Bytes one smallest request needs, page-rounded: one full page, the window's minimum
+    pages (``ceil((W - 1) / P) + 1``), one chunked-local page, and its state slots.
+    """
+    total = 0
+    for band in layout_bands:
+        lifetime = band.lifetime
+        if lifetime is LifetimeClass.FULL or lifetime is LifetimeClass.LOCAL:
+            total += band.page_bytes
+        elif lifetime is LifetimeClass.WINDOW:
+            assert band.cache_class.window is not None
+            total += min_window_pages(band.cache_class.window, page_size) * band.page_bytes
+        else:
+            total += state_slots * band.page_bytes
+    return total
+
+
+def plan_layout(
+    classes: Sequence[CacheClass],
+    buffer_bytes: int,
+    page_size: int = 16,
+    *,
+    state_slots_per_request: int = 1,
+    null_pages: bool = True,
+) -> ChainLayout:
+    """Lay out cache classes as a chain in a buffer of ``buffer_bytes``.
+
+    Args:
+        classes: the model's lifetime classes (any order; at most one per lifetime).
+        buffer_bytes: ``B``, bytes of the KV buffer.
+        page_size: ``P``, tokens per page of every token band.
+        state_slots_per_request: state slots a request claims (1 + checkpoint slots).
+        null_pages: reserve one null page in each window/local band.
+
+    Returns:
+        The layout, bands ordered low -> high.
+
+    Raises:
+        LayoutError: no classes, two classes of one lifetime, both window and chunked-local
+            (a chain has at most one floating band), a zero or negative size, or a window
+            below 1.
+        BufferTooSmallError: the buffer cannot hold one smallest request (one full page,
+            ``ceil((W - 1) / P) + 1`` window pages, one local page, its state slots) plus
+            the null pages; the message names bytes needed and available. Example
+            (field case F1): ``E_full = E_win = 1,000 B``, ``W = 128``, ``P = 256``,
+            ``B = 600,000``: needs ``256,000 + 2 x 256,000 = 768,000 B`` (+ a null
+            page of 256,000 B).
+    """
+    if page_size < 1:
+        raise LayoutError(f"page_size must be >= 1 token, got {page_size}")
+    if buffer_bytes <= 0:
+        raise LayoutError(f"buffer_bytes must be positive, got {buffer_bytes}")
+    if state_slots_per_request < 1:
+        raise LayoutError(f"state_slots_per_request must be >= 1, got {state_slots_per_request}")
+    if not classes:
+        raise LayoutError("no cache classes to lay out")
+    lifetimes = [c.lifetime for c in classes]
+    if len(set(lifetimes)) != len(lifetimes):
+        raise LayoutError(f"two cache classes of one lifetime: {[str(x) for x in lifetimes]}")
+    if LifetimeClass.WINDOW in lifetimes and LifetimeClass.LOCAL in lifetimes:
+        raise LayoutError("a chain holds at most one of window and chunked-local classes")
+    order = list(LifetimeClass)
+    ordered = sorted(classes, key=lambda c: order.index(c.lifetime))
+    for c in ordered:
+        if c.is_token_class:
+            if c.bytes_per_token <= 0:
+                raise LayoutError(f"{c.lifetime} class needs bytes_per_token > 0")
+            if c.lifetime is not LifetimeClass.FULL and (c.window is None or c.window < 1):
+                raise LayoutError(f"{c.lifetime} class needs a window >= 1 token, got {c.window}")
+        elif c.bytes_per_slot <= 0:
+            raise LayoutError("state class needs bytes_per_slot > 0")
+
+    anchors = {1: [Anchor.LOW], 2: [Anchor.LOW, Anchor.HIGH],
+               3: [Anchor.LOW, Anchor.FLOAT, Anchor.HIGH]}[len(ordered)]
+    bands = []
+    for c, anchor in zip(ordered, anchors, strict=True):
+        if c.is_token_class:
+            page_tokens, page_bytes = page_size, page_size * c.bytes_per_token
+        else:
+            page_tokens, page_bytes = 1, c.bytes_per_slot
+        grid_base = buffer_bytes % page_bytes if anchor is Anchor.HIGH else 0
+        reserved = 1 if null_pages and c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL) else 0
+        bands.append(BandLayout(c, anchor, page_tokens, page_bytes, grid_base,
+                                (buffer_bytes - grid_base) // page_bytes, reserved))
+    layout = ChainLayout(buffer_bytes, page_size, tuple(bands), state_slots_per_request)
+
+    needed = smallest_request_bytes(layout.bands, page_size, state_slots_per_request)
+    needed += layout.reserved_bytes
+    if needed > buffer_bytes:
+        parts = ", ".join(
+            f"{b.label} page {b.page_bytes:,} B" for b in layout.bands
+        )
+        raise BufferTooSmallError(
+            f"buffer of {buffer_bytes:,} B cannot hold one smallest request: it needs "
+            f"{needed:,} B ({parts}; {layout.reserved_bytes:,} B of null pages)",
+            needed_bytes=needed,
+            available_bytes=buffer_bytes,
+        )
+    return layout

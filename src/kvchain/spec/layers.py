@@ -1,0 +1,156 @@
+"""Layer declarations and lifetime classes.
+
+A model's cache is declared layer by layer; layers with the same lifetime are grouped into
+one :class:`CacheClass`, which becomes one band of the chain.
+
+Bytes per token of an attention layer (per tensor-parallel rank)::
+
+    kv_heads_per_rank * (k_head_dim + v_head_dim) * dtype_bytes
+
+e.g. gpt-oss-120b: 8 KV heads x (64 + 64) x 2 B = 2,048 B per layer; 18 full layers give
+``E_full = 36,864 B`` (``shared/data/models.json``). A recurrent layer holds a fixed set of
+state tensors per request (shapes from vLLM's ``MambaStateShapeCalculator``,
+``vllm/model_executor/layers/mamba/mamba_utils.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class LifetimeClass(StrEnum):
+    """How long a layer's cache lives; one band per class.
+
+    ``STATE`` < ``WINDOW``/``LOCAL`` < ``FULL`` is also the chain's low-to-high band order.
+    """
+
+    STATE = "state"
+    WINDOW = "window"
+    LOCAL = "local"
+    FULL = "full"
+
+
+class CacheDtype(StrEnum):
+    """Element type of a cache tensor."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    FP32 = "fp32"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes per element: 2 (bf16, fp16), 1 (fp8), 4 (fp32)."""
+        return {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}[self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDecl:
+    """One cache tensor of a layer.
+
+    Attributes:
+        name: ``"k"``, ``"v"``, ``"latent"`` (MLA), ``"conv"``, ``"ssm"``...
+        shape: per token for attention tensors (e.g. ``(kv_heads, head_dim)``), per
+            request for state tensors (e.g. ``(heads, head_dim, d_state)``).
+        dtype: element type.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: CacheDtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one instance (one token, or one request for state tensors)."""
+        return math.prod(self.shape) * self.dtype.nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCache:
+    """The cache one layer keeps.
+
+    Attributes:
+        index: layer index in the model (0-based).
+        lifetime: its lifetime class.
+        kind: free-form kind, e.g. ``"gqa"``, ``"mla"``, ``"mamba1"``, ``"mamba2"``,
+            ``"gated_delta_net"``, ``"lightning"``.
+        tensors: for token classes, per-token tensors (K, V or a latent); for state,
+            per-request tensors.
+        window: tokens of the sliding window (``WINDOW``) or attention chunk (``LOCAL``);
+            ``None`` otherwise.
+    """
+
+    index: int
+    lifetime: LifetimeClass
+    kind: str
+    tensors: tuple[TensorDecl, ...]
+    window: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes per token (token classes) or per request (state), this layer only."""
+        return sum(t.nbytes for t in self.tensors)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheClass:
+    """One lifetime class of a model: what one band holds.
+
+    Attributes:
+        lifetime: the class.
+        bytes_per_token: ``E`` (bytes per token summed over the class's layers); 0 for state.
+        bytes_per_slot: ``S`` (bytes per request summed over state layers); 0 otherwise.
+        window: ``W`` tokens (window) or ``C`` tokens (chunked local); ``None`` otherwise.
+        layers: the layers of the class, in model order (their tensors lie in this order
+            inside a page).
+    """
+
+    lifetime: LifetimeClass
+    bytes_per_token: int
+    bytes_per_slot: int
+    window: int | None
+    layers: tuple[LayerCache, ...]
+
+    @property
+    def is_token_class(self) -> bool:
+        """True for full, window and local classes (paged by tokens)."""
+        return self.lifetime is not LifetimeClass.STATE
+
+    @staticmethod
+    def of(layers: tuple[LayerCache, ...]) -> CacheClass:
+        """Group layers of one lifetime into a class.
+
+        Raises:
+            ConfigError: no layers, mixed lifetimes, or differing windows in one class.
+        """
+        from kvchain.errors import ConfigError
+
+        if not layers:
+            raise ConfigError("a cache class needs at least one layer")
+        lifetime = layers[0].lifetime
+        if any(layer.lifetime is not lifetime for layer in layers):
+            raise ConfigError(f"layers of different lifetimes in one {lifetime} class")
+        windows = {layer.window for layer in layers}
+        if len(windows) != 1:
+            raise ConfigError(f"{lifetime} layers with different windows {sorted(windows)}")
+        total = sum(layer.nbytes for layer in layers)
+        if lifetime is LifetimeClass.STATE:
+            return CacheClass(lifetime, 0, total, None, layers)
+        return CacheClass(lifetime, total, 0, layers[0].window, layers)
+
+
+def group_classes(layers: tuple[LayerCache, ...]) -> tuple[CacheClass, ...]:
+    """Group layer caches into lifetime classes, ordered state, window, local, full.
+
+    Raises:
+        ConfigError: a class whose layers disagree on the window.
+    """
+    order = list(LifetimeClass)
+    out = []
+    for lifetime in order:
+        members = tuple(layer for layer in layers if layer.lifetime is lifetime)
+        if members:
+            out.append(CacheClass.of(members))
+    return tuple(out)

@@ -1,0 +1,59 @@
+"""A model as kvchain sees it: cache classes plus what the cost model needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvchain.spec.layers import CacheClass, LayerCache, LifetimeClass, group_classes
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Everything kvchain needs to know about one model (one tensor-parallel rank).
+
+    Attributes:
+        name: display name (e.g. ``"gpt-oss-120b"``).
+        layers: cache of every cache-holding layer, in model order (MLP-only layers omitted).
+        num_layers: all decoder layers (``num_hidden_layers``).
+        hidden_size: model width.
+        num_attention_heads: query heads of the attention layers (per rank).
+        total_params: all parameters (count).
+        active_params: parameters read per token (MoE: shared + top-k experts).
+        weight_bytes: bytes of the weights on one rank (mixed dtypes summed, e.g. MXFP4
+            experts at 4.25 bits per parameter for gpt-oss).
+        tp: tensor-parallel size the bytes are per rank of.
+        source: where the config came from (repo, path, license).
+    """
+
+    name: str
+    layers: tuple[LayerCache, ...]
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    total_params: int
+    active_params: int
+    weight_bytes: int
+    tp: int = 1
+    source: str = ""
+    classes: tuple[CacheClass, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", group_classes(self.layers))
+
+    def cache_class(self, lifetime: LifetimeClass) -> CacheClass | None:
+        """The class of that lifetime, or ``None`` if the model has none."""
+        for c in self.classes:
+            if c.lifetime is lifetime:
+                return c
+        return None
+
+    def bytes_per_token(self, lifetime: LifetimeClass) -> int:
+        """``E`` of that class in bytes per token (0 if absent)."""
+        c = self.cache_class(lifetime)
+        return c.bytes_per_token if c else 0
+
+    @property
+    def state_bytes(self) -> int:
+        """``S``: bytes per request of all state layers (0 if none)."""
+        c = self.cache_class(LifetimeClass.STATE)
+        return c.bytes_per_slot if c else 0
