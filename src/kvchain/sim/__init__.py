@@ -1,0 +1,1 @@
+"""Trace-driven serving simulator: request traces, GPU cost model, event loop, metrics."""

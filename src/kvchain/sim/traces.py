@@ -1,0 +1,616 @@
+"""Request traces for the simulator: arrival times, prompt and output lengths.
+
+Four public traces are bundled (byte-exact copies, sources and licenses in
+``kvchain/sim/data/SOURCES.md``); :func:`load_trace` loads one of them by name, or a file
+of one of their three formats by path, and cuts it (first N requests, a time window, a
+rate scale).
+
+Conventions (the same for every format):
+
+- ``arrival_s`` is seconds from the trace start: the earliest arrival of the file is 0.
+  Wall-clock and millisecond timestamps are kept as integer nanoseconds until that last
+  subtraction, so order is never lost to float rounding.
+- Rows whose time goes backwards are allowed: requests are sorted *stably* by arrival (ties
+  and equal times keep file order). None of the bundled traces has such a row.
+- ``request_id`` is the 0-based data-row index in the file (header and blank lines not
+  counted), so a request of a cut trace can be found in the file.
+- ``prompt_tokens`` must be >= 1 (a 0 is a malformed row: :class:`TraceError`).
+  ``output_tokens`` of 0 is clamped to 1, because a serving engine always emits the token
+  that ends the prefill; :attr:`Trace.zero_output_rows` counts such rows. The bundled traces
+  have none (minimum outputs: azure-code 6, azure-conv 7, mooncake 1, sharegpt 2).
+
+Example::
+
+    >>> trace = load_trace("azure-conv", start_s=0, end_s=3600)
+    >>> trace.requests[0].prompt_tokens, trace.requests[0].output_tokens
+    (374, 44)
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import enum
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+
+from kvchain.errors import ConfigError, TraceError
+
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README: 512-token blocks;
+every row of the bundled trace has ``len(hash_ids) == ceil(input_length / 512)``)."""
+
+DEFAULT_POISSON_RATE_RPS = 5.53
+"""Default arrival rate (requests/s) for traces without arrival times (ShareGPT): the mean
+arrival rate of the bundled Azure 2023 conversation trace (19,366 requests over 3,501.72 s,
+``shared/data/trace_stats.json``), so ShareGPT lengths arrive at a real chat service's rate."""
+
+_NS_PER_S = 1_000_000_000
+_NS_PER_MS = 1_000_000
+
+
+class TraceFormat(enum.StrEnum):
+    """File formats :func:`load_trace` reads."""
+
+    AZURE_2023 = "azure-2023"
+    """CSV ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Azure LLM inference trace 2023)."""
+    MOONCAKE = "mooncake"
+    """JSON lines ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``."""
+    SHAREGPT_LENGTHS = "sharegpt-lengths"
+    """CSV ``num_prefill_tokens,num_decode_tokens,...`` (no arrival times: Poisson)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BundledTrace:
+    """One trace shipped inside the package.
+
+    Attributes:
+        name: the name :func:`load_trace` accepts.
+        filename: file under ``kvchain/sim/data/``.
+        format: its :class:`TraceFormat`.
+        rows: data rows in the file.
+        description: what the trace is, in one line.
+        source: where the file comes from (repository and path).
+        license: the license of the source.
+    """
+
+    name: str
+    filename: str
+    format: TraceFormat
+    rows: int
+    description: str
+    source: str
+    license: str
+
+
+BUNDLED_TRACES: Mapping[str, BundledTrace] = MappingProxyType(
+    {
+        t.name: t
+        for t in (
+            BundledTrace(
+                name="azure-conv",
+                filename="azure2023_conv.csv",
+                format=TraceFormat.AZURE_2023,
+                rows=19_366,
+                description="Azure LLM inference 2023, conversation service: 1 h, 5.5 req/s, "
+                "prompts mean 1,155 tokens, outputs mean 211 tokens",
+                source="Azure/AzurePublicDataset data/AzureLLMInferenceTrace_conv.csv "
+                "(Splitwise, ISCA 2024)",
+                license="CC-BY 4.0",
+            ),
+            BundledTrace(
+                name="azure-code",
+                filename="azure2023_code.csv",
+                format=TraceFormat.AZURE_2023,
+                rows=8_819,
+                description="Azure LLM inference 2023, code completion: 1 h, very bursty "
+                "(inter-arrival CV 13, up to 67 req in 1 s), prompts mean 2,048, outputs "
+                "mean 28 tokens",
+                source="Azure/AzurePublicDataset data/AzureLLMInferenceTrace_code.csv "
+                "(Splitwise, ISCA 2024)",
+                license="CC-BY 4.0",
+            ),
+            BundledTrace(
+                name="mooncake",
+                filename="mooncake_fast25_conversation_trace.jsonl",
+                format=TraceFormat.MOONCAKE,
+                rows=12_031,
+                description="Mooncake (Kimi) conversation: 1 h, 3.4 req/s, long prompts "
+                "(mean 12,035, p99 85,400 tokens), 512-token prefix block ids",
+                source="kvcache-ai/Mooncake FAST25-release/traces/conversation_trace.jsonl "
+                "(Mooncake, FAST 2025)",
+                license="Apache-2.0 (repository)",
+            ),
+            BundledTrace(
+                name="sharegpt",
+                filename="sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+                format=TraceFormat.SHAREGPT_LENGTHS,
+                rows=30_731,
+                description="ShareGPT conversations (Llama 2 tokenizer, <= 8k tokens): "
+                "lengths only, Poisson arrivals; prompts mean 2,340, outputs mean 439 tokens",
+                source="microsoft/sarathi-serve (branch niyama_asplos2026) "
+                "data/processed_traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+                license="Apache-2.0 (repository)",
+            ),
+        )
+    }
+)
+"""The bundled traces by name (read-only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a trace.
+
+    Attributes:
+        request_id: 0-based data-row index in the source file.
+        arrival_s: arrival time, seconds from the trace start (>= 0).
+        prompt_tokens: prompt length in tokens (>= 1).
+        output_tokens: tokens to generate (>= 1; the first one ends the prefill).
+        prefix_block_ids: Mooncake ``hash_ids``: one id per 512-token prompt block
+            (:data:`MOONCAKE_BLOCK_TOKENS`); equal leading ids between requests mean a shared
+            prefix. ``None`` for traces without them.
+
+    Raises:
+        TraceError: a negative or non-finite arrival, or a token count below 1.
+    """
+
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prefix_block_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.arrival_s) and self.arrival_s >= 0):
+            raise TraceError(
+                f"request {self.request_id}: arrival_s must be finite and >= 0, "
+                f"got {self.arrival_s!r}"
+            )
+        if self.prompt_tokens < 1 or self.output_tokens < 1:
+            raise TraceError(
+                f"request {self.request_id}: prompt_tokens and output_tokens must be >= 1, "
+                f"got {self.prompt_tokens} and {self.output_tokens}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A request trace, sorted by arrival time.
+
+    Attributes:
+        name: bundled name (``azure-conv``...) or the file's stem.
+        requests: the requests in arrival order (stable: equal times keep file order).
+        source: where the data comes from.
+        license: the license of the data.
+        zero_output_rows: rows of the source file whose output length 0 was clamped to 1
+            (counted over the whole file, before any cut; see the module doc).
+
+    Raises:
+        TraceError: requests not sorted by ``arrival_s``, or a repeated ``request_id``.
+    """
+
+    name: str
+    requests: tuple[TraceRequest, ...]
+    source: str
+    license: str
+    zero_output_rows: int = 0
+
+    def __post_init__(self) -> None:
+        previous = -math.inf
+        for request in self.requests:
+            if request.arrival_s < previous:
+                raise TraceError(
+                    f"trace {self.name!r}: requests not sorted by arrival "
+                    f"(request {request.request_id} at {request.arrival_s} s after {previous} s)"
+                )
+            previous = request.arrival_s
+        if len({r.request_id for r in self.requests}) != len(self.requests):
+            raise TraceError(f"trace {self.name!r}: request ids are not unique")
+
+    def __len__(self) -> int:
+        """Number of requests."""
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        """The requests in arrival order."""
+        return iter(self.requests)
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds from the trace start (t = 0) to the last arrival; 0.0 when empty."""
+        return self.requests[-1].arrival_s if self.requests else 0.0
+
+
+# --- parsing ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One parsed data row; ``arrival_ns`` is None for formats without times."""
+
+    row_index: int
+    arrival_ns: int | None
+    prompt_tokens: int
+    output_tokens: int
+    prefix_block_ids: tuple[int, ...] | None
+
+
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+_WALL_CLOCK_RE = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2}) ([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?"
+)
+
+
+def _error(path: Path, line: int, field: str, message: str) -> TraceError:
+    return TraceError(f"{path}: line {line}, field {field!r}: {message}")
+
+
+def _parse_count(text: str, path: Path, line: int, field: str) -> int:
+    """A non-negative integer token count from a text field."""
+    stripped = text.strip()
+    if not _INT_RE.fullmatch(stripped):
+        raise _error(path, line, field, f"not an integer: {text!r}")
+    value = int(stripped)
+    if value < 0:
+        raise _error(path, line, field, f"negative token count {value}")
+    return value
+
+
+def _check_lengths(
+    prompt: int, output: int, path: Path, line: int, prompt_field: str
+) -> tuple[int, bool]:
+    """Validate lengths; returns the output (0 clamped to 1) and whether it was clamped."""
+    if prompt < 1:
+        raise _error(path, line, prompt_field, "prompt must be at least 1 token, got 0")
+    if output == 0:
+        return 1, True
+    return output, False
+
+
+def _parse_wall_clock_ns(
+    text: str, path: Path, line: int, field: str, day_cache: dict[str, int]
+) -> int:
+    """``YYYY-MM-DD HH:MM:SS[.f{1,9}]`` to integer nanoseconds since 0001-01-01 (exact)."""
+    match = _WALL_CLOCK_RE.fullmatch(text.strip())
+    if match is None:
+        raise _error(path, line, field, f"unparsable timestamp {text!r}")
+    year, month, day, hour, minute, second, fraction = match.groups()
+    date_key = f"{year}-{month}-{day}"
+    days = day_cache.get(date_key)
+    if days is None:
+        try:
+            days = datetime.date(int(year), int(month), int(day)).toordinal()
+        except ValueError as exc:
+            raise _error(path, line, field, f"invalid date in {text!r}: {exc}") from None
+        day_cache[date_key] = days
+    h, m, s = int(hour), int(minute), int(second)
+    if h > 23 or m > 59 or s > 59:
+        raise _error(path, line, field, f"invalid time of day in {text!r}")
+    seconds = days * 86_400 + h * 3_600 + m * 60 + s
+    nanos = int(fraction.ljust(9, "0")) if fraction else 0
+    return seconds * _NS_PER_S + nanos
+
+
+def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    """Yield (line number, {column: text}) for each data row; header checked first."""
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            raise _error(path, 1, required[0], "empty file (no header)")
+        columns = [c.strip() for c in header]
+        for name in required:
+            if name not in columns:
+                raise _error(path, 1, name, f"missing column (header is {header!r})")
+        positions = {name: columns.index(name) for name in required}
+        for fields in reader:
+            if not fields:
+                continue
+            line = reader.line_num
+            if len(fields) != len(columns):
+                raise _error(
+                    path,
+                    line,
+                    required[0],
+                    f"expected {len(columns)} fields, got {len(fields)}: {fields!r}",
+                )
+            yield line, {name: fields[pos] for name, pos in positions.items()}
+
+
+_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_SHAREGPT_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
+
+
+def _read_azure(path: Path) -> tuple[list[_Row], int]:
+    rows: list[_Row] = []
+    clamped = 0
+    day_cache: dict[str, int] = {}
+    for line, fields in _csv_rows(path, _AZURE_COLUMNS):
+        arrival_ns = _parse_wall_clock_ns(fields["TIMESTAMP"], path, line, "TIMESTAMP", day_cache)
+        prompt = _parse_count(fields["ContextTokens"], path, line, "ContextTokens")
+        output = _parse_count(fields["GeneratedTokens"], path, line, "GeneratedTokens")
+        output, was_clamped = _check_lengths(prompt, output, path, line, "ContextTokens")
+        clamped += was_clamped
+        rows.append(_Row(len(rows), arrival_ns, prompt, output, None))
+    return rows, clamped
+
+
+def _read_sharegpt(path: Path) -> tuple[list[_Row], int]:
+    rows: list[_Row] = []
+    clamped = 0
+    for line, fields in _csv_rows(path, _SHAREGPT_COLUMNS):
+        prompt = _parse_count(fields["num_prefill_tokens"], path, line, "num_prefill_tokens")
+        output = _parse_count(fields["num_decode_tokens"], path, line, "num_decode_tokens")
+        output, was_clamped = _check_lengths(prompt, output, path, line, "num_prefill_tokens")
+        clamped += was_clamped
+        rows.append(_Row(len(rows), None, prompt, output, None))
+    return rows, clamped
+
+
+def _json_count(value: object, path: Path, line: int, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _error(path, line, field, f"not an integer: {value!r}")
+    if value < 0:
+        raise _error(path, line, field, f"negative token count {value}")
+    return value
+
+
+def _json_time_ns(value: object, path: Path, line: int) -> int:
+    """A millisecond timestamp (int, or finite float) to integer nanoseconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _error(path, line, "timestamp", f"not a number: {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise _error(path, line, "timestamp", f"must be finite and >= 0 ms, got {value!r}")
+    if isinstance(value, int):
+        return value * _NS_PER_MS
+    return round(value * _NS_PER_MS)
+
+
+def _json_block_ids(value: object, prompt: int, path: Path, line: int) -> tuple[int, ...]:
+    if not isinstance(value, list) or any(
+        isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value
+    ):
+        raise _error(path, line, "hash_ids", "must be a list of non-negative integers")
+    expected = -(-prompt // MOONCAKE_BLOCK_TOKENS)
+    if len(value) != expected:
+        raise _error(
+            path,
+            line,
+            "hash_ids",
+            f"{len(value)} block ids for {prompt} prompt tokens; expected "
+            f"ceil({prompt} / {MOONCAKE_BLOCK_TOKENS}) = {expected}",
+        )
+    return tuple(value)
+
+
+def _read_mooncake(path: Path) -> tuple[list[_Row], int]:
+    rows: list[_Row] = []
+    clamped = 0
+    with path.open(encoding="utf-8") as handle:
+        for line, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise _error(path, line, "<json>", f"invalid JSON: {exc.msg}") from None
+            if not isinstance(obj, dict):
+                raise _error(path, line, "<json>", "each line must be a JSON object")
+            for field in ("timestamp", "input_length", "output_length"):
+                if field not in obj:
+                    raise _error(path, line, field, "missing field")
+            arrival_ns = _json_time_ns(obj["timestamp"], path, line)
+            prompt = _json_count(obj["input_length"], path, line, "input_length")
+            output = _json_count(obj["output_length"], path, line, "output_length")
+            output, was_clamped = _check_lengths(prompt, output, path, line, "input_length")
+            clamped += was_clamped
+            blocks = None
+            if "hash_ids" in obj:
+                blocks = _json_block_ids(obj["hash_ids"], prompt, path, line)
+            rows.append(_Row(len(rows), arrival_ns, prompt, output, blocks))
+    return rows, clamped
+
+
+_READERS = {
+    TraceFormat.AZURE_2023: _read_azure,
+    TraceFormat.MOONCAKE: _read_mooncake,
+    TraceFormat.SHAREGPT_LENGTHS: _read_sharegpt,
+}
+
+
+def detect_format(path: Path) -> TraceFormat:
+    """The format of a trace file, from its extension and first line.
+
+    ``.jsonl`` / ``.json`` files are Mooncake JSON lines; ``.csv`` files are Azure 2023 if
+    the header has ``TIMESTAMP``, ShareGPT lengths if it has ``num_prefill_tokens``.
+
+    Raises:
+        TraceError: the file cannot be read, or no known format matches (names the file).
+    """
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return TraceFormat.MOONCAKE
+    try:
+        with path.open(encoding="utf-8") as handle:
+            header = handle.readline()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read trace file: {exc}") from None
+    columns = {c.strip() for c in header.strip().split(",")}
+    if "TIMESTAMP" in columns:
+        return TraceFormat.AZURE_2023
+    if "num_prefill_tokens" in columns:
+        return TraceFormat.SHAREGPT_LENGTHS
+    raise TraceError(
+        f"{path}: line 1: unknown trace format (expected a .jsonl Mooncake trace, or a CSV "
+        f"with a TIMESTAMP or num_prefill_tokens column; header is {header.strip()!r})"
+    )
+
+
+def poisson_arrivals_s(count: int, *, rate: float, seed: int) -> np.ndarray:
+    """Arrival times of a Poisson process, first arrival at 0.
+
+    Gaps are exponential with mean ``1 / rate`` seconds drawn from
+    ``numpy.random.default_rng(seed)``; ``count - 1`` gaps are drawn, so the same seed gives
+    the same first k arrivals for every ``count >= k``.
+
+    Args:
+        count: number of arrivals (>= 0).
+        rate: requests per second (> 0).
+        seed: seed of the numpy Generator.
+
+    Returns:
+        float64 array of shape ``(count,)``, seconds, non-decreasing.
+
+    Raises:
+        ConfigError: ``count < 0`` or ``rate`` not finite and positive.
+    """
+    if count < 0:
+        raise ConfigError(f"count must be >= 0, got {count}")
+    if not (math.isfinite(rate) and rate > 0):
+        raise ConfigError(f"rate must be a finite positive number of requests/s, got {rate!r}")
+    arrivals = np.zeros(count, dtype=np.float64)
+    if count > 1:
+        gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=count - 1)
+        arrivals[1:] = np.cumsum(gaps)
+    return arrivals
+
+
+def _resolve(name_or_path: str | Path) -> tuple[Path, BundledTrace | None]:
+    if isinstance(name_or_path, str) and name_or_path in BUNDLED_TRACES:
+        bundled = BUNDLED_TRACES[name_or_path]
+        path = Path(str(resources.files("kvchain.sim").joinpath("data", bundled.filename)))
+        return path, bundled
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise TraceError(
+            f"{path}: no such trace file, and not a bundled trace name "
+            f"(bundled: {', '.join(BUNDLED_TRACES)})"
+        )
+    return path, None
+
+
+def _check_options(
+    first: int | None, start_s: float, end_s: float | None, rate_scale: float
+) -> None:
+    if first is not None and (isinstance(first, bool) or first < 1):
+        raise ConfigError(f"first must be a positive number of requests, got {first!r}")
+    if not (math.isfinite(start_s) and start_s >= 0):
+        raise ConfigError(f"start_s must be finite and >= 0 seconds, got {start_s!r}")
+    if end_s is not None and not (end_s > start_s):
+        raise ConfigError(f"end_s must be greater than start_s ({start_s} s), got {end_s!r}")
+    if not (math.isfinite(rate_scale) and rate_scale > 0):
+        raise ConfigError(f"rate_scale must be finite and > 0, got {rate_scale!r}")
+
+
+def load_trace(
+    name_or_path: str | Path,
+    *,
+    first: int | None = None,
+    start_s: float = 0,
+    end_s: float | None = None,
+    rate_scale: float = 1.0,
+    rate: float | None = None,
+    seed: int = 0,
+) -> Trace:
+    """Load a bundled trace by name, or a trace file by path, and cut it.
+
+    The cuts apply in this order, on trace seconds (t = 0 is the earliest arrival):
+
+    1. arrival times: from the file, or for ShareGPT lengths a Poisson process
+       (:func:`poisson_arrivals_s`) at ``rate`` requests/s (default
+       :data:`DEFAULT_POISSON_RATE_RPS`) with ``seed``, assigned in file order;
+    2. time window: keep ``start_s <= arrival_s < end_s``, then subtract ``start_s`` (the
+       window starts at 0; a gap before its first request is kept);
+    3. ``first``: keep the first N requests (in arrival order) of what is left;
+    4. ``rate_scale``: divide every arrival time by it (2.0 = twice the arrival rate).
+
+    Example: ``load_trace("azure-conv", end_s=3600)`` keeps the first hour (19,366 requests:
+    the whole trace spans 3,501.7 s); ``load_trace("sharegpt", rate=2.0, first=100)`` gives
+    100 ShareGPT requests arriving at 2 requests/s.
+
+    Args:
+        name_or_path: a name in :data:`BUNDLED_TRACES` or a path to a ``.csv`` / ``.jsonl``
+            file of one of the :class:`TraceFormat` formats (detected by
+            :func:`detect_format`).
+        first: keep at most this many requests (>= 1); None keeps all.
+        start_s: window start, seconds (>= 0).
+        end_s: window end (exclusive), seconds (> start_s); None means no end.
+        rate_scale: arrival-rate multiplier (> 0).
+        rate: Poisson rate (requests/s) for traces without arrival times.
+        seed: Poisson seed.
+
+    Returns:
+        the :class:`Trace`, requests sorted stably by arrival.
+
+    Raises:
+        TraceError: unknown name / missing file, or a malformed file (names the file, line
+            and field: bad integer, negative or zero prompt tokens, missing column,
+            unparsable timestamp, wrong hash_ids length, invalid JSON).
+        ConfigError: invalid options, ``rate`` given for a trace that has arrival times, or
+            a cut that leaves no request.
+    """
+    _check_options(first, start_s, end_s, rate_scale)
+    path, bundled = _resolve(name_or_path)
+    fmt = bundled.format if bundled is not None else detect_format(path)
+    rows, clamped = _READERS[fmt](path)
+    name = bundled.name if bundled is not None else path.stem
+    if not rows:
+        raise TraceError(f"{path}: trace has no data rows")
+
+    if fmt is TraceFormat.SHAREGPT_LENGTHS:
+        arrivals = poisson_arrivals_s(
+            len(rows), rate=DEFAULT_POISSON_RATE_RPS if rate is None else rate, seed=seed
+        )
+        ordered = rows
+        arrival_s = arrivals.tolist()
+    else:
+        if rate is not None:
+            raise ConfigError(
+                f"trace {name!r} has arrival times; rate applies only to traces without "
+                "them (use rate_scale to speed it up or slow it down)"
+            )
+        ordered = sorted(rows, key=lambda r: r.arrival_ns)  # stable: ties keep file order
+        origin = ordered[0].arrival_ns
+        assert origin is not None
+        arrival_s = [(r.arrival_ns - origin) / _NS_PER_S for r in ordered]  # type: ignore[operator]
+
+    requests: list[TraceRequest] = []
+    for row, t in zip(ordered, arrival_s, strict=True):
+        if t < start_s or (end_s is not None and t >= end_s):
+            continue
+        if first is not None and len(requests) >= first:
+            break
+        requests.append(
+            TraceRequest(
+                request_id=row.row_index,
+                arrival_s=(t - start_s) / rate_scale,
+                prompt_tokens=row.prompt_tokens,
+                output_tokens=row.output_tokens,
+                prefix_block_ids=row.prefix_block_ids,
+            )
+        )
+    if not requests:
+        raise ConfigError(
+            f"trace {name!r}: the window [{start_s}, {end_s}) s holds no request "
+            f"(the trace spans {arrival_s[-1]:.3f} s)"
+        )
+    if bundled is not None:
+        source, license_ = bundled.source, bundled.license
+    else:
+        source, license_ = f"file {path}", "unknown (user file)"
+    return Trace(
+        name=name,
+        requests=tuple(requests),
+        source=source,
+        license=license_,
+        zero_output_rows=clamped,
+    )
