@@ -207,7 +207,8 @@ def plan_layout(
         else:
             page_tokens, page_bytes = 1, c.bytes_per_slot
         grid_base = buffer_bytes % page_bytes if anchor is Anchor.HIGH else 0
-        reserved = 1 if null_pages and c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL) else 0
+        releases_early = c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)
+        reserved = 1 if null_pages and releases_early else 0
         bands.append(BandLayout(c, anchor, page_tokens, page_bytes, grid_base,
                                 (buffer_bytes - grid_base) // page_bytes, reserved))
     layout = ChainLayout(buffer_bytes, page_size, tuple(bands), state_slots_per_request)
