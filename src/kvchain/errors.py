@@ -129,3 +129,13 @@ class RequestTooLargeError(RequestError):
 
 class TraceError(KVChainError, ValueError):
     """A malformed request trace (names the file, line and field)."""
+
+
+# --- simulator metrics --------------------------------------------------------------------
+
+
+class MetricsError(KVChainError, ValueError):
+    """An event or sample the simulator's metrics recorder cannot accept: an unknown or
+    repeated request id, an event out of order (a token before admission, a second finish),
+    a time before the request's arrival, or a step sample with impossible values (names
+    the field and the value). Raised before the recorder changes."""

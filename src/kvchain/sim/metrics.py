@@ -1,0 +1,807 @@
+"""What a simulation records, and the summary computed from it.
+
+The event loop calls a :class:`MetricsRecorder` as things happen - per request (arrival,
+first admission, tokens, retraction, finish, rejection) and once per scheduling step (a
+:class:`StepSample` with the chain's bands) - then :func:`summarize` turns the records into
+a :class:`SimSummary`, and :func:`write_outputs` writes ``metrics.json`` and
+``requests.csv``.
+
+Definitions (the same as vLLM's and SGLang's serving benchmarks, over *finished* requests):
+
+- TTFT  = first_token_s - arrival_s
+- TPOT  = (finished_s - first_token_s) / (output_done - 1), only for output_done > 1
+- end-to-end latency = finished_s - arrival_s
+- queueing delay = admitted_s (first admission) - arrival_s
+- throughput = prompt (input) or generated (output) tokens of finished requests / duration_s,
+  where duration_s runs from the earliest arrival to the last recorded time (step end or
+  request event).
+- KV utilization of a step = used_bytes / buffer_bytes; its mean is weighted by step
+  duration (idle time between steps is not counted); the peak is over steps.
+
+Percentiles use ``numpy.percentile`` with its default linear interpolation between the two
+nearest ranks (method ``"linear"``, Hyndman & Fan type 7): e.g. the p90 of
+``[1, 2, 3, 4, 5]`` is 4.6.
+
+Step samples can be down-sampled (``max_step_samples``) so that 10^6 steps keep bounded
+memory; the summary never reads the kept samples, only exact running totals updated on every
+step, so down-sampling changes plots, never numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from kvchain.errors import ConfigError, MetricsError
+
+# --- per-request records ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request (times in simulated seconds; None = not yet / never).
+
+    Attributes:
+        request_id: the trace's request id.
+        arrival_s: arrival time.
+        prompt_tokens: prompt length, tokens.
+        output_tokens: tokens the trace asks for.
+        admitted_s: time of the first admission (a re-admission after a retraction keeps it).
+        first_token_s: time the first output token was emitted (end of the first prefill).
+        finished_s: time the last output token was emitted.
+        retractions: times the request was retracted (preempted) and sent back to waiting.
+        rejected_reason: why it was rejected (never admitted to completion), or None.
+        output_done: output tokens generated so far; a retraction keeps them (recompute
+            preemption recomputes prompt + generated tokens and continues).
+    """
+
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    retractions: int = 0
+    rejected_reason: str | None = None
+    output_done: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token, seconds; None before the first token."""
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first, seconds:
+        ``(finished_s - first_token_s) / (output_done - 1)``; None unless finished with
+        more than one output token."""
+        if self.finished_s is None or self.first_token_s is None or self.output_done < 2:
+            return None
+        return (self.finished_s - self.first_token_s) / (self.output_done - 1)
+
+    @property
+    def e2e_s(self) -> float | None:
+        """End-to-end latency (arrival to last token), seconds; None unless finished."""
+        return None if self.finished_s is None else self.finished_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> float | None:
+        """Queueing delay (arrival to first admission), seconds; None if never admitted."""
+        return None if self.admitted_s is None else self.admitted_s - self.arrival_s
+
+
+# --- per-step samples -------------------------------------------------------------------
+
+
+def _check(condition: bool, what: str) -> None:
+    if not condition:
+        raise MetricsError(what)
+
+
+@dataclass(frozen=True, slots=True)
+class BandSample:
+    """One band of the chain at the end of a step (byte frontiers, counts only).
+
+    Attributes:
+        label: the band's lifetime class (``"state"``, ``"window"``, ``"full"``...).
+        lo: first byte of the band's span.
+        hi: one past its last byte (``lo <= hi``); the span is ``[lo, hi)``.
+        live_bytes: bytes of live (held) pages in the span.
+        hole_bytes: bytes of hole (free) pages in the span.
+
+    Raises:
+        MetricsError: negative values, ``lo > hi``, or live + holes larger than the span.
+    """
+
+    label: str
+    lo: int
+    hi: int
+    live_bytes: int
+    hole_bytes: int
+
+    def __post_init__(self) -> None:
+        _check(
+            0 <= self.lo <= self.hi,
+            f"band {self.label!r}: need 0 <= lo <= hi, got lo={self.lo}, hi={self.hi}",
+        )
+        _check(
+            self.live_bytes >= 0 and self.hole_bytes >= 0,
+            f"band {self.label!r}: live_bytes and hole_bytes must be >= 0, "
+            f"got {self.live_bytes} and {self.hole_bytes}",
+        )
+        _check(
+            self.live_bytes + self.hole_bytes <= self.hi - self.lo,
+            f"band {self.label!r}: live {self.live_bytes} + holes {self.hole_bytes} B exceed "
+            f"the span of {self.hi - self.lo} B",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """The state at the end of one scheduling step.
+
+    Attributes:
+        t_s: simulated time at the end of the step, seconds.
+        duration_s: the step's duration, seconds (>= 0).
+        prefill_tokens: prompt tokens computed in the step.
+        decode_tokens: tokens decoded in the step (one per running decode).
+        running: requests in the batch.
+        waiting: requests in the waiting queue.
+        bands: the chain's bands, ordered low -> high bytes.
+        buffer_bytes: bytes of the whole KV buffer (> 0).
+        used_bytes: live bytes held by requests (reserved pages such as null pages
+            excluded), ``0 <= used_bytes <= buffer_bytes``.
+        needed_bytes: bytes the live requests strictly need (e.g. without page rounding), for
+            comparisons between memory managers; None when the loop does not compute it.
+
+    Raises:
+        MetricsError: non-finite or negative times, negative counts, used bytes outside
+            ``[0, buffer_bytes]``, a band beyond the buffer.
+    """
+
+    t_s: float
+    duration_s: float
+    prefill_tokens: int
+    decode_tokens: int
+    running: int
+    waiting: int
+    bands: tuple[BandSample, ...]
+    buffer_bytes: int
+    used_bytes: int
+    needed_bytes: float | None = None
+
+    def __post_init__(self) -> None:
+        _check(math.isfinite(self.t_s), f"step t_s must be finite, got {self.t_s!r}")
+        _check(
+            math.isfinite(self.duration_s) and self.duration_s >= 0,
+            f"step duration_s must be finite and >= 0, got {self.duration_s!r}",
+        )
+        _check(
+            min(self.prefill_tokens, self.decode_tokens, self.running, self.waiting) >= 0,
+            "step token and request counts must be >= 0, got "
+            f"prefill={self.prefill_tokens}, decode={self.decode_tokens}, "
+            f"running={self.running}, waiting={self.waiting}",
+        )
+        _check(self.buffer_bytes > 0, f"buffer_bytes must be > 0, got {self.buffer_bytes}")
+        _check(
+            0 <= self.used_bytes <= self.buffer_bytes,
+            f"used_bytes must be in [0, {self.buffer_bytes}], got {self.used_bytes}",
+        )
+        for band in self.bands:
+            _check(
+                band.hi <= self.buffer_bytes,
+                f"band {band.label!r} ends at {band.hi} B, beyond the buffer "
+                f"({self.buffer_bytes} B)",
+            )
+        _check(
+            self.needed_bytes is None
+            or (math.isfinite(self.needed_bytes) and self.needed_bytes >= 0),
+            f"needed_bytes must be None or finite and >= 0, got {self.needed_bytes!r}",
+        )
+
+    @property
+    def utilization(self) -> float:
+        """KV utilization of the step: ``used_bytes / buffer_bytes`` (0..1)."""
+        return self.used_bytes / self.buffer_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StepTotals:
+    """Exact running totals over every recorded step (down-sampling does not touch them).
+
+    Attributes:
+        steps: steps recorded.
+        duration_s: sum of step durations, seconds.
+        utilization_seconds: sum of ``utilization * duration_s`` (fraction x seconds).
+        utilization_sum: sum of utilization over steps (for an all-zero-duration run).
+        peak_utilization: largest step utilization (0..1); None without steps.
+        peak_running: most requests in one batch.
+        peak_waiting: longest waiting queue.
+        prefill_tokens: prompt tokens computed, all steps.
+        decode_tokens: tokens decoded, all steps.
+        needed_fraction_seconds: sum of ``needed_bytes / buffer_bytes * duration_s`` over
+            steps that report ``needed_bytes``.
+        needed_duration_s: duration of the steps that report ``needed_bytes``.
+    """
+
+    steps: int
+    duration_s: float
+    utilization_seconds: float
+    utilization_sum: float
+    peak_utilization: float | None
+    peak_running: int
+    peak_waiting: int
+    prefill_tokens: int
+    decode_tokens: int
+    needed_fraction_seconds: float
+    needed_duration_s: float
+
+    @property
+    def mean_utilization(self) -> float | None:
+        """Time-weighted mean utilization (weights = step durations); the plain mean when
+        every step lasted 0 s; None without steps."""
+        if self.steps == 0:
+            return None
+        if self.duration_s > 0:
+            return self.utilization_seconds / self.duration_s
+        return self.utilization_sum / self.steps
+
+
+# --- the recorder -----------------------------------------------------------------------
+
+DEFAULT_MAX_STEP_SAMPLES = 20_000
+"""Default cap on kept step samples: 20,000 samples of ~3 bands is a few MB."""
+
+
+class MetricsRecorder:
+    """Collects request events and step samples during one simulation.
+
+    Request events (each takes the request id and the simulated time ``t_s``, seconds):
+
+    ``on_arrival`` (creates the record) -> ``on_admitted`` -> ``on_first_token`` ->
+    ``on_token`` ... -> ``on_finished``; ``on_retracted`` may come any time between
+    admission and finish (the request goes back to waiting; a later ``on_admitted`` keeps
+    the first admission time); ``on_rejected`` ends a request that will never run.
+
+    Step samples: ``on_step`` once per scheduling step, in time order. With
+    ``max_step_samples=N`` at most ~N evenly spaced samples are kept (every k-th step,
+    k doubling whenever N is exceeded) plus the extremes (peak utilization, peak running,
+    peak waiting, last step); the totals behind the summary are exact over all steps.
+
+    Args:
+        max_step_samples: cap on kept evenly spaced samples (>= 2), or None to keep all.
+
+    Raises:
+        ConfigError: ``max_step_samples`` below 2.
+        MetricsError: (from the event methods) an unknown or repeated id, an event out of
+            order, a time before the arrival or going backwards; the recorder is unchanged.
+    """
+
+    def __init__(self, *, max_step_samples: int | None = DEFAULT_MAX_STEP_SAMPLES) -> None:
+        if max_step_samples is not None and max_step_samples < 2:
+            raise ConfigError(f"max_step_samples must be >= 2 or None, got {max_step_samples}")
+        self._max_samples = max_step_samples
+        self._records: dict[int, RequestRecord] = {}
+        self._first_arrival_s: float | None = None
+        self._last_time_s: float | None = None
+        # step samples: (step index, sample), strided every `_stride` steps
+        self._stride = 1
+        self._strided: list[tuple[int, StepSample]] = []
+        self._extremes: dict[str, tuple[int, StepSample]] = {}
+        self._last_step_t_s = -math.inf
+        self._steps = 0
+        self._duration_s = 0.0
+        self._util_seconds = 0.0
+        self._util_sum = 0.0
+        self._peak_util: float | None = None
+        self._peak_running = 0
+        self._peak_waiting = 0
+        self._prefill_tokens = 0
+        self._decode_tokens = 0
+        self._needed_fraction_seconds = 0.0
+        self._needed_duration_s = 0.0
+
+    # -- request events --
+
+    def _record(self, request_id: int, t_s: float, event: str) -> RequestRecord:
+        record = self._records.get(request_id)
+        if record is None:
+            raise MetricsError(f"{event}: unknown request id {request_id} (no on_arrival)")
+        _check(
+            math.isfinite(t_s) and t_s >= record.arrival_s,
+            f"{event}: request {request_id} at t={t_s!r} s, before its arrival "
+            f"({record.arrival_s} s)",
+        )
+        _check(
+            record.finished_s is None and record.rejected_reason is None,
+            f"{event}: request {request_id} already "
+            f"{'finished' if record.finished_s is not None else 'rejected'}",
+        )
+        return record
+
+    def _saw(self, t_s: float) -> None:
+        if self._last_time_s is None or t_s > self._last_time_s:
+            self._last_time_s = t_s
+
+    def on_arrival(
+        self, request_id: int, t_s: float, *, prompt_tokens: int, output_tokens: int
+    ) -> None:
+        """A request arrives (creates its record).
+
+        Raises:
+            MetricsError: a repeated id, a non-finite time, token counts below 1.
+        """
+        _check(request_id not in self._records, f"on_arrival: repeated request id {request_id}")
+        _check(math.isfinite(t_s), f"on_arrival: request {request_id}: t_s={t_s!r}")
+        _check(
+            prompt_tokens >= 1 and output_tokens >= 1,
+            f"on_arrival: request {request_id}: prompt_tokens and output_tokens must be >= 1, "
+            f"got {prompt_tokens} and {output_tokens}",
+        )
+        self._records[request_id] = RequestRecord(
+            request_id=request_id,
+            arrival_s=t_s,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+        )
+        if self._first_arrival_s is None or t_s < self._first_arrival_s:
+            self._first_arrival_s = t_s
+        self._saw(t_s)
+
+    def on_admitted(self, request_id: int, t_s: float) -> None:
+        """The scheduler admits the request (first admission time kept on re-admission)."""
+        record = self._record(request_id, t_s, "on_admitted")
+        if record.admitted_s is None:
+            record.admitted_s = t_s
+        self._saw(t_s)
+
+    def on_first_token(self, request_id: int, t_s: float) -> None:
+        """A prefill ends and emits one output token (counted in ``output_done``).
+
+        The first call sets ``first_token_s``; a later one (the prefill that recomputes a
+        retracted request) only counts its token.
+
+        Raises:
+            MetricsError: the request was never admitted, or ``t_s`` precedes admission.
+        """
+        record = self._record(request_id, t_s, "on_first_token")
+        _check(
+            record.admitted_s is not None and t_s >= record.admitted_s,
+            f"on_first_token: request {request_id} at {t_s} s was not admitted before "
+            f"(admitted_s={record.admitted_s})",
+        )
+        if record.first_token_s is None:
+            record.first_token_s = t_s
+        record.output_done += 1
+        self._saw(t_s)
+
+    def on_token(self, request_id: int, t_s: float, tokens: int = 1) -> None:
+        """Decode steps emit ``tokens`` (>= 1) more output tokens.
+
+        Raises:
+            MetricsError: no first token yet, ``tokens < 1``, or ``t_s`` before it.
+        """
+        record = self._record(request_id, t_s, "on_token")
+        _check(tokens >= 1, f"on_token: request {request_id}: tokens must be >= 1, got {tokens}")
+        _check(
+            record.first_token_s is not None and t_s >= record.first_token_s,
+            f"on_token: request {request_id} at {t_s} s has no first token before "
+            f"(first_token_s={record.first_token_s})",
+        )
+        record.output_done += tokens
+        self._saw(t_s)
+
+    def on_finished(self, request_id: int, t_s: float) -> None:
+        """The request's last token is out; it leaves the batch.
+
+        Raises:
+            MetricsError: no first token yet, a time before it, or a second finish.
+        """
+        record = self._record(request_id, t_s, "on_finished")
+        _check(
+            record.first_token_s is not None and t_s >= record.first_token_s,
+            f"on_finished: request {request_id} at {t_s} s has no first token before "
+            f"(first_token_s={record.first_token_s})",
+        )
+        record.finished_s = t_s
+        self._saw(t_s)
+
+    def on_retracted(self, request_id: int, t_s: float) -> None:
+        """The request is retracted (preempted) to the waiting queue; its pages are freed.
+
+        Raises:
+            MetricsError: the request was never admitted.
+        """
+        record = self._record(request_id, t_s, "on_retracted")
+        _check(
+            record.admitted_s is not None,
+            f"on_retracted: request {request_id} was never admitted",
+        )
+        record.retractions += 1
+        self._saw(t_s)
+
+    def on_rejected(self, request_id: int, t_s: float, reason: str) -> None:
+        """The request will never run (e.g. it can never fit the chain).
+
+        Raises:
+            MetricsError: an empty reason, or the request already finished or rejected.
+        """
+        record = self._record(request_id, t_s, "on_rejected")
+        _check(bool(reason), f"on_rejected: request {request_id}: reason must not be empty")
+        record.rejected_reason = reason
+        self._saw(t_s)
+
+    # -- steps --
+
+    def on_step(self, sample: StepSample) -> None:
+        """Record one scheduling step (totals always; the sample itself if kept).
+
+        Raises:
+            MetricsError: ``sample.t_s`` earlier than the previous step's.
+        """
+        _check(
+            sample.t_s >= self._last_step_t_s,
+            f"on_step: t_s={sample.t_s} s is before the previous step ({self._last_step_t_s} s)",
+        )
+        index = self._steps
+        self._last_step_t_s = sample.t_s
+        self._saw(sample.t_s)
+        utilization = sample.utilization
+        self._steps += 1
+        self._duration_s += sample.duration_s
+        self._util_seconds += utilization * sample.duration_s
+        self._util_sum += utilization
+        self._prefill_tokens += sample.prefill_tokens
+        self._decode_tokens += sample.decode_tokens
+        if sample.needed_bytes is not None:
+            fraction = sample.needed_bytes / sample.buffer_bytes
+            self._needed_fraction_seconds += fraction * sample.duration_s
+            self._needed_duration_s += sample.duration_s
+        if self._peak_util is None or utilization > self._peak_util:
+            self._peak_util = utilization
+            self._extremes["peak_utilization"] = (index, sample)
+        if sample.running > self._peak_running or index == 0:
+            self._peak_running = max(self._peak_running, sample.running)
+            self._extremes["peak_running"] = (index, sample)
+        if sample.waiting > self._peak_waiting or index == 0:
+            self._peak_waiting = max(self._peak_waiting, sample.waiting)
+            self._extremes["peak_waiting"] = (index, sample)
+        self._extremes["last"] = (index, sample)
+        if index % self._stride == 0:
+            self._strided.append((index, sample))
+            if self._max_samples is not None and len(self._strided) > self._max_samples:
+                self._stride *= 2
+                self._strided = [(i, s) for i, s in self._strided if i % self._stride == 0]
+
+    # -- read access --
+
+    @property
+    def records(self) -> tuple[RequestRecord, ...]:
+        """Request records in arrival-event order (the live objects: do not mutate)."""
+        return tuple(self._records.values())
+
+    def record(self, request_id: int) -> RequestRecord:
+        """The record of one request.
+
+        Raises:
+            MetricsError: unknown id.
+        """
+        record = self._records.get(request_id)
+        if record is None:
+            raise MetricsError(f"unknown request id {request_id}")
+        return record
+
+    @property
+    def step_samples(self) -> tuple[StepSample, ...]:
+        """Kept step samples in time order: all of them, or the evenly spaced ones plus the
+        extremes when down-sampled."""
+        merged = dict(self._strided)
+        merged.update(self._extremes.values())
+        return tuple(sample for _, sample in sorted(merged.items(), key=lambda kv: kv[0]))
+
+    @property
+    def step_totals(self) -> StepTotals:
+        """Exact totals over every recorded step."""
+        return StepTotals(
+            steps=self._steps,
+            duration_s=self._duration_s,
+            utilization_seconds=self._util_seconds,
+            utilization_sum=self._util_sum,
+            peak_utilization=self._peak_util,
+            peak_running=self._peak_running,
+            peak_waiting=self._peak_waiting,
+            prefill_tokens=self._prefill_tokens,
+            decode_tokens=self._decode_tokens,
+            needed_fraction_seconds=self._needed_fraction_seconds,
+            needed_duration_s=self._needed_duration_s,
+        )
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds from the earliest arrival to the last recorded time (0.0 if empty)."""
+        if self._first_arrival_s is None or self._last_time_s is None:
+            return 0.0
+        return self._last_time_s - self._first_arrival_s
+
+
+# --- summary ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Percentiles:
+    """p50 / p90 / p99 of a latency, seconds (numpy linear interpolation).
+
+    Attributes:
+        p50_s, p90_s, p99_s: the percentiles, seconds.
+        count: how many values they summarize (>= 1).
+    """
+
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    count: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Percentiles | None:
+        """Percentiles of ``values`` (seconds); None for an empty sequence.
+
+        Example: ``Percentiles.of([1, 2, 3, 4, 5])`` -> p50 3.0, p90 4.6, p99 4.96.
+        """
+        if len(values) == 0:
+            return None
+        p50, p90, p99 = np.percentile(np.asarray(values, dtype=np.float64), [50, 90, 99])
+        return cls(float(p50), float(p90), float(p99), len(values))
+
+
+_COUNTER_KEYS = ("admitted_but_unallocatable", "leaked_pages")
+
+
+@dataclass(frozen=True, slots=True)
+class SimSummary:
+    """The numbers of one simulation (see the module doc for definitions).
+
+    Attributes:
+        requests_total: requests that arrived.
+        requests_finished: requests that finished.
+        requests_rejected: requests rejected.
+        duration_s: earliest arrival to last recorded time, seconds.
+        input_tokens_per_s: prompt tokens of finished requests / duration_s; None if 0 s.
+        output_tokens_per_s: generated tokens of finished requests / duration_s; None if 0 s.
+        ttft: TTFT percentiles over finished requests (None if none finished).
+        tpot: TPOT percentiles over finished requests with more than one output token.
+        e2e: end-to-end latency percentiles over finished requests.
+        queueing: queueing delay (arrival -> first admission) over finished requests.
+        steps: scheduling steps.
+        peak_running: most requests in one batch.
+        peak_waiting: longest waiting queue.
+        mean_kv_utilization: time-weighted mean of used / buffer bytes (0..1); None without
+            steps.
+        peak_kv_utilization: largest step utilization (0..1); None without steps.
+        retractions: retractions, all requests together.
+        retracted_requests: requests retracted at least once.
+        admitted_but_unallocatable: admitted requests whose allocation then failed (must be
+            0 for kvchain); None when the loop did not report it.
+        leaked_pages: pages still held after every request left; None when not reported.
+        extra: other counters the loop passed to :func:`summarize` (read-only mapping).
+    """
+
+    requests_total: int
+    requests_finished: int
+    requests_rejected: int
+    duration_s: float
+    input_tokens_per_s: float | None
+    output_tokens_per_s: float | None
+    ttft: Percentiles | None
+    tpot: Percentiles | None
+    e2e: Percentiles | None
+    queueing: Percentiles | None
+    steps: int
+    peak_running: int
+    peak_waiting: int
+    mean_kv_utilization: float | None
+    peak_kv_utilization: float | None
+    retractions: int
+    retracted_requests: int
+    admitted_but_unallocatable: int | None
+    leaked_pages: int | None
+    extra: Mapping[str, int | float] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: field name -> value; percentiles as nested dicts, None as
+        null. :meth:`from_json` reads it back."""
+        out: dict[str, Any] = {}
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if isinstance(value, Percentiles):
+                value = {
+                    "p50_s": value.p50_s,
+                    "p90_s": value.p90_s,
+                    "p99_s": value.p99_s,
+                    "count": value.count,
+                }
+            elif spec.name == "extra":
+                value = dict(value)
+            out[spec.name] = value
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SimSummary:
+        """The summary written by :meth:`to_json` (e.g. the ``summary`` of a metrics.json).
+
+        Raises:
+            ConfigError: a missing or unknown field.
+        """
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in data and n != "extra"]
+        unknown = [k for k in data if k not in names]
+        if missing or unknown:
+            raise ConfigError(f"summary JSON: missing fields {missing}, unknown fields {unknown}")
+        values: dict[str, Any] = {}
+        for name in names:
+            value = data.get(name, {}) if name == "extra" else data[name]
+            if name in ("ttft", "tpot", "e2e", "queueing") and value is not None:
+                value = Percentiles(**value)
+            elif name == "extra":
+                value = MappingProxyType(dict(value))
+            values[name] = value
+        return cls(**values)
+
+
+def _checked_extra(extra: Mapping[str, int | float]) -> dict[str, int | float]:
+    checked: dict[str, int | float] = {}
+    for key, value in extra.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"extra counter {key!r} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"extra counter {key!r} must be finite, got {value!r}")
+        if key in _COUNTER_KEYS and (not isinstance(value, int) or value < 0):
+            raise ConfigError(f"extra counter {key!r} must be an int >= 0, got {value!r}")
+        checked[key] = value
+    return checked
+
+
+def summarize(
+    recorder: MetricsRecorder, *, extra: Mapping[str, int | float] = MappingProxyType({})
+) -> SimSummary:
+    """Summarize a finished (or interrupted) simulation.
+
+    Args:
+        recorder: the recorder the event loop filled.
+        extra: counters of the loop; ``admitted_but_unallocatable`` and ``leaked_pages``
+            become summary fields, any other key lands in ``SimSummary.extra``.
+
+    Returns:
+        the :class:`SimSummary`.
+
+    Raises:
+        ConfigError: a non-numeric or non-finite counter, or a known counter that is not
+            an int >= 0.
+    """
+    counters = _checked_extra(extra)
+    records = recorder.records
+    finished = [r for r in records if r.finished_s is not None]
+    duration = recorder.duration_s
+    totals = recorder.step_totals
+
+    def rate(tokens: int) -> float | None:
+        return tokens / duration if duration > 0 else None
+
+    def values(attribute: str) -> list[float]:
+        out = [getattr(r, attribute) for r in finished]
+        return [v for v in out if v is not None]
+
+    known = {key: int(counters.pop(key)) for key in _COUNTER_KEYS if key in counters}
+    return SimSummary(
+        requests_total=len(records),
+        requests_finished=len(finished),
+        requests_rejected=sum(r.rejected_reason is not None for r in records),
+        duration_s=duration,
+        input_tokens_per_s=rate(sum(r.prompt_tokens for r in finished)),
+        output_tokens_per_s=rate(sum(r.output_done for r in finished)),
+        ttft=Percentiles.of(values("ttft_s")),
+        tpot=Percentiles.of(values("tpot_s")),
+        e2e=Percentiles.of(values("e2e_s")),
+        queueing=Percentiles.of(values("queue_s")),
+        steps=totals.steps,
+        peak_running=totals.peak_running,
+        peak_waiting=totals.peak_waiting,
+        mean_kv_utilization=totals.mean_utilization,
+        peak_kv_utilization=totals.peak_utilization,
+        retractions=sum(r.retractions for r in records),
+        retracted_requests=sum(r.retractions > 0 for r in records),
+        admitted_but_unallocatable=known.get("admitted_but_unallocatable"),
+        leaked_pages=known.get("leaked_pages"),
+        extra=MappingProxyType(counters),
+    )
+
+
+# --- outputs ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SimOutputs:
+    """Files written by :func:`write_outputs`.
+
+    Attributes:
+        metrics_json: ``metrics.json``: ``{"config": ..., "summary": ...}``.
+        requests_csv: ``requests.csv``: one row per request (:data:`REQUEST_CSV_COLUMNS`).
+    """
+
+    metrics_json: Path
+    requests_csv: Path
+
+
+REQUEST_CSV_COLUMNS = (
+    "request_id",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "output_done",
+    "admitted_s",
+    "first_token_s",
+    "finished_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "queue_s",
+    "retractions",
+    "rejected_reason",
+)
+"""Columns of requests.csv (times in seconds; an empty cell = not happened / undefined)."""
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise ConfigError(f"config value {value!r} of type {type(value).__name__} is not JSON")
+
+
+def write_outputs(
+    out_dir: str | Path,
+    recorder: MetricsRecorder,
+    summary: SimSummary,
+    *,
+    config: Mapping[str, Any] = MappingProxyType({}),
+) -> SimOutputs:
+    """Write ``metrics.json`` (config + summary) and ``requests.csv`` into ``out_dir``.
+
+    ``out_dir`` is created if missing; existing files of those names are replaced. Floats
+    are written with Python's shortest round-trip repr. Config values may be JSON types,
+    paths or enums (written as strings).
+
+    Raises:
+        ConfigError: a config value that is not JSON-serializable (nothing is written).
+    """
+    try:
+        metrics_text = json.dumps(
+            {"config": dict(config), "summary": summary.to_json()},
+            indent=2,
+            allow_nan=False,
+            default=_json_default,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"metrics.json: {exc}") from None
+    directory = Path(out_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    metrics_path = directory / "metrics.json"
+    metrics_path.write_text(metrics_text + "\n", encoding="utf-8")
+    requests_path = directory / "requests.csv"
+    with requests_path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(REQUEST_CSV_COLUMNS)
+        for record in recorder.records:
+            row = [getattr(record, column) for column in REQUEST_CSV_COLUMNS]
+            writer.writerow(["" if value is None else value for value in row])
+    return SimOutputs(metrics_json=metrics_path, requests_csv=requests_path)

@@ -1,0 +1,273 @@
+"""Tests of kvchain.sim.metrics with synthetic records (exact values)."""
+
+from __future__ import annotations
+
+import csv
+import enum
+import json
+from pathlib import Path
+
+import pytest
+
+from kvchain.errors import ConfigError, MetricsError
+from kvchain.sim.metrics import (
+    REQUEST_CSV_COLUMNS,
+    BandSample,
+    MetricsRecorder,
+    Percentiles,
+    SimSummary,
+    StepSample,
+    summarize,
+    write_outputs,
+)
+
+BUFFER = 100
+
+
+def step(
+    t_s: float,
+    duration_s: float,
+    used: int,
+    *,
+    running: int = 1,
+    waiting: int = 0,
+    needed: float | None = None,
+) -> StepSample:
+    full_live = max(used - 10, 0)
+    bands = (
+        BandSample("state", 0, 10, 10, 0),
+        BandSample("full", max(BUFFER - full_live - 4, 10), BUFFER, full_live, 0),
+    )
+    return StepSample(
+        t_s=t_s,
+        duration_s=duration_s,
+        prefill_tokens=8,
+        decode_tokens=running,
+        running=running,
+        waiting=waiting,
+        bands=bands,
+        buffer_bytes=BUFFER,
+        used_bytes=used,
+        needed_bytes=needed,
+    )
+
+
+def scripted_run() -> MetricsRecorder:
+    """Five requests; times are binary fractions so every expected value is exact."""
+    rec = MetricsRecorder()
+    # r0: TTFT 0.5, 5 tokens, TPOT (2.5 - 0.5) / 4 = 0.5, e2e 2.5, queue 0.25
+    rec.on_arrival(0, 0.0, prompt_tokens=100, output_tokens=5)
+    rec.on_admitted(0, 0.25)
+    rec.on_first_token(0, 0.5)
+    for t in (1.0, 1.5, 2.0, 2.5):
+        rec.on_token(0, t)
+    rec.on_finished(0, 2.5)
+    # r1: one output token: no TPOT; TTFT 0.5, e2e 0.5, queue 0
+    rec.on_arrival(1, 1.0, prompt_tokens=50, output_tokens=1)
+    rec.on_admitted(1, 1.0)
+    rec.on_first_token(1, 1.5)
+    rec.on_finished(1, 1.5)
+    # r2: retracted once, re-admitted, recomputed; TTFT 2.0, TPOT (6 - 3) / 2 = 1.5
+    rec.on_arrival(2, 1.0, prompt_tokens=30, output_tokens=3)
+    rec.on_admitted(2, 2.0)
+    rec.on_first_token(2, 3.0)
+    rec.on_retracted(2, 3.5)
+    rec.on_admitted(2, 4.0)
+    rec.on_first_token(2, 5.0)  # the recompute prefill emits token 2
+    rec.on_token(2, 6.0)
+    rec.on_finished(2, 6.0)
+    # r3: rejected; r4: still running at the end
+    rec.on_arrival(3, 2.0, prompt_tokens=10_000, output_tokens=10)
+    rec.on_rejected(3, 2.0, "never fits: needs 4.0 MB, chain has 1.0 MB")
+    rec.on_arrival(4, 5.0, prompt_tokens=10, output_tokens=10)
+    rec.on_admitted(4, 5.5)
+    rec.on_first_token(4, 6.0)
+    rec.on_step(step(2.0, 2.0, 25, running=2, waiting=3))
+    rec.on_step(step(6.0, 4.0, 50, running=1, waiting=0))
+    return rec
+
+
+def test_percentiles_linear_interpolation() -> None:
+    p = Percentiles.of([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert p is not None
+    assert (p.p50_s, p.p90_s, p.count) == (3.0, 4.6, 5)
+    assert p.p99_s == pytest.approx(4.96, abs=1e-12)
+    assert Percentiles.of([]) is None
+    single = Percentiles.of([0.25])
+    assert single == Percentiles(0.25, 0.25, 0.25, 1)
+
+
+def test_record_derived_latencies() -> None:
+    rec = scripted_run()
+    r0, r1, r2, r3, r4 = rec.records
+    assert (r0.ttft_s, r0.tpot_s, r0.e2e_s, r0.queue_s, r0.output_done) == (0.5, 0.5, 2.5, 0.25, 5)
+    assert (r1.ttft_s, r1.tpot_s, r1.e2e_s, r1.queue_s) == (0.5, None, 0.5, 0.0)
+    assert (r2.admitted_s, r2.first_token_s, r2.retractions, r2.output_done) == (2.0, 3.0, 1, 3)
+    assert r2.tpot_s == 1.5
+    assert r3.rejected_reason is not None and r3.admitted_s is None
+    assert (r4.finished_s, r4.tpot_s, r4.e2e_s, r4.output_done) == (None, None, None, 1)
+
+
+def test_summary_exact_values() -> None:
+    summary = summarize(
+        scripted_run(), extra={"admitted_but_unallocatable": 0, "leaked_pages": 2, "moves": 7}
+    )
+    assert (summary.requests_total, summary.requests_finished, summary.requests_rejected) == (
+        5,
+        3,
+        1,
+    )
+    assert summary.duration_s == 6.0
+    assert summary.input_tokens_per_s == (100 + 50 + 30) / 6.0
+    assert summary.output_tokens_per_s == (5 + 1 + 3) / 6.0
+    # TTFT of finished requests: [0.5, 0.5, 2.0]
+    assert summary.ttft is not None
+    assert (summary.ttft.p50_s, summary.ttft.count) == (0.5, 3)
+    assert summary.ttft.p90_s == pytest.approx(0.5 + 0.8 * 1.5, abs=1e-12)
+    assert summary.ttft.p99_s == pytest.approx(0.5 + 0.98 * 1.5, abs=1e-12)
+    # TPOT only for outputs > 1: [0.5, 1.5]
+    assert summary.tpot is not None
+    assert (summary.tpot.p50_s, summary.tpot.count) == (1.0, 2)
+    assert summary.tpot.p90_s == pytest.approx(1.4, abs=1e-12)
+    assert summary.e2e is not None and summary.e2e.p50_s == 2.5
+    assert summary.queueing is not None and summary.queueing.p50_s == 0.25
+    # utilization: 0.25 for 2 s, 0.5 for 4 s -> (0.5 + 2.0) / 6 (time-weighted, not 0.375)
+    assert summary.mean_kv_utilization == pytest.approx(2.5 / 6.0, abs=1e-15)
+    assert summary.peak_kv_utilization == 0.5
+    assert (summary.steps, summary.peak_running, summary.peak_waiting) == (2, 2, 3)
+    assert (summary.retractions, summary.retracted_requests) == (1, 1)
+    assert (summary.admitted_but_unallocatable, summary.leaked_pages) == (0, 2)
+    assert dict(summary.extra) == {"moves": 7}
+
+
+def test_summary_of_empty_run_and_unreported_counters() -> None:
+    summary = summarize(MetricsRecorder())
+    assert summary.requests_total == 0
+    assert summary.duration_s == 0.0
+    assert summary.input_tokens_per_s is None and summary.ttft is None
+    assert summary.mean_kv_utilization is None and summary.peak_kv_utilization is None
+    assert summary.admitted_but_unallocatable is None and summary.leaked_pages is None
+
+
+def test_zero_duration_steps_use_plain_mean() -> None:
+    rec = MetricsRecorder()
+    rec.on_step(step(0.0, 0.0, 20))
+    rec.on_step(step(0.0, 0.0, 60))
+    assert summarize(rec).mean_kv_utilization == 0.4
+
+
+def test_down_sampling_keeps_exact_totals_and_extremes() -> None:
+    full = MetricsRecorder(max_step_samples=None)
+    sampled = MetricsRecorder(max_step_samples=100)
+    t = 0.0
+    for i in range(10_001):
+        duration = 0.001 * (1 + i % 7)
+        t += duration
+        used = 10 + (i * 37) % 91  # 10..100, peak 100 first at i = 90
+        waiting = 500 if i == 4_321 else i % 5
+        sample = step(t, duration, used, running=1 + i % 13, waiting=waiting, needed=used * 0.9)
+        full.on_step(sample)
+        sampled.on_step(sample)
+    assert len(full.step_samples) == 10_001
+    kept = sampled.step_samples
+    assert 50 <= len(kept) <= 104
+    assert sampled.step_totals == full.step_totals
+    assert summarize(sampled) == summarize(full)
+    assert full.step_totals.needed_duration_s == full.step_totals.duration_s
+    # extremes kept: the first peak of utilization, the waiting spike, the last step
+    assert max(s.used_bytes for s in kept) == 100
+    assert max(s.waiting for s in kept) == 500
+    assert kept[-1] == full.step_samples[-1]
+    assert kept[0] == full.step_samples[0]
+    # evenly spaced: strided samples are every 128th step (stride doubled 7 times)
+    times = [s.t_s for s in kept]
+    assert times == sorted(times)
+    strided = [s for s in full.step_samples[::128]]
+    assert all(s in kept for s in strided)
+
+
+def test_event_errors_leave_recorder_unchanged() -> None:
+    rec = MetricsRecorder()
+    rec.on_arrival(7, 1.0, prompt_tokens=4, output_tokens=2)
+    with pytest.raises(MetricsError, match="repeated request id 7"):
+        rec.on_arrival(7, 2.0, prompt_tokens=4, output_tokens=2)
+    with pytest.raises(MetricsError, match="unknown request id 8"):
+        rec.on_admitted(8, 2.0)
+    with pytest.raises(MetricsError, match="before its arrival"):
+        rec.on_admitted(7, 0.5)
+    with pytest.raises(MetricsError, match="not admitted"):
+        rec.on_first_token(7, 2.0)
+    with pytest.raises(MetricsError, match="no first token"):
+        rec.on_token(7, 2.0)
+    with pytest.raises(MetricsError, match="never admitted"):
+        rec.on_retracted(7, 2.0)
+    with pytest.raises(MetricsError, match=">= 1"):
+        rec.on_arrival(9, 2.0, prompt_tokens=0, output_tokens=2)
+    record = rec.record(7)
+    assert (record.admitted_s, record.output_done, record.retractions) == (None, 0, 0)
+    rec.on_admitted(7, 2.0)
+    rec.on_first_token(7, 3.0)
+    with pytest.raises(MetricsError, match="no first token before"):
+        rec.on_finished(7, 2.5)
+    rec.on_finished(7, 4.0)
+    with pytest.raises(MetricsError, match="already finished"):
+        rec.on_finished(7, 5.0)
+    with pytest.raises(MetricsError, match="already finished"):
+        rec.on_rejected(7, 5.0, "late")
+    assert rec.record(7).finished_s == 4.0
+    rec.on_step(step(5.0, 1.0, 30))
+    with pytest.raises(MetricsError, match="before the previous step"):
+        rec.on_step(step(4.0, 1.0, 30))
+    assert rec.step_totals.steps == 1
+    with pytest.raises(ConfigError):
+        MetricsRecorder(max_step_samples=1)
+
+
+def test_sample_validation() -> None:
+    with pytest.raises(MetricsError, match="exceed the span"):
+        BandSample("full", 0, 10, 8, 4)
+    with pytest.raises(MetricsError, match="lo <= hi"):
+        BandSample("full", 10, 5, 0, 0)
+    with pytest.raises(MetricsError, match="used_bytes"):
+        StepSample(1.0, 1.0, 0, 0, 0, 0, (), BUFFER, BUFFER + 1)
+    with pytest.raises(MetricsError, match="duration_s"):
+        step(1.0, -1.0, 10)
+    with pytest.raises(MetricsError, match="beyond the buffer"):
+        StepSample(1.0, 1.0, 0, 0, 0, 0, (BandSample("full", 0, 200, 0, 0),), BUFFER, 0)
+    with pytest.raises(ConfigError, match="leaked_pages"):
+        summarize(MetricsRecorder(), extra={"leaked_pages": -1})
+    with pytest.raises(ConfigError, match="finite"):
+        summarize(MetricsRecorder(), extra={"x": float("nan")})
+
+
+class Manager(enum.Enum):
+    CHAIN = "chain"
+
+
+def test_write_outputs_round_trip(tmp_path: Path) -> None:
+    rec = scripted_run()
+    summary = summarize(rec, extra={"leaked_pages": 0})
+    out = write_outputs(
+        tmp_path / "run1",
+        rec,
+        summary,
+        config={"trace": Path("x/azure.csv"), "manager": Manager.CHAIN, "seed": 0},
+    )
+    data = json.loads(out.metrics_json.read_text())
+    assert data["config"] == {"trace": "x/azure.csv", "manager": "chain", "seed": 0}
+    assert data["summary"]["ttft"]["p50_s"] == 0.5
+    assert data["summary"]["admitted_but_unallocatable"] is None
+    assert SimSummary.from_json(data["summary"]) == summary
+    with out.requests_csv.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert tuple(rows[0]) == REQUEST_CSV_COLUMNS
+    assert len(rows) == 5
+    assert rows[0]["tpot_s"] == "0.5" and rows[0]["output_done"] == "5"
+    assert rows[1]["tpot_s"] == ""
+    assert rows[2]["retractions"] == "1"
+    assert rows[3]["rejected_reason"].startswith("never fits") and rows[3]["ttft_s"] == ""
+    with pytest.raises(ConfigError, match="not JSON"):
+        write_outputs(tmp_path / "run2", rec, summary, config={"bad": object()})
+    assert not (tmp_path / "run2").exists()
+    with pytest.raises(ConfigError, match="missing fields"):
+        SimSummary.from_json({"steps": 1})
