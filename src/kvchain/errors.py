@@ -139,3 +139,8 @@ class MetricsError(KVChainError, ValueError):
     repeated request id, an event out of order (a token before admission, a second finish),
     a time before the request's arrival, or a step sample with impossible values (names
     the field and the value). Raised before the recorder changes."""
+
+
+class ReservedPageError(AllocationError):
+    """A chain-held null page released by a holder, or the null page asked of a band that
+    reserves none."""

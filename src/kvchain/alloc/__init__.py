@@ -1,0 +1,39 @@
+"""The chain allocator: snapshots and plans (pure), bands and the chain executor."""
+
+from kvchain.alloc.chain import Chain, ChainStats, GateState, Grant, MovePin
+from kvchain.alloc.snapshot import (
+    Action,
+    BandSnapshot,
+    ChainSnapshot,
+    Compact,
+    Demand,
+    Extend,
+    PlanStep,
+    Quote,
+    RefusalReason,
+    Relocate,
+    Side,
+    UseHoles,
+    WaitFence,
+)
+
+__all__ = [
+    "Action",
+    "BandSnapshot",
+    "Chain",
+    "ChainSnapshot",
+    "ChainStats",
+    "Compact",
+    "Demand",
+    "Extend",
+    "GateState",
+    "Grant",
+    "MovePin",
+    "PlanStep",
+    "Quote",
+    "RefusalReason",
+    "Relocate",
+    "Side",
+    "UseHoles",
+    "WaitFence",
+]

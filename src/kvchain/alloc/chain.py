@@ -1,0 +1,698 @@
+"""The chain allocator's executor: one byte buffer, its bands, and the one take path.
+
+The chain holds one :class:`~kvchain.alloc.band.Band` per band of a
+:class:`~kvchain.layout.ChainLayout` and realizes plans priced by the pure planner
+(``kvchain.alloc.pricing.price``, DESIGN section 3)::
+
+    take(demand) --> price(snapshot, demand) --> Quote
+                        refused: CapacityError, nothing changed
+                        fits:    for step in plan: _apply(step.action)
+                                                   check snapshot == step.after
+                                 --> Grant (new virtual ids per band)
+
+Every mutation - ``UseHoles``, ``Extend``, ``Compact``, ``Relocate``, ``WaitFence``, a
+release, a gate or fence change - goes through the single private ``_apply`` path, which
+bumps the capacity epoch and drops the cached snapshot. The executor never re-prices in the
+middle of a plan; a snapshot that differs from the prediction is a bug
+(:class:`~kvchain.errors.PlanMismatchError`), never a shortfall.
+
+Moves are gated (DESIGN section 2, contract 6): pages are copied only while the move gate
+is open and after the in-flight forward's fence completed. Admission that relies on a
+plan with moves holds a :class:`MovePin`; closing the gate while a pin is held is
+deferred until the last pin is released (field case F13).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol
+
+import numpy as np
+
+from kvchain.alloc.band import Band, PageMoves
+from kvchain.alloc.snapshot import (
+    Action,
+    ChainSnapshot,
+    Compact,
+    Demand,
+    Extend,
+    Quote,
+    Relocate,
+    Side,
+    UseHoles,
+    WaitFence,
+)
+from kvchain.errors import (
+    AuditError,
+    CapacityError,
+    DoubleReleaseError,
+    InvalidDemandError,
+    MovesBlockedError,
+    PlanMismatchError,
+    ReservedPageError,
+    UnknownPageError,
+)
+from kvchain.layout import Anchor, BandLayout, ChainLayout
+
+# --- what the chain needs from the buffer backend (kvchain.buffer implements it) --------
+
+
+class FenceLike(Protocol):
+    """Completion of an in-flight forward pass (a CUDA event on GPU)."""
+
+    def query(self) -> bool:
+        """True once the forward has finished writing its pages."""
+        ...
+
+    def wait(self) -> None:
+        """Block until the forward has finished."""
+        ...
+
+
+class PageBytes(Protocol):
+    """The page operations of a buffer backend the chain uses (``kvchain.buffer``)."""
+
+    def copy_pages(self, band: BandLayout, src: np.ndarray, dst: np.ndarray) -> None:
+        """Copy pages ``src[i] -> dst[i]`` of one band, gather-then-scatter."""
+        ...
+
+    def zero_pages(self, band: BandLayout, idx: np.ndarray) -> None:
+        """Fill pages ``idx`` of one band with zeros."""
+        ...
+
+
+# --- value objects --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The result of a successful :meth:`Chain.take`.
+
+    Attributes:
+        quote: the quote that was realized (its ``after`` equals the chain's snapshot
+            right after the take).
+        pages: per band (low -> high), the virtual ids newly bound, in the order taken
+            (holes first, then extensions); ``len(pages[i]) == quote.demand.pages[i]``.
+    """
+
+    quote: Quote
+    pages: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GateState:
+    """The move gate as seen after a gate request.
+
+    Attributes:
+        open: pages may be copied now.
+        close_pending: a close was asked while pins were held; it applies when the last
+            pin is released.
+        pins: move pins held now.
+    """
+
+    open: bool
+    close_pending: bool
+    pins: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChainStats:
+    """Cumulative counters of a chain (pages, bytes, counts of actions)."""
+
+    takes: int
+    releases: int
+    pages_copied: int
+    bytes_copied: int
+    compactions: int
+    relocations: int
+    fence_waits: int
+
+
+class MovePin:
+    """A hold on the move gate: while held, closing the gate is deferred.
+
+    Use as a context manager or call :meth:`release`; releasing twice is a no-op. A pin
+    does not open a closed gate (check :attr:`Chain.gate`).
+    """
+
+    def __init__(self, chain: Chain) -> None:
+        self._chain = chain
+        self._held = True
+
+    @property
+    def held(self) -> bool:
+        """True until released."""
+        return self._held
+
+    def release(self) -> None:
+        """Drop the pin; the last pin dropped applies a deferred gate close."""
+        if self._held:
+            self._held = False
+            self._chain._unpin()
+
+    def __enter__(self) -> MovePin:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+
+# --- internal (non-plan) actions, applied through the same path -------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Release:
+    band: int
+    vids: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class _SetGate:
+    open: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _BeginForward:
+    fence: FenceLike
+
+
+@dataclass(frozen=True, slots=True)
+class _FenceDone:
+    pass
+
+
+_Mutation = Action | _Release | _SetGate | _BeginForward | _FenceDone
+
+
+class Chain:
+    """A chain of bands over one byte buffer: the allocator's state and executor.
+
+    Args:
+        layout: the validated chain layout.
+        buffer: the bytes (``kvchain.buffer`` backend: ``NumpyBuffer``, ``TorchBuffer``);
+            default a ``NullBuffer`` of ``layout.buffer_bytes`` (bookkeeping only).
+        debug_audit: run :meth:`audit` after every public mutating call.
+
+    ENDs start empty at their anchors; the FLOAT starts empty at the grid page nearest the
+    middle of the buffer (``round(B / 2P)``). The layout's null pages are then taken
+    through :meth:`take` (so they pass the same planner) and zeroed; the chain holds them
+    for good (:meth:`null_page`).
+
+    Raises:
+        CapacityError: the layout's null pages do not fit (a validated layout always fits).
+    """
+
+    def __init__(self, layout: ChainLayout, buffer: PageBytes | None = None, *,
+                 debug_audit: bool = False) -> None:
+        if buffer is None:
+            from kvchain.buffer import NullBuffer
+
+            buffer = NullBuffer(layout.buffer_bytes)
+        self.layout = layout
+        self.buffer = buffer
+        self.debug_audit = debug_audit
+        self._bands: list[Band] = []
+        for bl in layout.bands:
+            if bl.anchor is Anchor.LOW:
+                start = 0
+            elif bl.anchor is Anchor.HIGH:
+                start = bl.cap
+            else:
+                start = min(bl.cap, (layout.buffer_bytes + bl.page_bytes)
+                            // (2 * bl.page_bytes))
+            self._bands.append(Band(bl, start))
+        self._epoch = 0
+        self._snap: ChainSnapshot | None = None
+        self._gate_open = True
+        self._close_pending = False
+        self._pins = 0
+        self._fence: FenceLike | None = None
+        self._takes = self._releases = 0
+        self._pages_copied = self._bytes_copied = 0
+        self._compactions = self._relocations = self._fence_waits = 0
+        self._null: tuple[int | None, ...] = (None,) * len(self._bands)
+        reserved = Demand(tuple(bl.reserved_pages for bl in layout.bands))
+        if not reserved.is_empty:
+            grant = self.take(reserved)
+            for i, vids in enumerate(grant.pages):
+                if vids:
+                    bl = layout.bands[i]
+                    self.buffer.zero_pages(bl, self._bands[i].v2p[np.asarray(vids)])
+            self._null = tuple(v[0] if v else None for v in grant.pages)
+        self._after_public_call()
+
+    # --- reading ------------------------------------------------------------------------
+
+    @property
+    def num_bands(self) -> int:
+        """Bands of the chain (1 to 3)."""
+        return len(self._bands)
+
+    @property
+    def epoch(self) -> int:
+        """Capacity epoch: bumped by every change of counts, frontiers or movability."""
+        return self._epoch
+
+    @property
+    def gate(self) -> GateState:
+        """The move gate now."""
+        return GateState(self._gate_open, self._close_pending, self._pins)
+
+    @property
+    def stats(self) -> ChainStats:
+        """Cumulative counters (pages and bytes copied by compactions and relocations)."""
+        return ChainStats(self._takes, self._releases, self._pages_copied,
+                          self._bytes_copied, self._compactions, self._relocations,
+                          self._fence_waits)
+
+    def band(self, band: int) -> Band:
+        """The band object (tables and holes) of band index ``band``; read it, do not
+        mutate it.
+
+        Raises:
+            InvalidDemandError: band index out of range.
+        """
+        return self._bands[self._band_index(band)]
+
+    def snapshot(self) -> ChainSnapshot:
+        """The chain's counts and frontiers (cached per epoch; ``O(bands)``).
+
+        Polls the in-flight fence first: if it completed, ``fence_pending`` clears (an
+        epoch bump).
+        """
+        if self._fence is not None and self._fence.query():
+            self._apply(_FenceDone())
+        if self._snap is None:
+            self._snap = self._build_snapshot()
+        return self._snap
+
+    def price(self, demand: Demand) -> Quote:
+        """The planner's quote for ``demand`` on the current snapshot (nothing changes).
+
+        Raises:
+            InvalidDemandError: wrong length or negative pages.
+        """
+        self._check_demand(demand)
+        return self._price(self.snapshot(), demand)
+
+    def bound_pages(self, band: int) -> int:
+        """Virtual ids bound in band ``band`` (live pages, null pages included).
+
+        Raises:
+            InvalidDemandError: band index out of range.
+        """
+        return self._bands[self._band_index(band)].live
+
+    def null_page(self, band: int) -> int:
+        """Virtual id of band ``band``'s null page (zeros; held by the chain for good).
+
+        Raises:
+            InvalidDemandError: band index out of range.
+            ReservedPageError: the band reserves no null page.
+        """
+        vid = self._null[self._band_index(band)]
+        if vid is None:
+            raise ReservedPageError(f"band {band} ({self.layout.bands[band].label}) "
+                                    f"reserves no null page")
+        return vid
+
+    def translate(self, band: int, vids: np.ndarray) -> np.ndarray:
+        """Physical page indices (int64, same shape as ``vids``) on band ``band``'s grid.
+
+        One vectorized lookup per batch; page ``j`` lies at bytes
+        ``[grid_base + j * P, grid_base + (j + 1) * P)``.
+
+        Raises:
+            InvalidDemandError: band index out of range.
+            UnknownPageError: a non-integer, out-of-range or unbound virtual id.
+        """
+        b = self._bands[self._band_index(band)]
+        v = np.asarray(vids)
+        if v.size == 0:
+            return np.empty(v.shape, dtype=np.int64)
+        if v.dtype.kind not in "iu":
+            raise UnknownPageError(f"virtual ids must be integers, got dtype {v.dtype}")
+        if int(v.min()) < 0 or int(v.max()) >= b.n_phys:
+            raise UnknownPageError(f"band {band}: virtual id outside [0, {b.n_phys})")
+        phys = b.v2p[v]
+        if (phys < 0).any():
+            bad = v[phys < 0].ravel()[:8].tolist()
+            raise UnknownPageError(f"band {band}: unbound virtual ids {bad}")
+        return phys
+
+    # --- the take path ------------------------------------------------------------------
+
+    def take(self, demand: Demand, quote: Quote | None = None) -> Grant:
+        """Bind ``demand.pages[i]`` new virtual pages in every band ``i``, all or nothing.
+
+        Args:
+            demand: pages per band (state slots for a state band), low -> high.
+            quote: a quote from :meth:`price`; reused only if it was priced for this
+                demand on this chain's current snapshot (same epoch), else the demand is
+                re-priced (deterministic).
+
+        Returns:
+            A :class:`Grant`; afterwards ``snapshot() == grant.quote.after``.
+
+        Raises:
+            InvalidDemandError: wrong length, negative or non-integer pages.
+            CapacityError: the demand does not fit (shortfall in bytes, reason); the chain
+                is exactly as before (snapshot, epoch, tables, bytes).
+            PlanMismatchError: the chain diverged from the plan's prediction (a bug).
+        """
+        self._check_demand(demand)
+        snap = self.snapshot()
+        if (quote is None or quote.demand != demand or quote.before.epoch != snap.epoch
+                or quote.before != snap):
+            quote = self._price(snap, demand)
+        if not quote.fits:
+            reason = quote.reason.value if quote.reason is not None else "unknown"
+            raise CapacityError(
+                f"demand {demand.pages} does not fit: short by {quote.shortfall_bytes:,} B "
+                f"({reason})", shortfall_bytes=quote.shortfall_bytes, demand=demand,
+                reason=reason)
+        taken: list[list[np.ndarray]] = [[] for _ in self._bands]
+        for n, step in enumerate(quote.steps):
+            action = step.action
+            vids = self._apply(action)
+            if vids is not None:
+                taken[action.band].append(vids)  # type: ignore[union-attr]
+            fresh = self._build_snapshot()
+            if fresh != step.after:
+                raise PlanMismatchError(f"step {n} {action}: chain {fresh} != predicted "
+                                        f"{step.after}")
+        pages = tuple(tuple(np.concatenate(parts).tolist()) if parts else ()
+                      for parts in taken)
+        if tuple(len(p) for p in pages) != demand.pages:
+            raise PlanMismatchError(f"plan bound {[len(p) for p in pages]} pages for "
+                                    f"demand {demand.pages}")
+        self._takes += 1
+        self._after_public_call()
+        return Grant(quote, pages)
+
+    def release(self, band: int, vids: Sequence[int] | np.ndarray) -> None:
+        """Return virtual pages of band ``band``; their physical pages become holes.
+
+        The span never shrinks on release (compaction is lazy). All ids are validated
+        first; on error nothing changes. One epoch bump per call (none for no ids).
+
+        Raises:
+            InvalidDemandError: band index out of range.
+            UnknownPageError: a non-integer or out-of-range id, or one never taken.
+            DoubleReleaseError: an id given twice in the call, or already released.
+            ReservedPageError: a null page of the chain.
+        """
+        i = self._band_index(band)
+        b = self._bands[i]
+        v = np.asarray(vids).reshape(-1)
+        if v.size == 0:
+            return
+        if v.dtype.kind not in "iu":
+            raise UnknownPageError(f"virtual ids must be integers, got dtype {v.dtype}")
+        v = v.astype(np.int64, copy=False)
+        if int(v.min()) < 0 or int(v.max()) >= b.n_phys:
+            raise UnknownPageError(f"band {band}: virtual id outside [0, {b.n_phys})")
+        if v.size > 1 and np.unique(v).size != v.size:
+            raise DoubleReleaseError(f"band {band}: an id appears twice in one release")
+        unbound = b.v2p[v] < 0
+        if unbound.any():
+            never = unbound & ~b.was_bound[v]
+            if never.any():
+                raise UnknownPageError(f"band {band}: ids never taken {v[never][:8].tolist()}")
+            raise DoubleReleaseError(f"band {band}: ids already released "
+                                     f"{v[unbound][:8].tolist()}")
+        null = self._null[i]
+        if null is not None and (v == null).any():
+            raise ReservedPageError(f"band {band}: the null page {null} is held by the chain")
+        self._apply(_Release(i, v.copy()))
+        self._releases += 1
+        self._after_public_call()
+
+    # --- gate, pins, fences -------------------------------------------------------------
+
+    def set_move_gate(self, open: bool) -> GateState:
+        """Open or close the move gate (e.g. closed while a KV transfer reads pages).
+
+        Closing while :class:`MovePin` s are held is deferred: the request is recorded
+        (``close_pending``) and applied when the last pin is released, so a plan with moves
+        that admission relied on stays realizable (contract 6, field case F13). Opening
+        cancels a pending close.
+
+        Returns:
+            The gate after the request (``open`` stays True while a close is pending).
+        """
+        if open:
+            self._close_pending = False
+            if not self._gate_open:
+                self._apply(_SetGate(True))
+        elif self._gate_open:
+            if self._pins > 0:
+                self._close_pending = True
+            else:
+                self._apply(_SetGate(False))
+        self._after_public_call()
+        return self.gate
+
+    def pin_moves(self) -> MovePin:
+        """Hold the move gate open against closing (deferred while any pin is held).
+
+        Admission pins moves when it admits work priced with a plan that needs moves; the
+        allocation releases the pin right after its :meth:`take`. A pin does not reopen a
+        gate that is already closed.
+        """
+        self._pins += 1
+        return MovePin(self)
+
+    def _unpin(self) -> None:
+        self._pins -= 1
+        if self._pins == 0 and self._close_pending:
+            self._close_pending = False
+            self._apply(_SetGate(False))
+            self._after_public_call()
+
+    def begin_forward(self, fence: FenceLike) -> None:
+        """Register the fence of a forward pass just launched (it may write pages of its
+        batch until the fence completes).
+
+        While it is pending every band reports ``fence_pending`` and a plan that copies
+        starts with ``WaitFence``. A later fence supersedes an earlier one (forwards run in
+        stream order). A fence already complete changes nothing but clearing an older one.
+        """
+        if fence.query():
+            if self._fence is not None:
+                self._apply(_FenceDone())
+        elif self._fence is None:
+            self._apply(_BeginForward(fence))
+        else:
+            self._fence = fence  # still pending: the snapshot does not change
+        self._after_public_call()
+
+    def flush_idle(self) -> int:
+        """Opportunistic compaction when the engine is idle; returns pages copied.
+
+        Only while the gate is open: waits for a pending fence, compacts every END's holes
+        fully (frontier toward its anchor), and the FLOAT's holes by moving its pages down
+        (its ``hi`` retreats, freeing the high gap for the END above). Nothing happens
+        with the gate closed.
+        """
+        if not self._gate_open:
+            return 0
+        before = self._pages_copied
+        if self._fence is not None:
+            self._apply(WaitFence())
+        for i, b in enumerate(self._bands):
+            if b.holes == 0:
+                continue
+            side = Side.LOW if b.anchor is Anchor.HIGH else Side.HIGH
+            self._apply(Compact(i, side, b.holes))
+        self._after_public_call()
+        return self._pages_copied - before
+
+    # --- the one mutation path ----------------------------------------------------------
+
+    def _apply(self, action: _Mutation) -> np.ndarray | None:
+        """Perform one action and bump the epoch; returns new virtual ids for UseHoles and
+        Extend. Raises before changing anything when the action is impossible."""
+        result = None
+        if isinstance(action, UseHoles):
+            result = self._bands[action.band].use_holes(action.pages)
+        elif isinstance(action, Extend):
+            result = self._extend(action)
+        elif isinstance(action, Compact):
+            b = self._bands[action.band]
+            self._check_may_move(action)
+            self._move(b, b.compact_moves(action.side, action.pages))
+            self._compactions += 1
+        elif isinstance(action, Relocate):
+            self._relocate(action)
+        elif isinstance(action, WaitFence):
+            if self._fence is not None:
+                self._fence.wait()
+                self._fence = None
+            self._fence_waits += 1
+        elif isinstance(action, _Release):
+            self._bands[action.band].release(action.vids)
+        elif isinstance(action, _SetGate):
+            self._gate_open = action.open
+        elif isinstance(action, _BeginForward):
+            self._fence = action.fence
+        elif isinstance(action, _FenceDone):
+            self._fence = None
+        else:
+            raise PlanMismatchError(f"unknown action {action!r}")
+        self._epoch += 1
+        self._snap = None
+        return result
+
+    def _extend(self, action: Extend) -> np.ndarray:
+        i = action.band
+        b = self._bands[i]
+        a, z = b.extend_range(action.side, action.pages)
+        lo, hi = b.grid_base + a * b.page_bytes, b.grid_base + z * b.page_bytes
+        floor, ceiling = self._free_limits(i)
+        if lo < floor or hi > ceiling:
+            raise PlanMismatchError(f"Extend {action} needs bytes [{lo}, {hi}) outside the "
+                                    f"free range [{floor}, {ceiling})")
+        return b.extend(action.side, action.pages)
+
+    def _relocate(self, action: Relocate) -> None:
+        i = action.band
+        b = self._bands[i]
+        if b.anchor is not Anchor.FLOAT:
+            raise PlanMismatchError(f"{action}: only the FLOAT relocates")
+        if b.live:  # an empty float copies nothing: no gate, no fence
+            self._check_may_move(action)
+        if (action.lo - b.grid_base) % b.page_bytes:
+            raise PlanMismatchError(f"Relocate to byte {action.lo}: off the "
+                                    f"{b.page_bytes}-byte grid")
+        lo_idx = (action.lo - b.grid_base) // b.page_bytes
+        floor, ceiling = self._free_limits(i)
+        if action.lo < floor or action.lo + b.live * b.page_bytes > ceiling:
+            raise PlanMismatchError(f"Relocate {action}: packed span outside "
+                                    f"[{floor}, {ceiling})")
+        self._move(b, b.relocate_moves(lo_idx))
+        self._relocations += 1
+
+    def _free_limits(self, i: int) -> tuple[int, int]:
+        """Bytes band ``i`` may occupy: from its lower neighbour's ``hi`` (or 0) to its
+        upper neighbour's ``lo`` (or B)."""
+        floor = self._bands[i - 1].hi if i > 0 else 0
+        ceiling = self._bands[i + 1].lo if i + 1 < len(self._bands) else self.layout.buffer_bytes
+        return floor, ceiling
+
+    def _check_may_move(self, action: Compact | Relocate) -> None:
+        if not self._gate_open:
+            raise MovesBlockedError(f"{action}: the move gate is closed")
+        if self._fence is not None:
+            raise PlanMismatchError(f"{action}: copy planned while a forward's fence is "
+                                    f"pending and no WaitFence came first")
+
+    def _move(self, b: Band, moves: PageMoves) -> None:
+        n = int(moves.src.size)
+        if n:
+            self.buffer.copy_pages(b.layout, moves.src, moves.dst)
+        b.apply_moves(moves)
+        self._pages_copied += n
+        self._bytes_copied += n * b.page_bytes
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _price(self, snap: ChainSnapshot, demand: Demand) -> Quote:
+        from kvchain.alloc.pricing import price
+
+        return price(snap, demand)
+
+    def _build_snapshot(self) -> ChainSnapshot:
+        movable, pending = self._gate_open, self._fence is not None
+        return ChainSnapshot(self.layout.buffer_bytes,
+                             tuple(b.snapshot(movable, pending) for b in self._bands),
+                             self._epoch)
+
+    def _band_index(self, band: int) -> int:
+        if isinstance(band, bool) or not isinstance(band, int | np.integer) or not (
+                0 <= band < len(self._bands)):
+            raise InvalidDemandError(f"band index {band!r} not in [0, {len(self._bands)})")
+        return int(band)
+
+    def _check_demand(self, demand: Demand) -> None:
+        if not isinstance(demand, Demand):
+            raise InvalidDemandError(f"expected a Demand, got {type(demand).__name__}")
+        pages = demand.pages
+        if len(pages) != len(self._bands):
+            raise InvalidDemandError(f"demand has {len(pages)} bands, the chain "
+                                     f"{len(self._bands)}")
+        for p in pages:
+            if type(p) is not int or p < 0:  # bools and numpy ints refused, as the planner
+                raise InvalidDemandError(f"demand pages must be non-negative ints, got "
+                                         f"{pages}")
+
+    def _after_public_call(self) -> None:
+        if self.debug_audit:
+            self.audit()
+
+    # --- integrity ----------------------------------------------------------------------
+
+    def audit(self) -> None:
+        """Check the chain's integrity (idle time; tests after every operation).
+
+        Checks: bands ordered and disjoint inside ``[0, B]``; ENDs at their anchors;
+        ``span == live + holes``; live == pages with ``p2v >= 0`` in the span and none
+        outside; the hole map == free slots of the span (and its block summary);
+        ``v2p``/``p2v`` a bijection on bound pages; the free-id stack == unbound ids; null
+        pages bound; the cached snapshot equals a freshly built one.
+
+        Raises:
+            AuditError: naming the first thing found wrong.
+        """
+        big = self.layout.buffer_bytes
+        prev_hi = 0
+        for i, b in enumerate(self._bands):
+            name = f"band {i} ({b.layout.label})"
+            if not 0 <= b.lo_idx <= b.hi_idx <= b.n_phys:
+                raise AuditError(f"{name}: span [{b.lo_idx}, {b.hi_idx}) outside the grid")
+            if b.lo < prev_hi:
+                raise AuditError(f"{name}: lo {b.lo} overlaps the band below (hi {prev_hi})")
+            if b.hi > big:
+                raise AuditError(f"{name}: hi {b.hi} beyond the buffer {big}")
+            prev_hi = b.hi
+            if b.anchor is Anchor.LOW and b.lo != 0:
+                raise AuditError(f"{name}: LOW END lo {b.lo} != 0")
+            if b.anchor is Anchor.HIGH and b.hi != big:
+                raise AuditError(f"{name}: HIGH END hi {b.hi} != B {big}")
+            if (b.lo - b.grid_base) % b.page_bytes or (b.hi - b.grid_base) % b.page_bytes:
+                raise AuditError(f"{name}: frontiers off the grid")
+            if b.live < 0 or b.holes < 0 or b.span != b.live + b.holes:
+                raise AuditError(f"{name}: span {b.span} != live {b.live} + holes {b.holes}")
+            live_mask = b.p2v >= 0
+            in_span = int(live_mask[b.lo_idx:b.hi_idx].sum())
+            if in_span != b.live:
+                raise AuditError(f"{name}: {in_span} live slots in span, counter {b.live}")
+            if int(live_mask.sum()) != in_span:
+                raise AuditError(f"{name}: a live page lies outside the span")
+            expected_holes = np.zeros(b.n_phys, dtype=bool)
+            expected_holes[b.lo_idx:b.hi_idx] = ~live_mask[b.lo_idx:b.hi_idx]
+            if not np.array_equal(expected_holes, b.is_hole):
+                raise AuditError(f"{name}: hole map differs from the free slots of the span")
+            if not np.array_equal(b.block_holes, b._hole_blocks.sum(axis=1)):
+                raise AuditError(f"{name}: hole block summary is stale")
+            bound = np.flatnonzero(b.v2p >= 0)
+            if bound.size != b.live:
+                raise AuditError(f"{name}: {bound.size} bound ids, {b.live} live pages")
+            if not np.array_equal(b.p2v[b.v2p[bound]], bound):
+                raise AuditError(f"{name}: v2p/p2v not inverse on bound ids")
+            live_phys = np.flatnonzero(live_mask)
+            if not np.array_equal(b.v2p[b.p2v[live_phys]], live_phys):
+                raise AuditError(f"{name}: p2v/v2p not inverse on live pages")
+            free = np.sort(b.free_vids())
+            if not np.array_equal(free, np.flatnonzero(b.v2p < 0)):
+                raise AuditError(f"{name}: free-id stack differs from the unbound ids")
+            null = self._null[i]
+            if null is not None and b.v2p[null] < 0:
+                raise AuditError(f"{name}: null page {null} unbound")
+        if self._snap is not None:
+            fresh = self._build_snapshot()
+            if self._snap != fresh or self._snap.epoch != self._epoch:
+                raise AuditError(f"cached snapshot {self._snap} != fresh {fresh}")

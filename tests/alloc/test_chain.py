@@ -1,0 +1,500 @@
+"""Chain executor: handcrafted plans through the one take path, on real bytes.
+
+Plans here are written by hand (with an in-test oracle for the predicted snapshots), so
+these tests check the executor independently of the planner: page copies keep every
+virtual page's bytes, tables stay a bijection, invalid operations change nothing, and the
+audit catches planted corruption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kvchain.alloc import (
+    Action,
+    Chain,
+    ChainSnapshot,
+    Compact,
+    Demand,
+    Extend,
+    PlanStep,
+    Quote,
+    Relocate,
+    Side,
+    UseHoles,
+    WaitFence,
+)
+from kvchain.errors import (
+    AuditError,
+    DoubleReleaseError,
+    InvalidDemandError,
+    MovesBlockedError,
+    PlanMismatchError,
+    ReservedPageError,
+    UnknownPageError,
+)
+from kvchain.layout import Anchor, ChainLayout, plan_layout
+from kvchain.spec.layers import CacheClass, LifetimeClass
+
+try:
+    from kvchain.buffer import NumpyBuffer
+except ImportError:  # the buffer package has not landed yet: a minimal stand-in
+
+    class NumpyBuffer:  # type: ignore[no-redef]
+        def __init__(self, nbytes: int) -> None:
+            self.array = np.zeros(nbytes, dtype=np.uint8)
+
+        def _pages(self, band):
+            n = (self.array.size - band.grid_base) // band.page_bytes
+            return self.array[band.grid_base:band.grid_base + n * band.page_bytes].reshape(
+                n, band.page_bytes)
+
+        def copy_pages(self, band, src, dst) -> None:
+            pages = self._pages(band)
+            pages[dst] = pages[src].copy()
+
+        def zero_pages(self, band, idx) -> None:
+            self._pages(band)[idx] = 0
+
+        def write_page(self, band, j, data) -> None:
+            self._pages(band)[j] = data
+
+        def read_page(self, band, j):
+            return self._pages(band)[j].copy()
+
+
+# --- layouts ---------------------------------------------------------------------------
+
+
+def window_class(bytes_per_token: int, window: int = 4) -> CacheClass:
+    return CacheClass(LifetimeClass.WINDOW, bytes_per_token, 0, window, ())
+
+
+def full_class(bytes_per_token: int) -> CacheClass:
+    return CacheClass(LifetimeClass.FULL, bytes_per_token, 0, None, ())
+
+
+def state_class(bytes_per_slot: int) -> CacheClass:
+    return CacheClass(LifetimeClass.STATE, 0, bytes_per_slot, None, ())
+
+
+def two_end_layout(buffer_bytes: int = 6_400, pa: int = 32, pz: int = 32) -> ChainLayout:
+    """window LOW END (A) | full HIGH END (Z), page_size 1, no null pages."""
+    return plan_layout([window_class(pa), full_class(pz)], buffer_bytes, 1, null_pages=False)
+
+
+def three_band_layout(buffer_bytes: int = 6_784) -> ChainLayout:
+    """state LOW END (48 B slots) | window FLOAT (32 B) | full HIGH END (32 B)."""
+    return plan_layout([state_class(48), window_class(32), full_class(32)], buffer_bytes, 1,
+                       null_pages=False)
+
+
+# --- an independent oracle for handcrafted plans ----------------------------------------
+
+
+def predict(snap: ChainSnapshot, action: Action) -> ChainSnapshot:
+    """Snapshot arithmetic of one action (module docstring of alloc.snapshot)."""
+    if isinstance(action, WaitFence):
+        return replace(snap, bands=tuple(replace(b, fence_pending=False) for b in snap.bands))
+    b = snap.bands[action.band]
+    p = b.page_bytes
+    if isinstance(action, UseHoles):
+        new = replace(b, live=b.live + action.pages, holes=b.holes - action.pages)
+    elif isinstance(action, Extend):
+        k = action.pages
+        new = (replace(b, hi=b.hi + k * p, live=b.live + k) if action.side is Side.HIGH
+               else replace(b, lo=b.lo - k * p, live=b.live + k))
+    elif isinstance(action, Compact):
+        k = action.pages
+        new = (replace(b, hi=b.hi - k * p, holes=b.holes - k) if action.side is Side.HIGH
+               else replace(b, lo=b.lo + k * p, holes=b.holes - k))
+    else:
+        new = replace(b, lo=action.lo, hi=action.lo + b.live * p, holes=0)
+    return snap.with_band(action.band, new)
+
+
+def run_plan(chain: Chain, actions: list[Action]):
+    """Execute a handcrafted plan through ``Chain.take`` (the one take path)."""
+    before = chain.snapshot()
+    pages = [0] * chain.num_bands
+    steps = []
+    snap = before
+    for a in actions:
+        snap = predict(snap, a)
+        steps.append(PlanStep(a, snap))
+        if isinstance(a, UseHoles | Extend):
+            pages[a.band] += a.pages
+    demand = Demand(tuple(pages))
+    return chain.take(demand, Quote(demand, before, tuple(steps), True))
+
+
+# --- real bytes ------------------------------------------------------------------------
+
+
+def pattern(band: int, vid: int, page_bytes: int) -> np.ndarray:
+    """A byte pattern unique to (band, vid)."""
+    data = ((np.arange(page_bytes) + 1) * (vid + 3) + band * 53) % 251
+    data[0], data[1], data[2] = vid & 255, vid >> 8, band + 1
+    return data.astype(np.uint8)
+
+
+def bound_ids(chain: Chain, band: int) -> np.ndarray:
+    return np.flatnonzero(chain.band(band).v2p >= 0)
+
+
+def fill(chain: Chain, buf: NumpyBuffer) -> None:
+    """Write its pattern into every bound page (through translate)."""
+    for i, bl in enumerate(chain.layout.bands):
+        vids = bound_ids(chain, i)
+        for vid, j in zip(vids, chain.translate(i, vids), strict=True):
+            buf.write_page(bl, int(j), pattern(i, int(vid), bl.page_bytes))
+
+
+def check_bytes(chain: Chain, buf: NumpyBuffer) -> int:
+    """Every bound page reads its pattern back through translate; returns pages checked."""
+    n = 0
+    for i, bl in enumerate(chain.layout.bands):
+        vids = bound_ids(chain, i)
+        for vid, j in zip(vids, chain.translate(i, vids), strict=True):
+            assert np.array_equal(buf.read_page(bl, int(j)), pattern(i, int(vid), bl.page_bytes))
+            n += 1
+    return n
+
+
+def full_state(chain: Chain, buf: NumpyBuffer | None = None) -> tuple:
+    """Everything a refused or invalid call must leave unchanged."""
+    tables = tuple((b.v2p.copy(), b.p2v.copy(), b.is_hole.copy(), b.lo_idx, b.hi_idx,
+                    b.live, b.holes, np.sort(b.free_vids()))
+                   for b in (chain.band(i) for i in range(chain.num_bands)))
+    data = None if buf is None else buf.array.copy()
+    return chain.snapshot(), chain.epoch, tables, data, chain.gate
+
+
+def assert_same_state(a: tuple, b: tuple) -> None:
+    assert a[0] == b[0] and a[1] == b[1] and a[4] == b[4]
+    for ta, tb in zip(a[2], b[2], strict=True):
+        for x, y in zip(ta, tb, strict=True):
+            assert np.array_equal(x, y)
+    if a[3] is not None:
+        assert np.array_equal(a[3], b[3])
+
+
+def two_end_with_holes(buf: NumpyBuffer | None = None) -> Chain:
+    """PRICING-NOTES section 1 setting: A and Z 100 live each, then 40 of A and 80 of Z
+    released as interior holes (every other/most pages, never the frontier page)."""
+    chain = Chain(two_end_layout(), buf, debug_audit=True)
+    run_plan(chain, [Extend(0, Side.HIGH, 100), Extend(1, Side.LOW, 100)])
+    if buf is not None:
+        fill(chain, buf)
+    chain.release(0, list(range(0, 80, 2)))  # 40 pages of A
+    chain.release(1, list(range(0, 99)) [:80])  # 80 pages of Z nearest B
+    return chain
+
+
+# --- tests -----------------------------------------------------------------------------
+
+
+def test_empty_chains_start_at_their_anchors() -> None:
+    two = Chain(two_end_layout())
+    a, z = two.snapshot().bands
+    assert (a.lo, a.hi, z.lo, z.hi, a.live, z.live) == (0, 0, 6_400, 6_400, 0, 0)
+    assert two.epoch == 0
+    three = Chain(three_band_layout())
+    s, w, f = three.snapshot().bands
+    # The float starts at the 32 B grid page nearest the middle: round(6,784 / 64) = 106.
+    assert (s.hi, w.lo, w.hi, f.lo) == (0, 3_392, 3_392, 6_784)
+    assert w.anchor is Anchor.FLOAT
+
+
+def test_snapshot_is_cached_per_epoch() -> None:
+    chain = Chain(two_end_layout())
+    s1 = chain.snapshot()
+    assert chain.snapshot() is s1
+    run_plan(chain, [Extend(0, Side.HIGH, 3)])
+    s2 = chain.snapshot()
+    assert s2 is not s1 and s2.epoch == 1 and s2.bands[0].live == 3
+    chain.release(0, [])
+    assert chain.epoch == 1  # nothing released, nothing changed
+    chain.release(0, [0, 2])
+    assert chain.epoch == 2  # one bump per call
+    assert chain.snapshot().bands[0].holes == 2
+
+
+def test_grant_lists_new_ids_holes_first_then_extensions() -> None:
+    chain = Chain(two_end_layout(), debug_audit=True)
+    run_plan(chain, [Extend(0, Side.HIGH, 5)])
+    chain.release(0, [1, 3])
+    grant = run_plan(chain, [UseHoles(0, 2), Extend(0, Side.HIGH, 2)])
+    assert grant.pages == ((1, 3, 5, 6), ())
+    assert chain.translate(0, np.array([1, 3, 5, 6])).tolist() == [1, 3, 5, 6]
+    assert chain.bound_pages(0) == 7 and chain.stats.takes == 2
+
+
+def test_compaction_keeps_every_page_byte_for_byte() -> None:
+    buf = NumpyBuffer(6_400)
+    chain = two_end_with_holes(buf)
+    a, z = chain.snapshot().bands
+    assert (a.live, a.holes, z.live, z.holes, a.hi, z.lo) == (60, 40, 20, 80, 3_200, 3_200)
+    run_plan(chain, [Compact(1, Side.LOW, 30), Compact(0, Side.HIGH, 25)])
+    a, z = chain.snapshot().bands
+    assert (a.hi, a.holes, z.lo, z.holes) == (75 * 32, 15, 3_200 + 30 * 32, 50)
+    # The 30 vacated slots of Z (ids 70..99) held its 20 live pages (ids 80..99): all
+    # moved; A's top 25 slots (ids 75..99) held 23 live pages (all but 76 and 78).
+    assert chain.stats.pages_copied == 20 + 23
+    assert chain.stats.bytes_copied == 43 * 32
+    assert check_bytes(chain, buf) == 80
+    # Full compaction of both ENDs: no holes left, frontiers packed.
+    run_plan(chain, [Compact(0, Side.HIGH, 15), Compact(1, Side.LOW, 50)])
+    a, z = chain.snapshot().bands
+    assert (a.hi, a.holes, z.lo, z.holes) == (60 * 32, 0, 6_400 - 20 * 32, 0)
+    assert check_bytes(chain, buf) == 80
+
+
+def test_float_compaction_and_relocation_keep_bytes() -> None:
+    buf = NumpyBuffer(6_784)
+    chain = Chain(three_band_layout(), buf, debug_audit=True)
+    run_plan(chain, [Extend(0, Side.HIGH, 10), Extend(1, Side.LOW, 20),
+                     Extend(1, Side.HIGH, 20), Extend(2, Side.LOW, 30)])
+    fill(chain, buf)
+    w = chain.snapshot().bands[1]
+    assert (w.lo, w.hi) == (3_392 - 640, 3_392 + 640)
+    chain.release(1, list(range(0, 40, 3)))  # 14 window holes on both sides of the middle
+    run_plan(chain, [Compact(1, Side.HIGH, 4), Compact(1, Side.LOW, 3)])
+    w = chain.snapshot().bands[1]
+    assert (w.lo, w.hi, w.live, w.holes) == (2_752 + 96, 4_032 - 128, 26, 7)
+    assert check_bytes(chain, buf) == 10 + 26 + 30
+    # Pack the float against the state band (byte 480 rounds up to 480 = 15 x 32).
+    run_plan(chain, [Relocate(1, 480)])
+    w = chain.snapshot().bands[1]
+    assert (w.lo, w.hi, w.holes) == (480, 480 + 26 * 32, 0)
+    assert chain.translate(1, bound_ids(chain, 1)).min() == 15
+    assert check_bytes(chain, buf) == 66
+    # An overlapping shift up by 3 pages.
+    run_plan(chain, [Relocate(1, 480 + 96)])
+    assert chain.snapshot().bands[1].lo == 576
+    assert chain.stats.relocations == 2
+    assert check_bytes(chain, buf) == 66
+
+
+def test_flush_idle_compacts_everything_and_keeps_bytes() -> None:
+    buf = NumpyBuffer(6_784)
+    chain = Chain(three_band_layout(), buf, debug_audit=True)
+    run_plan(chain, [Extend(0, Side.HIGH, 12), Extend(1, Side.HIGH, 30),
+                     Extend(2, Side.LOW, 40)])
+    fill(chain, buf)
+    chain.release(0, [0, 5])
+    chain.release(1, [3, 4, 10, 29])
+    chain.release(2, list(range(0, 40, 4)))
+    before = chain.stats.pages_copied
+    copied = chain.flush_idle()
+    assert copied == chain.stats.pages_copied - before > 0
+    s, w, f = chain.snapshot().bands
+    assert (s.holes, w.holes, f.holes) == (0, 0, 0)
+    assert (s.hi, w.lo, w.hi, f.lo) == (10 * 48, 3_392, 3_392 + 26 * 32, 6_784 - 30 * 32)
+    assert check_bytes(chain, buf) == 10 + 26 + 30
+    assert chain.flush_idle() == 0
+
+
+def test_closed_gate_blocks_moves_and_copies_nothing() -> None:
+    buf = NumpyBuffer(6_400)
+    chain = two_end_with_holes(buf)
+    chain.set_move_gate(False)
+    assert chain.snapshot().bands[0].movable is False
+    before = full_state(chain, buf)
+    assert chain.flush_idle() == 0
+    with pytest.raises(MovesBlockedError):
+        run_plan(chain, [Compact(1, Side.LOW, 10)])
+    assert_same_state(before, full_state(chain, buf))
+    assert chain.stats.pages_copied == 0
+
+
+def test_gate_pins_defer_closing() -> None:
+    chain = Chain(two_end_layout(), debug_audit=True)
+    pin = chain.pin_moves()
+    epoch = chain.epoch
+    state = chain.set_move_gate(False)
+    assert (state.open, state.close_pending, state.pins) == (True, True, 1)
+    assert chain.epoch == epoch and chain.snapshot().bands[1].movable
+    with chain.pin_moves():
+        assert chain.gate.pins == 2
+    assert chain.gate.open  # one pin still held
+    pin.release()
+    assert (chain.gate.open, chain.gate.close_pending, chain.gate.pins) == (False, False, 0)
+    assert chain.epoch == epoch + 1 and not chain.snapshot().bands[0].movable
+    pin.release()  # a second release is a no-op
+    assert chain.gate.pins == 0
+    # Opening cancels a pending close.
+    chain.set_move_gate(True)
+    with chain.pin_moves():
+        chain.set_move_gate(False)
+        chain.set_move_gate(True)
+    assert chain.gate.open and not chain.gate.close_pending
+
+
+class Fence:
+    def __init__(self) -> None:
+        self.done = False
+        self.waits = 0
+
+    def query(self) -> bool:
+        return self.done
+
+    def wait(self) -> None:
+        self.waits += 1
+        self.done = True
+
+
+def test_fence_pending_until_waited_or_polled() -> None:
+    chain = Chain(two_end_layout(), debug_audit=True)
+    run_plan(chain, [Extend(0, Side.HIGH, 4)])
+    fence = Fence()
+    chain.begin_forward(fence)
+    assert all(b.fence_pending for b in chain.snapshot().bands)
+    chain.release(0, [1])
+    with pytest.raises(PlanMismatchError):  # a copy without WaitFence first is a bug
+        run_plan(chain, [Compact(0, Side.HIGH, 1)])
+    run_plan(chain, [WaitFence(), Compact(0, Side.HIGH, 1)])
+    assert fence.waits == 1 and not chain.snapshot().bands[0].fence_pending
+    # A fence that completes on its own is seen at the next snapshot (one epoch bump).
+    late = Fence()
+    chain.begin_forward(late)
+    epoch = chain.epoch
+    late.done = True
+    assert not chain.snapshot().bands[0].fence_pending and chain.epoch == epoch + 1
+    assert late.waits == 0
+    # An already complete fence changes nothing.
+    epoch = chain.epoch
+    chain.begin_forward(late)
+    assert chain.epoch == epoch
+
+
+def test_plan_mismatch_is_detected() -> None:
+    chain = Chain(two_end_layout())
+    before = chain.snapshot()
+    wrong = predict(before, Extend(0, Side.HIGH, 3))
+    demand = Demand((2, 0))
+    quote = Quote(demand, before, (PlanStep(Extend(0, Side.HIGH, 2), wrong),), True)
+    with pytest.raises(PlanMismatchError):
+        chain.take(demand, quote)
+
+
+def test_extension_onto_a_neighbour_is_a_plan_bug() -> None:
+    chain = Chain(two_end_layout())
+    run_plan(chain, [Extend(1, Side.LOW, 150)])
+    with pytest.raises(PlanMismatchError):
+        run_plan(chain, [Extend(0, Side.HIGH, 51)])
+    assert chain.snapshot().bands[0].live == 0
+
+
+def test_release_validates_everything_first() -> None:
+    buf = NumpyBuffer(6_400)
+    chain = Chain(two_end_layout(), buf, debug_audit=True)
+    run_plan(chain, [Extend(0, Side.HIGH, 10), Extend(1, Side.LOW, 10)])
+    fill(chain, buf)
+    chain.release(0, [4])
+    before = full_state(chain, buf)
+    cases = [
+        (UnknownPageError, 0, [1, 10]),  # 10 never taken
+        (UnknownPageError, 0, [1, 10_000]),  # out of range
+        (UnknownPageError, 0, [-1]),
+        (UnknownPageError, 0, np.array([1.0])),
+        (DoubleReleaseError, 0, [2, 3, 2]),
+        (DoubleReleaseError, 0, [1, 4]),  # 4 already released
+        (InvalidDemandError, 2, [1]),
+        (InvalidDemandError, True, [1]),
+    ]
+    for error, band, vids in cases:
+        with pytest.raises(error):
+            chain.release(band, vids)
+        assert_same_state(before, full_state(chain, buf))
+    chain.audit()
+
+
+def test_translate_errors() -> None:
+    chain = Chain(two_end_layout())
+    run_plan(chain, [Extend(1, Side.LOW, 3)])
+    assert chain.translate(1, np.array([[0, 2], [1, 1]])).tolist() == [[199, 197],
+                                                                         [198, 198]]
+    assert chain.translate(1, np.array([], dtype=np.int64)).size == 0
+    for bad in (np.array([3]), np.array([-1]), np.array([200]), np.array([0.0])):
+        with pytest.raises(UnknownPageError):
+            chain.translate(1, bad)
+    with pytest.raises(InvalidDemandError):
+        chain.translate(5, np.array([0]))
+
+
+def test_invalid_demands_change_nothing() -> None:
+    chain = Chain(two_end_layout())
+    run_plan(chain, [Extend(0, Side.HIGH, 2)])
+    before = full_state(chain)
+    for demand in (Demand((1,)), Demand((1, -1)), Demand((True, 0)),
+                   Demand((np.int64(1), 0)), Demand((1.0, 0)), (1, 0)):
+        with pytest.raises(InvalidDemandError):
+            chain.take(demand)  # type: ignore[arg-type]
+    assert_same_state(before, full_state(chain))
+
+
+def test_null_page_of_a_band_without_one() -> None:
+    chain = Chain(two_end_layout())
+    with pytest.raises(ReservedPageError):
+        chain.null_page(0)
+
+
+# --- the audit catches planted corruption ----------------------------------------------
+
+
+def corrupted_chains():
+    def p2v_cleared(c: Chain) -> None:
+        b = c.band(0)
+        b.p2v[b.v2p[3]] = -1
+
+    def v2p_swapped(c: Chain) -> None:
+        b = c.band(0)
+        b.v2p[[2, 3]] = b.v2p[[3, 2]]
+
+    def live_counter(c: Chain) -> None:
+        c.band(1).live += 1
+
+    def hole_map(c: Chain) -> None:
+        c.band(0).is_hole[0] = True
+
+    def hole_summary(c: Chain) -> None:
+        c.band(0).block_holes[0] += 1
+
+    def overlap(c: Chain) -> None:
+        b = c.band(0)
+        b.hi_idx += 200
+        b.holes += 200
+        b.is_hole[b.hi_idx - 200:b.hi_idx] = True
+
+    def stale_snapshot(c: Chain) -> None:
+        b = c.band(1)
+        b.is_hole[b.v2p[5]] = True
+        b.block_holes[b.v2p[5] // 256] += 1
+        b.p2v[b.v2p[5]] = -1
+        b.v2p[5] = -1
+        b._free_vids[b._free_top] = 5
+        b._free_top += 1
+        b.live -= 1
+        b.holes += 1
+
+    def live_outside_span(c: Chain) -> None:
+        c.band(0).p2v[150] = 7
+
+    return [p2v_cleared, v2p_swapped, live_counter, hole_map, hole_summary, overlap,
+            stale_snapshot, live_outside_span]
+
+
+@pytest.mark.parametrize("corrupt", corrupted_chains(), ids=lambda f: f.__name__)
+def test_audit_catches_planted_corruption(corrupt) -> None:
+    chain = Chain(two_end_layout())
+    run_plan(chain, [Extend(0, Side.HIGH, 10), Extend(1, Side.LOW, 10)])
+    chain.release(0, [1])
+    chain.snapshot()
+    chain.audit()
+    corrupt(chain)
+    with pytest.raises(AuditError):
+        chain.audit()
