@@ -144,3 +144,21 @@ class MetricsError(KVChainError, ValueError):
 class ReservedPageError(AllocationError):
     """A chain-held null page released by a holder, or the null page asked of a band that
     reserves none."""
+
+
+# --- buffer backends ----------------------------------------------------------------------
+
+
+class KVBufferError(KVChainError):
+    """Base of the byte buffer backends' errors (``kvchain.buffer``)."""
+
+
+class BufferArgumentError(KVBufferError, ValueError):
+    """Bad input to a buffer backend: a page index outside the band's grid, source and
+    destination lists of different lengths, a duplicate destination page, page data of the
+    wrong length, or a layer that is not in the band. Raised before any byte changes."""
+
+
+class BufferUnsupportedError(KVBufferError):
+    """An operation the backend cannot do: bytes of a :class:`~kvchain.buffer.NullBuffer`,
+    a torch backend without torch installed, or a dtype view at a misaligned byte offset."""

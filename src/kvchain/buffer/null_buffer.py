@@ -1,0 +1,97 @@
+"""A bookkeeping-only backend for simulated chains too large to hold (e.g. 140 GB)."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import numpy as np
+
+from kvchain.buffer.base import (
+    BufferStats,
+    CompletedFence,
+    StatsCounter,
+    check_copy,
+    check_in_grid,
+    check_page,
+    grid_pages,
+    page_index_array,
+)
+from kvchain.errors import BufferArgumentError, BufferUnsupportedError
+from kvchain.layout import BandLayout
+from kvchain.spec.layers import LayerCache
+
+
+class NullBuffer:
+    """A buffer of ``nbytes`` that holds no bytes (see :class:`BufferBackend`).
+
+    ``copy_pages`` and ``zero_pages`` validate their input exactly like the real backends
+    and count pages and bytes in :attr:`stats`; reading, writing and views raise
+    :class:`~kvchain.errors.BufferUnsupportedError`. The simulator uses it to run the chain
+    allocator on a full-size GPU buffer while counting the bytes moves would copy.
+
+    Args:
+        nbytes: buffer bytes (``B``), >= 0.
+
+    Raises:
+        BufferArgumentError: negative ``nbytes``.
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        if nbytes < 0:
+            raise BufferArgumentError(f"need nbytes >= 0, got {nbytes}")
+        self._nbytes = nbytes
+        self._counter = StatsCounter()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the (virtual) buffer."""
+        return self._nbytes
+
+    @property
+    def stats(self) -> BufferStats:
+        """Copy and zero counters (a frozen snapshot)."""
+        return self._counter.snapshot()
+
+    def copy_pages(self, band: BandLayout, src: np.ndarray, dst: np.ndarray) -> None:
+        """Validate and count a copy; no bytes move.
+
+        Raises:
+            BufferArgumentError: lengths differ, an index is outside the band's grid, or a
+                destination repeats (nothing is counted).
+        """
+        s, _ = check_copy(band, src, dst, self._nbytes)
+        self._counter.count_copy(int(s.size), band.page_bytes)
+
+    def zero_pages(self, band: BandLayout, idx: np.ndarray) -> None:
+        """Validate and count a zeroing; no bytes change.
+
+        Raises:
+            BufferArgumentError: an index is outside the band's grid.
+        """
+        i = page_index_array(idx, "page")
+        check_in_grid(band, i, grid_pages(band, self._nbytes), "page")
+        self._counter.count_zero(int(i.size))
+
+    def _no_bytes(self, what: str) -> NoReturn:
+        raise BufferUnsupportedError(f"NullBuffer holds no bytes: cannot {what}")
+
+    def write_page(self, band: BandLayout, j: int, data: bytes | np.ndarray) -> None:
+        """Raises :class:`~kvchain.errors.BufferUnsupportedError` (after validating ``j``)."""
+        check_page(band, j, self._nbytes)
+        self._no_bytes("write a page")
+
+    def read_page(self, band: BandLayout, j: int) -> np.ndarray:
+        """Raises :class:`~kvchain.errors.BufferUnsupportedError` (after validating ``j``)."""
+        check_page(band, j, self._nbytes)
+        self._no_bytes("read a page")
+
+    def layer_views(self, band: BandLayout, layer: LayerCache) -> dict[str, Any]:
+        """Raises :class:`~kvchain.errors.BufferUnsupportedError`."""
+        self._no_bytes("make tensor views")
+
+    def fence(self) -> CompletedFence:
+        """Nothing runs: the fence is complete."""
+        return CompletedFence()
+
+    def __repr__(self) -> str:
+        return f"NullBuffer(nbytes={self._nbytes:,})"
