@@ -1,9 +1,11 @@
 """Chain executor: handcrafted plans through the one take path, on real bytes.
 
-Plans here are written by hand (with an in-test oracle for the predicted snapshots), so
-these tests check the executor independently of the planner: page copies keep every
+The first part runs plans written by hand (with an in-test oracle for the predicted
+snapshots), so it checks the executor independently of the planner: page copies keep every
 virtual page's bytes, tables stay a bijection, invalid operations change nothing, and the
-audit catches planted corruption.
+audit catches planted corruption. The second part takes through the planner: worked
+examples (PRICING-NOTES sections 1-2, field cases F11, F13), price == outcome and refusal
+changes nothing on seeded random sequences, gates and fences.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from kvchain.alloc import (
     UseHoles,
     WaitFence,
 )
+from kvchain.buffer import ManualFence, NumpyBuffer, TorchBuffer
 from kvchain.errors import (
     AuditError,
+    CapacityError,
     DoubleReleaseError,
     InvalidDemandError,
     MovesBlockedError,
@@ -38,33 +42,6 @@ from kvchain.errors import (
 )
 from kvchain.layout import Anchor, ChainLayout, plan_layout
 from kvchain.spec.layers import CacheClass, LifetimeClass
-
-try:
-    from kvchain.buffer import NumpyBuffer
-except ImportError:  # the buffer package has not landed yet: a minimal stand-in
-
-    class NumpyBuffer:  # type: ignore[no-redef]
-        def __init__(self, nbytes: int) -> None:
-            self.array = np.zeros(nbytes, dtype=np.uint8)
-
-        def _pages(self, band):
-            n = (self.array.size - band.grid_base) // band.page_bytes
-            return self.array[band.grid_base:band.grid_base + n * band.page_bytes].reshape(
-                n, band.page_bytes)
-
-        def copy_pages(self, band, src, dst) -> None:
-            pages = self._pages(band)
-            pages[dst] = pages[src].copy()
-
-        def zero_pages(self, band, idx) -> None:
-            self._pages(band)[idx] = 0
-
-        def write_page(self, band, j, data) -> None:
-            self._pages(band)[j] = data
-
-        def read_page(self, band, j):
-            return self._pages(band)[j].copy()
-
 
 # --- layouts ---------------------------------------------------------------------------
 
@@ -145,21 +122,30 @@ def bound_ids(chain: Chain, band: int) -> np.ndarray:
     return np.flatnonzero(chain.band(band).v2p >= 0)
 
 
+def null_ids(chain: Chain, band: int) -> set[int]:
+    return {chain.null_page(band)} if chain.layout.bands[band].reserved_pages else set()
+
+
 def fill(chain: Chain, buf: NumpyBuffer) -> None:
-    """Write its pattern into every bound page (through translate)."""
+    """Write its pattern into every bound page but the null pages (through translate)."""
     for i, bl in enumerate(chain.layout.bands):
-        vids = bound_ids(chain, i)
-        for vid, j in zip(vids, chain.translate(i, vids), strict=True):
-            buf.write_page(bl, int(j), pattern(i, int(vid), bl.page_bytes))
+        vids = [v for v in bound_ids(chain, i).tolist() if v not in null_ids(chain, i)]
+        for vid, j in zip(vids, chain.translate(i, np.array(vids, dtype=np.int64)),
+                          strict=True):
+            buf.write_page(bl, int(j), pattern(i, vid, bl.page_bytes))
 
 
 def check_bytes(chain: Chain, buf: NumpyBuffer) -> int:
-    """Every bound page reads its pattern back through translate; returns pages checked."""
+    """Every bound page reads its pattern back through translate (null pages: zeros);
+    returns pages checked."""
     n = 0
     for i, bl in enumerate(chain.layout.bands):
         vids = bound_ids(chain, i)
-        for vid, j in zip(vids, chain.translate(i, vids), strict=True):
-            assert np.array_equal(buf.read_page(bl, int(j)), pattern(i, int(vid), bl.page_bytes))
+        nulls = null_ids(chain, i)
+        for vid, j in zip(vids.tolist(), chain.translate(i, vids), strict=True):
+            want = (np.zeros(bl.page_bytes, np.uint8) if vid in nulls
+                    else pattern(i, vid, bl.page_bytes))
+            assert np.array_equal(buf.read_page(bl, int(j)), want), (i, vid, int(j))
             n += 1
     return n
 
@@ -192,6 +178,12 @@ def two_end_with_holes(buf: NumpyBuffer | None = None) -> Chain:
     chain.release(0, list(range(0, 80, 2)))  # 40 pages of A
     chain.release(1, list(range(0, 99)) [:80])  # 80 pages of Z nearest B
     return chain
+
+
+BACKENDS = {
+    "numpy": NumpyBuffer,
+    "torch-cpu": lambda nbytes: TorchBuffer(nbytes, "cpu"),
+}
 
 
 # --- tests -----------------------------------------------------------------------------
@@ -233,8 +225,9 @@ def test_grant_lists_new_ids_holes_first_then_extensions() -> None:
     assert chain.bound_pages(0) == 7 and chain.stats.takes == 2
 
 
-def test_compaction_keeps_every_page_byte_for_byte() -> None:
-    buf = NumpyBuffer(6_400)
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_compaction_keeps_every_page_byte_for_byte(backend: str) -> None:
+    buf = BACKENDS[backend](6_400)
     chain = two_end_with_holes(buf)
     a, z = chain.snapshot().bands
     assert (a.live, a.holes, z.live, z.holes, a.hi, z.lo) == (60, 40, 20, 80, 3_200, 3_200)
@@ -253,8 +246,9 @@ def test_compaction_keeps_every_page_byte_for_byte() -> None:
     assert check_bytes(chain, buf) == 80
 
 
-def test_float_compaction_and_relocation_keep_bytes() -> None:
-    buf = NumpyBuffer(6_784)
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_float_compaction_and_relocation_keep_bytes(backend: str) -> None:
+    buf = BACKENDS[backend](6_784)
     chain = Chain(three_band_layout(), buf, debug_audit=True)
     run_plan(chain, [Extend(0, Side.HIGH, 10), Extend(1, Side.LOW, 20),
                      Extend(1, Side.HIGH, 20), Extend(2, Side.LOW, 30)])
@@ -498,3 +492,247 @@ def test_audit_catches_planted_corruption(corrupt) -> None:
     corrupt(chain)
     with pytest.raises(AuditError):
         chain.audit()
+
+
+# --- takes priced by the planner ------------------------------------------------------
+
+
+def write_grant(chain: Chain, buf: NumpyBuffer, pages: tuple[tuple[int, ...], ...]) -> None:
+    for i, vids in enumerate(pages):
+        if vids:
+            bl = chain.layout.bands[i]
+            for vid, j in zip(vids, chain.translate(i, np.array(vids)), strict=True):
+                buf.write_page(bl, int(j), pattern(i, vid, bl.page_bytes))
+
+
+def test_two_end_worked_example() -> None:
+    """PRICING-NOTES section 1: (50, 50) fits with 10 copies; (61, 61) short by 64 B."""
+    buf = NumpyBuffer(6_400)
+    chain = two_end_with_holes(buf)
+    quote = chain.price(Demand((61, 61)))
+    assert (quote.fits, quote.shortfall_bytes, quote.reason.value) == (False, 64, "bytes")
+    before = full_state(chain, buf)
+    with pytest.raises(CapacityError) as err:
+        chain.take(Demand((61, 61)))
+    assert (err.value.shortfall_bytes, err.value.reason) == (64, "bytes")
+    assert err.value.demand == Demand((61, 61))
+    assert_same_state(before, full_state(chain, buf))
+
+    grant = chain.take(Demand((50, 50)))
+    a, z = chain.snapshot().bands
+    assert (a.live, a.holes, z.live, z.holes) == (110, 0, 70, 20)
+    assert (a.hi, z.lo) == (110 * 32, 3_200 + 10 * 32)  # Z's frontier 10 pages higher
+    assert chain.snapshot().gap_above(0) == 0
+    assert chain.snapshot() == grant.quote.after
+    assert [len(p) for p in grant.pages] == [50, 50]
+    assert chain.stats.pages_copied == 10  # Z's 10 frontier slots held live pages
+    write_grant(chain, buf, grant.pages)
+    assert check_bytes(chain, buf) == 110 + 70
+
+
+def test_three_band_worked_example() -> None:
+    """PRICING-NOTES section 2 / F11: 41 slots held, n full + n window fit for n <= 75."""
+    chain = Chain(three_band_layout(), debug_audit=True)
+    chain.take(Demand((41, 0, 0)))
+    assert chain.snapshot().bands[0].hi == 1_968
+    assert chain.price(Demand((0, 75, 75))).fits
+    refused = chain.price(Demand((0, 76, 76)))
+    assert not refused.fits and refused.shortfall_bytes > 0
+    before = full_state(chain)
+    with pytest.raises(CapacityError):
+        chain.take(Demand((0, 76, 76)))
+    assert_same_state(before, full_state(chain))
+    grant = chain.take(Demand((0, 75, 75)))
+    _, w, f = chain.snapshot().bands
+    assert (w.lo, w.hi, f.lo) == (62 * 32, 137 * 32, 6_784 - 75 * 32)
+    assert chain.snapshot() == grant.quote.after
+
+
+def test_null_pages_are_taken_zeroed_and_held() -> None:
+    layout = plan_layout([state_class(48), window_class(32), full_class(32)], 6_784, 1)
+    assert [b.reserved_pages for b in layout.bands] == [0, 1, 0]
+    buf = NumpyBuffer(6_784)
+    buf.array[:] = 0xAB  # garbage: the null page must be zeroed
+    chain = Chain(layout, buf, debug_audit=True)
+    null = chain.null_page(1)
+    w = chain.snapshot().bands[1]
+    assert (w.live, w.holes, chain.bound_pages(1)) == (1, 0, 1)
+    j = int(chain.translate(1, np.array([null]))[0])
+    assert w.lo <= j * 32 < w.hi
+    assert not buf.read_page(layout.bands[1], j).any()
+    with pytest.raises(ReservedPageError):
+        chain.release(1, [null])
+    with pytest.raises(ReservedPageError):
+        chain.null_page(2)
+    assert chain.stats.takes == 1
+
+
+def test_quote_is_reused_only_on_the_same_epoch() -> None:
+    chain = Chain(two_end_layout(), debug_audit=True)
+    quote = chain.price(Demand((3, 2)))
+    grant = chain.take(Demand((3, 2)), quote)
+    assert grant.quote is quote
+    stale = chain.price(Demand((1, 1)))
+    chain.release(0, [0])
+    grant = chain.take(Demand((1, 1)), stale)
+    assert grant.quote is not stale
+    assert grant.quote.before.epoch == stale.before.epoch + 1
+    assert grant.quote.steps[0].action == UseHoles(0, 1)
+    other = chain.price(Demand((2, 0)))
+    assert chain.take(Demand((1, 0)), other).quote.demand == Demand((1, 0))
+
+
+def f13_chain() -> tuple[Chain, NumpyBuffer]:
+    """F13: two-END full + window chain, 40 full and 80 window holes inside the spans,
+    small gap (64 B)."""
+    layout = plan_layout([window_class(32), full_class(32)], 6_464, 1, null_pages=False)
+    buf = NumpyBuffer(6_464)
+    chain = Chain(layout, buf, debug_audit=True)
+    chain.take(Demand((100, 100)))
+    fill(chain, buf)
+    chain.release(0, list(range(1, 81)))  # 80 window holes
+    chain.release(1, list(range(0, 80, 2)))  # 40 full holes
+    return chain, buf
+
+
+def test_f13_pin_defers_gate_close_until_allocation() -> None:
+    chain, buf = f13_chain()
+    demand = Demand((20, 80))  # needs the window band's spare holes compacted
+    quote = chain.price(demand)
+    assert quote.fits and quote.needs_moves
+    pin = chain.pin_moves()  # admission relied on moves
+    gate = chain.set_move_gate(False)  # a KV transfer wants to start
+    assert gate.close_pending and gate.open
+    grant = chain.take(demand, quote)  # allocation: the admitted request never fails
+    assert grant.quote is quote
+    assert chain.stats.pages_copied > 0
+    pin.release()
+    assert not chain.gate.open and not chain.snapshot().bands[0].movable
+    write_grant(chain, buf, grant.pages)
+    assert check_bytes(chain, buf) == 40 + 140
+
+
+def test_f13_without_pin_the_closed_gate_refuses_and_copies_nothing() -> None:
+    chain, buf = f13_chain()
+    demand = Demand((20, 80))
+    quote = chain.price(demand)
+    chain.set_move_gate(False)
+    before = full_state(chain, buf)
+    with pytest.raises(CapacityError) as err:
+        chain.take(demand, quote)  # stale quote: re-priced with the gate closed
+    assert err.value.reason == "moves_blocked" and err.value.shortfall_bytes > 0
+    assert_same_state(before, full_state(chain, buf))
+    assert chain.stats.pages_copied == 0
+    chain.set_move_gate(True)
+    chain.take(demand)
+    assert chain.stats.pages_copied > 0
+
+
+def test_a_plan_that_copies_waits_for_the_fence_first() -> None:
+    chain, buf = f13_chain()
+    fence = ManualFence()
+    chain.begin_forward(fence)
+    # In place: no wait, the fence stays pending and the prediction says so.
+    grant = chain.take(Demand((5, 5)))
+    assert fence.waits == 0 and chain.snapshot().bands[0].fence_pending
+    assert chain.snapshot() == grant.quote.after
+    grant = chain.take(Demand((10, 75)))
+    actions = [s.action for s in grant.quote.steps]
+    assert isinstance(actions[0], WaitFence)
+    assert any(isinstance(a, Compact) for a in actions)
+    assert fence.waits == 1 and not chain.snapshot().bands[1].fence_pending
+    write_grant(chain, buf, grant.pages)
+    chain.audit()
+
+
+def test_float_packing_through_take_keeps_bytes() -> None:
+    buf = NumpyBuffer(6_784)
+    chain = Chain(three_band_layout(), buf, debug_audit=True)
+    chain.take(Demand((10, 60, 40)))
+    fill(chain, buf)
+    chain.release(1, list(range(0, 60, 2)))  # 30 window holes spread over the float
+    write_grant(chain, buf, chain.take(Demand((0, 0, 80))).pages)  # full END grows down
+    s, w, _ = chain.snapshot().bands
+    need = Demand((w.lo // 48 - s.hi // 48 + 5, 0, 0))  # state wants past the float's lo
+    quote = chain.price(need)
+    assert quote.fits
+    grant = chain.take(need)
+    kinds = {type(step.action) for step in grant.quote.steps}
+    assert kinds & {Compact, Relocate}
+    assert chain.snapshot() == grant.quote.after
+    write_grant(chain, buf, grant.pages)
+    assert check_bytes(chain, buf) == chain.bound_pages(0) + 30 + 120
+
+
+@pytest.mark.parametrize("shape", ["one", "two", "three"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_operations_price_equals_outcome(shape: str, seed: int) -> None:
+    """Contracts 1 and 2 on seeded random take/release/gate/fence/flush sequences, with an
+    audit after every operation and the bytes of every page checked."""
+    rng = np.random.default_rng(seed)
+    if shape == "one":
+        layout = plan_layout([full_class(16)], 4_096, 1, null_pages=False)
+    elif shape == "two":
+        layout = plan_layout([window_class(24), full_class(16)], 4_096, 1)
+    else:
+        layout = plan_layout([state_class(40), window_class(16), full_class(24)], 8_192, 1)
+    buf = NumpyBuffer(layout.buffer_bytes)
+    chain = Chain(layout, buf, debug_audit=True)
+    held: list[list[int]] = [[] for _ in layout.bands]
+    fence: ManualFence | None = None
+    outcomes = {"fit": 0, "refused": 0}
+    for step in range(160):
+        op = rng.random()
+        if op < 0.5:
+            pages = tuple(int(x) for x in rng.integers(0, 60, size=len(layout.bands)))
+            demand = Demand(pages)
+            quote = chain.price(demand)
+            if quote.fits:
+                grant = chain.take(demand, quote)
+                assert chain.snapshot() == quote.after
+                write_grant(chain, buf, grant.pages)
+                for i, vids in enumerate(grant.pages):
+                    held[i].extend(vids)
+                outcomes["fit"] += 1
+            else:
+                before = full_state(chain, buf)
+                with pytest.raises(CapacityError) as err:
+                    chain.take(demand, quote)
+                assert err.value.shortfall_bytes == quote.shortfall_bytes > 0
+                assert_same_state(before, full_state(chain, buf))
+                outcomes["refused"] += 1
+        elif op < 0.85:
+            i = int(rng.integers(len(layout.bands)))
+            if held[i]:
+                n = int(rng.integers(1, len(held[i]) + 1))
+                pick = rng.choice(len(held[i]), size=n, replace=False)
+                vids = [held[i][k] for k in pick]
+                chain.release(i, vids)
+                held[i] = [v for k, v in enumerate(held[i]) if k not in set(pick.tolist())]
+        elif op < 0.9:
+            chain.set_move_gate(bool(rng.random() < 0.6))
+        elif op < 0.95:
+            if fence is not None and rng.random() < 0.5:
+                fence.complete()
+            fence = ManualFence()
+            chain.begin_forward(fence)
+        else:
+            chain.flush_idle()
+        if step % 20 == 0:
+            check_bytes(chain, buf)
+    assert check_bytes(chain, buf) == sum(len(h) for h in held) + sum(
+        b.reserved_pages for b in layout.bands)
+    assert outcomes["fit"] > 10 and outcomes["refused"] > 0
+    chain.set_move_gate(True)
+    chain.flush_idle()
+    assert all(b.holes == 0 for b in chain.snapshot().bands)
+    assert check_bytes(chain, buf) == sum(len(h) for h in held) + sum(
+        b.reserved_pages for b in layout.bands)
+
+
+def test_extend_of_empty_float_and_ends_from_an_empty_chain() -> None:
+    chain = Chain(three_band_layout(), debug_audit=True)
+    grant = chain.take(Demand((2, 3, 4)))
+    assert [s.action for s in grant.quote.steps] == [
+        Extend(0, Side.HIGH, 2), Extend(1, Side.LOW, 3), Extend(2, Side.LOW, 4)]
+    assert grant.pages == ((0, 1), (0, 1, 2), (0, 1, 2, 3))
