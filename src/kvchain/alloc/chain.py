@@ -27,11 +27,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
 
 import numpy as np
 
 from kvchain.alloc.band import Band, PageMoves
+from kvchain.alloc.pricing import price as plan_price
 from kvchain.alloc.snapshot import (
     Action,
     ChainSnapshot,
@@ -44,6 +44,7 @@ from kvchain.alloc.snapshot import (
     UseHoles,
     WaitFence,
 )
+from kvchain.buffer import BufferBackend, Fence, NullBuffer
 from kvchain.errors import (
     AuditError,
     CapacityError,
@@ -54,34 +55,7 @@ from kvchain.errors import (
     ReservedPageError,
     UnknownPageError,
 )
-from kvchain.layout import Anchor, BandLayout, ChainLayout
-
-# --- what the chain needs from the buffer backend (kvchain.buffer implements it) --------
-
-
-class FenceLike(Protocol):
-    """Completion of an in-flight forward pass (a CUDA event on GPU)."""
-
-    def query(self) -> bool:
-        """True once the forward has finished writing its pages."""
-        ...
-
-    def wait(self) -> None:
-        """Block until the forward has finished."""
-        ...
-
-
-class PageBytes(Protocol):
-    """The page operations of a buffer backend the chain uses (``kvchain.buffer``)."""
-
-    def copy_pages(self, band: BandLayout, src: np.ndarray, dst: np.ndarray) -> None:
-        """Copy pages ``src[i] -> dst[i]`` of one band, gather-then-scatter."""
-        ...
-
-    def zero_pages(self, band: BandLayout, idx: np.ndarray) -> None:
-        """Fill pages ``idx`` of one band with zeros."""
-        ...
-
+from kvchain.layout import Anchor, ChainLayout
 
 # --- value objects --------------------------------------------------------------------
 
@@ -176,7 +150,7 @@ class _SetGate:
 
 @dataclass(frozen=True, slots=True)
 class _BeginForward:
-    fence: FenceLike
+    fence: Fence
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,11 +179,9 @@ class Chain:
         CapacityError: the layout's null pages do not fit (a validated layout always fits).
     """
 
-    def __init__(self, layout: ChainLayout, buffer: PageBytes | None = None, *,
+    def __init__(self, layout: ChainLayout, buffer: BufferBackend | None = None, *,
                  debug_audit: bool = False) -> None:
         if buffer is None:
-            from kvchain.buffer import NullBuffer
-
             buffer = NullBuffer(layout.buffer_bytes)
         self.layout = layout
         self.buffer = buffer
@@ -229,7 +201,7 @@ class Chain:
         self._gate_open = True
         self._close_pending = False
         self._pins = 0
-        self._fence: FenceLike | None = None
+        self._fence: Fence | None = None
         self._takes = self._releases = 0
         self._pages_copied = self._bytes_copied = 0
         self._compactions = self._relocations = self._fence_waits = 0
@@ -473,7 +445,7 @@ class Chain:
             self._apply(_SetGate(False))
             self._after_public_call()
 
-    def begin_forward(self, fence: FenceLike) -> None:
+    def begin_forward(self, fence: Fence) -> None:
         """Register the fence of a forward pass just launched (it may write pages of its
         batch until the fence completes).
 
@@ -601,9 +573,7 @@ class Chain:
     # --- helpers ------------------------------------------------------------------------
 
     def _price(self, snap: ChainSnapshot, demand: Demand) -> Quote:
-        from kvchain.alloc.pricing import price
-
-        return price(snap, demand)
+        return plan_price(snap, demand)
 
     def _build_snapshot(self) -> ChainSnapshot:
         movable, pending = self._gate_open, self._fence is not None
