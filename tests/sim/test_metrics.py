@@ -17,6 +17,7 @@ from kvchain.sim.metrics import (
     Percentiles,
     SimSummary,
     StepSample,
+    band_samples,
     summarize,
     write_outputs,
 )
@@ -271,3 +272,19 @@ def test_write_outputs_round_trip(tmp_path: Path) -> None:
     assert not (tmp_path / "run2").exists()
     with pytest.raises(ConfigError, match="missing fields"):
         SimSummary.from_json({"steps": 1})
+
+
+def test_band_samples_from_chain_snapshot() -> None:
+    from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot
+    from kvchain.layout import Anchor
+
+    snapshot = ChainSnapshot(
+        buffer_bytes=1_000,
+        bands=(
+            BandSnapshot("state", Anchor.LOW, 100, 0, 300, 2, 1, 10),
+            BandSnapshot("full", Anchor.HIGH, 40, 800, 1_000, 4, 1, 25),
+        ),
+    )
+    state, full = band_samples(snapshot)
+    assert state == BandSample("state", 0, 300, 200, 100, Anchor.LOW)
+    assert full == BandSample("full", 800, 1_000, 160, 40, Anchor.HIGH)

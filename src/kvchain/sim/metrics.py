@@ -41,7 +41,9 @@ from typing import Any
 
 import numpy as np
 
+from kvchain.alloc.snapshot import ChainSnapshot
 from kvchain.errors import ConfigError, MetricsError
+from kvchain.layout import Anchor
 
 # --- per-request records ----------------------------------------------------------------
 
@@ -118,6 +120,8 @@ class BandSample:
         hi: one past its last byte (``lo <= hi``); the span is ``[lo, hi)``.
         live_bytes: bytes of live (held) pages in the span.
         hole_bytes: bytes of hole (free) pages in the span.
+        anchor: where the band is pinned (LOW / HIGH END, FLOAT); None if unknown (the band
+            chart then infers it from the frontiers).
 
     Raises:
         MetricsError: negative values, ``lo > hi``, or live + holes larger than the span.
@@ -128,6 +132,7 @@ class BandSample:
     hi: int
     live_bytes: int
     hole_bytes: int
+    anchor: Anchor | None = None
 
     def __post_init__(self) -> None:
         _check(
@@ -144,6 +149,26 @@ class BandSample:
             f"band {self.label!r}: live {self.live_bytes} + holes {self.hole_bytes} B exceed "
             f"the span of {self.hi - self.lo} B",
         )
+
+
+def band_samples(snapshot: ChainSnapshot) -> tuple[BandSample, ...]:
+    """The bands of a chain snapshot as samples (low -> high).
+
+    ``live_bytes = live * page_bytes`` and ``hole_bytes = holes * page_bytes`` of each
+    :class:`~kvchain.alloc.snapshot.BandSnapshot` (live pages include the band's reserved
+    null page, as in the snapshot).
+    """
+    return tuple(
+        BandSample(
+            label=band.label,
+            lo=band.lo,
+            hi=band.hi,
+            live_bytes=band.live * band.page_bytes,
+            hole_bytes=band.holes * band.page_bytes,
+            anchor=band.anchor,
+        )
+        for band in snapshot.bands
+    )
 
 
 @dataclass(frozen=True, slots=True)

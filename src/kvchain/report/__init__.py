@@ -1,0 +1,1 @@
+"""Reports of simulations: rich tables and matplotlib plots (written as PNG files)."""

@@ -1,0 +1,304 @@
+"""PNG plots of a simulation (matplotlib, Agg canvas: no display, no pyplot state).
+
+- :func:`band_chart`: the chain moving. x = simulated time (s), y = byte offset in the KV
+  buffer; each band's span ``[lo, hi)`` is a filled area over time (light = the span,
+  holes included), its live bytes a darker area packed toward the band's anchor (bottom
+  for a LOW END, top for a HIGH END, the low edge for the FLOAT band); white = free gaps.
+- :func:`utilization_chart`: KV utilization (%) and the running / waiting queues over time.
+- :func:`latency_cdfs`: empirical CDFs of TTFT and TPOT (ms, log x) of finished requests.
+- :func:`write_all_plots`: the three of them for a recorder, into a folder.
+
+Every step sample describes the interval ``(t_s - duration_s, t_s]``, so areas and lines
+are drawn as steps that hold each sample's value back to the previous sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from kvchain.errors import ConfigError
+from kvchain.layout import Anchor
+from kvchain.sim.metrics import MetricsRecorder, RequestRecord, StepSample
+
+_BAND_COLORS = {
+    "state": "#7b5ea7",
+    "window": "#2a9d8f",
+    "local": "#e9a23b",
+    "full": "#e76f51",
+}
+_OTHER_COLORS = ("#457b9d", "#8d6e63", "#6a994e", "#bc4749")
+_DPI = 120
+_MIN_LOG_MS = 1e-3  # TTFT/TPOT below 1 us are drawn at 1 us on the log axis
+
+
+def _byte_unit(total_bytes: int) -> tuple[float, str]:
+    """Divisor and name of a decimal byte unit that keeps the axis between 1 and 1000."""
+    for divisor, name in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if total_bytes >= divisor:
+            return divisor, name
+    return 1.0, "B"
+
+
+def _new_figure(width: float, height: float, rows: int = 1) -> tuple[Figure, list[Axes]]:
+    figure = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
+    return figure, list(axes)
+
+
+def _save(figure: Figure, path: str | Path) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, format="png", dpi=_DPI)
+    return out
+
+
+def _empty_note(axes: Axes, text: str) -> None:
+    axes.text(0.5, 0.5, text, ha="center", va="center", transform=axes.transAxes, color="gray")
+
+
+def _step_times(samples: Sequence[StepSample]) -> np.ndarray:
+    """Sample end times, preceded by the start of the first step, for ``step="pre"``
+    drawing (each value then holds over its own step interval, the first one included)."""
+    times = np.array([s.t_s for s in samples], dtype=np.float64)
+    return np.concatenate(([times[0] - samples[0].duration_s], times))
+
+
+def _held(values: np.ndarray) -> np.ndarray:
+    """``values`` with the first one repeated, to match :func:`_step_times`."""
+    return np.concatenate((values[:1], values))
+
+
+def _band_series(
+    samples: Sequence[StepSample],
+) -> dict[str, dict[str, np.ndarray]]:
+    """Per band label: arrays lo, hi, live (NaN where a sample lacks the band)."""
+    labels = list(dict.fromkeys(b.label for s in samples for b in s.bands))
+    series = {
+        label: {k: np.full(len(samples), np.nan) for k in ("lo", "hi", "live")} for label in labels
+    }
+    for i, sample in enumerate(samples):
+        for band in sample.bands:
+            arrays = series[band.label]
+            arrays["lo"][i] = band.lo
+            arrays["hi"][i] = band.hi
+            arrays["live"][i] = band.live_bytes
+    return {label: {k: _held(v) for k, v in arrays.items()} for label, arrays in series.items()}
+
+
+def _anchor_of(label: str, samples: Sequence[StepSample], buffer_bytes: int) -> Anchor:
+    """The band's anchor as sampled, or inferred: LOW if it always starts at byte 0, HIGH if
+    it always ends at the buffer's end, FLOAT otherwise."""
+    bands = [b for s in samples for b in s.bands if b.label == label]
+    for band in bands:
+        if band.anchor is not None:
+            return band.anchor
+    if all(b.lo == 0 for b in bands):
+        return Anchor.LOW
+    if all(b.hi == buffer_bytes for b in bands):
+        return Anchor.HIGH
+    return Anchor.FLOAT
+
+
+def _color(label: str, index: int) -> str:
+    return _BAND_COLORS.get(label, _OTHER_COLORS[index % len(_OTHER_COLORS)])
+
+
+def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Path) -> Path:
+    """Draw the bands of the chain over time and save it as a PNG.
+
+    Args:
+        samples: step samples in time order (e.g. ``recorder.step_samples``).
+        buffer_bytes: bytes of the KV buffer (the y axis runs from 0 to it).
+        path: the PNG file to write (folders created).
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        ConfigError: ``buffer_bytes <= 0``.
+    """
+    if buffer_bytes <= 0:
+        raise ConfigError(f"buffer_bytes must be > 0, got {buffer_bytes}")
+    divisor, unit = _byte_unit(buffer_bytes)
+    figure, (axes,) = _new_figure(11, 5.5)
+    axes.set_title("KV buffer: bands of the chain over time")
+    axes.set_xlabel("simulated time (s)")
+    axes.set_ylabel(f"byte offset in the KV buffer ({unit})")
+    axes.set_ylim(0, buffer_bytes / divisor)
+    if not samples:
+        _empty_note(axes, "no steps recorded")
+        return _save(figure, path)
+    times = _step_times(samples)
+    for index, (label, arrays) in enumerate(_band_series(samples).items()):
+        color = _color(label, index)
+        anchor = _anchor_of(label, samples, buffer_bytes)
+        lo, hi, live = arrays["lo"], arrays["hi"], arrays["live"]
+        if anchor is Anchor.HIGH:
+            live_lo, live_hi = hi - live, hi
+        else:
+            live_lo, live_hi = lo, lo + live
+        present = ~np.isnan(lo)
+        axes.fill_between(
+            times, lo / divisor, hi / divisor, where=present, step="pre",
+            color=color, alpha=0.28, linewidth=0,
+            label=f"{label} ({anchor.value}): span, holes included",
+        )  # fmt: skip
+        axes.fill_between(
+            times, live_lo / divisor, live_hi / divisor, where=present, step="pre",
+            color=color, alpha=0.85, linewidth=0, label=f"{label}: live bytes",
+        )  # fmt: skip
+        for edge in (lo, hi):  # frontiers as thin lines, so touching bands stay apart
+            axes.step(times, edge / divisor, where="pre", color=color, linewidth=0.7)
+    axes.axhline(buffer_bytes / divisor, color="black", linewidth=0.8)
+    axes.axhline(0, color="black", linewidth=0.8)
+    start = float(times[0])
+    axes.set_xlim(start, float(times[-1]) if times[-1] > start else start + 1)
+    axes.margins(x=0)
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    axes.text(
+        1.01, 0.0, "white: free gap between bands", transform=axes.transAxes,
+        fontsize="small", color="gray", va="bottom",
+    )  # fmt: skip
+    axes.grid(axis="y", alpha=0.25)
+    return _save(figure, path)
+
+
+def utilization_chart(samples: Sequence[StepSample], path: str | Path) -> Path:
+    """Draw KV utilization and queue lengths over time (two panels) and save a PNG.
+
+    Top: used / buffer bytes (%), and needed / buffer bytes (%) when the samples carry
+    ``needed_bytes``. Bottom: running and waiting requests.
+
+    Args:
+        samples: step samples in time order.
+        path: the PNG file to write.
+
+    Returns:
+        ``path`` as a Path.
+    """
+    figure, (top, bottom) = _new_figure(11, 6, rows=2)
+    top.set_title("KV utilization and queues over time")
+    top.set_ylabel("KV utilization (% of buffer bytes)")
+    bottom.set_ylabel("requests")
+    bottom.set_xlabel("simulated time (s)")
+    top.set_ylim(0, 105)
+    if not samples:
+        _empty_note(top, "no steps recorded")
+        return _save(figure, path)
+    times = _step_times(samples)
+    used = _held(np.array([100 * s.utilization for s in samples]))
+    top.step(times, used, where="pre", color="#e76f51", label="used (live bytes of requests)")
+    if any(s.needed_bytes is not None for s in samples):
+        needed = _held(
+            np.array(
+                [
+                    np.nan if s.needed_bytes is None else 100 * s.needed_bytes / s.buffer_bytes
+                    for s in samples
+                ]
+            )
+        )
+        top.step(
+            times, needed, where="pre", color="#264653", linestyle="--",
+            label="needed (bytes the live requests need)",
+        )  # fmt: skip
+    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    top.grid(alpha=0.25)
+    running = _held(np.array([s.running for s in samples]))
+    waiting = _held(np.array([s.waiting for s in samples]))
+    bottom.step(times, running, where="pre", color="#2a9d8f", label="running (in the batch)")
+    bottom.step(times, waiting, where="pre", color="#7b5ea7", label="waiting (queued)")
+    bottom.set_ylim(0, 1.1 * max(1, int(running.max()), int(waiting.max())))
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    bottom.grid(alpha=0.25)
+    return _save(figure, path)
+
+
+def _plain_log_ticks(axes: Axes, low: float, high: float) -> None:
+    """Tick labels as plain numbers (20, 50, 100), not 2x10^1; minor ticks at 2 and 5 are
+    labelled too when the data spans less than two decades."""
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
+    label_minor = high / low < 100
+
+    def minor(value: float, _: int) -> str:
+        leading = round(value / 10 ** np.floor(np.log10(value)))
+        return f"{value:,.10g}" if label_minor and leading in (2, 5) else ""
+
+    axes.xaxis.set_minor_formatter(FuncFormatter(minor))
+
+
+def _cdf_panel(axes: Axes, values_s: list[float], name: str) -> None:
+    axes.set_title(f"{name} CDF")
+    axes.set_xlabel(f"{name} (ms, log scale)")
+    axes.set_ylabel("fraction of requests")
+    axes.set_ylim(0, 1.02)
+    axes.grid(alpha=0.25, which="both")
+    if not values_s:
+        _empty_note(axes, "no finished requests")
+        return
+    values_ms = np.maximum(np.sort(np.asarray(values_s)) * 1000, _MIN_LOG_MS)
+    fractions = np.arange(1, len(values_ms) + 1) / len(values_ms)
+    axes.step(
+        values_ms, fractions, where="post", color="#264653", label=f"{len(values_ms)} requests"
+    )
+    axes.set_xscale("log")
+    _plain_log_ticks(axes, float(values_ms[0]), float(values_ms[-1]))
+    for q, style in ((50, ":"), (99, "--")):
+        x = float(np.percentile(values_ms, q))
+        axes.axvline(x, color="#e76f51", linestyle=style, label=f"p{q} = {x:,.1f} ms")
+    axes.legend(loc="lower right", fontsize="small")
+
+
+def latency_cdfs(records: Sequence[RequestRecord], path: str | Path) -> Path:
+    """Draw the CDFs of TTFT and TPOT (ms, log x) of finished requests and save a PNG.
+
+    TPOT only counts requests with more than one output token; values below 1 us are drawn
+    at 1 us (log axis). p50 and p99 are marked (numpy linear percentiles).
+
+    Args:
+        records: request records (unfinished ones are skipped).
+        path: the PNG file to write.
+
+    Returns:
+        ``path`` as a Path.
+    """
+    finished = [r for r in records if r.finished_s is not None]
+    ttft = [r.ttft_s for r in finished if r.ttft_s is not None]
+    tpot = [r.tpot_s for r in finished if r.tpot_s is not None]
+    figure = Figure(figsize=(11, 4.5), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    left, right = figure.subplots(1, 2)
+    figure.suptitle("Latency of finished requests")
+    _cdf_panel(left, ttft, "TTFT")
+    _cdf_panel(right, tpot, "TPOT")
+    return _save(figure, path)
+
+
+PLOT_FILES = ("bands.png", "utilization.png", "latency_cdf.png")
+"""File names :func:`write_all_plots` writes, in order."""
+
+
+def write_all_plots(recorder: MetricsRecorder, out_dir: str | Path) -> list[Path]:
+    """Write the band chart, the utilization chart and the latency CDFs into ``out_dir``.
+
+    The band and utilization charts need step samples; without any step only the latency
+    CDFs are written. The buffer size is taken from the last step sample.
+
+    Returns:
+        the written files, in the order of :data:`PLOT_FILES`.
+    """
+    directory = Path(out_dir)
+    samples = recorder.step_samples
+    written: list[Path] = []
+    if samples:
+        written.append(band_chart(samples, samples[-1].buffer_bytes, directory / PLOT_FILES[0]))
+        written.append(utilization_chart(samples, directory / PLOT_FILES[1]))
+    written.append(latency_cdfs(recorder.records, directory / PLOT_FILES[2]))
+    return written

@@ -1,0 +1,71 @@
+"""Tests of kvchain.report.plots: PNG files of a small synthetic run."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from kvchain.errors import ConfigError
+from kvchain.layout import Anchor
+from kvchain.report.plots import PLOT_FILES, band_chart, latency_cdfs, write_all_plots
+from kvchain.sim.metrics import BandSample, MetricsRecorder, StepSample
+
+BUFFER = 8 * 10**9
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) in pixels from the PNG's IHDR chunk."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def small_run() -> MetricsRecorder:
+    rec = MetricsRecorder(max_step_samples=16)
+    for rid in range(6):
+        rec.on_arrival(rid, 0.1 * rid, prompt_tokens=100, output_tokens=4)
+    t = 0.0
+    for i in range(40):
+        t += 0.05
+        state_hi = 10**9 + i * 10**7
+        full_lo = 6 * 10**9 - i * 5 * 10**7
+        bands = (
+            BandSample("state", 0, state_hi, state_hi // 2, state_hi // 4, Anchor.LOW),
+            BandSample("window", state_hi + 10**8, state_hi + 6 * 10**8, 4 * 10**8, 0),
+            BandSample("full", full_lo, BUFFER, (BUFFER - full_lo) // 2, 0, Anchor.HIGH),
+        )
+        used = state_hi // 2 + 4 * 10**8 + (BUFFER - full_lo) // 2
+        rec.on_step(StepSample(t, 0.05, 64, 6, 6, max(0, 5 - i), bands, BUFFER, used))
+    for rid in range(6):
+        rec.on_admitted(rid, 0.1 * rid + 0.01)
+        rec.on_first_token(rid, 0.1 * rid + 0.05 * (rid + 1))
+        rec.on_token(rid, 1.5, 3)
+        rec.on_finished(rid, 1.5 + 0.01 * rid)
+    return rec
+
+
+def test_write_all_plots_creates_pngs(tmp_path: Path) -> None:
+    written = write_all_plots(small_run(), tmp_path / "plots")
+    assert [p.name for p in written] == list(PLOT_FILES)
+    for path in written:
+        assert path.stat().st_size > 10_000  # axes, text and areas, not a blank canvas
+    # 120 dpi: bands 11 x 5.5 in, utilization 11 x 6 in, CDFs 11 x 4.5 in
+    assert [png_size(p) for p in written] == [(1320, 660), (1320, 720), (1320, 540)]
+
+
+def test_plots_without_steps_or_finished_requests(tmp_path: Path) -> None:
+    rec = MetricsRecorder()
+    rec.on_arrival(0, 0.0, prompt_tokens=5, output_tokens=5)
+    written = write_all_plots(rec, tmp_path)
+    assert [p.name for p in written] == ["latency_cdf.png"]
+    assert png_size(written[0]) == (1320, 540)
+    empty = band_chart([], 1_000, tmp_path / "empty_bands.png")
+    assert empty.stat().st_size > 0
+    assert latency_cdfs([], tmp_path / "sub" / "cdf.png").is_file()
+    with pytest.raises(ConfigError, match="buffer_bytes"):
+        band_chart([], 0, tmp_path / "x.png")

@@ -1,0 +1,106 @@
+"""Tests of kvchain.report.tables: exact cell text of the summary and comparison tables."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from types import MappingProxyType
+
+import pytest
+from rich.console import Console
+from rich.table import Table
+
+from kvchain.errors import ConfigError
+from kvchain.report.tables import comparison_table, metric_labels, summary_table
+from kvchain.sim.metrics import Percentiles, SimSummary
+
+SUMMARY = SimSummary(
+    requests_total=1_200,
+    requests_finished=1_150,
+    requests_rejected=3,
+    duration_s=600.0,
+    input_tokens_per_s=12_345.678,
+    output_tokens_per_s=2_000.04,
+    ttft=Percentiles(0.0625, 0.25, 1.5, 1_150),
+    tpot=Percentiles(0.015, 0.02, 0.0451, 1_100),
+    e2e=Percentiles(4.0, 9.0, 20.0, 1_150),
+    queueing=Percentiles(0.005, 0.1, 0.8, 1_150),
+    steps=30_000,
+    peak_running=256,
+    peak_waiting=40,
+    mean_kv_utilization=0.8125,
+    peak_kv_utilization=0.99,
+    retractions=12,
+    retracted_requests=9,
+    admitted_but_unallocatable=0,
+    leaked_pages=None,
+    extra=MappingProxyType({"relocations": 5}),
+)
+
+
+def render(table: Table) -> str:
+    console = Console(record=True, width=160, color_system=None)
+    console.print(table)
+    return console.export_text()
+
+
+def cells(text: str, label: str) -> list[str]:
+    """The cells of the row whose first cell is ``label``."""
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.strip("│┃ ").split("│")]
+        if parts and parts[0] == label:
+            return parts[1:]
+    raise AssertionError(f"row {label!r} not found in\n{text}")
+
+
+def test_summary_table_cells() -> None:
+    text = render(summary_table(SUMMARY, title="gpt-oss-20b on azure-conv"))
+    assert "gpt-oss-20b on azure-conv" in text
+    assert cells(text, "requests (finished / total)") == ["1,150 / 1,200"]
+    assert cells(text, "input throughput (tok/s)") == ["12,345.7"]
+    assert cells(text, "output throughput (tok/s)") == ["2,000.0"]
+    assert cells(text, "TTFT p50 (ms)") == ["62.5"]
+    assert cells(text, "TTFT p99 (ms)") == ["1,500.0"]
+    assert cells(text, "TPOT p90 (ms)") == ["20.0"]
+    assert cells(text, "TPOT p99 (ms)") == ["45.1"]
+    assert cells(text, "peak running requests") == ["256"]
+    assert cells(text, "mean KV utilization (%, time-weighted)") == ["81.2"]
+    assert cells(text, "peak KV utilization (%)") == ["99.0"]
+    assert cells(text, "retractions (requests retracted)") == ["12 (9)"]
+    assert cells(text, "rejected") == ["3"]
+    assert cells(text, "admitted but unallocatable") == ["0"]
+    assert cells(text, "leaked pages") == ["n/a"]
+    assert cells(text, "relocations") == ["5"]
+    assert len(metric_labels()) == 20
+
+
+def test_comparison_table_columns_and_missing_values() -> None:
+    empty_run = replace(
+        SUMMARY,
+        requests_finished=0,
+        ttft=None,
+        tpot=None,
+        input_tokens_per_s=None,
+        mean_kv_utilization=None,
+        leaked_pages=4,
+        extra=MappingProxyType({}),
+    )
+    text = render(comparison_table({"kvchain": SUMMARY, "fixed pools": empty_run}))
+    assert "memory managers compared" in text
+    header = next(line for line in text.splitlines() if "kvchain" in line)
+    assert header.index("kvchain") < header.index("fixed pools")
+    assert cells(text, "TTFT p50 (ms)") == ["62.5", "n/a"]
+    assert cells(text, "input throughput (tok/s)") == ["12,345.7", "n/a"]
+    assert cells(text, "mean KV utilization (%, time-weighted)") == ["81.2", "n/a"]
+    assert cells(text, "leaked pages") == ["n/a", "4"]
+    assert cells(text, "relocations") == ["5", "n/a"]
+    with pytest.raises(ConfigError):
+        comparison_table({})
+
+
+def test_nonzero_bug_counters_are_red() -> None:
+    table = summary_table(replace(SUMMARY, leaked_pages=2), title="t")
+    console = Console(record=True, width=160, force_terminal=True, color_system="standard")
+    console.print(table)
+    styled = console.export_text(styles=True)
+    assert re.search(r"\x1b\[1;31m *2\x1b\[0m", styled)  # bold red
