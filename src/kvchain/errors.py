@@ -162,3 +162,19 @@ class BufferArgumentError(KVBufferError, ValueError):
 class BufferUnsupportedError(KVBufferError):
     """An operation the backend cannot do: bytes of a :class:`~kvchain.buffer.NullBuffer`,
     a torch backend without torch installed, or a dtype view at a misaligned byte offset."""
+
+
+# --- GPU cost model -------------------------------------------------------------------------
+
+
+class CostModelError(KVChainError, ValueError):
+    """Bad input to the GPU cost model (``kvchain.sim.cost``): negative work, a prefill chunk
+    of no tokens, or fewer tokens than sequences. Names the field and the value."""
+
+
+class InvalidRequestError(RequestError, ValueError):
+    """A request with a non-positive prompt or output length, or a duplicate id."""
+
+
+class AdmissionDivergenceError(RequestError, AssertionError):
+    """Admission accepted work that the allocator then refused: a bug, never expected."""

@@ -1,0 +1,384 @@
+"""Requests on the chain: each request's virtual pages per band, and its demands.
+
+Token positions -> pages (``P`` tokens per page, DESIGN section 4)::
+
+    full    pages covering [0, L)
+    window  pages covering [max(0, s - W + 1), s + c)   for a chunk of c tokens at s
+    local   pages covering [floor(s / C) * C, s + c)     (chunked local attention)
+    state   1 working slot (+ checkpoint slots), claimed all at once by the first chunk
+
+After the forward that computed tokens up to ``L``, window pages wholly before the next
+token's window (``L - W + 1``; local: ``floor(L / C) * C``) are released (window-tail
+release); page tables keep the band's null page in their place. A window chunk of ``c``
+tokens therefore holds at most ``ceil((W - 1 + c) / P) + 1`` pages (field cases F2, F6).
+
+:func:`request_demand` is the one pure function that turns a request description into a
+:class:`~kvchain.alloc.snapshot.Demand`; admission, reservation, allocation and the decode
+check all call it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvchain.alloc.chain import Chain
+from kvchain.alloc.snapshot import Demand
+from kvchain.errors import InvalidDemandError, UnknownRequestError
+from kvchain.layout import ChainLayout
+from kvchain.spec.layers import LifetimeClass
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestGeometry:
+    """What the request layer needs of a layout: band indices and token geometry.
+
+    Attributes:
+        num_bands: bands of the chain.
+        page_size: ``P`` tokens per page.
+        full: band index of the full-attention band, or ``None``.
+        window: band index of the window or chunked-local band, or ``None``.
+        window_tokens: ``W`` (sliding window) or ``C`` (local chunk) tokens.
+        local: True when the window band is chunked-local rather than sliding.
+        state: band index of the state band, or ``None``.
+        state_slots: slots a request claims (1 working + checkpoints).
+    """
+
+    num_bands: int
+    page_size: int
+    full: int | None
+    window: int | None
+    window_tokens: int
+    local: bool
+    state: int | None
+    state_slots: int
+
+    @staticmethod
+    def of(layout: ChainLayout) -> RequestGeometry:
+        """Read the geometry off a layout."""
+        win = layout.index_of(LifetimeClass.WINDOW)
+        local = win is None and layout.index_of(LifetimeClass.LOCAL) is not None
+        if local:
+            win = layout.index_of(LifetimeClass.LOCAL)
+        tokens = layout.bands[win].cache_class.window or 0 if win is not None else 0
+        return RequestGeometry(
+            num_bands=len(layout.bands),
+            page_size=layout.page_size,
+            full=layout.index_of(LifetimeClass.FULL),
+            window=win,
+            window_tokens=tokens,
+            local=local,
+            state=layout.index_of(LifetimeClass.STATE),
+            state_slots=layout.state_slots_per_request,
+        )
+
+    def window_start(self, position: int) -> int:
+        """First token the window band must hold to compute the token at ``position``."""
+        if self.local:
+            return (position // self.window_tokens) * self.window_tokens
+        return max(0, position - self.window_tokens + 1)
+
+    def window_peak_pages(self, chunk: int) -> int:
+        """Most window pages a chunk of ``chunk`` tokens can need:
+        ``ceil((W - 1 + c) / P) + 1`` (local: ``ceil((C - 1 + c) / P) + 1``, also a bound).
+        """
+        return _ceil_div(self.window_tokens - 1 + chunk, self.page_size) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class HeldPages:
+    """Counts of what a request holds (no page ids): the input of :func:`request_demand`.
+
+    Attributes:
+        full: full pages held, covering tokens ``[0, full * P)``.
+        window_first: first window page index held (token page index, not a vid).
+        window_end: one past the last window page index held.
+        slots: state slots held.
+    """
+
+    full: int = 0
+    window_first: int = 0
+    window_end: int = 0
+    slots: int = 0
+
+
+NOTHING_HELD = HeldPages()
+
+
+def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
+                   headroom: int = 0, headroom_chunk: int = 1) -> Demand:
+    """Pages a request must add to compute ``extend`` tokens from position ``start``, plus
+    the pages of ``headroom`` later tokens (the one pure demand function).
+
+    Args:
+        geom: the chain's request geometry.
+        held: what the request holds now.
+        start: tokens already in its cache (``s``).
+        extend: tokens to compute now (a prefill chunk ``c``, or 1 for a decode).
+        headroom: later tokens to reserve beyond ``start + extend`` (rest of the prompt,
+            expected decode tokens); admission and reservation only.
+        headroom_chunk: the largest chunk those later tokens come in (1 for decode).
+
+    Returns:
+        Demand per band: full pages to cover ``[0, s + c + headroom)``; window pages for
+        the request's *peak* from now on, minus what it holds: the pages covering
+        ``[window_start(s), s + c)`` now, or later up to ``ceil((W - 1 + c') / P) + 1``
+        pages for a later chunk ``c'`` (window-tail release runs in between, so the two do
+        not add up); state slots if none are held yet.
+
+    Raises:
+        InvalidDemandError: negative token counts or ``headroom_chunk < 1``.
+
+    Example (``P = 16``, ``W = 128``, nothing held, a 17-token extend at 0): full 2 pages,
+    window 2 pages (field case F5).
+    """
+    if start < 0 or extend < 0 or headroom < 0 or headroom_chunk < 1:
+        raise InvalidDemandError(f"bad token counts: start={start} extend={extend} "
+                                 f"headroom={headroom} headroom_chunk={headroom_chunk}")
+    p = geom.page_size
+    pages = [0] * geom.num_bands
+    end = start + extend
+    if geom.full is not None:
+        pages[geom.full] = max(0, _ceil_div(end + headroom, p) - held.full)
+    if geom.window is not None and (extend or headroom):
+        first = geom.window_start(start) // p
+        end_page = _ceil_div(end, p)
+        have = max(0, min(held.window_end, end_page) - max(held.window_first, first))
+        peak = end_page - first
+        if headroom:
+            first_after = geom.window_start(end) // p
+            later = _ceil_div(end + headroom, p) - first_after
+            peak = max(peak, min(later, geom.window_peak_pages(min(headroom_chunk, headroom))))
+        pages[geom.window] = max(0, peak - have)
+    if geom.state is not None and held.slots == 0 and (extend or headroom):
+        pages[geom.state] = geom.state_slots
+    return Demand(tuple(pages))
+
+
+@dataclass(slots=True)
+class RequestPages:
+    """The pages one request holds (mutable; owned by :class:`KVManager`).
+
+    Attributes:
+        tokens: tokens whose KV is in the cache (``L``).
+        full: full-band virtual ids, page ``j`` covers tokens ``[j * P, (j + 1) * P)``.
+        window: window-band virtual ids of pages ``window_first ..``, in page order.
+        window_first: token-page index of ``window[0]``; pages before it were released.
+        slots: state-band virtual ids (working slot first).
+    """
+
+    tokens: int = 0
+    full: list[int] = field(default_factory=list)
+    window: list[int] = field(default_factory=list)
+    window_first: int = 0
+    slots: list[int] = field(default_factory=list)
+
+    def held(self) -> HeldPages:
+        """Counts for :func:`request_demand`."""
+        return HeldPages(len(self.full), self.window_first,
+                         self.window_first + len(self.window), len(self.slots))
+
+
+class KVManager:
+    """The engine's KV cache manager: requests' virtual pages per band on one chain.
+
+    Every allocation is one ``chain.take`` of the summed demand of a batch (prefill chunks
+    and decode tokens together), so what admission priced as one demand is realized as one
+    plan. The manager never moves frontiers itself.
+    """
+
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+        self.geom = RequestGeometry.of(chain.layout)
+        self._requests: dict[int, RequestPages] = {}
+
+    # --- queries ---------------------------------------------------------------------------
+
+    def __contains__(self, rid: int) -> bool:
+        return rid in self._requests
+
+    def pages(self, rid: int) -> RequestPages:
+        """The pages request ``rid`` holds (raises :class:`UnknownRequestError`)."""
+        try:
+            return self._requests[rid]
+        except KeyError:
+            raise UnknownRequestError(f"request {rid} holds no pages") from None
+
+    def held(self, rid: int) -> HeldPages:
+        """Counts held by ``rid`` (:data:`NOTHING_HELD` if it holds nothing)."""
+        req = self._requests.get(rid)
+        return req.held() if req is not None else NOTHING_HELD
+
+    def tokens(self, rid: int) -> int:
+        """Tokens of ``rid`` in the cache (0 if it holds nothing)."""
+        req = self._requests.get(rid)
+        return req.tokens if req is not None else 0
+
+    def demand(self, rid: int, extend: int, headroom: int = 0, headroom_chunk: int = 1) -> Demand:
+        """:func:`request_demand` for ``rid`` at its current position."""
+        return request_demand(self.geom, self.held(rid), self.tokens(rid), extend, headroom,
+                              headroom_chunk)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests holding pages."""
+        return len(self._requests)
+
+    # --- allocation ------------------------------------------------------------------------
+
+    def allocate(self, batch: Sequence[tuple[int, int]]) -> Demand:
+        """Take the pages a batch needs to compute its tokens, in one chain take.
+
+        Args:
+            batch: ``(request id, tokens to compute)`` pairs (a prefill chunk, or 1 for a
+                decode); each request at most once.
+
+        Returns:
+            The summed demand that was taken.
+
+        Raises:
+            InvalidDemandError: a request listed twice or a negative token count.
+            CapacityError: the batch does not fit (the chain and every request are as
+                before).
+        """
+        ids = [rid for rid, _ in batch]
+        if len(set(ids)) != len(ids):
+            raise InvalidDemandError("a request appears twice in one allocation batch")
+        demands = [self.demand(rid, extend) for rid, extend in batch]
+        total = Demand.zeros(self.geom.num_bands)
+        for d in demands:
+            total = total.plus(d)
+        grant = self.chain.take(total)
+        cursor = [0] * self.geom.num_bands
+        g = self.geom
+        for (rid, _), d in zip(batch, demands, strict=True):
+            req = self._requests.get(rid)
+            if req is None:
+                req = self._requests[rid] = RequestPages()
+            for band, n in enumerate(d.pages):
+                if not n:
+                    continue
+                vids = grant.pages[band][cursor[band]:cursor[band] + n]
+                cursor[band] += n
+                if band == g.full:
+                    req.full.extend(vids)
+                elif band == g.window:
+                    if not req.window:
+                        req.window_first = g.window_start(req.tokens) // g.page_size
+                    req.window.extend(vids)
+                else:
+                    req.slots.extend(vids)
+        return total
+
+    def commit(self, rid: int, tokens: int) -> int:
+        """Record that a forward computed ``tokens`` more tokens of ``rid``, then release
+        its window pages wholly before the next token's window (window-tail release).
+
+        Returns:
+            Window pages released.
+
+        Raises:
+            UnknownRequestError: ``rid`` holds no pages.
+            InvalidDemandError: the pages held do not cover the new tokens.
+        """
+        req = self.pages(rid)
+        new_tokens = req.tokens + tokens
+        covered = len(req.full) * self.geom.page_size if self.geom.full is not None else new_tokens
+        if tokens < 0 or covered < new_tokens:
+            raise InvalidDemandError(f"request {rid}: {tokens} tokens not covered by its pages")
+        req.tokens = new_tokens
+        return self.release_window_tail(rid)
+
+    def release_window_tail(self, rid: int) -> int:
+        """Release ``rid``'s window pages wholly before its next token's window.
+
+        Returns:
+            Window pages released (0 if none were out of the window).
+        """
+        g = self.geom
+        req = self.pages(rid)
+        if g.window is None or not req.window:
+            return 0
+        keep_from = g.window_start(req.tokens) // g.page_size
+        drop = min(max(0, keep_from - req.window_first), len(req.window))
+        if drop:
+            self.chain.release(g.window, req.window[:drop])
+            del req.window[:drop]
+            req.window_first += drop
+        return drop
+
+    def reclaim_window_pages(self, rids: Iterable[int]) -> int:
+        """Window-tail release for many requests (the decode check runs this before it
+        retracts anyone). Returns pages released."""
+        return sum(self.release_window_tail(rid) for rid in rids if rid in self._requests)
+
+    def free(self, rid: int) -> int:
+        """Release every page of ``rid`` (finished or retracted). Returns pages released.
+
+        Raises:
+            UnknownRequestError: ``rid`` holds no pages.
+        """
+        req = self._requests.pop(rid, None)
+        if req is None:
+            raise UnknownRequestError(f"request {rid} holds no pages")
+        g = self.geom
+        released = 0
+        for band, vids in ((g.full, req.full), (g.window, req.window), (g.state, req.slots)):
+            if band is not None and vids:
+                self.chain.release(band, vids)
+                released += len(vids)
+        return released
+
+    # --- kernels ---------------------------------------------------------------------------
+
+    def page_table(self, rid: int, band: int) -> np.ndarray:
+        """Virtual page ids of ``rid`` in ``band`` in token order (int64, shape ``[pages]``).
+
+        For the window band, entry ``j`` is the page of tokens ``[j * P, (j + 1) * P)``;
+        released entries hold the band's null page. Translate with
+        ``chain.translate(band, table)`` (one call per batch).
+        """
+        req = self.pages(rid)
+        g = self.geom
+        if band == g.full:
+            return np.asarray(req.full, dtype=np.int64)
+        if band == g.window:
+            null = self.chain.null_page(band)
+            return np.asarray([null] * req.window_first + req.window, dtype=np.int64)
+        if band == g.state:
+            return np.asarray(req.slots, dtype=np.int64)
+        raise InvalidDemandError(f"no band {band} in this chain")
+
+    # --- integrity -------------------------------------------------------------------------
+
+    def audit(self) -> None:
+        """Every bound page of the chain is held by exactly one request or is a null page.
+
+        Raises:
+            AuditError: a leaked page (bound, held by nobody) or a page held twice.
+        """
+        from kvchain.errors import AuditError
+
+        for band in range(self.geom.num_bands):
+            held: list[int] = []
+            for req in self._requests.values():
+                if band == self.geom.full:
+                    held.extend(req.full)
+                elif band == self.geom.window:
+                    held.extend(req.window)
+                elif band == self.geom.state:
+                    held.extend(req.slots)
+            reserved = self.chain.layout.bands[band].reserved_pages
+            if len(set(held)) != len(held):
+                raise AuditError(f"band {band}: a page is held by two requests")
+            bound = self.chain.bound_pages(band)
+            if bound != len(held) + reserved:
+                raise AuditError(f"band {band}: {bound} pages bound, {len(held)} held by "
+                                 f"requests + {reserved} null: {bound - len(held) - reserved} "
+                                 "leaked")

@@ -1,0 +1,152 @@
+"""Requests, their lifecycle events, and the batch of one engine step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from kvchain.errors import InvalidRequestError
+
+
+class RequestStatus(StrEnum):
+    """Where a request is in its life."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One generation request.
+
+    Attributes:
+        rid: unique id.
+        prompt_tokens: prompt length (tokens, >= 1).
+        output_tokens: output length at which it stops (tokens, >= 1).
+        arrival_s: arrival time (seconds).
+        status: lifecycle status.
+        computed: tokens whose KV is in the cache.
+        prefill_target: tokens to have in the cache before decoding: the prompt, plus the
+            tokens generated before a retraction (recomputed).
+        output_done: output tokens generated so far.
+        retractions: times it was retracted.
+
+    Raises:
+        InvalidRequestError: a prompt or output length below 1.
+    """
+
+    rid: int
+    prompt_tokens: int
+    output_tokens: int
+    arrival_s: float = 0.0
+    status: RequestStatus = RequestStatus.WAITING
+    computed: int = 0
+    prefill_target: int = 0
+    output_done: int = 0
+    retractions: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1 or self.output_tokens < 1:
+            raise InvalidRequestError(
+                f"request {self.rid}: prompt_tokens and output_tokens must be >= 1, got "
+                f"{self.prompt_tokens} and {self.output_tokens}")
+        if self.prefill_target == 0:
+            self.prefill_target = self.prompt_tokens
+
+    @property
+    def in_prefill(self) -> bool:
+        """True until its prefill target is in the cache."""
+        return self.computed < self.prefill_target
+
+    @property
+    def remaining_prefill(self) -> int:
+        """Prefill tokens still to compute (0 once decoding)."""
+        return max(0, self.prefill_target - self.computed)
+
+    @property
+    def remaining_output(self) -> int:
+        """Output tokens still to generate."""
+        return self.output_tokens - self.output_done
+
+    @property
+    def final_tokens(self) -> int:
+        """Tokens in its cache at its last decode: ``prompt + output - 1`` (the last
+        output token is sampled, never fed back)."""
+        return self.prompt_tokens + self.output_tokens - 1
+
+
+class EventKind(StrEnum):
+    """Lifecycle events, with timestamps, for metrics."""
+
+    ARRIVED = "arrived"
+    ADMITTED = "admitted"
+    FIRST_TOKEN = "first_token"
+    FINISHED = "finished"
+    RETRACTED = "retracted"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One lifecycle event of one request at ``time_s`` seconds (``detail``: e.g. the
+    reason of a rejection)."""
+
+    kind: EventKind
+    rid: int
+    time_s: float
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """A prefill chunk: ``tokens`` prompt tokens computed from position ``start``."""
+
+    rid: int
+    start: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSeq:
+    """One decode token for ``rid`` with ``context`` tokens already in its cache."""
+
+    rid: int
+    context: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """What one engine step computes.
+
+    Attributes:
+        prefills: prefill chunks (chunked prefill of long prompts across steps).
+        decodes: one token for each decoding request.
+    """
+
+    prefills: tuple[PrefillChunk, ...] = ()
+    decodes: tuple[DecodeSeq, ...] = ()
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Tokens of all prefill chunks."""
+        return sum(p.tokens for p in self.prefills)
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the step computes nothing."""
+        return not self.prefills and not self.decodes
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What the model driver reports after running a batch.
+
+    Attributes:
+        duration_s: seconds the step took.
+        stopped: requests that emitted end-of-sequence before their output length.
+    """
+
+    duration_s: float
+    stopped: frozenset[int] = frozenset()

@@ -1,0 +1,384 @@
+"""Continuous batching on the chain: chunked prefill, decode, retraction (DESIGN section 6).
+
+One step::
+
+    schedule(now)          decode check -> (window-tail reclaim -> retract) ->
+                           ChainPrefillBudget: this step's decodes, running prefills'
+                           next chunks, futures of running requests, then waiting requests
+    allocate(step)         ONE kv.allocate (one chain.take) for every decode and chunk
+    driver.run(batch)      (the engine, the simulator's cost model, or a fake)
+    complete(batch, out)   commit tokens, window-tail release, first tokens, finishes
+
+Policies (stated and tested):
+* waiting order: ``fcfs`` (arrival; retracted requests go back to the front) or ``spf``
+  (shortest remaining prefill first, ties by arrival). The walk stops at the first request
+  that does not fit (no overtaking, so nothing starves behind smaller requests).
+* retraction victim: the running request that arrived last (ties: larger id), as in
+  vLLM's recompute preemption; it frees everything and is recomputed from its prompt plus
+  the tokens it had generated.
+* a request whose whole life (prompt + output, window peak, state slots) cannot fit the
+  empty chain is rejected at once with the reason; nothing else blocks on it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from kvchain.admission import (
+    AdmissionRules,
+    ChainPrefillBudget,
+    NewTokenRatio,
+    WindowAdmission,
+)
+from kvchain.alloc.chain import Chain, MovePin
+from kvchain.alloc.pricing import fits
+from kvchain.alloc.snapshot import ChainSnapshot, Demand
+from kvchain.errors import (
+    AdmissionDivergenceError,
+    BufferTooSmallError,
+    CapacityError,
+    ConfigError,
+    InvalidRequestError,
+    UnknownRequestError,
+)
+from kvchain.kv_manager import NOTHING_HELD, KVManager, request_demand
+from kvchain.sched.request import (
+    DecodeSeq,
+    Event,
+    EventKind,
+    PrefillChunk,
+    Request,
+    RequestStatus,
+    StepBatch,
+    StepOutcome,
+)
+
+
+class QueuePolicy(StrEnum):
+    """Order in which waiting requests are considered."""
+
+    FCFS = "fcfs"
+    SPF = "spf"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Scheduler limits.
+
+    Attributes:
+        max_running: most requests running at once.
+        max_prefill_tokens: prefill tokens per step (all chunks together).
+        chunk_size: largest prefill chunk of one request (tokens).
+        policy: waiting-queue order.
+        window_admission: override of the chain's default window admission mode.
+        audit_every_step: run the chain and KV-manager audits after every step (tests).
+
+    Raises:
+        ConfigError: a limit below 1.
+    """
+
+    max_running: int = 256
+    max_prefill_tokens: int = 8192
+    chunk_size: int = 8192
+    policy: QueuePolicy = QueuePolicy.FCFS
+    window_admission: WindowAdmission | None = None
+    audit_every_step: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_prefill_tokens", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(slots=True)
+class ScheduledStep:
+    """Admission's decision for one step, before allocation (holds a move pin when the
+    ledger relies on page moves, so a gate cannot close in between: contract 6)."""
+
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    decodes: list[DecodeSeq] = field(default_factory=list)
+    pin: MovePin | None = None
+
+
+@dataclass(slots=True)
+class SchedulerCounters:
+    """Counts for metrics and invariant checks."""
+
+    steps: int = 0
+    admission_decisions: int = 0
+    admitted: int = 0
+    retractions: int = 0
+    rejected: int = 0
+    finished: int = 0
+    divergences: int = 0  # admitted but unallocatable: must stay 0
+    window_pages_reclaimed: int = 0
+
+
+class Scheduler:
+    """Continuous-batching scheduler over one :class:`KVManager`.
+
+    Args:
+        kv: the KV manager (and through it, the chain).
+        config: limits and policies.
+        ratio: the new-token-ratio estimator (SGLang defaults if omitted).
+
+    Raises:
+        BufferTooSmallError: the empty chain cannot hold the smallest request (a 1-token
+            prompt with 1 output token, its window and state slots) - it would never
+            start (field case F1).
+    """
+
+    def __init__(self, kv: KVManager, config: SchedulerConfig | None = None,
+                 ratio: NewTokenRatio | None = None) -> None:
+        self.kv = kv
+        self.chain: Chain = kv.chain
+        self.config = config or SchedulerConfig()
+        self.ratio = ratio or NewTokenRatio()
+        self.rules = AdmissionRules.for_layout(self.chain.layout, self.config.window_admission)
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, Request] = {}
+        self.requests: dict[int, Request] = {}
+        self.counters = SchedulerCounters()
+        self._events: list[Event] = []
+        self._empty = Chain(self.chain.layout).snapshot()
+        smallest = self._lifetime_demand(1, 1)
+        if not fits(self._empty, smallest):
+            needed = _demand_bytes(self._empty, smallest) + self.chain.layout.reserved_bytes
+            raise BufferTooSmallError(
+                f"the chain ({self.chain.layout.shape_name}, {self._empty.buffer_bytes:,} B) "
+                f"cannot hold the smallest request: it needs {needed:,} B with null pages",
+                needed_bytes=needed, available_bytes=self._empty.buffer_bytes)
+
+    # --- requests in ------------------------------------------------------------------
+
+    def add(self, request: Request, now: float) -> bool:
+        """Queue a request; reject it at once if it can never fit the empty chain.
+
+        Returns:
+            True if queued, False if rejected (an ``REJECTED`` event says why).
+
+        Raises:
+            InvalidRequestError: a duplicate id.
+        """
+        if request.rid in self.requests:
+            raise InvalidRequestError(f"duplicate request id {request.rid}")
+        self.requests[request.rid] = request
+        self._emit(EventKind.ARRIVED, request.rid, now)
+        need = self._lifetime_demand(request.prompt_tokens, request.output_tokens)
+        if not fits(self._empty, need):
+            request.status = RequestStatus.REJECTED
+            self.counters.rejected += 1
+            self._emit(EventKind.REJECTED, request.rid, now,
+                       f"needs {_demand_bytes(self._empty, need):,} B of pages at its peak; "
+                       f"the empty chain has {self._empty.free_bytes:,} B free")
+            return False
+        self.waiting.append(request)
+        return True
+
+    def _lifetime_demand(self, prompt: int, output: int) -> Demand:
+        """A lone request's whole life on the empty chain: smallest chunk first, all its
+        output, window peak of later chunks."""
+        first = min(self.kv.geom.page_size, prompt)
+        rest = prompt + output - 1 - first
+        return request_demand(self.kv.geom, NOTHING_HELD, 0, first, rest,
+                              min(self.config.chunk_size, max(prompt - first, 1)))
+
+    # --- one step ---------------------------------------------------------------------
+
+    def schedule(self, now: float) -> ScheduledStep:
+        """Decide this step's decodes and prefill chunks (no allocation yet)."""
+        kv, cfg = self.kv, self.config
+        step = ScheduledStep()
+        snap = self._decode_check(now)
+        budget = ChainPrefillBudget(snap, self.rules)
+        decodes = [r for r in self.running.values() if not r.in_prefill]
+        for r in decodes:
+            budget.reserve(kv.demand(r.rid, 1))
+            step.decodes.append(DecodeSeq(r.rid, r.computed))
+        tokens_left = cfg.max_prefill_tokens
+        page = kv.geom.page_size
+        # Running prefills continue first, then everyone's future is reserved.
+        for r in [r for r in self.running.values() if r.in_prefill]:
+            upper = min(cfg.chunk_size, r.remaining_prefill, tokens_left)
+            c = budget.largest(lambda t, r=r: kv.demand(r.rid, t), upper, page)
+            if c:
+                budget.reserve(kv.demand(r.rid, c))
+                step.prefills.append(PrefillChunk(r.rid, r.computed, c))
+                tokens_left -= c
+        planned = {p.rid: p.tokens for p in step.prefills}
+        for r in self.running.values():
+            budget.reserve(self._future(r, planned.get(r.rid, 1 if not r.in_prefill else 0)))
+        # Waiting requests, in policy order, while the ledger fits.
+        for admitted, r in enumerate(self._waiting_order()):
+            if tokens_left <= 0 or len(self.running) + admitted >= cfg.max_running:
+                break
+            upper = min(cfg.chunk_size, r.remaining_prefill, tokens_left)
+            c = budget.largest(lambda t, r=r: self._admission_demand(r, t), upper, page)
+            if not c:
+                break
+            budget.reserve(self._admission_demand(r, c))
+            step.prefills.append(PrefillChunk(r.rid, 0, c))
+            tokens_left -= c
+        self.counters.admission_decisions += budget.decisions
+        if step.prefills and budget.ledger_needs_moves():
+            step.pin = self.chain.pin_moves()
+        return step
+
+    def allocate(self, step: ScheduledStep, now: float) -> StepBatch:
+        """Allocate the step's pages in one take and move admitted requests to running.
+
+        Raises:
+            AdmissionDivergenceError: the allocator refused what admission accepted (a bug;
+                counted in ``counters.divergences``). Nothing was allocated.
+        """
+        batch = [(p.rid, p.tokens) for p in step.prefills] + [(d.rid, 1) for d in step.decodes]
+        try:
+            if batch:
+                self.kv.allocate(batch)
+        except CapacityError as exc:
+            self.counters.divergences += 1
+            raise AdmissionDivergenceError(f"admitted batch refused by the allocator: {exc}") \
+                from exc
+        finally:
+            if step.pin is not None:
+                step.pin.release()
+        for p in step.prefills:
+            r = self.requests[p.rid]
+            if r.status is RequestStatus.WAITING:
+                self.waiting.remove(r)
+                r.status = RequestStatus.RUNNING
+                self.running[r.rid] = r
+                self.counters.admitted += 1
+                self._emit(EventKind.ADMITTED, r.rid, now)
+        return StepBatch(tuple(step.prefills), tuple(step.decodes))
+
+    def step(self, now: float) -> StepBatch:
+        """``allocate(schedule(now))``: the batch to run now."""
+        return self.allocate(self.schedule(now), now)
+
+    def complete(self, batch: StepBatch, outcome: StepOutcome, now: float) -> None:
+        """Record a finished forward at time ``now``: commit tokens (window-tail release),
+        first tokens, finishes (output length or end-of-sequence)."""
+        kv = self.kv
+        for p in batch.prefills:
+            r = self.requests[p.rid]
+            kv.commit(r.rid, p.tokens)
+            r.computed += p.tokens
+            if not r.in_prefill:
+                r.output_done += 1  # the last chunk samples the next token
+                if r.output_done == 1:
+                    self._emit(EventKind.FIRST_TOKEN, r.rid, now)
+                self._maybe_finish(r, outcome, now)
+        for d in batch.decodes:
+            r = self.requests[d.rid]
+            kv.commit(r.rid, 1)
+            r.computed += 1
+            r.output_done += 1
+            self._maybe_finish(r, outcome, now)
+        self.ratio.step()
+        self.counters.steps += 1
+        if self.config.audit_every_step:
+            self.audit()
+
+    # --- queries --------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing waits or runs."""
+        return not self.waiting and not self.running
+
+    def drain_events(self) -> list[Event]:
+        """Events since the last call, in order."""
+        events, self._events = self._events, []
+        return events
+
+    def audit(self) -> None:
+        """Chain audit plus: every bound page is held by one running request or is a null
+        page (raises :class:`~kvchain.errors.AuditError`)."""
+        self.chain.audit()
+        self.kv.audit()
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _decode_check(self, now: float) -> ChainSnapshot:
+        """Make this step's decode tokens fit: reclaim window pages, then retract."""
+        snap = self.chain.snapshot()
+        if fits(snap, self._decode_demand()):
+            return snap
+        self.counters.window_pages_reclaimed += self.kv.reclaim_window_pages(self.running)
+        snap = self.chain.snapshot()
+        while self.running and not fits(snap, self._decode_demand()):
+            victim = max(self.running.values(), key=lambda r: (r.arrival_s, r.rid))
+            self._retract(victim, now)
+            snap = self.chain.snapshot()
+        return snap
+
+    def _decode_demand(self) -> Demand:
+        total = Demand.zeros(self.kv.geom.num_bands)
+        for r in self.running.values():
+            if not r.in_prefill:
+                total = total.plus(self.kv.demand(r.rid, 1))
+        return total
+
+    def _future(self, r: Request, now_tokens: int) -> Demand:
+        """Pages ``r`` needs beyond this step's tokens: rest of its prefill, then its
+        expected output (ratio), the window's later peak."""
+        rest_prefill = r.remaining_prefill - (now_tokens if r.in_prefill else 0)
+        # KV still to come after the prefill: remaining_output - 1 (the last sampled token
+        # is never fed back); a decode's own token is this step's.
+        headroom = rest_prefill + self.ratio.tokens(r.remaining_output - 1)
+        full_step = self.kv.demand(r.rid, now_tokens, headroom,
+                                   min(self.config.chunk_size, max(rest_prefill, 1)))
+        this_step = self.kv.demand(r.rid, now_tokens)
+        return Demand(tuple(max(0, a - b) for a, b in
+                            zip(full_step.pages, this_step.pages, strict=True)))
+
+    def _admission_demand(self, r: Request, chunk: int) -> Demand:
+        """A waiting request's first chunk plus its future (rest of the prefill, expected
+        output, window peak, state slots)."""
+        rest = r.prefill_target - chunk
+        headroom = rest + self.ratio.tokens(r.remaining_output - 1)
+        return request_demand(self.kv.geom, NOTHING_HELD, 0, chunk, headroom,
+                              min(self.config.chunk_size, max(rest, 1)))
+
+    def _waiting_order(self) -> Iterable[Request]:
+        if self.config.policy is QueuePolicy.FCFS:
+            return list(self.waiting)
+        return sorted(self.waiting, key=lambda r: (r.remaining_prefill, r.arrival_s, r.rid))
+
+    def _retract(self, r: Request, now: float) -> None:
+        self.kv.free(r.rid)
+        del self.running[r.rid]
+        r.status = RequestStatus.WAITING
+        r.retractions += 1
+        r.computed = 0
+        r.prefill_target = r.prompt_tokens + r.output_done
+        self.waiting.appendleft(r)
+        self.counters.retractions += 1
+        self.ratio.reset()
+        self._emit(EventKind.RETRACTED, r.rid, now)
+
+    def _maybe_finish(self, r: Request, outcome: StepOutcome, now: float) -> None:
+        if r.output_done >= r.output_tokens or r.rid in outcome.stopped:
+            self.kv.free(r.rid)
+            del self.running[r.rid]
+            r.status = RequestStatus.FINISHED
+            self.counters.finished += 1
+            self._emit(EventKind.FINISHED, r.rid, now)
+
+    def _emit(self, kind: EventKind, rid: int, now: float, detail: str = "") -> None:
+        self._events.append(Event(kind, rid, now, detail))
+
+    def request(self, rid: int) -> Request:
+        """The request with id ``rid`` (raises :class:`UnknownRequestError`)."""
+        try:
+            return self.requests[rid]
+        except KeyError:
+            raise UnknownRequestError(f"no request {rid}") from None
+
+
+def _demand_bytes(snapshot: ChainSnapshot, demand: Demand) -> int:
+    return sum(d * b.page_bytes for d, b in zip(demand.pages, snapshot.bands, strict=True))
