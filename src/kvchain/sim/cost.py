@@ -1,0 +1,446 @@
+"""Roofline GPU cost model: how long one engine step takes.
+
+One step runs one forward pass over a batch: a prefill chunk of ``c`` tokens for some
+sequences (``s`` tokens already cached before the chunk), one decode token for others
+(``c = 1``, ``s`` = context length). Its time is the roofline bound plus a fixed overhead::
+
+    step_time = max(FLOPs / (peak_flops x mfu), bytes / (hbm_bandwidth x mbu)) + overhead
+
+FLOPs (per tensor-parallel rank, like every :class:`~kvchain.spec.model.ModelSpec` figure):
+
+- linear layers: ``2 x active_params x tokens`` (one multiply-add per weight per token);
+- attention, per class, per layer, per (query token, key) pair:
+  ``2 x heads x (d_qk + d_v)`` (``QK^T`` and ``PV``); with ``d_qk = d_v = head_dim`` that is
+  the usual ``4 x heads x head_dim``. A token at position ``p`` attends ``p + 1`` keys (full),
+  ``min(p + 1, W)`` (window) or ``(p mod C) + 1`` (chunked local);
+- state layers (Mamba, Gated DeltaNet, lightning): a linear recurrence costing
+  :data:`STATE_FLOPS_PER_ELEMENT` (4) FLOPs per state element per token (a multiply-add to
+  update, a multiply-add to read out); their projections are already in ``active_params``.
+
+Bytes:
+
+- weights once per step. Dense models read all ``weight_bytes``. MoE models read the
+  experts the batch touches; we take each weight as touched by each token independently
+  with probability ``a = active_params / total_params``, so ``n`` tokens read
+  ``weight_bytes x (1 - (1 - a)^n)``: exactly the active weights for one token, all of them
+  for a large batch, monotone in between (this treats shared weights like experts, so it
+  undercounts small batches of models with a large shared part);
+- KV read: the keys a sequence's chunk attends, once per step (full ``s + c`` tokens, window
+  ``min(s, W - 1) + c``, local ``(s mod C) + c``) times that class's ``E`` (bytes per token);
+- KV written: every computed token, ``tokens x (E_full + E_win + E_loc)``;
+- state: each sequence reads and writes its slot once: ``2 x S`` per sequence.
+
+Ignored: activations' memory traffic, tensor-parallel communication, kernel launch gaps and
+CUDA-graph effects (folded into ``step_overhead_s``), the LM head and sampling of only the
+last token, FlashAttention re-reading KV tiles per query tile, prefix-cache hits (the
+caller passes only computed tokens).
+
+Worked example (``tests/sim/test_cost.py``): one full and one window layer (``W = 4``),
+each K and V ``[2 heads, 4]`` bf16 (``E = 32 B``), 4 query heads, 1,000 params in 2,000 B;
+a decode at context 10 does ``2,000 + 64 x 11 + 64 x 4 = 2,960`` FLOPs and moves
+``2,000 + 32 x 11 + 32 x 4 + 64 = 2,544`` B.
+
+Defaults (assumptions, with reasons):
+
+- :data:`DEFAULT_MBU` 0.7: optimized CUDA serving stacks sustain about 70-85% of peak HBM
+  bandwidth in decode (rule of thumb, https://www.open-source-ai.tech/glossary/model-
+  bandwidth-utilization); a device-to-device copy on an H200 here reached 4.3 of 4.8 TB/s
+  (0.90, ``shared`` device notes), the ceiling. We take the low end.
+- :data:`DEFAULT_MFU` 0.5: a large bf16 matrix product on an H200 here ran at 788 TFLOP/s
+  (0.80 of 989.4, same notes), the ceiling for the linear layers; a whole step also runs
+  attention, norms, activations and MoE routing at lower rates, so we take 0.5.
+- :data:`DEFAULT_STEP_OVERHEAD_S` 1 ms: scheduling, input preparation and sampling not
+  hidden by overlap scheduling (engines that overlap them approach 0: pass 0).
+
+Speed: :meth:`GPUCostModel.step_time` is a dozen float operations on an aggregate
+:class:`StepWork`; the scheduler sums per-sequence work as it builds the batch with a
+:class:`StepWorkBuilder` (or its own running sums, with the formulas above).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvchain.errors import ConfigError, CostModelError
+from kvchain.gpu import GPUSpec
+from kvchain.spec.layers import LayerCache, LifetimeClass
+from kvchain.spec.model import ModelSpec
+
+#: FLOPs per state element per token of a recurrent layer (multiply-add update + readout).
+STATE_FLOPS_PER_ELEMENT = 4
+#: Fraction of peak HBM bandwidth a step achieves (module docstring: source and reasoning).
+DEFAULT_MBU = 0.7
+#: Fraction of peak dense bf16 FLOP/s a step achieves (module docstring).
+DEFAULT_MFU = 0.5
+#: Fixed seconds per step on top of the roofline bound (module docstring).
+DEFAULT_STEP_OVERHEAD_S = 1e-3
+
+
+# --- work ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepWork:
+    """The work of one engine step, summed over its sequences.
+
+    Per sequence with ``s`` tokens cached before the step and ``c`` tokens computed in it
+    (``c = 1`` for a decode), positions ``s .. s + c - 1``:
+
+    ======================  =================================================
+    field                   per-sequence contribution
+    ======================  =================================================
+    ``sequences``           1
+    ``tokens``              ``c``
+    ``full_pairs``          ``sum_p (p + 1) = c x s + c (c + 1) / 2``
+    ``window_pairs``        ``sum_p min(p + 1, W)``
+    ``local_pairs``         ``sum_p ((p mod C) + 1)``
+    ``full_kv_tokens``      ``s + c``
+    ``window_kv_tokens``    ``min(s, W - 1) + c``
+    ``local_kv_tokens``     ``(s mod C) + c``
+    ======================  =================================================
+
+    Pairs are (query token, key) pairs per layer of that class. Classes the model lacks
+    contribute nothing (their fields stay 0).
+
+    Raises:
+        CostModelError: a negative field, or fewer tokens than sequences.
+    """
+
+    sequences: int = 0
+    tokens: int = 0
+    full_pairs: int = 0
+    window_pairs: int = 0
+    local_pairs: int = 0
+    full_kv_tokens: int = 0
+    window_kv_tokens: int = 0
+    local_kv_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.sequences, self.full_pairs, self.window_pairs, self.local_pairs,
+               self.full_kv_tokens, self.window_kv_tokens, self.local_kv_tokens) < 0 \
+                or self.tokens < self.sequences:
+            raise CostModelError(f"invalid step work {self}: fields must be >= 0 and "
+                                 f"tokens >= sequences")
+
+    def __add__(self, other: StepWork) -> StepWork:
+        """Field-wise sum (the work of two batches run as one step)."""
+        return StepWork(self.sequences + other.sequences, self.tokens + other.tokens,
+                        self.full_pairs + other.full_pairs,
+                        self.window_pairs + other.window_pairs,
+                        self.local_pairs + other.local_pairs,
+                        self.full_kv_tokens + other.full_kv_tokens,
+                        self.window_kv_tokens + other.window_kv_tokens,
+                        self.local_kv_tokens + other.local_kv_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceWork:
+    """One sequence's share of a step.
+
+    Attributes:
+        tokens: tokens computed (``c``): the prefill chunk, or 1 for a decode.
+        context: tokens cached before the step (``s``).
+    """
+
+    tokens: int
+    context: int
+
+    @staticmethod
+    def decode(context: int) -> SequenceWork:
+        """A decode step at ``context`` tokens."""
+        return SequenceWork(1, context)
+
+
+def _window_prefix(n: int, w: int) -> int:
+    """``sum_{q=1..n} min(q, w)``."""
+    if n <= w:
+        return n * (n + 1) // 2
+    return w * (w + 1) // 2 + (n - w) * w
+
+
+def _local_prefix(n: int, c: int) -> int:
+    """``sum_{p=0..n-1} ((p mod c) + 1)``."""
+    r = n % c
+    return (n // c) * (c * (c + 1) // 2) + r * (r + 1) // 2
+
+
+class StepWorkBuilder:
+    """Sums per-sequence work into a :class:`StepWork` while the scheduler builds a batch.
+
+    Args:
+        window: ``W`` tokens of the model's window class, or ``None`` if it has none.
+        local_chunk: ``C`` tokens of its chunked-local class, or ``None``.
+
+    Example: ``W = 4``, a prefill of 8 tokens at context 0 adds
+    ``full_pairs = 36``, ``window_pairs = 10 + 4 x 4 = 26``, ``window_kv_tokens = 8``.
+    """
+
+    __slots__ = ("_full", "_full_kv", "_local", "_local_chunk", "_local_kv", "_seqs",
+                 "_tokens", "_win", "_win_kv", "_window")
+
+    def __init__(self, window: int | None = None, local_chunk: int | None = None) -> None:
+        if (window is not None and window < 1) or (local_chunk is not None and local_chunk < 1):
+            raise ConfigError(f"window and local_chunk must be >= 1 token, got {window} and "
+                              f"{local_chunk}")
+        self._window = window
+        self._local_chunk = local_chunk
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new step."""
+        self._seqs = self._tokens = 0
+        self._full = self._win = self._local = 0
+        self._full_kv = self._win_kv = self._local_kv = 0
+
+    def add_prefill(self, tokens: int, context: int) -> None:
+        """Add a prefill chunk of ``tokens`` tokens after ``context`` cached tokens.
+
+        Raises:
+            CostModelError: ``tokens < 1`` or ``context < 0``.
+        """
+        if tokens < 1 or context < 0:
+            raise CostModelError(f"a chunk needs tokens >= 1 and context >= 0, got tokens "
+                                 f"{tokens}, context {context}")
+        s, c = context, tokens
+        self._seqs += 1
+        self._tokens += c
+        self._full += c * s + c * (c + 1) // 2
+        self._full_kv += s + c
+        w = self._window
+        if w is not None:
+            self._win += _window_prefix(s + c, w) - _window_prefix(s, w)
+            self._win_kv += min(s, w - 1) + c
+        lc = self._local_chunk
+        if lc is not None:
+            self._local += _local_prefix(s + c, lc) - _local_prefix(s, lc)
+            self._local_kv += s % lc + c
+
+    def add_decode(self, context: int) -> None:
+        """Add one decode token after ``context`` cached tokens.
+
+        Raises:
+            CostModelError: ``context < 0``.
+        """
+        if context < 0:
+            raise CostModelError(f"context must be >= 0, got {context}")
+        self._seqs += 1
+        self._tokens += 1
+        self._full += context + 1
+        self._full_kv += context + 1
+        if self._window is not None:
+            keys = min(context + 1, self._window)
+            self._win += keys
+            self._win_kv += keys
+        if self._local_chunk is not None:
+            keys = context % self._local_chunk + 1
+            self._local += keys
+            self._local_kv += keys
+
+    def add_decodes(self, contexts: np.ndarray) -> None:
+        """Add one decode token for each context length in ``contexts`` (vectorized).
+
+        Raises:
+            CostModelError: a negative context.
+        """
+        ctx = np.asarray(contexts, dtype=np.int64)
+        if ctx.size == 0:
+            return
+        if int(ctx.min()) < 0:
+            raise CostModelError("context lengths must be >= 0")
+        n = int(ctx.size)
+        total = int(ctx.sum()) + n
+        self._seqs += n
+        self._tokens += n
+        self._full += total
+        self._full_kv += total
+        if self._window is not None:
+            keys = int(np.minimum(ctx + 1, self._window).sum())
+            self._win += keys
+            self._win_kv += keys
+        if self._local_chunk is not None:
+            keys = int((ctx % self._local_chunk).sum()) + n
+            self._local += keys
+            self._local_kv += keys
+
+    def add(self, seq: SequenceWork) -> None:
+        """Add one :class:`SequenceWork` (a decode when ``tokens == 1`` and ``context``
+        is the cached length: both formulas agree there)."""
+        self.add_prefill(seq.tokens, seq.context)
+
+    def build(self) -> StepWork:
+        """The summed work so far (the builder keeps counting until :meth:`reset`)."""
+        return StepWork(self._seqs, self._tokens, self._full, self._win, self._local,
+                        self._full_kv, self._win_kv, self._local_kv)
+
+
+# --- cost ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """The roofline terms of one step.
+
+    Attributes:
+        flops: FLOPs of the step.
+        bytes: HBM bytes moved (weights + KV read + KV written + state).
+        weight_bytes: of ``bytes``, the weights.
+        compute_s: ``flops / (peak x mfu)``.
+        memory_s: ``bytes / (bandwidth x mbu)``.
+        overhead_s: the fixed per-step overhead (0 for an empty step).
+        total_s: ``max(compute_s, memory_s) + overhead_s``.
+    """
+
+    flops: float
+    bytes: float
+    weight_bytes: float
+    compute_s: float
+    memory_s: float
+    overhead_s: float
+    total_s: float
+
+    @property
+    def compute_bound(self) -> bool:
+        """True when compute, not HBM bandwidth, sets the step's time."""
+        return self.compute_s > self.memory_s
+
+
+def attention_flops_per_pair(layer: LayerCache, heads: int) -> int:
+    """FLOPs of one (query, key) pair in one attention layer: ``2 x heads x (d_qk + d_v)``.
+
+    ``d_qk``, ``d_v``: the last dimension of the layer's ``"k"`` and ``"v"`` tensors (``v``
+    defaults to ``k``); for an MLA ``"latent"`` tensor both are its width (absorbed MLA
+    attends over the latent; the rope part is folded in). Layers without these tensors
+    (e.g. only indexer keys) cost 0 here. Example: K 192, V 128, 8 heads: 5,120.
+    """
+    dims = {t.name: t.shape[-1] if t.shape else 1 for t in layer.tensors}
+    if "k" in dims:
+        d_qk = dims["k"]
+        d_v = dims.get("v", d_qk)
+    elif "latent" in dims:
+        latent = next(t for t in layer.tensors if t.name == "latent")
+        d_qk = d_v = math.prod(latent.shape)
+    else:
+        return 0
+    return 2 * heads * (d_qk + d_v)
+
+
+class GPUCostModel:
+    """Step times of one model on one GPU by the roofline (module docstring).
+
+    Args:
+        model: the model (per tensor-parallel rank).
+        gpu: the GPU's published peaks.
+        mfu: achieved fraction of peak FLOP/s, in ``(0, 1]``.
+        mbu: achieved fraction of peak HBM bandwidth, in ``(0, 1]``.
+        step_overhead_s: fixed seconds per non-empty step, ``>= 0``.
+
+    Raises:
+        ConfigError: an efficiency outside ``(0, 1]``, a negative overhead, or a model with
+            ``total_params < 1``, ``active_params`` outside ``[1, total_params]`` or
+            negative ``weight_bytes``.
+    """
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, *, mfu: float = DEFAULT_MFU,
+                 mbu: float = DEFAULT_MBU,
+                 step_overhead_s: float = DEFAULT_STEP_OVERHEAD_S) -> None:
+        for name, value in (("mfu", mfu), ("mbu", mbu)):
+            if not (0.0 < value <= 1.0):
+                raise ConfigError(f"{name} must be in (0, 1], got {value}")
+        if not (step_overhead_s >= 0.0 and math.isfinite(step_overhead_s)):
+            raise ConfigError(f"step_overhead_s must be >= 0, got {step_overhead_s}")
+        if model.total_params < 1 or not (1 <= model.active_params <= model.total_params) \
+                or model.weight_bytes < 0:
+            raise ConfigError(
+                f"model {model.name}: need 1 <= active_params ({model.active_params}) <= "
+                f"total_params ({model.total_params}) and weight_bytes >= 0 "
+                f"({model.weight_bytes})")
+        self.model = model
+        self.gpu = gpu
+        self.mfu = mfu
+        self.mbu = mbu
+        self.step_overhead_s = step_overhead_s
+
+        heads = model.num_attention_heads
+
+        def pair_flops(lifetime: LifetimeClass) -> int:
+            cls = model.cache_class(lifetime)
+            return 0 if cls is None else sum(attention_flops_per_pair(x, heads)
+                                             for x in cls.layers)
+
+        state = model.cache_class(LifetimeClass.STATE)
+        state_elements = 0 if state is None else sum(
+            math.prod(t.shape) for x in state.layers for t in x.tensors)
+        window = model.cache_class(LifetimeClass.WINDOW)
+        local = model.cache_class(LifetimeClass.LOCAL)
+        self._window = None if window is None else window.window
+        self._local_chunk = None if local is None else local.window
+
+        self.flops_per_token = 2 * model.active_params + STATE_FLOPS_PER_ELEMENT * state_elements
+        self.flops_per_pair = {lt: pair_flops(lt) for lt in
+                               (LifetimeClass.FULL, LifetimeClass.WINDOW, LifetimeClass.LOCAL)}
+        self._f_full = self.flops_per_pair[LifetimeClass.FULL]
+        self._f_win = self.flops_per_pair[LifetimeClass.WINDOW]
+        self._f_loc = self.flops_per_pair[LifetimeClass.LOCAL]
+        self._e_full = model.bytes_per_token(LifetimeClass.FULL)
+        self._e_win = model.bytes_per_token(LifetimeClass.WINDOW)
+        self._e_loc = model.bytes_per_token(LifetimeClass.LOCAL)
+        self._e_written = self._e_full + self._e_win + self._e_loc
+        self._state_rw = 2 * model.state_bytes
+        self._weights = float(model.weight_bytes)
+        self._untouched = 1.0 - model.active_params / model.total_params
+        self._flop_rate = gpu.peak_dense_bf16_flops * mfu
+        self._byte_rate = gpu.hbm_bytes_per_s * mbu
+
+    def builder(self) -> StepWorkBuilder:
+        """A :class:`StepWorkBuilder` with this model's window and local chunk."""
+        return StepWorkBuilder(self._window, self._local_chunk)
+
+    def work_of(self, sequences: Iterable[SequenceWork]) -> StepWork:
+        """Sum per-sequence work (convenience; the scheduler can use :meth:`builder`)."""
+        b = self.builder()
+        for seq in sequences:
+            b.add(seq)
+        return b.build()
+
+    def weight_bytes_read(self, tokens: int) -> float:
+        """Weight bytes a step of ``tokens`` tokens reads:
+        ``weight_bytes x (1 - (1 - active/total)^tokens)`` (all of them for a dense model
+        and any ``tokens >= 1``; 0 for no tokens)."""
+        return self._weights * (1.0 - self._untouched ** tokens)
+
+    def step_time(self, work: StepWork) -> float:
+        """Seconds of one step: ``max(FLOPs / (peak x mfu), bytes / (bandwidth x mbu))
+        + step_overhead_s``; 0 for a step with no tokens."""
+        tokens = work.tokens
+        if tokens == 0:
+            return 0.0
+        flops = (self.flops_per_token * tokens + self._f_full * work.full_pairs
+                 + self._f_win * work.window_pairs + self._f_loc * work.local_pairs)
+        moved = (self._weights * (1.0 - self._untouched ** tokens)
+                 + self._e_full * work.full_kv_tokens + self._e_win * work.window_kv_tokens
+                 + self._e_loc * work.local_kv_tokens + self._e_written * tokens
+                 + self._state_rw * work.sequences)
+        return max(flops / self._flop_rate, moved / self._byte_rate) + self.step_overhead_s
+
+    def breakdown(self, work: StepWork) -> StepCost:
+        """The roofline terms of one step (same arithmetic as :meth:`step_time`)."""
+        tokens = work.tokens
+        flops = float(self.flops_per_token * tokens + self._f_full * work.full_pairs
+                      + self._f_win * work.window_pairs + self._f_loc * work.local_pairs)
+        weights = self.weight_bytes_read(tokens)
+        moved = (weights + self._e_full * work.full_kv_tokens
+                 + self._e_win * work.window_kv_tokens + self._e_loc * work.local_kv_tokens
+                 + self._e_written * tokens + self._state_rw * work.sequences)
+        compute_s = flops / self._flop_rate
+        memory_s = moved / self._byte_rate
+        overhead = self.step_overhead_s if tokens else 0.0
+        total = max(compute_s, memory_s) + overhead if tokens else 0.0
+        return StepCost(flops, float(moved), weights, compute_s, memory_s, overhead, total)
+
+    def __repr__(self) -> str:
+        return (f"GPUCostModel({self.model.name!r} on {self.gpu.name}, mfu={self.mfu}, "
+                f"mbu={self.mbu}, overhead={self.step_overhead_s} s)")
