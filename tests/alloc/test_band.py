@@ -7,7 +7,7 @@ import pytest
 
 from kvchain.alloc.band import HOLE_BLOCK, Band
 from kvchain.alloc.snapshot import Side
-from kvchain.errors import PlanMismatchError
+from kvchain.errors import LayoutError, PlanMismatchError
 from kvchain.layout import Anchor, BandLayout
 from kvchain.spec.layers import CacheClass, LifetimeClass
 
@@ -156,3 +156,12 @@ def test_snapshot_counts_and_frontiers() -> None:
     assert (s.lo, s.hi, s.live, s.holes, s.cap, s.span) == (1000 - 128, 1000, 3, 1, 31, 4)
     assert (s.movable, s.fence_pending, s.anchor, s.label) == (False, True, Anchor.HIGH,
                                                                "full")
+
+
+def test_start_page_must_match_the_anchor() -> None:
+    with pytest.raises(LayoutError):
+        Band(band_layout(Anchor.LOW), 3)
+    with pytest.raises(LayoutError):
+        Band(band_layout(Anchor.HIGH), 0)
+    with pytest.raises(LayoutError):
+        Band(band_layout(Anchor.FLOAT), 32)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvchain.alloc.snapshot import BandSnapshot, Side
-from kvchain.errors import PlanMismatchError
+from kvchain.errors import LayoutError, PlanMismatchError
 from kvchain.layout import Anchor, BandLayout
 
 #: Pages per block of the hole summary (a power of two; a tuning constant, not a contract).
@@ -69,19 +69,23 @@ class Band:
         layout: the band's geometry.
         start_idx: physical index where an empty span starts (LOW END: 0; HIGH END:
             ``n_phys``; FLOAT: the chain's choice, e.g. the page nearest the middle).
+
+    Raises:
+        LayoutError: a start page off the anchor or outside ``[0, n_phys]``.
     """
 
     def __init__(self, layout: BandLayout, start_idx: int) -> None:
         self.layout = layout
+        self.label = layout.label
         self.n_phys = layout.cap
         self.page_bytes = layout.page_bytes
         self.grid_base = layout.grid_base
         if layout.anchor is Anchor.LOW and start_idx != 0:
-            raise ValueError("a LOW END starts at physical page 0")
+            raise LayoutError("a LOW END starts at physical page 0")
         if layout.anchor is Anchor.HIGH and start_idx != self.n_phys:
-            raise ValueError("a HIGH END starts at physical page n_phys")
+            raise LayoutError("a HIGH END starts at physical page n_phys")
         if not 0 <= start_idx <= self.n_phys:
-            raise ValueError(f"start page {start_idx} outside [0, {self.n_phys}]")
+            raise LayoutError(f"start page {start_idx} outside [0, {self.n_phys}]")
         self.lo_idx = start_idx
         self.hi_idx = start_idx
         self.live = 0
@@ -134,9 +138,10 @@ class Band:
 
     def snapshot(self, movable: bool, fence_pending: bool) -> BandSnapshot:
         """The band's counts and frontiers as a :class:`BandSnapshot`."""
-        layout = self.layout
-        return BandSnapshot(layout.label, layout.anchor, self.page_bytes, self.lo, self.hi,
-                            self.live, self.holes, layout.cap, movable, fence_pending)
+        base, p = self.grid_base, self.page_bytes
+        return BandSnapshot(self.label, self.layout.anchor, p, base + self.lo_idx * p,
+                            base + self.hi_idx * p, self.live, self.holes, self.n_phys,
+                            movable, fence_pending)
 
     # --- holes ----------------------------------------------------------------------------
 
