@@ -1,0 +1,128 @@
+"""Models declared directly by bytes: ``E_full``, ``E_win`` and ``W``, ``E_loc`` and ``C``, ``S``.
+
+For experiments and tests that need a model's lifetime classes but not its layers: each
+declared class is one opaque layer holding one tensor of one-byte elements (``fp8`` is
+the only one-byte :class:`~kvchain.spec.layers.CacheDtype`; the dtype carries no meaning
+here, only the byte count does).
+
+Example: a three-band model like Jet-Nemotron-2B::
+
+    declare_model("jet-like", full=2048, window=2048, window_tokens=1152, state=14_745_600)
+
+gives classes state (S = 14,745,600 B), window (E = 2,048 B, W = 1,152) and full
+(E = 2,048 B).
+"""
+
+from __future__ import annotations
+
+from kvchain.errors import ConfigError
+from kvchain.spec.layers import CacheClass, CacheDtype, LayerCache, LifetimeClass, TensorDecl
+from kvchain.spec.model import ModelSpec
+
+
+def declared_layer(
+    index: int, lifetime: LifetimeClass, nbytes: int, window: int | None = None
+) -> LayerCache:
+    """One opaque layer of ``nbytes`` per token (token classes) or per request (state).
+
+    Raises:
+        ConfigError: ``nbytes <= 0``; a window given for full/state or missing (or not
+            positive) for window/local.
+    """
+    if nbytes <= 0:
+        raise ConfigError(f"declared {lifetime} bytes must be positive, got {nbytes}")
+    needs_window = lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)
+    if needs_window and (window is None or window <= 0):
+        raise ConfigError(f"a declared {lifetime} class needs a positive window, got {window}")
+    if not needs_window and window is not None:
+        raise ConfigError(f"a declared {lifetime} class takes no window, got {window}")
+    tensor = TensorDecl("bytes", (nbytes,), CacheDtype.FP8)
+    return LayerCache(index, lifetime, f"declared_{lifetime.value}", (tensor,), window)
+
+
+def declared_class(
+    lifetime: LifetimeClass, nbytes: int, window: int | None = None
+) -> CacheClass:
+    """A :class:`CacheClass` of one opaque layer (see :func:`declared_layer`).
+
+    Raises:
+        ConfigError: as :func:`declared_layer`.
+    """
+    return CacheClass.of((declared_layer(0, lifetime, nbytes, window),))
+
+
+def declare_model(
+    name: str,
+    *,
+    full: int = 0,
+    window: int = 0,
+    window_tokens: int | None = None,
+    local: int = 0,
+    chunk_tokens: int | None = None,
+    state: int = 0,
+    hidden_size: int = 0,
+    num_attention_heads: int = 0,
+    total_params: int = 0,
+    active_params: int = 0,
+    weight_bytes: int = 0,
+    source: str = "declared",
+) -> ModelSpec:
+    """A :class:`ModelSpec` with the given class bytes (a class with 0 bytes is absent).
+
+    Args:
+        name: display name.
+        full: ``E_full`` bytes per token.
+        window: ``E_win`` bytes per token; needs ``window_tokens`` (``W``).
+        local: ``E_loc`` bytes per token of chunked-local attention; needs
+            ``chunk_tokens`` (``C``).
+        state: ``S`` bytes per request.
+        hidden_size, num_attention_heads, total_params, active_params, weight_bytes:
+            what a cost model reads; 0 (the default) declares a model without weights,
+            for pure memory experiments.
+        source: provenance text.
+
+    Raises:
+        ConfigError: a negative byte count; window bytes without ``window_tokens`` (or
+            local bytes without ``chunk_tokens``) or the reverse; no class at all.
+    """
+    for label, value in (
+        ("full", full),
+        ("window", window),
+        ("local", local),
+        ("state", state),
+        ("hidden_size", hidden_size),
+        ("num_attention_heads", num_attention_heads),
+        ("total_params", total_params),
+        ("active_params", active_params),
+        ("weight_bytes", weight_bytes),
+    ):
+        if value < 0:
+            raise ConfigError(f"declared {label} must be >= 0, got {value}")
+    if (window > 0) != (window_tokens is not None):
+        raise ConfigError("declare window bytes and window_tokens together (or neither)")
+    if (local > 0) != (chunk_tokens is not None):
+        raise ConfigError("declare local bytes and chunk_tokens together (or neither)")
+    specs = (
+        (LifetimeClass.STATE, state, None),
+        (LifetimeClass.WINDOW, window, window_tokens),
+        (LifetimeClass.LOCAL, local, chunk_tokens),
+        (LifetimeClass.FULL, full, None),
+    )
+    layers = tuple(
+        declared_layer(i, lifetime, nbytes, tokens)
+        for i, (lifetime, nbytes, tokens) in enumerate(s for s in specs if s[1] > 0)
+    )
+    if not layers:
+        raise ConfigError(f"declared model {name!r} has no class (all byte counts are 0)")
+    return ModelSpec(
+        name=name,
+        layers=layers,
+        num_layers=len(layers),
+        hidden_size=hidden_size,
+        num_attention_heads=num_attention_heads,
+        total_params=total_params,
+        active_params=active_params,
+        weight_bytes=weight_bytes,
+        tp=1,
+        source=source,
+    )

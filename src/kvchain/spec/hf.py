@@ -1,0 +1,208 @@
+"""Load a Hugging Face ``config.json`` as a :class:`~kvchain.spec.model.ModelSpec`.
+
+Pipeline: :func:`~kvchain.spec.hf_layers.layer_plans` says what each layer runs,
+:mod:`~kvchain.spec.hf_geometry` reads the numbers of each mixer,
+:mod:`~kvchain.spec.cache_tensors` turns them into per-rank cache tensors, and
+:mod:`~kvchain.spec.params` counts parameters and weight bytes.
+
+Lifetime of each mixer::
+
+    full attention, MLA       -> FULL    (E_full bytes per token)
+    sliding-window attention  -> WINDOW  (window = W tokens)
+    chunked attention         -> LOCAL   (window = C tokens, the attention chunk)
+    Mamba-1/2, Gated DeltaNet,
+    lightning, JetBlock       -> STATE   (S bytes per request)
+
+A Falcon-H1 layer runs attention and Mamba-2 in parallel: it yields two
+:class:`~kvchain.spec.layers.LayerCache` entries with the same index (one FULL, one STATE).
+
+Worked example, Jet-Nemotron-2B (bf16, tp=1): 2 full layers x 2 KV heads x (128 + 128)
+x 2 B = 1,024 B each, ``E_full = 2,048 B``; 2 window layers, ``E_win = 2,048 B``,
+``W = 1,152``; 24 JetBlocks x (12 x 96 x 256 x 2 B + 3,072 x 4 x 2 B) = ``S =
+14,745,600 B``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from kvchain.errors import ConfigError
+from kvchain.spec import cache_tensors as ct
+from kvchain.spec.hf_geometry import (
+    attention_geometry,
+    gated_delta_net_geometry,
+    hidden_size,
+    jet_geometry,
+    mamba1_geometry,
+    mamba2_geometry,
+    state_ssm_is_fp32,
+)
+from kvchain.spec.hf_layers import HFConfig, LayerPlan, Mixer, layer_plans, read_config
+from kvchain.spec.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl
+from kvchain.spec.model import ModelSpec
+from kvchain.spec.params import WeightFormat, count_params, weight_bytes, weight_format_of
+
+_LIFETIME = {
+    Mixer.FULL: LifetimeClass.FULL,
+    Mixer.WINDOW: LifetimeClass.WINDOW,
+    Mixer.LOCAL: LifetimeClass.LOCAL,
+}
+
+_KIND = {
+    Mixer.MAMBA1: "mamba1",
+    Mixer.MAMBA2: "mamba2",
+    Mixer.GATED_DELTA_NET: "gated_delta_net",
+    Mixer.LIGHTNING: "lightning",
+    Mixer.JET: "jet",
+}
+
+
+def _state_dtypes(cfg: HFConfig, state_dtype: CacheDtype | None) -> ct.StateDtypes:
+    if state_dtype is not None:
+        return ct.StateDtypes(conv=state_dtype, temporal=state_dtype)
+    temporal = CacheDtype.FP32 if state_ssm_is_fp32(cfg) else CacheDtype.BF16
+    return ct.StateDtypes(conv=CacheDtype.BF16, temporal=temporal)
+
+
+def _attention_cache(
+    cfg: HFConfig, mixer: Mixer, tp: int, kv_dtype: CacheDtype
+) -> tuple[str, tuple[TensorDecl, ...], int | None]:
+    geo = attention_geometry(cfg, mixer)
+    ct.split(geo.q_heads, tp, "num_attention_heads")
+    if geo.mla_latent_dim is not None:
+        rope = cfg.positive_int("qk_rope_head_dim")
+        tensors = ct.mla_tensors(geo.mla_latent_dim - rope, rope, kv_dtype)
+        return "mla", tensors, geo.window
+    tensors = ct.attention_tensors(geo.kv_heads, geo.k_head_dim, geo.v_head_dim, tp, kv_dtype)
+    return "gqa", tensors, geo.window
+
+
+def _state_tensors(
+    cfg: HFConfig, mixer: Mixer, tp: int, dtypes: ct.StateDtypes
+) -> tuple[TensorDecl, ...]:
+    if mixer is Mixer.MAMBA1:
+        m1 = mamba1_geometry(cfg)
+        return ct.mamba1_tensors(m1.d_inner, m1.d_state, m1.conv_kernel, tp, dtypes)
+    if mixer is Mixer.MAMBA2:
+        m2 = mamba2_geometry(cfg)
+        return ct.mamba2_tensors(
+            m2.d_inner, m2.n_groups, m2.heads, m2.head_dim, m2.d_state, m2.conv_kernel, tp, dtypes
+        )
+    if mixer is Mixer.GATED_DELTA_NET:
+        gd = gated_delta_net_geometry(cfg)
+        return ct.gated_delta_net_tensors(
+            gd.k_heads, gd.v_heads, gd.k_head_dim, gd.v_head_dim, gd.conv_kernel, tp, dtypes
+        )
+    if mixer is Mixer.LIGHTNING:
+        geo = attention_geometry(cfg, Mixer.FULL)
+        return ct.lightning_tensors(geo.q_heads, geo.k_head_dim, tp, dtypes)
+    jet = jet_geometry(cfg)
+    return ct.jet_tensors(jet.heads, jet.k_head_dim, jet.v_head_dim, jet.conv_kernel, tp, dtypes)
+
+
+def layer_caches(
+    cfg: HFConfig,
+    plans: tuple[LayerPlan, ...],
+    *,
+    kv_dtype: CacheDtype = CacheDtype.BF16,
+    tp: int = 1,
+    state_dtype: CacheDtype | None = None,
+) -> tuple[LayerCache, ...]:
+    """Cache declarations of every cache-keeping mixer, in model order, per rank.
+
+    Tensors of one kind of mixer are built once and shared by its layers.
+
+    Raises:
+        ConfigError: ``tp`` does not divide the heads or channels of a mixer, a zero or
+            negative window, or other invalid geometry (names the field).
+        MissingFieldError: a field a mixer needs.
+    """
+    dtypes = _state_dtypes(cfg, state_dtype)
+    built: dict[Mixer, tuple[str, tuple[TensorDecl, ...], int | None]] = {}
+    out: list[LayerCache] = []
+    for plan in plans:
+        for mixer in plan.mixers:
+            if mixer not in built:
+                if mixer.is_attention:
+                    built[mixer] = _attention_cache(cfg, mixer, tp, kv_dtype)
+                else:
+                    built[mixer] = (_KIND[mixer], _state_tensors(cfg, mixer, tp, dtypes), None)
+            kind, tensors, window = built[mixer]
+            lifetime = _LIFETIME.get(mixer, LifetimeClass.STATE)
+            out.append(LayerCache(plan.index, lifetime, kind, tensors, window))
+    return tuple(out)
+
+
+def _default_name(cfg: HFConfig) -> str:
+    if cfg.origin:
+        stem = Path(cfg.origin).name
+        if stem.endswith(".json"):
+            stem = stem[: -len(".json")]
+        return stem.split("--", 1)[-1] if "--" in stem else stem
+    return cfg.model_types[0] if cfg.model_types else "model"
+
+
+def load_hf_config(
+    config: str | Path | Mapping[str, object],
+    *,
+    name: str | None = None,
+    kv_dtype: CacheDtype = CacheDtype.BF16,
+    tp: int = 1,
+    state_dtype: CacheDtype | None = None,
+    weight_format: WeightFormat | None = None,
+    source: str | None = None,
+) -> ModelSpec:
+    """Build the :class:`ModelSpec` of one tensor-parallel rank from a ``config.json``.
+
+    Args:
+        config: path of a ``config.json`` or its parsed mapping.
+        name: display name (default: the file name without ``org--`` and ``.json``, or the
+            ``model_type``).
+        kv_dtype: element type of attention K/V (and MLA latents).
+        tp: tensor-parallel ranks; bytes are per rank. KV heads split over ranks (one
+            replicated head per rank when ``kv_heads < tp``); MLA latents are replicated;
+            state heads and conv channels split (see :mod:`kvchain.spec.cache_tensors`).
+        state_dtype: element type of all recurrent state tensors; default: bf16 conv
+            state, and an SSM/recurrent state in bf16 unless the config asks for fp32
+            (``mamba_ssm_cache_dtype: float32``, e.g. Nemotron 3).
+        weight_format: how the checkpoint stores weights; default from
+            ``quantization_config`` (see :func:`~kvchain.spec.params.weight_format_of`).
+        source: where the config came from (default: its path or ``_name_or_path``).
+
+    Returns:
+        The model's cache layers (grouped into lifetime classes by ``ModelSpec``), its
+        layer count, width, query heads per rank, parameters and weight bytes per rank.
+
+    Raises:
+        UnknownFamilyError: nothing maps the config's layers (names ``model_type`` and
+            ``architectures``), or a per-layer kind kvchain does not know.
+        MissingFieldError: a needed field is absent (e.g. no ``head_dim`` and no
+            ``hidden_size``/``num_attention_heads``; no ``sliding_window`` for window
+            layers; no ``vocab_size``).
+        ConfigError: invalid values: ``tp < 1``, ``tp`` not dividing the query heads, KV
+            heads, state heads or channels; a zero or negative window; a per-layer list
+            whose length is not ``num_hidden_layers``.
+    """
+    if not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"tp must be a positive integer, got {tp!r}")
+    cfg = read_config(config)
+    plans = layer_plans(cfg)
+    layers = layer_caches(cfg, plans, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
+    if not layers:
+        raise ConfigError(f"config ({cfg.family}) declares no cache-keeping layer")
+    counts = count_params(cfg, plans)
+    fmt = weight_format if weight_format is not None else weight_format_of(cfg)
+    heads = cfg.int_or_none("num_attention_heads") or 0
+    return ModelSpec(
+        name=name or _default_name(cfg),
+        layers=layers,
+        num_layers=len(plans),
+        hidden_size=hidden_size(cfg),
+        num_attention_heads=heads // tp,
+        total_params=counts.total,
+        active_params=counts.active,
+        weight_bytes=weight_bytes(counts, fmt, tp),
+        tp=tp,
+        source=cfg.origin if source is None else source,
+    )

@@ -1,0 +1,313 @@
+"""Geometry numbers of each mixer, read from a Hugging Face config (whole model, no TP).
+
+Field names per family (aliases are tried in the order listed):
+
+* attention: ``num_attention_heads``; ``num_key_value_heads`` (default: the query heads,
+  MHA); ``head_dim`` | ``attention_head_dim`` | ``hidden_size / num_attention_heads``;
+  ``v_head_dim`` (MiMo: 128 while K is 192). Window layers first try ``swa_``-prefixed
+  fields (MiMo-V2-Flash: ``swa_num_key_value_heads`` 8 vs 4 for full layers).
+* window tokens: ``efficient_attention_config.swa.window_size`` (Jet-Nemotron),
+  ``sliding_window``, ``sliding_window_size`` (SmallThinker); chunk tokens (Llama 4):
+  ``attention_chunk_size``.
+* MLA (DeepSeek V2/V3): ``kv_lora_rank`` + ``qk_rope_head_dim``.
+* Mamba-1 (Jamba): ``mamba_d_state``, ``mamba_d_conv``, ``mamba_expand`` (d_inner =
+  expand x hidden), ``mamba_dt_rank``.
+* Mamba-2: heads ``mamba_num_heads`` (Nemotron-H) | ``mamba_n_heads`` (Falcon-H1, Bamba);
+  head dim ``mamba_head_dim`` | ``mamba_d_head``; d_inner ``mamba_d_ssm`` or heads x head
+  dim; groups ``n_groups`` | ``mamba_n_groups``; state ``ssm_state_size`` |
+  ``mamba_d_state``; kernel ``conv_kernel`` | ``mamba_d_conv``.
+* Gated DeltaNet (Qwen3-Next): ``linear_num_key_heads``, ``linear_num_value_heads``,
+  ``linear_key_head_dim``, ``linear_value_head_dim``, ``linear_conv_kernel_dim``.
+* lightning (MiniMax): the attention heads and head dim.
+* JetBlock (Jet-Nemotron): ``efficient_attention_config.jet``: ``num_heads``,
+  ``head_dim``, ``expand_v``, ``conv_size``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvchain.errors import ConfigError, MissingFieldError
+from kvchain.spec.hf_layers import HFConfig, Mixer
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionGeometry:
+    """Heads and head sizes of one kind of attention layer (whole model, no TP).
+
+    Attributes:
+        q_heads: query heads.
+        kv_heads: KV heads (``q_heads`` for MHA; the latent is one "head" for MLA).
+        k_head_dim: K elements per head (MLA: ``qk_nope_head_dim + qk_rope_head_dim``).
+        v_head_dim: V elements per head.
+        window: sliding-window tokens (window layers), chunk tokens (chunked-local layers),
+            ``None`` for full attention.
+        mla_latent_dim: ``kv_lora_rank + qk_rope_head_dim`` for MLA, else ``None``.
+        output_gate: the query projection also yields a sigmoid output gate (Qwen3-Next
+            ``attn_output_gate``): it doubles the query projection's parameters.
+    """
+
+    q_heads: int
+    kv_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    window: int | None
+    mla_latent_dim: int | None = None
+    output_gate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Mamba1Geometry:
+    """Mamba-1 numbers: ``d_inner`` channels, ``d_state``, conv kernel, ``dt_rank``."""
+
+    d_inner: int
+    d_state: int
+    conv_kernel: int
+    dt_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Mamba2Geometry:
+    """Mamba-2 numbers: heads x head_dim (= ``d_inner``), groups, ``d_state``, kernel."""
+
+    heads: int
+    head_dim: int
+    d_inner: int
+    n_groups: int
+    d_state: int
+    conv_kernel: int
+
+
+@dataclass(frozen=True, slots=True)
+class GatedDeltaNetGeometry:
+    """Gated DeltaNet numbers: key/value heads and head dims, conv kernel."""
+
+    k_heads: int
+    v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+
+
+@dataclass(frozen=True, slots=True)
+class JetGeometry:
+    """JetBlock numbers: heads, K head dim, V head dim (``head_dim * expand_v``), kernel,
+    and the dynamic-conv kernel generator's reduction."""
+
+    heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+    generator_reduction: int
+
+
+def hidden_size(cfg: HFConfig) -> int:
+    """Model width.
+
+    Raises:
+        MissingFieldError: no ``hidden_size`` (or ``d_model``).
+    """
+    return cfg.positive_int("hidden_size", "d_model")
+
+
+def _head_dim(cfg: HFConfig, prefix: str) -> int:
+    explicit = cfg.int_or_none(f"{prefix}head_dim", "head_dim", "attention_head_dim")
+    if explicit is not None:
+        if explicit <= 0:
+            raise ConfigError(f"config field 'head_dim' must be positive, got {explicit}")
+        return explicit
+    heads = cfg.int_or_none("num_attention_heads")
+    width = cfg.int_or_none("hidden_size", "d_model")
+    if heads is None or width is None:
+        raise MissingFieldError(
+            f"config ({cfg.family}) has no 'head_dim' and no 'hidden_size' and "
+            "'num_attention_heads' to derive it from"
+        )
+    if heads <= 0 or width % heads:
+        raise ConfigError(
+            f"cannot derive head_dim: hidden_size={width} is not a multiple of "
+            f"num_attention_heads={heads}"
+        )
+    return width // heads
+
+
+def _positive(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise ConfigError(f"config field {field!r} must be a whole number, got {value!r}")
+    if value <= 0:
+        raise ConfigError(f"config field {field!r} must be positive, got {value}")
+    return int(value)
+
+
+def _efficient(cfg: HFConfig, kind: str) -> Mapping[str, object] | None:
+    block = cfg.get("efficient_attention_config")
+    if isinstance(block, Mapping) and isinstance(block.get(kind), Mapping):
+        return block[kind]
+    return None
+
+
+def window_tokens(cfg: HFConfig, mixer: Mixer) -> int | None:
+    """Window (``WINDOW``) or chunk (``LOCAL``) tokens; ``None`` for other mixers.
+
+    Raises:
+        MissingFieldError: a window layer without a window field, or a chunked layer
+            without ``attention_chunk_size``.
+        ConfigError: a zero, negative or fractional window.
+    """
+    if mixer is Mixer.LOCAL:
+        if not cfg.has("attention_chunk_size"):
+            raise MissingFieldError(
+                f"config ({cfg.family}) has chunked-local layers but no 'attention_chunk_size'"
+            )
+        return _positive(cfg.get("attention_chunk_size"), "attention_chunk_size")
+    if mixer is not Mixer.WINDOW:
+        return None
+    swa = _efficient(cfg, "swa")
+    if swa is not None and swa.get("window_size") is not None:
+        return _positive(swa["window_size"], "efficient_attention_config.swa.window_size")
+    for key in ("sliding_window", "sliding_window_size"):
+        if key in cfg.fields and cfg.fields[key] is not None:
+            return _positive(cfg.fields[key], key)
+    raise MissingFieldError(
+        f"config ({cfg.family}) has sliding-window layers but no 'sliding_window' "
+        "(nor 'sliding_window_size')"
+    )
+
+
+def attention_geometry(cfg: HFConfig, mixer: Mixer) -> AttentionGeometry:
+    """Geometry of the ``mixer`` kind of attention layer.
+
+    Raises:
+        MissingFieldError: no ``num_attention_heads``, or no head_dim and nothing to
+            derive it from, or no window field for window/chunked layers.
+        ConfigError: zero or negative heads, head dims or window.
+    """
+    prefix = "swa_" if mixer is Mixer.WINDOW else ""
+    q_heads = cfg.positive_int(f"{prefix}num_attention_heads", "num_attention_heads")
+    window = window_tokens(cfg, mixer)
+    gate = bool(cfg.get("attn_output_gate", cfg.is_family("qwen3_next")))
+    if cfg.has("kv_lora_rank") and cfg.has("qk_rope_head_dim"):
+        rope = cfg.positive_int("qk_rope_head_dim")
+        nope = cfg.int_or_none("qk_nope_head_dim") or 0
+        return AttentionGeometry(
+            q_heads=q_heads,
+            kv_heads=1,
+            k_head_dim=nope + rope,
+            v_head_dim=cfg.positive_int("v_head_dim"),
+            window=window,
+            mla_latent_dim=cfg.positive_int("kv_lora_rank") + rope,
+            output_gate=gate,
+        )
+    k_dim = _head_dim(cfg, prefix)
+    v_dim = cfg.int_or_none(f"{prefix}v_head_dim", "v_head_dim") or k_dim
+    kv_heads = cfg.int_or_none(f"{prefix}num_key_value_heads", "num_key_value_heads")
+    kv_heads = q_heads if kv_heads is None else kv_heads
+    for field, value in (("num_key_value_heads", kv_heads), ("v_head_dim", v_dim)):
+        if value <= 0:
+            raise ConfigError(f"config field {field!r} must be positive, got {value}")
+    return AttentionGeometry(q_heads, kv_heads, k_dim, v_dim, window, None, gate)
+
+
+def state_ssm_is_fp32(cfg: HFConfig) -> bool:
+    """True when the config asks for an fp32 SSM state (``mamba_ssm_cache_dtype``)."""
+    return str(cfg.get("mamba_ssm_cache_dtype", "")).lower() in ("float32", "fp32")
+
+
+def mamba1_geometry(cfg: HFConfig) -> Mamba1Geometry:
+    """Mamba-1 numbers (Jamba field names; ``dt_rank`` "auto" = ``ceil(hidden / 16)``).
+
+    Raises:
+        MissingFieldError: no state size, conv kernel or expansion/d_inner.
+    """
+    width = hidden_size(cfg)
+    d_inner = cfg.int_or_none("mamba_d_inner")
+    if d_inner is None:
+        d_inner = cfg.positive_int("mamba_expand", "expand") * width
+    dt_rank = cfg.get("mamba_dt_rank", cfg.get("time_step_rank"))
+    dt = (
+        math.ceil(width / 16)
+        if dt_rank in (None, "auto")
+        else _positive(dt_rank, "mamba_dt_rank")
+    )
+    return Mamba1Geometry(
+        d_inner=d_inner,
+        d_state=cfg.positive_int("mamba_d_state", "state_size", "ssm_state_size"),
+        conv_kernel=cfg.positive_int("mamba_d_conv", "conv_kernel"),
+        dt_rank=dt,
+    )
+
+
+def mamba2_geometry(cfg: HFConfig) -> Mamba2Geometry:
+    """Mamba-2 numbers (Nemotron-H, Falcon-H1 and Bamba field names).
+
+    Raises:
+        MissingFieldError: no heads, head dim, state size or conv kernel.
+    """
+    heads_keys = ("mamba_num_heads", "mamba_n_heads", "n_mamba_heads")
+    dim_keys = ("mamba_head_dim", "mamba_d_head", "mamba_headdim")
+    if cfg.is_family("mamba2"):
+        heads_keys += ("num_heads",)
+        dim_keys += ("head_dim",)
+    heads = cfg.positive_int(*heads_keys)
+    head_dim = cfg.positive_int(*dim_keys)
+    return Mamba2Geometry(
+        heads=heads,
+        head_dim=head_dim,
+        d_inner=cfg.int_or_none("mamba_d_ssm") or heads * head_dim,
+        n_groups=cfg.int_or_none("n_groups", "mamba_n_groups", "mamba_ngroups") or 1,
+        d_state=cfg.positive_int("ssm_state_size", "mamba_d_state", "state_size"),
+        conv_kernel=cfg.positive_int("conv_kernel", "mamba_d_conv"),
+    )
+
+
+def gated_delta_net_geometry(cfg: HFConfig) -> GatedDeltaNetGeometry:
+    """Gated DeltaNet numbers (Qwen3-Next field names).
+
+    Raises:
+        MissingFieldError: a missing ``linear_*`` field.
+    """
+    return GatedDeltaNetGeometry(
+        k_heads=cfg.positive_int("linear_num_key_heads"),
+        v_heads=cfg.positive_int("linear_num_value_heads"),
+        k_head_dim=cfg.positive_int("linear_key_head_dim"),
+        v_head_dim=cfg.positive_int("linear_value_head_dim"),
+        conv_kernel=cfg.positive_int("linear_conv_kernel_dim"),
+    )
+
+
+def jet_geometry(cfg: HFConfig) -> JetGeometry:
+    """JetBlock numbers from ``efficient_attention_config.jet``.
+
+    Example: Jet-Nemotron-2B: 12 heads, head_dim 96, expand_v 2.6666666667 -> V head dim
+    256, conv_size 4.
+
+    Raises:
+        MissingFieldError: no ``efficient_attention_config.jet`` block or a field of it.
+        ConfigError: ``head_dim * expand_v`` is not a whole number.
+    """
+    jet = _efficient(cfg, "jet")
+    if jet is None:
+        raise MissingFieldError(
+            f"config ({cfg.family}) has jet layers but no 'efficient_attention_config.jet'"
+        )
+    for key in ("num_heads", "head_dim", "expand_v", "conv_size"):
+        if jet.get(key) is None:
+            raise MissingFieldError(f"'efficient_attention_config.jet' lacks {key!r}")
+    heads = _positive(jet["num_heads"], "efficient_attention_config.jet.num_heads")
+    k_dim = _positive(jet["head_dim"], "efficient_attention_config.jet.head_dim")
+    v_exact = k_dim * float(jet["expand_v"])  # type: ignore[arg-type]
+    v_dim = round(v_exact)
+    if v_dim <= 0 or not math.isclose(v_exact, v_dim, rel_tol=1e-5):
+        raise ConfigError(
+            f"jet head_dim={k_dim} x expand_v={jet['expand_v']} is not a whole V head dim"
+        )
+    reduction = jet.get("dconv_generator_reduction")
+    return JetGeometry(
+        heads=heads,
+        k_head_dim=k_dim,
+        v_head_dim=v_dim,
+        conv_kernel=_positive(jet["conv_size"], "efficient_attention_config.jet.conv_size"),
+        generator_reduction=1 if reduction is None else _positive(reduction, "dconv_reduction"),
+    )

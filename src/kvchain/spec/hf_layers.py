@@ -1,0 +1,496 @@
+"""Hugging Face ``config.json`` -> what each decoder layer runs (its mixers and its MLP).
+
+This module only reads a config; it knows no bytes. :mod:`kvchain.spec.hf` turns the plan
+into cache tensors and :mod:`kvchain.spec.params` into parameter counts.
+
+Per-layer kinds are read, in this order, from the first field the config has:
+
+1. a list naming each layer's kind: ``layer_types`` (gpt-oss, Gemma 3 in newer
+   transformers, Qwen3.5, Jet-Nemotron's ``attn``/``swa``/``jet``) or ``layers_block_type``;
+   a ``"+"`` joins two mixers of one layer (``"full_attention+mamba2"``);
+2. ``hybrid_override_pattern`` (Nemotron-H, Nemotron 3): one character per layer,
+   ``M`` Mamba-2, ``*`` attention, ``-`` MLP, ``E`` MoE;
+3. ``attn_type_list`` (MiniMax-01/M1): ``1`` softmax attention, ``0`` linear (lightning);
+4. ``hybrid_layer_pattern`` (MiMo-V2-Flash): ``0`` full, ``1`` sliding window;
+5. ``sliding_window_layout`` (SmallThinker): ``1`` sliding window, ``0`` full;
+6. the rule of the family's transformers configuration class (``model_type``):
+
+   ============== ============================================================
+   gemma3         full if ``(i+1) % sliding_window_pattern == 0`` (default 6)
+   gemma2         window if ``(i+1) % 2`` else full
+   qwen3_next     full if ``(i+1) % full_attention_interval == 0`` else Gated DeltaNet
+   jamba          attention if ``i % attn_layer_period == attn_layer_offset`` else Mamba-1
+   llama4         full (NoPE) if ``no_rope_layers[i] == 0`` or, without that list,
+                  ``(i+1) % no_rope_layer_interval == 0`` (default 4); else chunked local
+   falcon_h1      attention AND Mamba-2 in parallel in every layer
+   dense families all full; all window when ``sliding_window`` is set (Mistral); Qwen2/3
+                  with ``use_sliding_window``: window from ``max_window_layers`` on
+   ============== ============================================================
+
+Sources of the rules: the configuration classes of huggingface/transformers 4.57
+(``configuration_gemma3.py``, ``configuration_gemma2.py``, ``configuration_qwen3_next.py``,
+``configuration_jamba.py``, ``configuration_llama4.py``, ``configuration_qwen2.py``), the
+Falcon-H1 README (tiiuae/Falcon-H1: attention and SSM run in parallel in every block) and
+the data README (``shared/data/README.md``) for the custom-code families.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from types import MappingProxyType
+
+from kvchain.errors import ConfigError, MissingFieldError, UnknownFamilyError
+
+
+class Mixer(StrEnum):
+    """A token mixer that keeps a cache: attention (by lifetime) or a recurrent kind."""
+
+    FULL = "full"
+    WINDOW = "window"
+    LOCAL = "local"
+    MAMBA1 = "mamba1"
+    MAMBA2 = "mamba2"
+    GATED_DELTA_NET = "gated_delta_net"
+    LIGHTNING = "lightning"
+    JET = "jet"
+
+    @property
+    def is_attention(self) -> bool:
+        """True for full, sliding-window and chunked-local attention."""
+        return self in (Mixer.FULL, Mixer.WINDOW, Mixer.LOCAL)
+
+
+class Ffn(StrEnum):
+    """The feed-forward part of a layer."""
+
+    NONE = "none"
+    DENSE = "dense"
+    MOE = "moe"
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPlan:
+    """What one decoder layer runs.
+
+    Attributes:
+        index: layer index (0-based).
+        mixers: cache-keeping mixers of the layer (empty for an MLP-only layer; two for a
+            Falcon-H1 layer: attention and Mamba-2 in parallel).
+        ffn: the layer's feed-forward block.
+    """
+
+    index: int
+    mixers: tuple[Mixer, ...]
+    ffn: Ffn
+
+
+@dataclass(frozen=True, slots=True)
+class HFConfig:
+    """A read-only view of a ``config.json``: the text model's fields plus family names.
+
+    Multimodal configs (Llama 4, Gemma 3) keep the language model under ``text_config``;
+    its fields are laid over the top-level ones, so ``fields`` is the text model.
+
+    Attributes:
+        fields: the merged fields (read-only mapping).
+        model_types: ``model_type`` of the top level and of ``text_config`` (lower case).
+        architectures: the ``architectures`` list.
+        origin: where the config came from (a path, ``_name_or_path``, or ``""``).
+    """
+
+    fields: Mapping[str, object]
+    model_types: tuple[str, ...]
+    architectures: tuple[str, ...]
+    origin: str
+
+    @property
+    def family(self) -> str:
+        """Names for error messages: ``model_type=... architectures=[...]``."""
+        types = "/".join(self.model_types) or "?"
+        return f"model_type={types} architectures={list(self.architectures)}"
+
+    def has(self, key: str) -> bool:
+        """True when the field is present and not ``null``."""
+        return self.fields.get(key) is not None
+
+    def get(self, key: str, default: object = None) -> object:
+        """The raw field value (``default`` when absent or ``null``)."""
+        value = self.fields.get(key)
+        return default if value is None else value
+
+    def int_or_none(self, *keys: str) -> int | None:
+        """The first present field of ``keys`` as an int, or ``None`` if none is present.
+
+        Raises:
+            ConfigError: the field is present but not a whole number.
+        """
+        for key in keys:
+            value = self.fields.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"config field {key!r} must be a number, got {value!r}")
+            if value != int(value):
+                raise ConfigError(f"config field {key!r} must be a whole number, got {value!r}")
+            return int(value)
+        return None
+
+    def require_int(self, *keys: str) -> int:
+        """The first present field of ``keys`` as an int.
+
+        Raises:
+            MissingFieldError: none of ``keys`` is present (names them).
+            ConfigError: the field is not a whole number.
+        """
+        value = self.int_or_none(*keys)
+        if value is None:
+            names = " or ".join(repr(k) for k in keys)
+            raise MissingFieldError(f"config ({self.family}) lacks {names}")
+        return value
+
+    def positive_int(self, *keys: str) -> int:
+        """Like :meth:`require_int` but the value must be > 0.
+
+        Raises:
+            MissingFieldError: none of ``keys`` is present.
+            ConfigError: the value is zero or negative (names field and value).
+        """
+        value = self.require_int(*keys)
+        if value <= 0:
+            key = next(k for k in keys if self.fields.get(k) is not None)
+            raise ConfigError(f"config field {key!r} must be positive, got {value}")
+        return value
+
+    def is_family(self, *names: str) -> bool:
+        """True when the top-level or text ``model_type`` is one of ``names``."""
+        return any(t in names for t in self.model_types)
+
+
+def read_config(config: str | Path | Mapping[str, object]) -> HFConfig:
+    """Read a config from a path (``config.json``) or an already parsed mapping.
+
+    Raises:
+        ConfigError: the file is missing or not a JSON object.
+    """
+    origin = ""
+    if isinstance(config, str | Path):
+        path = Path(config)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {path} does not exist") from exc
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid JSON: {exc}") from exc
+        origin = str(path)
+    else:
+        raw = config
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"a config must be a JSON object, got {type(raw).__name__}")
+    merged: dict[str, object] = dict(raw)
+    text = raw.get("text_config")
+    types = [str(raw.get("model_type", "")).lower()]
+    if isinstance(text, Mapping):
+        merged.update(text)
+        types.append(str(text.get("model_type", "")).lower())
+    archs = raw.get("architectures") or ()
+    if isinstance(archs, str):
+        archs = (archs,)
+    origin = origin or str(raw.get("_name_or_path", "") or "")
+    return HFConfig(
+        fields=MappingProxyType(merged),
+        model_types=tuple(t for t in types if t),
+        architectures=tuple(str(a) for a in archs),
+        origin=origin,
+    )
+
+
+# --- per-layer kinds ----------------------------------------------------------------------
+
+# Words of per-layer kind lists; "mamba" and "linear_attention" are resolved from the
+# config's fields (see _resolve_word). None: an MLP-only layer.
+_WORDS: dict[str, tuple[str, ...]] = {
+    "full_attention": ("full",),
+    "attention": ("full",),
+    "attn": ("full",),
+    "full": ("full",),
+    "global": ("full",),
+    "global_attention": ("full",),
+    "sliding_attention": ("window",),
+    "sliding_window": ("window",),
+    "sliding": ("window",),
+    "swa": ("window",),
+    "local_sliding": ("window",),
+    "chunked_attention": ("local",),
+    "chunked": ("local",),
+    "mamba": ("mamba",),
+    "mamba1": ("mamba1",),
+    "mamba2": ("mamba2",),
+    "linear_attention": ("linear",),
+    "gated_delta_net": ("gated_delta_net",),
+    "lightning_attention": ("lightning",),
+    "lightning": ("lightning",),
+    "jet": ("jet",),
+    "hybrid": ("full", "mamba"),
+    "mlp": (),
+    "moe": (),
+    "ffn": (),
+}
+_FFN_ONLY_WORDS = {"mlp": Ffn.DENSE, "moe": Ffn.MOE, "ffn": Ffn.DENSE}
+
+_PATTERN_CHARS: dict[str, tuple[tuple[str, ...], Ffn]] = {
+    "M": (("mamba2",), Ffn.NONE),
+    "*": (("full",), Ffn.NONE),
+    "-": ((), Ffn.DENSE),
+    "E": ((), Ffn.MOE),
+}
+
+_MAMBA2_FIELDS = (
+    "mamba_num_heads",
+    "mamba_n_heads",
+    "n_mamba_heads",
+    "mamba_head_dim",
+    "mamba_d_head",
+    "mamba_headdim",
+    "mamba_n_groups",
+    "mamba_ngroups",
+    "mamba_d_ssm",
+)
+_GDN_FIELDS = ("linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+
+# Families whose every layer is plain attention (full, or window when sliding_window is on).
+_DENSE_FAMILIES = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "phi3",
+        "olmo",
+        "olmo2",
+        "granite",
+        "starcoder2",
+        "deepseek_v2",
+        "deepseek_v3",
+        "kimi_k2",
+        "gpt_oss",
+    }
+)
+
+
+def _resolve_word(cfg: HFConfig, word: str) -> Mixer:
+    if word == "mamba":
+        return Mixer.MAMBA2 if any(cfg.has(f) for f in _MAMBA2_FIELDS) else Mixer.MAMBA1
+    if word == "linear":
+        if any(cfg.has(f) for f in _GDN_FIELDS):
+            return Mixer.GATED_DELTA_NET
+        return Mixer.LIGHTNING
+    return Mixer(word)
+
+
+def _mixers_of_word(cfg: HFConfig, raw: object, index: int, field: str) -> tuple[Mixer, ...]:
+    out: list[Mixer] = []
+    for part in str(raw).strip().lower().split("+"):
+        words = _WORDS.get(part)
+        if words is None:
+            raise UnknownFamilyError(
+                f"{field}[{index}] = {raw!r} names a layer kind kvchain cannot map "
+                f"({cfg.family}); known kinds: {sorted(_WORDS)}"
+            )
+        out.extend(_resolve_word(cfg, w) for w in words)
+    return tuple(out)
+
+
+def _check_length(cfg: HFConfig, field: str, values: Sequence[object], n: int) -> None:
+    if len(values) != n:
+        raise ConfigError(
+            f"config field {field!r} has {len(values)} entries but num_hidden_layers is {n}"
+        )
+
+
+def _from_word_list(cfg: HFConfig, field: str, n: int) -> list[tuple[tuple[Mixer, ...], Ffn]]:
+    values = cfg.get(field)
+    if not isinstance(values, list | tuple):
+        raise ConfigError(f"config field {field!r} must be a list, got {values!r}")
+    _check_length(cfg, field, values, n)
+    words = [str(v).strip().lower() for v in values]
+    single_block = any(w in _FFN_ONLY_WORDS for w in words)
+    rows = []
+    for i, word in enumerate(words):
+        mixers = _mixers_of_word(cfg, word, i, field)
+        if word in _FFN_ONLY_WORDS:
+            ffn = _FFN_ONLY_WORDS[word]
+        else:
+            ffn = Ffn.NONE if single_block else _default_ffn(cfg, i)
+        rows.append((mixers, ffn))
+    return rows
+
+
+def _from_pattern(cfg: HFConfig, n: int) -> list[tuple[tuple[Mixer, ...], Ffn]]:
+    pattern = str(cfg.get("hybrid_override_pattern"))
+    _check_length(cfg, "hybrid_override_pattern", pattern, n)
+    rows = []
+    for i, char in enumerate(pattern):
+        if char not in _PATTERN_CHARS:
+            raise UnknownFamilyError(
+                f"hybrid_override_pattern[{i}] = {char!r} is not one of M * - E ({cfg.family})"
+            )
+        words, ffn = _PATTERN_CHARS[char]
+        rows.append((tuple(_resolve_word(cfg, w) for w in words), ffn))
+    return rows
+
+
+def _from_int_list(
+    cfg: HFConfig, field: str, n: int, meaning: Mapping[int, Mixer]
+) -> list[tuple[tuple[Mixer, ...], Ffn]]:
+    values = cfg.get(field)
+    if not isinstance(values, list | tuple):
+        raise ConfigError(f"config field {field!r} must be a list, got {values!r}")
+    _check_length(cfg, field, values, n)
+    rows = []
+    for i, value in enumerate(values):
+        if value not in meaning:
+            raise ConfigError(
+                f"{field}[{i}] = {value!r}; expected one of {sorted(meaning)} ({cfg.family})"
+            )
+        rows.append(((meaning[int(value)],), _default_ffn(cfg, i)))
+    return rows
+
+
+def _family_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
+    fam = cfg.is_family
+    if fam("gemma3", "gemma3_text"):
+        period = cfg.int_or_none("sliding_window_pattern") or 6
+        return [(Mixer.FULL,) if (i + 1) % period == 0 else (Mixer.WINDOW,) for i in range(n)]
+    if fam("gemma2"):
+        return [(Mixer.WINDOW,) if (i + 1) % 2 else (Mixer.FULL,) for i in range(n)]
+    if fam("qwen3_next"):
+        interval = cfg.positive_int("full_attention_interval")
+        return [
+            (Mixer.FULL,) if (i + 1) % interval == 0 else (Mixer.GATED_DELTA_NET,)
+            for i in range(n)
+        ]
+    if fam("jamba"):
+        period = cfg.positive_int("attn_layer_period")
+        offset = cfg.require_int("attn_layer_offset")
+        return [(Mixer.FULL,) if i % period == offset else (Mixer.MAMBA1,) for i in range(n)]
+    if fam("llama4", "llama4_text"):
+        return _llama4_kinds(cfg, n)
+    if fam("falcon_h1"):
+        return [(Mixer.FULL, Mixer.MAMBA2)] * n
+    if any(t in _DENSE_FAMILIES for t in cfg.model_types):
+        return _dense_kinds(cfg, n)
+    raise UnknownFamilyError(
+        f"cannot tell the layer kinds of {cfg.family}: no per-layer kind list "
+        "(layer_types, layers_block_type, hybrid_override_pattern, attn_type_list, "
+        "hybrid_layer_pattern, sliding_window_layout) and no known family rule"
+    )
+
+
+def _llama4_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
+    chunked = Mixer.LOCAL if cfg.has("attention_chunk_size") else Mixer.FULL
+    no_rope = cfg.get("no_rope_layers")
+    if isinstance(no_rope, list | tuple) and no_rope:
+        _check_length(cfg, "no_rope_layers", no_rope, n)
+        return [(chunked,) if int(v) else (Mixer.FULL,) for v in no_rope]
+    interval = cfg.int_or_none("no_rope_layer_interval") or 4
+    return [(Mixer.FULL,) if (i + 1) % interval == 0 else (chunked,) for i in range(n)]
+
+
+def _dense_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
+    window_on = cfg.has("sliding_window") and cfg.get("use_sliding_window", True) is not False
+    if not window_on:
+        return [(Mixer.FULL,)] * n
+    first_window = 0
+    if cfg.is_family("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        first_window = cfg.int_or_none("max_window_layers") or 0
+    return [(Mixer.WINDOW,) if i >= first_window else (Mixer.FULL,) for i in range(n)]
+
+
+# --- feed-forward kind per layer -----------------------------------------------------------
+
+
+def num_experts(cfg: HFConfig) -> int:
+    """Routed experts per MoE layer (0 for a dense model)."""
+    return (
+        cfg.int_or_none(
+            "num_local_experts", "num_experts", "n_routed_experts", "moe_num_primary_experts"
+        )
+        or 0
+    )
+
+
+def _default_ffn(cfg: HFConfig, i: int) -> Ffn:
+    """Feed-forward kind of layer ``i`` of a model whose every layer has one.
+
+    MoE placement rules: ``moe_layer_freq`` list (MiMo: 1 = MoE); ``expert_layer_period``
+    / ``expert_layer_offset`` (Jamba); ``interleave_moe_layer_step`` (Llama 4: MoE if
+    ``(i+1) % step == 0``); ``first_k_dense_replace`` (DeepSeek: dense below k, then every
+    ``moe_layer_freq``-th); ``decoder_sparse_step`` / ``mlp_only_layers`` (Qwen MoE).
+    Otherwise every layer of an MoE model is MoE.
+    """
+    if num_experts(cfg) <= 0:
+        return Ffn.DENSE
+    freq = cfg.get("moe_layer_freq")
+    if isinstance(freq, list | tuple):
+        return Ffn.MOE if int(freq[i]) else Ffn.DENSE
+    if cfg.has("expert_layer_period"):
+        period = cfg.positive_int("expert_layer_period")
+        offset = cfg.int_or_none("expert_layer_offset") or 0
+        return Ffn.MOE if i % period == offset else Ffn.DENSE
+    if cfg.has("interleave_moe_layer_step"):
+        step = cfg.positive_int("interleave_moe_layer_step")
+        return Ffn.MOE if (i + 1) % step == 0 else Ffn.DENSE
+    if cfg.has("first_k_dense_replace"):
+        k = cfg.require_int("first_k_dense_replace")
+        every = cfg.int_or_none("moe_layer_freq") or 1
+        return Ffn.MOE if i >= k and i % every == 0 else Ffn.DENSE
+    if cfg.has("decoder_sparse_step") or cfg.has("mlp_only_layers"):
+        step = cfg.int_or_none("decoder_sparse_step") or 1
+        dense_layers = cfg.get("mlp_only_layers", [])
+        if isinstance(dense_layers, list | tuple) and i in dense_layers:
+            return Ffn.DENSE
+        return Ffn.MOE if step > 0 and (i + 1) % step == 0 else Ffn.DENSE
+    return Ffn.MOE
+
+
+def layer_plans(cfg: HFConfig) -> tuple[LayerPlan, ...]:
+    """The plan of every decoder layer, in model order (see the module docstring).
+
+    Raises:
+        MissingFieldError: no ``num_hidden_layers``, or a field a family rule needs.
+        UnknownFamilyError: no per-layer list and no known family rule, or a per-layer
+            kind that kvchain cannot map (names the field, index and value).
+        ConfigError: a per-layer list whose length differs from ``num_hidden_layers``.
+    """
+    n = cfg.positive_int("num_hidden_layers", "num_layers", "n_layer")
+    if cfg.has("layer_types"):
+        rows = _from_word_list(cfg, "layer_types", n)
+    elif cfg.has("layers_block_type"):
+        rows = _from_word_list(cfg, "layers_block_type", n)
+    elif cfg.has("hybrid_override_pattern"):
+        rows = _from_pattern(cfg, n)
+    elif cfg.has("attn_type_list"):
+        linear = _resolve_word(cfg, "linear")
+        rows = _from_int_list(cfg, "attn_type_list", n, {1: Mixer.FULL, 0: linear})
+    elif cfg.has("hybrid_layer_pattern"):
+        rows = _from_int_list(cfg, "hybrid_layer_pattern", n, {0: Mixer.FULL, 1: Mixer.WINDOW})
+    elif cfg.has("sliding_window_layout"):
+        rows = _from_int_list(
+            cfg, "sliding_window_layout", n, {0: Mixer.FULL, 1: Mixer.WINDOW}
+        )
+    else:
+        rows = [(kinds, _default_ffn(cfg, i)) for i, kinds in enumerate(_family_kinds(cfg, n))]
+    return tuple(LayerPlan(i, mixers, ffn) for i, (mixers, ffn) in enumerate(rows))
+
+
+def count_mixers(plans: Iterable[LayerPlan], mixer: Mixer) -> int:
+    """How many layers run ``mixer``."""
+    return sum(1 for plan in plans if mixer in plan.mixers)
