@@ -111,6 +111,15 @@ class HeldPages:
 NOTHING_HELD = HeldPages()
 
 
+def sum_demands(demands: Iterable[Demand], num_bands: int) -> Demand:
+    """Element-wise sum of demands of a chain with ``num_bands`` bands."""
+    total = [0] * num_bands
+    for d in demands:
+        for i, n in enumerate(d.pages):
+            total[i] += n
+    return Demand(tuple(total))
+
+
 def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
                    headroom: int = 0, headroom_chunk: int = 1) -> Demand:
     """Pages a request must add to compute ``extend`` tokens from position ``start``, plus
@@ -178,11 +187,15 @@ class RequestPages:
     window: list[int] = field(default_factory=list)
     window_first: int = 0
     slots: list[int] = field(default_factory=list)
+    _held: HeldPages | None = None  # cache; cleared whenever a page list changes
 
     def held(self) -> HeldPages:
-        """Counts for :func:`request_demand`."""
-        return HeldPages(len(self.full), self.window_first,
-                         self.window_first + len(self.window), len(self.slots))
+        """Counts for :func:`request_demand` (cached until the pages change)."""
+        held = self._held
+        if held is None:
+            held = self._held = HeldPages(len(self.full), self.window_first,
+                                          self.window_first + len(self.window), len(self.slots))
+        return held
 
 
 class KVManager:
@@ -232,12 +245,15 @@ class KVManager:
 
     # --- allocation ------------------------------------------------------------------------
 
-    def allocate(self, batch: Sequence[tuple[int, int]]) -> Demand:
+    def allocate(self, batch: Sequence[tuple[int, int]],
+                 demands: Sequence[Demand] | None = None) -> Demand:
         """Take the pages a batch needs to compute its tokens, in one chain take.
 
         Args:
             batch: ``(request id, tokens to compute)`` pairs (a prefill chunk, or 1 for a
                 decode); each request at most once.
+            demands: the batch's demands if the caller just computed them with
+                :meth:`demand` (same order, no change in between); computed here otherwise.
 
         Returns:
             The summed demand that was taken.
@@ -250,10 +266,9 @@ class KVManager:
         ids = [rid for rid, _ in batch]
         if len(set(ids)) != len(ids):
             raise InvalidDemandError("a request appears twice in one allocation batch")
-        demands = [self.demand(rid, extend) for rid, extend in batch]
-        total = Demand.zeros(self.geom.num_bands)
-        for d in demands:
-            total = total.plus(d)
+        if demands is None:
+            demands = [self.demand(rid, extend) for rid, extend in batch]
+        total = sum_demands(demands, self.geom.num_bands)
         grant = self.chain.take(total)
         cursor = [0] * self.geom.num_bands
         g = self.geom
@@ -261,6 +276,9 @@ class KVManager:
             req = self._requests.get(rid)
             if req is None:
                 req = self._requests[rid] = RequestPages()
+            if not any(d.pages):
+                continue
+            req._held = None
             for band, n in enumerate(d.pages):
                 if not n:
                     continue
@@ -311,6 +329,7 @@ class KVManager:
             self.chain.release(g.window, req.window[:drop])
             del req.window[:drop]
             req.window_first += drop
+            req._held = None
         return drop
 
     def reclaim_window_pages(self, rids: Iterable[int]) -> int:

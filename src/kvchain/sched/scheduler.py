@@ -44,7 +44,7 @@ from kvchain.errors import (
     InvalidRequestError,
     UnknownRequestError,
 )
-from kvchain.kv_manager import NOTHING_HELD, KVManager, request_demand
+from kvchain.kv_manager import NOTHING_HELD, KVManager, request_demand, sum_demands
 from kvchain.sched.request import (
     DecodeSeq,
     Event,
@@ -100,6 +100,7 @@ class ScheduledStep:
 
     prefills: list[PrefillChunk] = field(default_factory=list)
     decodes: list[DecodeSeq] = field(default_factory=list)
+    decode_demands: list[Demand] = field(default_factory=list)  # aligned with decodes
     pin: MovePin | None = None
 
 
@@ -192,16 +193,19 @@ class Scheduler:
         """Decide this step's decodes and prefill chunks (no allocation yet)."""
         kv, cfg = self.kv, self.config
         step = ScheduledStep()
-        snap = self._decode_check(now)
+        snap, decode_demands = self._decode_check(now)
+        step.decode_demands = decode_demands
+        step.decodes = [DecodeSeq(r.rid, r.computed)
+                        for r in self.running.values() if not r.in_prefill]
+        prefilling = [r for r in self.running.values() if r.in_prefill]
+        if not prefilling and not self.waiting:
+            return step  # decodes only: the decode check already proved they fit
         budget = ChainPrefillBudget(snap, self.rules)
-        decodes = [r for r in self.running.values() if not r.in_prefill]
-        for r in decodes:
-            budget.reserve(kv.demand(r.rid, 1))
-            step.decodes.append(DecodeSeq(r.rid, r.computed))
+        budget.reserve(sum_demands(decode_demands, kv.geom.num_bands))
         tokens_left = cfg.max_prefill_tokens
         page = kv.geom.page_size
         # Running prefills continue first, then everyone's future is reserved.
-        for r in [r for r in self.running.values() if r.in_prefill]:
+        for r in prefilling:
             upper = min(cfg.chunk_size, r.remaining_prefill, tokens_left)
             c = budget.largest(lambda t, r=r: kv.demand(r.rid, t), upper, page)
             if c:
@@ -235,9 +239,11 @@ class Scheduler:
                 counted in ``counters.divergences``). Nothing was allocated.
         """
         batch = [(p.rid, p.tokens) for p in step.prefills] + [(d.rid, 1) for d in step.decodes]
+        demands = [self.kv.demand(p.rid, p.tokens) for p in step.prefills]
+        demands.extend(step.decode_demands)
         try:
             if batch:
-                self.kv.allocate(batch)
+                self.kv.allocate(batch, demands)
         except CapacityError as exc:
             self.counters.divergences += 1
             raise AdmissionDivergenceError(f"admitted batch refused by the allocator: {exc}") \
@@ -303,25 +309,28 @@ class Scheduler:
 
     # --- internals --------------------------------------------------------------------------
 
-    def _decode_check(self, now: float) -> ChainSnapshot:
-        """Make this step's decode tokens fit: reclaim window pages, then retract."""
+    def _decode_check(self, now: float) -> tuple[ChainSnapshot, list[Demand]]:
+        """Make this step's decode tokens fit: reclaim window pages, then retract.
+
+        Returns:
+            The snapshot to admit against and the decodes' demands (running order).
+        """
         snap = self.chain.snapshot()
-        if fits(snap, self._decode_demand()):
-            return snap
+        demands = self._decode_demands()
+        if fits(snap, sum_demands(demands, self.kv.geom.num_bands)):
+            return snap, demands
         self.counters.window_pages_reclaimed += self.kv.reclaim_window_pages(self.running)
-        snap = self.chain.snapshot()
-        while self.running and not fits(snap, self._decode_demand()):
+        while True:
+            snap = self.chain.snapshot()
+            demands = self._decode_demands()
+            if not self.running or fits(snap, sum_demands(demands, self.kv.geom.num_bands)):
+                return snap, demands
             victim = max(self.running.values(), key=lambda r: (r.arrival_s, r.rid))
             self._retract(victim, now)
-            snap = self.chain.snapshot()
-        return snap
 
-    def _decode_demand(self) -> Demand:
-        total = Demand.zeros(self.kv.geom.num_bands)
-        for r in self.running.values():
-            if not r.in_prefill:
-                total = total.plus(self.kv.demand(r.rid, 1))
-        return total
+    def _decode_demands(self) -> list[Demand]:
+        demand = self.kv.demand
+        return [demand(r.rid, 1) for r in self.running.values() if not r.in_prefill]
 
     def _future(self, r: Request, now_tokens: int) -> Demand:
         """Pages ``r`` needs beyond this step's tokens: rest of its prefill, then its

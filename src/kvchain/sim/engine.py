@@ -1,0 +1,209 @@
+"""The serving simulator's event loop: a real trace through the real scheduler, admission
+and chain, with the clock advanced by the GPU cost model (DESIGN section 6).
+
+Loop::
+
+    arrivals due by `now` -> scheduler.step(now)  (admission + one chain take)
+    -> cost model prices the batch -> now += step time -> scheduler.complete(...)
+    -> lifecycle events and a step sample (bands, utilization, queues) to the recorder
+
+When nothing runs and nothing can be scheduled, the clock jumps to the next arrival. Only
+the model's math is replaced; the memory manager runs exactly as in an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvchain.alloc.chain import Chain
+from kvchain.errors import KVChainError
+from kvchain.gpu import GPUSpec, kv_buffer_bytes
+from kvchain.kv_manager import KVManager
+from kvchain.layout import ChainLayout, plan_layout
+from kvchain.sched.request import EventKind, Request, StepOutcome
+from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+from kvchain.sim.cost import GPUCostModel
+from kvchain.sim.metrics import MetricsRecorder, SimSummary, StepSample, band_samples, summarize
+from kvchain.sim.traces import Trace
+from kvchain.spec.model import ModelSpec
+
+
+class SimulationStuckError(KVChainError, RuntimeError):
+    """Requests wait, nothing runs and nothing can be admitted: a scheduler bug."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One simulation's inputs.
+
+    Attributes:
+        model: the model (per rank).
+        gpu: the GPU.
+        trace: the request trace.
+        mem_fraction: fraction of GPU memory for weights + KV (vLLM's
+            ``gpu_memory_utilization``).
+        page_size: tokens per page.
+        scheduler: scheduler limits and policy.
+        buffer_bytes: KV buffer bytes; ``None`` derives it from the GPU
+            (:func:`kvchain.gpu.kv_buffer_bytes`).
+        max_step_samples: step samples kept for plots (totals stay exact).
+    """
+
+    model: ModelSpec
+    gpu: GPUSpec
+    trace: Trace
+    mem_fraction: float = 0.9
+    page_size: int = 16
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    buffer_bytes: int | None = None
+    max_step_samples: int = 4_000
+
+    def layout(self) -> ChainLayout:
+        """The chain layout for this model and buffer.
+
+        Raises:
+            ConfigError: a memory fraction that leaves no room for the KV buffer.
+            BufferTooSmallError: a buffer that cannot hold one smallest request.
+        """
+        buffer = self.buffer_bytes
+        if buffer is None:
+            buffer = kv_buffer_bytes(self.gpu, self.model.weight_bytes,
+                                     mem_fraction=self.mem_fraction)
+        return plan_layout(self.model.classes, buffer, self.page_size)
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """What a simulation produced.
+
+    Attributes:
+        summary: the numbers (throughput, TTFT/TPOT percentiles, utilization...).
+        recorder: per-request records and step samples (plots, requests.csv).
+        layout: the chain layout simulated.
+        chain_stats: the chain's counters (takes, releases, pages copied).
+        admission_decisions: pricing decisions made by admission.
+    """
+
+    summary: SimSummary
+    recorder: MetricsRecorder
+    layout: ChainLayout
+    chain_stats: object
+    admission_decisions: int
+
+
+def simulate(config: SimConfig, *, progress: Callable[[int, int], None] | None = None,
+             audit_every_step: bool = False) -> SimResult:
+    """Serve ``config.trace`` with kvchain and return the metrics.
+
+    Args:
+        config: model, GPU, trace and limits.
+        progress: called as ``progress(done, total)`` (requests finished or rejected) after
+            each step that changed it.
+        audit_every_step: run the chain and KV-manager audits after every step (slow; tests).
+
+    Returns:
+        The :class:`SimResult`; ``summary.admitted_but_unallocatable`` and
+        ``summary.leaked_pages`` must be 0.
+
+    Raises:
+        ConfigError / BufferTooSmallError: from the layout.
+        SimulationStuckError: requests left waiting with nothing to run (a bug).
+        AdmissionDivergenceError: the allocator refused an admitted batch (a bug).
+    """
+    layout = config.layout()
+    chain = Chain(layout)
+    kv = KVManager(chain)
+    sched_config = config.scheduler
+    if audit_every_step != sched_config.audit_every_step:
+        sched_config = SchedulerConfig(
+            max_running=sched_config.max_running,
+            max_prefill_tokens=sched_config.max_prefill_tokens,
+            chunk_size=sched_config.chunk_size, policy=sched_config.policy,
+            window_admission=sched_config.window_admission, audit_every_step=audit_every_step)
+    sched = Scheduler(kv, sched_config)
+    cost = GPUCostModel(config.model, config.gpu)
+    recorder = MetricsRecorder(max_step_samples=config.max_step_samples)
+    builder = cost.builder()
+    reserved = layout.reserved_bytes
+    requests = sorted(config.trace.requests, key=lambda r: (r.arrival_s, r.request_id))
+    total, done, i, now = len(requests), 0, 0, 0.0
+
+    while i < total or not sched.idle:
+        if sched.idle:
+            now = max(now, requests[i].arrival_s)
+        while i < total and requests[i].arrival_s <= now:
+            tr = requests[i]
+            recorder.on_arrival(tr.request_id, tr.arrival_s, prompt_tokens=tr.prompt_tokens,
+                                output_tokens=tr.output_tokens)
+            sched.add(Request(tr.request_id, tr.prompt_tokens, tr.output_tokens, tr.arrival_s),
+                      tr.arrival_s)
+            i += 1
+        batch = sched.step(now)
+        if batch.is_empty:
+            done += _record_events(sched, recorder)
+            if i < total:
+                now = max(now, requests[i].arrival_s)
+                continue
+            if sched.idle:
+                break
+            raise SimulationStuckError(
+                f"{len(sched.waiting)} requests wait, {len(sched.running)} run, and the "
+                f"scheduler plans nothing at t={now:.3f} s")
+        builder.reset()
+        for p in batch.prefills:
+            builder.add_prefill(p.tokens, p.start)
+        for d in batch.decodes:
+            builder.add_decode(d.context)
+        duration = cost.step_time(builder.build())
+        now += duration
+        sched.complete(batch, StepOutcome(duration), now)
+        before = done
+        done += _record_events(sched, recorder)
+        snap = chain.snapshot()
+        recorder.on_step(StepSample(
+            t_s=now, duration_s=duration, prefill_tokens=batch.prefill_tokens,
+            decode_tokens=len(batch.decodes), running=len(sched.running),
+            waiting=len(sched.waiting), bands=band_samples(snap),
+            buffer_bytes=layout.buffer_bytes, used_bytes=snap.live_bytes - reserved))
+        if progress is not None and done != before:
+            progress(done, total)
+
+    leaked = sum(chain.bound_pages(b) for b in range(len(layout.bands))) - sum(
+        b.reserved_pages for b in layout.bands)
+    summary = summarize(recorder, extra={
+        "admitted_but_unallocatable": sched.counters.divergences,
+        "leaked_pages": leaked,
+        "admission_decisions": sched.counters.admission_decisions,
+        "pages_copied": chain.stats.pages_copied,
+        "bytes_copied": chain.stats.bytes_copied,
+    })
+    return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions)
+
+
+def _record_events(sched: Scheduler, recorder: MetricsRecorder) -> int:
+    """Forward the scheduler's lifecycle events to the recorder; return how many requests
+    ended (finished or rejected)."""
+    ended = 0
+    for ev in sched.drain_events():
+        kind = ev.kind
+        if kind is EventKind.ADMITTED:
+            recorder.on_admitted(ev.rid, ev.time_s)
+        elif kind is EventKind.FIRST_TOKEN:
+            recorder.on_first_token(ev.rid, ev.time_s)
+        elif kind is EventKind.FINISHED:
+            r = sched.requests[ev.rid]
+            record = recorder.record(ev.rid)
+            if record.first_token_s is None:  # finished within its prefill step
+                recorder.on_first_token(ev.rid, ev.time_s)
+            extra = r.output_done - record.output_done
+            if extra > 0:
+                recorder.on_token(ev.rid, ev.time_s, extra)
+            recorder.on_finished(ev.rid, ev.time_s)
+            ended += 1
+        elif kind is EventKind.RETRACTED:
+            recorder.on_retracted(ev.rid, ev.time_s)
+        elif kind is EventKind.REJECTED:
+            recorder.on_rejected(ev.rid, ev.time_s, ev.detail)
+            ended += 1
+    return ended
