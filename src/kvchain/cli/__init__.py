@@ -19,7 +19,7 @@ app = typer.Typer(
 )
 
 # Modules that register commands on `app` (one command per module).
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("models",)
 
 
 def _load_commands() -> None:

@@ -1,0 +1,159 @@
+"""``kvchain models``: the bundled models, their lifetime classes and bytes.
+
+Columns: ``E_full`` (bytes per token of full attention), ``E_win`` with ``W`` (sliding
+window), ``E_local`` with ``C`` (chunked-local attention), ``S`` (state bytes per
+request), total / active parameters, and the data's source. Bytes are per
+tensor-parallel rank (``--tp``) in the chosen KV dtype (``--kv-dtype``; state keeps the
+model's dtype).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kvchain.catalog import list_models, load_model
+from kvchain.cli import app
+from kvchain.errors import ConfigError
+from kvchain.spec import CacheDtype, LifetimeClass
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRow:
+    """One row of ``kvchain models`` (bytes per rank).
+
+    Attributes:
+        name: catalog name.
+        classes: lifetime classes joined with ``+`` (e.g. ``"state+window+full"``).
+        e_full: full-attention bytes per token (0 if none).
+        e_win: sliding-window bytes per token (0 if none); ``w``: window tokens.
+        e_local: chunked-local bytes per token (0 if none); ``c``: chunk tokens.
+        s: state bytes per request (0 if none).
+        total_params, active_params: parameter counts.
+        weight_bytes: weight bytes per rank.
+        tp: tensor-parallel ranks the bytes are per rank of.
+        source, license: where the data came from.
+        error: why the model cannot be split over ``tp`` ranks (then bytes are 0).
+    """
+
+    name: str
+    classes: str
+    e_full: int
+    e_win: int
+    w: int | None
+    e_local: int
+    c: int | None
+    s: int
+    total_params: int
+    active_params: int
+    weight_bytes: int
+    tp: int
+    source: str
+    license: str
+    error: str | None = None
+
+
+def model_rows(*, tp: int = 1, kv_dtype: CacheDtype = CacheDtype.BF16) -> list[ModelRow]:
+    """The rows of every bundled model, in catalog order.
+
+    A model whose heads ``tp`` does not divide gets a row with ``error`` set.
+    """
+    rows = []
+    for entry in list_models():
+        base = {
+            "name": entry.name,
+            "total_params": entry.total_params,
+            "active_params": entry.active_params,
+            "tp": tp,
+            "source": entry.source,
+            "license": entry.license,
+        }
+        try:
+            spec = load_model(entry.name, tp=tp, kv_dtype=kv_dtype)
+        except ConfigError as exc:
+            rows.append(
+                ModelRow(
+                    classes=entry.lifetimes,
+                    e_full=0,
+                    e_win=0,
+                    w=None,
+                    e_local=0,
+                    c=None,
+                    s=0,
+                    weight_bytes=0,
+                    error=str(exc),
+                    **base,
+                )
+            )
+            continue
+        window = spec.cache_class(LifetimeClass.WINDOW)
+        local = spec.cache_class(LifetimeClass.LOCAL)
+        rows.append(
+            ModelRow(
+                classes="+".join(c.lifetime.value for c in spec.classes),
+                e_full=spec.bytes_per_token(LifetimeClass.FULL),
+                e_win=window.bytes_per_token if window else 0,
+                w=window.window if window else None,
+                e_local=local.bytes_per_token if local else 0,
+                c=local.window if local else None,
+                s=spec.state_bytes,
+                weight_bytes=spec.weight_bytes,
+                **base,
+            )
+        )
+    return rows
+
+
+def _bytes(value: int, tokens: int | None = None) -> str:
+    if value == 0:
+        return "-"
+    return f"{value:,} ({tokens:,})" if tokens is not None else f"{value:,}"
+
+
+def _params(count: int) -> str:
+    return f"{count / 1e9:.1f}B"
+
+
+def _table(rows: list[ModelRow], tp: int, kv_dtype: CacheDtype) -> Table:
+    table = Table(title=f"Bundled models (bytes per rank, tp={tp}, KV {kv_dtype.value})")
+    table.add_column("model", no_wrap=True)
+    table.add_column("classes", no_wrap=True)
+    table.add_column("E_full B/tok", justify="right")
+    table.add_column("E_win B/tok (W)", justify="right")
+    table.add_column("E_local B/tok (C)", justify="right")
+    table.add_column("S B/req", justify="right")
+    table.add_column("params total/active", justify="right")
+    table.add_column("source", no_wrap=True, overflow="ellipsis", max_width=48)
+    for r in rows:
+        if r.error is not None:
+            cells = ["-", "-", "-", "-"]
+            classes = f"{r.classes} (tp: {r.error})"
+        else:
+            cells = [_bytes(r.e_full), _bytes(r.e_win, r.w), _bytes(r.e_local, r.c), _bytes(r.s)]
+            classes = r.classes
+        params = f"{_params(r.total_params)} / {_params(r.active_params)}"
+        table.add_row(r.name, classes, *cells, params, r.source)
+    return table
+
+
+@app.command("models")
+def models_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    tp: Annotated[
+        int, typer.Option("--tp", min=1, help="Tensor-parallel ranks (bytes per rank).")
+    ] = 1,
+    kv_dtype: Annotated[
+        CacheDtype, typer.Option("--kv-dtype", help="Element type of attention K/V.")
+    ] = CacheDtype.BF16,
+) -> None:
+    """List the bundled models: lifetime classes, E_full, E_win (W), E_local (C), S, params."""
+    rows = model_rows(tp=tp, kv_dtype=kv_dtype)
+    if as_json:
+        typer.echo(json.dumps([asdict(r) for r in rows], indent=2))
+        return
+    Console().print(_table(rows, tp, kv_dtype))
