@@ -141,3 +141,12 @@ def test_unsupported_quantization_needs_explicit_format():
 def test_field_of_wrong_type():
     with pytest.raises(ConfigError, match="'num_key_value_heads' must be a number"):
         load_hf_config({**LLAMA, "num_key_value_heads": "two"})
+
+
+def test_bad_moe_and_no_rope_lists():
+    moe = {**LLAMA, "num_local_experts": 4, "num_experts_per_tok": 1, "moe_layer_freq": [1]}
+    with pytest.raises(ConfigError, match="'moe_layer_freq' has 1 entries"):
+        load_hf_config(moe)
+    rope = {**LLAMA, "model_type": "llama4_text", "no_rope_layers": [1, 2]}
+    with pytest.raises(ConfigError, match="no_rope_layers must hold 0 or 1"):
+        load_hf_config(rope)

@@ -14,7 +14,7 @@ from importlib import resources
 import pytest
 
 from kvchain.catalog import load_model
-from kvchain.spec import WeightFormat, count_params, load_hf_config, weight_bytes
+from kvchain.spec import LifetimeClass, WeightFormat, count_params, load_hf_config, weight_bytes
 from kvchain.spec.hf_layers import layer_plans, read_config
 
 CONFIGS = resources.files("kvchain.catalog").joinpath("data").joinpath("model_configs")
@@ -120,3 +120,33 @@ def test_weight_bytes_rejects_bad_tp():
 
     with pytest.raises(ConfigError, match="tp must be >= 1"):
         weight_bytes(counts_of("Qwen--Qwen3-8B"), WeightFormat.BF16, tp=0)
+
+
+def test_deepseek_v3_mla_and_moe():
+    # Fields of deepseek-ai/DeepSeek-V3 config.json; model card: 671B total, 37B activated
+    # (the 14B multi-token-prediction module is not counted there either).
+    config = {
+        "model_type": "deepseek_v3",
+        "num_hidden_layers": 61,
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 2048,
+        "first_k_dense_replace": 3,
+        "moe_layer_freq": 1,
+        "vocab_size": 129280,
+        "tie_word_embeddings": False,
+    }
+    spec = load_hf_config(config)
+    assert spec.total_params == pytest.approx(671e9, rel=0.002)
+    assert spec.active_params == pytest.approx(37e9, rel=0.02)
+    assert spec.bytes_per_token(LifetimeClass.FULL) == 61 * (512 + 64) * 2

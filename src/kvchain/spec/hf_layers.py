@@ -37,7 +37,7 @@ the data README (``shared/data/README.md``) for the custom-code families.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -399,7 +399,9 @@ def _llama4_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
     no_rope = cfg.get("no_rope_layers")
     if isinstance(no_rope, list | tuple) and no_rope:
         _check_length(cfg, "no_rope_layers", no_rope, n)
-        return [(chunked,) if int(v) else (Mixer.FULL,) for v in no_rope]
+        if any(v not in (0, 1) for v in no_rope):
+            raise ConfigError(f"no_rope_layers must hold 0 or 1, got {list(no_rope)}")
+        return [(chunked,) if v else (Mixer.FULL,) for v in no_rope]
     interval = cfg.int_or_none("no_rope_layer_interval") or 4
     return [(Mixer.FULL,) if (i + 1) % interval == 0 else (chunked,) for i in range(n)]
 
@@ -440,7 +442,11 @@ def _default_ffn(cfg: HFConfig, i: int) -> Ffn:
         return Ffn.DENSE
     freq = cfg.get("moe_layer_freq")
     if isinstance(freq, list | tuple):
-        return Ffn.MOE if int(freq[i]) else Ffn.DENSE
+        n = cfg.require_int("num_hidden_layers", "num_layers", "n_layer")
+        _check_length(cfg, "moe_layer_freq", freq, n)
+        if freq[i] not in (0, 1):
+            raise ConfigError(f"moe_layer_freq[{i}] = {freq[i]!r}; expected 0 or 1")
+        return Ffn.MOE if freq[i] else Ffn.DENSE
     if cfg.has("expert_layer_period"):
         period = cfg.positive_int("expert_layer_period")
         offset = cfg.int_or_none("expert_layer_offset") or 0
@@ -490,7 +496,3 @@ def layer_plans(cfg: HFConfig) -> tuple[LayerPlan, ...]:
         rows = [(kinds, _default_ffn(cfg, i)) for i, kinds in enumerate(_family_kinds(cfg, n))]
     return tuple(LayerPlan(i, mixers, ffn) for i, (mixers, ffn) in enumerate(rows))
 
-
-def count_mixers(plans: Iterable[LayerPlan], mixer: Mixer) -> int:
-    """How many layers run ``mixer``."""
-    return sum(1 for plan in plans if mixer in plan.mixers)
