@@ -170,6 +170,25 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
     return Demand(tuple(pages))
 
 
+def lifetime_demand(geom: RequestGeometry, prompt: int, output: int, chunk_size: int) -> Demand:
+    """A lone request's whole life as one demand on an empty chain: its first chunk at the
+    smallest size (one page of tokens), then all of its KV (``prompt + output - 1`` tokens;
+    the last sampled token is never fed back), with the window peak of later chunks of up
+    to ``chunk_size`` tokens, and its state slots. A request whose lifetime demand does not
+    fit the empty chain can never finish; one that fits always can, alone.
+
+    Raises:
+        InvalidDemandError: a prompt or output below 1, or ``chunk_size < 1``.
+    """
+    if prompt < 1 or output < 1 or chunk_size < 1:
+        raise InvalidDemandError(f"prompt, output and chunk_size must be >= 1, got "
+                                 f"{prompt}, {output}, {chunk_size}")
+    first = min(geom.page_size, prompt)
+    rest = prompt + output - 1 - first
+    return request_demand(geom, NOTHING_HELD, 0, first, rest,
+                          min(chunk_size, max(prompt - first, 1)))
+
+
 @dataclass(slots=True)
 class RequestPages:
     """The pages one request holds (mutable; owned by :class:`KVManager`).

@@ -18,8 +18,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+@app.callback()
+def _root() -> None:
+    """KV-cache memory manager for hybrid LLMs: plan, simulate, compare, replay."""
+
+
 # Modules that register commands on `app` (one command per module).
-COMMAND_MODULES: tuple[str, ...] = ("models",)
+COMMAND_MODULES: tuple[str, ...] = ("models", "plan", "simulate")
 
 
 def _load_commands() -> None:

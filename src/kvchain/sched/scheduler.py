@@ -44,7 +44,13 @@ from kvchain.errors import (
     InvalidRequestError,
     UnknownRequestError,
 )
-from kvchain.kv_manager import NOTHING_HELD, KVManager, request_demand, sum_demands
+from kvchain.kv_manager import (
+    NOTHING_HELD,
+    KVManager,
+    lifetime_demand,
+    request_demand,
+    sum_demands,
+)
 from kvchain.sched.request import (
     DecodeSeq,
     Event,
@@ -180,12 +186,7 @@ class Scheduler:
         return True
 
     def _lifetime_demand(self, prompt: int, output: int) -> Demand:
-        """A lone request's whole life on the empty chain: smallest chunk first, all its
-        output, window peak of later chunks."""
-        first = min(self.kv.geom.page_size, prompt)
-        rest = prompt + output - 1 - first
-        return request_demand(self.kv.geom, NOTHING_HELD, 0, first, rest,
-                              min(self.config.chunk_size, max(prompt - first, 1)))
+        return lifetime_demand(self.kv.geom, prompt, output, self.config.chunk_size)
 
     # --- one step ---------------------------------------------------------------------
 

@@ -1,0 +1,82 @@
+"""Helpers shared by the CLI commands: model loading and band tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from kvchain.catalog.loader import load_model
+from kvchain.errors import ConfigError
+from kvchain.layout import ChainLayout
+from kvchain.spec.declared import declare_model
+from kvchain.spec.hf import load_hf_config
+from kvchain.spec.layers import CacheDtype
+from kvchain.spec.model import ModelSpec
+
+SPEC_FILE_KEYS = frozenset({"name", "full", "window", "window_tokens", "local", "chunk_tokens",
+                            "state", "source"})
+
+
+def load_declared(path: Path) -> ModelSpec:
+    """Read a spec file that declares classes by their bytes.
+
+    Format (JSON, every key optional except one class)::
+
+        {"name": "my-model", "full": 32000, "window": 0, "window_tokens": null,
+         "local": 0, "chunk_tokens": null, "state": 50000000}
+
+    ``full``/``window``/``local``: bytes per token of the class (all layers, K and V);
+    ``window_tokens``: ``W``; ``chunk_tokens``: ``C``; ``state``: bytes per request of all
+    state layers.
+
+    Raises:
+        ConfigError: unreadable JSON, an unknown key, or invalid bytes (names the key).
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"spec file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"spec file {path}: expected a JSON object")
+    unknown = set(data) - SPEC_FILE_KEYS
+    if unknown:
+        raise ConfigError(f"spec file {path}: unknown keys {sorted(unknown)}; "
+                          f"known: {sorted(SPEC_FILE_KEYS)}")
+    return declare_model(str(data.get("name", Path(path).stem)),
+                         full=int(data.get("full") or 0), window=int(data.get("window") or 0),
+                         window_tokens=data.get("window_tokens"),
+                         local=int(data.get("local") or 0),
+                         chunk_tokens=data.get("chunk_tokens"), state=int(data.get("state") or 0),
+                         source=str(data.get("source", f"declared in {path}")))
+
+
+def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,
+              kv_dtype: CacheDtype = CacheDtype.BF16, tp: int = 1) -> ModelSpec:
+    """The model of a command: a spec file, a Hugging Face config.json, or a catalog name
+    (in that order of precedence).
+
+    Raises:
+        ConfigError and subclasses: unknown model, bad config, bad spec file.
+    """
+    if spec_file is not None:
+        return load_declared(spec_file)
+    if config is not None:
+        return load_hf_config(config, kv_dtype=kv_dtype, tp=tp)
+    return load_model(model, kv_dtype=kv_dtype, tp=tp)
+
+
+def render_bands(layout: ChainLayout) -> Table:
+    """A table of the chain's bands, low -> high in the buffer."""
+    table = Table(title=f"chain {layout.shape_name} in {layout.buffer_bytes:,} B "
+                        f"({layout.buffer_bytes / 1e9:,.2f} GB), {layout.page_size} tokens/page")
+    for col in ("band", "anchor", "bytes/token", "page bytes", "window", "null pages",
+                "max pages"):
+        table.add_column(col, justify="right" if col not in ("band", "anchor") else "left")
+    for b in layout.bands:
+        c = b.cache_class
+        per_token = f"{c.bytes_per_token:,}" if c.is_token_class else f"{c.bytes_per_slot:,}/slot"
+        table.add_row(b.label, b.anchor.value, per_token, f"{b.page_bytes:,}",
+                      str(c.window or "-"), str(b.reserved_pages), f"{b.cap:,}")
+    return table

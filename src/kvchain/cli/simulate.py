@@ -1,0 +1,112 @@
+"""``kvchain simulate``: serve a real trace on a real model and GPU with the chain."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvchain.cli import app
+from kvchain.cli.common import load_spec, render_bands
+from kvchain.errors import KVChainError
+from kvchain.gpu import get_gpu
+from kvchain.report.plots import write_all_plots
+from kvchain.report.tables import summary_table
+from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
+from kvchain.sim.engine import SimConfig, simulate
+from kvchain.sim.metrics import write_outputs
+from kvchain.sim.traces import load_trace
+
+DEFAULT_MODEL = "gpt-oss-120b"
+DEFAULT_GPU = "h200"
+DEFAULT_TRACE = "azure-conv"
+DEFAULT_END_S = 3600.0  # "its first hour as shipped": the whole 3,501.7 s trace
+
+
+@app.command("simulate")
+def simulate_command(
+    model: Annotated[str, typer.Option(help="Bundled model name (see `kvchain models`).")]
+    = DEFAULT_MODEL,
+    config: Annotated[Path | None, typer.Option(help="A Hugging Face config.json instead "
+                                                     "of --model.")] = None,
+    gpu: Annotated[str, typer.Option(help="GPU: a100, h100, h200, b200.")] = DEFAULT_GPU,
+    trace: Annotated[str, typer.Option(help="Bundled trace (azure-conv, azure-code, mooncake, "
+                                            "sharegpt) or a trace file.")] = DEFAULT_TRACE,
+    requests: Annotated[int | None, typer.Option(help="Keep the first N requests.")] = None,
+    end_s: Annotated[float, typer.Option(help="Keep arrivals before this second.")]
+    = DEFAULT_END_S,
+    rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier.")] = 1.0,
+    mem_fraction: Annotated[float, typer.Option(help="GPU memory fraction for weights + "
+                                                     "KV.")] = 0.9,
+    buffer_bytes: Annotated[int | None, typer.Option(help="KV buffer bytes (overrides the "
+                                                          "GPU memory model).")] = None,
+    page_size: Annotated[int, typer.Option(help="Tokens per page.")] = 16,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel size (the simulated GPU is one "
+                                         "rank).")] = 1,
+    policy: Annotated[QueuePolicy, typer.Option(help="Waiting-queue order.")]
+    = QueuePolicy.FCFS,
+    max_running: Annotated[int, typer.Option(help="Most running requests.")] = 256,
+    chunk_size: Annotated[int, typer.Option(help="Prefill chunk tokens.")] = 8192,
+    seed: Annotated[int, typer.Option(help="Seed (Poisson arrivals of length-only "
+                                           "traces).")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Write metrics.json, requests.csv and "
+                                                  "plots here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
+    = False,
+) -> None:
+    """Simulate serving a request trace with the kvchain memory manager.
+
+    Defaults: gpt-oss-120b on one H200, the Azure 2023 conversation trace (its first hour),
+    KV buffer from --mem-fraction 0.90.
+    """
+    console = Console(stderr=as_json)
+    try:
+        spec = load_spec(model, config, tp=tp)
+        gpu_spec = get_gpu(gpu)
+        tr = load_trace(trace, first=requests, end_s=end_s, rate_scale=rate_scale, seed=seed)
+        sim_config = SimConfig(
+            spec, gpu_spec, tr, mem_fraction=mem_fraction, page_size=page_size,
+            scheduler=SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
+                                      max_prefill_tokens=max(chunk_size, 8192),
+                                      policy=policy),
+            buffer_bytes=buffer_bytes)
+        layout = sim_config.layout()
+    except KVChainError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not as_json:
+        console.print(f"[bold]{spec.name}[/bold] on {gpu_spec.name}, trace "
+                      f"[bold]{tr.name}[/bold] ({len(tr):,} requests, {tr.duration_s:,.0f} s)")
+        console.print(render_bands(layout))
+    started = time.perf_counter()
+    with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,}/"
+                  "{task.total:,} requests"), TimeElapsedColumn(), console=console,
+                  transient=True, disable=as_json) as bar:
+        task = bar.add_task("simulate", total=len(tr))
+        result = simulate(sim_config, progress=lambda done, _total: bar.update(task,
+                                                                               completed=done))
+    wall = time.perf_counter() - started
+    summary = result.summary
+    settings = {"model": spec.name, "gpu": gpu_spec.name, "trace": tr.name,
+                "requests": len(tr), "rate_scale": rate_scale, "mem_fraction": mem_fraction,
+                "buffer_bytes": layout.buffer_bytes, "page_size": page_size,
+                "policy": policy.value, "chain": layout.shape_name, "wall_s": round(wall, 3)}
+    if out is not None:
+        write_outputs(out, result.recorder, summary, config=settings)
+        plots = write_all_plots(result.recorder, out)
+    if as_json:
+        print(json.dumps({"config": settings, "summary": summary.to_json()}, indent=2))
+    else:
+        console.print(summary_table(summary, title=f"kvchain simulate: {spec.name} / "
+                                                   f"{tr.name}"))
+        console.print(f"simulated {summary.duration_s:,.1f} s of serving in {wall:,.1f} s "
+                      f"of wall time; pages copied by moves: "
+                      f"{result.chain_stats.pages_copied:,}")
+        if out is not None:
+            console.print(f"wrote {out}/metrics.json, {out}/requests.csv and "
+                          + ", ".join(p.name for p in plots))
