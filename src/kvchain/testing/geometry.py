@@ -1,0 +1,153 @@
+"""Chain geometries for proofs: classes by bytes, buffer bytes, page size, null pages.
+
+A :class:`ChainGeometry` is the serializable description of one chain (it is the header
+of a replay stream, :mod:`kvchain.testing.replay`). :func:`tiny_geometries` lists the
+small chains the exhaustive oracle can search (at most a few dozen pages per band) for
+every chain shape, page sizes 1, 4 and 16 tokens, with equal and mixed page bytes.
+
+Mixed page bytes (bytes per page, page size ``P`` tokens)::
+
+    state slot  S = max(3, 7P // 2)   off the window grid, so the state frontier is too
+    window      2P                    (E_win = 2 B/token)
+    full        3P                    (E_full = 3 B/token)
+    B           48P + 1               odd: the HIGH END's grid base is off 0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvchain.alloc import Chain
+from kvchain.buffer import BufferBackend
+from kvchain.errors import ConfigError
+from kvchain.layout import ChainLayout, plan_layout
+from kvchain.spec.declared import declared_class
+from kvchain.spec.layers import LifetimeClass
+
+#: Every chain shape, low -> high (DESIGN section 2).
+SHAPES: tuple[str, ...] = ("full", "window|full", "state|full", "state|window",
+                           "state|window|full")
+
+
+@dataclass(frozen=True, slots=True)
+class ClassBytes:
+    """One lifetime class declared by bytes.
+
+    Attributes:
+        lifetime: ``"state"``, ``"window"``, ``"local"`` or ``"full"``.
+        nbytes: bytes per token (token classes) or per state slot (state).
+        window: window (or chunk) in tokens for window/local; ``None`` otherwise.
+    """
+
+    lifetime: str
+    nbytes: int
+    window: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChainGeometry:
+    """Everything needed to build a fresh chain.
+
+    Attributes:
+        classes: the lifetime classes by bytes (any order).
+        buffer_bytes: ``B``.
+        page_size: tokens per page of every token band.
+        null_pages: reserve one null page per window/local band.
+    """
+
+    classes: tuple[ClassBytes, ...]
+    buffer_bytes: int
+    page_size: int
+    null_pages: bool = True
+
+    def layout(self) -> ChainLayout:
+        """The validated layout.
+
+        Raises:
+            ConfigError: an unknown lifetime or bad bytes (``LayoutError`` and
+                ``BufferTooSmallError`` are ``ConfigError`` subclasses).
+        """
+        classes = []
+        for c in self.classes:
+            try:
+                lifetime = LifetimeClass(c.lifetime)
+            except ValueError as exc:
+                raise ConfigError(f"unknown lifetime {c.lifetime!r}") from exc
+            classes.append(declared_class(lifetime, c.nbytes, c.window))
+        return plan_layout(classes, self.buffer_bytes, self.page_size,
+                           null_pages=self.null_pages)
+
+    def chain(self, buffer: BufferBackend | None = None) -> Chain:
+        """A fresh chain of this geometry (default a ``NullBuffer``).
+
+        Raises:
+            ConfigError: as :meth:`layout`.
+        """
+        return Chain(self.layout(), buffer)
+
+    @property
+    def shape(self) -> str:
+        """The shape name, e.g. ``"state|window|full"``."""
+        return self.layout().shape_name
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict (the replay header's geometry fields)."""
+        return {
+            "classes": [{"lifetime": c.lifetime, "nbytes": c.nbytes, "window": c.window}
+                        for c in self.classes],
+            "buffer_bytes": self.buffer_bytes,
+            "page_size": self.page_size,
+            "null_pages": self.null_pages,
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, object]) -> ChainGeometry:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ConfigError: a missing or mistyped field.
+        """
+        try:
+            classes = tuple(ClassBytes(str(c["lifetime"]), int(c["nbytes"]),
+                                       None if c.get("window") is None else int(c["window"]))
+                            for c in data["classes"])  # type: ignore[attr-defined]
+            return ChainGeometry(classes, int(data["buffer_bytes"]),  # type: ignore[arg-type]
+                                 int(data["page_size"]),  # type: ignore[arg-type]
+                                 bool(data.get("null_pages", True)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"bad chain geometry {data!r}: {exc}") from exc
+
+
+def shape_geometry(shape: str, page_size: int = 4, *, mixed: bool = True,
+                   pages: int = 48, null_pages: bool = True) -> ChainGeometry:
+    """A geometry of ``shape`` with about ``pages`` window-sized pages of bytes.
+
+    Equal page bytes: every token band ``2P`` bytes, a state slot ``2P``; mixed: see the
+    module docstring. The window is ``2P`` tokens.
+
+    Raises:
+        ConfigError: an unknown shape.
+    """
+    if shape not in SHAPES:
+        raise ConfigError(f"unknown chain shape {shape!r}; expected one of {SHAPES}")
+    p = page_size
+    e_full, e_win, slot = (3, 2, max(3, 7 * p // 2)) if mixed else (2, 2, 2 * p)
+    by_name = {"state": ClassBytes("state", slot), "window": ClassBytes("window", e_win, 2 * p),
+               "full": ClassBytes("full", e_full)}
+    classes = tuple(by_name[name] for name in shape.split("|"))
+    buffer_bytes = pages * p + (1 if mixed else 0)
+    return ChainGeometry(classes, buffer_bytes, p, null_pages)
+
+
+def tiny_geometries() -> tuple[ChainGeometry, ...]:
+    """The oracle's chains: every shape x page size 1/4/16 x equal/mixed page bytes.
+
+    About 24 bytes-per-page-unit: up to ~12 pages per band of 2P..3P bytes.
+    """
+    out = []
+    for shape in SHAPES:
+        for p in (1, 4, 16):
+            for mixed in (False, True):
+                out.append(shape_geometry(shape, p, mixed=mixed, pages=24,
+                                          null_pages=not mixed or shape == "state|window"))
+    return tuple(out)
