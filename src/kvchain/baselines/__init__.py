@@ -1,0 +1,31 @@
+"""Baseline memory managers behind the chain's interface (DESIGN section 6).
+
+Each baseline is a chain-like allocator (:class:`~kvchain.baselines.pools.PoolAllocator`)
+that the unchanged :class:`~kvchain.kv_manager.KVManager` and
+:class:`~kvchain.sched.scheduler.Scheduler` drive exactly like a
+:class:`~kvchain.alloc.chain.Chain`; only the capacity rule differs, and it is encoded in
+the snapshot the planner prices. :mod:`kvchain.baselines.managers` builds the managers
+(kvchain, fixed pools, equal-page pool, exact-bytes ideal) for a model and buffer.
+"""
+
+from kvchain.baselines.managers import (
+    ManagerKind,
+    ManagerSetup,
+    build_manager,
+    equal_page_geometry,
+    fixed_pool_shares,
+)
+from kvchain.baselines.pools import CapacityRule, NoMovePin, PoolAllocator
+from kvchain.baselines.scheduler import BaselineScheduler
+
+__all__ = [
+    "BaselineScheduler",
+    "CapacityRule",
+    "ManagerKind",
+    "ManagerSetup",
+    "NoMovePin",
+    "PoolAllocator",
+    "build_manager",
+    "equal_page_geometry",
+    "fixed_pool_shares",
+]
