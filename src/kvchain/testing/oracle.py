@@ -169,7 +169,7 @@ def oracle_fits(problem: OracleProblem, demand: Demand, *,
             high_side = band.anchor is not Anchor.HIGH
 
             def put(lo2: int, hi2: int, mask2: int, i: int = i) -> None:
-                out.append(st[:i] + ((lo2, hi2, mask2),) + st[i + 1:])
+                out.append((*st[:i], (lo2, hi2, mask2), *st[i + 1:]))
 
             if live < targets[i]:
                 if holes:  # use the hole nearest the anchor
