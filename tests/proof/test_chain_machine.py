@@ -1,0 +1,116 @@
+"""Stateful fuzzing of the chain: takes, releases, gates, fences, idle flushes.
+
+Every step runs through :class:`ChainRecorder`, which checks price == outcome on every take
+(after a take ``snapshot() == quote.after``; a refusal changes nothing) and audits the
+chain after every operation. The CI profile is small; the ``slow`` profile (``pytest -m
+slow``) runs more than 200,000 operations over every shape and page size.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvchain.testing.geometry import SHAPES, ChainGeometry, shape_geometry
+from kvchain.testing.streams import (
+    ChainRecorder,
+    FenceCompleteOp,
+    FenceHoldOp,
+    FlushOp,
+    GateOp,
+    generate_stream,
+)
+
+MACHINE_GEOMETRIES: tuple[ChainGeometry, ...] = tuple(
+    shape_geometry(shape, p, mixed=mixed, pages=40)
+    for shape in SHAPES for p in (1, 4, 16) for mixed in (False, True))
+
+
+class ChainMachine(RuleBasedStateMachine):
+    """Random operations on one chain; the recorder checks and audits each."""
+
+    rec: ChainRecorder
+
+    @initialize(geometry=st.sampled_from(MACHINE_GEOMETRIES))
+    def start(self, geometry: ChainGeometry) -> None:
+        self.rec = ChainRecorder(geometry.chain())
+
+    @rule(data=st.data())
+    def take(self, data: st.DataObject) -> None:
+        nb = self.rec.chain.num_bands
+        pages = data.draw(st.tuples(*[st.integers(0, 5)] * nb))
+        self.rec.take(pages)
+
+    @precondition(lambda self: any(self.rec.held))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        band = data.draw(st.sampled_from([i for i, h in enumerate(self.rec.held) if h]))
+        vids = data.draw(st.lists(st.sampled_from(self.rec.held[band]), min_size=1,
+                                  max_size=6, unique=True))
+        self.rec.release(band, vids)
+
+    @rule(open_=st.booleans())
+    def gate(self, open_: bool) -> None:
+        self.rec.run(GateOp(open_))
+
+    @rule()
+    def fence_hold(self) -> None:
+        self.rec.run(FenceHoldOp())
+
+    @rule()
+    def fence_complete(self) -> None:
+        self.rec.run(FenceCompleteOp())
+
+    @rule()
+    def flush_idle(self) -> None:
+        self.rec.run(FlushOp())
+
+    @invariant()
+    def checked(self) -> None:
+        if hasattr(self, "rec"):
+            assert self.rec.counts.divergences == 0, self.rec.counts.messages
+            assert self.rec.counts.violations == 0, self.rec.counts.messages
+            self.rec.chain.audit()
+
+
+ChainMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestChainMachine = ChainMachine.TestCase
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_seeded_streams_every_shape(shape: str) -> None:
+    for p in (1, 4, 16):
+        rec = generate_stream(shape_geometry(shape, p, pages=160).chain(), 300, seed=p)
+        assert rec.counts.operations >= 300
+        assert rec.counts.decisions > 50
+        assert (rec.counts.divergences, rec.counts.violations) == (0, 0), rec.counts.messages
+
+
+@pytest.mark.slow
+def test_slow_profile_200k_operations() -> None:
+    ops = decisions = divergences = violations = 0
+    t0 = time.perf_counter()
+    for shape in SHAPES:
+        for p in (1, 4, 16):
+            for mixed in (False, True):
+                geometry = shape_geometry(shape, p, mixed=mixed, pages=256)
+                rec = generate_stream(geometry.chain(), 7_000, seed=p * 2 + mixed)
+                ops += rec.counts.operations
+                decisions += rec.counts.decisions
+                divergences += rec.counts.divergences
+                violations += rec.counts.violations
+    seconds = time.perf_counter() - t0
+    machine = settings(max_examples=400, stateful_step_count=60, deadline=None,
+                       suppress_health_check=[HealthCheck.too_slow])(ChainMachine.TestCase)
+    machine("runTest").runTest()
+    print(f"\nslow profile: {ops:,} operations, {decisions:,} decisions, "
+          f"{divergences} divergences, {violations} violations, "
+          f"{ops / seconds:,.0f} ops/s (streams), + hypothesis 400 x 60 steps")
+    assert ops >= 200_000
+    assert (divergences, violations) == (0, 0)
