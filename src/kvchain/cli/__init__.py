@@ -24,7 +24,7 @@ def _root() -> None:
 
 
 # Modules that register commands on `app` (one command per module).
-COMMAND_MODULES: tuple[str, ...] = ("models", "plan", "simulate", "compare")
+COMMAND_MODULES: tuple[str, ...] = ("models", "plan", "simulate", "compare", "replay")
 
 
 def _load_commands() -> None:
