@@ -9,7 +9,7 @@ import pytest
 
 from kvchain.alloc import Demand, pricing
 from kvchain.alloc.band import Band
-from kvchain.testing.agreement import check_agreement, unit_directions
+from kvchain.testing.agreement import check_agreement, check_demand_sweep, unit_directions
 from kvchain.testing.corners import BASE_CORNERS, VARIANTS, build_corner, corner_states
 from kvchain.testing.geometry import (
     ChainGeometry,
@@ -140,3 +140,12 @@ def test_corner_chains_translate_their_held_pages(variant: str) -> None:
     for i, held in enumerate(corner.recorder.held):
         phys = corner.chain.translate(i, np.asarray(held, dtype=np.int64))
         assert len(set(phys.tolist())) == len(held)
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: f"{g.shape}-P{g.page_size}-"
+                         f"{g.buffer_bytes}")
+def test_planner_agrees_with_oracle_on_every_demand_sweep(geometry: ChainGeometry) -> None:
+    for corner in corner_states(geometry, ("open", "gate_closed")):
+        result = check_demand_sweep(corner.chain)
+        assert result.decisions > 0
+        assert result.disagreements == (), corner.name

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvchain.alloc import Chain, ChainSnapshot, Demand
-from kvchain.alloc.pricing import max_units
+from kvchain.alloc.pricing import fits, largest_fitting, max_units
 from kvchain.testing.oracle import OracleProblem, oracle_fits
 
 
@@ -91,3 +91,29 @@ def check_agreement(chain: Chain, *,
             max_slack = max(max_slack, snap.free_bytes - (n + 1) * unit_bytes)
     pages = -(-max_slack // float_bytes) if float_bytes and max_slack > 0 else 0
     return AgreementResult(decisions, states, tuple(found), max(max_slack, 0), pages)
+
+
+def check_demand_sweep(chain: Chain, max_pages: int = 12) -> AgreementResult:
+    """Every demand at and just past capacity, not only unit directions: for each
+    ``head`` in ``[0, max_pages]^(bands - 1)`` the planner fits, the largest last-band
+    demand ``n`` (:func:`~kvchain.alloc.pricing.largest_fitting`) must fit in the oracle and
+    ``n + 1`` must not. Grid slack is not measured here (0 in the result).
+    """
+    snap = chain.snapshot()
+    problem = OracleProblem.from_chain(chain)
+    nb = len(snap.bands)
+    upper = max(b.cap for b in snap.bands)
+    decisions = states = 0
+    found: list[Disagreement] = []
+    for head in itertools.product(range(max_pages + 1), repeat=nb - 1):
+        if not fits(snap, Demand((*head, 0))):
+            continue
+        n = largest_fitting(lambda k, head=head: fits(snap, Demand((*head, k))), upper)
+        for k, planner in ((n, True), (n + 1, False)):
+            demand = Demand((*head, k))
+            verdict = oracle_fits(problem, demand)
+            decisions += 1
+            states += verdict.states
+            if verdict.fits != planner:
+                found.append(Disagreement(demand.pages, planner, verdict.fits))
+    return AgreementResult(decisions, states, tuple(found), 0, 0)
