@@ -198,6 +198,7 @@ class Chain:
             self._bands.append(Band(bl, start))
         self._epoch = 0
         self._snap: ChainSnapshot | None = None
+        self._empty_snapshot: ChainSnapshot | None = None
         self._gate_open = True
         self._close_pending = False
         self._pins = 0
@@ -260,6 +261,13 @@ class Chain:
         if self._snap is None:
             self._snap = self._build_snapshot()
         return self._snap
+
+    def empty_snapshot(self) -> ChainSnapshot:
+        """The snapshot of this chain's layout with nothing held but its null pages (what
+        a request that can never fit is judged against). Cached."""
+        if self._empty_snapshot is None:
+            self._empty_snapshot = Chain(self.layout).snapshot()
+        return self._empty_snapshot
 
     def price(self, demand: Demand) -> Quote:
         """The planner's quote for ``demand`` on the current snapshot (nothing changes).

@@ -16,10 +16,8 @@ from kvchain.baselines.managers import (
     fixed_pool_shares,
 )
 from kvchain.baselines.pools import CapacityRule, NoMovePin, PoolAllocator
-from kvchain.baselines.scheduler import BaselineScheduler
 
 __all__ = [
-    "BaselineScheduler",
     "CapacityRule",
     "ManagerKind",
     "ManagerSetup",

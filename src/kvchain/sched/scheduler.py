@@ -150,7 +150,7 @@ class Scheduler:
         self.requests: dict[int, Request] = {}
         self.counters = SchedulerCounters()
         self._events: list[Event] = []
-        self._empty = Chain(self.chain.layout).snapshot()
+        self._empty = self.chain.empty_snapshot()
         smallest = self._lifetime_demand(1, 1)
         if not fits(self._empty, smallest):
             needed = _demand_bytes(self._empty, smallest) + self.chain.layout.reserved_bytes

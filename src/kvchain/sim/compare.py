@@ -1,10 +1,9 @@
 """Every memory manager through the same scheduler, trace and cost model.
 
-The loop is :func:`kvchain.sim.engine.simulate`'s (arrivals -> ``scheduler.step`` -> cost
-model -> ``complete``) with the allocator taken from
-:func:`kvchain.baselines.build_manager` and the never-fits check of
-:class:`kvchain.baselines.BaselineScheduler`; the scheduler, admission ledger, KV manager
-and metrics are the same objects for every manager.
+The loop is :func:`kvchain.sim.engine.simulate` itself with the allocator taken from
+:func:`kvchain.baselines.build_manager` (its ``empty_snapshot`` judges requests that can
+never fit); the scheduler, admission ledger, KV manager and metrics are the same objects
+for every manager.
 
 Bytes needed by the live requests (the physical minimum, no pages, no rounding)::
 
@@ -24,12 +23,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvchain.baselines import BaselineScheduler, ManagerKind, build_manager
-from kvchain.kv_manager import KVManager
-from kvchain.sched.request import Request, StepOutcome
-from kvchain.sim.cost import GPUCostModel
-from kvchain.sim.engine import SimConfig, SimulationStuckError, _record_events
-from kvchain.sim.metrics import MetricsRecorder, SimSummary, StepSample, band_samples, summarize
+from kvchain.baselines import ManagerKind, build_manager
+from kvchain.sched.request import StepBatch
+from kvchain.sched.scheduler import Scheduler
+from kvchain.sim.engine import SimConfig, simulate
+from kvchain.sim.metrics import SimSummary, summarize
 from kvchain.spec.layers import CacheClass, LifetimeClass
 
 
@@ -110,9 +108,39 @@ class ManagerRun:
     buffer_bytes: int
 
 
+class _BytesObserver:
+    """Measures bytes needed against bytes held after each step's allocation."""
+
+    def __init__(self, needed_of: NeededBytes, buffer_bytes: int, reserved_bytes: int) -> None:
+        self.needed_of = needed_of
+        self.buffer = buffer_bytes
+        self.reserved = reserved_bytes
+        self.u_sum, self.u_steps, self.needed_sum, self.held_sum = 0.0, 0, 0, 0
+        self.points: list[BytesPoint] = []
+
+    def __call__(self, sched: Scheduler, batch: StepBatch, now: float) -> None:
+        kv = sched.kv
+        state_band = kv.geom.state
+        step_tokens = {p.rid: p.tokens for p in batch.prefills}
+        step_tokens.update((d.rid, 1) for d in batch.decodes)
+        needed = 0
+        for rid in sched.running.keys() | step_tokens.keys():
+            holds = rid in kv and state_band is not None and bool(kv.pages(rid).slots)
+            needed += self.needed_of.of_request(kv.tokens(rid) + step_tokens.get(rid, 0), holds)
+        held = kv.chain.snapshot().live_bytes - self.reserved
+        if sched.waiting:
+            self.u_sum += needed / self.buffer
+            self.u_steps += 1
+        if held > 0:
+            self.needed_sum += needed
+            self.held_sum += held
+        self.points.append(BytesPoint(now, needed, held))
+
+
 def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000,
                 audit_every_step: bool = False) -> ManagerRun:
-    """Serve ``config.trace`` with one memory manager.
+    """Serve ``config.trace`` with one memory manager (:func:`kvchain.sim.engine.simulate`
+    with that manager's allocator, measuring bytes needed and held after each allocation).
 
     Args:
         config: model, GPU, trace, buffer, page size and scheduler limits (as ``simulate``).
@@ -128,89 +156,21 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
     """
     buffer = config.layout().buffer_bytes
     setup = build_manager(kind, config.model.classes, buffer, config.page_size)
-    layout, alloc = setup.layout, setup.allocator
-    kv = KVManager(alloc)  # type: ignore[arg-type]  # duck-typed chain
-    sched = BaselineScheduler(kv, config.scheduler)
-    cost = GPUCostModel(config.model, config.gpu)
-    builder = cost.builder()
-    recorder = MetricsRecorder(max_step_samples=config.max_step_samples)
-    needed_of = NeededBytes.of(config.model.classes)
-    reserved = layout.reserved_bytes
-    state_band = kv.geom.state
-    requests = sorted(config.trace.requests, key=lambda r: (r.arrival_s, r.request_id))
-    total, i, now = len(requests), 0, 0.0
-    u_sum, u_steps, needed_sum, held_sum = 0.0, 0, 0, 0
-    points: list[BytesPoint] = []
-
-    while i < total or not sched.idle:
-        if sched.idle:
-            now = max(now, requests[i].arrival_s)
-        while i < total and requests[i].arrival_s <= now:
-            tr = requests[i]
-            recorder.on_arrival(tr.request_id, tr.arrival_s, prompt_tokens=tr.prompt_tokens,
-                                output_tokens=tr.output_tokens)
-            sched.add(Request(tr.request_id, tr.prompt_tokens, tr.output_tokens, tr.arrival_s),
-                      tr.arrival_s)
-            i += 1
-        batch = sched.step(now)
-        if batch.is_empty:
-            _record_events(sched, recorder)
-            if i < total:
-                now = max(now, requests[i].arrival_s)
-                continue
-            if sched.idle:
-                break
-            raise SimulationStuckError(
-                f"{kind}: {len(sched.waiting)} requests wait, {len(sched.running)} run, "
-                f"nothing is planned at t={now:.3f} s")
-        # Memory at its fullest: this step's pages are taken, its tokens not yet committed.
-        step_tokens = {p.rid: p.tokens for p in batch.prefills}
-        step_tokens.update((d.rid, 1) for d in batch.decodes)
-        needed = 0
-        for rid in sched.running:
-            pages = kv.pages(rid) if rid in kv else None
-            holds = pages is not None and state_band is not None and bool(pages.slots)
-            needed += needed_of.of_request(kv.tokens(rid) + step_tokens.get(rid, 0), holds)
-        held = alloc.snapshot().live_bytes - reserved
-        if sched.waiting:
-            u_sum += needed / buffer
-            u_steps += 1
-        if held > 0:
-            needed_sum += needed
-            held_sum += held
-        builder.reset()
-        for p in batch.prefills:
-            builder.add_prefill(p.tokens, p.start)
-        for d in batch.decodes:
-            builder.add_decode(d.context)
-        duration = cost.step_time(builder.build())
-        points.append(BytesPoint(now, needed, held))
-        now += duration
-        sched.complete(batch, StepOutcome(duration), now)
-        _record_events(sched, recorder)
-        snap = alloc.snapshot()
-        recorder.on_step(StepSample(
-            t_s=now, duration_s=duration, prefill_tokens=batch.prefill_tokens,
-            decode_tokens=len(batch.decodes), running=len(sched.running),
-            waiting=len(sched.waiting), bands=band_samples(snap),
-            buffer_bytes=buffer, used_bytes=snap.live_bytes - reserved))
-        if audit_every_step:
-            sched.audit()
-
-    leaked = sum(alloc.bound_pages(b) for b in range(len(layout.bands))) - sum(
-        b.reserved_pages for b in layout.bands)
-    u_star = u_sum / u_steps if u_steps else None
-    efficiency = needed_sum / held_sum if held_sum else None
-    extra: dict[str, int | float] = {
-        "admitted_but_unallocatable": sched.counters.divergences,
-        "leaked_pages": leaked,
-        "bytes_copied": alloc.stats.bytes_copied,
-    }
+    observer = _BytesObserver(NeededBytes.of(config.model.classes), buffer,
+                              setup.layout.reserved_bytes)
+    result = simulate(config, allocator=setup.allocator,  # type: ignore[arg-type]
+                      on_allocated=observer, audit_every_step=audit_every_step)
+    u_star = observer.u_sum / observer.u_steps if observer.u_steps else None
+    efficiency = observer.needed_sum / observer.held_sum if observer.held_sum else None
+    extra: dict[str, int | float] = dict(result.summary.extra)
+    extra["admitted_but_unallocatable"] = result.summary.admitted_but_unallocatable or 0
+    extra["leaked_pages"] = result.summary.leaked_pages or 0
     if u_star is not None:
         extra["u_star_pct"] = round(100 * u_star, 2)
     if efficiency is not None:
         extra["alloc_efficiency_pct"] = round(100 * efficiency, 2)
-    summary = summarize(recorder, extra=extra)
+    summary = summarize(result.recorder, extra=extra)
+    points = observer.points
     stride = max(1, -(-len(points) // max_points))
     return ManagerRun(kind, setup.rule, summary, u_star, efficiency,
                       tuple(points[::stride]), buffer)

@@ -21,7 +21,7 @@ from kvchain.errors import KVChainError
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
-from kvchain.sched.request import EventKind, Request, StepOutcome
+from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.sim.cost import GPUCostModel
 from kvchain.sim.metrics import MetricsRecorder, SimSummary, StepSample, band_samples, summarize
@@ -92,12 +92,20 @@ class SimResult:
     admission_decisions: int
 
 
-def simulate(config: SimConfig, *, progress: Callable[[int, int], None] | None = None,
+def simulate(config: SimConfig, *, allocator: Chain | None = None,
+             on_allocated: Callable[[Scheduler, StepBatch, float], None] | None = None,
+             progress: Callable[[int, int], None] | None = None,
              audit_every_step: bool = False) -> SimResult:
-    """Serve ``config.trace`` with kvchain and return the metrics.
+    """Serve ``config.trace`` with kvchain (or another memory manager) and return the metrics.
 
     Args:
         config: model, GPU, trace and limits.
+        allocator: the memory manager: a :class:`Chain` (default: a bookkeeping-only chain
+            of ``config.layout()``) or any object with the same interface (the baselines'
+            pool allocators); its ``layout`` is the one simulated.
+        on_allocated: called as ``on_allocated(scheduler, batch, now)`` after each step's
+            pages are taken and before its forward (memory at its fullest), e.g. to measure
+            bytes needed against bytes held.
         progress: called as ``progress(done, total)`` (requests finished or rejected) after
             each step that changed it.
         audit_every_step: run the chain and KV-manager audits after every step (slow; tests).
@@ -111,8 +119,8 @@ def simulate(config: SimConfig, *, progress: Callable[[int, int], None] | None =
         SimulationStuckError: requests left waiting with nothing to run (a bug).
         AdmissionDivergenceError: the allocator refused an admitted batch (a bug).
     """
-    layout = config.layout()
-    chain = Chain(layout)
+    chain = allocator if allocator is not None else Chain(config.layout())
+    layout = chain.layout
     kv = KVManager(chain)
     sched_config = config.scheduler
     if audit_every_step != sched_config.audit_every_step:
@@ -150,6 +158,8 @@ def simulate(config: SimConfig, *, progress: Callable[[int, int], None] | None =
             raise SimulationStuckError(
                 f"{len(sched.waiting)} requests wait, {len(sched.running)} run, and the "
                 f"scheduler plans nothing at t={now:.3f} s")
+        if on_allocated is not None:
+            on_allocated(sched, batch, now)
         builder.reset()
         for p in batch.prefills:
             builder.add_prefill(p.tokens, p.start)
@@ -175,7 +185,6 @@ def simulate(config: SimConfig, *, progress: Callable[[int, int], None] | None =
         "admitted_but_unallocatable": sched.counters.divergences,
         "leaked_pages": leaked,
         "admission_decisions": sched.counters.admission_decisions,
-        "pages_copied": chain.stats.pages_copied,
         "bytes_copied": chain.stats.bytes_copied,
     })
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions)
