@@ -1,0 +1,94 @@
+"""`kvchain plan` and `kvchain simulate` through the real CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvchain.cli import _load_commands, app
+
+_load_commands()
+runner = CliRunner()
+
+
+def run_json(*args: str) -> dict:
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_plan_gpt_oss_on_h200_bytes_match_models_json():
+    d = run_json("plan", "--model", "gpt-oss-120b", "--gpu", "h200")
+    assert d["chain"] == "window|full"
+    bands = {b["band"]: b for b in d["bands"]}
+    assert bands["full"]["bytes_per_token"] == 36_864
+    assert bands["window"]["bytes_per_token"] == 36_864 and bands["window"]["window"] == 128
+    assert bands["full"]["page_bytes"] == 16 * 36_864
+    # 141e9 x 0.9 - 65,168,179,200 B of weights - 3 GiB reserve
+    assert d["buffer_bytes"] == 126_900_000_000 - 65_168_179_200 - 3 * 2**30
+
+
+@pytest.mark.parametrize(("model", "tp", "classes"), [
+    ("qwen3-next-80b-a3b", 2, {"state": (0, 39_518_208 // 2), "full": (24_576 // 2, 0)}),
+    ("gemma-3-27b", 1, {"window": (425_984, 0), "full": (81_920, 0)}),
+    ("jamba-v0.1", 1, {"state": (0, 8_716_288), "full": (16_384, 0)}),
+])
+def test_plan_other_models(model, tp, classes):
+    d = run_json("plan", "--model", model, "--tp", str(tp))
+    got = {b["band"]: (b["bytes_per_token"], b["bytes_per_slot"]) for b in d["bands"]}
+    assert got == classes
+    assert d["chain_capacity"]["concurrent_requests"] >= d["fixed_pools_capacity"][
+        "concurrent_requests"]
+
+
+def test_plan_f10_capacity_from_a_spec_file(tmp_path):
+    """Field case F10: (40e9 - 64 x 50e6) / 32,000 = 1,150,000 tokens with 64 slots held."""
+    spec = tmp_path / "f10.json"
+    spec.write_text(json.dumps({"name": "f10", "full": 32_000, "state": 50_000_000}))
+    d = run_json("plan", "--spec", str(spec), "--buffer-bytes", "40000000000",
+                 "--prompt", "17000", "--output", "100", "--slots-held", "64")
+    assert d["chain_capacity"]["full_tokens"] == 1_150_000
+    assert d["chain_capacity"]["slots_held"] == 64
+    # 64 requests of (17,000, 100) run concurrently: each 1,069 pages of 512,000 B + 1 slot.
+    assert d["chain_capacity"]["concurrent_requests"] >= 64
+
+
+def refused(*args: str) -> str:
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 2, result.output
+    return " ".join(result.output.split())  # rich wraps long lines
+
+
+def test_plan_errors_are_typed_and_exit_2(tmp_path):
+    assert "no-such-model" in refused("plan", "--model", "no-such-model")
+    assert "mem_fraction" in refused("plan", "--mem-fraction", "-0.5")
+    assert "cannot hold one smallest request" in refused("plan", "--buffer-bytes", "1000")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"fulll": 1}))
+    assert "unknown keys ['fulll']" in refused("plan", "--spec", str(bad), "--buffer-bytes",
+                                               "10000000")
+
+
+def test_simulate_json_and_outputs(tmp_path):
+    out = tmp_path / "run"
+    d = run_json("simulate", "--requests", "40", "--out", str(out))
+    s = d["summary"]
+    assert s["requests_total"] == 40 and s["requests_finished"] == 40
+    assert s["admitted_but_unallocatable"] == 0 and s["leaked_pages"] == 0
+    assert d["config"]["model"] == "gpt-oss-120b" and d["config"]["chain"] == "window|full"
+    for name in ("metrics.json", "requests.csv", "bands.png", "utilization.png",
+                 "latency_cdf.png"):
+        assert (out / name).stat().st_size > 0
+    rows = (out / "requests.csv").read_text().splitlines()
+    assert len(rows) == 41
+
+
+def test_simulate_table_output_and_bad_trace():
+    result = runner.invoke(app, ["simulate", "--model", "jet-nemotron-2b", "--trace",
+                                 "mooncake", "--requests", "20", "--buffer-bytes", "900000000"])
+    assert result.exit_code == 0, result.output
+    assert "state|window|full" in result.output and "20 / 20" in result.output
+    result = runner.invoke(app, ["simulate", "--trace", "/no/such/file.csv"])
+    assert result.exit_code == 2
