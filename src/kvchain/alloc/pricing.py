@@ -91,18 +91,18 @@ def apply_action(snapshot: ChainSnapshot, action: Action) -> ChainSnapshot:
     if isinstance(action, UseHoles):
         if not 0 < action.pages <= band.holes:
             raise PlanMismatchError(f"UseHoles({action.pages}) on a band with {band.holes} holes")
-        new = replace(band, live=band.live + action.pages, holes=band.holes - action.pages)
+        new = _band(band, band.lo, band.hi, band.live + action.pages, band.holes - action.pages)
     elif isinstance(action, Extend):
         k = action.pages
         _check_side(band, action.side)
         if k <= 0 or band.span + k > band.cap:
             raise PlanMismatchError(f"Extend({k}) past the index cap {band.cap}")
         if action.side is Side.HIGH:
-            new = replace(band, hi=band.hi + k * band.page_bytes, live=band.live + k)
+            new = _band(band, band.lo, band.hi + k * band.page_bytes, band.live + k, band.holes)
             if new.hi > high_limit:
                 raise PlanMismatchError(f"Extend({k}) of {band.label} runs into byte {high_limit}")
         else:
-            new = replace(band, lo=band.lo - k * band.page_bytes, live=band.live + k)
+            new = _band(band, band.lo - k * band.page_bytes, band.hi, band.live + k, band.holes)
             if new.lo < low_limit:
                 raise PlanMismatchError(f"Extend({k}) of {band.label} runs into byte {low_limit}")
     elif isinstance(action, Compact):
@@ -113,9 +113,9 @@ def apply_action(snapshot: ChainSnapshot, action: Action) -> ChainSnapshot:
         if not band.movable:
             raise PlanMismatchError(f"Compact on {band.label} while its move gate is closed")
         if action.side is Side.HIGH:
-            new = replace(band, hi=band.hi - k * band.page_bytes, holes=band.holes - k)
+            new = _band(band, band.lo, band.hi - k * band.page_bytes, band.live, band.holes - k)
         else:
-            new = replace(band, lo=band.lo + k * band.page_bytes, holes=band.holes - k)
+            new = _band(band, band.lo + k * band.page_bytes, band.hi, band.live, band.holes - k)
     elif isinstance(action, Relocate):
         p = band.page_bytes
         if band.anchor is not Anchor.FLOAT:
@@ -124,12 +124,21 @@ def apply_action(snapshot: ChainSnapshot, action: Action) -> ChainSnapshot:
             raise PlanMismatchError(f"Relocate to byte {action.lo}, off the {p}-byte grid")
         if band.live and not band.movable:
             raise PlanMismatchError(f"Relocate of {band.label} while its move gate is closed")
-        new = replace(band, lo=action.lo, hi=action.lo + band.live * p, holes=0)
+        new = _band(band, action.lo, action.lo + band.live * p, band.live, 0)
         if new.lo < low_limit or new.hi > high_limit:
             raise PlanMismatchError(f"Relocate to [{new.lo}, {new.hi}) outside its gaps")
     else:  # pragma: no cover - exhaustive over Action
         raise PlanMismatchError(f"unknown action {action!r}")
-    return snapshot.with_band(i, new)
+    bands = list(snapshot.bands)
+    bands[i] = new
+    return ChainSnapshot(snapshot.buffer_bytes, tuple(bands), snapshot.epoch)
+
+
+def _band(b: BandSnapshot, lo: int, hi: int, live: int, holes: int) -> BandSnapshot:
+    """``b`` with new frontiers and counts (a direct constructor call: this is the hot path
+    of pricing, and ``dataclasses.replace`` costs several times more)."""
+    return BandSnapshot(b.label, b.anchor, b.page_bytes, lo, hi, live, holes, b.cap, b.movable,
+                        b.fence_pending)
 
 
 def _check_side(band: BandSnapshot, side: Side) -> None:

@@ -1,0 +1,81 @@
+"""Planner speed: ``price`` and ``fits`` on cached snapshots of every chain shape.
+
+Run: ``python benchmarks/bench_pricing.py``. Prints microseconds per call (best of 5
+rounds of 20,000 calls) for an in-place demand, a demand that needs compaction or float
+relocation, and a refused one - and the ratio of ``price`` to ``fits`` (which builds no
+plan) measured in the same run. Target on this machine: ``price <= 5 us``.
+"""
+
+from __future__ import annotations
+
+import timeit
+
+from rich.console import Console
+from rich.table import Table
+
+from kvchain.alloc.pricing import fits, price
+from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot, Demand
+from kvchain.layout import Anchor
+
+
+def _low(label, p, live, holes):
+    return BandSnapshot(label, Anchor.LOW, p, 0, (live + holes) * p, live, holes, 1 << 20)
+
+
+def _high(label, p, live, holes, b):
+    return BandSnapshot(label, Anchor.HIGH, p, b - (live + holes) * p, b, live, holes, 1 << 20)
+
+
+def _float(label, p, page, live, holes):
+    return BandSnapshot(
+        label, Anchor.FLOAT, p, page * p, (page + live + holes) * p, live, holes, 1 << 20
+    )
+
+
+CASES = {
+    "one band": (
+        ChainSnapshot(32 * 1000, (_low("full", 32, 600, 50),)),
+        [Demand((40,)), Demand((100,)), Demand((400,))],
+    ),
+    "two ENDs": (
+        ChainSnapshot(6_400, (_low("window", 32, 60, 40), _high("full", 32, 20, 80, 6_400))),
+        [Demand((30, 30)), Demand((50, 50)), Demand((61, 61))],
+    ),
+    "three bands": (
+        ChainSnapshot(
+            6_784,
+            (
+                _low("state", 48, 41, 0),
+                _float("window", 32, 200, 1, 0),
+                _high("full", 32, 0, 0, 6_784),
+            ),
+        ),
+        [Demand((0, 10, 10)), Demand((0, 70, 74)), Demand((0, 76, 76))],
+    ),
+}
+
+
+def main() -> None:
+    table = Table(title="planner speed (us per call, best of 5 x 20,000)")
+    for col in ("shape", "demand", "plan", "price", "fits", "price / fits"):
+        table.add_column(col, justify="right" if col not in ("shape", "demand", "plan") else "left")
+    n = 20_000
+    for shape, (snap, demands) in CASES.items():
+        for d in demands:
+            q = price(snap, d)
+            kind = "refused" if not q.fits else ("moves" if q.needs_moves else "in place")
+            t_price = min(timeit.repeat(lambda d=d: price(snap, d), number=n, repeat=5)) / n
+            t_fits = min(timeit.repeat(lambda d=d: fits(snap, d), number=n, repeat=5)) / n
+            table.add_row(
+                shape,
+                str(d.pages),
+                kind,
+                f"{t_price * 1e6:.2f}",
+                f"{t_fits * 1e6:.2f}",
+                f"{t_price / t_fits:.1f}x",
+            )
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
