@@ -64,8 +64,12 @@ def main() -> None:
         for d in demands:
             q = price(snap, d)
             kind = "refused" if not q.fits else ("moves" if q.needs_moves else "in place")
-            t_price = min(timeit.repeat(lambda d=d: price(snap, d), number=n, repeat=5)) / n
-            t_fits = min(timeit.repeat(lambda d=d: fits(snap, d), number=n, repeat=5)) / n
+            t_price = (
+                min(timeit.repeat(lambda d=d, snap=snap: price(snap, d), number=n, repeat=5)) / n
+            )
+            t_fits = (
+                min(timeit.repeat(lambda d=d, snap=snap: fits(snap, d), number=n, repeat=5)) / n
+            )
             table.add_row(
                 shape,
                 str(d.pages),
