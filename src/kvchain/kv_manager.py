@@ -151,8 +151,25 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
         raise InvalidDemandError(f"bad token counts: start={start} extend={extend} "
                                  f"headroom={headroom} headroom_chunk={headroom_chunk}")
     p = geom.page_size
-    pages = [0] * geom.num_bands
     end = start + extend
+    if extend and not headroom:
+        # Fast path, same result: every page the tokens [start, end) touch is held already
+        # (most decode steps); the general formulas would give zeros too (tested).
+        last = _ceil_div(end, p)
+        if ((geom.full is None or last <= held.full)
+                and (geom.window is None or (held.window_first <= geom.window_start(start) // p
+                                             and last <= held.window_end))
+                and (geom.state is None or held.slots)):
+            return Demand((0,) * geom.num_bands)
+    return _general_demand(geom, held, start, extend, headroom, headroom_chunk)
+
+
+def _general_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
+                    headroom: int, headroom_chunk: int) -> Demand:
+    """The formulas of :func:`request_demand` (arguments already checked)."""
+    p = geom.page_size
+    end = start + extend
+    pages = [0] * geom.num_bands
     if geom.full is not None:
         pages[geom.full] = max(0, _ceil_div(end + headroom, p) - held.full)
     if geom.window is not None and (extend or headroom):
@@ -343,6 +360,8 @@ class KVManager:
         if g.window is None or not req.window:
             return 0
         keep_from = g.window_start(req.tokens) // g.page_size
+        if keep_from <= req.window_first:
+            return 0
         drop = min(max(0, keep_from - req.window_first), len(req.window))
         if drop:
             self.chain.release(g.window, req.window[:drop])
