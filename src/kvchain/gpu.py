@@ -146,10 +146,17 @@ def get_gpu(name: str) -> GPUSpec:
         raise UnknownGPUError(f"unknown GPU {name!r}; known: {known}") from None
 
 
+KV_BUFFER_ALIGN_BYTES = 256
+"""Alignment of KV buffers sized by :func:`kv_buffer_bytes` (bytes)."""
+
+
 def kv_buffer_bytes(gpu: GPUSpec, weight_bytes: int, *, mem_fraction: float = 0.9,
                     activation_reserve_bytes: int | None = None) -> int:
     """Bytes left for the KV buffer on one GPU:
-    ``floor(memory_bytes x mem_fraction) - weight_bytes - activation_reserve_bytes``.
+    ``floor(memory_bytes x mem_fraction) - weight_bytes - activation_reserve_bytes``,
+    rounded down to a multiple of :data:`KV_BUFFER_ALIGN_BYTES` (256) so that every page
+    grid - including a HIGH END's, anchored at the buffer's end - starts aligned for the
+    kernels' typed views.
 
     ``mem_fraction`` plays the role of vLLM's ``gpu_memory_utilization`` (default 0.9 there
     too); the reserve defaults to :data:`DEFAULT_ACTIVATION_RESERVE_BYTES` (3 GiB).
@@ -175,4 +182,4 @@ def kv_buffer_bytes(gpu: GPUSpec, weight_bytes: int, *, mem_fraction: float = 0.
             f"weights {weight_bytes:,} B + reserve {reserve:,} B exceed {usable:,} B "
             f"({mem_fraction:g} of {gpu.name}'s {gpu.memory_bytes:,} B): no room for a KV "
             f"buffer")
-    return left
+    return left - left % KV_BUFFER_ALIGN_BYTES
