@@ -59,7 +59,7 @@ def test_kv_buffer_bytes_explicit():
     assert kv_buffer_bytes(h100, 10**9, mem_fraction=1.0, activation_reserve_bytes=0) \
         == 79_000_000_000
     assert kv_buffer_bytes(h100, 0, mem_fraction=0.5, activation_reserve_bytes=10) \
-        == 39_999_999_990
+        == 39_999_999_744  # 39,999,999,990 rounded down to 256 B
 
 
 @pytest.mark.parametrize("fraction", [0.0, -0.1, 1.01, float("nan")])
