@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from kvchain.alloc.pricing import fits, largest_fitting, price
+from kvchain.alloc.pricing import fits, largest_fitting
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.errors import ConfigError
 from kvchain.layout import ChainLayout
@@ -168,19 +168,13 @@ class ChainPrefillBudget:
         (0 if none): a monotone search over the same predicate (chunk caps)."""
         if upper <= 0:
             return 0
+        if self.fits(demand_of(upper)):
+            return upper  # the common case, and exact where the demand is not monotone
         units = upper // step
         best = largest_fitting(lambda n: self.fits(demand_of(n * step)), units) * step
         if best < upper and upper % step and self.fits(demand_of(upper)):
             return upper  # the unaligned tail of a prompt
         return best
-
-    def ledger_needs_moves(self) -> bool:
-        """Whether realizing the whole ledger needs page moves (then the scheduler pins the
-        move gate open until it has allocated: contract 6)."""
-        if self._reserved.is_empty:
-            return False
-        quote = price(self.snapshot, self._reserved)
-        return quote.fits and quote.needs_moves
 
 
 def _split_remainders(snapshot: ChainSnapshot) -> tuple[int, ...]:

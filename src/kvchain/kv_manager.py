@@ -187,23 +187,23 @@ def _general_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: 
     return Demand(tuple(pages))
 
 
-def lifetime_demand(geom: RequestGeometry, prompt: int, output: int, chunk_size: int) -> Demand:
-    """A lone request's whole life as one demand on an empty chain: its first chunk at the
-    smallest size (one page of tokens), then all of its KV (``prompt + output - 1`` tokens;
-    the last sampled token is never fed back), with the window peak of later chunks of up
-    to ``chunk_size`` tokens, and its state slots. A request whose lifetime demand does not
-    fit the empty chain can never finish; one that fits always can, alone.
+def lifetime_demand(geom: RequestGeometry, prompt: int, output: int) -> Demand:
+    """A lone request's whole life as one demand on an empty chain: all of its KV
+    (``prompt + output - 1`` tokens; the last sampled token is never fed back), its state
+    slots, and the window peak of chunks of one page (``ceil((W - 1 + P) / P) + 1``
+    pages): the smallest footprint any chunking reaches, since the scheduler cuts each
+    chunk to what fits. A request whose lifetime demand does not fit the empty chain can
+    never finish; one that fits always can, alone (field cases F2, F3, F7).
 
     Raises:
-        InvalidDemandError: a prompt or output below 1, or ``chunk_size < 1``.
+        InvalidDemandError: a prompt or output below 1.
     """
-    if prompt < 1 or output < 1 or chunk_size < 1:
-        raise InvalidDemandError(f"prompt, output and chunk_size must be >= 1, got "
-                                 f"{prompt}, {output}, {chunk_size}")
+    if prompt < 1 or output < 1:
+        raise InvalidDemandError(f"prompt and output must be >= 1, got {prompt}, {output}")
     first = min(geom.page_size, prompt)
     rest = prompt + output - 1 - first
     return request_demand(geom, NOTHING_HELD, 0, first, rest,
-                          min(chunk_size, max(prompt - first, 1)))
+                          min(geom.page_size, max(prompt - first, 1)))
 
 
 @dataclass(slots=True)

@@ -295,7 +295,7 @@ def test_flush_idle_compacts_everything_and_keeps_bytes() -> None:
 def test_closed_gate_blocks_moves_and_copies_nothing() -> None:
     buf = NumpyBuffer(6_400)
     chain = two_end_with_holes(buf)
-    chain.set_move_gate(False)
+    chain.set_move_gate(False, realize_moves=False)
     assert chain.snapshot().bands[0].movable is False
     before = full_state(chain, buf)
     assert chain.flush_idle() == 0
@@ -616,7 +616,7 @@ def test_f13_without_pin_the_closed_gate_refuses_and_copies_nothing() -> None:
     chain, buf = f13_chain()
     demand = Demand((20, 80))
     quote = chain.price(demand)
-    chain.set_move_gate(False)
+    chain.set_move_gate(False, realize_moves=False)
     before = full_state(chain, buf)
     with pytest.raises(CapacityError) as err:
         chain.take(demand, quote)  # stale quote: re-priced with the gate closed
@@ -626,6 +626,21 @@ def test_f13_without_pin_the_closed_gate_refuses_and_copies_nothing() -> None:
     chain.set_move_gate(True)
     chain.take(demand)
     assert chain.stats.pages_copied > 0
+
+
+def test_gate_close_realizes_moves_first() -> None:
+    """Contract 6: by default a close compacts first, so the in-place price with the gate
+    closed equals the price with moves (two ENDs) and the admitted demand still fits."""
+    chain, buf = f13_chain()
+    demand = Demand((20, 80))
+    assert chain.price(demand).needs_moves
+    chain.set_move_gate(False)
+    assert not chain.gate.open and chain.stats.pages_copied > 0
+    assert all(b.holes == 0 for b in chain.snapshot().bands)
+    quote = chain.price(demand)
+    assert quote.fits and not quote.needs_moves
+    write_grant(chain, buf, chain.take(demand).pages)
+    assert check_bytes(chain, buf) == 40 + 140
 
 
 def test_a_plan_that_copies_waits_for_the_fence_first() -> None:

@@ -7,9 +7,10 @@ retraction right after an admission, no stall on an idle chain, everything finis
 Null pages: the layout reserves one null page in every window (or chunked-local) band and
 none in full or state bands. Where a README number depends on it, the test says so.
 
-Cases the mechanism fails today are kept as ``xfail(strict=True)`` with the diagnosis in
-the reason, so the suite stays green and the failure stays visible (and a fix flips them
-to XPASS, which fails until the mark is removed).
+F2, F3 (default chunk), F5, F7 and F13 first failed here; they are regression tests of
+the fixes: later chunks reserved at one page (lifetime and admission demands), the chunk
+search trying its upper bound first, a move pin for every step whose own take needs
+moves, and the compaction a gate close runs before it closes.
 """
 
 from __future__ import annotations
@@ -42,17 +43,6 @@ from .helpers import (
     state_class,
     window_class,
 )
-
-# Diagnoses shared by several cases (the same root cause, several symptoms).
-WINDOW_PEAK_OVERCOUNT = (
-    "request_demand(headroom>0) adds the final full pages and the window peak of a later "
-    "chunk as if both were held at once, and sizes that later chunk as "
-    "min(SchedulerConfig.chunk_size, rest of prompt) with the generic ceil((W-1+c)/P)+1 "
-    "bound; lifetime_demand (Scheduler.add's never-fits test) and "
-    "Scheduler._admission_demand both use it, so a request that fits the empty chain "
-    "(in smaller or page-aligned chunks, where the full and window peaks never coincide) "
-    "is rejected or never admitted. ")
-
 
 # --- F1 --------------------------------------------------------------------------------
 
@@ -117,18 +107,10 @@ def _check_f2_run(sched: Scheduler, count: int) -> None:
         assert result.peak_bytes[rid] <= 79 * F2_PAGE_BYTES + 34 * F2_PAGE_BYTES
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "F2: Scheduler.add rejects the lone (20000, 16) request on the idle chain: "
-    "lifetime_demand = (window 34, full 79) = 113 pages + the null window page = 114 pages "
-    "= 29,184,000 B > 29,000,000 B. Its real peak is 64 full + 33 window pages (chunk 2) "
-    "or 79 full + 16 window (chunk 3) + 1 null = 98 pages. " + WINDOW_PEAK_OVERCOUNT))
 def test_f2_lone_long_prompt_finishes() -> None:
     _check_f2_run(make_scheduler(F2_CLASSES, F2_BUFFER, 256, config=F2_CONFIG), 1)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "F2 variant: all 16 (20000, 16) requests are rejected at add, same cause as the lone "
-    "request (114 pages demanded, 113 in the buffer). " + WINDOW_PEAK_OVERCOUNT))
 def test_f2_sixteen_long_prompts_finish() -> None:
     _check_f2_run(make_scheduler(F2_CLASSES, F2_BUFFER, 256, config=F2_CONFIG), 16)
 
@@ -183,11 +165,6 @@ def _check_f3_new_request_waits(chunk_size: int) -> None:
     assert new.status is RequestStatus.FINISHED
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "F3 with the default chunk_size (8192): Scheduler.add rejects (2000, 8) although it "
-    "fits the empty 142-page chain in chunks of up to 112 tokens (126 full + <= 16 window "
-    "pages): lifetime_demand reserves 126 full + 126 window pages (later chunk of "
-    "min(8192, 1984) tokens) = 4,032,000 B > 2,272,000 B. " + WINDOW_PEAK_OVERCOUNT))
 def test_f3_new_request_waits_for_decode_headroom_default_chunk() -> None:
     _check_f3_new_request_waits(SchedulerConfig().chunk_size)
 
@@ -409,15 +386,6 @@ def test_f5_chunk_cut_to_what_the_planner_fits() -> None:
     assert sched.counters.divergences == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "F5: the first chunk of a waiting request is not the largest that fits. "
-    "ChainPrefillBudget.largest binary-searches (largest_fitting) a predicate that is not "
-    "monotone: Scheduler._admission_demand(r, t) passes headroom_chunk = min(chunk_size, "
-    "prompt - t), so a smaller first chunk reserves a larger later window peak: for "
-    "(256, 2), W=128, P=16, t=256 -> (window 16, full 17) = 33 pages fits the 33 free "
-    "pages, but t=128 -> (17, 17) = 34 does not, and the search returns 0 (deferred). "
-    "Make the demand monotone in t (e.g. reserve later chunks of at most min(t, rest) "
-    "tokens) or search from the top (check upper first, then scan down by pages)."))
 def test_f5_waiting_request_first_chunk_is_the_largest_that_fits() -> None:
     classes = [full_class(1_000), window_class(1_000, 128)]
     sched = make_scheduler(classes, 60 * F5_PAGE_BYTES, 16)
@@ -500,12 +468,6 @@ def _check_f7(r1: Request, r2_arrives: int, r1_pages_then: int) -> None:
     assert sched.counters.divergences == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "F7: Scheduler.add rejects R1 (100, 200) on the 10-page window-only chain: "
-    "lifetime_demand = 10 window pages (min(19, ceil((47 + 84) / 16) + 1 = 10) for a later "
-    "chunk of 84 tokens) + the null page > 10 pages, while one 100-token chunk needs 7 "
-    "pages (covering [0, 100)) and decode 4. The generic bound's +1 and the chunk-size "
-    "assumption over-count. " + WINDOW_PEAK_OVERCOUNT))
 def test_f7_all_layers_windowed_readme_scenario() -> None:
     _check_f7(Request(0, 100, 200), r2_arrives=1, r1_pages_then=4)
 
@@ -770,7 +732,8 @@ def test_f13_gate_close_waits_for_the_admitted_allocation() -> None:
     assert gate.open and gate.close_pending
     sched.allocate(step, 0.0)
     assert not kv.chain.gate.open
-    assert kv.chain.stats.compactions == 1
+    # one compaction in the admitted plan, one as the deferred close realizes moves
+    assert kv.chain.stats.compactions == 2
     assert kv.held(0).full == 50 and kv.held(0).window_end == 50
     assert sched.counters.divergences == 0
     sched.audit()
@@ -801,12 +764,6 @@ def test_f13_gate_closed_before_admission_defers_the_request() -> None:
     sched.audit()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "F13, decode-only step: Scheduler.schedule returns early for decodes only (and pins "
-    "only `if step.prefills and budget.ledger_needs_moves()`), so when the decodes' own "
-    "demand needs a compaction no MovePin is taken; a gate closing before allocate makes "
-    "chain.take refuse (moves_blocked) -> AdmissionDivergenceError. Fix: pin whenever "
-    "price(snap, this step's allocation demand).needs_moves, decodes included."))
 def test_f13_decode_only_step_survives_a_gate_close() -> None:
     sched = _f13_scheduler(6_368)  # 199 pages of 32 B
     kv = sched.kv
@@ -826,13 +783,6 @@ def test_f13_decode_only_step_survives_a_gate_close() -> None:
     assert sched.counters.divergences == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "F13, running prefill while the whole ledger does not fit: "
-    "ChainPrefillBudget.ledger_needs_moves() prices the whole ledger (this step + futures) "
-    "and returns False when it does not fit, so Scheduler.schedule takes no MovePin though "
-    "this step's chunk (10 window + 10 full pages) needs a compaction; the gate closes "
-    "before allocate -> AdmissionDivergenceError (moves_blocked, 320 B). Fix: pin on "
-    "price(snap, this step's allocation demand).needs_moves, not on the whole ledger."))
 def test_f13_running_prefill_survives_a_gate_close() -> None:
     sched = _f13_scheduler(6_400, SchedulerConfig(chunk_size=160))
     kv = sched.kv
@@ -852,16 +802,6 @@ def test_f13_running_prefill_survives_a_gate_close() -> None:
     assert sched.counters.divergences == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "F13, gate closing after an admission step: the (16, 3) request is admitted with its "
-    "decode headroom priced on a plan that needs a compaction (MovePin held only until "
-    "this step's take); the gate then closes (a transfer starts) and the next step's "
-    "Scheduler._decode_check prices the decode (1 window + 1 full page) with moves "
-    "blocked, so it retracts the request it just admitted. Contract 6 asks that closing "
-    "the gate first realizes move-dependent reservations or waits: e.g. "
-    "Chain.set_move_gate(False) compacts the ENDs (flush_idle) before closing - after "
-    "that a two-END chain prices in place exactly as with moves - or the scheduler keeps "
-    "a pin while its reserved headroom needs moves."))
 def test_f13_gate_closing_after_admission_does_not_retract() -> None:
     sched = _f13_scheduler(6_400)
     kv = sched.kv

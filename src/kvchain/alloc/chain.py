@@ -201,6 +201,7 @@ class Chain:
         self._empty_snapshot: ChainSnapshot | None = None
         self._gate_open = True
         self._close_pending = False
+        self._close_realizes = True
         self._pins = 0
         self._fence: Fence | None = None
         self._takes = self._releases = 0
@@ -413,13 +414,19 @@ class Chain:
 
     # --- gate, pins, fences -------------------------------------------------------------
 
-    def set_move_gate(self, open: bool) -> GateState:
+    def set_move_gate(self, open: bool, *, realize_moves: bool = True) -> GateState:
         """Open or close the move gate (e.g. closed while a KV transfer reads pages).
 
         Closing while :class:`MovePin` s are held is deferred: the request is recorded
         (``close_pending``) and applied when the last pin is released, so a plan with moves
         that admission relied on stays realizable (contract 6, field case F13). Opening
         cancels a pending close.
+
+        Before it closes, the gate realizes what moves can do now (``realize_moves``, the
+        default): :meth:`flush_idle` compacts the ENDs and the float, so the holes that
+        admission's reservations could reach by compaction become gap that in-place plans
+        reach with the gate closed (on a two-END chain, in-place room then equals room with
+        moves). Pass ``realize_moves=False`` to close as is.
 
         Returns:
             The gate after the request (``open`` stays True while a close is pending).
@@ -431,8 +438,9 @@ class Chain:
         elif self._gate_open:
             if self._pins > 0:
                 self._close_pending = True
+                self._close_realizes = realize_moves
             else:
-                self._apply(_SetGate(False))
+                self._close_gate(realize_moves)
         self._after_public_call()
         return self.gate
 
@@ -450,8 +458,13 @@ class Chain:
         self._pins -= 1
         if self._pins == 0 and self._close_pending:
             self._close_pending = False
-            self._apply(_SetGate(False))
+            self._close_gate(self._close_realizes)
             self._after_public_call()
+
+    def _close_gate(self, realize_moves: bool) -> None:
+        if realize_moves:
+            self.flush_idle()
+        self._apply(_SetGate(False))
 
     def begin_forward(self, fence: Fence) -> None:
         """Register the fence of a forward pass just launched (it may write pages of its

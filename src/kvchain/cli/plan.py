@@ -45,7 +45,7 @@ class Capacity:
     slots_held: int
 
 
-def chain_capacity(layout: ChainLayout, prompt: int, output: int, chunk_size: int,
+def chain_capacity(layout: ChainLayout, prompt: int, output: int,
                    slots_held: int | None) -> Capacity:
     """Capacity of a chain, from the planner on its empty snapshot (no second formula).
 
@@ -54,8 +54,7 @@ def chain_capacity(layout: ChainLayout, prompt: int, output: int, chunk_size: in
     """
     geom = RequestGeometry.of(layout)
     empty = Chain(layout).snapshot()
-    return _capacity([(geom, empty)], layout.buffer_bytes, prompt, output, chunk_size,
-                     slots_held)
+    return _capacity([(geom, empty)], layout.buffer_bytes, prompt, output, slots_held)
 
 
 def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
@@ -92,24 +91,24 @@ def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
             for c, nbytes in pools]
 
 
-def pools_capacity(layout: ChainLayout, prompt: int, output: int, chunk_size: int,
+def pools_capacity(layout: ChainLayout, prompt: int, output: int,
                    slots_held: int | None) -> Capacity:
     """:func:`chain_capacity` for fixed per-class pools (:func:`fixed_pool_layouts`): a
     demand fits iff every pool fits its own part."""
     parts = [(RequestGeometry.of(pl), Chain(pl).snapshot()) for pl in fixed_pool_layouts(layout)]
-    return _capacity(parts, layout.buffer_bytes, prompt, output, chunk_size, slots_held)
+    return _capacity(parts, layout.buffer_bytes, prompt, output, slots_held)
 
 
 def _capacity(parts: list[tuple[RequestGeometry, ChainSnapshot]], buffer_bytes: int,
-              prompt: int, output: int, chunk_size: int, slots_held: int | None) -> Capacity:
+              prompt: int, output: int, slots_held: int | None) -> Capacity:
     def all_fit(demands: list[Demand]) -> bool:
         return all(fits(snap, d) for (_, snap), d in zip(parts, demands, strict=True))
 
     def lone(tokens: int) -> list[Demand]:
-        return [lifetime_demand(g, tokens, 1, chunk_size) for g, _ in parts]
+        return [lifetime_demand(g, tokens, 1) for g, _ in parts]
 
     longest = largest_fitting(lambda n: n == 0 or all_fit(lone(n)), buffer_bytes)
-    unit = [lifetime_demand(g, prompt, output, chunk_size) for g, _ in parts]
+    unit = [lifetime_demand(g, prompt, output) for g, _ in parts]
     concurrent = min(max_units(snap, u) if not u.is_empty else 1 << 62
                      for (_, snap), u in zip(parts, unit, strict=True))
     slots = concurrent if slots_held is None else slots_held
@@ -146,7 +145,6 @@ def plan_command(
     tp: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
     prompt: Annotated[int, typer.Option(help="Prompt tokens of the request mix.")] = 2048,
     output: Annotated[int, typer.Option(help="Output tokens of the request mix.")] = 512,
-    chunk_size: Annotated[int, typer.Option(help="Prefill chunk tokens.")] = 8192,
     slots_held: Annotated[int | None, typer.Option(help="State slots held for the token "
                                                         "capacity (default: the concurrency).")]
     = None,
@@ -163,8 +161,8 @@ def plan_command(
         else:
             buffer = buffer_bytes
         layout = plan_layout(model_spec.classes, buffer, page_size)
-        ours = chain_capacity(layout, prompt, output, chunk_size, slots_held)
-        pools = pools_capacity(layout, prompt, output, chunk_size, slots_held)
+        ours = chain_capacity(layout, prompt, output, slots_held)
+        pools = pools_capacity(layout, prompt, output, slots_held)
     except KVChainError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

@@ -34,7 +34,7 @@ from kvchain.admission import (
     WindowAdmission,
 )
 from kvchain.alloc.chain import Chain, MovePin
-from kvchain.alloc.pricing import fits
+from kvchain.alloc.pricing import fits, price
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.errors import (
     AdmissionDivergenceError,
@@ -107,6 +107,7 @@ class ScheduledStep:
     prefills: list[PrefillChunk] = field(default_factory=list)
     decodes: list[DecodeSeq] = field(default_factory=list)
     decode_demands: list[Demand] = field(default_factory=list)  # aligned with decodes
+    prefill_demands: list[Demand] = field(default_factory=list)  # aligned with prefills
     pin: MovePin | None = None
 
 
@@ -186,7 +187,7 @@ class Scheduler:
         return True
 
     def _lifetime_demand(self, prompt: int, output: int) -> Demand:
-        return lifetime_demand(self.kv.geom, prompt, output, self.config.chunk_size)
+        return lifetime_demand(self.kv.geom, prompt, output)
 
     # --- one step ---------------------------------------------------------------------
 
@@ -200,6 +201,7 @@ class Scheduler:
                         for r in self.running.values() if not r.in_prefill]
         prefilling = [r for r in self.running.values() if r.in_prefill]
         if not prefilling and not self.waiting:
+            self._pin_if_moves(step, snap)
             return step  # decodes only: the decode check already proved they fit
         budget = ChainPrefillBudget(snap, self.rules)
         budget.reserve(sum_demands(decode_demands, kv.geom.num_bands))
@@ -228,9 +230,17 @@ class Scheduler:
             step.prefills.append(PrefillChunk(r.rid, 0, c))
             tokens_left -= c
         self.counters.admission_decisions += budget.decisions
-        if step.prefills and budget.ledger_needs_moves():
-            step.pin = self.chain.pin_moves()
+        self._pin_if_moves(step, snap)
         return step
+
+    def _pin_if_moves(self, step: ScheduledStep, snap: ChainSnapshot) -> None:
+        """Pin the move gate open until allocation when this step's own take needs moves
+        (contract 6: a gate closing between admission and allocation must wait)."""
+        step.prefill_demands = [self.kv.demand(p.rid, p.tokens) for p in step.prefills]
+        total = sum_demands([*step.prefill_demands, *step.decode_demands],
+                            self.kv.geom.num_bands)
+        if not total.is_empty and price(snap, total).needs_moves:
+            step.pin = self.chain.pin_moves()
 
     def allocate(self, step: ScheduledStep, now: float) -> StepBatch:
         """Allocate the step's pages in one take and move admitted requests to running.
@@ -240,8 +250,7 @@ class Scheduler:
                 counted in ``counters.divergences``). Nothing was allocated.
         """
         batch = [(p.rid, p.tokens) for p in step.prefills] + [(d.rid, 1) for d in step.decodes]
-        demands = [self.kv.demand(p.rid, p.tokens) for p in step.prefills]
-        demands.extend(step.decode_demands)
+        demands = [*step.prefill_demands, *step.decode_demands]
         try:
             if batch:
                 self.kv.allocate(batch, demands)
@@ -340,8 +349,9 @@ class Scheduler:
         # KV still to come after the prefill: remaining_output - 1 (the last sampled token
         # is never fed back); a decode's own token is this step's.
         headroom = rest_prefill + self.ratio.tokens(r.remaining_output - 1)
+        # Later chunks are reserved at one page: the scheduler cuts them to what fits.
         full_step = self.kv.demand(r.rid, now_tokens, headroom,
-                                   min(self.config.chunk_size, max(rest_prefill, 1)))
+                                   min(self.kv.geom.page_size, max(rest_prefill, 1)))
         this_step = self.kv.demand(r.rid, now_tokens)
         return Demand(tuple(max(0, a - b) for a, b in
                             zip(full_step.pages, this_step.pages, strict=True)))
@@ -352,7 +362,7 @@ class Scheduler:
         rest = r.prefill_target - chunk
         headroom = rest + self.ratio.tokens(r.remaining_output - 1)
         return request_demand(self.kv.geom, NOTHING_HELD, 0, chunk, headroom,
-                              min(self.config.chunk_size, max(rest, 1)))
+                              min(self.kv.geom.page_size, max(rest, 1)))
 
     def _waiting_order(self) -> Iterable[Request]:
         if self.config.policy is QueuePolicy.FCFS:

@@ -174,7 +174,7 @@ def build_corner(geometry: ChainGeometry, base: str, variant: str = "open") -> C
     rec = ChainRecorder(geometry.chain())
     BASE_CORNERS[base](rec)
     if variant == "gate_closed":
-        rec.run(GateOp(False))
+        rec.run(GateOp(False, realize_moves=False))  # keep the holes behind a closed gate
     elif variant == "fence_pending":
         rec.run(FenceHoldOp())
     return CornerState(f"{geometry.shape}/P{geometry.page_size}/{base}/{variant}", rec)

@@ -53,9 +53,11 @@ class ReleaseOp:
 
 @dataclass(frozen=True, slots=True)
 class GateOp:
-    """Open (``True``) or close the move gate."""
+    """Open (``True``) or close the move gate; a close realizes moves first (compaction)
+    unless ``realize_moves`` is False (see :meth:`Chain.set_move_gate`)."""
 
     open: bool
+    realize_moves: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +88,7 @@ def op_to_json(op: Op) -> dict[str, object]:
     if isinstance(op, ReleaseOp):
         return {"op": "release", "band": op.band, "vids": list(op.vids)}
     if isinstance(op, GateOp):
-        return {"op": "gate", "open": op.open}
+        return {"op": "gate", "open": op.open, "realize_moves": op.realize_moves}
     if isinstance(op, FenceHoldOp):
         return {"op": "fence_hold"}
     if isinstance(op, FenceCompleteOp):
@@ -112,7 +114,7 @@ def op_from_json(data: dict[str, object]) -> Op:
             return ReleaseOp(int(data["band"]),  # type: ignore[arg-type]
                              tuple(int(x) for x in data["vids"]))  # type: ignore[attr-defined]
         if kind == "gate":
-            return GateOp(bool(data["open"]))
+            return GateOp(bool(data["open"]), bool(data.get("realize_moves", True)))
         if kind == "fence_hold":
             return FenceHoldOp()
         if kind == "fence_complete":
@@ -206,7 +208,7 @@ class ChainRecorder:
                 gone = set(op.vids)
                 self.held[op.band] = [v for v in self.held[op.band] if v not in gone]
             elif isinstance(op, GateOp):
-                chain.set_move_gate(op.open)
+                chain.set_move_gate(op.open, realize_moves=op.realize_moves)
             elif isinstance(op, FenceHoldOp):
                 self._fence = ManualFence()
                 chain.begin_forward(self._fence)
@@ -380,7 +382,8 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
                     if got is not None:
                         req.pages.setdefault(i_state, []).extend(got[i_state])
         elif kind == "gate":
-            rec.run(GateOp(not chain.gate.open if rng.random() < 0.7 else True))
+            rec.run(GateOp(not chain.gate.open if rng.random() < 0.7 else True,
+                           realize_moves=rng.random() < 0.5))
         elif kind == "fence":
             rec.run(FenceHoldOp() if rng.random() < 0.5 else FenceCompleteOp())
         elif kind == "flush":
