@@ -10,6 +10,10 @@ from __future__ import annotations
 class KVChainError(Exception):
     """Base class of every error kvchain raises on purpose."""
 
+    def __str__(self) -> str:
+        # KeyError subclasses would otherwise print their message in quotes.
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
+
 
 # --- configuration (spec, catalog, layout) -------------------------------------------
 

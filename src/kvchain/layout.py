@@ -130,17 +130,17 @@ def smallest_request_bytes(layout_bands: Sequence[BandLayout], page_size: int,
     """Bytes one smallest request needs, page-rounded: one full page, the window's minimum
     pages (``ceil((W - 1) / P) + 1``), one chunked-local page, and its state slots.
     """
-    total = 0
-    for band in layout_bands:
-        lifetime = band.lifetime
-        if lifetime is LifetimeClass.FULL or lifetime is LifetimeClass.LOCAL:
-            total += band.page_bytes
-        elif lifetime is LifetimeClass.WINDOW:
-            assert band.cache_class.window is not None
-            total += min_window_pages(band.cache_class.window, page_size) * band.page_bytes
-        else:
-            total += state_slots * band.page_bytes
-    return total
+    return sum(_smallest_pages(b, page_size, state_slots) * b.page_bytes for b in layout_bands)
+
+
+def _smallest_pages(band: BandLayout, page_size: int, state_slots: int) -> int:
+    """Pages of ``band`` one smallest request needs (see :func:`smallest_request_bytes`)."""
+    if band.lifetime is LifetimeClass.WINDOW:
+        assert band.cache_class.window is not None
+        return min_window_pages(band.cache_class.window, page_size)
+    if band.lifetime is LifetimeClass.STATE:
+        return state_slots
+    return 1
 
 
 def plan_layout(
@@ -217,11 +217,12 @@ def plan_layout(
     needed += layout.reserved_bytes
     if needed > buffer_bytes:
         parts = ", ".join(
-            f"{b.label} page {b.page_bytes:,} B" for b in layout.bands
+            f"{b.label} {_smallest_pages(b, page_size, state_slots_per_request)} x "
+            f"{b.page_bytes:,} B" for b in layout.bands
         )
         raise BufferTooSmallError(
             f"buffer of {buffer_bytes:,} B cannot hold one smallest request: it needs "
-            f"{needed:,} B ({parts}; {layout.reserved_bytes:,} B of null pages)",
+            f"{needed:,} B ({parts}, plus {layout.reserved_bytes:,} B of null pages)",
             needed_bytes=needed,
             available_bytes=buffer_bytes,
         )

@@ -12,7 +12,8 @@ from kvchain.errors import ConfigError, UnknownModelError
 from kvchain.spec import LifetimeClass
 
 DATA = resources.files("kvchain.catalog").joinpath("data")
-SHARED = Path("/work/shared/data")
+# The project's shared data folder lies beside the repository (CI keeps a copy there).
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,7 @@ def test_table_output():
     result = invoke()
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "Bundled models (bytes per rank, tp=1, KV bf16)" in out
+    assert "S = bytes per request (per rank, tp=1, KV bf16)" in out
     line = next(ln for ln in out.splitlines() if "Jet-Nemotron-2B" in ln)
     for cell in ("state+window+full", "2,048 (1,152)", "14,745,600", "2.0B / 2.0B"):
         assert cell in line

@@ -50,6 +50,7 @@ from kvchain.errors import (
     CapacityError,
     DoubleReleaseError,
     InvalidDemandError,
+    LayoutError,
     MovesBlockedError,
     PlanMismatchError,
     ReservedPageError,
@@ -183,6 +184,9 @@ class Chain:
                  debug_audit: bool = False) -> None:
         if buffer is None:
             buffer = NullBuffer(layout.buffer_bytes)
+        elif buffer.nbytes < layout.buffer_bytes:
+            raise LayoutError(f"the buffer backend holds {buffer.nbytes:,} B but the layout "
+                              f"spans {layout.buffer_bytes:,} B")
         self.layout = layout
         self.buffer = buffer
         self.debug_audit = debug_audit

@@ -120,15 +120,15 @@ def _params(count: int) -> str:
 
 
 def _table(rows: list[ModelRow], tp: int, kv_dtype: CacheDtype) -> Table:
-    table = Table(title=f"Bundled models (bytes per rank, tp={tp}, KV {kv_dtype.value})")
-    table.add_column("model", no_wrap=True)
-    table.add_column("classes", no_wrap=True)
-    table.add_column("E_full B/tok", justify="right")
-    table.add_column("E_win B/tok (W)", justify="right")
-    table.add_column("E_local B/tok (C)", justify="right")
-    table.add_column("S B/req", justify="right")
-    table.add_column("params total/active", justify="right")
-    table.add_column("source", no_wrap=True, overflow="ellipsis", max_width=48)
+    table = Table(title=f"Bundled models: E = bytes per token, S = bytes per request "
+                        f"(per rank, tp={tp}, KV {kv_dtype.value})")
+    table.add_column("model", overflow="fold", min_width=12)
+    table.add_column("classes", overflow="fold")
+    table.add_column("E_full", justify="right", no_wrap=True)
+    table.add_column("E_win (W)", justify="right", no_wrap=True)
+    table.add_column("E_loc (C)", justify="right", no_wrap=True)
+    table.add_column("S", justify="right", no_wrap=True)
+    table.add_column("params total / active", justify="right")
     for r in rows:
         if r.error is not None:
             cells = ["-", "-", "-", "-"]
@@ -137,7 +137,7 @@ def _table(rows: list[ModelRow], tp: int, kv_dtype: CacheDtype) -> Table:
             cells = [_bytes(r.e_full), _bytes(r.e_win, r.w), _bytes(r.e_local, r.c), _bytes(r.s)]
             classes = r.classes
         params = f"{_params(r.total_params)} / {_params(r.active_params)}"
-        table.add_row(r.name, classes, *cells, params, r.source)
+        table.add_row(r.name, classes, *cells, params)
     return table
 
 

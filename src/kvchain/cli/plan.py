@@ -194,17 +194,25 @@ def plan_command(
     table.add_column("kvchain chain", justify="right")
     table.add_column("fixed pools", justify="right")
     table.add_column("chain / pools", justify="right")
+    has_state = layout.band(LifetimeClass.STATE) is not None
+    full_label = (f"full-attention tokens ({ours.slots_held:,} state slots held)" if has_state
+                  else "full-attention tokens (nothing else held)")
     for label, a, b in (
         ("longest lone request (tokens)", ours.longest_request_tokens,
          pools.longest_request_tokens),
         ("concurrent requests", ours.concurrent_requests, pools.concurrent_requests),
-        (f"full-attention tokens ({ours.slots_held} slots held)", ours.full_tokens,
-         pools.full_tokens),
+        (full_label, ours.full_tokens, pools.full_tokens),
     ):
         table.add_row(label, f"{a:,}", f"{b:,}", f"{a / b:.2f}x" if b else "-")
     console.print(table)
-    console.print("fixed pools: state = 0.9/1.9 of the buffer, window tokens = 0.8 x full "
-                  "tokens (SGLang defaults)")
+    rules = []
+    if has_state:
+        rules.append("state pool = 0.9/1.9 of the buffer (SGLang --mamba-full-memory-ratio)")
+    if len(layout.bands) - has_state > 1:
+        rules.append("window pool tokens = 0.8 x full pool tokens (SGLang "
+                     "--swa-full-tokens-ratio)")
+    if rules:
+        console.print("fixed pools: " + "; ".join(rules))
 
 
 def _as_dict(c: Capacity) -> dict[str, int]:

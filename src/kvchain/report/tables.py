@@ -99,6 +99,16 @@ def metric_labels() -> tuple[str, ...]:
     return tuple(row.label for row in _ROWS)
 
 
+EXTRA_LABELS = {
+    "admission_decisions": "admission pricing decisions",
+    "pages_copied": "pages copied by moves",
+    "bytes_copied": "bytes copied by moves",
+    "u_star_pct": "U* (% of buffer needed while requests wait)",
+    "alloc_efficiency_pct": "allocation efficiency (% needed / held)",
+}
+"""Display labels of the loop's ``extra`` counters (others show their key)."""
+
+
 def summary_table(summary: SimSummary, *, title: str) -> Table:
     """One run's summary as a two-column table (metric, value).
 
@@ -118,7 +128,7 @@ def summary_table(summary: SimSummary, *, title: str) -> Table:
     for row in _ROWS:
         table.add_row(row.label, row.render(summary))
     for key, value in summary.extra.items():
-        table.add_row(key, f"{value:,}")
+        table.add_row(EXTRA_LABELS.get(key, key), f"{value:,}")
     return table
 
 
@@ -148,7 +158,7 @@ def comparison_table(
     extra_keys = list(dict.fromkeys(k for s in rows.values() for k in s.extra))
     for key in extra_keys:
         table.add_row(
-            key,
+            EXTRA_LABELS.get(key, key),
             *(f"{s.extra[key]:,}" if key in s.extra else NOT_AVAILABLE for s in rows.values()),
         )
     return table
