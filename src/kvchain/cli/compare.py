@@ -64,10 +64,12 @@ def compare_plot(runs: dict[ManagerKind, ManagerRun], path: Path) -> Path:
                      label=f"{k} held")
         axes[2].plot(t, [p.needed_bytes / 1e9 for p in r.series], color=color, lw=1, ls="--")
     if runs:
-        axes[2].axhline(next(iter(runs.values())).buffer_bytes / 1e9, color="k", lw=0.8)
+        axes[2].axhline(next(iter(runs.values())).buffer_bytes / 1e9, color="k", lw=0.8,
+                        label="buffer")
+    axes[2].set_title("bytes held (solid) and needed (dashed)")
     axes[2].set_xlabel("simulated time (s)")
-    axes[2].set_ylabel("GB (dashed: needed)")
-    axes[2].legend(fontsize=7)
+    axes[2].set_ylabel("GB")
+    axes[2].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     for ax in axes[:2]:
         ax.tick_params(axis="x", labelsize=8)
     fig.tight_layout()

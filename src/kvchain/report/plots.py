@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -216,6 +217,7 @@ def utilization_chart(samples: Sequence[StepSample], path: str | Path) -> Path:
     bottom.step(times, running, where="pre", color="#2a9d8f", label="running (in the batch)")
     bottom.step(times, waiting, where="pre", color="#7b5ea7", label="waiting (queued)")
     bottom.set_ylim(0, 1.1 * max(1, int(running.max()), int(waiting.max())))
+    bottom.yaxis.set_major_locator(MaxNLocator(integer=True))  # request counts
     bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     bottom.grid(alpha=0.25)
     return _save(figure, path)
