@@ -18,11 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from matplotlib.ticker import MaxNLocator
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from kvchain.errors import ConfigError
 from kvchain.layout import Anchor
