@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvchain.alloc.chain import Chain
-from kvchain.alloc.snapshot import Demand
+from kvchain.alloc.snapshot import Demand, Quote
 from kvchain.errors import InvalidDemandError, UnknownRequestError
 from kvchain.layout import ChainLayout
 from kvchain.spec.layers import LifetimeClass
@@ -282,7 +282,7 @@ class KVManager:
     # --- allocation ------------------------------------------------------------------------
 
     def allocate(self, batch: Sequence[tuple[int, int]],
-                 demands: Sequence[Demand] | None = None) -> Demand:
+                 demands: Sequence[Demand] | None = None, quote: Quote | None = None) -> Demand:
         """Take the pages a batch needs to compute its tokens, in one chain take.
 
         Args:
@@ -290,6 +290,8 @@ class KVManager:
                 decode); each request at most once.
             demands: the batch's demands if the caller just computed them with
                 :meth:`demand` (same order, no change in between); computed here otherwise.
+            quote: the price of the summed demand, if the caller has it (the chain re-prices
+                when its epoch moved since).
 
         Returns:
             The summed demand that was taken.
@@ -305,7 +307,7 @@ class KVManager:
         if demands is None:
             demands = [self.demand(rid, extend) for rid, extend in batch]
         total = sum_demands(demands, self.geom.num_bands)
-        grant = self.chain.take(total)
+        grant = self.chain.take(total, quote)
         cursor = [0] * self.geom.num_bands
         g = self.geom
         for (rid, _), d in zip(batch, demands, strict=True):

@@ -35,7 +35,7 @@ from kvchain.admission import (
 )
 from kvchain.alloc.chain import Chain, MovePin
 from kvchain.alloc.pricing import fits, price
-from kvchain.alloc.snapshot import ChainSnapshot, Demand
+from kvchain.alloc.snapshot import ChainSnapshot, Demand, Quote
 from kvchain.errors import (
     AdmissionDivergenceError,
     BufferTooSmallError,
@@ -108,6 +108,7 @@ class ScheduledStep:
     decodes: list[DecodeSeq] = field(default_factory=list)
     decode_demands: list[Demand] = field(default_factory=list)  # aligned with decodes
     prefill_demands: list[Demand] = field(default_factory=list)  # aligned with prefills
+    quote: Quote | None = None  # the price of the step's whole take
     pin: MovePin | None = None
 
 
@@ -239,7 +240,10 @@ class Scheduler:
         step.prefill_demands = [self.kv.demand(p.rid, p.tokens) for p in step.prefills]
         total = sum_demands([*step.prefill_demands, *step.decode_demands],
                             self.kv.geom.num_bands)
-        if not total.is_empty and price(snap, total).needs_moves:
+        if total.is_empty:
+            return
+        step.quote = price(snap, total)  # reused by the take (one pricing per step)
+        if step.quote.needs_moves:
             step.pin = self.chain.pin_moves()
 
     def allocate(self, step: ScheduledStep, now: float) -> StepBatch:
@@ -253,7 +257,7 @@ class Scheduler:
         demands = [*step.prefill_demands, *step.decode_demands]
         try:
             if batch:
-                self.kv.allocate(batch, demands)
+                self.kv.allocate(batch, demands, step.quote)
         except CapacityError as exc:
             self.counters.divergences += 1
             raise AdmissionDivergenceError(f"admitted batch refused by the allocator: {exc}") \
