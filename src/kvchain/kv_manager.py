@@ -408,6 +408,8 @@ class KVManager:
         if band == g.full:
             return np.asarray(req.full, dtype=np.int64)
         if band == g.window:
+            if not req.window_first:  # nothing released: no null page needed
+                return np.asarray(req.window, dtype=np.int64)
             null = self.chain.null_page(band)
             return np.asarray([null] * req.window_first + req.window, dtype=np.int64)
         if band == g.state:

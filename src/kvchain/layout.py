@@ -33,6 +33,11 @@ from enum import StrEnum
 from kvchain.errors import BufferTooSmallError, LayoutError
 from kvchain.spec.layers import CacheClass, LifetimeClass
 
+MAX_PAGES_PER_BAND = 1 << 28
+"""Most pages one band may address: its virtual and physical page tables are int64 arrays
+sized by the index space (about 32 B per page), so 2^28 pages cost ~8 GiB of host memory;
+kernels' int32 page indices stop at 2^31 anyway."""
+
 
 class Anchor(StrEnum):
     """Where a band is pinned: ``LOW`` END (grows up), ``HIGH`` END (grows down), ``FLOAT``."""
@@ -165,8 +170,8 @@ def plan_layout(
 
     Raises:
         LayoutError: no classes, two classes of one lifetime, both window and chunked-local
-            (a chain has at most one floating band), a zero or negative size, or a window
-            below 1.
+            (a chain has at most one floating band), a zero or negative size, a window
+            below 1, or more than :data:`MAX_PAGES_PER_BAND` pages in a band.
         BufferTooSmallError: the buffer cannot hold one smallest request (one full page,
             ``ceil((W - 1) / P) + 1`` window pages, one local page, its state slots) plus
             the null pages; the message names bytes needed and available. Example
@@ -198,6 +203,13 @@ def plan_layout(
         elif c.bytes_per_slot <= 0:
             raise LayoutError("state class needs bytes_per_slot > 0")
 
+    smallest_page = min(c.bytes_per_token * page_size if c.is_token_class else c.bytes_per_slot
+                        for c in ordered)
+    if buffer_bytes // smallest_page > MAX_PAGES_PER_BAND:
+        raise LayoutError(
+            f"{buffer_bytes:,} B in pages of {smallest_page:,} B is "
+            f"{buffer_bytes // smallest_page:,} pages, more than a band's page table holds "
+            f"({MAX_PAGES_PER_BAND:,}); use larger pages (page_size)")
     anchors = {1: [Anchor.LOW], 2: [Anchor.LOW, Anchor.HIGH],
                3: [Anchor.LOW, Anchor.FLOAT, Anchor.HIGH]}[len(ordered)]
     bands = []

@@ -437,7 +437,7 @@ def test_f6_never_fitting_request_rejected_without_blocking() -> None:
     # (16,385,310,720 B; 20,317,995,008 B today with 577 window pages) - and the bytes
     # of the empty chain: B minus the null window page (6,815,744 B).
     available = F6_BUFFER - 16 * F6_E_WIN
-    assert f"the empty chain has {available:,} B free" in rejected[0].detail
+    assert f"the empty chain ({available:,} B free)" in rejected[0].detail
     needed = int(rejected[0].detail.split()[1].replace(",", ""))
     assert needed >= 12_501 * 16 * F6_E_FULL > available
     assert sched.requests[9].status is RequestStatus.REJECTED
@@ -665,6 +665,7 @@ def test_f12_decode_headroom_includes_window_growth(monkeypatch: pytest.MonkeyPa
     sched = _f12_scheduler(F12_EXACT_PAGES)
     assert sched.ratio.tokens(1_000 - 1) == 98  # ceil(999 x 0.098)
     sched.add(Request(8, 16, 2, arrival_s=1.0), 0.0)
+    RecordingBudget.instances.clear()  # add() judged never-fits with its own budget
     driver = FixedStepDriver(1.0)
     batch = sched.step(0.0)
     budget = RecordingBudget.instances[0]

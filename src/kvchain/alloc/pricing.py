@@ -179,10 +179,12 @@ def validate_demand(snapshot: ChainSnapshot, demand: Demand) -> None:
     """Check a demand's shape against a snapshot.
 
     Raises:
-        InvalidDemandError: wrong number of bands, or a page count that is not a
-            non-negative int.
+        InvalidDemandError: pages not a tuple, the wrong number of bands, or a page count
+            that is not a non-negative int.
     """
     pages = demand.pages
+    if type(pages) is not tuple:
+        raise InvalidDemandError(f"demand pages must be a tuple of ints, got {pages!r}")
     if len(pages) != len(snapshot.bands):
         raise InvalidDemandError(
             f"demand has {len(pages)} entries, the chain has {len(snapshot.bands)} bands"

@@ -44,12 +44,37 @@ def load_declared(path: Path) -> ModelSpec:
     if unknown:
         raise ConfigError(f"spec file {path}: unknown keys {sorted(unknown)}; "
                           f"known: {sorted(SPEC_FILE_KEYS)}")
+    def count(key: str) -> int | None:
+        value = data.get(key)
+        if value is None:
+            return None
+        if type(value) is not int or value < 0:
+            raise ConfigError(f"spec file {path}: {key} must be a non-negative integer, "
+                              f"got {value!r}")
+        return value
+
     return declare_model(str(data.get("name", Path(path).stem)),
-                         full=int(data.get("full") or 0), window=int(data.get("window") or 0),
-                         window_tokens=data.get("window_tokens"),
-                         local=int(data.get("local") or 0),
-                         chunk_tokens=data.get("chunk_tokens"), state=int(data.get("state") or 0),
+                         full=count("full") or 0, window=count("window") or 0,
+                         window_tokens=count("window_tokens"), local=count("local") or 0,
+                         chunk_tokens=count("chunk_tokens"), state=count("state") or 0,
                          source=str(data.get("source", f"declared in {path}")))
+
+
+def prepare_out_dir(out: Path | None) -> None:
+    """Create the output folder before a long run, so a bad path fails at once.
+
+    Raises:
+        ConfigError: the path exists and is not a folder, or cannot be created or written.
+    """
+    if out is None:
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".kvchain-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write outputs to {out}: {exc.strerror or exc}") from None
 
 
 def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,

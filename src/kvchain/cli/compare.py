@@ -19,6 +19,7 @@ from rich.console import Console
 from kvchain.baselines import ManagerKind
 from kvchain.catalog import load_model
 from kvchain.cli import app
+from kvchain.cli.common import prepare_out_dir
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import get_gpu
 from kvchain.report.tables import comparison_table
@@ -113,13 +114,13 @@ def compare(
                                                        rate_scale=rate_scale),
                         mem_fraction=mem_fraction, page_size=page_size,
                         scheduler=SchedulerConfig(), buffer_bytes=buffer_bytes)
+        prepare_out_dir(out)
         runs = compare_managers(cfg, kinds)
     except KVChainError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     data = compare_json(runs)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
         (out / "compare.json").write_text(json.dumps(data, indent=2))
         compare_plot(runs, out / "compare.png")
     if as_json:

@@ -16,7 +16,7 @@ from kvchain.alloc.pricing import fits, largest_fitting, max_units
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.cli import app
 from kvchain.cli.common import load_spec, render_bands
-from kvchain.errors import KVChainError
+from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES, get_gpu, kv_buffer_bytes
 from kvchain.kv_manager import RequestGeometry, lifetime_demand
 from kvchain.layout import ChainLayout, plan_layout
@@ -160,6 +160,8 @@ def plan_command(
             buffer = kv_buffer_bytes(gpu_spec, model_spec.weight_bytes, mem_fraction=mem_fraction)
         else:
             buffer = buffer_bytes
+        if slots_held is not None and slots_held < 0:
+            raise ConfigError(f"--slots-held must be >= 0, got {slots_held}")
         layout = plan_layout(model_spec.classes, buffer, page_size)
         ours = chain_capacity(layout, prompt, output, slots_held)
         pools = pools_capacity(layout, prompt, output, slots_held)

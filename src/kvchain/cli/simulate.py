@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.cli import app
-from kvchain.cli.common import load_spec, render_bands
+from kvchain.cli.common import load_spec, prepare_out_dir, render_bands
 from kvchain.errors import KVChainError
 from kvchain.gpu import get_gpu
 from kvchain.report.plots import write_all_plots
@@ -76,6 +76,7 @@ def simulate_command(
                                       policy=policy),
             buffer_bytes=buffer_bytes)
         layout = sim_config.layout()
+        prepare_out_dir(out)
     except KVChainError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -34,7 +35,8 @@ class Request:
         retractions: times it was retracted.
 
     Raises:
-        InvalidRequestError: a prompt or output length below 1.
+        InvalidRequestError: an id, prompt or output length that is not an int, a length
+            below 1, or an arrival time that is not a finite number.
     """
 
     rid: int
@@ -48,6 +50,14 @@ class Request:
     retractions: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("rid", "prompt_tokens", "output_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int:  # bools, floats, numpy ints refused: ids and counts
+                raise InvalidRequestError(f"request {self.rid!r}: {name} must be an int, got "
+                                          f"{type(value).__name__} {value!r}")
+        if not isinstance(self.arrival_s, int | float) or not math.isfinite(self.arrival_s):
+            raise InvalidRequestError(f"request {self.rid}: arrival_s must be a finite number "
+                                      f"of seconds, got {self.arrival_s!r}")
         if self.prompt_tokens < 1 or self.output_tokens < 1:
             raise InvalidRequestError(
                 f"request {self.rid}: prompt_tokens and output_tokens must be >= 1, got "

@@ -138,6 +138,8 @@ class Scheduler:
         BufferTooSmallError: the empty chain cannot hold the smallest request (a 1-token
             prompt with 1 output token, its window and state slots) - it would never
             start (field case F1).
+        ConfigError: ``chunk_size`` or ``max_prefill_tokens`` below the page size (chunks
+            are cut to whole pages, so no chunk could ever be admitted).
     """
 
     def __init__(self, kv: KVManager, config: SchedulerConfig | None = None,
@@ -152,9 +154,15 @@ class Scheduler:
         self.requests: dict[int, Request] = {}
         self.counters = SchedulerCounters()
         self._events: list[Event] = []
+        page = kv.geom.page_size
+        if self.config.chunk_size < page or self.config.max_prefill_tokens < page:
+            # Admission cuts chunks to whole pages: a smaller cap could never admit one.
+            raise ConfigError(f"chunk_size ({self.config.chunk_size}) and max_prefill_tokens "
+                              f"({self.config.max_prefill_tokens}) must be at least the page "
+                              f"size ({page} tokens)")
         self._empty = self.chain.empty_snapshot()
         smallest = self._lifetime_demand(1, 1)
-        if not fits(self._empty, smallest):
+        if not self._fits_empty(smallest):
             needed = _demand_bytes(self._empty, smallest) + self.chain.layout.reserved_bytes
             raise BufferTooSmallError(
                 f"the chain ({self.chain.layout.shape_name}, {self._empty.buffer_bytes:,} B) "
@@ -177,15 +185,21 @@ class Scheduler:
         self.requests[request.rid] = request
         self._emit(EventKind.ARRIVED, request.rid, now)
         need = self._lifetime_demand(request.prompt_tokens, request.output_tokens)
-        if not fits(self._empty, need):
+        if not self._fits_empty(need):
             request.status = RequestStatus.REJECTED
             self.counters.rejected += 1
             self._emit(EventKind.REJECTED, request.rid, now,
-                       f"needs {_demand_bytes(self._empty, need):,} B of pages at its peak; "
-                       f"the empty chain has {self._empty.free_bytes:,} B free")
+                       f"needs {_demand_bytes(self._empty, need):,} B of pages at its peak, "
+                       f"which {self.rules.window.value} admission can never fit on the empty "
+                       f"chain ({self._empty.free_bytes:,} B free)")
             return False
         self.waiting.append(request)
         return True
+
+    def _fits_empty(self, demand: Demand) -> bool:
+        """Whether admission's own predicate (joint or split) fits ``demand`` on the empty
+        chain: what "can never fit" means (no other formula)."""
+        return ChainPrefillBudget(self._empty, self.rules).fits(demand)
 
     def _lifetime_demand(self, prompt: int, output: int) -> Demand:
         return lifetime_demand(self.kv.geom, prompt, output)

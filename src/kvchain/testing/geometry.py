@@ -108,14 +108,22 @@ class ChainGeometry:
             ConfigError: a missing or mistyped field.
         """
         try:
-            classes = tuple(ClassBytes(str(c["lifetime"]), int(c["nbytes"]),
-                                       None if c.get("window") is None else int(c["window"]))
+            classes = tuple(ClassBytes(str(c["lifetime"]), _count(c["nbytes"]),
+                                       None if c.get("window") is None else _count(c["window"]))
                             for c in data["classes"])  # type: ignore[attr-defined]
-            return ChainGeometry(classes, int(data["buffer_bytes"]),  # type: ignore[arg-type]
-                                 int(data["page_size"]),  # type: ignore[arg-type]
-                                 bool(data.get("null_pages", True)))
+            null_pages = data.get("null_pages", True)
+            if type(null_pages) is not bool:
+                raise ValueError(f"null_pages must be true or false, got {null_pages!r}")
+            return ChainGeometry(classes, _count(data["buffer_bytes"]),
+                                 _count(data["page_size"]), null_pages)
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"bad chain geometry {data!r}: {exc}") from exc
+
+
+def _count(value: object) -> int:
+    if type(value) is not int or value < 1:
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    return value
 
 
 def shape_geometry(shape: str, page_size: int = 4, *, mixed: bool = True,

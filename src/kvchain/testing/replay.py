@@ -79,14 +79,21 @@ def header_json(geometry: ChainGeometry, seed: int | None = None) -> dict[str, o
 
 
 def write_stream(path: Path, sections: Iterable[StreamSection]) -> int:
-    """Write sections as JSON lines; returns the operations written."""
+    """Write sections as JSON lines; returns the operations written.
+
+    Raises:
+        ConfigError: the file cannot be written.
+    """
     n = 0
-    with path.open("w", encoding="utf-8") as out:
-        for section in sections:
-            out.write(json.dumps(header_json(section.geometry, section.seed)) + "\n")
-            for op in section.ops:
-                out.write(json.dumps(op_to_json(op), separators=(",", ":")) + "\n")
-                n += 1
+    try:
+        with path.open("w", encoding="utf-8") as out:
+            for section in sections:
+                out.write(json.dumps(header_json(section.geometry, section.seed)) + "\n")
+                for op in section.ops:
+                    out.write(json.dumps(op_to_json(op), separators=(",", ":")) + "\n")
+                    n += 1
+    except OSError as exc:
+        raise ConfigError(f"cannot write stream {path}: {exc.strerror or exc}") from None
     return n
 
 
@@ -99,7 +106,7 @@ def read_stream(path: Path) -> tuple[StreamSection, ...]:
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read stream {path}: {exc}") from exc
     sections: list[StreamSection] = []
     geometry: ChainGeometry | None = None

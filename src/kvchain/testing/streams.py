@@ -108,13 +108,13 @@ def op_from_json(data: dict[str, object]) -> Op:
             expect = data.get("expect")
             if expect not in (None, "fit", "refuse"):
                 raise ValueError(f"expect must be 'fit' or 'refuse', got {expect!r}")
-            return TakeOp(tuple(int(x) for x in data["pages"]),  # type: ignore[attr-defined]
+            return TakeOp(tuple(_int(x) for x in data["pages"]),  # type: ignore[attr-defined]
                           expect)  # type: ignore[arg-type]
         if kind == "release":
-            return ReleaseOp(int(data["band"]),  # type: ignore[arg-type]
-                             tuple(int(x) for x in data["vids"]))  # type: ignore[attr-defined]
+            return ReleaseOp(_int(data["band"]),
+                             tuple(_int(x) for x in data["vids"]))  # type: ignore[attr-defined]
         if kind == "gate":
-            return GateOp(bool(data["open"]), bool(data.get("realize_moves", True)))
+            return GateOp(_bool(data["open"]), _bool(data.get("realize_moves", True)))
         if kind == "fence_hold":
             return FenceHoldOp()
         if kind == "fence_complete":
@@ -124,6 +124,18 @@ def op_from_json(data: dict[str, object]) -> Op:
         raise ValueError(f"unknown op {kind!r}")
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"bad operation {data!r}: {exc}") from exc
+
+
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _bool(value: object) -> bool:
+    if type(value) is not bool:
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
 
 
 @dataclass(slots=True)
