@@ -193,7 +193,7 @@ def load_hf_config(
         raise ConfigError(f"config ({cfg.family}) declares no cache-keeping layer")
     counts = count_params(cfg, plans)
     fmt = weight_format if weight_format is not None else weight_format_of(cfg)
-    heads = cfg.int_or_none("num_attention_heads") or 0
+    heads = cfg.optional_int("num_attention_heads", default=0, minimum=0)
     return ModelSpec(
         name=name or _default_name(cfg),
         layers=layers,

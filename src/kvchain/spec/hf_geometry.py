@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvchain.errors import ConfigError, MissingFieldError
-from kvchain.spec.hf_layers import HFConfig, Mixer
+from kvchain.spec.hf_layers import MAX_FIELD_VALUE, HFConfig, Mixer, whole_number
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +134,10 @@ def _head_dim(cfg: HFConfig, prefix: str) -> int:
 
 
 def _positive(value: object, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
-        raise ConfigError(f"config field {field!r} must be a whole number, got {value!r}")
-    if value <= 0:
-        raise ConfigError(f"config field {field!r} must be positive, got {value}")
-    return int(value)
+    number = whole_number(value, field)
+    if number <= 0:
+        raise ConfigError(f"config field {field!r} must be positive, got {number}")
+    return number
 
 
 def _efficient(cfg: HFConfig, kind: str) -> Mapping[str, object] | None:
@@ -190,7 +189,7 @@ def attention_geometry(cfg: HFConfig, mixer: Mixer) -> AttentionGeometry:
     gate = bool(cfg.get("attn_output_gate", cfg.is_family("qwen3_next")))
     if cfg.has("kv_lora_rank") and cfg.has("qk_rope_head_dim"):
         rope = cfg.positive_int("qk_rope_head_dim")
-        nope = cfg.int_or_none("qk_nope_head_dim") or 0
+        nope = cfg.optional_int("qk_nope_head_dim", default=0, minimum=0)
         return AttentionGeometry(
             q_heads=q_heads,
             kv_heads=1,
@@ -201,12 +200,11 @@ def attention_geometry(cfg: HFConfig, mixer: Mixer) -> AttentionGeometry:
             output_gate=gate,
         )
     k_dim = _head_dim(cfg, prefix)
-    v_dim = cfg.int_or_none(f"{prefix}v_head_dim", "v_head_dim") or k_dim
+    v_dim = cfg.optional_int(f"{prefix}v_head_dim", "v_head_dim", default=k_dim)
     kv_heads = cfg.int_or_none(f"{prefix}num_key_value_heads", "num_key_value_heads")
     kv_heads = q_heads if kv_heads is None else kv_heads
-    for field, value in (("num_key_value_heads", kv_heads), ("v_head_dim", v_dim)):
-        if value <= 0:
-            raise ConfigError(f"config field {field!r} must be positive, got {value}")
+    if kv_heads <= 0:
+        raise ConfigError(f"config field 'num_key_value_heads' must be positive, got {kv_heads}")
     return AttentionGeometry(q_heads, kv_heads, k_dim, v_dim, window, None, gate)
 
 
@@ -222,15 +220,12 @@ def mamba1_geometry(cfg: HFConfig) -> Mamba1Geometry:
         MissingFieldError: no state size, conv kernel or expansion/d_inner.
     """
     width = hidden_size(cfg)
-    d_inner = cfg.int_or_none("mamba_d_inner")
-    if d_inner is None:
+    if cfg.has("mamba_d_inner"):
+        d_inner = cfg.positive_int("mamba_d_inner")
+    else:
         d_inner = cfg.positive_int("mamba_expand", "expand") * width
     dt_rank = cfg.get("mamba_dt_rank", cfg.get("time_step_rank"))
-    dt = (
-        math.ceil(width / 16)
-        if dt_rank in (None, "auto")
-        else _positive(dt_rank, "mamba_dt_rank")
-    )
+    dt = math.ceil(width / 16) if dt_rank in (None, "auto") else _positive(dt_rank, "mamba_dt_rank")
     return Mamba1Geometry(
         d_inner=d_inner,
         d_state=cfg.positive_int("mamba_d_state", "state_size", "ssm_state_size"),
@@ -255,8 +250,8 @@ def mamba2_geometry(cfg: HFConfig) -> Mamba2Geometry:
     return Mamba2Geometry(
         heads=heads,
         head_dim=head_dim,
-        d_inner=cfg.int_or_none("mamba_d_ssm") or heads * head_dim,
-        n_groups=cfg.int_or_none("n_groups", "mamba_n_groups", "mamba_ngroups") or 1,
+        d_inner=cfg.optional_int("mamba_d_ssm", default=heads * head_dim),
+        n_groups=cfg.optional_int("n_groups", "mamba_n_groups", "mamba_ngroups", default=1),
         d_state=cfg.positive_int("ssm_state_size", "mamba_d_state", "state_size"),
         conv_kernel=cfg.positive_int("conv_kernel", "mamba_d_conv"),
     )
@@ -297,9 +292,20 @@ def jet_geometry(cfg: HFConfig) -> JetGeometry:
             raise MissingFieldError(f"'efficient_attention_config.jet' lacks {key!r}")
     heads = _positive(jet["num_heads"], "efficient_attention_config.jet.num_heads")
     k_dim = _positive(jet["head_dim"], "efficient_attention_config.jet.head_dim")
-    v_exact = k_dim * float(jet["expand_v"])  # type: ignore[arg-type]
+    expand = jet["expand_v"]
+    if (
+        isinstance(expand, bool)
+        or not isinstance(expand, int | float)
+        or not math.isfinite(expand)
+        or not 0 < expand <= MAX_FIELD_VALUE
+    ):
+        raise ConfigError(
+            f"config field 'efficient_attention_config.jet.expand_v' must be a finite "
+            f"positive number, got {expand!r}"
+        )
+    v_exact = k_dim * float(expand)
     v_dim = round(v_exact)
-    if v_dim <= 0 or not math.isclose(v_exact, v_dim, rel_tol=1e-5):
+    if v_dim <= 0 or v_dim > MAX_FIELD_VALUE or not math.isclose(v_exact, v_dim, rel_tol=1e-5):
         raise ConfigError(
             f"jet head_dim={k_dim} x expand_v={jet['expand_v']} is not a whole V head dim"
         )

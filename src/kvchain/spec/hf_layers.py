@@ -37,6 +37,7 @@ the data README (``shared/data/README.md``) for the custom-code families.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -88,6 +89,39 @@ class LayerPlan:
     ffn: Ffn
 
 
+MAX_FIELD_VALUE = 2**31 - 1
+"""Largest magnitude kvchain accepts for an integer config field: engines hold sizes and
+counts in int32 (no real model is near it), and it keeps products of sizes far from any
+float or memory trouble."""
+
+MAX_LAYERS = 10_000
+"""Largest ``num_hidden_layers`` accepted (the largest real decoder has a few hundred):
+layer plans are built per layer, so an absurd count would exhaust memory."""
+
+
+def whole_number(value: object, field: str) -> int:
+    """``value`` as an int when it is a finite whole number within :data:`MAX_FIELD_VALUE`.
+
+    Python's ``json`` accepts ``NaN`` and ``Infinity``, so floats are checked before
+    ``int()``; bools are refused (``true`` is not a count).
+
+    Raises:
+        ConfigError: not a number, a bool, not finite, not whole, or too large (names the
+            field and the value).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"config field {field!r} must be a number, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config field {field!r} must be a finite number, got {value!r}")
+    if abs(value) > MAX_FIELD_VALUE:
+        raise ConfigError(
+            f"config field {field!r} = {value!r} is out of range (|value| <= {MAX_FIELD_VALUE})"
+        )
+    if value != int(value):
+        raise ConfigError(f"config field {field!r} must be a whole number, got {value!r}")
+    return int(value)
+
+
 @dataclass(frozen=True, slots=True)
 class HFConfig:
     """A read-only view of a ``config.json``: the text model's fields plus family names.
@@ -126,18 +160,32 @@ class HFConfig:
         """The first present field of ``keys`` as an int, or ``None`` if none is present.
 
         Raises:
-            ConfigError: the field is present but not a whole number.
+            ConfigError: the field is present but not a finite whole number, or its
+                magnitude exceeds :data:`MAX_FIELD_VALUE` (names the field and the value).
         """
         for key in keys:
             value = self.fields.get(key)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(f"config field {key!r} must be a number, got {value!r}")
-            if value != int(value):
-                raise ConfigError(f"config field {key!r} must be a whole number, got {value!r}")
-            return int(value)
+            return whole_number(value, key)
         return None
+
+    def optional_int(self, *keys: str, default: int, minimum: int = 1) -> int:
+        """The first present field of ``keys`` as an int >= ``minimum``, else ``default``.
+
+        Replaces ``int_or_none(...) or default``, which silently turned a 0 into the default.
+
+        Raises:
+            ConfigError: the field is present but not a whole number, or below ``minimum``
+                (names the field and the value).
+        """
+        for key in keys:
+            if self.fields.get(key) is not None:
+                value = self.require_int(key)
+                if value < minimum:
+                    raise ConfigError(f"config field {key!r} must be >= {minimum}, got {value}")
+                return value
+        return default
 
     def require_int(self, *keys: str) -> int:
         """The first present field of ``keys`` as an int.
@@ -170,21 +218,53 @@ class HFConfig:
         return any(t in names for t in self.model_types)
 
 
+_MAX_CONFIG_BYTES = 64 * 1024 * 1024
+"""Largest ``config.json`` read (real ones are a few KiB; guards memory)."""
+
+
+def _load_json_file(path: Path) -> object:
+    try:
+        if path.is_file() and path.stat().st_size > _MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {path} is larger than {_MAX_CONFIG_BYTES} bytes")
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist") from exc
+    except OSError as exc:  # a directory, no permission, an I/O error
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text: {exc}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # > 4,300-digit integer, deep nesting
+        raise ConfigError(f"config file {path} is not a usable JSON config: {exc}") from exc
+
+
+def _architectures(raw: Mapping[str, object]) -> tuple[str, ...]:
+    archs = raw.get("architectures")
+    if archs is None:
+        return ()
+    if isinstance(archs, str):
+        return (archs,)
+    if isinstance(archs, list | tuple) and all(isinstance(a, str) for a in archs):
+        return tuple(archs)
+    raise ConfigError(f"config field 'architectures' must be a list of strings, got {archs!r}")
+
+
 def read_config(config: str | Path | Mapping[str, object]) -> HFConfig:
     """Read a config from a path (``config.json``) or an already parsed mapping.
 
     Raises:
-        ConfigError: the file is missing or not a JSON object.
+        ConfigError: the file is missing, unreadable (a directory, no permission), not
+            UTF-8, larger than 64 MiB, not JSON (or JSON Python cannot hold: nesting too
+            deep, an integer over 4,300 digits), not a JSON object, or its
+            ``architectures`` is not a string or a list of strings.
     """
     origin = ""
     if isinstance(config, str | Path):
         path = Path(config)
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file {path} does not exist") from exc
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid JSON: {exc}") from exc
+        raw = _load_json_file(path)
         origin = str(path)
     else:
         raw = config
@@ -196,14 +276,12 @@ def read_config(config: str | Path | Mapping[str, object]) -> HFConfig:
     if isinstance(text, Mapping):
         merged.update(text)
         types.append(str(text.get("model_type", "")).lower())
-    archs = raw.get("architectures") or ()
-    if isinstance(archs, str):
-        archs = (archs,)
+    archs = _architectures(raw)
     origin = origin or str(raw.get("_name_or_path", "") or "")
     return HFConfig(
         fields=MappingProxyType(merged),
         model_types=tuple(t for t in types if t),
-        architectures=tuple(str(a) for a in archs),
+        architectures=archs,
         origin=origin,
     )
 
@@ -356,7 +434,7 @@ def _from_int_list(
     _check_length(cfg, field, values, n)
     rows = []
     for i, value in enumerate(values):
-        if value not in meaning:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value not in meaning:
             raise ConfigError(
                 f"{field}[{i}] = {value!r}; expected one of {sorted(meaning)} ({cfg.family})"
             )
@@ -367,19 +445,23 @@ def _from_int_list(
 def _family_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
     fam = cfg.is_family
     if fam("gemma3", "gemma3_text"):
-        period = cfg.int_or_none("sliding_window_pattern") or 6
+        period = cfg.optional_int("sliding_window_pattern", default=6)
         return [(Mixer.FULL,) if (i + 1) % period == 0 else (Mixer.WINDOW,) for i in range(n)]
     if fam("gemma2"):
         return [(Mixer.WINDOW,) if (i + 1) % 2 else (Mixer.FULL,) for i in range(n)]
     if fam("qwen3_next"):
         interval = cfg.positive_int("full_attention_interval")
         return [
-            (Mixer.FULL,) if (i + 1) % interval == 0 else (Mixer.GATED_DELTA_NET,)
-            for i in range(n)
+            (Mixer.FULL,) if (i + 1) % interval == 0 else (Mixer.GATED_DELTA_NET,) for i in range(n)
         ]
     if fam("jamba"):
         period = cfg.positive_int("attn_layer_period")
         offset = cfg.require_int("attn_layer_offset")
+        if not 0 <= offset < period:
+            raise ConfigError(
+                f"config field 'attn_layer_offset' must be in [0, attn_layer_period={period}), "
+                f"got {offset}"
+            )
         return [(Mixer.FULL,) if i % period == offset else (Mixer.MAMBA1,) for i in range(n)]
     if fam("llama4", "llama4_text"):
         return _llama4_kinds(cfg, n)
@@ -402,7 +484,7 @@ def _llama4_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
         if any(v not in (0, 1) for v in no_rope):
             raise ConfigError(f"no_rope_layers must hold 0 or 1, got {list(no_rope)}")
         return [(chunked,) if v else (Mixer.FULL,) for v in no_rope]
-    interval = cfg.int_or_none("no_rope_layer_interval") or 4
+    interval = cfg.optional_int("no_rope_layer_interval", default=4)
     return [(Mixer.FULL,) if (i + 1) % interval == 0 else (chunked,) for i in range(n)]
 
 
@@ -412,20 +494,27 @@ def _dense_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
         return [(Mixer.FULL,)] * n
     first_window = 0
     if cfg.is_family("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
-        first_window = cfg.int_or_none("max_window_layers") or 0
+        first_window = cfg.optional_int("max_window_layers", default=0, minimum=0)
     return [(Mixer.WINDOW,) if i >= first_window else (Mixer.FULL,) for i in range(n)]
 
 
 # --- feed-forward kind per layer -----------------------------------------------------------
 
 
+EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_primary_experts")
+"""Fields naming the routed experts per MoE layer, in the order they are tried."""
+
+
 def num_experts(cfg: HFConfig) -> int:
-    """Routed experts per MoE layer (0 for a dense model)."""
-    return (
-        cfg.int_or_none(
-            "num_local_experts", "num_experts", "n_routed_experts", "moe_num_primary_experts"
-        )
-        or 0
+    """Routed experts per MoE layer (0 for a dense model).
+
+    Raises:
+        ConfigError: a negative or non-whole expert count (names the field).
+    """
+    return cfg.optional_int(
+        *EXPERT_FIELDS,
+        default=0,
+        minimum=0,
     )
 
 
@@ -449,17 +538,22 @@ def _default_ffn(cfg: HFConfig, i: int) -> Ffn:
         return Ffn.MOE if freq[i] else Ffn.DENSE
     if cfg.has("expert_layer_period"):
         period = cfg.positive_int("expert_layer_period")
-        offset = cfg.int_or_none("expert_layer_offset") or 0
+        offset = cfg.optional_int("expert_layer_offset", default=0, minimum=0)
+        if offset >= period:
+            raise ConfigError(
+                f"config field 'expert_layer_offset' = {offset} must be below "
+                f"expert_layer_period = {period}"
+            )
         return Ffn.MOE if i % period == offset else Ffn.DENSE
     if cfg.has("interleave_moe_layer_step"):
         step = cfg.positive_int("interleave_moe_layer_step")
         return Ffn.MOE if (i + 1) % step == 0 else Ffn.DENSE
     if cfg.has("first_k_dense_replace"):
-        k = cfg.require_int("first_k_dense_replace")
-        every = cfg.int_or_none("moe_layer_freq") or 1
+        k = cfg.optional_int("first_k_dense_replace", default=0, minimum=0)
+        every = cfg.optional_int("moe_layer_freq", default=1)
         return Ffn.MOE if i >= k and i % every == 0 else Ffn.DENSE
     if cfg.has("decoder_sparse_step") or cfg.has("mlp_only_layers"):
-        step = cfg.int_or_none("decoder_sparse_step") or 1
+        step = cfg.optional_int("decoder_sparse_step", default=1)
         dense_layers = cfg.get("mlp_only_layers", [])
         if isinstance(dense_layers, list | tuple) and i in dense_layers:
             return Ffn.DENSE
@@ -474,9 +568,12 @@ def layer_plans(cfg: HFConfig) -> tuple[LayerPlan, ...]:
         MissingFieldError: no ``num_hidden_layers``, or a field a family rule needs.
         UnknownFamilyError: no per-layer list and no known family rule, or a per-layer
             kind that kvchain cannot map (names the field, index and value).
-        ConfigError: a per-layer list whose length differs from ``num_hidden_layers``.
+        ConfigError: a per-layer list whose length differs from ``num_hidden_layers``, more
+            than :data:`MAX_LAYERS` layers, or a bad value of a layer-rule field.
     """
     n = cfg.positive_int("num_hidden_layers", "num_layers", "n_layer")
+    if n > MAX_LAYERS:
+        raise ConfigError(f"num_hidden_layers = {n} is more than kvchain accepts ({MAX_LAYERS})")
     if cfg.has("layer_types"):
         rows = _from_word_list(cfg, "layer_types", n)
     elif cfg.has("layers_block_type"):
@@ -489,10 +586,7 @@ def layer_plans(cfg: HFConfig) -> tuple[LayerPlan, ...]:
     elif cfg.has("hybrid_layer_pattern"):
         rows = _from_int_list(cfg, "hybrid_layer_pattern", n, {0: Mixer.FULL, 1: Mixer.WINDOW})
     elif cfg.has("sliding_window_layout"):
-        rows = _from_int_list(
-            cfg, "sliding_window_layout", n, {0: Mixer.FULL, 1: Mixer.WINDOW}
-        )
+        rows = _from_int_list(cfg, "sliding_window_layout", n, {0: Mixer.FULL, 1: Mixer.WINDOW})
     else:
         rows = [(kinds, _default_ffn(cfg, i)) for i, kinds in enumerate(_family_kinds(cfg, n))]
     return tuple(LayerPlan(i, mixers, ffn) for i, (mixers, ffn) in enumerate(rows))
-

@@ -44,7 +44,7 @@ from kvchain.spec.hf_geometry import (
     mamba1_geometry,
     mamba2_geometry,
 )
-from kvchain.spec.hf_layers import Ffn, HFConfig, LayerPlan, Mixer, num_experts
+from kvchain.spec.hf_layers import EXPERT_FIELDS, Ffn, HFConfig, LayerPlan, Mixer, num_experts
 
 # MXFP4 (OCP Microscaling Formats v1.0): blocks of 32 FP4 (4-bit) values share one 8-bit
 # E8M0 scale: 32 * 4 + 8 = 136 bits per 32 parameters = 4.25 bits = 17/32 byte.
@@ -114,7 +114,7 @@ class ParamCounts:
 def _attention_params(h: int, g: AttentionGeometry, cfg: HFConfig) -> int:
     out = g.q_heads * g.v_head_dim * h
     if g.mla_latent_dim is not None:
-        q_lora = cfg.int_or_none("q_lora_rank")
+        q_lora = cfg.optional_int("q_lora_rank", default=0) or None
         q_out = g.q_heads * g.k_head_dim
         q = h * q_out if q_lora is None else h * q_lora + q_lora * q_out
         kv_lora = cfg.positive_int("kv_lora_rank")
@@ -167,27 +167,50 @@ class _MoeShape:
     always_active: int
 
 
+_TOP_K_FIELDS = ("num_experts_per_tok", "experts_per_token", "moe_num_active_primary_experts")
+
+
 def _moe_shape(cfg: HFConfig, h: int) -> _MoeShape:
+    """Shape of one MoE layer; called only when the plans hold MoE layers.
+
+    Raises:
+        ConfigError: no positive expert count, a top-k above the expert count, or a
+            non-positive (negative for shared sizes, where 0 means none) size (names the
+            field).
+    """
     experts = num_experts(cfg)
-    top_k = cfg.positive_int(
-        "num_experts_per_tok", "experts_per_token", "moe_num_active_primary_experts"
-    )
+    if experts < 1:
+        raise ConfigError(
+            f"config ({cfg.family}) has MoE layers but no positive expert count "
+            f"(one of {', '.join(EXPERT_FIELDS)}), got {experts}"
+        )
+    top_k = cfg.positive_int(*_TOP_K_FIELDS)
+    if top_k > experts:
+        key = next(k for k in _TOP_K_FIELDS if cfg.has(k))
+        raise ConfigError(
+            f"config field {key!r} = {top_k} routes to more experts than the {experts} "
+            "routed experts"
+        )
     mats = _mlp_matrices(cfg)
     inter = cfg.positive_int("moe_intermediate_size", "moe_ffn_hidden_size", "intermediate_size")
-    latent = cfg.int_or_none("moe_latent_size")
+    latent = cfg.optional_int("moe_latent_size", default=0) or None
     width = latent or h
     always = h * experts + (2 * h * latent if latent else 0)
+
+    def shared_size(key: str) -> int:
+        return cfg.optional_int(key, default=0, minimum=0)  # 0: no shared expert (MiniMax)
+
     if cfg.is_family("llama4", "llama4_text"):
         always += 3 * h * cfg.positive_int("intermediate_size")  # one shared expert
     elif cfg.has("shared_expert_intermediate_size"):
-        always += mats * h * cfg.require_int("shared_expert_intermediate_size")
+        always += mats * h * shared_size("shared_expert_intermediate_size")
     elif cfg.has("moe_shared_expert_intermediate_size"):
-        count = cfg.int_or_none("n_shared_experts") or 1
-        always += count * mats * h * cfg.require_int("moe_shared_expert_intermediate_size")
+        count = cfg.optional_int("n_shared_experts", default=1, minimum=0)
+        always += count * mats * h * shared_size("moe_shared_expert_intermediate_size")
     elif cfg.has("shared_intermediate_size"):
-        always += mats * h * cfg.require_int("shared_intermediate_size")
+        always += mats * h * shared_size("shared_intermediate_size")
     elif cfg.has("n_shared_experts"):
-        always += cfg.require_int("n_shared_experts") * mats * h * inter
+        always += cfg.optional_int("n_shared_experts", default=0, minimum=0) * mats * h * inter
     return _MoeShape(experts, top_k, mats * width * inter, always)
 
 
@@ -208,6 +231,8 @@ def count_params(cfg: HFConfig, plans: Sequence[LayerPlan]) -> ParamCounts:
     Raises:
         MissingFieldError: no ``vocab_size``, or a field a mixer or MLP needs (e.g.
             ``intermediate_size``).
+        ConfigError: a non-positive size or count, MoE layers without a positive expert
+            count, a top-k above the expert count, or active > total parameters.
     """
     h = hidden_size(cfg)
     vocab = cfg.positive_int("vocab_size", "padded_vocab_size")
@@ -227,7 +252,7 @@ def count_params(cfg: HFConfig, plans: Sequence[LayerPlan]) -> ParamCounts:
             routed += moe.experts * moe.expert_params
             active += moe.top_k * moe.expert_params
             shared += moe.always_active
-    return ParamCounts(
+    counts = ParamCounts(
         embedding=vocab * h,
         lm_head=0 if tied else vocab * h,
         tied=tied,
@@ -237,6 +262,14 @@ def count_params(cfg: HFConfig, plans: Sequence[LayerPlan]) -> ParamCounts:
         active_experts=active,
         shared=shared,
     )
+    if not 0 < counts.active <= counts.total:
+        # Guards the formulas above: a config that slipped past the field checks.
+        raise ConfigError(
+            f"config ({cfg.family}) gives {counts.active} active of {counts.total} total "
+            "parameters; check num_experts_per_tok, the expert count and the "
+            "*intermediate_size fields"
+        )
+    return counts
 
 
 def weight_format_of(cfg: HFConfig) -> WeightFormat:
