@@ -56,6 +56,17 @@ arrival rate of the bundled Azure 2023 conversation trace (19,366 requests over 
 _NS_PER_S = 1_000_000_000
 _NS_PER_MS = 1_000_000
 
+MAX_TOKEN_COUNT = 2**31 - 1
+"""Largest prompt or output length accepted (tokens): engines count tokens in int32, and a
+larger value in a trace is a corrupt row, not a request."""
+
+MAX_MOONCAKE_TIMESTAMP_MS = 2**53
+"""Largest Mooncake ``timestamp`` accepted (ms, about 285,000 years): below it a float
+timestamp is exact to the millisecond and every nanosecond arithmetic stays finite."""
+
+_MAX_COUNT_DIGITS = len(str(MAX_TOKEN_COUNT))
+_UTF8_BOM = b"\xef\xbb\xbf"
+
 
 class TraceFormat(enum.StrEnum):
     """File formats :func:`load_trace` reads."""
@@ -254,15 +265,40 @@ def _error(path: Path, line: int, field: str, message: str) -> TraceError:
     return TraceError(f"{path}: line {line}, field {field!r}: {message}")
 
 
-def _parse_count(text: str, path: Path, line: int, field: str) -> int:
-    """A non-negative integer token count from a text field."""
-    stripped = text.strip()
-    if not _INT_RE.fullmatch(stripped):
-        raise _error(path, line, field, f"not an integer: {text!r}")
-    value = int(stripped)
+def _check_count(value: int, path: Path, line: int, field: str) -> int:
     if value < 0:
         raise _error(path, line, field, f"negative token count {value}")
+    if value > MAX_TOKEN_COUNT:
+        raise _error(path, line, field, f"token count {value} is above {MAX_TOKEN_COUNT}")
     return value
+
+
+def _parse_count(text: str, path: Path, line: int, field: str) -> int:
+    """A token count in ``[0, MAX_TOKEN_COUNT]`` from a text field."""
+    stripped = text.strip()
+    if not _INT_RE.fullmatch(stripped):
+        raise _error(path, line, field, f"not an integer: {text[:40]!r}")
+    if len(stripped) > _MAX_COUNT_DIGITS and len(stripped.lstrip("+-0")) > _MAX_COUNT_DIGITS:
+        # int() of a > 4,300-digit string raises ValueError; no count is this long anyway.
+        raise _error(
+            path, line, field, f"token count of {len(stripped)} digits is above {MAX_TOKEN_COUNT}"
+        )
+    value = int(stripped)
+    if 0 <= value <= MAX_TOKEN_COUNT:  # the common case, without a call
+        return value
+    return _check_count(value, path, line, field)
+
+
+def _utf8_error(path: Path) -> TraceError:
+    """The error for a file that is not UTF-8, naming the line of the first bad byte."""
+    data = path.read_bytes()
+    data = data.removeprefix(_UTF8_BOM)
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        return TraceError(f"{path}: line {line}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+    return TraceError(f"{path}: not UTF-8 text")
 
 
 def _check_lengths(
@@ -301,29 +337,43 @@ def _parse_wall_clock_ns(
 
 
 def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    """Yield (line number, {column: text}) for each data row; header checked first."""
-    with path.open(newline="", encoding="utf-8") as handle:
+    """Yield (line number, {column: text}) for each data row; header checked first.
+
+    A UTF-8 byte-order mark is skipped (``utf-8-sig``: spreadsheet exports start with one).
+    """
+    with path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise _error(path, 1, required[0], "empty file (no header)")
-        columns = [c.strip() for c in header]
-        for name in required:
-            if name not in columns:
-                raise _error(path, 1, name, f"missing column (header is {header!r})")
-        positions = {name: columns.index(name) for name in required}
-        for fields in reader:
-            if not fields:
-                continue
-            line = reader.line_num
-            if len(fields) != len(columns):
-                raise _error(
-                    path,
-                    line,
-                    required[0],
-                    f"expected {len(columns)} fields, got {len(fields)}: {fields!r}",
-                )
-            yield line, {name: fields[pos] for name, pos in positions.items()}
+        try:
+            yield from _csv_data_rows(path, reader, required)
+        except UnicodeDecodeError:
+            raise _utf8_error(path) from None
+        except csv.Error as exc:  # e.g. a field over csv.field_size_limit() characters
+            raise TraceError(f"{path}: line {reader.line_num}: malformed CSV: {exc}") from None
+
+
+def _csv_data_rows(
+    path: Path, reader: Iterator[list[str]], required: tuple[str, ...]
+) -> Iterator[tuple[int, dict[str, str]]]:
+    header = next(reader, None)
+    if header is None:
+        raise _error(path, 1, required[0], "empty file (no header)")
+    columns = [c.strip() for c in header]
+    for name in required:
+        if name not in columns:
+            raise _error(path, 1, name, f"missing column (header is {header!r})")
+    positions = {name: columns.index(name) for name in required}
+    for fields in reader:
+        if not fields:
+            continue
+        line = reader.line_num  # type: ignore[attr-defined]
+        if len(fields) != len(columns):
+            raise _error(
+                path,
+                line,
+                required[0],
+                f"expected {len(columns)} fields, got {len(fields)}: {fields!r}"[:300],
+            )
+        yield line, {name: fields[pos] for name, pos in positions.items()}
 
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -358,18 +408,22 @@ def _read_sharegpt(path: Path) -> tuple[list[_Row], int]:
 
 def _json_count(value: object, path: Path, line: int, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _error(path, line, field, f"not an integer: {value!r}")
-    if value < 0:
-        raise _error(path, line, field, f"negative token count {value}")
-    return value
+        raise _error(path, line, field, f"not an integer: {value!r}"[:200])
+    return _check_count(value, path, line, field)
 
 
 def _json_time_ns(value: object, path: Path, line: int) -> int:
     """A millisecond timestamp (int, or finite float) to integer nanoseconds."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _error(path, line, "timestamp", f"not a number: {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise _error(path, line, "timestamp", f"must be finite and >= 0 ms, got {value!r}")
+    finite = isinstance(value, int) or math.isfinite(value)  # isfinite overflows on big ints
+    if not (finite and 0 <= value <= MAX_MOONCAKE_TIMESTAMP_MS):
+        raise _error(
+            path,
+            line,
+            "timestamp",
+            f"must be finite, >= 0 and <= 2**53 ms, got {value!r}"[:200],
+        )
     if isinstance(value, int):
         return value * _NS_PER_MS
     return round(value * _NS_PER_MS)
@@ -395,14 +449,20 @@ def _json_block_ids(value: object, prompt: int, path: Path, line: int) -> tuple[
 def _read_mooncake(path: Path) -> tuple[list[_Row], int]:
     rows: list[_Row] = []
     clamped = 0
-    with path.open(encoding="utf-8") as handle:
-        for line, text in enumerate(handle, start=1):
+    with path.open(encoding="utf-8-sig") as handle:
+        try:
+            lines = list(enumerate(handle, start=1))
+        except UnicodeDecodeError:
+            raise _utf8_error(path) from None
+        for line, text in lines:
             if not text.strip():
                 continue
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise _error(path, line, "<json>", f"invalid JSON: {exc.msg}") from None
+            except (ValueError, RecursionError) as exc:  # > 4,300-digit int, deep nesting
+                raise _error(path, line, "<json>", f"unusable JSON: {exc}"[:300]) from None
             if not isinstance(obj, dict):
                 raise _error(path, line, "<json>", "each line must be a JSON object")
             for field in ("timestamp", "input_length", "output_length"):
@@ -440,10 +500,12 @@ def detect_format(path: Path) -> TraceFormat:
     if suffix in (".jsonl", ".json"):
         return TraceFormat.MOONCAKE
     try:
-        with path.open(encoding="utf-8") as handle:
-            header = handle.readline()
+        with path.open(encoding="utf-8-sig") as handle:
+            header = handle.readline(65_536)
     except OSError as exc:
         raise TraceError(f"{path}: cannot read trace file: {exc}") from None
+    except UnicodeDecodeError:
+        raise _utf8_error(path) from None
     columns = {c.strip() for c in header.strip().split(",")}
     if "TIMESTAMP" in columns:
         return TraceFormat.AZURE_2023
@@ -553,8 +615,12 @@ def load_trace(
 
     Raises:
         TraceError: unknown name / missing file, or a malformed file (names the file, line
-            and field: bad integer, negative or zero prompt tokens, missing column,
-            unparsable timestamp, wrong hash_ids length, invalid JSON).
+            and field: bad integer, negative or zero prompt tokens, a count above
+            :data:`MAX_TOKEN_COUNT`, missing column, unparsable timestamp or one above
+            :data:`MAX_MOONCAKE_TIMESTAMP_MS`, wrong hash_ids length, invalid JSON, JSON
+            nested too deep or with a > 4,300-digit integer, a CSV field over
+            ``csv.field_size_limit()``, bytes that are not UTF-8). A leading UTF-8
+            byte-order mark is accepted.
         ConfigError: invalid options, ``rate`` given for a trace that has arrival times, or
             a cut that leaves no request.
     """
