@@ -214,3 +214,9 @@ def test_every_field_fuzzed_raises_only_typed_errors(path):
             assert spec.weight_bytes > 0, (key, value)
             assert spec.num_layers <= 10_000
     assert load_hf_config(raw) == reference
+
+
+@pytest.mark.parametrize("tp", [True, 0, -2, 1.0])
+def test_bad_tp_refused(tp):
+    with pytest.raises(ConfigError, match="tp"):
+        load_hf_config(LLAMA, tp=tp)

@@ -184,7 +184,7 @@ def load_hf_config(
             heads, state heads or channels; a zero or negative window; a per-layer list
             whose length is not ``num_hidden_layers``.
     """
-    if not isinstance(tp, int) or tp < 1:
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"tp must be a positive integer, got {tp!r}")
     cfg = read_config(config)
     plans = layer_plans(cfg)
