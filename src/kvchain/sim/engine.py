@@ -14,7 +14,7 @@ the model's math is replaced; the memory manager runs exactly as in an engine.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvchain.alloc.chain import Chain
 from kvchain.errors import KVChainError
@@ -122,13 +122,7 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
     chain = allocator if allocator is not None else Chain(config.layout())
     layout = chain.layout
     kv = KVManager(chain)
-    sched_config = config.scheduler
-    if audit_every_step != sched_config.audit_every_step:
-        sched_config = SchedulerConfig(
-            max_running=sched_config.max_running,
-            max_prefill_tokens=sched_config.max_prefill_tokens,
-            chunk_size=sched_config.chunk_size, policy=sched_config.policy,
-            window_admission=sched_config.window_admission, audit_every_step=audit_every_step)
+    sched_config = replace(config.scheduler, audit_every_step=audit_every_step)
     sched = Scheduler(kv, sched_config)
     cost = GPUCostModel(config.model, config.gpu)
     recorder = MetricsRecorder(max_step_samples=config.max_step_samples)
