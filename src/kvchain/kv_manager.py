@@ -113,9 +113,13 @@ NOTHING_HELD = HeldPages()
 
 def sum_demands(demands: Iterable[Demand], num_bands: int) -> Demand:
     """Element-wise sum of demands of a chain with ``num_bands`` bands."""
+    zero = (0,) * num_bands
     total = [0] * num_bands
     for d in demands:
-        for i, n in enumerate(d.pages):
+        pages = d.pages
+        if pages == zero:  # most decode steps: skip cheaply
+            continue
+        for i, n in enumerate(pages):
             total[i] += n
     return Demand(tuple(total))
 
