@@ -50,7 +50,7 @@ from kvchain.alloc.snapshot import (
     Compact,
     Demand,
     Extend,
-    PlanStep,
+    LazyPlan,
     Quote,
     RefusalReason,
     Relocate,
@@ -262,7 +262,8 @@ def _solve_three_bands(snapshot: ChainSnapshot, pages: tuple[int, ...]) -> _Plan
             max_high = room_high // pw
             if ext_w <= max_low + max_high:
                 low = min(ext_w, max_low)
-                consider(_Plan((0, 0, 0), float_ext_low=low, float_ext_high=ext_w - low))
+                # In place copies nothing: no candidate can be cheaper, and ties go to it.
+                return _Plan((0, 0, 0), float_ext_low=low, float_ext_high=ext_w - low)
             else:
                 for low_first in (True, False):
                     plan = _float_stays_with_compaction(
@@ -279,7 +280,7 @@ def _solve_three_bands(snapshot: ChainSnapshot, pages: tuple[int, ...]) -> _Plan
         k_low = _ceil_div(short_low, pw)
         k_high = _ceil_div(short_high, pw)
         if k_low + k_high == 0:
-            consider(_Plan((0, 0, 0)))
+            return _Plan((0, 0, 0))  # in place: nothing is cheaper
         elif w.movable and k_low + k_high <= spare_w:
             consider(_Plan((0, 0, 0), float_compact_low=k_low, float_compact_high=k_high,
                            copied_bytes=(k_low + k_high) * pw))
@@ -440,12 +441,8 @@ def price(snapshot: ChainSnapshot, demand: Demand) -> Quote:
     solved = _solve(snapshot, demand)
     if isinstance(solved, _Refusal):
         return Quote(demand, snapshot, (), False, solved.shortfall_bytes, solved.reason)
-    steps = []
-    current = snapshot
-    for action in _actions(snapshot, demand, solved):
-        current = apply_action(current, action)
-        steps.append(PlanStep(action, current))
-    return Quote(demand, snapshot, tuple(steps), True, 0, None, solved.copied_bytes)
+    plan = LazyPlan(snapshot, tuple(_actions(snapshot, demand, solved)), apply_action)
+    return Quote(demand, snapshot, plan, True, 0, None, solved.copied_bytes)
 
 
 def fits(snapshot: ChainSnapshot, demand: Demand) -> bool:

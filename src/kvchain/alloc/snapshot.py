@@ -34,6 +34,7 @@ before any new page is handed out and every extension lands on free bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -208,6 +209,67 @@ class PlanStep:
     after: ChainSnapshot
 
 
+class LazyPlan(Sequence[PlanStep]):
+    """A plan's steps, with each predicted snapshot computed on first access.
+
+    Pricing decides the actions cheaply; the predicted snapshot after each action costs a
+    snapshot construction, which only the executor (and tests) need. Behaves as a read-only
+    sequence of :class:`PlanStep`; equal to any sequence of the same steps.
+
+    Args:
+        before: the snapshot the plan starts from.
+        actions: the ordered actions.
+        apply: the pure function giving the snapshot after one action.
+    """
+
+    __slots__ = ("_actions", "_apply", "_before", "_steps")
+
+    def __init__(self, before: ChainSnapshot, actions: tuple[Action, ...],
+                 apply: Callable[[ChainSnapshot, Action], ChainSnapshot]) -> None:
+        self._before = before
+        self._actions = actions
+        self._apply = apply
+        self._steps: tuple[PlanStep, ...] | None = None
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        """The ordered actions (no snapshots computed)."""
+        return self._actions
+
+    def materialize(self) -> tuple[PlanStep, ...]:
+        """The steps with their predicted snapshots (computed once)."""
+        if self._steps is None:
+            steps = []
+            current = self._before
+            for action in self._actions:
+                current = self._apply(current, action)
+                steps.append(PlanStep(action, current))
+            self._steps = tuple(steps)
+        return self._steps
+
+    def __len__(self) -> int:
+        return len(self._actions)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self.materialize()[index]
+
+    def __iter__(self) -> Iterator[PlanStep]:
+        return iter(self.materialize())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyPlan):
+            return self.materialize() == other.materialize()
+        if isinstance(other, Sequence):
+            return self.materialize() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.materialize())
+
+    def __repr__(self) -> str:
+        return f"LazyPlan({list(self._actions)!r})"
+
+
 class RefusalReason(StrEnum):
     """Why a quote refuses."""
 
@@ -224,7 +286,9 @@ class Quote:
     Attributes:
         demand: the priced demand.
         before: the snapshot priced.
-        steps: the ordered plan (empty if the demand is empty or refused).
+        steps: the ordered plan (empty if the demand is empty or refused); from
+            :func:`~kvchain.alloc.pricing.price` a :class:`LazyPlan` whose predicted
+            snapshots are built on first access.
         fits: whether the plan realizes the demand.
         shortfall_bytes: on refusal, positive: extra free bytes the best candidate needs
             (0 when it fits).
@@ -235,7 +299,7 @@ class Quote:
 
     demand: Demand
     before: ChainSnapshot
-    steps: tuple[PlanStep, ...]
+    steps: Sequence[PlanStep]
     fits: bool
     shortfall_bytes: int = 0
     reason: RefusalReason | None = None
@@ -249,4 +313,6 @@ class Quote:
     @property
     def needs_moves(self) -> bool:
         """True when the plan copies pages (Compact or Relocate)."""
-        return any(isinstance(s.action, Compact | Relocate) for s in self.steps)
+        steps = self.steps
+        actions = steps.actions if isinstance(steps, LazyPlan) else [s.action for s in steps]
+        return any(isinstance(a, Compact | Relocate) for a in actions)
