@@ -103,5 +103,5 @@ def render_bands(layout: ChainLayout) -> Table:
         c = b.cache_class
         per_token = f"{c.bytes_per_token:,}" if c.is_token_class else f"{c.bytes_per_slot:,}/slot"
         table.add_row(b.label, b.anchor.value, per_token, f"{b.page_bytes:,}",
-                      str(c.window or "-"), str(b.reserved_pages), f"{b.cap:,}")
+                      f"{c.window:,}" if c.window else "-", str(b.reserved_pages), f"{b.cap:,}")
     return table
