@@ -17,13 +17,12 @@ import typer
 from rich.console import Console
 
 from kvchain.baselines import ManagerKind
-from kvchain.catalog import load_model
 from kvchain.cli import app
-from kvchain.cli.common import prepare_out_dir
+from kvchain.cli.common import load_spec, prepare_out_dir
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import get_gpu
 from kvchain.report.tables import comparison_table
-from kvchain.sched.scheduler import SchedulerConfig
+from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.compare import ManagerRun, compare_managers
 from kvchain.sim.engine import SimConfig
 from kvchain.sim.traces import load_trace
@@ -83,6 +82,8 @@ def compare_plot(runs: dict[ManagerKind, ManagerRun], path: Path) -> Path:
 @app.command("compare")
 def compare(
     model: Annotated[str, typer.Option(help="catalog model name")] = "gpt-oss-120b",
+    config: Annotated[Path | None, typer.Option(help="a Hugging Face config.json instead of "
+                                                     "--model")] = None,
     gpu: Annotated[str, typer.Option(help="GPU name (h100, h200, ...)")] = "h200",
     trace: Annotated[str, typer.Option(help="bundled trace name or trace file")] = "azure-conv",
     requests: Annotated[int | None, typer.Option(help="first N requests")] = 500,
@@ -92,6 +93,9 @@ def compare(
         help="KV buffer bytes (overrides the GPU-derived size; small = memory binds)")] = None,
     page_size: Annotated[int, typer.Option(help="tokens per page")] = 16,
     tp: Annotated[int, typer.Option(help="tensor-parallel ranks")] = 1,
+    policy: Annotated[QueuePolicy, typer.Option(help="waiting-queue order")] = QueuePolicy.FCFS,
+    max_running: Annotated[int, typer.Option(help="most running requests")] = 256,
+    chunk_size: Annotated[int, typer.Option(help="prefill chunk tokens")] = 8192,
     managers: Annotated[str, typer.Option(
         help="comma-separated managers: kvchain,fixed-pools,equal-page,ideal")] =
         "kvchain,fixed-pools,equal-page,ideal",
@@ -109,11 +113,13 @@ def compare(
     try:
         if not kinds:
             raise ConfigError("no manager given")
-        spec = load_model(model, tp=tp)
+        spec = load_spec(model, config, tp=tp)
+        scheduler = SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
+                                    max_prefill_tokens=max(chunk_size, 8192), policy=policy)
         cfg = SimConfig(spec, get_gpu(gpu), load_trace(trace, first=requests,
                                                        rate_scale=rate_scale),
                         mem_fraction=mem_fraction, page_size=page_size,
-                        scheduler=SchedulerConfig(), buffer_bytes=buffer_bytes)
+                        scheduler=scheduler, buffer_bytes=buffer_bytes)
         prepare_out_dir(out)
         runs = compare_managers(cfg, kinds)
     except KVChainError as exc:

@@ -21,7 +21,7 @@ with ``L`` the tokens a request holds once this step's tokens are in. Per step:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvchain.baselines import ManagerKind, build_manager
 from kvchain.sched.request import StepBatch
@@ -156,6 +156,13 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
     """
     buffer = config.layout().buffer_bytes
     setup = build_manager(kind, config.model.classes, buffer, config.page_size)
+    # A manager with larger pages (equal-page) chunks prefills in whole pages of its own.
+    page = setup.layout.page_size
+    sched = config.scheduler
+    if sched.chunk_size < page or sched.max_prefill_tokens < page:
+        config = replace(config, scheduler=replace(
+            sched, chunk_size=max(sched.chunk_size, page),
+            max_prefill_tokens=max(sched.max_prefill_tokens, page)))
     observer = _BytesObserver(NeededBytes.of(config.model.classes), buffer,
                               setup.layout.reserved_bytes)
     result = simulate(config, allocator=setup.allocator,  # type: ignore[arg-type]
