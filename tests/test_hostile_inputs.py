@@ -112,3 +112,22 @@ def test_cli_refuses_bad_files_with_one_line_errors(tmp_path):
     assert "expected an integer" in run_cli("replay", str(stream))
     stream.write_text("\n".join([lines[0], '{"op": "gate", "open": "yes"}']) + "\n")
     assert "expected true or false" in run_cli("replay", str(stream))
+
+
+def test_a_retracted_request_can_always_be_readmitted_on_the_empty_chain():
+    """Second adversarial round: after a retraction the recompute prompt (prompt + generated)
+    spans several pages, and its later chunks used to reserve one window page more than
+    the never-fits check had promised, so it could never come back."""
+    from kvchain.admission import ChainPrefillBudget
+
+    # W = 32, P = 16: 4 full + 3 window pages + the null page fill the buffer exactly.
+    layout = plan_layout([declared_class(LC.WINDOW, 3_000, 32), declared_class(LC.FULL, 100)],
+                         4 * 1_600 + 4 * 48_000, 16)
+    sched = Scheduler(KVManager(Chain(layout)))
+    for done in range(40):
+        r = Request(done, 16, 40, 0.0)
+        assert sched.add(r, 0.0)
+        r.output_done, r.prefill_target = done, 16 + done  # as a retraction leaves it
+        budget = ChainPrefillBudget(sched.chain.empty_snapshot(), sched.rules)
+        upper = min(8_192, r.remaining_prefill)
+        assert budget.largest(lambda t, r=r: sched._admission_demand(r, t), upper, 16) > 0

@@ -165,15 +165,18 @@ class ChainPrefillBudget:
 
     def largest(self, demand_of: Callable[[int], Demand], upper: int, step: int = 1) -> int:
         """Largest multiple of ``step`` tokens ``t <= upper`` whose ``demand_of(t)`` fits
-        (0 if none): a monotone search over the same predicate (chunk caps)."""
+        (0 if none), or ``upper`` itself if it fits: a monotone search over the same
+        predicate (chunk caps). A request's demand is not strictly monotone in its chunk (a
+        bigger chunk leaves less to reserve later), so ``upper`` and one page are always
+        tried as well."""
         if upper <= 0:
             return 0
         if self.fits(demand_of(upper)):
             return upper  # the common case, and exact where the demand is not monotone
         units = upper // step
         best = largest_fitting(lambda n: self.fits(demand_of(n * step)), units) * step
-        if best < upper and upper % step and self.fits(demand_of(upper)):
-            return upper  # the unaligned tail of a prompt
+        if best == 0 and units and self.fits(demand_of(step)):
+            return step  # the search assumes monotone demands; one page always gets a try
         return best
 
 

@@ -90,6 +90,17 @@ class RequestGeometry:
         """
         return _ceil_div(self.window_tokens - 1 + chunk, self.page_size) + 1
 
+    def later_peak_pages(self, chunk: int) -> int:
+        """Most window pages a *later* step needs: a prefill chunk of ``chunk`` tokens that
+        starts on a page boundary (the scheduler cuts every chunk but a prompt's tail to
+        whole pages, so later chunks always do), or a decode (``chunk = 1``, any position):
+        ``ceil(c / P) + ceil((W - 1) / P)``. E.g. ``W = 32``, ``P = 16``: 3 pages for a
+        one-page chunk and for a decode, where the any-start bound
+        :meth:`window_peak_pages` says 4 for the chunk.
+        """
+        p = self.page_size
+        return _ceil_div(chunk, p) + _ceil_div(self.window_tokens - 1, p)
+
 
 @dataclass(frozen=True, slots=True)
 class HeldPages:
@@ -141,9 +152,10 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
     Returns:
         Demand per band: full pages to cover ``[0, s + c + headroom)``; window pages for
         the request's *peak* from now on, minus what it holds: the pages covering
-        ``[window_start(s), s + c)`` now, or later up to ``ceil((W - 1 + c') / P) + 1``
-        pages for a later chunk ``c'`` (window-tail release runs in between, so the two do
-        not add up); state slots if none are held yet.
+        ``[window_start(s), s + c)`` now, or later up to
+        :meth:`RequestGeometry.later_peak_pages` for a later page-aligned chunk ``c'`` or a
+        decode (window-tail release runs in between, so the two do not add up); state slots
+        if none are held yet.
 
     Raises:
         InvalidDemandError: negative token counts or ``headroom_chunk < 1``.
@@ -184,7 +196,7 @@ def _general_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: 
         if headroom:
             first_after = geom.window_start(end) // p
             later = _ceil_div(end + headroom, p) - first_after
-            peak = max(peak, min(later, geom.window_peak_pages(min(headroom_chunk, headroom))))
+            peak = max(peak, min(later, geom.later_peak_pages(min(headroom_chunk, headroom))))
         pages[geom.window] = max(0, peak - have)
     if geom.state is not None and held.slots == 0 and (extend or headroom):
         pages[geom.state] = geom.state_slots
@@ -197,7 +209,8 @@ def lifetime_demand(geom: RequestGeometry, prompt: int, output: int) -> Demand:
     slots, and the window peak of chunks of one page (``ceil((W - 1 + P) / P) + 1``
     pages): the smallest footprint any chunking reaches, since the scheduler cuts each
     chunk to what fits. A request whose lifetime demand does not fit the empty chain can
-    never finish; one that fits always can, alone (field cases F2, F3, F7).
+    never finish; one that fits always can, alone (field cases F2, F3, F7) - also after a
+    retraction, whose first one-page chunk demands no more than this.
 
     Raises:
         InvalidDemandError: a prompt or output below 1.
@@ -206,8 +219,9 @@ def lifetime_demand(geom: RequestGeometry, prompt: int, output: int) -> Demand:
         raise InvalidDemandError(f"prompt and output must be >= 1, got {prompt}, {output}")
     first = min(geom.page_size, prompt)
     rest = prompt + output - 1 - first
-    return request_demand(geom, NOTHING_HELD, 0, first, rest,
-                          min(geom.page_size, max(prompt - first, 1)))
+    # Later chunks of one page even for a one-page prompt: after a retraction the request
+    # is recomputed from prompt + generated tokens, which may span more than a page.
+    return request_demand(geom, NOTHING_HELD, 0, first, rest, geom.page_size)
 
 
 @dataclass(slots=True)

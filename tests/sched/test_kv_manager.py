@@ -111,9 +111,10 @@ def test_headroom_adds_full_growth_and_the_later_window_peak() -> None:
     # 98 later decode tokens: full pages cover [0, 1,123) -> 71, 7 new; the window
     # peaks at ceil((127 + 1) / 16) + 1 = 9 pages between tail releases, 1 new.
     assert request_demand(geom, held, 1_024, 1, 98) == Demand((1, 7))
-    # A prefill: 256 tokens now, 744 later in chunks of 256 -> window peak
-    # ceil((127 + 256) / 16) + 1 = 25 pages, full ceil(1,000 / 16) = 63 pages.
-    assert request_demand(geom, NOTHING_HELD, 0, 256, 744, 256) == Demand((25, 63))
+    # A prefill: 256 tokens now, 744 later in page-aligned chunks of 256 -> window peak
+    # ceil(256 / 16) + ceil(127 / 16) = 24 pages, full ceil(1,000 / 16) = 63 pages.
+    assert request_demand(geom, NOTHING_HELD, 0, 256, 744, 256) == Demand((24, 63))
+    assert geom.later_peak_pages(256) == 24 and geom.window_peak_pages(256) == 25
     # Later chunks never need more pages than the rest of the prompt spans.
     assert request_demand(geom, NOTHING_HELD, 0, 16, 16, 8_192) == Demand((2, 2))
 

@@ -196,6 +196,17 @@ class Scheduler:
         self.waiting.append(request)
         return True
 
+    def _chunk_cap(self, r: Request, tokens_left: int) -> int:
+        """The largest chunk ``r`` may take now: its whole remaining prefill if that fits the
+        caps, else the caps cut down to whole pages - so every chunk but a prompt's tail
+        starts and ends on a page boundary (what :meth:`RequestGeometry.later_peak_pages`
+        relies on)."""
+        cap = min(self.config.chunk_size, tokens_left)
+        if r.remaining_prefill <= cap:
+            return r.remaining_prefill
+        page = self.kv.geom.page_size
+        return cap // page * page
+
     def _fits_empty(self, demand: Demand) -> bool:
         """Whether admission's own predicate (joint or split) fits ``demand`` on the empty
         chain: what "can never fit" means (no other formula)."""
@@ -224,7 +235,7 @@ class Scheduler:
         page = kv.geom.page_size
         # Running prefills continue first, then everyone's future is reserved.
         for r in prefilling:
-            upper = min(cfg.chunk_size, r.remaining_prefill, tokens_left)
+            upper = self._chunk_cap(r, tokens_left)
             c = budget.largest(lambda t, r=r: kv.demand(r.rid, t), upper, page)
             if c:
                 budget.reserve(kv.demand(r.rid, c))
@@ -237,7 +248,7 @@ class Scheduler:
         for admitted, r in enumerate(self._waiting_order()):
             if tokens_left <= 0 or len(self.running) + admitted >= cfg.max_running:
                 break
-            upper = min(cfg.chunk_size, r.remaining_prefill, tokens_left)
+            upper = self._chunk_cap(r, tokens_left)
             c = budget.largest(lambda t, r=r: self._admission_demand(r, t), upper, page)
             if not c:
                 break
