@@ -117,20 +117,6 @@ class UnknownRequestError(RequestError, KeyError):
     """A request id the KV manager or scheduler does not hold."""
 
 
-class RequestTooLargeError(RequestError):
-    """A request that can never fit the chain, even alone on an empty chain.
-
-    Attributes:
-        needed_bytes: bytes it needs at its peak.
-        available_bytes: bytes the empty chain offers.
-    """
-
-    def __init__(self, message: str, *, needed_bytes: int, available_bytes: int) -> None:
-        super().__init__(message)
-        self.needed_bytes = needed_bytes
-        self.available_bytes = available_bytes
-
-
 class TraceError(KVChainError, ValueError):
     """A malformed request trace (names the file, line and field)."""
 
