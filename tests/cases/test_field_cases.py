@@ -673,8 +673,8 @@ def test_f12_decode_headroom_includes_window_growth(monkeypatch: pytest.MonkeyPa
     assert budget.reservations[0] == Demand((8, 8))
     # Each one's future: ceil((1,025 + 98) / 16) - 65 = 6 full pages; window: it holds 8
     # pages and grows to 9 until its next tail release, which this step's page covers.
-    assert budget.reservations[1:9] == [Demand((0, 6))] * 8
-    assert budget.reservations[9] == Demand((2, 2))  # the admitted (16, 2)
+    assert budget.reservations[1] == Demand((0, 6 * 8))  # the eight futures, summed
+    assert budget.reservations[2] == Demand((2, 2))  # the admitted (16, 2)
     assert budget.reserved == Demand((8 + 2, 8 * 7 + 2))
     assert [(p.rid, p.tokens) for p in batch.prefills] == [(8, 16)]
     sched.complete(batch, driver.run(batch), 1.0)

@@ -233,17 +233,22 @@ class Scheduler:
         budget.reserve(sum_demands(decode_demands, kv.geom.num_bands))
         tokens_left = cfg.max_prefill_tokens
         page = kv.geom.page_size
+        # This step's own demand per running request (decodes: from the decode check).
+        now = {d.rid: (1, demand) for d, demand in zip(step.decodes, decode_demands,
+                                                        strict=True)}
         # Running prefills continue first, then everyone's future is reserved.
         for r in prefilling:
             upper = self._chunk_cap(r, tokens_left)
             c = budget.largest(lambda t, r=r: kv.demand(r.rid, t), upper, page)
             if c:
-                budget.reserve(kv.demand(r.rid, c))
+                chunk_demand = kv.demand(r.rid, c)
+                budget.reserve(chunk_demand)
+                now[r.rid] = (c, chunk_demand)
                 step.prefills.append(PrefillChunk(r.rid, r.computed, c))
                 tokens_left -= c
-        planned = {p.rid: p.tokens for p in step.prefills}
-        for r in self.running.values():
-            budget.reserve(self._future(r, planned.get(r.rid, 1 if not r.in_prefill else 0)))
+        zero = Demand.zeros(kv.geom.num_bands)
+        budget.reserve(sum_demands((self._future(r, *now.get(r.rid, (0, zero)))
+                                    for r in self.running.values()), kv.geom.num_bands))
         # Waiting requests, in policy order, while the ledger fits.
         for admitted, r in enumerate(self._waiting_order()):
             if tokens_left <= 0 or len(self.running) + admitted >= cfg.max_running:
@@ -371,9 +376,10 @@ class Scheduler:
         demand = self.kv.demand
         return [demand(r.rid, 1) for r in self.running.values() if not r.in_prefill]
 
-    def _future(self, r: Request, now_tokens: int) -> Demand:
-        """Pages ``r`` needs beyond this step's tokens: rest of its prefill, then its
-        expected output (ratio), the window's later peak."""
+    def _future(self, r: Request, now_tokens: int, this_step: Demand) -> Demand:
+        """Pages ``r`` needs beyond this step's ``now_tokens`` tokens (whose own demand,
+        ``this_step``, is already reserved): rest of its prefill, then its expected output
+        (ratio), the window's later peak."""
         rest_prefill = r.remaining_prefill - (now_tokens if r.in_prefill else 0)
         # KV still to come after the prefill: remaining_output - 1 (the last sampled token
         # is never fed back); a decode's own token is this step's.
@@ -381,7 +387,6 @@ class Scheduler:
         # Later chunks are reserved at one page: the scheduler cuts them to what fits.
         full_step = self.kv.demand(r.rid, now_tokens, headroom,
                                    min(self.kv.geom.page_size, max(rest_prefill, 1)))
-        this_step = self.kv.demand(r.rid, now_tokens)
         return Demand(tuple(max(0, a - b) for a, b in
                             zip(full_step.pages, this_step.pages, strict=True)))
 
