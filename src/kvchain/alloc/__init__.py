@@ -1,12 +1,15 @@
 """The chain allocator: snapshots and plans (pure), bands and the chain executor."""
 
 from kvchain.alloc.chain import Chain, ChainStats, GateState, Grant, MovePin
+from kvchain.alloc.evictor import Evictor
 from kvchain.alloc.snapshot import (
     Action,
     BandSnapshot,
     ChainSnapshot,
     Compact,
     Demand,
+    Evict,
+    EvictionOrder,
     Extend,
     PlanStep,
     Quote,
@@ -25,6 +28,9 @@ __all__ = [
     "ChainStats",
     "Compact",
     "Demand",
+    "Evict",
+    "EvictionOrder",
+    "Evictor",
     "Extend",
     "GateState",
     "Grant",

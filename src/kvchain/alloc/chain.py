@@ -31,12 +31,14 @@ from types import TracebackType
 import numpy as np
 
 from kvchain.alloc.band import Band, PageMoves
+from kvchain.alloc.evictor import Evictor
 from kvchain.alloc.pricing import price as plan_price
 from kvchain.alloc.snapshot import (
     Action,
     ChainSnapshot,
     Compact,
     Demand,
+    Evict,
     Extend,
     Quote,
     Relocate,
@@ -103,6 +105,7 @@ class ChainStats:
     compactions: int
     relocations: int
     fence_waits: int
+    pages_evicted: int = 0
 
 
 class MovePin:
@@ -212,6 +215,9 @@ class Chain:
         self._pages_copied = self._bytes_copied = 0
         self._compactions = self._relocations = self._fence_waits = 0
         self._null: tuple[int | None, ...] = (None,) * len(self._bands)
+        self._evictor: Evictor | None = None
+        self._evictor_version = -1  # the evictor version the cached snapshot saw
+        self._evicted_pages = 0
         reserved = Demand(tuple(bl.reserved_pages for bl in layout.bands))
         if not reserved.is_empty:
             grant = self.take(reserved)
@@ -244,7 +250,7 @@ class Chain:
         """Cumulative counters (pages and bytes copied by compactions and relocations)."""
         return ChainStats(self._takes, self._releases, self._pages_copied,
                           self._bytes_copied, self._compactions, self._relocations,
-                          self._fence_waits)
+                          self._fence_waits, self._evicted_pages)
 
     def band(self, band: int) -> Band:
         """The band object (tables and holes) of band index ``band``; read it, do not
@@ -263,9 +269,34 @@ class Chain:
         """
         if self._fence is not None and self._fence.query():
             self._apply(_FenceDone())
+        if self._evictor is not None and self._evictor.version != self._evictor_version:
+            self._epoch += 1  # the evictable supply changed: a new capacity epoch
+            self._snap = None
         if self._snap is None:
             self._snap = self._build_snapshot()
         return self._snap
+
+    @property
+    def evictor(self) -> Evictor | None:
+        """The prefix cache whose unlocked pages the planner may evict, or ``None``."""
+        return self._evictor
+
+    def set_evictor(self, evictor: Evictor | None) -> None:
+        """Attach (or detach, with ``None``) the prefix cache that offers evictable supply.
+
+        From then on every snapshot carries ``evictor.eviction_order()`` and every plan
+        may start with an ``Evict`` step (the planner evicts only when a demand does not
+        fit otherwise). One epoch bump.
+
+        Raises:
+            InvalidDemandError: ``evictor`` does not implement :class:`Evictor`.
+        """
+        if evictor is not None and not isinstance(evictor, Evictor):
+            raise InvalidDemandError(f"expected an Evictor, got {type(evictor).__name__}")
+        self._evictor = evictor
+        self._evictor_version = -1
+        self._epoch += 1
+        self._snap = None
 
     def empty_snapshot(self) -> ChainSnapshot:
         """The snapshot of this chain's layout with nothing held but its null pages (what
@@ -525,6 +556,8 @@ class Chain:
             self._compactions += 1
         elif isinstance(action, Relocate):
             self._relocate(action)
+        elif isinstance(action, Evict):
+            self._evict(action)
         elif isinstance(action, WaitFence):
             if self._fence is not None:
                 self._fence.wait()
@@ -543,6 +576,36 @@ class Chain:
         self._epoch += 1
         self._snap = None
         return result
+
+    def _evict(self, action: Evict) -> None:
+        """Have the evictor give up its first ``units`` units and release their pages.
+
+        The freed ids are validated (bound, distinct, not a null page, as many per band as
+        the order said) before any is released; the evictor has already forgotten them, so
+        a bad answer is a bug of the cache (:class:`PlanMismatchError`), never a refusal.
+        """
+        evictor = self._evictor
+        if evictor is None:
+            raise PlanMismatchError(f"{action}: no evictor is attached")
+        expected = evictor.eviction_order().freed(action.units)
+        freed = evictor.evict(action.units)
+        if len(freed) != len(self._bands):
+            raise PlanMismatchError(f"{action}: the evictor returned {len(freed)} bands")
+        ids = []
+        for i, (b, raw) in enumerate(zip(self._bands, freed, strict=True)):
+            v = np.asarray(raw, dtype=np.int64).reshape(-1)
+            if v.size != expected[i]:
+                raise PlanMismatchError(f"{action}: band {i} freed {v.size} pages, the order "
+                                        f"said {expected[i]}")
+            if v.size and (int(v.min()) < 0 or int(v.max()) >= b.n_phys
+                           or (b.v2p[v] < 0).any() or np.unique(v).size != v.size
+                           or (self._null[i] is not None and (v == self._null[i]).any())):
+                raise PlanMismatchError(f"{action}: band {i} freed ids that are not held pages")
+            ids.append(v)
+        for b, v in zip(self._bands, ids, strict=True):
+            if v.size:
+                b.release(v)
+                self._evicted_pages += int(v.size)
 
     def _extend(self, action: Extend) -> np.ndarray:
         i = action.band
@@ -602,9 +665,12 @@ class Chain:
 
     def _build_snapshot(self) -> ChainSnapshot:
         movable, pending = self._gate_open, self._fence is not None
-        return ChainSnapshot(self.layout.buffer_bytes,
-                             tuple(b.snapshot(movable, pending) for b in self._bands),
-                             self._epoch)
+        bands = tuple(b.snapshot(movable, pending) for b in self._bands)
+        if self._evictor is None:
+            return ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch)
+        self._evictor_version = self._evictor.version
+        return ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch,
+                             self._evictor.eviction_order())
 
     def _band_index(self, band: int) -> int:
         if isinstance(band, bool) or not isinstance(band, int | np.integer) or not (

@@ -49,6 +49,7 @@ from kvchain.alloc.snapshot import (
     ChainSnapshot,
     Compact,
     Demand,
+    Evict,
     Extend,
     LazyPlan,
     Quote,
@@ -82,6 +83,8 @@ def apply_action(snapshot: ChainSnapshot, action: Action) -> ChainSnapshot:
             snapshot,
             bands=tuple(replace(b, fence_pending=False) for b in snapshot.bands),
         )
+    if isinstance(action, Evict):
+        return _evicted(snapshot, action.units)
     i = action.band
     band = snapshot.bands[i]
     low_limit = snapshot.bands[i - 1].hi if i > 0 else 0
@@ -131,7 +134,30 @@ def apply_action(snapshot: ChainSnapshot, action: Action) -> ChainSnapshot:
         raise PlanMismatchError(f"unknown action {action!r}")
     bands = list(snapshot.bands)
     bands[i] = new
-    return ChainSnapshot(snapshot.buffer_bytes, tuple(bands), snapshot.epoch)
+    return ChainSnapshot(snapshot.buffer_bytes, tuple(bands), snapshot.epoch,
+                         snapshot.evictable)
+
+
+def _evicted(snapshot: ChainSnapshot, k: int) -> ChainSnapshot:
+    """The snapshot after evicting the first ``k`` units of its eviction order: freed
+    pages become holes of their band (``live -= freed``, ``holes += freed``), frontiers
+    stay (a release never shrinks a span), and the order left is the suffix.
+
+    Raises:
+        PlanMismatchError: ``k`` outside ``[1, units]``, or a unit frees more pages than
+            a band holds live (the cache published an impossible order: a bug check).
+    """
+    order = snapshot.evictable
+    if not 0 < k <= order.units:
+        raise PlanMismatchError(f"Evict({k}) with {order.units} eviction units")
+    freed = order.freed(k)
+    bands = []
+    for b, n in zip(snapshot.bands, freed, strict=True):
+        if n > b.live:
+            raise PlanMismatchError(f"Evict({k}) frees {n} pages of {b.label}, "
+                                    f"{b.live} are live")
+        bands.append(_band(b, b.lo, b.hi, b.live - n, b.holes + n) if n else b)
+    return ChainSnapshot(snapshot.buffer_bytes, tuple(bands), snapshot.epoch, order.after(k))
 
 
 def _band(b: BandSnapshot, lo: int, hi: int, live: int, holes: int) -> BandSnapshot:
@@ -438,10 +464,13 @@ def price(snapshot: ChainSnapshot, demand: Demand) -> Quote:
     validate_demand(snapshot, demand)
     if demand.is_empty:
         return Quote(demand, snapshot, (), True)
-    solved = _solve(snapshot, demand)
+    k, base, solved = _solve_with_eviction(snapshot, demand)
     if isinstance(solved, _Refusal):
         return Quote(demand, snapshot, (), False, solved.shortfall_bytes, solved.reason)
-    plan = LazyPlan(snapshot, tuple(_actions(snapshot, demand, solved)), apply_action)
+    actions = _actions(base, demand, solved)
+    if k:
+        actions.insert(0, Evict(k))
+    plan = LazyPlan(snapshot, tuple(actions), apply_action)
     return Quote(demand, snapshot, plan, True, 0, None, solved.copied_bytes)
 
 
@@ -452,7 +481,57 @@ def fits(snapshot: ChainSnapshot, demand: Demand) -> bool:
         InvalidDemandError: as :func:`price`.
     """
     validate_demand(snapshot, demand)
-    return demand.is_empty or isinstance(_solve(snapshot, demand), _Plan)
+    return demand.is_empty or isinstance(_solve_with_eviction(snapshot, demand)[2], _Plan)
+
+
+def least_eviction(snapshot: ChainSnapshot, demand: Demand) -> int | None:
+    """The fewest eviction units after which ``demand`` fits (0: fits as is), or ``None``
+    when even evicting every unit of ``snapshot.evictable`` would not fit.
+
+    Raises:
+        InvalidDemandError: as :func:`price`.
+    """
+    validate_demand(snapshot, demand)
+    if demand.is_empty:
+        return 0
+    k, _, solved = _solve_with_eviction(snapshot, demand)
+    return k if isinstance(solved, _Plan) else None
+
+
+def _solve_with_eviction(snapshot: ChainSnapshot, demand: Demand,
+                         ) -> tuple[int, ChainSnapshot, _Plan | _Refusal]:
+    """The least eviction prefix after which the demand fits, and the plan there.
+
+    Eviction is the last resort: a demand that fits as it is (in place or with moves)
+    evicts nothing - cached pages save prefill compute, copies cost only HBM traffic.
+    Otherwise the least ``k`` is found by binary search over the units: ``fits`` after
+    ``k`` units is monotone in ``k``, because each unit only turns live pages into holes,
+    and with moves allowed whether a demand fits depends on live pages alone (contract 3),
+    while with the gate closed a band's extra holes can only help that band. A refusal is
+    the refusal after evicting every unit (the smallest shortfall there is).
+
+    Returns:
+        ``(k, snapshot after evicting k units, plan or refusal)``.
+    """
+    solved = _solve(snapshot, demand)
+    units = snapshot.evictable.units
+    if isinstance(solved, _Plan) or units == 0:
+        return 0, snapshot, solved
+    full = _evicted(snapshot, units)
+    solved_full = _solve(full, demand)
+    if isinstance(solved_full, _Refusal):
+        return units, full, solved_full
+    lo, hi = 1, units  # fits after hi units, not after lo - 1
+    best: tuple[ChainSnapshot, _Plan] = (full, solved_full)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        candidate = _evicted(snapshot, mid)
+        attempt = _solve(candidate, demand)
+        if isinstance(attempt, _Plan):
+            hi, best = mid, (candidate, attempt)
+        else:
+            lo = mid + 1
+    return hi, best[0], best[1]
 
 
 def largest_fitting(predicate: Callable[[int], bool], upper: int) -> int:
@@ -491,5 +570,8 @@ def max_units(snapshot: ChainSnapshot, unit: Demand, base: Demand | None = None)
         return 0
     unit_bytes = sum(d * b.page_bytes for d, b in zip(unit.pages, snapshot.bands, strict=True))
     base_bytes = sum(d * b.page_bytes for d, b in zip(base.pages, snapshot.bands, strict=True))
-    upper = (snapshot.free_bytes - base_bytes) // unit_bytes
+    order = snapshot.evictable
+    evictable_bytes = sum(n * b.page_bytes for n, b in
+                          zip(order.freed(order.units), snapshot.bands, strict=False))
+    upper = (snapshot.free_bytes + evictable_bytes - base_bytes) // unit_bytes
     return largest_fitting(lambda n: fits(snapshot, base.plus(unit.scaled(n))), upper)

@@ -25,9 +25,12 @@ Plan actions (all page counts > 0), each paired with the predicted snapshot afte
                   (``lo`` a multiple of P): holes = 0. Copies at most ``live`` pages.
 ``WaitFence``     wait for the in-flight forward's fence before any copy; clears
                   ``fence_pending`` on every band.
+``Evict``         the prefix cache gives up its first ``units`` eviction units (see
+                  :class:`EvictionOrder`): on every band ``i``, ``freed[i]`` live pages
+                  become holes (live -= freed, holes += freed; frontiers stay). No copy.
 ================  =========================================================================
 
-Execution order inside a plan is always: ``WaitFence``; ``Compact`` of ENDs;
+Execution order inside a plan is always: ``Evict``; ``WaitFence``; ``Compact`` of ENDs;
 ``Compact``/``Relocate`` of the float; ``UseHoles``; ``Extend`` - so every copy happens
 before any new page is handed out and every extension lands on free bytes.
 """
@@ -38,6 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from kvchain.errors import InvalidDemandError
 from kvchain.layout import Anchor
 
 
@@ -89,16 +93,101 @@ class BandSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class EvictionOrder:
+    """What a prefix cache can free, in the order it would free it: the evictable supply.
+
+    The cache (above the chain) publishes its eviction units - an unlocked leaf with all
+    the pages and state slot it still holds, a window tombstoning, a checkpoint drop - in
+    the exact order it would evict them (its LRU walk simulated, a parent that becomes a
+    leaf included), as cumulative page counts per band.
+
+    Attributes:
+        cumulative: ``units + 1`` rows of one int per band (low -> high);
+            ``cumulative[k][i]`` = pages (state slots for a state band) of band ``i``
+            freed by the first ``k`` units. Row 0 is all zeros; rows never decrease.
+
+    Evicting the first ``k`` units leaves the suffix order (:meth:`after`): the cache's
+    walk goes on where it stopped, which is what makes the planner's prediction exact.
+
+    Raises:
+        InvalidDemandError: rows of different lengths, a first row that is not zero, a
+            negative or decreasing count, or a non-int entry.
+    """
+
+    cumulative: tuple[tuple[int, ...], ...] = ((),)
+    """The canonical empty order is ``((),)``: nothing evictable, on any chain."""
+
+    def __post_init__(self) -> None:
+        rows = self.cumulative
+        if type(rows) is not tuple or not rows or any(type(r) is not tuple for r in rows):
+            raise InvalidDemandError("an eviction order is a non-empty tuple of tuples")
+        width = len(rows[0])
+        if any(v != 0 for v in rows[0]):
+            raise InvalidDemandError(f"an eviction order starts at zero, got {rows[0]}")
+        prev = rows[0]
+        for row in rows[1:]:
+            if len(row) != width:
+                raise InvalidDemandError("eviction order rows differ in length")
+            for a, b in zip(prev, row, strict=True):
+                if type(b) is not int or b < a:
+                    raise InvalidDemandError(
+                        f"eviction order counts must be non-decreasing ints, got {row}")
+            prev = row
+
+    @staticmethod
+    def from_units(units: Sequence[Sequence[int]], num_bands: int) -> EvictionOrder:
+        """Build the cumulative order from per-unit page vectors (each ``num_bands`` long);
+        no units gives the canonical empty order (equal to a cache-less chain's)."""
+        if not units:
+            return _NO_EVICTION
+        rows = [(0,) * num_bands]
+        for u in units:
+            rows.append(tuple(a + int(b) for a, b in zip(rows[-1], u, strict=True)))
+        return EvictionOrder(tuple(rows))
+
+    @property
+    def units(self) -> int:
+        """Eviction units available (0: nothing evictable)."""
+        return len(self.cumulative) - 1
+
+    def freed(self, k: int) -> tuple[int, ...]:
+        """Pages per band freed by the first ``k`` units (``0 <= k <= units``)."""
+        return self.cumulative[k]
+
+    def after(self, k: int) -> EvictionOrder:
+        """The order left once the first ``k`` units are evicted (the suffix, rebased)."""
+        if k == 0:
+            return self
+        if k >= self.units:
+            return _NO_EVICTION
+        base = self.cumulative[k]
+        return EvictionOrder(tuple(tuple(v - b for v, b in zip(row, base, strict=True))
+                                   for row in self.cumulative[k:]))
+
+
+_NO_EVICTION = EvictionOrder()
+
+
+@dataclass(frozen=True, slots=True)
 class ChainSnapshot:
     """The chain as pricing sees it: buffer bytes + band snapshots, low -> high.
 
     ``epoch`` is the chain's capacity epoch when the snapshot was taken; it does not take
     part in equality (price == outcome compares counts and frontiers only).
+    ``evictable`` is the prefix cache's evictable supply (:class:`EvictionOrder`); a chain
+    without a cache has none. It takes part in equality: after an ``Evict`` the cache's
+    remaining order must be exactly the predicted suffix.
     """
 
     buffer_bytes: int
     bands: tuple[BandSnapshot, ...]
     epoch: int = field(default=0, compare=False)
+    evictable: EvictionOrder = _NO_EVICTION
+
+    @property
+    def evictable_units(self) -> int:
+        """Eviction units the prefix cache offers (0 without a cache)."""
+        return self.evictable.units
 
     def gap_below(self, i: int) -> int:
         """Free bytes between band ``i - 1`` (or byte 0) and band ``i``."""
@@ -194,11 +283,18 @@ class Relocate:
 
 
 @dataclass(frozen=True, slots=True)
+class Evict:
+    """Evict the first ``units`` units of the snapshot's :class:`EvictionOrder`."""
+
+    units: int
+
+
+@dataclass(frozen=True, slots=True)
 class WaitFence:
     """Wait for the in-flight forward's fence before copying."""
 
 
-Action = UseHoles | Extend | Compact | Relocate | WaitFence
+Action = UseHoles | Extend | Compact | Relocate | WaitFence | Evict
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +405,13 @@ class Quote:
     def after(self) -> ChainSnapshot:
         """Predicted snapshot after the whole plan (``before`` if there are no steps)."""
         return self.steps[-1].after if self.steps else self.before
+
+    @property
+    def evicted_units(self) -> int:
+        """Eviction units the plan evicts first (0: no eviction)."""
+        steps = self.steps
+        actions = steps.actions if isinstance(steps, LazyPlan) else [s.action for s in steps]
+        return sum(a.units for a in actions if isinstance(a, Evict))
 
     @property
     def needs_moves(self) -> bool:
