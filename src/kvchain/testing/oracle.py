@@ -27,6 +27,7 @@ just waits for it first), so the oracle ignores it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvchain.alloc import Chain, Demand
@@ -81,15 +82,23 @@ class OracleProblem:
     movable: bool
 
     @staticmethod
-    def from_chain(chain: Chain) -> OracleProblem:
-        """Read the chain's real positions (``Band.p2v``) and gate."""
+    def from_chain(chain: Chain,
+                   released: Sequence[Sequence[int]] | None = None) -> OracleProblem:
+        """Read the chain's real positions (``Band.p2v``) and gate.
+
+        Args:
+            chain: the chain (read only).
+            released: per band, virtual ids to treat as released (holes at their real
+                positions): what an eviction prefix would free.
+        """
         bands, start = [], []
         for i in range(chain.num_bands):
             b = chain.band(i)
             bands.append(OracleBand(b.anchor, b.page_bytes, b.grid_base, b.n_phys))
+            gone = {int(b.v2p[v]) for v in released[i]} if released else set()
             mask = 0
             for j in range(b.lo_idx, b.hi_idx):
-                if b.p2v[j] >= 0:
+                if b.p2v[j] >= 0 and j not in gone:
                     mask |= 1 << j
             start.append(BandPositions(b.lo_idx, b.hi_idx, mask))
         return OracleProblem(chain.layout.buffer_bytes, tuple(bands), tuple(start),
@@ -218,3 +227,27 @@ def oracle_fits(problem: OracleProblem, demand: Demand, *,
             raise OracleBudgetError(f"oracle visited {len(seen):,} states for demand "
                                     f"{demand.pages} without a decision")
     return OracleVerdict(False, len(seen))
+
+
+def oracle_least_eviction(chain: Chain, demand: Demand,
+                          unit_pages: Callable[[int], Sequence[Sequence[int]]], units: int,
+                          *, max_states: int = 2_000_000) -> int | None:
+    """The fewest eviction units after which the oracle holds ``demand`` (0: as is), by a
+    linear scan over every prefix, each searched on the real positions with the evicted
+    pages released; ``None`` if even all ``units`` do not suffice.
+
+    Args:
+        chain: the chain (read only).
+        demand: pages per band.
+        unit_pages: ``k -> per-band virtual ids`` freed by the first ``k`` units (the
+            cache's truth, e.g. :meth:`~kvchain.testing.evictor.ReferenceEvictor.unit_pages`).
+        units: units offered.
+
+    Raises:
+        OracleBudgetError: a search over its budget.
+    """
+    for k in range(units + 1):
+        problem = OracleProblem.from_chain(chain, unit_pages(k) if k else None)
+        if oracle_fits(problem, demand, max_states=max_states).fits:
+            return k
+    return None
