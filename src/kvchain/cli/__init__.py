@@ -24,7 +24,8 @@ def _root() -> None:
 
 
 # Modules that register commands on `app` (one command per module).
-COMMAND_MODULES: tuple[str, ...] = ("models", "plan", "simulate", "compare", "replay")
+COMMAND_MODULES: tuple[str, ...] = ("models", "plan", "simulate", "compare", "replay",
+                                    "prefix_bounds")
 
 
 def _load_commands() -> None:

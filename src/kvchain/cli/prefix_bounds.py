@@ -1,0 +1,92 @@
+"""``kvchain prefix-bounds``: what any prefix cache could hit on a trace.
+
+Prints the infinite-cache bound and, with a capacity, the LRU bound of
+:mod:`kvchain.sim.prefix_bounds` (prompt tokens in whole pages whose content was seen in
+an earlier prompt). A capacity in bytes is turned into pages of the model's
+full-attention class (``P x E_full`` bytes a page): window pages of a cached prefix are
+kept only near its resumable ends and state checkpoints are few, so full pages are what
+fills a cache.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kvchain.cli import app
+from kvchain.cli.common import load_spec
+from kvchain.errors import ConfigError, KVChainError
+from kvchain.sim.prefix_bounds import HitBound, hit_bound
+from kvchain.sim.traces import load_trace
+from kvchain.spec.layers import LifetimeClass
+
+
+@app.command("prefix-bounds")
+def prefix_bounds_command(
+    trace: Annotated[str, typer.Option("--trace", help="Bundled trace name or a trace file "
+                                       "with content block ids (hash_ids).")] = "mooncake",
+    requests: Annotated[int | None, typer.Option("--requests", help="First N requests "
+                                                 "(default: all).")] = None,
+    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per page.")] = 16,
+    capacity_pages: Annotated[int | None, typer.Option(
+        "--capacity-pages", help="LRU capacity in pages.")] = None,
+    capacity_bytes: Annotated[int | None, typer.Option(
+        "--capacity-bytes", help="LRU capacity in bytes (needs --model).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model whose full-attention "
+                                              "bytes per token size a page.")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel ranks (bytes per rank).")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON, not a table.")] = False,
+) -> None:
+    """Hit-rate bounds of a prefix cache on a trace: infinite cache and LRU of a size."""
+    console = Console()
+    try:
+        if requests is not None and requests < 1:
+            raise ConfigError(f"--requests must be >= 1, got {requests}")
+        if page_size < 1:
+            raise ConfigError(f"--page-size must be >= 1, got {page_size}")
+        if capacity_pages is not None and capacity_bytes is not None:
+            raise ConfigError("give --capacity-pages or --capacity-bytes, not both")
+        if capacity_bytes is not None:
+            if model is None:
+                raise ConfigError("--capacity-bytes needs --model to size a page")
+            if capacity_bytes < 1:
+                raise ConfigError(f"--capacity-bytes must be >= 1, got {capacity_bytes}")
+            spec = load_spec(model, None, tp=tp)
+            per_token = spec.bytes_per_token(LifetimeClass.FULL)
+            if per_token == 0:
+                raise ConfigError(f"model {model!r} has no full-attention class to cache")
+            capacity_pages = max(capacity_bytes // (per_token * page_size), 1)
+        if capacity_pages is not None and capacity_pages < 1:
+            raise ConfigError(f"--capacity-pages must be >= 1, got {capacity_pages}")
+        loaded = load_trace(trace, first=requests)
+        block_tokens = int(getattr(loaded, "block_tokens", 512))
+        bounds: list[HitBound] = [hit_bound(loaded.requests, page_size,
+                                            block_tokens=block_tokens)]
+        if capacity_pages is not None:
+            bounds.append(hit_bound(loaded.requests, page_size, capacity_pages=capacity_pages,
+                                    block_tokens=block_tokens))
+    except KVChainError as exc:  # bad options, traces, block ids: typed, exit 2
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    if bounds[0].requests == 0:
+        console.print(f"[red]error:[/red] trace {loaded.name!r} has no content block ids")
+        raise typer.Exit(2)
+    rows = [{"cache": "infinite" if b.capacity_pages is None else f"LRU {b.capacity_pages:,} p",
+             "capacity_pages": b.capacity_pages, "requests": b.requests,
+             "prompt_tokens": b.prompt_tokens, "hit_tokens": b.hit_tokens,
+             "hit_rate": round(b.hit_rate, 6)} for b in bounds]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"prefix-cache bounds: {loaded.name}, {bounds[0].requests:,} "
+                        f"requests, {page_size} tokens/page")
+    for col in ("cache", "prompt tok", "hit tok", "hit rate"):
+        table.add_column(col, justify="left" if col == "cache" else "right")
+    for r in rows:
+        table.add_row(str(r["cache"]), f"{r['prompt_tokens']:,}", f"{r['hit_tokens']:,}",
+                      f"{100 * float(r['hit_rate']):.2f}%")
+    console.print(table)
