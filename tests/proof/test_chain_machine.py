@@ -24,6 +24,9 @@ from hypothesis.stateful import (
 
 from kvchain.testing.geometry import SHAPES, ChainGeometry, shape_geometry
 from kvchain.testing.streams import (
+    CacheInsertOp,
+    CacheLockOp,
+    CacheUnlockOp,
     ChainRecorder,
     FenceCompleteOp,
     FenceHoldOp,
@@ -90,6 +93,73 @@ ChainMachine.TestCase.settings = settings(
 TestChainMachine = ChainMachine.TestCase
 
 
+class CachedChainMachine(ChainMachine):
+    """The same operations plus a prefix cache: held pages become cached units, units are
+    locked and unlocked, and every take may evict; the recorder also checks that every
+    bound page is owned exactly once (request, cache or null page)."""
+
+    @precondition(lambda self: any(self.rec.held))
+    @rule(data=st.data())
+    def cache_insert(self, data: st.DataObject) -> None:
+        pages = []
+        for held in self.rec.held:
+            chosen = data.draw(st.lists(st.sampled_from(held), max_size=4, unique=True)) \
+                if held else []
+            pages.append(tuple(chosen))
+        if any(pages):
+            self.rec.run(CacheInsertOp(tuple(pages)))
+
+    @precondition(lambda self: self.rec.cache is not None and bool(self.rec.cache.units))
+    @rule(data=st.data())
+    def cache_lock(self, data: st.DataObject) -> None:
+        assert self.rec.cache is not None
+        self.rec.run(CacheLockOp(data.draw(st.sampled_from(self.rec.cache.units)).uid))
+
+    @precondition(lambda self: self.rec.cache is not None
+                  and any(u.locks for u in self.rec.cache.units))
+    @rule(data=st.data())
+    def cache_unlock(self, data: st.DataObject) -> None:
+        assert self.rec.cache is not None
+        locked = [u for u in self.rec.cache.units if u.locks]
+        self.rec.run(CacheUnlockOp(data.draw(st.sampled_from(locked)).uid))
+
+    @invariant()
+    def cache_consistent(self) -> None:
+        if hasattr(self, "rec") and self.rec.cache is not None:
+            self.rec.check_ownership()
+            snap = self.rec.chain.snapshot()
+            assert snap.evictable == self.rec.cache.eviction_order()
+
+
+CachedChainMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestCachedChainMachine = CachedChainMachine.TestCase
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_seeded_streams_with_a_prefix_cache(shape: str) -> None:
+    for p in (1, 4, 16):
+        rec = generate_stream(shape_geometry(shape, p, pages=160).chain(), 400, seed=p,
+                              cache=True)
+        assert rec.cache is not None and rec.chain.stats.pages_evicted > 0
+        assert rec.counts.decisions > 50
+        assert (rec.counts.divergences, rec.counts.violations) == (0, 0), rec.counts.messages
+
+
+@pytest.mark.parametrize("defect", ["short", "order"])
+def test_planted_cache_defects_are_counted(defect: str) -> None:
+    """A cache that hands back a page fewer (a leak) or publishes a wrong order (a wrong
+    prediction) makes the recorder count divergences or violations, and the run goes on."""
+    bad = 0
+    for p in (1, 4):
+        rec = generate_stream(shape_geometry("state|window|full", p, pages=160).chain(), 400,
+                              seed=p, cache=True, cache_defect=defect)
+        bad += rec.counts.divergences + rec.counts.violations
+        assert rec.counts.operations >= 400
+    assert bad > 0
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_seeded_streams_every_shape(shape: str) -> None:
     for p in (1, 4, 16):
@@ -101,25 +171,33 @@ def test_seeded_streams_every_shape(shape: str) -> None:
 
 @pytest.mark.slow
 def test_slow_profile_200k_operations() -> None:
-    ops = decisions = divergences = violations = 0
+    ops = decisions = divergences = violations = evicted = 0
     t0 = time.perf_counter()
     for shape in SHAPES:
         for p in (1, 4, 16):
             for mixed in (False, True):
                 geometry = shape_geometry(shape, p, mixed=mixed, pages=256)
-                rec = generate_stream(geometry.chain(), 7_000, seed=p * 2 + mixed)
-                ops += rec.counts.operations
-                decisions += rec.counts.decisions
-                divergences += rec.counts.divergences
-                violations += rec.counts.violations
+                for cache in (False, True):
+                    rec = generate_stream(geometry.chain(), 7_000, seed=p * 2 + mixed,
+                                          cache=cache)
+                    ops += rec.counts.operations
+                    decisions += rec.counts.decisions
+                    divergences += rec.counts.divergences
+                    violations += rec.counts.violations
+                    evicted += rec.chain.stats.pages_evicted
     seconds = time.perf_counter() - t0
     print(f"\nslow profile: {ops:,} operations, {decisions:,} decisions, "
-          f"{divergences} divergences, {violations} violations, "
+          f"{divergences} divergences, {violations} violations, {evicted:,} pages evicted, "
           f"{ops / seconds:,.0f} ops/s (streams, audit after every op)")
     t1 = time.perf_counter()
     run_state_machine_as_test(ChainMachine, settings=settings(
         max_examples=400, stateful_step_count=60, deadline=None,
         suppress_health_check=[HealthCheck.too_slow]))
     print(f"hypothesis machine: 400 runs x <= 60 steps in {time.perf_counter() - t1:.1f} s")
-    assert ops >= 200_000
+    t2 = time.perf_counter()
+    run_state_machine_as_test(CachedChainMachine, settings=settings(
+        max_examples=400, stateful_step_count=60, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow]))
+    print(f"cached machine: 400 runs x <= 60 steps in {time.perf_counter() - t2:.1f} s")
+    assert ops >= 400_000 and evicted > 0
     assert (divergences, violations) == (0, 0)

@@ -40,6 +40,8 @@ def replay_command(
     page_size: Annotated[int, typer.Option("--page-size", help="Tokens per page.")] = 4,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Stream file to "
                                                 "write with --generate.")] = None,
+    cache: Annotated[bool, typer.Option("--cache", help="With --generate: add prefix-cache "
+                                        "ops (insert, lock, unlock; takes may evict).")] = False,
 ) -> None:
     """Replay a recorded operation stream with audits, or generate one (--generate)."""
     console = Console()
@@ -48,7 +50,8 @@ def replay_command(
             if output is None:
                 raise ConfigError("--generate needs -o FILE")
             shapes = SHAPES if generate == "all" else (generate,)
-            sections = [generate_section(s, ops, seed, page_size=page_size) for s in shapes]
+            sections = [generate_section(s, ops, seed, page_size=page_size, cache=cache)
+                        for s in shapes]
             n = write_stream(output, sections)
             console.print(f"wrote {n:,} operations ({len(sections)} shape(s)) to {output}")
             return

@@ -22,8 +22,9 @@ from kvchain.errors import InvalidDemandError, PlanMismatchError
 
 @dataclass(slots=True)
 class EvictionUnit:
-    """Pages one unit frees, per band (virtual ids), and whether a user locks it."""
+    """Pages one unit frees, per band (virtual ids), its stable id, and its lock count."""
 
+    uid: int
     pages: tuple[tuple[int, ...], ...]
     locks: int = 0
 
@@ -43,6 +44,7 @@ class ReferenceEvictor:
         self.units: list[EvictionUnit] = []
         self.defect = defect
         self._version = 0
+        self._next_uid = 0
         self._order: EvictionOrder | None = None
 
     @property
@@ -55,37 +57,56 @@ class ReferenceEvictor:
         self._order = None
 
     def insert(self, pages: Sequence[Sequence[int]]) -> int:
-        """Add a unit (the newest); returns its index in :attr:`units`.
+        """Add a unit (the newest); returns its stable id (0, 1, 2, ... in insert order).
 
         Raises:
             InvalidDemandError: not one id list per band, or an empty unit.
         """
         if len(pages) != self.num_bands or not any(pages):
             raise InvalidDemandError(f"a unit is one non-empty id list per band, got {pages}")
-        self.units.append(EvictionUnit(tuple(tuple(int(v) for v in p) for p in pages)))
+        uid = self._next_uid
+        self._next_uid += 1
+        self.units.append(EvictionUnit(uid, tuple(tuple(int(v) for v in p) for p in pages)))
         self._changed()
-        return len(self.units) - 1
+        return uid
 
-    def lock(self, index: int) -> None:
-        """A running request uses the unit: it is not evictable until unlocked."""
-        self.units[index].locks += 1
+    def _find(self, uid: int) -> int:
+        for i, u in enumerate(self.units):
+            if u.uid == uid:
+                return i
+        raise InvalidDemandError(f"no cached unit {uid}")
+
+    def lock(self, uid: int) -> None:
+        """A running request uses the unit: it is not evictable until unlocked; a lock is
+        a hit, so the unit also becomes the most recently used.
+
+        Raises:
+            InvalidDemandError: no such unit (evicted or never inserted).
+        """
+        unit = self.units.pop(self._find(uid))
+        unit.locks += 1
+        self.units.append(unit)
         self._changed()
 
-    def unlock(self, index: int) -> None:
+    def unlock(self, uid: int) -> None:
         """Drop one lock of the unit.
 
         Raises:
-            InvalidDemandError: the unit is not locked.
+            InvalidDemandError: no such unit, or it is not locked.
         """
-        if self.units[index].locks == 0:
-            raise InvalidDemandError(f"unit {index} is not locked")
-        self.units[index].locks -= 1
+        unit = self.units[self._find(uid)]
+        if unit.locks == 0:
+            raise InvalidDemandError(f"unit {uid} is not locked")
+        unit.locks -= 1
         self._changed()
 
-    def touch(self, index: int) -> None:
-        """A hit: the unit becomes the most recently used."""
-        self.units.append(self.units.pop(index))
-        self._changed()
+    def held(self) -> list[set[int]]:
+        """Virtual ids per band held by the cache (locked or not)."""
+        out: list[set[int]] = [set() for _ in range(self.num_bands)]
+        for u in self.units:
+            for i, p in enumerate(u.pages):
+                out[i].update(p)
+        return out
 
     def offered(self) -> list[EvictionUnit]:
         """Unlocked units in eviction order."""

@@ -11,6 +11,9 @@ Stream format (UTF-8, one JSON object per line)::
     {"op": "fence_hold"}
     {"op": "fence_complete"}
     {"op": "flush_idle"}
+    {"op": "cache_insert", "pages": [[], [7, 8], [3]]}
+    {"op": "cache_lock", "unit": 0}
+    {"op": "cache_unlock", "unit": 0}
 
 The header's geometry builds the chain (``NullBuffer``); each later line is one operation
 (:mod:`kvchain.testing.streams`). Several headers may follow each other in one file: each
@@ -140,12 +143,15 @@ def read_stream(path: Path) -> tuple[StreamSection, ...]:
     return tuple(sections)
 
 
-def replay_section(section: StreamSection, *, fail_fast: bool = False) -> SectionReport:
+def replay_section(section: StreamSection, *, fail_fast: bool = False,
+                   cache_defect: str | None = None) -> SectionReport:
     """Replay one section on a fresh chain (``NullBuffer``), auditing after every op.
 
     Args:
         section: geometry and operations.
         fail_fast: stop at the first divergence or violation.
+        cache_defect: plant a defect in the prefix cache the cache ops build (tests of
+            the replay's own counters; see :class:`~kvchain.testing.evictor.ReferenceEvictor`).
 
     Raises:
         ConfigError: the geometry is invalid.
@@ -153,6 +159,7 @@ def replay_section(section: StreamSection, *, fail_fast: bool = False) -> Sectio
     import time
 
     rec = ChainRecorder(section.geometry.chain())
+    rec.cache_defect = cache_defect
     t0 = time.perf_counter()
     for op in section.ops:
         rec.run(op)
@@ -181,14 +188,14 @@ def replay_stream(path: Path, *, fail_fast: bool = False) -> tuple[SectionReport
 
 
 def generate_section(shape: str, n_ops: int, seed: int, *, page_size: int = 4,
-                     pages: int = 256) -> StreamSection:
+                     pages: int = 256, cache: bool = False) -> StreamSection:
     """A seeded stream of ``n_ops`` operations on a ``shape`` chain
     (:func:`~kvchain.testing.geometry.shape_geometry` with mixed page bytes,
-    :func:`~kvchain.testing.streams.generate_stream`).
+    :func:`~kvchain.testing.streams.generate_stream`; ``cache`` adds prefix-cache ops).
 
     Raises:
         ConfigError: an unknown shape or ``n_ops < 0``.
     """
     geometry = shape_geometry(shape, page_size, pages=pages)
-    rec = generate_stream(geometry.chain(), n_ops, seed, audit=False)
+    rec = generate_stream(geometry.chain(), n_ops, seed, audit=False, cache=cache)
     return StreamSection(geometry, tuple(rec.ops), seed)

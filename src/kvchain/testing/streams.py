@@ -12,7 +12,16 @@ An operation stream is what a serving engine does to a chain, one call at a time
 ``FenceHoldOp``     ``chain.begin_forward(fence)`` with a fence that stays pending
 ``FenceCompleteOp`` the held fence completes (then the chain polls it)
 ``FlushOp``         ``chain.flush_idle()``
+``CacheInsertOp``   held pages (per band) move into the prefix cache as one eviction
+                    unit (a :class:`~kvchain.testing.evictor.ReferenceEvictor`, attached
+                    to the chain at the first cache op); takes may then evict
+``CacheLockOp``     a request matches a cached unit: it is locked (not evictable)
+``CacheUnlockOp``   the request finishes: one lock dropped
 ==================  ==================================================================
+
+With a cache, the recorder's audit also checks page ownership after every operation:
+every bound page of every band is held by exactly one of the recorder (requests), the
+cache, or the chain (its null page) - a leaked or doubly owned page is a violation.
 
 :class:`ChainRecorder` runs operations on a chain, checks every take against its price
 (DESIGN contracts 1-2: after a take ``snapshot() == quote.after``; a refusal changes
@@ -33,6 +42,7 @@ from kvchain.alloc import Chain, Demand
 from kvchain.alloc.pricing import max_units
 from kvchain.buffer import ManualFence
 from kvchain.errors import AuditError, CapacityError, ConfigError, KVChainError
+from kvchain.testing.evictor import ReferenceEvictor
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +85,29 @@ class FlushOp:
     """Idle-time compaction (``chain.flush_idle()``)."""
 
 
-Op = TakeOp | ReleaseOp | GateOp | FenceHoldOp | FenceCompleteOp | FlushOp
+@dataclass(frozen=True, slots=True)
+class CacheInsertOp:
+    """Move held virtual ids (per band) into the prefix cache as one unit."""
+
+    pages: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLockOp:
+    """Lock the cached unit with stable id ``unit`` (a hit of a running request)."""
+
+    unit: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheUnlockOp:
+    """Drop one lock of the cached unit ``unit``."""
+
+    unit: int
+
+
+Op = (TakeOp | ReleaseOp | GateOp | FenceHoldOp | FenceCompleteOp | FlushOp | CacheInsertOp
+      | CacheLockOp | CacheUnlockOp)
 
 
 def op_to_json(op: Op) -> dict[str, object]:
@@ -93,6 +125,12 @@ def op_to_json(op: Op) -> dict[str, object]:
         return {"op": "fence_hold"}
     if isinstance(op, FenceCompleteOp):
         return {"op": "fence_complete"}
+    if isinstance(op, CacheInsertOp):
+        return {"op": "cache_insert", "pages": [list(p) for p in op.pages]}
+    if isinstance(op, CacheLockOp):
+        return {"op": "cache_lock", "unit": op.unit}
+    if isinstance(op, CacheUnlockOp):
+        return {"op": "cache_unlock", "unit": op.unit}
     return {"op": "flush_idle"}
 
 
@@ -121,6 +159,13 @@ def op_from_json(data: dict[str, object]) -> Op:
             return FenceCompleteOp()
         if kind == "flush_idle":
             return FlushOp()
+        if kind == "cache_insert":
+            return CacheInsertOp(tuple(tuple(_int(x) for x in band)  # type: ignore[attr-defined]
+                                       for band in data["pages"]))  # type: ignore[attr-defined]
+        if kind == "cache_lock":
+            return CacheLockOp(_int(data["unit"]))
+        if kind == "cache_unlock":
+            return CacheUnlockOp(_int(data["unit"]))
         raise ValueError(f"unknown op {kind!r}")
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"bad operation {data!r}: {exc}") from exc
@@ -184,6 +229,37 @@ class ChainRecorder:
         self.held: list[list[int]] = [[] for _ in range(chain.num_bands)]
         self.counts = RecorderCounts()
         self._fence: ManualFence | None = None
+        self.cache: ReferenceEvictor | None = None
+        self.cache_defect: str | None = None
+
+    def _cache(self) -> ReferenceEvictor:
+        """The prefix cache, created and attached to the chain on first use."""
+        if self.cache is None:
+            self.cache = ReferenceEvictor(self.chain.num_bands, defect=self.cache_defect)
+            self.chain.set_evictor(self.cache)
+        return self.cache
+
+    def check_ownership(self) -> None:
+        """Every bound page is owned exactly once: by a request, the cache or the chain.
+
+        Raises:
+            AuditError: a bound page nobody owns (leaked), or one owned twice.
+        """
+        cached = self.cache.held() if self.cache is not None else [
+            set() for _ in range(self.chain.num_bands)]
+        for i in range(self.chain.num_bands):
+            band = self.chain.band(i)
+            bound = set(np.flatnonzero(band.v2p >= 0).tolist())
+            mine = set(self.held[i])
+            null = {self.chain.null_page(i)} if self.chain.layout.bands[i].reserved_pages \
+                else set()
+            if mine & cached[i]:
+                raise AuditError(f"band {i}: pages owned by a request and the cache "
+                                 f"{sorted(mine & cached[i])[:8]}")
+            owned = mine | cached[i] | null
+            if owned != bound:
+                raise AuditError(f"band {i}: leaked {sorted(bound - owned)[:8]}, "
+                                 f"owned but unbound {sorted(owned - bound)[:8]}")
 
     def _note(self, kind: str, text: str) -> None:
         if kind == "divergence":
@@ -229,6 +305,19 @@ class ChainRecorder:
                     self._fence.complete()
                     self._fence = None
                     chain.snapshot()  # polls the fence
+            elif isinstance(op, CacheInsertOp):
+                for i, vids in enumerate(op.pages):
+                    missing = set(vids) - set(self.held[i])
+                    if missing:
+                        raise ConfigError(f"cache_insert of pages not held {sorted(missing)}")
+                self._cache().insert(op.pages)
+                for i, vids in enumerate(op.pages):
+                    gone = set(vids)
+                    self.held[i] = [v for v in self.held[i] if v not in gone]
+            elif isinstance(op, CacheLockOp):
+                self._cache().lock(op.unit)
+            elif isinstance(op, CacheUnlockOp):
+                self._cache().unlock(op.unit)
             else:
                 chain.flush_idle()
         except KVChainError as exc:
@@ -236,6 +325,8 @@ class ChainRecorder:
         if self.audit:
             try:
                 chain.audit()
+                if self.cache is not None:
+                    self.check_ownership()
             except AuditError as exc:
                 self._note("violation", f"audit after {op}: {exc}")
         return granted
@@ -290,7 +381,8 @@ def _band_of(chain: Chain, label: str) -> int | None:
 
 
 def generate_stream(chain: Chain, n_ops: int, seed: int, *,
-                    audit: bool = True) -> ChainRecorder:
+                    audit: bool = True, cache: bool = False,
+                    cache_defect: str | None = None) -> ChainRecorder:
     """Drive ``chain`` with ``n_ops`` seeded operations; returns the recorder (its ``ops``
     is the stream, its ``counts`` the checks).
 
@@ -303,6 +395,13 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
     A refused extension finishes its request (as a retraction would). ``expect`` is filled
     in on every take, so the stream replays as a regression check.
 
+    With ``cache``, a finishing request gives half the time its pages to the prefix cache
+    (one unit, as a finished prompt's cached path) instead of releasing them, a prefill
+    may lock a cached unit (a hit) that its finish unlocks, and every take may evict
+    (``cache_defect`` plants a defect in the cache: see
+    :class:`~kvchain.testing.evictor.ReferenceEvictor`). Without ``cache`` the stream is
+    the same as before the cache existed.
+
     Raises:
         ConfigError: ``n_ops < 0``.
     """
@@ -310,6 +409,8 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
         raise ConfigError(f"n_ops must be >= 0, got {n_ops}")
     rng = random.Random(seed)
     rec = ChainRecorder(chain, audit=audit)
+    rec.cache_defect = cache_defect
+    locks: dict[int, int] = {}  # id(request) -> the unit it locked
     layout = chain.layout
     nb = chain.num_bands
     p = layout.page_size
@@ -359,6 +460,18 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
 
     def finish(req: _Request) -> None:
         requests.remove(req)
+        if cache:
+            unit = locks.pop(id(req), None)
+            if unit is not None and rec.cache is not None and any(
+                    u.uid == unit for u in rec.cache.units):
+                rec.run(CacheUnlockOp(unit))
+            if rng.random() < 0.5:
+                pages = [list(req.pages.get(i, [])) for i in range(nb)]
+                if i_win is not None:
+                    pages[i_win] = [v for _, v in req.window_pages]
+                if any(pages):
+                    rec.run(CacheInsertOp(tuple(tuple(p) for p in pages)))
+                return
         for i, vids in req.pages.items():
             if vids:
                 rec.release(i, vids)
@@ -373,8 +486,12 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
         if kind == "prefill" or (kind in ("chunk", "decode", "finish") and not requests):
             req = _Request(0, {}, [])
             requests.append(req)
+            if cache and rec.cache is not None and rec.cache.units and rng.random() < 0.3:
+                unit = rng.choice(rec.cache.units).uid  # a hit locks before pricing
+                rec.run(CacheLockOp(unit))
+                locks[id(req)] = unit
             if not extend(req, rng.randint(1, cap_tokens)):
-                requests.remove(req)
+                finish(req) if cache else requests.remove(req)
         elif kind in ("chunk", "decode"):
             req = rng.choice(requests)
             if not extend(req, 1 if kind == "decode" else rng.randint(1, 2 * p)):
