@@ -15,7 +15,7 @@ and chunked-local bands are capped per request and cheapest to move, so they flo
 order among floats is a fixed, deterministic function of the classes (same labels and
 order on every rank); it barely changes capacity (with moves, whether a demand fits
 depends on live pages plus at most one page of grid rounding per float edge) and decides
-only which float an END runs into first and copies (docs/architecture.md, "Chains of N
+only which float an END runs into first and copies (docs/pricing.md, "Chains of N
 bands").
 
 Page grids: a LOW END and the FLOAT use the absolute grid (physical page ``j`` at bytes

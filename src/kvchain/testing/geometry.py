@@ -172,14 +172,29 @@ def tiny_geometries() -> tuple[ChainGeometry, ...]:
     return tuple(out)
 
 
-def tiny_n_band_geometries() -> tuple[ChainGeometry, ...]:
-    """The oracle's chains of two and three floats (and window + local on one float):
-    every shape of :data:`N_BAND_SHAPES` x page size 1/4 x equal/mixed page bytes, in
-    about 20 page units (a five-band chain's search grows fast with the bytes)."""
+def tiny_n_band_geometries(*, mixed_five_bands: bool = False) -> tuple[ChainGeometry, ...]:
+    """The oracle's chains of two and three floats (and window + local on one float), no
+    null pages: every shape of :data:`N_BAND_SHAPES` x page size 1/4 with equal page bytes
+    (20 page units at ``P = 1``, 24 at ``P = 4``), and with mixed page bytes in one page
+    unit more than the smallest buffer the layout accepts (the search grows fast with
+    bands and bytes). Mixed five-band chains take about a minute each to search, so they
+    come only with ``mixed_five_bands`` (the slow proof profile)."""
     out = []
     for shape in N_BAND_SHAPES:
+        five = shape.count("|") == 4
         for p in (1, 4):
-            for mixed in (False, True):
-                out.append(shape_geometry(shape, p, mixed=mixed, pages=20 + 4 * (p > 1),
-                                          null_pages=False))
+            out.append(shape_geometry(shape, p, mixed=False, pages=20 if p == 1 else 24,
+                                      null_pages=False))
+            if five and not mixed_five_bands:
+                continue
+            pages = next(n for n in range(4, 64) if _accepts(shape, p, n)) + 1
+            out.append(shape_geometry(shape, p, mixed=True, pages=pages, null_pages=False))
     return tuple(out)
+
+
+def _accepts(shape: str, page_size: int, pages: int) -> bool:
+    try:
+        shape_geometry(shape, page_size, mixed=True, pages=pages, null_pages=False).layout()
+    except ConfigError:
+        return False
+    return True
