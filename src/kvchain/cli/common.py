@@ -10,6 +10,7 @@ from rich.table import Table
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
 from kvchain.layout import ChainLayout
+from kvchain.report.tables import band_table
 from kvchain.spec.declared import declare_model
 from kvchain.spec.hf import load_hf_config
 from kvchain.spec.layers import CacheDtype
@@ -120,15 +121,6 @@ def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,
 
 
 def render_bands(layout: ChainLayout) -> Table:
-    """A table of the chain's bands, low -> high in the buffer."""
-    table = Table(title=f"chain {layout.shape_name} in {layout.buffer_bytes:,} B "
-                        f"({layout.buffer_bytes / 1e9:,.2f} GB), {layout.page_size} tokens/page")
-    for col in ("band", "anchor", "bytes/token", "page bytes", "window", "null pages",
-                "max pages"):
-        table.add_column(col, justify="right" if col not in ("band", "anchor") else "left")
-    for b in layout.bands:
-        c = b.cache_class
-        per_token = f"{c.bytes_per_token:,}" if c.is_token_class else f"{c.bytes_per_slot:,}/slot"
-        table.add_row(b.label, b.anchor.value, per_token, f"{b.page_bytes:,}",
-                      f"{c.window:,}" if c.window else "-", str(b.reserved_pages), f"{b.cap:,}")
-    return table
+    """A table of the chain's bands, low -> high in the buffer
+    (:func:`kvchain.report.tables.band_table`)."""
+    return band_table(layout)
