@@ -32,6 +32,12 @@ interior holes), the demand ``(50, 50)`` is planned as::
 
 and ``(61, 61)`` is refused with a shortfall of 64 B.
 
+More than one float (a model with several window sizes, or a window next to chunked-local
+attention): ``_solve_chain`` - in place, then a low-side and a high-side sweep over each
+float's options, refusal by the maximal candidate (ENDs compacted, floats packed leftmost
+in order, each on its own grid), which is exact; see ``docs/pricing.md``, "Chains of N
+bands". Worked examples: ``tests/alloc/test_pricing_n_bands.py``.
+
 Three bands, worked example (section 2): ``P_S = 48 B``, ``P_W = P_F = 32 B``,
 ``B = 6,784 B``, 41 state slots held (frontier 1,968 B, off the 32-byte grid), empty
 window float and full END: ``n`` window + ``n`` full pages fit for ``n <= 75``; ``n = 76``
