@@ -3,7 +3,9 @@
 Run: ``python benchmarks/bench_pricing.py``. Prints microseconds per call (best of 5
 rounds of 20,000 calls) for an in-place demand, a demand that needs compaction or float
 relocation, and a refused one - and the ratio of ``price`` to ``fits`` (which builds no
-plan) measured in the same run. Target on this machine: ``price <= 5 us``.
+plan) measured in the same run, and of four- and five-band ``price`` to the three-band one
+of the same kind (in place, moves, refused) measured in the same run. Target on this
+machine: ``price <= 5 us`` up to three bands.
 """
 
 from __future__ import annotations
@@ -52,16 +54,39 @@ CASES = {
         ),
         [Demand((0, 10, 10)), Demand((0, 70, 74)), Demand((0, 76, 76))],
     ),
+    # Two floats (tests/alloc/test_pricing_n_bands.py): the window's holes; the state END
+    # pushing the window float (relocation); the grid refusal short by 4 B.
+    "four bands": (
+        ChainSnapshot(200, (
+            BandSnapshot("state", Anchor.LOW, 10, 0, 40, 4, 0, 20),
+            BandSnapshot("window", Anchor.FLOAT, 4, 40, 60, 3, 2, 50),
+            BandSnapshot("local", Anchor.FLOAT, 6, 120, 132, 2, 0, 33),
+            BandSnapshot("full", Anchor.HIGH, 10, 160, 200, 4, 0, 20))),
+        [Demand((0, 2, 0, 0)), Demand((3, 0, 0, 0)), Demand((7, 0, 1, 2))],
+    ),
+    # Three floats: the full END grows in place; the state END pushes two floats; a grid
+    # refusal (short by 5 B) after both sweeps ran.
+    "five bands": (
+        ChainSnapshot(300, (
+            BandSnapshot("state", Anchor.LOW, 10, 0, 40, 4, 0, 30),
+            BandSnapshot("window8", Anchor.FLOAT, 4, 40, 52, 3, 0, 75),
+            BandSnapshot("window64", Anchor.FLOAT, 6, 54, 66, 2, 0, 50),
+            BandSnapshot("local", Anchor.FLOAT, 5, 100, 110, 2, 0, 60),
+            BandSnapshot("full", Anchor.HIGH, 10, 260, 300, 4, 0, 30))),
+        [Demand((0, 0, 0, 0, 2)), Demand((3, 0, 0, 0, 0)), Demand((0, 0, 0, 1, 18))],
+    ),
 }
 
 
 def main() -> None:
     table = Table(title="planner speed (us per call, best of 5 x 20,000)")
-    for col in ("shape", "demand", "plan", "price", "fits", "price / fits"):
+    for col in ("shape", "demand", "plan", "price", "fits", "price / fits",
+                "price / 3 bands"):
         table.add_column(col, justify="right" if col not in ("shape", "demand", "plan") else "left")
     n = 20_000
+    three: dict[int, float] = {}  # the three-band price per demand kind, this run
     for shape, (snap, demands) in CASES.items():
-        for d in demands:
+        for k, d in enumerate(demands):
             q = price(snap, d)
             kind = "refused" if not q.fits else ("moves" if q.needs_moves else "in place")
             t_price = (
@@ -70,6 +95,8 @@ def main() -> None:
             t_fits = (
                 min(timeit.repeat(lambda d=d, snap=snap: fits(snap, d), number=n, repeat=5)) / n
             )
+            if shape == "three bands":
+                three[k] = t_price
             table.add_row(
                 shape,
                 str(d.pages),
@@ -77,6 +104,7 @@ def main() -> None:
                 f"{t_price * 1e6:.2f}",
                 f"{t_fits * 1e6:.2f}",
                 f"{t_price / t_fits:.1f}x",
+                f"{t_price / three[k]:.1f}x" if k in three else "-",
             )
     Console().print(table)
 

@@ -30,9 +30,10 @@ class WindowAdmission(StrEnum):
     """How window (or chunked-local) tokens are admitted.
 
     ``NONE``: the chain has no window band. ``JOINT``: window and full demand priced
-    together against the shared bytes (default; exact on every shape). ``SPLIT``: each
-    band admitted against its own remainder - its holes plus half of each gap it touches,
-    no moves - the conservative per-pool behaviour of older engines, kept for comparison.
+    together against the shared bytes (default; exact on every shape, also with several
+    window or chunked-local bands). ``SPLIT``: each band (every window band separately)
+    admitted against its own remainder - its holes plus half of each gap it touches, no
+    moves - the conservative per-pool behaviour of older engines, kept for comparison.
     """
 
     NONE = "none"
@@ -55,7 +56,7 @@ class AdmissionRules:
     @staticmethod
     def for_layout(layout: ChainLayout, window: WindowAdmission | None = None) -> AdmissionRules:
         """Rules derived from a layout: ``NONE`` without a window/local band, else ``JOINT``
-        (or the given mode).
+        (or the given mode); one rule covers every window and chunked-local band.
 
         Raises:
             ConfigError: a window mode other than ``NONE`` on a chain without a window band,

@@ -36,6 +36,28 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class WindowBand:
+    """One window or chunked-local band of a chain, as the request layer sees it.
+
+    Attributes:
+        band: its band index.
+        tokens: ``W`` (sliding window) or ``C`` (local chunk) tokens.
+        local: True for chunked-local attention.
+    """
+
+    band: int
+    tokens: int
+    local: bool
+
+    def start(self, position: int) -> int:
+        """First token the band must hold to compute the token at ``position``:
+        ``max(0, position - W + 1)``, or ``floor(position / C) * C`` for a local chunk."""
+        if self.local:
+            return (position // self.tokens) * self.tokens
+        return max(0, position - self.tokens + 1)
+
+
+@dataclass(frozen=True, slots=True)
 class RequestGeometry:
     """What the request layer needs of a layout: band indices and token geometry.
 
@@ -48,6 +70,10 @@ class RequestGeometry:
         local: True when the window band is chunked-local rather than sliding.
         state: band index of the state band, or ``None``.
         state_slots: slots a request claims (1 working + checkpoints).
+        windows: every window and chunked-local band, low -> high; ``window``,
+            ``window_tokens`` and ``local`` describe ``windows[0]`` (filled from them when
+            not given). Every window band is treated the same way: its own pages, its own
+            window, its own tail release.
     """
 
     num_bands: int
@@ -58,39 +84,50 @@ class RequestGeometry:
     local: bool
     state: int | None
     state_slots: int
+    windows: tuple[WindowBand, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.windows and self.window is not None:
+            object.__setattr__(self, "windows",
+                               (WindowBand(self.window, self.window_tokens, self.local),))
 
     @staticmethod
     def of(layout: ChainLayout) -> RequestGeometry:
         """Read the geometry off a layout."""
-        win = layout.index_of(LifetimeClass.WINDOW)
-        local = win is None and layout.index_of(LifetimeClass.LOCAL) is not None
-        if local:
-            win = layout.index_of(LifetimeClass.LOCAL)
-        tokens = layout.bands[win].cache_class.window or 0 if win is not None else 0
+        windows = tuple(WindowBand(i, b.cache_class.window or 0,
+                                   b.lifetime is LifetimeClass.LOCAL)
+                        for i, b in enumerate(layout.bands)
+                        if b.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL))
+        first = windows[0] if windows else None
         return RequestGeometry(
             num_bands=len(layout.bands),
             page_size=layout.page_size,
             full=layout.index_of(LifetimeClass.FULL),
-            window=win,
-            window_tokens=tokens,
-            local=local,
+            window=first.band if first else None,
+            window_tokens=first.tokens if first else 0,
+            local=first.local if first else False,
             state=layout.index_of(LifetimeClass.STATE),
             state_slots=layout.state_slots_per_request,
+            windows=windows,
         )
 
-    def window_start(self, position: int) -> int:
-        """First token the window band must hold to compute the token at ``position``."""
+    def window_start(self, position: int, k: int = 0) -> int:
+        """First token window band ``windows[k]`` must hold to compute the token at
+        ``position``."""
+        if k:
+            return self.windows[k].start(position)
         if self.local:
             return (position // self.window_tokens) * self.window_tokens
         return max(0, position - self.window_tokens + 1)
 
-    def window_peak_pages(self, chunk: int) -> int:
-        """Most window pages a chunk of ``chunk`` tokens can need:
+    def window_peak_pages(self, chunk: int, k: int = 0) -> int:
+        """Most pages of window band ``windows[k]`` a chunk of ``chunk`` tokens can need:
         ``ceil((W - 1 + c) / P) + 1`` (local: ``ceil((C - 1 + c) / P) + 1``, also a bound).
         """
-        return _ceil_div(self.window_tokens - 1 + chunk, self.page_size) + 1
+        tokens = self.windows[k].tokens if k else self.window_tokens
+        return _ceil_div(tokens - 1 + chunk, self.page_size) + 1
 
-    def later_peak_pages(self, chunk: int) -> int:
+    def later_peak_pages(self, chunk: int, k: int = 0) -> int:
         """Most window pages a *later* step needs: a prefill chunk of ``chunk`` tokens that
         starts on a page boundary (the scheduler cuts every chunk but a prompt's tail to
         whole pages, so later chunks always do), or a decode (``chunk = 1``, any position):
@@ -99,7 +136,8 @@ class RequestGeometry:
         :meth:`window_peak_pages` says 4 for the chunk.
         """
         p = self.page_size
-        return _ceil_div(chunk, p) + _ceil_div(self.window_tokens - 1, p)
+        tokens = self.windows[k].tokens if k else self.window_tokens
+        return _ceil_div(chunk, p) + _ceil_div(tokens - 1, p)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +149,21 @@ class HeldPages:
         window_first: first window page index held (token page index, not a vid).
         window_end: one past the last window page index held.
         slots: state slots held.
+        more_windows: ``(first, end)`` page indices held in window bands
+            ``windows[1:]`` of the geometry, in order (empty on a chain of one window band).
     """
 
     full: int = 0
     window_first: int = 0
     window_end: int = 0
     slots: int = 0
+    more_windows: tuple[tuple[int, int], ...] = ()
+
+    def window_range(self, k: int) -> tuple[int, int]:
+        """``(first, end)`` page indices held in window band ``k`` of the geometry."""
+        if k == 0:
+            return self.window_first, self.window_end
+        return self.more_windows[k - 1] if k <= len(self.more_windows) else (0, 0)
 
 
 NOTHING_HELD = HeldPages()
@@ -175,7 +222,10 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
         if ((geom.full is None or last <= held.full)
                 and (geom.window is None or (held.window_first <= geom.window_start(start) // p
                                              and last <= held.window_end))
-                and (geom.state is None or held.slots)):
+                and (geom.state is None or held.slots)
+                and all(held.window_range(k)[0] <= w.start(start) // p
+                        and last <= held.window_range(k)[1]
+                        for k, w in enumerate(geom.windows) if k)):
             return Demand((0,) * geom.num_bands)
     return _general_demand(geom, held, start, extend, headroom, headroom_chunk)
 
@@ -188,16 +238,19 @@ def _general_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: 
     pages = [0] * geom.num_bands
     if geom.full is not None:
         pages[geom.full] = max(0, _ceil_div(end + headroom, p) - held.full)
-    if geom.window is not None and (extend or headroom):
-        first = geom.window_start(start) // p
-        end_page = _ceil_div(end, p)
-        have = max(0, min(held.window_end, end_page) - max(held.window_first, first))
-        peak = end_page - first
-        if headroom:
-            first_after = geom.window_start(end) // p
-            later = _ceil_div(end + headroom, p) - first_after
-            peak = max(peak, min(later, geom.later_peak_pages(min(headroom_chunk, headroom))))
-        pages[geom.window] = max(0, peak - have)
+    if extend or headroom:
+        for k, w in enumerate(geom.windows):
+            held_first, held_end = held.window_range(k)
+            first = geom.window_start(start, k) // p
+            end_page = _ceil_div(end, p)
+            have = max(0, min(held_end, end_page) - max(held_first, first))
+            peak = end_page - first
+            if headroom:
+                first_after = geom.window_start(end, k) // p
+                later = _ceil_div(end + headroom, p) - first_after
+                peak = max(peak, min(later,
+                                     geom.later_peak_pages(min(headroom_chunk, headroom), k)))
+            pages[w.band] = max(0, peak - have)
     if geom.state is not None and held.slots == 0 and (extend or headroom):
         pages[geom.state] = geom.state_slots
     return Demand(tuple(pages))
@@ -234,6 +287,8 @@ class RequestPages:
         window: window-band virtual ids of pages ``window_first ..``, in page order.
         window_first: token-page index of ``window[0]``; pages before it were released.
         slots: state-band virtual ids (working slot first).
+        more_window: for window bands ``windows[1:]`` of the geometry, their ids in page
+            order (as ``window``); ``more_first``: their first token-page indices.
     """
 
     tokens: int = 0
@@ -241,14 +296,34 @@ class RequestPages:
     window: list[int] = field(default_factory=list)
     window_first: int = 0
     slots: list[int] = field(default_factory=list)
+    more_window: list[list[int]] = field(default_factory=list)
+    more_first: list[int] = field(default_factory=list)
     _held: HeldPages | None = None  # cache; cleared whenever a page list changes
+
+    def win(self, k: int) -> list[int]:
+        """Ids held in window band ``k`` of the geometry (the list itself)."""
+        return self.window if k == 0 else self.more_window[k - 1]
+
+    def first(self, k: int) -> int:
+        """Token-page index of ``win(k)[0]``."""
+        return self.window_first if k == 0 else self.more_first[k - 1]
+
+    def set_first(self, k: int, first: int) -> None:
+        """Set the token-page index of ``win(k)[0]``."""
+        if k == 0:
+            self.window_first = first
+        else:
+            self.more_first[k - 1] = first
 
     def held(self) -> HeldPages:
         """Counts for :func:`request_demand` (cached until the pages change)."""
         held = self._held
         if held is None:
+            more = tuple((f, f + len(v)) for f, v in zip(self.more_first, self.more_window,
+                                                          strict=True))
             held = self._held = HeldPages(len(self.full), self.window_first,
-                                          self.window_first + len(self.window), len(self.slots))
+                                          self.window_first + len(self.window), len(self.slots),
+                                          more)
         return held
 
 
@@ -263,6 +338,7 @@ class KVManager:
     def __init__(self, chain: Chain) -> None:
         self.chain = chain
         self.geom = RequestGeometry.of(chain.layout)
+        self._win_index = {w.band: k for k, w in enumerate(self.geom.windows)}
         self._requests: dict[int, RequestPages] = {}
 
     # --- queries ---------------------------------------------------------------------------
@@ -331,7 +407,7 @@ class KVManager:
         for (rid, _), d in zip(batch, demands, strict=True):
             req = self._requests.get(rid)
             if req is None:
-                req = self._requests[rid] = RequestPages()
+                req = self._requests[rid] = self._new_pages()
             if not any(d.pages):
                 continue
             req._held = None
@@ -342,13 +418,21 @@ class KVManager:
                 cursor[band] += n
                 if band == g.full:
                     req.full.extend(vids)
-                elif band == g.window:
-                    if not req.window:
-                        req.window_first = g.window_start(req.tokens) // g.page_size
-                    req.window.extend(vids)
-                else:
+                elif band == g.state:
                     req.slots.extend(vids)
+                else:
+                    k = self._win_index[band]
+                    held = req.win(k)
+                    if not held:
+                        req.set_first(k, g.window_start(req.tokens, k) // g.page_size)
+                    held.extend(vids)
         return total
+
+    def _new_pages(self) -> RequestPages:
+        extra = len(self.geom.windows) - 1
+        if extra <= 0:
+            return RequestPages()
+        return RequestPages(more_window=[[] for _ in range(extra)], more_first=[0] * extra)
 
     def commit(self, rid: int, tokens: int) -> int:
         """Record that a forward computed ``tokens`` more tokens of ``rid``, then release
@@ -370,25 +454,30 @@ class KVManager:
         return self.release_window_tail(rid)
 
     def release_window_tail(self, rid: int) -> int:
-        """Release ``rid``'s window pages wholly before its next token's window.
+        """Release ``rid``'s pages wholly before its next token's window, in every window
+        and chunked-local band (each by its own window).
 
         Returns:
-            Window pages released (0 if none were out of the window).
+            Window pages released, all bands together (0 if none were out of a window).
         """
         g = self.geom
         req = self.pages(rid)
-        if g.window is None or not req.window:
-            return 0
-        keep_from = g.window_start(req.tokens) // g.page_size
-        if keep_from <= req.window_first:
-            return 0
-        drop = min(max(0, keep_from - req.window_first), len(req.window))
-        if drop:
-            self.chain.release(g.window, req.window[:drop])
-            del req.window[:drop]
-            req.window_first += drop
+        released = 0
+        for k, w in enumerate(g.windows):
+            held = req.win(k)
+            if not held:
+                continue
+            first = req.first(k)
+            keep_from = g.window_start(req.tokens, k) // g.page_size
+            if keep_from <= first:
+                continue
+            drop = min(keep_from - first, len(held))
+            self.chain.release(w.band, held[:drop])
+            del held[:drop]
+            req.set_first(k, first + drop)
             req._held = None
-        return drop
+            released += drop
+        return released
 
     def reclaim_window_pages(self, rids: Iterable[int]) -> int:
         """Window-tail release for many requests (the decode check runs this before it
@@ -406,7 +495,9 @@ class KVManager:
             raise UnknownRequestError(f"request {rid} holds no pages")
         g = self.geom
         released = 0
-        for band, vids in ((g.full, req.full), (g.window, req.window), (g.state, req.slots)):
+        lists = [(g.full, req.full), (g.state, req.slots)]
+        lists += [(w.band, req.win(k)) for k, w in enumerate(g.windows)]
+        for band, vids in lists:
             if band is not None and vids:
                 self.chain.release(band, vids)
                 released += len(vids)
@@ -425,13 +516,15 @@ class KVManager:
         g = self.geom
         if band == g.full:
             return np.asarray(req.full, dtype=np.int64)
-        if band == g.window:
-            if not req.window_first:  # nothing released: no null page needed
-                return np.asarray(req.window, dtype=np.int64)
-            null = self.chain.null_page(band)
-            return np.asarray([null] * req.window_first + req.window, dtype=np.int64)
         if band == g.state:
             return np.asarray(req.slots, dtype=np.int64)
+        k = self._win_index.get(band)
+        if k is not None:
+            held, first = req.win(k), req.first(k)
+            if not first:  # nothing released: no null page needed
+                return np.asarray(held, dtype=np.int64)
+            null = self.chain.null_page(band)
+            return np.asarray([null] * first + held, dtype=np.int64)
         raise InvalidDemandError(f"no band {band} in this chain")
 
     # --- integrity -------------------------------------------------------------------------
@@ -446,11 +539,12 @@ class KVManager:
 
         for band in range(self.geom.num_bands):
             held: list[int] = []
+            k = self._win_index.get(band)
             for req in self._requests.values():
                 if band == self.geom.full:
                     held.extend(req.full)
-                elif band == self.geom.window:
-                    held.extend(req.window)
+                elif k is not None:
+                    held.extend(req.win(k))
                 elif band == self.geom.state:
                     held.extend(req.slots)
             reserved = self.chain.layout.bands[band].reserved_pages

@@ -6,10 +6,17 @@ The chain (DESIGN section 2)::
      | state band  ->|    low gap    |<- window band ->|   high gap   |<- full band |
        END (LOW), grows up            FLOAT (middle)                   END (HIGH), grows down
 
-Band order is fixed by lifetime: state < window/local < full. One class is a plain pool
-(a LOW END); two classes are two ENDs; three are LOW END | FLOAT | HIGH END. The ENDs hold
-what is costly to move or grows without bound (state slots, full-attention pages); the
-window (or chunked-local) band is capped per request and cheapest to move, so it floats.
+Band order is fixed by lifetime: state < window < chunked-local < full; several window
+classes (one per window size) lie in order of window size, smallest first, and several
+chunked-local classes in order of chunk size. One class is a plain pool (a LOW END); two
+classes are two ENDs; three or more are LOW END | FLOAT ... FLOAT | HIGH END. The ENDs hold
+what is costly to move or grows without bound (state slots, full-attention pages); window
+and chunked-local bands are capped per request and cheapest to move, so they float. The
+order among floats is a fixed, deterministic function of the classes (same labels and
+order on every rank); it barely changes capacity (with moves, whether a demand fits
+depends on live pages plus at most one page of grid rounding per float edge) and decides
+only which float an END runs into first and copies (docs/pricing.md, "Chains of N
+bands").
 
 Page grids: a LOW END and the FLOAT use the absolute grid (physical page ``j`` at bytes
 ``[j * P, (j + 1) * P)``); a HIGH END is anchored at ``B``, so its grid starts at
@@ -78,8 +85,9 @@ class BandLayout:
 
     @property
     def label(self) -> str:
-        """Short name: ``"state"``, ``"window"``, ``"local"`` or ``"full"``."""
-        return self.cache_class.lifetime.value
+        """Short name: ``"state"``, ``"window"``, ``"local"`` or ``"full"``; with several
+        classes of one lifetime, its window in tokens too (``"window128"``)."""
+        return self.cache_class.label
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +112,10 @@ class ChainLayout:
             if band.lifetime is lifetime:
                 return i
         return None
+
+    def indices_of(self, lifetime: LifetimeClass) -> tuple[int, ...]:
+        """Band indices (low -> high) of every band of a lifetime class."""
+        return tuple(i for i, band in enumerate(self.bands) if band.lifetime is lifetime)
 
     def band(self, lifetime: LifetimeClass) -> BandLayout | None:
         """The band of a lifetime class, or ``None``."""
@@ -148,6 +160,14 @@ def _smallest_pages(band: BandLayout, page_size: int, state_slots: int) -> int:
     return 1
 
 
+def chain_anchors(n: int) -> list[Anchor]:
+    """Anchors of a chain of ``n >= 1`` bands: ``[LOW]``, ``[LOW, HIGH]``, or ``LOW``,
+    ``n - 2`` FLOATs, ``HIGH``."""
+    if n == 1:
+        return [Anchor.LOW]
+    return [Anchor.LOW, *([Anchor.FLOAT] * (n - 2)), Anchor.HIGH]
+
+
 def plan_layout(
     classes: Sequence[CacheClass],
     buffer_bytes: int,
@@ -159,7 +179,8 @@ def plan_layout(
     """Lay out cache classes as a chain in a buffer of ``buffer_bytes``.
 
     Args:
-        classes: the model's lifetime classes (any order; at most one per lifetime).
+        classes: the model's cache classes (any order; at most one state and one full
+            class; window and chunked-local classes of distinct sizes).
         buffer_bytes: ``B``, bytes of the KV buffer.
         page_size: ``P``, tokens per page of every token band.
         state_slots_per_request: state slots a request claims (1 + checkpoint slots).
@@ -169,9 +190,9 @@ def plan_layout(
         The layout, bands ordered low -> high.
 
     Raises:
-        LayoutError: no classes, two classes of one lifetime, both window and chunked-local
-            (a chain has at most one floating band), a zero or negative size, a window
-            below 1, or more than :data:`MAX_PAGES_PER_BAND` pages in a band.
+        LayoutError: no classes, two state or two full classes, two window (or two
+            chunked-local) classes of one size, a zero or negative size, a window below 1,
+            or more than :data:`MAX_PAGES_PER_BAND` pages in a band.
         BufferTooSmallError: the buffer cannot hold one smallest request (one full page,
             ``ceil((W - 1) / P) + 1`` window pages, one local page, its state slots) plus
             the null pages; the message names bytes needed and available. Example
@@ -187,13 +208,16 @@ def plan_layout(
         raise LayoutError(f"state_slots_per_request must be >= 1, got {state_slots_per_request}")
     if not classes:
         raise LayoutError("no cache classes to lay out")
-    lifetimes = [c.lifetime for c in classes]
-    if len(set(lifetimes)) != len(lifetimes):
-        raise LayoutError(f"two cache classes of one lifetime: {[str(x) for x in lifetimes]}")
-    if LifetimeClass.WINDOW in lifetimes and LifetimeClass.LOCAL in lifetimes:
-        raise LayoutError("a chain holds at most one of window and chunked-local classes")
+    keys = [(c.lifetime, c.window) for c in classes]
+    if len(set(keys)) != len(keys):
+        raise LayoutError(f"two cache classes of one lifetime and size: "
+                          f"{[f'{lt}/{w}' for lt, w in keys]}")
     order = list(LifetimeClass)
-    ordered = sorted(classes, key=lambda c: order.index(c.lifetime))
+    ordered = sorted(classes, key=lambda c: (order.index(c.lifetime), c.window or 0))
+    labels = [c.label for c in ordered]
+    if len(set(labels)) != len(labels):
+        ordered = [c.labelled(f"{c.lifetime.value}{c.window}")
+                   if labels.count(c.label) > 1 else c for c in ordered]
     for c in ordered:
         if c.is_token_class:
             if c.bytes_per_token <= 0:
@@ -210,8 +234,7 @@ def plan_layout(
             f"{buffer_bytes:,} B in pages of {smallest_page:,} B is "
             f"{buffer_bytes // smallest_page:,} pages, more than a band's page table holds "
             f"({MAX_PAGES_PER_BAND:,}); use larger pages (page_size)")
-    anchors = {1: [Anchor.LOW], 2: [Anchor.LOW, Anchor.HIGH],
-               3: [Anchor.LOW, Anchor.FLOAT, Anchor.HIGH]}[len(ordered)]
+    anchors = chain_anchors(len(ordered))
     bands = []
     for c, anchor in zip(ordered, anchors, strict=True):
         if c.is_token_class:

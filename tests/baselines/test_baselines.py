@@ -150,3 +150,20 @@ def test_compare_cli_json(tmp_path):
     assert (tmp_path / "compare.png").stat().st_size > 0
     bad = CliRunner().invoke(cli.app, ["compare", "--managers", "nope"])
     assert bad.exit_code != 0
+
+
+def test_baselines_on_a_model_with_two_window_sizes():
+    # Windows of 32 (E 1,000) and 128 tokens (E 500), full E 1,000: each window pool holds
+    # 0.8 x the full pool's tokens, so full gets 1,000 / (1,000 + 0.8 x 1,500) = 1 / 2.2.
+    wide = declared_class(LifetimeClass.WINDOW, 500, 128).labelled("window128")
+    win = WIN.labelled("window32")
+    shares = fixed_pool_shares([FULL, wide, win])
+    assert shares == pytest.approx((0.8 / 2.2, 0.4 / 2.2, 1 / 2.2))
+    for kind in ManagerKind:
+        setup = build_manager(kind, [FULL, wide, win], 4_000_000, 16)
+        assert setup.layout.shape_name == "window32|window128|full"
+        snap = setup.allocator.snapshot()
+        assert len(snap.bands) == 3
+    # A request of 200 tokens needs 200 x 1,000 (full) + 32 x 1,000 + 128 x 500 B.
+    needed = NeededBytes.of([FULL, wide, win])
+    assert needed.of_request(200, False) == 200_000 + 32_000 + 64_000

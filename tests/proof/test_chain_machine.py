@@ -22,7 +22,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from kvchain.testing.geometry import SHAPES, ChainGeometry, shape_geometry
+from kvchain.testing.geometry import N_BAND_SHAPES, SHAPES, ChainGeometry, shape_geometry
 from kvchain.testing.streams import (
     CacheInsertOp,
     CacheLockOp,
@@ -37,7 +37,10 @@ from kvchain.testing.streams import (
 
 MACHINE_GEOMETRIES: tuple[ChainGeometry, ...] = tuple(
     shape_geometry(shape, p, mixed=mixed, pages=40)
-    for shape in SHAPES for p in (1, 4, 16) for mixed in (False, True))
+    for shape in SHAPES for p in (1, 4, 16) for mixed in (False, True)) + tuple(
+    # Chains of two and three floats (4 and 5 bands), window + local on one float.
+    shape_geometry(shape, p, mixed=mixed, pages=48)
+    for shape in N_BAND_SHAPES for p in (1, 4) for mixed in (False, True))
 
 
 class ChainMachine(RuleBasedStateMachine):
@@ -137,7 +140,7 @@ CachedChainMachine.TestCase.settings = settings(
 TestCachedChainMachine = CachedChainMachine.TestCase
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", SHAPES + N_BAND_SHAPES)
 def test_seeded_streams_with_a_prefix_cache(shape: str) -> None:
     for p in (1, 4, 16):
         rec = generate_stream(shape_geometry(shape, p, pages=160).chain(), 400, seed=p,
@@ -160,7 +163,7 @@ def test_planted_cache_defects_are_counted(defect: str) -> None:
     assert bad > 0
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", SHAPES + N_BAND_SHAPES)
 def test_seeded_streams_every_shape(shape: str) -> None:
     for p in (1, 4, 16):
         rec = generate_stream(shape_geometry(shape, p, pages=160).chain(), 300, seed=p)
@@ -173,7 +176,7 @@ def test_seeded_streams_every_shape(shape: str) -> None:
 def test_slow_profile_200k_operations() -> None:
     ops = decisions = divergences = violations = evicted = 0
     t0 = time.perf_counter()
-    for shape in SHAPES:
+    for shape in SHAPES + N_BAND_SHAPES:
         for p in (1, 4, 16):
             for mixed in (False, True):
                 geometry = shape_geometry(shape, p, mixed=mixed, pages=256)

@@ -16,6 +16,7 @@ from kvchain.testing.geometry import (
     ClassBytes,
     shape_geometry,
     tiny_geometries,
+    tiny_n_band_geometries,
 )
 from kvchain.testing.oracle import OracleProblem, oracle_fits
 from kvchain.testing.streams import ChainRecorder, GateOp, generate_stream
@@ -149,3 +150,54 @@ def test_planner_agrees_with_oracle_on_every_demand_sweep(geometry: ChainGeometr
         result = check_demand_sweep(corner.chain)
         assert result.decisions > 0
         assert result.disagreements == (), corner.name
+
+
+N_BAND_GEOMETRIES = tiny_n_band_geometries()
+
+
+def _agrees_on_every_corner(geometry: ChainGeometry) -> int:
+    decisions = 0
+    for corner in corner_states(geometry):
+        assert corner.recorder.counts.divergences == 0, corner.name
+        assert corner.recorder.counts.violations == 0, corner.name
+        result = check_agreement(corner.chain)
+        assert result.disagreements == (), (corner.name, corner.chain.snapshot())
+        decisions += result.decisions
+    return decisions
+
+
+def test_n_band_geometries_cover_two_and_three_floats() -> None:
+    bands = {len(g.layout().bands) for g in N_BAND_GEOMETRIES}
+    assert bands == {3, 4, 5}
+    assert {g.shape for g in N_BAND_GEOMETRIES if g.page_size == 4} == {
+        "window|local|full", "state|window8|window12|full", "state|window|local|full",
+        "state|window8|window12|local|full"}
+
+
+@pytest.mark.parametrize("geometry", N_BAND_GEOMETRIES,
+                         ids=lambda g: f"{g.shape}-P{g.page_size}-{g.buffer_bytes}")
+def test_planner_agrees_with_oracle_on_chains_of_several_floats(geometry: ChainGeometry) -> None:
+    # Every corner x gate open / closed / fence pending, every unit direction at and one
+    # past the planner's capacity: 0 disagreements.
+    assert _agrees_on_every_corner(geometry) > 200
+
+
+def _equal_page_bytes(g: ChainGeometry) -> bool:
+    return len({c.nbytes for c in g.classes if c.lifetime != "state"}) == 1
+
+
+@pytest.mark.parametrize("geometry", [g for g in N_BAND_GEOMETRIES
+                                      if len(g.layout().bands) == 4 and _equal_page_bytes(g)],
+                         ids=lambda g: f"{g.shape}-P{g.page_size}-{g.buffer_bytes}")
+def test_planner_agrees_with_oracle_on_n_band_demand_sweeps(geometry: ChainGeometry) -> None:
+    for corner in corner_states(geometry, ("open", "gate_closed")):
+        result = check_demand_sweep(corner.chain, max_pages=3)
+        assert result.decisions > 0
+        assert result.disagreements == (), corner.name
+
+
+@pytest.mark.slow
+def test_planner_agrees_with_oracle_on_mixed_five_band_chains() -> None:
+    for geometry in tiny_n_band_geometries(mixed_five_bands=True):
+        if geometry.shape.count("|") == 4 and geometry.buffer_bytes % 2:
+            assert _agrees_on_every_corner(geometry) > 200

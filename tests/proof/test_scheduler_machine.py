@@ -24,6 +24,18 @@ SHAPES = {
     "state|window|full": [declared_class(LC.STATE, 48), declared_class(LC.WINDOW, 32, 8),
                           declared_class(LC.FULL, 32)],
     "local|full": [declared_class(LC.LOCAL, 32, 12), declared_class(LC.FULL, 32)],
+    # Chains of two and three floats: two window sizes, window + chunked-local, both.
+    "state|window8|window20|full": [declared_class(LC.STATE, 48),
+                                    declared_class(LC.WINDOW, 32, 8),
+                                    declared_class(LC.WINDOW, 16, 20),
+                                    declared_class(LC.FULL, 32)],
+    "state|window|local|full": [declared_class(LC.STATE, 48), declared_class(LC.WINDOW, 32, 8),
+                                declared_class(LC.LOCAL, 16, 12), declared_class(LC.FULL, 32)],
+    "state|window8|window20|local|full": [declared_class(LC.STATE, 48),
+                                          declared_class(LC.WINDOW, 32, 8),
+                                          declared_class(LC.WINDOW, 16, 20),
+                                          declared_class(LC.LOCAL, 16, 12),
+                                          declared_class(LC.FULL, 32)],
 }
 
 

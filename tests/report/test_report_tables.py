@@ -104,3 +104,20 @@ def test_nonzero_bug_counters_are_red() -> None:
     console.print(table)
     styled = console.export_text(styles=True)
     assert re.search(r"\x1b\[1;31m *2\x1b\[0m", styled)  # bold red
+
+
+def test_band_table_lists_every_band_of_a_five_band_chain() -> None:
+    from kvchain.layout import plan_layout
+    from kvchain.report.tables import band_table
+    from kvchain.spec.declared import declare_model
+
+    m = declare_model("m", full=30, windows=[(20, 128), (8, 11)], local=4, chunk_tokens=64,
+                      state=1_000)
+    table = band_table(plan_layout(m.classes, 1 << 20, 16))
+    console = Console(width=200, record=True)
+    console.print(table)
+    text = console.export_text()
+    labels = [line.split()[1] for line in text.splitlines()
+              if line.startswith("│") and line.split()[1] != "band"]
+    assert labels == ["state", "window11", "window128", "local", "full"]
+    assert "float" in text and text.count("float") == 3

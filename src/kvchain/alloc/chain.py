@@ -165,6 +165,36 @@ class _FenceDone:
 _Mutation = Action | _Release | _SetGate | _BeginForward | _FenceDone
 
 
+def float_starts(layout: ChainLayout) -> list[int]:
+    """Physical start page of every band of an empty chain: 0 for the LOW END,
+    ``n_phys`` for the HIGH END, and for float ``j`` of ``k`` (1-based) the grid page
+    nearest byte ``j x B / (k + 1)``, raised to no lower than the float below ends (so the
+    order holds on mixed page sizes). With one float that is ``round(B / 2P)``, the middle.
+
+    Evenly spread floats each start with a gap on both sides to grow into in place; the
+    ENDs reach the outer floats first, and the planner relocates (or compacts) a float an
+    END runs into, at the price it quotes.
+    """
+    big = layout.buffer_bytes
+    k = sum(1 for bl in layout.bands if bl.anchor is Anchor.FLOAT)
+    out: list[int] = []
+    floor = 0
+    j = 0
+    for bl in layout.bands:
+        if bl.anchor is Anchor.LOW:
+            out.append(0)
+        elif bl.anchor is Anchor.HIGH:
+            out.append(bl.cap)
+        else:
+            j += 1
+            p = bl.page_bytes
+            start = (2 * j * big + (k + 1) * p) // (2 * (k + 1) * p)
+            start = min(bl.cap, max(start, -(-floor // p)))
+            floor = start * p
+            out.append(start)
+    return out
+
+
 class Chain:
     """A chain of bands over one byte buffer: the allocator's state and executor.
 
@@ -174,8 +204,9 @@ class Chain:
             default a ``NullBuffer`` of ``layout.buffer_bytes`` (bookkeeping only).
         debug_audit: run :meth:`audit` after every public mutating call.
 
-    ENDs start empty at their anchors; the FLOAT starts empty at the grid page nearest the
-    middle of the buffer (``round(B / 2P)``). The layout's null pages are then taken
+    ENDs start empty at their anchors; the floats start empty where
+    :func:`float_starts` puts them (one float: the grid page nearest the middle of the
+    buffer, ``round(B / 2P)``). The layout's null pages are then taken
     through :meth:`take` (so they pass the same planner) and zeroed; the chain holds them
     for good (:meth:`null_page`).
 
@@ -193,16 +224,8 @@ class Chain:
         self.layout = layout
         self.buffer = buffer
         self.debug_audit = debug_audit
-        self._bands: list[Band] = []
-        for bl in layout.bands:
-            if bl.anchor is Anchor.LOW:
-                start = 0
-            elif bl.anchor is Anchor.HIGH:
-                start = bl.cap
-            else:
-                start = min(bl.cap, (layout.buffer_bytes + bl.page_bytes)
-                            // (2 * bl.page_bytes))
-            self._bands.append(Band(bl, start))
+        self._bands = [Band(bl, start) for bl, start in zip(layout.bands,
+                                                           float_starts(layout), strict=True)]
         self._epoch = 0
         self._snap: ChainSnapshot | None = None
         self._empty_snapshot: ChainSnapshot | None = None
@@ -232,7 +255,7 @@ class Chain:
 
     @property
     def num_bands(self) -> int:
-        """Bands of the chain (1 to 3)."""
+        """Bands of the chain (1 or more)."""
         return len(self._bands)
 
     @property

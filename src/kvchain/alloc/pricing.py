@@ -32,6 +32,12 @@ interior holes), the demand ``(50, 50)`` is planned as::
 
 and ``(61, 61)`` is refused with a shortfall of 64 B.
 
+More than one float (a model with several window sizes, or a window next to chunked-local
+attention): ``_solve_chain`` - in place, then a low-side and a high-side sweep over each
+float's options, refusal by the maximal candidate (ENDs compacted, floats packed leftmost
+in order, each on its own grid), which is exact; see ``docs/pricing.md``, "Chains of N
+bands". Worked examples: ``tests/alloc/test_pricing_n_bands.py``.
+
 Three bands, worked example (section 2): ``P_S = 48 B``, ``P_W = P_F = 32 B``,
 ``B = 6,784 B``, 41 state slots held (frontier 1,968 B, off the 32-byte grid), empty
 window float and full END: ``n`` window + ``n`` full pages fit for ``n <= 75``; ``n = 76``
@@ -193,6 +199,22 @@ class _Plan:
     float_ext_high: int = 0
     relocate_lo: int | None = None
     copied_bytes: int = 0
+    floats: tuple[_FloatMove, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _FloatMove:
+    """What one float of a chain with several floats does (``_Plan.floats``): pages it
+    compacts at each side, pages it extends at each side, and the byte it is packed to
+    (``None``: it stays). ``copied``: bytes its compaction or relocation copies."""
+
+    band: int
+    compact_low: int = 0
+    compact_high: int = 0
+    ext_low: int = 0
+    ext_high: int = 0
+    relocate_lo: int | None = None
+    copied: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +258,9 @@ def _solve(snapshot: ChainSnapshot, demand: Demand) -> _Plan | _Refusal:
         return _Plan((0,))  # a lone LOW END: holes, then the gap up to B (bound above)
     if len(bands) == 2:
         return _solve_two_ends(snapshot, pages)
-    return _solve_three_bands(snapshot, pages)
+    if len(bands) == 3:
+        return _solve_three_bands(snapshot, pages)
+    return _solve_chain(snapshot, pages)
 
 
 def _solve_two_ends(snapshot: ChainSnapshot, pages: tuple[int, ...]) -> _Plan | _Refusal:
@@ -394,6 +418,262 @@ def _three_band_refusal(snapshot: ChainSnapshot, pages: tuple[int, ...],
     return _Refusal(RefusalReason.MOVES_BLOCKED, short * pw)
 
 
+# --- N bands: two ENDs and several floats ---------------------------------------------------
+#
+# The bands as plain lists (index 0 = LOW END, n - 1 = HIGH END, floats between), so the
+# same sweep runs on the chain and on its mirror image (bytes x -> B - x, order reversed):
+# the mirror turns "high side first" into "low side first" without a second copy of the
+# code. A float's grid starts at ``grid`` (0 on the real chain, ``B mod P`` in the mirror).
+
+
+@dataclass(slots=True)
+class _Bands:
+    lo: list[int]
+    hi: list[int]
+    live: list[int]
+    holes: list[int]
+    page: list[int]
+    grid: list[int]
+    movable: list[bool]
+    demand: list[int]
+
+
+def _bands_of(snapshot: ChainSnapshot, pages: tuple[int, ...]) -> _Bands:
+    bands = snapshot.bands
+    return _Bands([b.lo for b in bands], [b.hi for b in bands], [b.live for b in bands],
+                  [b.holes for b in bands], [b.page_bytes for b in bands],
+                  [0] * len(bands), [b.movable for b in bands], list(pages))
+
+
+def _mirror(c: _Bands, big: int) -> _Bands:
+    return _Bands([big - h for h in reversed(c.hi)], [big - lo for lo in reversed(c.lo)],
+                  c.live[::-1], c.holes[::-1], c.page[::-1],
+                  [(big - g) % p for g, p in zip(reversed(c.grid), reversed(c.page),
+                                                 strict=True)],
+                  c.movable[::-1], c.demand[::-1])
+
+
+def _thresholds(c: _Bands, z_lo_max: int, moves: bool) -> list[int]:
+    """``t[j]``: the highest byte band ``j - 1`` may end at so that floats ``j ..`` and the
+    HIGH END still fit, each float packed as far up as its grid allows (``moves``: movable
+    or empty floats may pack; otherwise a float with live pages stays and extends, low side
+    first). ``t[n - 1]`` is the HIGH END's fully compacted frontier. ``-1`` marks
+    "nothing fits"."""
+    n = len(c.lo)
+    t = [0] * n
+    t[n - 1] = z_lo_max
+    for j in range(n - 2, 0, -1):
+        nxt = t[j + 1]
+        p, g = c.page[j], c.grid[j]
+        if nxt < 0:
+            t[j] = -1
+        elif (moves and c.movable[j]) or c.live[j] == 0:
+            top = (nxt - g) // p * p + g - (c.live[j] + c.demand[j]) * p
+            t[j] = top if top >= 0 else -1
+        else:
+            ext = max(c.demand[j] - c.holes[j], 0)
+            if c.hi[j] > nxt:
+                t[j] = -1
+            else:
+                low = max(ext - (nxt - c.hi[j]) // p, 0)
+                t[j] = c.lo[j] - low * p
+    return t
+
+
+def _end_frontiers(c: _Bands) -> tuple[int, int, int, int]:
+    """The ENDs after their own in-place growth (``a_hi``, ``z_lo``) and their spare holes
+    (pages each may compact away; 0 when its gate is closed)."""
+    n = len(c.lo)
+    a_hi = c.hi[0] + max(c.demand[0] - c.holes[0], 0) * c.page[0]
+    z_lo = c.lo[n - 1] - max(c.demand[n - 1] - c.holes[n - 1], 0) * c.page[n - 1]
+    spare_a = max(c.holes[0] - c.demand[0], 0) if c.movable[0] else 0
+    spare_z = max(c.holes[n - 1] - c.demand[n - 1], 0) if c.movable[n - 1] else 0
+    return a_hi, z_lo, spare_a, spare_z
+
+
+def _float_options(c: _Bands, j: int, x: int, limit: int) -> list[tuple[int, _FloatMove]]:
+    """Ways float ``j`` can hold its demand when the band below ends at byte ``x``:
+    ``(byte it ends at, decisions)``, only those ending at or below ``limit``.
+
+    Stay (own holes first, then extend low as far as the gap below allows, then high); stay
+    after compacting its spare holes just enough at the low side (to clear ``x``) and at
+    the high side none, just enough to end at ``limit``, or all; packed at the lowest grid
+    byte at or above ``x`` (copies its live pages unless it is already packed there).
+    """
+    lo, hi, p = c.lo[j], c.hi[j], c.page[j]
+    live, holes, d = c.live[j], c.holes[j], c.demand[j]
+    ext, spare = max(d - holes, 0), max(holes - d, 0)
+    out: list[tuple[int, _FloatMove]] = []
+    if x <= lo:
+        low = min(ext, (lo - x) // p)
+        end = hi + (ext - low) * p
+        if end <= limit:
+            out.append((end, _FloatMove(j, ext_low=low, ext_high=ext - low)))
+    if spare and c.movable[j]:
+        k_low = _ceil_div(max(x - lo, 0), p)
+        rest = spare - k_low
+        if rest >= 0:
+            highs = {0, rest, _ceil_div(max(hi - limit, 0), p)}
+            for k_high in sorted(highs):
+                if (k_low or k_high) and k_high <= rest and hi - k_high * p <= limit:
+                    out.append((hi - k_high * p,
+                                _FloatMove(j, compact_low=k_low, compact_high=k_high,
+                                           copied=(k_low + k_high) * p)))
+    if c.movable[j] or live == 0:
+        g = c.grid[j]
+        new_lo = _ceil_div(x - g, p) * p + g
+        end = new_lo + (live + d) * p
+        if end <= limit:
+            moved = new_lo != lo or holes > 0
+            out.append((end, _FloatMove(j, ext_high=d if moved else ext,
+                                        relocate_lo=new_lo if moved else None,
+                                        copied=live * p if moved else 0)))
+    return out
+
+
+_Path = tuple[int, int, int, tuple[_FloatMove, ...]]  # (end byte, copied, END-A pages, floats)
+
+
+def _sweep(c: _Bands) -> tuple[int, int, int, tuple[_FloatMove, ...]] | None:
+    """The cheapest candidate placed low side first: the LOW END compacts by one of a few
+    amounts (none, all its spare holes, just enough for the first float to stay, to stay
+    and extend low, or to fit at all), each float takes one of :func:`_float_options`,
+    and the HIGH END compacts just enough for the last band. Returns ``(copied bytes,
+    LOW END pages, HIGH END pages, float decisions)`` or ``None``.
+
+    Dominance: a partial placement ending lower at no higher cost is never worse (every
+    option of the next float ends no higher and copies no more from a lower start), so
+    only the Pareto front of ``(end byte, copied)`` is kept after each float.
+    """
+    n = len(c.lo)
+    a_hi, z_lo, spare_a, spare_z = _end_frontiers(c)
+    t = _thresholds(c, z_lo + spare_z * c.page[n - 1], True)
+    if t[1] < 0:
+        return None
+    pa = c.page[0]
+    first_ext = max(c.demand[1] - c.holes[1], 0) * c.page[1]
+    wanted = {0, spare_a, _ceil_div(max(a_hi - c.lo[1], 0), pa),
+              _ceil_div(max(a_hi - c.lo[1] + first_ext, 0), pa),
+              _ceil_div(max(a_hi - t[1], 0), pa)}
+    paths: list[_Path] = [(a_hi - k * pa, k * pa, k, ()) for k in sorted(wanted)
+                          if k <= spare_a and a_hi - k * pa <= t[1]]
+    for j in range(1, n - 1):
+        grown: list[_Path] = []
+        for end, copied, k_a, moves in paths:
+            for new_end, mv in _float_options(c, j, end, t[j + 1]):
+                grown.append((new_end, copied + mv.copied, k_a, (*moves, mv)))
+        grown.sort(key=lambda q: (q[0], q[1]))
+        paths = []
+        for q in grown:
+            if not paths or q[1] < paths[-1][1]:
+                paths.append(q)
+        if not paths:
+            return None
+    best: tuple[int, int, int, tuple[_FloatMove, ...]] | None = None
+    pz = c.page[n - 1]
+    for end, copied, k_a, moves in paths:
+        k_z = _ceil_div(max(end - z_lo, 0), pz)
+        total = copied + k_z * pz
+        if best is None or total < best[0]:
+            best = (total, k_a, k_z, moves)
+    return best
+
+
+def _unmirror(move: _FloatMove, n: int, c: _Bands, big: int) -> _FloatMove:
+    """A float decision of the mirrored chain, in the real chain's bytes and sides."""
+    j = n - 1 - move.band
+    lo = None
+    if move.relocate_lo is not None:
+        lo = big - move.relocate_lo - c.live[j] * c.page[j]
+    return _FloatMove(j, move.compact_high, move.compact_low, move.ext_high, move.ext_low,
+                      lo, move.copied)
+
+
+def _solve_chain(snapshot: ChainSnapshot, pages: tuple[int, ...]) -> _Plan | _Refusal:
+    """Two ENDs and two or more floats (fixed order, each on its own grid): see
+    ``docs/pricing.md`` ("Chains of N bands").
+
+    1. **In place** (copies nothing; returned at once): each float uses its holes, then
+       extends into the gap below as far as it reaches, then above; the gaps are shared, so
+       taking the low gap first leaves the most to the bands above, and this greedy fits
+       exactly when any in-place split does.
+    2. **With copies**: :func:`_sweep` on the chain (low side first) and on its mirror
+       (high side first); fewest copied bytes wins, the low-side sweep on ties.
+    3. **Refusal** when both sweeps find nothing. The maximal candidate (ENDs fully
+       compacted, every float packed, leftmost in order on its own grid) is one of the
+       sweep's candidates, and it fits whenever any arrangement does (greedy packing is
+       optimal: by induction, its ``j``-th float ends no higher than in any arrangement),
+       so the refusal is exact: ``GRID`` when it fails, ``MOVES_BLOCKED`` when it would
+       fit but the gate is closed.
+    """
+    n = len(pages)
+    c = _bands_of(snapshot, pages)
+    a_hi, z_lo, _, _ = _end_frontiers(c)
+    x = a_hi
+    stay: list[_FloatMove] = []
+    for j in range(1, n - 1):
+        lo, p = c.lo[j], c.page[j]
+        if x > lo:
+            break
+        ext = max(pages[j] - c.holes[j], 0)
+        low = min(ext, (lo - x) // p)
+        stay.append(_FloatMove(j, ext_low=low, ext_high=ext - low))
+        x = c.hi[j] + (ext - low) * p
+    else:
+        if x <= z_lo:
+            return _Plan((0,) * n, floats=tuple(stay))
+    big = snapshot.buffer_bytes
+    best: _Plan | None = None
+    for mirrored in (False, True):
+        bands = _mirror(c, big) if mirrored else c
+        found = _sweep(bands)
+        if found is None:
+            continue
+        copied, k_low_end, k_high_end, moves = found
+        if best is not None and copied >= best.copied_bytes:
+            continue
+        compact = [0] * n
+        if mirrored:
+            compact[0], compact[n - 1] = k_high_end, k_low_end
+            moves = tuple(_unmirror(m, n, c, big) for m in reversed(moves))
+        else:
+            compact[0], compact[n - 1] = k_low_end, k_high_end
+        best = _Plan(tuple(compact), copied_bytes=copied, floats=moves)
+    if best is not None:
+        return best
+    return _chain_refusal(c, z_lo)
+
+
+def _chain_refusal(c: _Bands, z_lo: int) -> _Refusal:
+    """Why nothing fits on a chain of several floats: the maximal candidate fails
+    (``GRID``, short by the bytes its last float overruns) or needs moves while the gate
+    is closed (``MOVES_BLOCKED``, short by the bytes the in-place greedy overruns)."""
+    n = len(c.lo)
+    ungated = _Bands(c.lo, c.hi, c.live, c.holes, c.page, c.grid, [True] * n, c.demand)
+    a_hi, _, spare_a, spare_z = _end_frontiers(ungated)
+    short = _greedy_overrun(ungated, a_hi - spare_a * c.page[0],
+                            z_lo + spare_z * c.page[n - 1])
+    if short > 0:
+        return _Refusal(RefusalReason.GRID, short)
+    return _Refusal(RefusalReason.MOVES_BLOCKED, max(_greedy_overrun(c, a_hi, z_lo), 1))
+
+
+def _greedy_overrun(c: _Bands, start: int, ceiling: int) -> int:
+    """Bytes by which the lowest placement (floats packed leftmost where they may move,
+    else in place extending low first) overruns ``ceiling`` (<= 0: it fits)."""
+    x = start
+    for j in range(1, len(c.lo) - 1):
+        p = c.page[j]
+        if c.movable[j] or c.live[j] == 0:
+            x = _ceil_div(x - c.grid[j], p) * p + c.grid[j] + (c.live[j] + c.demand[j]) * p
+        elif x > c.lo[j]:
+            return x - c.lo[j]
+        else:
+            ext = max(c.demand[j] - c.holes[j], 0)
+            x = c.hi[j] + max(ext - (c.lo[j] - x) // p, 0) * p
+    return x - ceiling
+
+
 # --- from decisions to actions ------------------------------------------------------------
 
 
@@ -406,7 +686,9 @@ def _actions(snapshot: ChainSnapshot, demand: Demand, plan: _Plan) -> list[Actio
         if k:
             side = Side.HIGH if bands[i].anchor is Anchor.LOW else Side.LOW
             moves.append(Compact(i, side, k))
-    if len(bands) == 3:
+    if plan.floats is not None:
+        moves.extend(_float_moves(bands, plan.floats))
+    elif len(bands) == 3:
         if plan.float_compact_low:
             moves.append(Compact(1, Side.LOW, plan.float_compact_low))
         if plan.float_compact_high:
@@ -418,7 +700,14 @@ def _actions(snapshot: ChainSnapshot, demand: Demand, plan: _Plan) -> list[Actio
     actions.extend(moves)
     exts: list[Action] = []
     holes_after = [b.holes for b in bands]
-    if plan.relocate_lo is not None:
+    ext_sides: dict[int, tuple[int, int]] = {}
+    if plan.floats is not None:
+        for m in plan.floats:
+            holes_after[m.band] -= m.compact_low + m.compact_high
+            if m.relocate_lo is not None:
+                holes_after[m.band] = 0
+            ext_sides[m.band] = (m.ext_low, m.ext_high)
+    elif plan.relocate_lo is not None:
         holes_after[1] = 0
     for i, d in enumerate(demand.pages):
         use = min(d, holes_after[i])
@@ -433,12 +722,36 @@ def _actions(snapshot: ChainSnapshot, demand: Demand, plan: _Plan) -> list[Actio
         elif band.anchor is Anchor.HIGH:
             exts.append(Extend(i, Side.LOW, ext))
         else:
-            if plan.float_ext_low:
-                exts.append(Extend(i, Side.LOW, plan.float_ext_low))
-            if plan.float_ext_high:
-                exts.append(Extend(i, Side.HIGH, plan.float_ext_high))
+            low, high = ext_sides.get(i, (plan.float_ext_low, plan.float_ext_high))
+            if low:
+                exts.append(Extend(i, Side.LOW, low))
+            if high:
+                exts.append(Extend(i, Side.HIGH, high))
     actions.extend(exts)
     return actions
+
+
+def _float_moves(bands: tuple[BandSnapshot, ...],
+                 floats: tuple[_FloatMove, ...]) -> list[Action]:
+    """Compactions (they only shrink spans), then relocations in an order where each lands
+    on free bytes: floats moving up from the highest down, then floats moving down (or
+    packed where they are) from the lowest up. A float moving up never needs a lower
+    float to move first, and the lowest float moving down finds everything below it
+    already in place (``docs/pricing.md``)."""
+    out: list[Action] = []
+    for m in floats:
+        if m.compact_low:
+            out.append(Compact(m.band, Side.LOW, m.compact_low))
+        if m.compact_high:
+            out.append(Compact(m.band, Side.HIGH, m.compact_high))
+    ups: list[_FloatMove] = []
+    downs: list[_FloatMove] = []
+    for m in floats:
+        if m.relocate_lo is not None:
+            (ups if m.relocate_lo > bands[m.band].lo else downs).append(m)
+    out.extend(Relocate(m.band, m.relocate_lo) for m in reversed(ups))  # type: ignore[arg-type]
+    out.extend(Relocate(m.band, m.relocate_lo) for m in downs)  # type: ignore[arg-type]
+    return out
 
 
 # --- public API ---------------------------------------------------------------------------

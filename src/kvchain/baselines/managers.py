@@ -25,7 +25,14 @@ from enum import StrEnum
 from kvchain.alloc.chain import Chain
 from kvchain.baselines.pools import CapacityRule, PoolAllocator
 from kvchain.errors import BufferTooSmallError, ConfigError
-from kvchain.layout import Anchor, BandLayout, ChainLayout, plan_layout, smallest_request_bytes
+from kvchain.layout import (
+    Anchor,
+    BandLayout,
+    ChainLayout,
+    chain_anchors,
+    plan_layout,
+    smallest_request_bytes,
+)
 from kvchain.spec.layers import CacheClass, LifetimeClass
 
 # SGLang server_args: ``--swa-full-tokens-ratio`` default 0.8 (window-pool tokens per
@@ -90,8 +97,9 @@ class EqualPageGeometry:
 
 
 def _ordered(classes: Sequence[CacheClass]) -> list[CacheClass]:
+    """Classes in the chain's band order (as :func:`~kvchain.layout.plan_layout`)."""
     order = list(LifetimeClass)
-    return sorted(classes, key=lambda c: order.index(c.lifetime))
+    return sorted(classes, key=lambda c: (order.index(c.lifetime), c.window or 0))
 
 
 def equal_page_geometry(classes: Sequence[CacheClass], page_size: int = 16) -> EqualPageGeometry:
@@ -143,45 +151,59 @@ def fixed_pool_shares(classes: Sequence[CacheClass]) -> tuple[float, ...]:
     (``--swa-full-tokens-ratio = 0.8``), so full gets ``E_full / (E_full + 0.8 E_win)``.
 
     Example: gpt-oss-120b (``E_full = E_win``): window 0.8 / 1.8 = 0.444, full 0.556.
+
+    Several window (or local) classes: each holds ``0.8`` tokens per full-pool token
+    (SGLang has one window pool; the ratio is applied to each), so full gets
+    ``E_full / (E_full + 0.8 x sum(E_win))``; without a full class, window pools split
+    the rest by bytes per token.
     """
     ordered = _ordered(classes)
-    by = {c.lifetime: c for c in ordered}
-    shares: dict[LifetimeClass, float] = {}
+    shares = [0.0] * len(ordered)
     rest = 1.0
-    if LifetimeClass.STATE in by and len(ordered) > 1:
-        shares[LifetimeClass.STATE] = MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
-        rest -= shares[LifetimeClass.STATE]
-    win = by.get(LifetimeClass.WINDOW) or by.get(LifetimeClass.LOCAL)
-    full = by.get(LifetimeClass.FULL)
-    if win is not None and full is not None:
-        e_f, e_w = full.bytes_per_token, SWA_FULL_TOKENS_RATIO * win.bytes_per_token
-        shares[win.lifetime] = rest * e_w / (e_f + e_w)
-        shares[LifetimeClass.FULL] = rest * e_f / (e_f + e_w)
+    state = [i for i, c in enumerate(ordered) if c.lifetime is LifetimeClass.STATE]
+    if state and len(ordered) > 1:
+        shares[state[0]] = MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
+        rest -= shares[state[0]]
+    wins = [i for i, c in enumerate(ordered)
+            if c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
+    full = [i for i, c in enumerate(ordered) if c.lifetime is LifetimeClass.FULL]
+    if wins and full:
+        e_f = ordered[full[0]].bytes_per_token
+        e_w = [SWA_FULL_TOKENS_RATIO * ordered[i].bytes_per_token for i in wins]
+        shares[full[0]] = rest * e_f / (e_f + sum(e_w))
+        for i, e in zip(wins, e_w, strict=True):
+            shares[i] = rest * e / (e_f + sum(e_w))
     else:
-        for c in ordered:
-            shares.setdefault(c.lifetime, rest)
-    return tuple(shares[c.lifetime] for c in ordered)
+        others = [i for i in range(len(ordered)) if i not in state or len(ordered) == 1]
+        total_e = sum(max(ordered[i].bytes_per_token, 1) for i in others)
+        for i in others:
+            shares[i] = rest * max(ordered[i].bytes_per_token, 1) / total_e
+    return tuple(shares)
 
 
 def _fixed_pool_pages(layout: ChainLayout, shares: Sequence[float]) -> tuple[int, ...]:
-    """Whole pages per pool, placed LOW | FLOAT | HIGH without overlap (the float starts
-    on its own grid after the LOW pool and takes what is left before the HIGH pool)."""
+    """Whole pages per pool, placed LOW | FLOAT ... FLOAT | HIGH without overlap (each
+    float starts on its own grid after the pool below; the last float takes what is left
+    before the HIGH pool)."""
     b = layout.buffer_bytes
     bands = layout.bands
     pages = [math.floor(s * b / bl.page_bytes) for s, bl in zip(shares, bands, strict=True)]
-    if len(bands) == 3:
-        low_end = pages[0] * bands[0].page_bytes
-        high_start = b - pages[2] * bands[2].page_bytes
-        pw = bands[1].page_bytes
-        pages[1] = max(0, (high_start - math.ceil(low_end / pw) * pw) // pw)
+    if len(bands) >= 3:
+        cursor = pages[0] * bands[0].page_bytes
+        high_start = b - pages[-1] * bands[-1].page_bytes
+        for j in range(1, len(bands) - 1):
+            pw = bands[j].page_bytes
+            start = math.ceil(cursor / pw) * pw
+            room = max(0, (high_start - start) // pw)
+            pages[j] = room if j == len(bands) - 2 else min(pages[j], room)
+            cursor = start + pages[j] * pw
     return tuple(pages)
 
 
 def _equal_page_layout(classes: Sequence[CacheClass], buffer_bytes: int,
                        geo: EqualPageGeometry) -> ChainLayout:
     ordered = _ordered(classes)
-    anchors = {1: [Anchor.LOW], 2: [Anchor.LOW, Anchor.HIGH],
-               3: [Anchor.LOW, Anchor.FLOAT, Anchor.HIGH]}[len(ordered)]
+    anchors = chain_anchors(len(ordered))
     bands = []
     for c, anchor, pb in zip(ordered, anchors, geo.page_bytes, strict=True):
         grid = buffer_bytes % pb if anchor is Anchor.HIGH else 0

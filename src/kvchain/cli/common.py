@@ -10,13 +10,16 @@ from rich.table import Table
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
 from kvchain.layout import ChainLayout
+from kvchain.report.tables import band_table
 from kvchain.spec.declared import declare_model
 from kvchain.spec.hf import load_hf_config
 from kvchain.spec.layers import CacheDtype
 from kvchain.spec.model import ModelSpec
 
 SPEC_FILE_KEYS = frozenset({"name", "full", "window", "window_tokens", "local", "chunk_tokens",
-                            "state", "source"})
+                            "state", "source", "windows", "locals", "hidden_size",
+                            "num_attention_heads", "total_params", "active_params",
+                            "weight_bytes"})
 
 
 def load_declared(path: Path) -> ModelSpec:
@@ -29,7 +32,12 @@ def load_declared(path: Path) -> ModelSpec:
 
     ``full``/``window``/``local``: bytes per token of the class (all layers, K and V);
     ``window_tokens``: ``W``; ``chunk_tokens``: ``C``; ``state``: bytes per request of all
-    state layers.
+    state layers; ``hidden_size``, ``num_attention_heads``, ``total_params``,
+    ``active_params``, ``weight_bytes``: what ``simulate``'s cost model reads (0 or absent:
+    a model without weights, for ``plan``). Several window sizes (or chunk sizes): list
+    the classes, each its own band, e.g. ``"windows": [{"bytes": 4096, "tokens": 128},
+    {"bytes": 2048, "tokens": 11}]`` (``"locals"`` likewise), alone or next to
+    ``window``/``local``.
 
     Raises:
         ConfigError: unreadable JSON, an unknown key, or invalid bytes (names the key).
@@ -53,10 +61,30 @@ def load_declared(path: Path) -> ModelSpec:
                               f"got {value!r}")
         return value
 
+    def classes(key: str) -> list[tuple[int, int]]:
+        value = data.get(key, [])
+        if not isinstance(value, list):
+            raise ConfigError(f"spec file {path}: {key} must be a list of "
+                              f'{{"bytes": int, "tokens": int}}, got {value!r}')
+        out = []
+        for entry in value:
+            if not isinstance(entry, dict) or set(entry) != {"bytes", "tokens"} or any(
+                    type(entry[k]) is not int or entry[k] <= 0 for k in ("bytes", "tokens")):
+                raise ConfigError(f"spec file {path}: each {key} entry needs positive int "
+                                  f'"bytes" and "tokens" (and nothing else), got {entry!r}')
+            out.append((entry["bytes"], entry["tokens"]))
+        return out
+
     return declare_model(str(data.get("name", Path(path).stem)),
+                         windows=classes("windows"), locals_=classes("locals"),
                          full=count("full") or 0, window=count("window") or 0,
                          window_tokens=count("window_tokens"), local=count("local") or 0,
                          chunk_tokens=count("chunk_tokens"), state=count("state") or 0,
+                         hidden_size=count("hidden_size") or 0,
+                         num_attention_heads=count("num_attention_heads") or 0,
+                         total_params=count("total_params") or 0,
+                         active_params=count("active_params") or 0,
+                         weight_bytes=count("weight_bytes") or 0,
                          source=str(data.get("source", f"declared in {path}")))
 
 
@@ -93,15 +121,6 @@ def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,
 
 
 def render_bands(layout: ChainLayout) -> Table:
-    """A table of the chain's bands, low -> high in the buffer."""
-    table = Table(title=f"chain {layout.shape_name} in {layout.buffer_bytes:,} B "
-                        f"({layout.buffer_bytes / 1e9:,.2f} GB), {layout.page_size} tokens/page")
-    for col in ("band", "anchor", "bytes/token", "page bytes", "window", "null pages",
-                "max pages"):
-        table.add_column(col, justify="right" if col not in ("band", "anchor") else "left")
-    for b in layout.bands:
-        c = b.cache_class
-        per_token = f"{c.bytes_per_token:,}" if c.is_token_class else f"{c.bytes_per_slot:,}/slot"
-        table.add_row(b.label, b.anchor.value, per_token, f"{b.page_bytes:,}",
-                      f"{c.window:,}" if c.window else "-", str(b.reserved_pages), f"{b.cap:,}")
-    return table
+    """A table of the chain's bands, low -> high in the buffer
+    (:func:`kvchain.report.tables.band_table`)."""
+    return band_table(layout)

@@ -61,31 +61,47 @@ def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
     """The same classes as separate pools of fixed bytes (one single-band chain each).
 
     Split rule (SGLang defaults): the state pool takes ``0.9 / 1.9`` of the buffer
-    (``--mamba-full-memory-ratio 0.9``: state bytes = 0.9 x the rest); the window (or local)
-    pool holds ``0.8 x`` the full pool's tokens (``--swa-full-tokens-ratio 0.8``).
+    (``--mamba-full-memory-ratio 0.9``: state bytes = 0.9 x the rest); each window (or
+    local) pool holds ``0.8 x`` the full pool's tokens (``--swa-full-tokens-ratio 0.8``;
+    SGLang has one window pool, so several window sizes each get that ratio); without a
+    full class the window pools split the rest in proportion to their bytes per token.
 
     Raises:
         BufferTooSmallError: a pool too small for one smallest request.
     """
     b = layout.buffer_bytes
-    by = {band.lifetime: band.cache_class for band in layout.bands}
-    state = by.get(LifetimeClass.STATE)
+    classes = [band.cache_class for band in layout.bands]
+    state = next((c for c in classes if c.lifetime is LifetimeClass.STATE), None)
     rest = b
     pools: list[tuple[CacheClass, int]] = []
     if state is not None:
         state_bytes = int(b * STATE_FULL_MEMORY_RATIO / (1 + STATE_FULL_MEMORY_RATIO))
-        if len(by) == 1:
+        if len(classes) == 1:
             state_bytes = b
         pools.append((state, state_bytes))
         rest = b - state_bytes
-    full = by.get(LifetimeClass.FULL)
-    win = by.get(LifetimeClass.WINDOW) or by.get(LifetimeClass.LOCAL)
-    if full is not None and win is not None:
-        full_tokens = rest / (full.bytes_per_token + WINDOW_FULL_TOKENS_RATIO * win.bytes_per_token)
+    full = next((c for c in classes if c.lifetime is LifetimeClass.FULL), None)
+    wins = [c for c in classes if c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
+    if full is not None and wins:
+        # Every window (or local) pool holds 0.8 x the full pool's tokens.
+        e_wins = sum(c.bytes_per_token for c in wins)
+        full_tokens = rest / (full.bytes_per_token + WINDOW_FULL_TOKENS_RATIO * e_wins)
         full_bytes = int(full_tokens * full.bytes_per_token)
-        pools += [(full, full_bytes), (win, rest - full_bytes)]
-    elif full is not None or win is not None:
-        pools.append((full or win, rest))  # type: ignore[arg-type]
+        pools.append((full, full_bytes))
+        left = rest - full_bytes
+        for i, c in enumerate(wins):
+            share = (left if i == len(wins) - 1
+                     else int(full_tokens * WINDOW_FULL_TOKENS_RATIO * c.bytes_per_token))
+            pools.append((c, share))
+            left -= share
+    elif full is not None or wins:
+        pool_classes = [full] if full is not None else wins
+        total_e = sum(c.bytes_per_token for c in pool_classes)
+        left = rest
+        for i, c in enumerate(pool_classes):
+            share = left if i == len(pool_classes) - 1 else int(rest * c.bytes_per_token / total_e)
+            pools.append((c, share))
+            left -= share
     return [plan_layout([c], nbytes, layout.page_size,
                         state_slots_per_request=layout.state_slots_per_request)
             for c, nbytes in pools]

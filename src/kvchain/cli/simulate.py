@@ -34,6 +34,10 @@ def simulate_command(
     = DEFAULT_MODEL,
     config: Annotated[Path | None, typer.Option(help="A Hugging Face config.json instead "
                                                      "of --model.")] = None,
+    spec: Annotated[Path | None, typer.Option(help="A JSON file declaring classes by bytes "
+                                                   "(see `kvchain plan --help`); it needs "
+                                                   "total_params and active_params for the "
+                                                   "cost model.")] = None,
     gpu: Annotated[str, typer.Option(help="GPU: a100, h100, h200, b200.")] = DEFAULT_GPU,
     trace: Annotated[str, typer.Option(help="Bundled trace (azure-conv, azure-code, mooncake, "
                                             "sharegpt) or a trace file.")] = DEFAULT_TRACE,
@@ -66,11 +70,11 @@ def simulate_command(
     """
     console = Console(stderr=as_json)
     try:
-        spec = load_spec(model, config, tp=tp)
+        model_spec = load_spec(model, config, spec_file=spec, tp=tp)
         gpu_spec = get_gpu(gpu)
         tr = load_trace(trace, first=requests, end_s=end_s, rate_scale=rate_scale, seed=seed)
         sim_config = SimConfig(
-            spec, gpu_spec, tr, mem_fraction=mem_fraction, page_size=page_size,
+            model_spec, gpu_spec, tr, mem_fraction=mem_fraction, page_size=page_size,
             scheduler=SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
                                       max_prefill_tokens=max(chunk_size, 8192),
                                       policy=policy),
@@ -81,7 +85,7 @@ def simulate_command(
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     if not as_json:
-        console.print(f"[bold]{spec.name}[/bold] on {gpu_spec.name}, trace "
+        console.print(f"[bold]{model_spec.name}[/bold] on {gpu_spec.name}, trace "
                       f"[bold]{tr.name}[/bold] ({len(tr):,} requests, {tr.duration_s:,.0f} s)")
         console.print(render_bands(layout))
     started = time.perf_counter()
@@ -93,7 +97,7 @@ def simulate_command(
                                                                                completed=done))
     wall = time.perf_counter() - started
     summary = result.summary
-    settings = {"model": spec.name, "gpu": gpu_spec.name, "trace": tr.name,
+    settings = {"model": model_spec.name, "gpu": gpu_spec.name, "trace": tr.name,
                 "requests": len(tr), "rate_scale": rate_scale, "mem_fraction": mem_fraction,
                 "buffer_bytes": layout.buffer_bytes, "page_size": page_size,
                 "policy": policy.value, "chain": layout.shape_name, "wall_s": round(wall, 3)}
@@ -103,7 +107,7 @@ def simulate_command(
     if as_json:
         print(json.dumps({"config": settings, "summary": summary.to_json()}, indent=2))
     else:
-        console.print(summary_table(summary, title=f"kvchain simulate: {spec.name} / "
+        console.print(summary_table(summary, title=f"kvchain simulate: {model_spec.name} / "
                                                    f"{tr.name}"))
         console.print(f"simulated {summary.duration_s:,.1f} s of serving in {wall:,.1f} s "
                       f"of wall time; pages copied by moves: "

@@ -1,4 +1,5 @@
-"""Rich tables of simulation summaries: one run, or several memory managers side by side.
+"""Rich tables: simulation summaries (one run, or several memory managers side by side),
+and a chain's bands.
 
 Units in the tables: throughput in tokens per second, latencies in milliseconds,
 utilization in percent of the KV buffer's bytes; ``n/a`` marks a value that is undefined
@@ -16,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvchain.errors import ConfigError
+from kvchain.layout import ChainLayout
 from kvchain.sim.metrics import Percentiles, SimSummary
 
 NOT_AVAILABLE = "n/a"
@@ -161,4 +163,23 @@ def comparison_table(
             EXTRA_LABELS.get(key, key),
             *(f"{s.extra[key]:,}" if key in s.extra else NOT_AVAILABLE for s in rows.values()),
         )
+    return table
+
+
+def band_table(layout: ChainLayout) -> Table:
+    """A table of the chain's bands, low -> high in the buffer: one row per band (any
+    number of floats), with its label (``window128`` when a model has several window
+    sizes), lifetime, anchor, bytes per token (per slot for state), page bytes, window or
+    chunk in tokens, null pages and index-space cap in pages."""
+    table = Table(title=f"chain {layout.shape_name} in {layout.buffer_bytes:,} B "
+                        f"({layout.buffer_bytes / 1e9:,.2f} GB), {layout.page_size} tokens/page")
+    for col in ("band", "lifetime", "anchor", "bytes/token", "page bytes", "window",
+                "null pages", "max pages"):
+        left = col in ("band", "lifetime", "anchor")
+        table.add_column(col, justify="left" if left else "right", no_wrap=col == "band")
+    for b in layout.bands:
+        c = b.cache_class
+        per_token = f"{c.bytes_per_token:,}" if c.is_token_class else f"{c.bytes_per_slot:,}/slot"
+        table.add_row(b.label, c.lifetime.value, b.anchor.value, per_token, f"{b.page_bytes:,}",
+                      f"{c.window:,}" if c.window else "-", str(b.reserved_pages), f"{b.cap:,}")
     return table

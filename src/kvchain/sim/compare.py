@@ -40,6 +40,8 @@ class NeededBytes:
         e_win: bytes per token of the sliding window (0 if none); ``window``: ``W``.
         e_local: bytes per token of chunked-local attention (0 if none); ``chunk``: ``C``.
         state: ``S`` bytes per request (0 if none).
+        more: further window or local classes of a model with several sizes, as
+            ``(bytes per token, W or C tokens, is_local)``.
     """
 
     e_full: int
@@ -48,11 +50,18 @@ class NeededBytes:
     e_local: int
     chunk: int
     state: int
+    more: tuple[tuple[int, int, bool], ...] = ()
 
     @staticmethod
     def of(classes: Sequence[CacheClass]) -> NeededBytes:
         """Read the terms off a model's classes."""
-        by = {c.lifetime: c for c in classes}
+        by: dict[LifetimeClass, CacheClass] = {}
+        more: list[tuple[int, int, bool]] = []
+        for c in classes:
+            if c.lifetime in by:
+                more.append((c.bytes_per_token, c.window or 1, c.lifetime is LifetimeClass.LOCAL))
+            else:
+                by[c.lifetime] = c
 
         def e(kind: LifetimeClass) -> tuple[int, int]:
             c = by.get(kind)
@@ -60,7 +69,8 @@ class NeededBytes:
 
         state = by.get(LifetimeClass.STATE)
         return NeededBytes(e(LifetimeClass.FULL)[0], *e(LifetimeClass.WINDOW),
-                           *e(LifetimeClass.LOCAL), state.bytes_per_slot if state else 0)
+                           *e(LifetimeClass.LOCAL), state.bytes_per_slot if state else 0,
+                           tuple(more))
 
     def of_request(self, tokens: int, holds_state: bool) -> int:
         """Bytes one request of ``tokens`` tokens needs (the module's formula)."""
@@ -69,6 +79,8 @@ class NeededBytes:
             total += min(tokens, self.window) * self.e_win
         if self.e_local:
             total += (tokens % self.chunk) * self.e_local
+        for e, span, local in self.more:
+            total += (tokens % span if local else min(tokens, span)) * e
         if holds_state:
             total += self.state
         return total

@@ -367,17 +367,19 @@ class GPUCostModel:
         heads = model.num_attention_heads
 
         def pair_flops(lifetime: LifetimeClass) -> int:
-            cls = model.cache_class(lifetime)
-            return 0 if cls is None else sum(attention_flops_per_pair(x, heads)
-                                             for x in cls.layers)
+            return sum(attention_flops_per_pair(x, heads)
+                       for cls in model.cache_classes(lifetime) for x in cls.layers)
 
         state = model.cache_class(LifetimeClass.STATE)
         state_elements = 0 if state is None else sum(
             math.prod(t.shape) for x in state.layers for t in x.tensors)
-        window = model.cache_class(LifetimeClass.WINDOW)
-        local = model.cache_class(LifetimeClass.LOCAL)
-        self._window = None if window is None else window.window
-        self._local_chunk = None if local is None else local.window
+        # Several window (or chunk) sizes: the step's work counts every window layer at the
+        # largest window - an upper bound on their attention work and KV reads (the KV
+        # cache's pages are still accounted per class by the chain, exactly).
+        windows = [c.window for c in model.cache_classes(LifetimeClass.WINDOW) if c.window]
+        chunks = [c.window for c in model.cache_classes(LifetimeClass.LOCAL) if c.window]
+        self._window = max(windows) if windows else None
+        self._local_chunk = max(chunks) if chunks else None
 
         self.flops_per_token = 2 * model.active_params + STATE_FLOPS_PER_ELEMENT * state_elements
         self.flops_per_pair = {lt: pair_flops(lt) for lt in

@@ -15,6 +15,8 @@ gives classes state (S = 14,745,600 B), window (E = 2,048 B, W = 1,152) and full
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvchain.errors import ConfigError
 from kvchain.spec.layers import CacheClass, CacheDtype, LayerCache, LifetimeClass, TensorDecl
 from kvchain.spec.model import ModelSpec
@@ -60,6 +62,8 @@ def declare_model(
     local: int = 0,
     chunk_tokens: int | None = None,
     state: int = 0,
+    windows: Sequence[tuple[int, int]] = (),
+    locals_: Sequence[tuple[int, int]] = (),
     hidden_size: int = 0,
     num_attention_heads: int = 0,
     total_params: int = 0,
@@ -76,6 +80,9 @@ def declare_model(
         local: ``E_loc`` bytes per token of chunked-local attention; needs
             ``chunk_tokens`` (``C``).
         state: ``S`` bytes per request.
+        windows: more sliding-window classes, ``(E_win bytes per token, W tokens)`` each
+            (a model with several window sizes: one class, one band, per size).
+        locals_: more chunked-local classes, ``(E_loc bytes per token, C tokens)`` each.
         hidden_size, num_attention_heads, total_params, active_params, weight_bytes:
             what a cost model reads; 0 (the default) declares a model without weights,
             for pure memory experiments.
@@ -83,7 +90,9 @@ def declare_model(
 
     Raises:
         ConfigError: a negative byte count; window bytes without ``window_tokens`` (or
-            local bytes without ``chunk_tokens``) or the reverse; no class at all.
+            local bytes without ``chunk_tokens``) or the reverse; an entry of ``windows``
+            or ``locals_`` without positive bytes and tokens; two window (or two local)
+            classes of one size; no class at all.
     """
     for label, value in (
         ("full", full),
@@ -102,12 +111,23 @@ def declare_model(
         raise ConfigError("declare window bytes and window_tokens together (or neither)")
     if (local > 0) != (chunk_tokens is not None):
         raise ConfigError("declare local bytes and chunk_tokens together (or neither)")
-    specs = (
+    specs = [
         (LifetimeClass.STATE, state, None),
         (LifetimeClass.WINDOW, window, window_tokens),
         (LifetimeClass.LOCAL, local, chunk_tokens),
         (LifetimeClass.FULL, full, None),
-    )
+    ]
+    for lifetime, extra in ((LifetimeClass.WINDOW, windows), (LifetimeClass.LOCAL, locals_)):
+        for entry in extra:
+            nbytes, tokens = entry
+            if type(nbytes) is not int or type(tokens) is not int or nbytes <= 0 or tokens <= 0:
+                raise ConfigError(f"a declared {lifetime} class needs positive int bytes and "
+                                  f"tokens, got {entry!r}")
+            specs.append((lifetime, nbytes, tokens))
+    sizes = [(lt, w) for lt, b, w in specs if b > 0 and w is not None]
+    if len(set(sizes)) != len(sizes):
+        raise ConfigError(f"declared model {name!r}: two classes of one lifetime and size "
+                          f"{sorted(f'{lt}/{w}' for lt, w in sizes)}")
     layers = tuple(
         declared_layer(i, lifetime, nbytes, tokens)
         for i, (lifetime, nbytes, tokens) in enumerate(s for s in specs if s[1] > 0)

@@ -105,6 +105,10 @@ class CacheClass:
         window: ``W`` tokens (window) or ``C`` tokens (chunked local); ``None`` otherwise.
         layers: the layers of the class, in model order (their tensors lie in this order
             inside a page).
+        label: the class's unique name in its model: the lifetime (``"window"``) when the
+            model has one class of that lifetime, else the lifetime and its window in
+            tokens (``"window128"``, ``"window11"``); :func:`group_classes` sets it.
+            Defaults to the lifetime.
     """
 
     lifetime: LifetimeClass
@@ -112,6 +116,16 @@ class CacheClass:
     bytes_per_slot: int
     window: int | None
     layers: tuple[LayerCache, ...]
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", self.lifetime.value)
+
+    def labelled(self, label: str) -> CacheClass:
+        """The same class under another label."""
+        return CacheClass(self.lifetime, self.bytes_per_token, self.bytes_per_slot,
+                          self.window, self.layers, label)
 
     @property
     def is_token_class(self) -> bool:
@@ -142,15 +156,29 @@ class CacheClass:
 
 
 def group_classes(layers: tuple[LayerCache, ...]) -> tuple[CacheClass, ...]:
-    """Group layer caches into lifetime classes, ordered state, window, local, full.
+    """Group layer caches into classes, one per distinct ``(lifetime, window)``.
+
+    Order (the chain's band order, low -> high): state; window classes by window size,
+    smallest first; chunked-local classes by chunk size; full. A lifetime with one class
+    labels it by the lifetime (``"window"``); a lifetime with several labels each by
+    lifetime and window tokens (``"window11"``, ``"window128"``).
+
+    Example: layers with sliding windows of 128 and 11 tokens and full layers give
+    classes ``window11``, ``window128``, ``full``.
 
     Raises:
-        ConfigError: a class whose layers disagree on the window.
+        ConfigError: a layer whose window does not suit its lifetime (as
+            :meth:`CacheClass.of`).
     """
-    order = list(LifetimeClass)
-    out = []
-    for lifetime in order:
-        members = tuple(layer for layer in layers if layer.lifetime is lifetime)
-        if members:
-            out.append(CacheClass.of(members))
+    out: list[CacheClass] = []
+    for lifetime in LifetimeClass:
+        members = [layer for layer in layers if layer.lifetime is lifetime]
+        if not members:
+            continue
+        windows = sorted({layer.window for layer in members},
+                         key=lambda w: -1 if w is None else w)
+        classes = [CacheClass.of(tuple(x for x in members if x.window == w)) for w in windows]
+        if len(classes) > 1:
+            classes = [c.labelled(f"{lifetime.value}{c.window}") for c in classes]
+        out.extend(classes)
     return tuple(out)

@@ -40,17 +40,28 @@ class ModelSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "classes", group_classes(self.layers))
 
+    def cache_classes(self, lifetime: LifetimeClass) -> tuple[CacheClass, ...]:
+        """Every class of that lifetime (several window sizes give several), low -> high."""
+        return tuple(c for c in self.classes if c.lifetime is lifetime)
+
     def cache_class(self, lifetime: LifetimeClass) -> CacheClass | None:
-        """The class of that lifetime, or ``None`` if the model has none."""
-        for c in self.classes:
-            if c.lifetime is lifetime:
-                return c
-        return None
+        """The class of that lifetime, or ``None`` if the model has none.
+
+        Raises:
+            ConfigError: the model has several classes of that lifetime (use
+                :meth:`cache_classes`).
+        """
+        found = self.cache_classes(lifetime)
+        if len(found) > 1:
+            from kvchain.errors import ConfigError
+
+            raise ConfigError(f"{self.name} has {len(found)} {lifetime} classes "
+                              f"({', '.join(c.label for c in found)}); use cache_classes")
+        return found[0] if found else None
 
     def bytes_per_token(self, lifetime: LifetimeClass) -> int:
-        """``E`` of that class in bytes per token (0 if absent)."""
-        c = self.cache_class(lifetime)
-        return c.bytes_per_token if c else 0
+        """``E`` of that lifetime in bytes per token, summed over its classes (0 if absent)."""
+        return sum(c.bytes_per_token for c in self.cache_classes(lifetime))
 
     @property
     def state_bytes(self) -> int:

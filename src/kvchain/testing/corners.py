@@ -10,9 +10,10 @@ shapes without a window band):
 ``edge_holes``     full, then the two pages at every band's frontier(s) released
 ``interior_holes`` full, then every third live page in each band's interior released
 ``retired_window`` window pages taken with full pages between, the oldest window pages
-                   released (window-tail release leaves holes at the float's low side)
-``parked_float``   window pages taken and all released, then the idle flush: the float
-                   holds no live page (or only its null page), ENDs half full
+                   released (window-tail release leaves holes at the float's low side);
+                   on chains of several window/local bands, in every one of them
+``parked_float``   window pages taken and all released, then the idle flush: the floats
+                   hold no live page (or only their null page), ENDs half full
 ``state_off_grid`` an odd number of state slots (frontier off the token grid), a few
                    token pages, one slot released inside the state band
 =================  ====================================================================
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from kvchain.alloc import Chain, Demand
 from kvchain.alloc.pricing import fits
 from kvchain.layout import Anchor
+from kvchain.spec.layers import LifetimeClass
 from kvchain.testing.geometry import ChainGeometry
 from kvchain.testing.streams import ChainRecorder, FenceHoldOp, FlushOp, GateOp
 
@@ -94,43 +96,46 @@ def _interior_holes(rec: ChainRecorder) -> None:
         _release_positions(rec, i, list(range(b.lo_idx + 1, b.hi_idx - 1, 3)))
 
 
-def _window_band(chain: Chain) -> int | None:
-    for i, b in enumerate(chain.layout.bands):
-        if b.label == "window":
-            return i
-    return None
+def _window_bands(chain: Chain) -> list[int]:
+    """Every window and chunked-local band (one on most chains, several on chains of
+    several window sizes)."""
+    return [i for i, b in enumerate(chain.layout.bands)
+            if b.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
 
 
 def _retired_window(rec: ChainRecorder) -> None:
     chain = rec.chain
     nb = chain.num_bands
-    w = _window_band(chain)
-    if w is None:
+    ws = _window_bands(chain)
+    if not ws:
         _interior_holes(rec)
         return
-    others = [i for i in range(nb) if i != w]
+    others = [i for i in range(nb) if i not in ws]
     for _ in range(6):
-        rec.take(_one(nb, w))
+        for w in ws:
+            rec.take(_one(nb, w))
         for i in others:
             rec.take(_one(nb, i))
-    old = rec.held[w][: max(1, len(rec.held[w]) * 2 // 3)]
-    if old:
-        rec.release(w, old)
+    for w in ws:
+        old = rec.held[w][: max(1, len(rec.held[w]) * 2 // 3)]
+        if old:
+            rec.release(w, old)
 
 
 def _parked_float(rec: ChainRecorder) -> None:
     chain = rec.chain
     nb = chain.num_bands
-    w = _window_band(chain)
+    ws = _window_bands(chain)
     for _ in range(3):
         for i in range(nb):
             rec.take(_one(nb, i))
-    if w is not None and rec.held[w]:
-        rec.release(w, list(rec.held[w]))
+    for w in ws:
+        if rec.held[w]:
+            rec.release(w, list(rec.held[w]))
     rec.run(FlushOp())
-    if w is not None:
-        fill(rec, [i for i in range(nb) if i != w])
-        ends = [i for i in range(nb) if i != w]
+    if ws:
+        ends = [i for i in range(nb) if i not in ws]
+        fill(rec, ends)
         for i in ends:  # half full ENDs
             if rec.held[i]:
                 rec.release(i, rec.held[i][len(rec.held[i]) // 2:])

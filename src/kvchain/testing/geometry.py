@@ -24,9 +24,15 @@ from kvchain.layout import ChainLayout, plan_layout
 from kvchain.spec.declared import declared_class
 from kvchain.spec.layers import LifetimeClass
 
-#: Every chain shape, low -> high (DESIGN section 2).
+#: Every chain shape of at most one float, low -> high (DESIGN section 2).
 SHAPES: tuple[str, ...] = ("full", "window|full", "state|full", "state|window",
                            "state|window|full")
+
+#: Chains of several floats (``docs/pricing.md``, "Chains of N bands"): ``wide`` is a
+#: second sliding-window class of ``3P`` tokens, ``local`` a chunked-local class of ``2P``
+#: tokens. Their layouts name the windows by size (``window8|window12`` at ``P = 4``).
+N_BAND_SHAPES: tuple[str, ...] = ("window|local|full", "state|window|wide|full",
+                                  "state|window|local|full", "state|window|wide|local|full")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,16 +137,21 @@ def shape_geometry(shape: str, page_size: int = 4, *, mixed: bool = True,
     """A geometry of ``shape`` with about ``pages`` window-sized pages of bytes.
 
     Equal page bytes: every token band ``2P`` bytes, a state slot ``2P``; mixed: see the
-    module docstring. The window is ``2P`` tokens.
+    module docstring, plus ``wide`` ``P`` bytes and ``local`` ``4P`` bytes per page. The
+    window is ``2P`` tokens (``wide``: ``3P``; ``local``: a chunk of ``2P``).
 
     Raises:
         ConfigError: an unknown shape.
     """
-    if shape not in SHAPES:
-        raise ConfigError(f"unknown chain shape {shape!r}; expected one of {SHAPES}")
+    if shape not in SHAPES + N_BAND_SHAPES:
+        raise ConfigError(f"unknown chain shape {shape!r}; expected one of "
+                          f"{SHAPES + N_BAND_SHAPES}")
     p = page_size
     e_full, e_win, slot = (3, 2, max(3, 7 * p // 2)) if mixed else (2, 2, 2 * p)
+    e_wide, e_local = (1, 4) if mixed else (2, 2)
     by_name = {"state": ClassBytes("state", slot), "window": ClassBytes("window", e_win, 2 * p),
+               "wide": ClassBytes("window", e_wide, 3 * p),
+               "local": ClassBytes("local", e_local, 2 * p),
                "full": ClassBytes("full", e_full)}
     classes = tuple(by_name[name] for name in shape.split("|"))
     buffer_bytes = pages * p + (1 if mixed else 0)
@@ -159,3 +170,31 @@ def tiny_geometries() -> tuple[ChainGeometry, ...]:
                 out.append(shape_geometry(shape, p, mixed=mixed, pages=24,
                                           null_pages=not mixed or shape == "state|window"))
     return tuple(out)
+
+
+def tiny_n_band_geometries(*, mixed_five_bands: bool = False) -> tuple[ChainGeometry, ...]:
+    """The oracle's chains of two and three floats (and window + local on one float), no
+    null pages: every shape of :data:`N_BAND_SHAPES` x page size 1/4 with equal page bytes
+    (20 page units at ``P = 1``, 24 at ``P = 4``), and with mixed page bytes in one page
+    unit more than the smallest buffer the layout accepts (the search grows fast with
+    bands and bytes). Mixed five-band chains take about a minute each to search, so they
+    come only with ``mixed_five_bands`` (the slow proof profile)."""
+    out = []
+    for shape in N_BAND_SHAPES:
+        five = shape.count("|") == 4
+        for p in (1, 4):
+            out.append(shape_geometry(shape, p, mixed=False, pages=20 if p == 1 else 24,
+                                      null_pages=False))
+            if five and not mixed_five_bands:
+                continue
+            pages = next(n for n in range(4, 64) if _accepts(shape, p, n)) + 1
+            out.append(shape_geometry(shape, p, mixed=True, pages=pages, null_pages=False))
+    return tuple(out)
+
+
+def _accepts(shape: str, page_size: int, pages: int) -> bool:
+    try:
+        shape_geometry(shape, page_size, mixed=True, pages=pages, null_pages=False).layout()
+    except ConfigError:
+        return False
+    return True

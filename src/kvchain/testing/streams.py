@@ -42,6 +42,7 @@ from kvchain.alloc import Chain, Demand
 from kvchain.alloc.pricing import max_units
 from kvchain.buffer import ManualFence
 from kvchain.errors import AuditError, CapacityError, ConfigError, KVChainError
+from kvchain.spec.layers import LifetimeClass
 from kvchain.testing.evictor import ReferenceEvictor
 
 
@@ -370,7 +371,7 @@ class ChainRecorder:
 class _Request:
     tokens: int
     pages: dict[int, list[int]]  # band -> held ids (full and state in order taken)
-    window_pages: list[tuple[int, int]]  # (token page number, vid), oldest first
+    window_pages: dict[int, list[tuple[int, int]]]  # band -> (token page, vid), oldest first
 
 
 def _band_of(chain: Chain, label: str) -> int | None:
@@ -414,8 +415,11 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
     layout = chain.layout
     nb = chain.num_bands
     p = layout.page_size
-    i_state, i_win, i_full = (_band_of(chain, x) for x in ("state", "window", "full"))
-    window = layout.bands[i_win].cache_class.window if i_win is not None else None
+    i_state, i_full = (_band_of(chain, x) for x in ("state", "full"))
+    # Every window and chunked-local band, each with its own window (band, tokens, local).
+    wins = [(i, b.cache_class.window or 1, b.lifetime is LifetimeClass.LOCAL)
+            for i, b in enumerate(layout.bands)
+            if b.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
     token_bytes = sum(b.page_bytes for b in layout.bands if b.label != "state")
     cap_tokens = max(4, layout.buffer_bytes // max(token_bytes, 1) * p // 6)
     requests: list[_Request] = []
@@ -424,38 +428,38 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
         quote = chain.price(Demand(tuple(pages)))
         return rec.run(TakeOp(tuple(pages), "fit" if quote.fits else "refuse"))
 
-    def win_range(tokens: int) -> range:
-        assert window is not None
-        return range(max(0, tokens - window + 1) // p, -(-tokens // p))
+    def win_start(tokens: int, window: int, local: bool) -> int:
+        return tokens // window * window if local else max(0, tokens - window + 1)
 
     def extend(req: _Request, c: int) -> bool:
         pages = [0] * nb
         new_tokens = req.tokens + c
         if i_full is not None:
             pages[i_full] = -(-new_tokens // p) - -(-req.tokens // p)
-        want_win: list[int] = []
-        if i_win is not None:
-            held = {t for t, _ in req.window_pages}
-            lo = max(0, req.tokens - window + 1) // p if req.tokens else 0  # type: ignore[operator]
-            want_win = [t for t in range(lo, -(-new_tokens // p)) if t not in held]
-            pages[i_win] = len(want_win)
+        want: dict[int, list[int]] = {}
+        for i_win, window, local in wins:
+            held = {t for t, _ in req.window_pages.get(i_win, [])}
+            lo = win_start(req.tokens, window, local) // p if req.tokens else 0
+            want[i_win] = [t for t in range(lo, -(-new_tokens // p)) if t not in held]
+            pages[i_win] = len(want[i_win])
         if i_state is not None and not req.pages.get(i_state):
             pages[i_state] = 1
         got = take(pages) if any(pages) else tuple(() for _ in range(nb))
         if got is None:
             return False
         for i in range(nb):
-            if i == i_win:
-                req.window_pages.extend(zip(want_win, got[i], strict=True))
+            if i in want:
+                req.window_pages.setdefault(i, []).extend(zip(want[i], got[i], strict=True))
             elif got[i]:
                 req.pages.setdefault(i, []).extend(got[i])
         req.tokens = new_tokens
-        if i_win is not None:  # window-tail release after the forward
-            keep = set(win_range(new_tokens))
-            old = [v for t, v in req.window_pages if t not in keep]
+        for i_win, window, local in wins:  # window-tail release after the forward
+            keep = set(range(win_start(new_tokens, window, local) // p, -(-new_tokens // p)))
+            held_pages = req.window_pages.get(i_win, [])
+            old = [v for t, v in held_pages if t not in keep]
             if old:
                 rec.release(i_win, old)
-                req.window_pages = [(t, v) for t, v in req.window_pages if t in keep]
+                req.window_pages[i_win] = [(t, v) for t, v in held_pages if t in keep]
         return True
 
     def finish(req: _Request) -> None:
@@ -467,16 +471,17 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
                 rec.run(CacheUnlockOp(unit))
             if rng.random() < 0.5:
                 pages = [list(req.pages.get(i, [])) for i in range(nb)]
-                if i_win is not None:
-                    pages[i_win] = [v for _, v in req.window_pages]
+                for band, held_pages in req.window_pages.items():
+                    pages[band] = [v for _, v in held_pages]
                 if any(pages):
                     rec.run(CacheInsertOp(tuple(tuple(p) for p in pages)))
                 return
         for i, vids in req.pages.items():
             if vids:
                 rec.release(i, vids)
-        if req.window_pages:
-            rec.release(i_win, [v for _, v in req.window_pages])  # type: ignore[arg-type]
+        for i_win, held_pages in req.window_pages.items():
+            if held_pages:
+                rec.release(i_win, [v for _, v in held_pages])
 
     kinds = ["prefill", "chunk", "decode", "decode", "finish", "slot", "gate", "fence",
              "flush", "probe"]
@@ -484,7 +489,7 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
     while rec.counts.operations < n_ops:
         kind = rng.choices(kinds, weights)[0]
         if kind == "prefill" or (kind in ("chunk", "decode", "finish") and not requests):
-            req = _Request(0, {}, [])
+            req = _Request(0, {}, {})
             requests.append(req)
             if cache and rec.cache is not None and rec.cache.units and rng.random() < 0.3:
                 unit = rng.choice(rec.cache.units).uid  # a hit locks before pricing

@@ -1,0 +1,65 @@
+"""The request layer on a chain of two window sizes: every window band keeps its own
+pages, demands its own window and releases out of its own window (values by hand).
+
+Geometry: ``P = 4`` tokens per page, windows of 4 and 12 tokens and a full class, 1 B per
+token each (4 B pages); bands window4 (LOW END), window12 (FLOAT), full (HIGH END).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvchain.alloc.chain import Chain
+from kvchain.alloc.snapshot import Demand
+from kvchain.errors import AuditError
+from kvchain.kv_manager import HeldPages, KVManager, WindowBand, request_demand
+from kvchain.layout import plan_layout
+from kvchain.spec.declared import declared_class
+from kvchain.spec.layers import LifetimeClass as LC
+
+
+def two_window_manager() -> KVManager:
+    layout = plan_layout([declared_class(LC.FULL, 1), declared_class(LC.WINDOW, 1, 12),
+                          declared_class(LC.WINDOW, 1, 4)], 4_096, 4)
+    assert layout.shape_name == "window4|window12|full"
+    return KVManager(Chain(layout, debug_audit=True))
+
+
+def test_geometry_lists_every_window_band() -> None:
+    g = two_window_manager().geom
+    assert g.windows == (WindowBand(0, 4, False), WindowBand(1, 12, False))
+    assert (g.window, g.window_tokens, g.full, g.state) == (0, 4, 2, None)
+
+
+def test_each_window_band_demands_and_releases_its_own_window() -> None:
+    kv = two_window_manager()
+    # 16 tokens at 0: full ceil(16 / 4) = 4 pages; each window band covers [0, 16) while
+    # the chunk runs: 4 pages each.
+    assert kv.demand(0, 16) == Demand((4, 4, 4))
+    kv.allocate([(0, 16)])
+    # After the forward the next token is 16: window4 keeps [13, 16) -> from page 3
+    # (3 released); window12 keeps [5, 16) -> from page 1 (1 released).
+    assert kv.commit(0, 16) == 3 + 1
+    assert kv.held(0) == HeldPages(full=4, window_first=3, window_end=4, slots=0,
+                                   more_windows=((1, 4),))
+    # A decode at 16: a 5th full page; window4 needs pages 3..4 (holds 3): 1; window12
+    # needs pages 1..4 (holds 1..3): 1.
+    assert kv.demand(0, 1) == Demand((1, 1, 1))
+    assert request_demand(kv.geom, kv.held(0), 16, 1) == Demand((1, 1, 1))
+    table = kv.page_table(0, 1)
+    null = kv.chain.null_page(1)
+    assert table[0] == null and len(table) == 4 and null not in table[1:].tolist()
+    kv.audit()
+    kv.free(0)
+    kv.audit()
+    assert [kv.chain.bound_pages(b) for b in range(3)] == [1, 1, 0]  # null pages only
+
+
+def test_a_leak_in_the_second_window_band_is_caught() -> None:
+    # Sibling of the audit above: a page of window12 forgotten by the request layer.
+    kv = two_window_manager()
+    kv.allocate([(0, 16)])
+    kv.pages(0).more_window[0].pop()
+    with pytest.raises(AuditError, match=r"band 1: .* 1 leaked"):
+        kv.audit()
+    assert len(kv.pages(0).window) == 4
