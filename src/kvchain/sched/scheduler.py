@@ -34,7 +34,7 @@ from kvchain.admission import (
     WindowAdmission,
 )
 from kvchain.alloc.chain import Chain, MovePin
-from kvchain.alloc.pricing import fits, price
+from kvchain.alloc.pricing import fits
 from kvchain.alloc.snapshot import ChainSnapshot, Demand, Quote
 from kvchain.errors import (
     AdmissionDivergenceError,
@@ -272,7 +272,7 @@ class Scheduler:
                             self.kv.geom.num_bands)
         if total.is_empty:
             return
-        step.quote = price(snap, total)  # reused by the take (one pricing per step)
+        step.quote = self.chain.price(total)  # the take's token (one pricing per step)
         if step.quote.needs_moves:
             step.pin = self.chain.pin_moves()
 
