@@ -22,7 +22,7 @@ from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
-from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+from kvchain.sched.scheduler import Scheduler, SchedulerConfig, UnallocatableEvent
 from kvchain.sim.cost import GPUCostModel
 from kvchain.sim.metrics import MetricsRecorder, SimSummary, StepSample, band_samples, summarize
 from kvchain.sim.traces import Trace
@@ -83,6 +83,9 @@ class SimResult:
         layout: the chain layout simulated.
         chain_stats: the chain's counters (takes, releases, pages copied).
         admission_decisions: pricing decisions made by admission.
+        unallocatable: the scheduler's admitted-but-unallocatable events (request,
+            demand, snapshot, shortfall); their count is
+            ``summary.admitted_but_unallocatable``.
     """
 
     summary: SimSummary
@@ -90,6 +93,7 @@ class SimResult:
     layout: ChainLayout
     chain_stats: object
     admission_decisions: int
+    unallocatable: tuple[UnallocatableEvent, ...] = ()
 
 
 def simulate(config: SimConfig, *, allocator: Chain | None = None,
@@ -111,13 +115,14 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
         audit_every_step: run the chain and KV-manager audits after every step (slow; tests).
 
     Returns:
-        The :class:`SimResult`; ``summary.admitted_but_unallocatable`` and
-        ``summary.leaked_pages`` must be 0.
+        The :class:`SimResult`; ``summary.admitted_but_unallocatable`` (events recorded when
+        ``config.scheduler.strict`` is off) and ``summary.leaked_pages`` must be 0.
 
     Raises:
         ConfigError / BufferTooSmallError: from the layout.
         SimulationStuckError: requests left waiting with nothing to run (a bug).
-        AdmissionDivergenceError: the allocator refused an admitted batch (a bug).
+        AdmissionDivergenceError: ``config.scheduler.strict`` and the allocator refused an
+            admitted batch (a bug).
     """
     chain = allocator if allocator is not None else Chain(config.layout())
     layout = chain.layout
@@ -181,7 +186,8 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
         "admission_decisions": sched.counters.admission_decisions,
         "bytes_copied": chain.stats.bytes_copied,
     })
-    return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions)
+    return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
+                     tuple(sched.unallocatable))
 
 
 def _record_events(sched: Scheduler, recorder: MetricsRecorder) -> int:
