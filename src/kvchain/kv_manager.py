@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvchain.alloc.chain import Chain
+from kvchain.alloc.allocator import Allocator
 from kvchain.alloc.snapshot import Demand, Quote
 from kvchain.errors import InvalidDemandError, UnknownRequestError
 from kvchain.layout import ChainLayout
@@ -260,7 +260,7 @@ class KVManager:
     plan. The manager never moves frontiers itself.
     """
 
-    def __init__(self, chain: Chain) -> None:
+    def __init__(self, chain: Allocator) -> None:
         self.chain = chain
         self.geom = RequestGeometry.of(chain.layout)
         self._requests: dict[int, RequestPages] = {}

@@ -84,8 +84,10 @@ def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
         full_tokens = rest / (full.bytes_per_token + WINDOW_FULL_TOKENS_RATIO * win.bytes_per_token)
         full_bytes = int(full_tokens * full.bytes_per_token)
         pools += [(full, full_bytes), (win, rest - full_bytes)]
-    elif full is not None or win is not None:
-        pools.append((full or win, rest))  # type: ignore[arg-type]
+    elif full is not None:
+        pools.append((full, rest))
+    elif win is not None:
+        pools.append((win, rest))
     return [plan_layout([c], nbytes, layout.page_size,
                         state_slots_per_request=layout.state_slots_per_request)
             for c, nbytes in pools]

@@ -22,6 +22,7 @@ Policies (stated and tested):
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from kvchain.admission import (
     NewTokenRatio,
     WindowAdmission,
 )
-from kvchain.alloc.chain import Chain, MovePin
+from kvchain.alloc.allocator import Allocator, MoveHold
 from kvchain.alloc.pricing import fits
 from kvchain.alloc.snapshot import ChainSnapshot, Demand, Quote
 from kvchain.errors import (
@@ -114,7 +115,7 @@ class ScheduledStep:
     decode_demands: list[Demand] = field(default_factory=list)  # aligned with decodes
     prefill_demands: list[Demand] = field(default_factory=list)  # aligned with prefills
     quote: Quote | None = None  # the price of the step's whole take
-    pin: MovePin | None = None
+    pin: MoveHold | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +170,7 @@ class Scheduler:
     def __init__(self, kv: KVManager, config: SchedulerConfig | None = None,
                  ratio: NewTokenRatio | None = None) -> None:
         self.kv = kv
-        self.chain: Chain = kv.chain
+        self.chain: Allocator = kv.chain
         self.config = config or SchedulerConfig()
         self.ratio = ratio or NewTokenRatio()
         self.rules = AdmissionRules.for_layout(self.chain.layout, self.config.window_admission)
@@ -259,27 +260,27 @@ class Scheduler:
         tokens_left = cfg.max_prefill_tokens
         page = kv.geom.page_size
         # This step's own demand per running request (decodes: from the decode check).
-        now = {d.rid: (1, demand) for d, demand in zip(step.decodes, decode_demands,
-                                                        strict=True)}
+        this_step = {d.rid: (1, demand) for d, demand in zip(step.decodes, decode_demands,
+                                                              strict=True)}
         # Running prefills continue first, then everyone's future is reserved.
         for r in prefilling:
             upper = self._chunk_cap(r, tokens_left)
-            c = budget.largest(lambda t, r=r: kv.demand(r.rid, t), upper, page)
+            c = budget.largest(functools.partial(kv.demand, r.rid), upper, page)
             if c:
                 chunk_demand = kv.demand(r.rid, c)
                 budget.reserve(chunk_demand)
-                now[r.rid] = (c, chunk_demand)
+                this_step[r.rid] = (c, chunk_demand)
                 step.prefills.append(PrefillChunk(r.rid, r.computed, c))
                 tokens_left -= c
         zero = Demand.zeros(kv.geom.num_bands)
-        budget.reserve(sum_demands((self._future(r, *now.get(r.rid, (0, zero)))
+        budget.reserve(sum_demands((self._future(r, *this_step.get(r.rid, (0, zero)))
                                     for r in self.running.values()), kv.geom.num_bands))
         # Waiting requests, in policy order, while the ledger fits.
         for admitted, r in enumerate(self._waiting_order()):
             if tokens_left <= 0 or len(self.running) + admitted >= cfg.max_running:
                 break
             upper = self._chunk_cap(r, tokens_left)
-            c = budget.largest(lambda t, r=r: self._admission_demand(r, t), upper, page)
+            c = budget.largest(functools.partial(self._admission_demand, r), upper, page)
             if not c:
                 break
             budget.reserve(self._admission_demand(r, c))
@@ -377,14 +378,14 @@ class Scheduler:
             victim = max((self.requests[rid] for rid in in_step),
                          key=lambda r: (r.arrival_s, r.rid))
             rid = victim.rid
-            k = next((k for k, p in enumerate(step.prefills) if p.rid == rid), None)
-            if k is not None:
-                demand = step.prefill_demands[k]
-                del step.prefills[k], step.prefill_demands[k]
+            at = next((k for k, p in enumerate(step.prefills) if p.rid == rid), None)
+            if at is not None:
+                demand = step.prefill_demands[at]
+                del step.prefills[at], step.prefill_demands[at]
             else:
-                k = next(k for k, d in enumerate(step.decodes) if d.rid == rid)
-                demand = step.decode_demands[k]
-                del step.decodes[k], step.decode_demands[k]
+                at = next(k for k, d in enumerate(step.decodes) if d.rid == rid)
+                demand = step.decode_demands[at]
+                del step.decodes[at], step.decode_demands[at]
             self._retract(victim, now)
         self.unallocatable.append(UnallocatableEvent(rid, now, demand, snap,
                                                      exc.shortfall_bytes))

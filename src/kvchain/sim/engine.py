@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kvchain.alloc.chain import Chain
+from kvchain.alloc.allocator import Allocator
+from kvchain.alloc.chain import Chain, ChainStats
 from kvchain.errors import KVChainError
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.kv_manager import KVManager
@@ -91,12 +92,12 @@ class SimResult:
     summary: SimSummary
     recorder: MetricsRecorder
     layout: ChainLayout
-    chain_stats: object
+    chain_stats: ChainStats
     admission_decisions: int
     unallocatable: tuple[UnallocatableEvent, ...] = ()
 
 
-def simulate(config: SimConfig, *, allocator: Chain | None = None,
+def simulate(config: SimConfig, *, allocator: Allocator | None = None,
              on_allocated: Callable[[Scheduler, StepBatch, float], None] | None = None,
              progress: Callable[[int, int], None] | None = None,
              audit_every_step: bool = False) -> SimResult:
@@ -104,9 +105,9 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
 
     Args:
         config: model, GPU, trace and limits.
-        allocator: the memory manager: a :class:`Chain` (default: a bookkeeping-only chain
-            of ``config.layout()``) or any object with the same interface (the baselines'
-            pool allocators); its ``layout`` is the one simulated.
+        allocator: the memory manager, any :class:`~kvchain.alloc.allocator.Allocator`: a
+            :class:`Chain` (default: a bookkeeping-only chain of ``config.layout()``) or a
+            baseline's pool allocator; its ``layout`` is the one simulated.
         on_allocated: called as ``on_allocated(scheduler, batch, now)`` after each step's
             pages are taken and before its forward (memory at its fullest), e.g. to measure
             bytes needed against bytes held.
@@ -124,7 +125,7 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
         AdmissionDivergenceError: ``config.scheduler.strict`` and the allocator refused an
             admitted batch (a bug).
     """
-    chain = allocator if allocator is not None else Chain(config.layout())
+    chain: Allocator = allocator if allocator is not None else Chain(config.layout())
     layout = chain.layout
     kv = KVManager(chain)
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step)

@@ -108,11 +108,10 @@ def op_from_json(data: dict[str, object]) -> Op:
             expect = data.get("expect")
             if expect not in (None, "fit", "refuse"):
                 raise ValueError(f"expect must be 'fit' or 'refuse', got {expect!r}")
-            return TakeOp(tuple(_int(x) for x in data["pages"]),  # type: ignore[attr-defined]
-                          expect)  # type: ignore[arg-type]
+            return TakeOp(tuple(_int(x) for x in _list(data["pages"])), expect)
         if kind == "release":
             return ReleaseOp(_int(data["band"]),
-                             tuple(_int(x) for x in data["vids"]))  # type: ignore[attr-defined]
+                             tuple(_int(x) for x in _list(data["vids"])))
         if kind == "gate":
             return GateOp(_bool(data["open"]), _bool(data.get("realize_moves", True)))
         if kind == "fence_hold":
@@ -129,6 +128,12 @@ def op_from_json(data: dict[str, object]) -> Op:
 def _int(value: object) -> int:
     if type(value) is not int:
         raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _list(value: object) -> list[object]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list, got {value!r}")
     return value
 
 
@@ -335,7 +340,8 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
         want_win: list[int] = []
         if i_win is not None:
             held = {t for t, _ in req.window_pages}
-            lo = max(0, req.tokens - window + 1) // p if req.tokens else 0  # type: ignore[operator]
+            assert window is not None
+            lo = max(0, req.tokens - window + 1) // p if req.tokens else 0
             want_win = [t for t in range(lo, -(-new_tokens // p)) if t not in held]
             pages[i_win] = len(want_win)
         if i_state is not None and not req.pages.get(i_state):
@@ -363,7 +369,8 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
             if vids:
                 rec.release(i, vids)
         if req.window_pages:
-            rec.release(i_win, [v for _, v in req.window_pages])  # type: ignore[arg-type]
+            assert i_win is not None
+            rec.release(i_win, [v for _, v in req.window_pages])
 
     kinds = ["prefill", "chunk", "decode", "decode", "finish", "slot", "gate", "fence",
              "flush", "probe"]
