@@ -4,11 +4,14 @@ The chain holds one :class:`~kvchain.alloc.band.Band` per band of a
 :class:`~kvchain.layout.ChainLayout` and realizes plans priced by the pure planner
 (``kvchain.alloc.pricing.price``, DESIGN section 3)::
 
-    take(demand) --> price(snapshot, demand) --> Quote
-                        refused: CapacityError, nothing changed
-                        fits:    for step in plan: _apply(step.action)
-                                                   check snapshot == step.after
-                                 --> Grant (new virtual ids per band)
+    take(demand, quote?) --> quote issued by this chain's price() now?  (QuoteRegistry)
+                               else ForgedQuoteError / StaleQuoteError, nothing changed
+                             (no quote: price(snapshot, demand) now)
+        refused: CapacityError, nothing changed
+        fits:    phase 1: for step in plan: _PRECHECK[kind](action)   (nothing changes)
+                 phase 2: for step in plan: _APPLY[kind](action)
+                                            check snapshot == step.after
+                 --> Grant (new virtual ids per band)
 
 Every mutation - ``UseHoles``, ``Extend``, ``Compact``, ``Relocate``, ``WaitFence``, a
 release, a gate or fence change - goes through the single private ``_apply`` path, which
@@ -618,38 +621,45 @@ class Chain:
 
     def _apply(self, action: _Mutation) -> np.ndarray | None:
         """Perform one action and bump the epoch; returns new virtual ids for UseHoles and
-        Extend. Raises before changing anything when the action is impossible."""
-        result = None
-        if isinstance(action, UseHoles):
-            result = self._bands[action.band].use_holes(action.pages)
-        elif isinstance(action, Extend):
-            result = self._extend(action)
-        elif isinstance(action, Compact):
-            b = self._bands[action.band]
-            self._check_may_move(action)
-            self._move(b, b.compact_moves(action.side, action.pages))
-            self._compactions += 1
-        elif isinstance(action, Relocate):
-            self._relocate(action)
-        elif isinstance(action, WaitFence):
-            if self._fence is not None:
-                self._fence.wait()
-                self._fence = None
-            self._fence_waits += 1
-        elif isinstance(action, _Release):
-            self._bands[action.band].release(action.vids)
-        elif isinstance(action, _SetGate):
-            self._gate_open = action.open
-        elif isinstance(action, _BeginForward):
-            self._fence = action.fence
-        elif isinstance(action, _FenceDone):
-            self._fence = None
-        else:
+        Extend. Raises before changing anything when the action is impossible.
+
+        Dispatches on the action's type to one apply function per kind (``_APPLY``); a
+        new plan action adds its apply function here and its check to ``_PRECHECK``."""
+        apply = self._APPLY.get(type(action))
+        if apply is None:
             raise PlanMismatchError(f"unknown action {action!r}")
+        result = apply(self, action)
         self._epoch += 1
         self._snap = None
         self._quotes.clear()
         return result
+
+    def _apply_use_holes(self, action: UseHoles) -> np.ndarray:
+        return self._bands[action.band].use_holes(action.pages)
+
+    def _apply_compact(self, action: Compact) -> None:
+        b = self._bands[action.band]
+        self._check_may_move(action)
+        self._move(b, b.compact_moves(action.side, action.pages))
+        self._compactions += 1
+
+    def _apply_wait_fence(self, action: WaitFence) -> None:
+        if self._fence is not None:
+            self._fence.wait()
+            self._fence = None
+        self._fence_waits += 1
+
+    def _apply_release(self, action: _Release) -> None:
+        self._bands[action.band].release(action.vids)
+
+    def _apply_set_gate(self, action: _SetGate) -> None:
+        self._gate_open = action.open
+
+    def _apply_begin_forward(self, action: _BeginForward) -> None:
+        self._fence = action.fence
+
+    def _apply_fence_done(self, action: _FenceDone) -> None:
+        self._fence = None
 
     def _extend(self, action: Extend) -> np.ndarray:
         i = action.band
@@ -679,6 +689,18 @@ class Chain:
                                     f"[{floor}, {ceiling})")
         self._move(b, b.relocate_moves(lo_idx))
         self._relocations += 1
+
+    _APPLY: ClassVar[dict[type, Callable[[Chain, Any], np.ndarray | None]]] = {
+        UseHoles: _apply_use_holes,
+        Extend: _extend,
+        Compact: _apply_compact,
+        Relocate: _relocate,
+        WaitFence: _apply_wait_fence,
+        _Release: _apply_release,
+        _SetGate: _apply_set_gate,
+        _BeginForward: _apply_begin_forward,
+        _FenceDone: _apply_fence_done,
+    }
 
     def _free_limits(self, i: int) -> tuple[int, int]:
         """Bytes band ``i`` may occupy: from its lower neighbour's ``hi`` (or 0) to its
