@@ -8,9 +8,22 @@ from dataclasses import replace
 import pytest
 
 from kvchain.alloc import Demand
-from kvchain.errors import ForgedQuoteError, InvalidDemandError, InvalidRequestError
-from kvchain.sched.request import DecodeSeq, PrefillChunk, Request, StepBatch, StepOutcome
-from kvchain.sched.scheduler import Scheduler
+from kvchain.errors import (
+    AdmissionDivergenceError,
+    CapacityError,
+    ForgedQuoteError,
+    InvalidDemandError,
+    InvalidRequestError,
+)
+from kvchain.sched.request import (
+    DecodeSeq,
+    PrefillChunk,
+    Request,
+    RequestStatus,
+    StepBatch,
+    StepOutcome,
+)
+from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 
 from ..cases.helpers import full_class, make_scheduler, window_class
 
@@ -85,3 +98,44 @@ def test_scheduler_refuses_completing_a_batch_twice() -> None:
         with pytest.raises(InvalidRequestError):
             sched.complete(bad, StepOutcome(0.01), 0.02)
         assert state_of(sched) == before
+
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_unallocatable_running_request_is_retracted_and_the_rest_allocated(
+        monkeypatch: pytest.MonkeyPatch, strict: bool) -> None:
+    """Planted defect: the allocator refuses the first take of a step (admission had
+    fitted it). Non-strict: the event is recorded with the victim's demand, the latest
+    arrival (request 2) is retracted, request 1's decode is taken. Strict: it raises."""
+    sched = make_scheduler([window_class(1_000, 64), full_class(1_000)], 1_600_000, 16,
+                           config=SchedulerConfig(strict=strict))
+    sched.add(Request(1, 32, 8, 0.0), 0.0)
+    sched.add(Request(2, 32, 8, 0.5), 0.5)
+    batch = sched.step(0.5)
+    sched.complete(batch, StepOutcome(0.01), 0.51)  # both prefilled: pages 0-1 per band
+    real_allocate = sched.kv.allocate
+    calls = [0]
+
+    def refuses_once(*args: object, **kwargs: object) -> Demand:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise CapacityError("planted", shortfall_bytes=16_000, demand=Demand((2, 2)),
+                                reason="bytes")
+        return real_allocate(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sched.kv, "allocate", refuses_once)
+    if strict:
+        with pytest.raises(AdmissionDivergenceError):
+            sched.step(0.52)
+        assert sched.counters.divergences == 1 and not sched.unallocatable
+        return
+    batch = sched.step(0.52)
+    assert [d.rid for d in batch.decodes] == [1] and not batch.prefills
+    (event,) = sched.unallocatable
+    assert (event.rid, event.shortfall_bytes, event.time_s) == (2, 16_000, 0.52)
+    # Request 2's decode of token 32 starts page 2 in both bands (16-token pages; the
+    # 64-token window still keeps pages 0-1): one window page (band 0) + one full page.
+    assert event.demand == Demand((1, 1))
+    assert sched.requests[2].status is RequestStatus.WAITING
+    assert (sched.counters.divergences, sched.counters.retractions) == (1, 1)
+    sched.audit()
