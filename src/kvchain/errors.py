@@ -106,6 +106,20 @@ class AuditError(AllocationError, AssertionError):
     """The chain's integrity audit failed (overlap, span != live + holes, bad tables)."""
 
 
+class QuoteError(AllocationError):
+    """A quote handed to ``take`` that the allocator did not issue for its current snapshot
+    and this demand; nothing changed."""
+
+
+class ForgedQuoteError(QuoteError):
+    """A quote built by the caller, issued by another allocator, altered after pricing, or
+    priced for a different demand."""
+
+
+class StaleQuoteError(QuoteError):
+    """A quote priced on an earlier snapshot (the capacity epoch moved since): price again."""
+
+
 # --- requests and scheduling ------------------------------------------------------------
 
 

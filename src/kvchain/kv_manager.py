@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvchain.alloc.chain import Chain
+from kvchain.alloc.allocator import Allocator
 from kvchain.alloc.snapshot import Demand, Quote
 from kvchain.errors import InvalidDemandError, UnknownRequestError
 from kvchain.layout import ChainLayout
@@ -335,7 +335,7 @@ class KVManager:
     plan. The manager never moves frontiers itself.
     """
 
-    def __init__(self, chain: Chain) -> None:
+    def __init__(self, chain: Allocator) -> None:
         self.chain = chain
         self.geom = RequestGeometry.of(chain.layout)
         self._win_index = {w.band: k for k, w in enumerate(self.geom.windows)}
@@ -384,23 +384,34 @@ class KVManager:
                 decode); each request at most once.
             demands: the batch's demands if the caller just computed them with
                 :meth:`demand` (same order, no change in between); computed here otherwise.
-            quote: the price of the summed demand, if the caller has it (the chain re-prices
-                when its epoch moved since).
+            quote: the allocator's quote (from its ``price``) of the summed demand, if the
+                caller has it; a quote priced before the chain's epoch moved is dropped and
+                the demand priced again.
 
         Returns:
             The summed demand that was taken.
 
         Raises:
-            InvalidDemandError: a request listed twice or a negative token count.
-            CapacityError: the batch does not fit (the chain and every request are as
-                before).
+            InvalidDemandError: a request listed twice, a negative token count, or demands
+                that do not match the batch.
+            ForgedQuoteError: ``quote`` was not issued by the allocator for this demand.
+            CapacityError: the batch does not fit.
+
+            On every error the chain and every request are as before.
         """
         ids = [rid for rid, _ in batch]
         if len(set(ids)) != len(ids):
             raise InvalidDemandError("a request appears twice in one allocation batch")
         if demands is None:
             demands = [self.demand(rid, extend) for rid, extend in batch]
+        elif len(demands) != len(batch):
+            raise InvalidDemandError(f"{len(demands)} demands for a batch of {len(batch)}")
+        for (rid, extend), d in zip(batch, demands, strict=True):
+            if extend < 0 or not isinstance(d, Demand) or len(d.pages) != self.geom.num_bands:
+                raise InvalidDemandError(f"request {rid}: {extend} tokens, demand {d!r}")
         total = sum_demands(demands, self.geom.num_bands)
+        if quote is not None and quote.before.epoch != self.chain.epoch:
+            quote = None  # priced before the chain changed: the take prices it again
         grant = self.chain.take(total, quote)
         cursor = [0] * self.geom.num_bands
         g = self.geom

@@ -34,14 +34,17 @@ from kvchain.errors import (
     AuditError,
     CapacityError,
     DoubleReleaseError,
+    ForgedQuoteError,
     InvalidDemandError,
     MovesBlockedError,
     PlanMismatchError,
     ReservedPageError,
+    StaleQuoteError,
     UnknownPageError,
 )
 from kvchain.layout import Anchor, ChainLayout, plan_layout
 from kvchain.spec.layers import CacheClass, LifetimeClass
+from kvchain.testing.unsafe import unsafe_take_plan
 
 # --- layouts ---------------------------------------------------------------------------
 
@@ -105,7 +108,7 @@ def run_plan(chain: Chain, actions: list[Action]):
         if isinstance(a, UseHoles | Extend):
             pages[a.band] += a.pages
     demand = Demand(tuple(pages))
-    return chain.take(demand, Quote(demand, before, tuple(steps), True))
+    return unsafe_take_plan(chain, demand, Quote(demand, before, tuple(steps), True))
 
 
 # --- real bytes ------------------------------------------------------------------------
@@ -156,11 +159,11 @@ def full_state(chain: Chain, buf: NumpyBuffer | None = None) -> tuple:
                     b.live, b.holes, np.sort(b.free_vids()))
                    for b in (chain.band(i) for i in range(chain.num_bands)))
     data = None if buf is None else buf.array.copy()
-    return chain.snapshot(), chain.epoch, tables, data, chain.gate
+    return chain.snapshot(), chain.epoch, tables, data, chain.gate, chain.stats
 
 
 def assert_same_state(a: tuple, b: tuple) -> None:
-    assert a[0] == b[0] and a[1] == b[1] and a[4] == b[4]
+    assert a[0] == b[0] and a[1] == b[1] and a[4] == b[4] and a[5] == b[5]
     for ta, tb in zip(a[2], b[2], strict=True):
         for x, y in zip(ta, tb, strict=True):
             assert np.array_equal(x, y)
@@ -371,16 +374,22 @@ def test_plan_mismatch_is_detected() -> None:
     wrong = predict(before, Extend(0, Side.HIGH, 3))
     demand = Demand((2, 0))
     quote = Quote(demand, before, (PlanStep(Extend(0, Side.HIGH, 2), wrong),), True)
+    state = full_state(chain)
     with pytest.raises(PlanMismatchError):
-        chain.take(demand, quote)
+        unsafe_take_plan(chain, demand, quote)  # caught before anything is applied
+    assert_same_state(state, full_state(chain))
+    with pytest.raises(ForgedQuoteError):
+        chain.take(demand, quote)  # and never accepted as a token
+    assert_same_state(state, full_state(chain))
 
 
 def test_extension_onto_a_neighbour_is_a_plan_bug() -> None:
     chain = Chain(two_end_layout())
     run_plan(chain, [Extend(1, Side.LOW, 150)])
+    state = full_state(chain)
     with pytest.raises(PlanMismatchError):
         run_plan(chain, [Extend(0, Side.HIGH, 51)])
-    assert chain.snapshot().bands[0].live == 0
+    assert_same_state(state, full_state(chain))
 
 
 def test_release_validates_everything_first() -> None:
@@ -574,12 +583,19 @@ def test_quote_is_reused_only_on_the_same_epoch() -> None:
     assert grant.quote is quote
     stale = chain.price(Demand((1, 1)))
     chain.release(0, [0])
-    grant = chain.take(Demand((1, 1)), stale)
-    assert grant.quote is not stale
+    state = full_state(chain)
+    with pytest.raises(StaleQuoteError):  # priced before the release: refused
+        chain.take(Demand((1, 1)), stale)
+    assert_same_state(state, full_state(chain))
+    grant = chain.take(Demand((1, 1)))
     assert grant.quote.before.epoch == stale.before.epoch + 1
     assert grant.quote.steps[0].action == UseHoles(0, 1)
     other = chain.price(Demand((2, 0)))
-    assert chain.take(Demand((1, 0)), other).quote.demand == Demand((1, 0))
+    state = full_state(chain)
+    with pytest.raises(ForgedQuoteError):  # priced for another demand
+        chain.take(Demand((1, 0)), other)
+    assert_same_state(state, full_state(chain))
+    assert chain.take(Demand((2, 0)), other).quote is other
 
 
 def f13_chain() -> tuple[Chain, NumpyBuffer]:
@@ -618,8 +634,11 @@ def test_f13_without_pin_the_closed_gate_refuses_and_copies_nothing() -> None:
     quote = chain.price(demand)
     chain.set_move_gate(False, realize_moves=False)
     before = full_state(chain, buf)
+    with pytest.raises(StaleQuoteError):
+        chain.take(demand, quote)  # priced with the gate open: stale
+    assert_same_state(before, full_state(chain, buf))
     with pytest.raises(CapacityError) as err:
-        chain.take(demand, quote)  # stale quote: re-priced with the gate closed
+        chain.take(demand, chain.price(demand))  # priced again with the gate closed
     assert err.value.reason == "moves_blocked" and err.value.shortfall_bytes > 0
     assert_same_state(before, full_state(chain, buf))
     assert chain.stats.pages_copied == 0

@@ -7,6 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from kvchain.alloc.allocator import Allocator
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import fits
 from kvchain.alloc.snapshot import Demand
@@ -167,3 +168,18 @@ def test_baselines_on_a_model_with_two_window_sizes():
     # A request of 200 tokens needs 200 x 1,000 (full) + 32 x 1,000 + 128 x 500 B.
     needed = NeededBytes.of([FULL, wide, win])
     assert needed.of_request(200, False) == 200_000 + 32_000 + 64_000
+
+
+@pytest.mark.parametrize("kind", list(ManagerKind))
+def test_every_manager_is_an_allocator(kind: ManagerKind) -> None:
+    """The chain and every baseline implement the one Allocator interface (checked
+    statically by mypy on ManagerSetup.allocator; here at run time, member by member)."""
+    setup = build_manager(kind, load_model("gemma-3-27b").classes, 2_000_000_000)
+    alloc = setup.allocator
+    assert isinstance(alloc, Allocator)
+    quote = alloc.price(Demand((1, 1)))
+    grant = alloc.take(Demand((1, 1)), quote)
+    assert grant.quote is quote and alloc.stats.takes >= 1
+    with alloc.pin_moves() as pin:
+        assert pin.held
+    assert not pin.held

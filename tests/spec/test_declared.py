@@ -6,6 +6,7 @@ import pytest
 
 from kvchain.errors import ConfigError
 from kvchain.spec import LifetimeClass, declare_model, declared_class
+from kvchain.spec.layers import CacheClass, CacheDtype, LayerCache, TensorDecl
 
 
 def test_three_band_declaration():
@@ -53,3 +54,13 @@ def test_declared_class_errors():
         declared_class(LifetimeClass.FULL, 0)
     with pytest.raises(ConfigError, match="takes no window"):
         declared_class(LifetimeClass.FULL, 10, window=4)
+
+
+
+def test_a_class_mixing_a_window_and_none_is_a_config_error() -> None:
+    """Found by mypy: the message sorted {None, 128}, which raised TypeError."""
+    t = (TensorDecl("k", (8,), CacheDtype.BF16),)
+    layers = (LayerCache(0, LifetimeClass.WINDOW, "gqa", t, 128),
+              LayerCache(1, LifetimeClass.WINDOW, "gqa", t, None))
+    with pytest.raises(ConfigError, match=r"different windows \[None, 128\]"):
+        CacheClass.of(layers)

@@ -1,5 +1,6 @@
 """The chain allocator: snapshots and plans (pure), bands and the chain executor."""
 
+from kvchain.alloc.allocator import Allocator, MoveHold
 from kvchain.alloc.chain import Chain, ChainStats, GateState, Grant, MovePin
 from kvchain.alloc.evictor import Evictor
 from kvchain.alloc.snapshot import (
@@ -22,6 +23,7 @@ from kvchain.alloc.snapshot import (
 
 __all__ = [
     "Action",
+    "Allocator",
     "BandSnapshot",
     "Chain",
     "ChainSnapshot",
@@ -34,6 +36,7 @@ __all__ = [
     "Extend",
     "GateState",
     "Grant",
+    "MoveHold",
     "MovePin",
     "PlanStep",
     "Quote",

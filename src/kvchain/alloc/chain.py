@@ -4,11 +4,14 @@ The chain holds one :class:`~kvchain.alloc.band.Band` per band of a
 :class:`~kvchain.layout.ChainLayout` and realizes plans priced by the pure planner
 (``kvchain.alloc.pricing.price``, DESIGN section 3)::
 
-    take(demand) --> price(snapshot, demand) --> Quote
-                        refused: CapacityError, nothing changed
-                        fits:    for step in plan: _apply(step.action)
-                                                   check snapshot == step.after
-                                 --> Grant (new virtual ids per band)
+    take(demand, quote?) --> quote issued by this chain's price() now?  (QuoteRegistry)
+                               else ForgedQuoteError / StaleQuoteError, nothing changed
+                             (no quote: price(snapshot, demand) now)
+        refused: CapacityError, nothing changed
+        fits:    phase 1: for step in plan: _PRECHECK[kind](action)   (nothing changes)
+                 phase 2: for step in plan: _APPLY[kind](action)
+                                            check snapshot == step.after
+                 --> Grant (new virtual ids per band)
 
 Every mutation - ``UseHoles``, ``Extend``, ``Compact``, ``Relocate``, ``WaitFence``, a
 release, a gate or fence change - goes through the single private ``_apply`` path, which
@@ -24,15 +27,18 @@ deferred until the last pin is released (field case F13).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any, ClassVar
 
 import numpy as np
 
 from kvchain.alloc.band import Band, PageMoves
 from kvchain.alloc.evictor import Evictor
+from kvchain.alloc.pricing import apply_action as plan_apply_action
 from kvchain.alloc.pricing import price as plan_price
+from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import (
     Action,
     ChainSnapshot,
@@ -195,6 +201,16 @@ def float_starts(layout: ChainLayout) -> list[int]:
     return out
 
 
+@dataclass(slots=True)
+class _DryRun:
+    """What phase 1 of a take tracks while it checks a plan: the predicted snapshot before
+    the next action, whether a forward's fence is still pending, pages bound per band."""
+
+    snap: ChainSnapshot
+    fence_pending: bool
+    bound: list[int]
+
+
 class Chain:
     """A chain of bands over one byte buffer: the allocator's state and executor.
 
@@ -227,6 +243,7 @@ class Chain:
         self._bands = [Band(bl, start) for bl, start in zip(layout.bands,
                                                            float_starts(layout), strict=True)]
         self._epoch = 0
+        self._quotes = QuoteRegistry("chain")
         self._snap: ChainSnapshot | None = None
         self._empty_snapshot: ChainSnapshot | None = None
         self._gate_open = True
@@ -295,6 +312,7 @@ class Chain:
         if self._evictor is not None and self._evictor.version != self._evictor_version:
             self._epoch += 1  # the evictable supply changed: a new capacity epoch
             self._snap = None
+            self._quotes.clear()
         if self._snap is None:
             self._snap = self._build_snapshot()
             if self._evictor is not None:
@@ -322,6 +340,7 @@ class Chain:
         self._evictor_version = -1
         self._epoch += 1
         self._snap = None
+        self._quotes.clear()
 
     def empty_snapshot(self) -> ChainSnapshot:
         """The snapshot of this chain's layout with nothing held but its null pages (what
@@ -333,11 +352,14 @@ class Chain:
     def price(self, demand: Demand) -> Quote:
         """The planner's quote for ``demand`` on the current snapshot (nothing changes).
 
+        The quote is registered as issued by this chain until its epoch moves: only such a
+        quote may be passed to :meth:`take`.
+
         Raises:
             InvalidDemandError: wrong length or negative pages.
         """
         self._check_demand(demand)
-        return self._price(self.snapshot(), demand)
+        return self._quotes.issue(self._price(self.snapshot(), demand))
 
     def bound_pages(self, band: int) -> int:
         """Virtual ids bound in band ``band`` (live pages, null pages included).
@@ -391,48 +413,143 @@ class Chain:
 
         Args:
             demand: pages per band (state slots for a state band), low -> high.
-            quote: a quote from :meth:`price`; reused only if it was priced for this
-                demand on this chain's current snapshot (same epoch), else the demand is
-                re-priced (deterministic).
+            quote: a quote that this chain's :meth:`price` returned for ``demand`` on the
+                current snapshot (same epoch), realized as priced; ``None`` prices now.
+                Quotes are tokens (docs/architecture.md): a quote built by hand, issued by
+                another allocator, altered after pricing or priced before the chain
+                changed is refused.
 
         Returns:
             A :class:`Grant`; afterwards ``snapshot() == grant.quote.after``.
 
         Raises:
             InvalidDemandError: wrong length, negative or non-integer pages.
-            CapacityError: the demand does not fit (shortfall in bytes, reason); the chain
-                is exactly as before (snapshot, epoch, tables, bytes).
-            PlanMismatchError: the chain diverged from the plan's prediction (a bug).
+            ForgedQuoteError: ``quote`` was not issued by this chain for ``demand``, or
+                was altered.
+            StaleQuoteError: ``quote`` was priced at an earlier epoch.
+            CapacityError: the demand does not fit (shortfall in bytes, reason).
+            MovesBlockedError: (hand-written plans only) a copy with the gate closed.
+            PlanMismatchError: the plan is impossible on the chain (a bug).
+
+            On every error above the chain is exactly as before (snapshot, epoch, tables,
+            bytes, stats): each action of the plan is checked before the first is applied.
         """
         self._check_demand(demand)
         snap = self.snapshot()
-        if (quote is None or quote.demand != demand or quote.before.epoch != snap.epoch
-                or quote.before != snap):
+        if quote is None:
             quote = self._price(snap, demand)
+        else:
+            self._quotes.check(quote, demand, self._epoch)
+        return self._realize(demand, quote, verify_predictions=False)
+
+    def _realize(self, demand: Demand, quote: Quote, *, verify_predictions: bool) -> Grant:
+        """Check every step of ``quote`` against the chain, then apply them (the one take
+        path; ``kvchain.testing.unsafe_take_plan`` enters here with hand-written plans and
+        ``verify_predictions=True``, which recomputes every predicted snapshot)."""
+        snap = self.snapshot()
+        if quote.demand != demand or quote.before != snap:
+            raise PlanMismatchError(f"quote for {quote.demand.pages} on {quote.before} "
+                                    f"realized for {demand.pages} on {snap}")
         if not quote.fits:
             reason = quote.reason.value if quote.reason is not None else "unknown"
             raise CapacityError(
                 f"demand {demand.pages} does not fit: short by {quote.shortfall_bytes:,} B "
                 f"({reason})", shortfall_bytes=quote.shortfall_bytes, demand=demand,
                 reason=reason)
+        steps = tuple(quote.steps)
+        # Phase 1: every action that can fail is checked on the predicted state before it.
+        dry = _DryRun(snap, self._fence is not None, [0] * len(self._bands))
+        for n, step in enumerate(steps):
+            action = step.action
+            check = self._PRECHECK.get(type(action))
+            if check is None:
+                raise PlanMismatchError(f"step {n}: unknown action {action!r}")
+            check(self, action, dry)
+            if verify_predictions:
+                predicted = plan_apply_action(dry.snap, action)
+                if predicted != step.after:
+                    raise PlanMismatchError(f"step {n} {action}: the action gives {predicted}, "
+                                            f"the plan predicts {step.after}")
+            dry.snap = step.after
+        if tuple(dry.bound) != demand.pages:
+            raise PlanMismatchError(f"plan binds {dry.bound} pages for demand {demand.pages}")
+        # Phase 2: apply; a snapshot off the prediction now is a bug of the executor.
         taken: list[list[np.ndarray]] = [[] for _ in self._bands]
-        for n, step in enumerate(quote.steps):
+        for n, step in enumerate(steps):
             action = step.action
             vids = self._apply(action)
-            if vids is not None:
-                taken[action.band].append(vids)  # type: ignore[union-attr]
+            if vids is not None and isinstance(action, UseHoles | Extend):
+                taken[action.band].append(vids)
             fresh = self._build_snapshot()
             if fresh != step.after:
                 raise PlanMismatchError(f"step {n} {action}: chain {fresh} != predicted "
                                         f"{step.after}")
         pages = tuple(tuple(np.concatenate(parts).tolist()) if parts else ()
                       for parts in taken)
-        if tuple(len(p) for p in pages) != demand.pages:
-            raise PlanMismatchError(f"plan bound {[len(p) for p in pages]} pages for "
-                                    f"demand {demand.pages}")
         self._takes += 1
         self._after_public_call()
         return Grant(quote, pages)
+
+    # --- per-action pre-checks (phase 1 of a take; nothing changes) --------------------
+
+    def _pre_band(self, action: UseHoles | Extend | Compact | Relocate) -> Band:
+        band = action.band
+        if isinstance(band, bool) or not isinstance(band, int) or not (
+                0 <= band < len(self._bands)):
+            raise PlanMismatchError(f"{action}: no band {band!r}")
+        return self._bands[band]
+
+    def _pre_use_holes(self, action: UseHoles, dry: _DryRun) -> None:
+        self._pre_band(action)
+        if not 0 < action.pages <= dry.snap.bands[action.band].holes:
+            raise PlanMismatchError(f"{action}: the band has "
+                                    f"{dry.snap.bands[action.band].holes} holes")
+        dry.bound[action.band] += action.pages
+
+    def _pre_extend(self, action: Extend, dry: _DryRun) -> None:
+        self._pre_band(action)
+        plan_apply_action(dry.snap, action)  # cap, side and neighbours' bytes
+        dry.bound[action.band] += action.pages
+
+    def _pre_compact(self, action: Compact, dry: _DryRun) -> None:
+        self._pre_band(action)
+        self._pre_may_move(action, dry)
+        plan_apply_action(dry.snap, action)  # side and holes
+
+    def _pre_relocate(self, action: Relocate, dry: _DryRun) -> None:
+        b = self._pre_band(action)
+        if b.anchor is not Anchor.FLOAT:
+            raise PlanMismatchError(f"{action}: only the FLOAT relocates")
+        if dry.snap.bands[action.band].live:  # an empty float copies nothing
+            self._pre_may_move(action, dry)
+        if (action.lo - b.grid_base) % b.page_bytes:
+            raise PlanMismatchError(f"Relocate to byte {action.lo}: off the "
+                                    f"{b.page_bytes}-byte grid")
+        plan_apply_action(dry.snap, action)  # packed span inside the gaps
+
+    def _pre_evict(self, action: Evict, dry: _DryRun) -> None:
+        if self._evictor is None:
+            raise PlanMismatchError(f"{action}: no evictor is attached")
+        plan_apply_action(dry.snap, action)  # units within the order, pages live
+
+    def _pre_wait_fence(self, action: WaitFence, dry: _DryRun) -> None:
+        dry.fence_pending = False
+
+    def _pre_may_move(self, action: Compact | Relocate, dry: _DryRun) -> None:
+        if not self._gate_open:
+            raise MovesBlockedError(f"{action}: the move gate is closed")
+        if dry.fence_pending:
+            raise PlanMismatchError(f"{action}: copy planned while a forward's fence is "
+                                    f"pending and no WaitFence came first")
+
+    _PRECHECK: ClassVar[dict[type, Callable[[Chain, Any, _DryRun], None]]] = {
+        UseHoles: _pre_use_holes,
+        Extend: _pre_extend,
+        Compact: _pre_compact,
+        Relocate: _pre_relocate,
+        WaitFence: _pre_wait_fence,
+        Evict: _pre_evict,
+    }
 
     def release(self, band: int, vids: Sequence[int] | np.ndarray) -> None:
         """Return virtual pages of band ``band``; their physical pages become holes.
@@ -568,41 +685,20 @@ class Chain:
 
     def _apply(self, action: _Mutation) -> np.ndarray | None:
         """Perform one action and bump the epoch; returns new virtual ids for UseHoles and
-        Extend. Raises before changing anything when the action is impossible."""
-        result = None
-        if isinstance(action, UseHoles):
-            result = self._bands[action.band].use_holes(action.pages)
-        elif isinstance(action, Extend):
-            result = self._extend(action)
-        elif isinstance(action, Compact):
-            b = self._bands[action.band]
-            self._check_may_move(action)
-            self._move(b, b.compact_moves(action.side, action.pages))
-            self._compactions += 1
-        elif isinstance(action, Relocate):
-            self._relocate(action)
-        elif isinstance(action, Evict):
-            self._evict(action)
-        elif isinstance(action, WaitFence):
-            if self._fence is not None:
-                self._fence.wait()
-                self._fence = None
-            self._fence_waits += 1
-        elif isinstance(action, _Release):
-            self._bands[action.band].release(action.vids)
-        elif isinstance(action, _SetGate):
-            self._gate_open = action.open
-        elif isinstance(action, _BeginForward):
-            self._fence = action.fence
-        elif isinstance(action, _FenceDone):
-            self._fence = None
-        else:
+        Extend. Raises before changing anything when the action is impossible.
+
+        Dispatches on the action's type to one apply function per kind (``_APPLY``); a
+        new plan action adds its apply function here and its check to ``_PRECHECK``."""
+        apply = self._APPLY.get(type(action))
+        if apply is None:
             raise PlanMismatchError(f"unknown action {action!r}")
+        result = apply(self, action)
         self._epoch += 1
         self._snap = None
+        self._quotes.clear()
         return result
 
-    def _evict(self, action: Evict) -> None:
+    def _apply_evict(self, action: Evict) -> None:
         """Have the evictor give up its first ``units`` units and release their pages.
 
         The freed ids are validated (bound, distinct, not a null page, as many per band as
@@ -632,6 +728,33 @@ class Chain:
                 b.release(v)
                 self._evicted_pages += int(v.size)
 
+    def _apply_use_holes(self, action: UseHoles) -> np.ndarray:
+        return self._bands[action.band].use_holes(action.pages)
+
+    def _apply_compact(self, action: Compact) -> None:
+        b = self._bands[action.band]
+        self._check_may_move(action)
+        self._move(b, b.compact_moves(action.side, action.pages))
+        self._compactions += 1
+
+    def _apply_wait_fence(self, action: WaitFence) -> None:
+        if self._fence is not None:
+            self._fence.wait()
+            self._fence = None
+        self._fence_waits += 1
+
+    def _apply_release(self, action: _Release) -> None:
+        self._bands[action.band].release(action.vids)
+
+    def _apply_set_gate(self, action: _SetGate) -> None:
+        self._gate_open = action.open
+
+    def _apply_begin_forward(self, action: _BeginForward) -> None:
+        self._fence = action.fence
+
+    def _apply_fence_done(self, action: _FenceDone) -> None:
+        self._fence = None
+
     def _extend(self, action: Extend) -> np.ndarray:
         i = action.band
         b = self._bands[i]
@@ -660,6 +783,19 @@ class Chain:
                                     f"[{floor}, {ceiling})")
         self._move(b, b.relocate_moves(lo_idx))
         self._relocations += 1
+
+    _APPLY: ClassVar[dict[type, Callable[[Chain, Any], np.ndarray | None]]] = {
+        UseHoles: _apply_use_holes,
+        Extend: _extend,
+        Compact: _apply_compact,
+        Relocate: _relocate,
+        WaitFence: _apply_wait_fence,
+        Evict: _apply_evict,
+        _Release: _apply_release,
+        _SetGate: _apply_set_gate,
+        _BeginForward: _apply_begin_forward,
+        _FenceDone: _apply_fence_done,
+    }
 
     def _free_limits(self, i: int) -> tuple[int, int]:
         """Bytes band ``i`` may occupy: from its lower neighbour's ``hi`` (or 0) to its

@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import overload
 
 from kvchain.errors import InvalidDemandError
 from kvchain.layout import Anchor
@@ -346,7 +347,13 @@ class LazyPlan(Sequence[PlanStep]):
     def __len__(self) -> int:
         return len(self._actions)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> PlanStep: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[PlanStep, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> PlanStep | tuple[PlanStep, ...]:
         return self.materialize()[index]
 
     def __iter__(self) -> Iterator[PlanStep]:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from kvchain.alloc.allocator import Allocator
 from kvchain.alloc.chain import Chain
 from kvchain.baselines.pools import CapacityRule, PoolAllocator
 from kvchain.errors import BufferTooSmallError, ConfigError
@@ -69,7 +70,7 @@ class ManagerSetup:
 
     kind: ManagerKind
     layout: ChainLayout
-    allocator: Chain | PoolAllocator
+    allocator: Allocator
     rule: str
 
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from kvchain.alloc.chain import ChainStats, Grant
 from kvchain.alloc.pricing import price, validate_demand
+from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot, Demand, Quote
 from kvchain.errors import (
     AuditError,
@@ -128,6 +129,7 @@ class PoolAllocator:
         self._free: list[list[int]] = [[] for _ in range(n)]  # released ids, reused first
         self._next = [0] * n  # lowest id never handed out
         self._epoch = 0
+        self._quotes = QuoteRegistry("pool allocator")
         self._snap: ChainSnapshot | None = None
         self._takes = self._releases = 0
         reserved = Demand(tuple(b.reserved_pages for b in layout.bands))
@@ -171,9 +173,14 @@ class PoolAllocator:
         return self._snapshot_of(live)
 
     def price(self, demand: Demand) -> Quote:
-        """The planner's quote for ``demand`` on :meth:`snapshot` (nothing changes)."""
+        """The planner's quote for ``demand`` on :meth:`snapshot` (nothing changes); the
+        only kind of quote :meth:`take` accepts (until the next take or release).
+
+        Raises:
+            InvalidDemandError: wrong length or negative pages.
+        """
         validate_demand(self.snapshot(), demand)
-        return price(self.snapshot(), demand)
+        return self._quotes.issue(price(self.snapshot(), demand))
 
     def bound_pages(self, band: int) -> int:
         """Ids bound in ``band`` (null page included)."""
@@ -200,14 +207,25 @@ class PoolAllocator:
     def take(self, demand: Demand, quote: Quote | None = None) -> Grant:
         """Bind ``demand.pages[i]`` new ids in every band ``i`` if the rule admits them.
 
+        Args:
+            demand: pages per band.
+            quote: a quote :meth:`price` issued for ``demand`` since the last change, or
+                ``None`` (priced now).
+
         Raises:
             InvalidDemandError: wrong length or negative pages.
-            CapacityError: the rule refuses (shortfall in bytes); nothing changed.
+            ForgedQuoteError / StaleQuoteError: ``quote`` is not a live quote of this
+                allocator for ``demand``.
+            CapacityError: the rule refuses (shortfall in bytes).
+
+            Nothing changes on any error.
         """
         snap = self.snapshot()
         validate_demand(snap, demand)
-        if quote is None or quote.before != snap or quote.demand != demand:
+        if quote is None:
             quote = price(snap, demand)
+        else:
+            self._quotes.check(quote, demand, self._epoch)
         if not quote.fits:
             reason = quote.reason.value if quote.reason is not None else "bytes"
             raise CapacityError(
@@ -284,6 +302,7 @@ class PoolAllocator:
     def _changed(self) -> None:
         self._epoch += 1
         self._snap = None
+        self._quotes.clear()
 
     def _band_index(self, band: int) -> int:
         if type(band) is not int or not 0 <= band < len(self.layout.bands):

@@ -212,22 +212,19 @@ def _build(
     state_dtype: CacheDtype | None,
     from_entry: bool,
 ) -> ModelSpec:
-    common = {
-        "name": record.name,
-        "kv_dtype": kv_dtype,
-        "tp": tp,
-        "state_dtype": state_dtype,
-        "weight_format": record.weight_format,
-        "source": record.source,
-    }
+    def load(config: Mapping[str, object]) -> ModelSpec:
+        return load_hf_config(config, name=record.name, kv_dtype=kv_dtype, tp=tp,
+                              state_dtype=state_dtype, weight_format=record.weight_format,
+                              source=record.source)
+
     if record.config_file and not from_entry:
-        return load_hf_config(read_bundled_config(record.config_file), **common)
+        return load(read_bundled_config(record.config_file))
     if record.entry is None:
         raise UnknownModelError(f"{record.name!r} has no models.json entry")
     params: Mapping[str, object] = record.params_fields
     if record.config_file:
         params = dict(read_config(read_bundled_config(record.config_file)).fields)
-    return load_hf_config(entry_config(record.entry, params), **common)
+    return load(entry_config(record.entry, params))
 
 
 def load_model(

@@ -103,6 +103,9 @@ def compare(
         = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
         = False,
+    strict: Annotated[bool, typer.Option(
+        help="stop at the first admitted-but-unallocatable step (exit 1) instead of "
+             "counting it")] = False,
 ) -> None:
     """Run every memory manager on the same model, GPU, trace and scheduler."""
     try:
@@ -115,7 +118,8 @@ def compare(
             raise ConfigError("no manager given")
         spec = load_spec(model, config, tp=tp)
         scheduler = SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
-                                    max_prefill_tokens=max(chunk_size, 8192), policy=policy)
+                                    max_prefill_tokens=max(chunk_size, 8192), policy=policy,
+                                    strict=strict)
         cfg = SimConfig(spec, get_gpu(gpu), load_trace(trace, first=requests,
                                                        rate_scale=rate_scale),
                         mem_fraction=mem_fraction, page_size=page_size,

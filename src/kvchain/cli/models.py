@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -65,7 +65,7 @@ def model_rows(*, tp: int = 1, kv_dtype: CacheDtype = CacheDtype.BF16) -> list[M
     """
     rows = []
     for entry in list_models():
-        base = {
+        base: dict[str, Any] = {
             "name": entry.name,
             "total_params": entry.total_params,
             "active_params": entry.active_params,

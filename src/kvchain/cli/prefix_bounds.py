@@ -86,7 +86,7 @@ def prefix_bounds_command(
                         f"requests, {page_size} tokens/page")
     for col in ("cache", "prompt tok", "hit tok", "hit rate"):
         table.add_column(col, justify="left" if col == "cache" else "right")
-    for r in rows:
-        table.add_row(str(r["cache"]), f"{r['prompt_tokens']:,}", f"{r['hit_tokens']:,}",
-                      f"{100 * float(r['hit_rate']):.2f}%")
+    for r, b in zip(rows, bounds, strict=True):
+        table.add_row(str(r["cache"]), f"{b.prompt_tokens:,}", f"{b.hit_tokens:,}",
+                      f"{100 * b.hit_rate:.2f}%")
     console.print(table)

@@ -62,6 +62,9 @@ def simulate_command(
                                                   "plots here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
     = False,
+    strict: Annotated[bool, typer.Option(help="Stop at the first admitted-but-unallocatable "
+                                              "step (exit 1) instead of counting it.")]
+    = False,
 ) -> None:
     """Simulate serving a request trace with the kvchain memory manager.
 
@@ -77,7 +80,7 @@ def simulate_command(
             model_spec, gpu_spec, tr, mem_fraction=mem_fraction, page_size=page_size,
             scheduler=SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
                                       max_prefill_tokens=max(chunk_size, 8192),
-                                      policy=policy),
+                                      policy=policy, strict=strict),
             buffer_bytes=buffer_bytes)
         layout = sim_config.layout()
         prepare_out_dir(out)
@@ -93,8 +96,12 @@ def simulate_command(
                   "{task.total:,} requests"), TimeElapsedColumn(), console=console,
                   transient=True, disable=as_json) as bar:
         task = bar.add_task("simulate", total=len(tr))
-        result = simulate(sim_config, progress=lambda done, _total: bar.update(task,
-                                                                               completed=done))
+        try:
+            result = simulate(sim_config, progress=lambda done, _total: bar.update(
+                task, completed=done))
+        except KVChainError as exc:
+            console.print(f"[red]stopped:[/red] {type(exc).__name__}: {exc}")
+            raise typer.Exit(1) from None
     wall = time.perf_counter() - started
     summary = result.summary
     settings = {"model": model_spec.name, "gpu": gpu_spec.name, "trace": tr.name,

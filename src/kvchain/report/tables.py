@@ -10,6 +10,7 @@ leaked pages) are shown in bold red when they are not.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -60,11 +61,16 @@ def _ms(percentiles: Percentiles | None, attribute: str) -> Text:
     return _plain(f"{1000 * getattr(percentiles, attribute):,.1f}")
 
 
+def _percentile_ms(summary: SimSummary, *, attribute: str, key: str) -> Text:
+    percentiles: Percentiles | None = getattr(summary, attribute)
+    return _ms(percentiles, key)
+
+
 def _latency_rows(name: str, attribute: str) -> list[_Row]:
     return [
         _Row(
             f"{name} {p} (ms)",
-            lambda s, p=p: _ms(getattr(s, attribute), f"{p}_s"),
+            functools.partial(_percentile_ms, attribute=attribute, key=f"{p}_s"),
         )
         for p in ("p50", "p90", "p99")
     ]

@@ -22,6 +22,7 @@ Policies (stated and tested):
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,8 +34,8 @@ from kvchain.admission import (
     NewTokenRatio,
     WindowAdmission,
 )
-from kvchain.alloc.chain import Chain, MovePin
-from kvchain.alloc.pricing import fits, price
+from kvchain.alloc.allocator import Allocator, MoveHold
+from kvchain.alloc.pricing import fits
 from kvchain.alloc.snapshot import ChainSnapshot, Demand, Quote
 from kvchain.errors import (
     AdmissionDivergenceError,
@@ -81,6 +82,10 @@ class SchedulerConfig:
         policy: waiting-queue order.
         window_admission: override of the chain's default window admission mode.
         audit_every_step: run the chain and KV-manager audits after every step (tests).
+        strict: stop at the first admitted-but-unallocatable step with
+            :class:`~kvchain.errors.AdmissionDivergenceError` (the library default, so
+            every test); ``False`` records the event, retracts the request and goes on
+            (``kvchain simulate`` without ``--strict``).
 
     Raises:
         ConfigError: a limit below 1.
@@ -92,6 +97,7 @@ class SchedulerConfig:
     policy: QueuePolicy = QueuePolicy.FCFS
     window_admission: WindowAdmission | None = None
     audit_every_step: bool = False
+    strict: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_prefill_tokens", "chunk_size"):
@@ -109,7 +115,26 @@ class ScheduledStep:
     decode_demands: list[Demand] = field(default_factory=list)  # aligned with decodes
     prefill_demands: list[Demand] = field(default_factory=list)  # aligned with prefills
     quote: Quote | None = None  # the price of the step's whole take
-    pin: MovePin | None = None
+    pin: MoveHold | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UnallocatableEvent:
+    """Admission accepted work the allocator then refused (a bug; measured, not assumed).
+
+    Attributes:
+        rid: the request retracted to let the rest of the step allocate.
+        time_s: simulated or engine time of the step (seconds).
+        demand: that request's demand in the refused take (pages per band).
+        snapshot: the chain's snapshot the take was refused on.
+        shortfall_bytes: the refusal's shortfall (bytes) for the whole step's demand.
+    """
+
+    rid: int
+    time_s: float
+    demand: Demand
+    snapshot: ChainSnapshot
+    shortfall_bytes: int
 
 
 @dataclass(slots=True)
@@ -122,7 +147,7 @@ class SchedulerCounters:
     retractions: int = 0
     rejected: int = 0
     finished: int = 0
-    divergences: int = 0  # admitted but unallocatable: must stay 0
+    divergences: int = 0  # admitted but unallocatable: UnallocatableEvents recorded
     window_pages_reclaimed: int = 0
 
 
@@ -145,7 +170,7 @@ class Scheduler:
     def __init__(self, kv: KVManager, config: SchedulerConfig | None = None,
                  ratio: NewTokenRatio | None = None) -> None:
         self.kv = kv
-        self.chain: Chain = kv.chain
+        self.chain: Allocator = kv.chain
         self.config = config or SchedulerConfig()
         self.ratio = ratio or NewTokenRatio()
         self.rules = AdmissionRules.for_layout(self.chain.layout, self.config.window_admission)
@@ -153,6 +178,7 @@ class Scheduler:
         self.running: dict[int, Request] = {}
         self.requests: dict[int, Request] = {}
         self.counters = SchedulerCounters()
+        self.unallocatable: list[UnallocatableEvent] = []
         self._events: list[Event] = []
         page = kv.geom.page_size
         if self.config.chunk_size < page or self.config.max_prefill_tokens < page:
@@ -234,27 +260,27 @@ class Scheduler:
         tokens_left = cfg.max_prefill_tokens
         page = kv.geom.page_size
         # This step's own demand per running request (decodes: from the decode check).
-        now = {d.rid: (1, demand) for d, demand in zip(step.decodes, decode_demands,
-                                                        strict=True)}
+        this_step = {d.rid: (1, demand) for d, demand in zip(step.decodes, decode_demands,
+                                                              strict=True)}
         # Running prefills continue first, then everyone's future is reserved.
         for r in prefilling:
             upper = self._chunk_cap(r, tokens_left)
-            c = budget.largest(lambda t, r=r: kv.demand(r.rid, t), upper, page)
+            c = budget.largest(functools.partial(kv.demand, r.rid), upper, page)
             if c:
                 chunk_demand = kv.demand(r.rid, c)
                 budget.reserve(chunk_demand)
-                now[r.rid] = (c, chunk_demand)
+                this_step[r.rid] = (c, chunk_demand)
                 step.prefills.append(PrefillChunk(r.rid, r.computed, c))
                 tokens_left -= c
         zero = Demand.zeros(kv.geom.num_bands)
-        budget.reserve(sum_demands((self._future(r, *now.get(r.rid, (0, zero)))
+        budget.reserve(sum_demands((self._future(r, *this_step.get(r.rid, (0, zero)))
                                     for r in self.running.values()), kv.geom.num_bands))
         # Waiting requests, in policy order, while the ledger fits.
         for admitted, r in enumerate(self._waiting_order()):
             if tokens_left <= 0 or len(self.running) + admitted >= cfg.max_running:
                 break
             upper = self._chunk_cap(r, tokens_left)
-            c = budget.largest(lambda t, r=r: self._admission_demand(r, t), upper, page)
+            c = budget.largest(functools.partial(self._admission_demand, r), upper, page)
             if not c:
                 break
             budget.reserve(self._admission_demand(r, c))
@@ -272,26 +298,37 @@ class Scheduler:
                             self.kv.geom.num_bands)
         if total.is_empty:
             return
-        step.quote = price(snap, total)  # reused by the take (one pricing per step)
+        step.quote = self.chain.price(total)  # the take's token (one pricing per step)
         if step.quote.needs_moves:
             step.pin = self.chain.pin_moves()
 
     def allocate(self, step: ScheduledStep, now: float) -> StepBatch:
         """Allocate the step's pages in one take and move admitted requests to running.
 
+        If the allocator refuses the admitted batch (a bug), the refusal is recorded as an
+        :class:`UnallocatableEvent` (counted in ``counters.divergences``), the most recently
+        admitted request of the batch is retracted (a waiting one stays waiting; a running
+        one is retracted as by the decode check) and the rest is taken again, until it fits.
+
         Raises:
-            AdmissionDivergenceError: the allocator refused what admission accepted (a bug;
-                counted in ``counters.divergences``). Nothing was allocated.
+            InvalidRequestError: the step names a request that is not waiting or running,
+                or one twice (nothing changed).
+            AdmissionDivergenceError: ``config.strict`` and the allocator refused the
+                admitted batch; nothing was allocated.
         """
-        batch = [(p.rid, p.tokens) for p in step.prefills] + [(d.rid, 1) for d in step.decodes]
-        demands = [*step.prefill_demands, *step.decode_demands]
         try:
-            if batch:
-                self.kv.allocate(batch, demands, step.quote)
-        except CapacityError as exc:
-            self.counters.divergences += 1
-            raise AdmissionDivergenceError(f"admitted batch refused by the allocator: {exc}") \
-                from exc
+            self._check_step(step)
+            while True:
+                batch = ([(p.rid, p.tokens) for p in step.prefills]
+                         + [(d.rid, 1) for d in step.decodes])
+                if not batch:
+                    break
+                demands = [*step.prefill_demands, *step.decode_demands]
+                try:
+                    self.kv.allocate(batch, demands, step.quote)
+                    break
+                except CapacityError as exc:
+                    self._unallocatable(step, exc, now)
         finally:
             if step.pin is not None:
                 step.pin.release()
@@ -305,14 +342,75 @@ class Scheduler:
                 self._emit(EventKind.ADMITTED, r.rid, now)
         return StepBatch(tuple(step.prefills), tuple(step.decodes))
 
+    def _check_step(self, step: ScheduledStep) -> None:
+        """Refuse a step that does not match the scheduler's requests (before any change)."""
+        if (len(step.prefill_demands) != len(step.prefills)
+                or len(step.decode_demands) != len(step.decodes)):
+            raise InvalidRequestError("a step's demands do not match its prefills and decodes")
+        seen: set[int] = set()
+        for rid, may_wait in ([(p.rid, True) for p in step.prefills]
+                              + [(d.rid, False) for d in step.decodes]):
+            r = self.requests.get(rid)
+            ok = r is not None and (r.rid in self.running or (may_wait and r in self.waiting))
+            if not ok or rid in seen:
+                raise InvalidRequestError(f"request {rid} is not schedulable in this step "
+                                          f"(unknown, finished, rejected or listed twice)")
+            seen.add(rid)
+
+    def _unallocatable(self, step: ScheduledStep, exc: CapacityError, now: float) -> None:
+        """Record an admitted-but-unallocatable take and drop one request from the step."""
+        self.counters.divergences += 1
+        if self.config.strict:
+            raise AdmissionDivergenceError(f"admitted batch refused by the allocator: {exc}") \
+                from exc
+        snap = self.chain.snapshot()
+        step.quote = None
+        # The most recently admitted request goes first: a new admission (last in the
+        # prefill list), else the running request the decode check would retract.
+        new = [k for k, p in enumerate(step.prefills)
+               if self.requests[p.rid].status is RequestStatus.WAITING]
+        if new:
+            k = new[-1]
+            rid, demand = step.prefills[k].rid, step.prefill_demands[k]
+            del step.prefills[k], step.prefill_demands[k]
+        else:
+            in_step = ([p.rid for p in step.prefills] + [d.rid for d in step.decodes])
+            victim = max((self.requests[rid] for rid in in_step),
+                         key=lambda r: (r.arrival_s, r.rid))
+            rid = victim.rid
+            at = next((k for k, p in enumerate(step.prefills) if p.rid == rid), None)
+            if at is not None:
+                demand = step.prefill_demands[at]
+                del step.prefills[at], step.prefill_demands[at]
+            else:
+                at = next(k for k, d in enumerate(step.decodes) if d.rid == rid)
+                demand = step.decode_demands[at]
+                del step.decodes[at], step.decode_demands[at]
+            self._retract(victim, now)
+        self.unallocatable.append(UnallocatableEvent(rid, now, demand, snap,
+                                                     exc.shortfall_bytes))
+
     def step(self, now: float) -> StepBatch:
         """``allocate(schedule(now))``: the batch to run now."""
         return self.allocate(self.schedule(now), now)
 
     def complete(self, batch: StepBatch, outcome: StepOutcome, now: float) -> None:
         """Record a finished forward at time ``now``: commit tokens (window-tail release),
-        first tokens, finishes (output length or end-of-sequence)."""
+        first tokens, finishes (output length or end-of-sequence).
+
+        Raises:
+            InvalidRequestError: the batch is not the one just allocated (a request not
+                running, listed twice, or at another position); nothing changed.
+        """
         kv = self.kv
+        seen: set[int] = set()
+        for rid, start in ([(p.rid, p.start) for p in batch.prefills]
+                           + [(d.rid, d.context) for d in batch.decodes]):
+            r = self.running.get(rid)
+            if r is None or rid in seen or start != r.computed:
+                raise InvalidRequestError(f"request {rid} at position {start} is not a running "
+                                          f"request of this batch (completed twice?)")
+            seen.add(rid)
         for p in batch.prefills:
             r = self.requests[p.rid]
             kv.commit(r.rid, p.tokens)

@@ -177,7 +177,7 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
             max_prefill_tokens=max(sched.max_prefill_tokens, page)))
     observer = _BytesObserver(NeededBytes.of(config.model.classes), buffer,
                               setup.layout.reserved_bytes)
-    result = simulate(config, allocator=setup.allocator,  # type: ignore[arg-type]
+    result = simulate(config, allocator=setup.allocator,
                       on_allocated=observer, audit_every_step=audit_every_step)
     u_star = observer.u_sum / observer.u_steps if observer.u_steps else None
     efficiency = observer.needed_sum / observer.held_sum if observer.held_sum else None

@@ -16,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kvchain.alloc.chain import Chain
+from kvchain.alloc.allocator import Allocator
+from kvchain.alloc.chain import Chain, ChainStats
 from kvchain.errors import KVChainError
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
-from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+from kvchain.sched.scheduler import Scheduler, SchedulerConfig, UnallocatableEvent
 from kvchain.sim.cost import GPUCostModel
 from kvchain.sim.metrics import MetricsRecorder, SimSummary, StepSample, band_samples, summarize
 from kvchain.sim.traces import Trace
@@ -83,16 +84,20 @@ class SimResult:
         layout: the chain layout simulated.
         chain_stats: the chain's counters (takes, releases, pages copied).
         admission_decisions: pricing decisions made by admission.
+        unallocatable: the scheduler's admitted-but-unallocatable events (request,
+            demand, snapshot, shortfall); their count is
+            ``summary.admitted_but_unallocatable``.
     """
 
     summary: SimSummary
     recorder: MetricsRecorder
     layout: ChainLayout
-    chain_stats: object
+    chain_stats: ChainStats
     admission_decisions: int
+    unallocatable: tuple[UnallocatableEvent, ...] = ()
 
 
-def simulate(config: SimConfig, *, allocator: Chain | None = None,
+def simulate(config: SimConfig, *, allocator: Allocator | None = None,
              on_allocated: Callable[[Scheduler, StepBatch, float], None] | None = None,
              progress: Callable[[int, int], None] | None = None,
              audit_every_step: bool = False) -> SimResult:
@@ -100,9 +105,9 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
 
     Args:
         config: model, GPU, trace and limits.
-        allocator: the memory manager: a :class:`Chain` (default: a bookkeeping-only chain
-            of ``config.layout()``) or any object with the same interface (the baselines'
-            pool allocators); its ``layout`` is the one simulated.
+        allocator: the memory manager, any :class:`~kvchain.alloc.allocator.Allocator`: a
+            :class:`Chain` (default: a bookkeeping-only chain of ``config.layout()``) or a
+            baseline's pool allocator; its ``layout`` is the one simulated.
         on_allocated: called as ``on_allocated(scheduler, batch, now)`` after each step's
             pages are taken and before its forward (memory at its fullest), e.g. to measure
             bytes needed against bytes held.
@@ -111,15 +116,16 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
         audit_every_step: run the chain and KV-manager audits after every step (slow; tests).
 
     Returns:
-        The :class:`SimResult`; ``summary.admitted_but_unallocatable`` and
-        ``summary.leaked_pages`` must be 0.
+        The :class:`SimResult`; ``summary.admitted_but_unallocatable`` (events recorded when
+        ``config.scheduler.strict`` is off) and ``summary.leaked_pages`` must be 0.
 
     Raises:
         ConfigError / BufferTooSmallError: from the layout.
         SimulationStuckError: requests left waiting with nothing to run (a bug).
-        AdmissionDivergenceError: the allocator refused an admitted batch (a bug).
+        AdmissionDivergenceError: ``config.scheduler.strict`` and the allocator refused an
+            admitted batch (a bug).
     """
-    chain = allocator if allocator is not None else Chain(config.layout())
+    chain: Allocator = allocator if allocator is not None else Chain(config.layout())
     layout = chain.layout
     kv = KVManager(chain)
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step)
@@ -181,7 +187,8 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
         "admission_decisions": sched.counters.admission_decisions,
         "bytes_copied": chain.stats.bytes_copied,
     })
-    return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions)
+    return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
+                     tuple(sched.unallocatable))
 
 
 def _record_events(sched: Scheduler, recorder: MetricsRecorder) -> int:

@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import _csv
 import csv
 import datetime
 import enum
@@ -352,7 +353,7 @@ def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict
 
 
 def _csv_data_rows(
-    path: Path, reader: Iterator[list[str]], required: tuple[str, ...]
+    path: Path, reader: _csv.Reader, required: tuple[str, ...]
 ) -> Iterator[tuple[int, dict[str, str]]]:
     header = next(reader, None)
     if header is None:
@@ -365,7 +366,7 @@ def _csv_data_rows(
     for fields in reader:
         if not fields:
             continue
-        line = reader.line_num  # type: ignore[attr-defined]
+        line = reader.line_num
         if len(fields) != len(columns):
             raise _error(
                 path,
@@ -644,10 +645,14 @@ def load_trace(
                 f"trace {name!r} has arrival times; rate applies only to traces without "
                 "them (use rate_scale to speed it up or slow it down)"
             )
-        ordered = sorted(rows, key=lambda r: r.arrival_ns)  # stable: ties keep file order
-        origin = ordered[0].arrival_ns
-        assert origin is not None
-        arrival_s = [(r.arrival_ns - origin) / _NS_PER_S for r in ordered]  # type: ignore[operator]
+        times = [r.arrival_ns for r in rows]
+        if any(t is None for t in times):
+            raise TraceError(f"{path}: a row without an arrival time")
+        stamped = sorted(((t, r) for t, r in zip(times, rows, strict=True) if t is not None),
+                         key=lambda tr: tr[0])  # stable: ties keep file order
+        ordered = [r for _, r in stamped]
+        origin = stamped[0][0]
+        arrival_s = [(t - origin) / _NS_PER_S for t, _ in stamped]
 
     requests: list[TraceRequest] = []
     for row, t in zip(ordered, arrival_s, strict=True):

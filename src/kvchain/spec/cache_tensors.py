@@ -100,7 +100,8 @@ def attention_tensors(
     )
 
 
-def mla_tensors(kv_lora_rank: int, qk_rope_head_dim: int, dtype: CacheDtype) -> tuple[TensorDecl]:
+def mla_tensors(kv_lora_rank: int, qk_rope_head_dim: int,
+                dtype: CacheDtype) -> tuple[TensorDecl, ...]:
     """The MLA latent of one layer per token (replicated on every rank).
 
     Example: DeepSeek-V3, 512 + 64 in bf16: 1,152 B per token per layer.

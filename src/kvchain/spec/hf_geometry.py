@@ -240,8 +240,8 @@ def mamba2_geometry(cfg: HFConfig) -> Mamba2Geometry:
     Raises:
         MissingFieldError: no heads, head dim, state size or conv kernel.
     """
-    heads_keys = ("mamba_num_heads", "mamba_n_heads", "n_mamba_heads")
-    dim_keys = ("mamba_head_dim", "mamba_d_head", "mamba_headdim")
+    heads_keys: tuple[str, ...] = ("mamba_num_heads", "mamba_n_heads", "n_mamba_heads")
+    dim_keys: tuple[str, ...] = ("mamba_head_dim", "mamba_d_head", "mamba_headdim")
     if cfg.is_family("mamba2"):
         heads_keys += ("num_heads",)
         dim_keys += ("head_dim",)

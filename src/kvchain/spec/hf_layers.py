@@ -432,7 +432,7 @@ def _from_int_list(
     if not isinstance(values, list | tuple):
         raise ConfigError(f"config field {field!r} must be a list, got {values!r}")
     _check_length(cfg, field, values, n)
-    rows = []
+    rows: list[tuple[tuple[Mixer, ...], Ffn]] = []
     for i, value in enumerate(values):
         if isinstance(value, bool) or not isinstance(value, int | float) or value not in meaning:
             raise ConfigError(

@@ -148,7 +148,9 @@ class CacheClass:
             raise ConfigError(f"layers of different lifetimes in one {lifetime} class")
         windows = {layer.window for layer in layers}
         if len(windows) != 1:
-            raise ConfigError(f"{lifetime} layers with different windows {sorted(windows)}")
+            # None (no window) sorts first: a plain sort of None and ints raises TypeError.
+            shown = sorted(windows, key=lambda w: -1 if w is None else w)
+            raise ConfigError(f"{lifetime} layers with different windows {shown}")
         total = sum(layer.nbytes for layer in layers)
         if lifetime is LifetimeClass.STATE:
             return CacheClass(lifetime, 0, total, None, layers)

@@ -108,7 +108,10 @@ def check_demand_sweep(chain: Chain, max_pages: int = 12) -> AgreementResult:
     for head in itertools.product(range(max_pages + 1), repeat=nb - 1):
         if not fits(snap, Demand((*head, 0))):
             continue
-        n = largest_fitting(lambda k, head=head: fits(snap, Demand((*head, k))), upper)
+        def fits_last(k: int, head: tuple[int, ...] = head) -> bool:
+            return fits(snap, Demand((*head, k)))
+
+        n = largest_fitting(fits_last, upper)
         for k, planner in ((n, True), (n + 1, False)):
             demand = Demand((*head, k))
             verdict = oracle_fits(problem, demand)

@@ -116,7 +116,7 @@ class ChainGeometry:
         try:
             classes = tuple(ClassBytes(str(c["lifetime"]), _count(c["nbytes"]),
                                        None if c.get("window") is None else _count(c["window"]))
-                            for c in data["classes"])  # type: ignore[attr-defined]
+                            for c in _dicts(data["classes"]))
             null_pages = data.get("null_pages", True)
             if type(null_pages) is not bool:
                 raise ValueError(f"null_pages must be true or false, got {null_pages!r}")
@@ -198,3 +198,10 @@ def _accepts(shape: str, page_size: int, pages: int) -> bool:
     except ConfigError:
         return False
     return True
+
+
+def _dicts(value: object) -> list[dict[str, object]]:
+    """``value`` as a list of JSON objects (raises ValueError otherwise)."""
+    if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
+        raise ValueError(f"expected a list of objects, got {value!r}")
+    return value

@@ -147,11 +147,10 @@ def op_from_json(data: dict[str, object]) -> Op:
             expect = data.get("expect")
             if expect not in (None, "fit", "refuse"):
                 raise ValueError(f"expect must be 'fit' or 'refuse', got {expect!r}")
-            return TakeOp(tuple(_int(x) for x in data["pages"]),  # type: ignore[attr-defined]
-                          expect)  # type: ignore[arg-type]
+            return TakeOp(tuple(_int(x) for x in _list(data["pages"])), expect)
         if kind == "release":
             return ReleaseOp(_int(data["band"]),
-                             tuple(_int(x) for x in data["vids"]))  # type: ignore[attr-defined]
+                             tuple(_int(x) for x in _list(data["vids"])))
         if kind == "gate":
             return GateOp(_bool(data["open"]), _bool(data.get("realize_moves", True)))
         if kind == "fence_hold":
@@ -161,8 +160,10 @@ def op_from_json(data: dict[str, object]) -> Op:
         if kind == "flush_idle":
             return FlushOp()
         if kind == "cache_insert":
-            return CacheInsertOp(tuple(tuple(_int(x) for x in band)  # type: ignore[attr-defined]
-                                       for band in data["pages"]))  # type: ignore[attr-defined]
+            bands = data["pages"]
+            if not isinstance(bands, list) or not all(isinstance(b, list) for b in bands):
+                raise ValueError(f"pages must be a list of id lists, got {bands!r}")
+            return CacheInsertOp(tuple(tuple(_int(x) for x in band) for band in bands))
         if kind == "cache_lock":
             return CacheLockOp(_int(data["unit"]))
         if kind == "cache_unlock":
@@ -175,6 +176,12 @@ def op_from_json(data: dict[str, object]) -> Op:
 def _int(value: object) -> int:
     if type(value) is not int:
         raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _list(value: object) -> list[object]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list, got {value!r}")
     return value
 
 
@@ -492,9 +499,9 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
             req = _Request(0, {}, {})
             requests.append(req)
             if cache and rec.cache is not None and rec.cache.units and rng.random() < 0.3:
-                unit = rng.choice(rec.cache.units).uid  # a hit locks before pricing
-                rec.run(CacheLockOp(unit))
-                locks[id(req)] = unit
+                uid = rng.choice(rec.cache.units).uid  # a hit locks before pricing
+                rec.run(CacheLockOp(uid))
+                locks[id(req)] = uid
             if not extend(req, rng.randint(1, cap_tokens)):
                 finish(req) if cache else requests.remove(req)
         elif kind in ("chunk", "decode"):

@@ -1,0 +1,112 @@
+"""The allocator interface: what the KV manager, the scheduler and the simulator need of a
+memory manager.
+
+:class:`~kvchain.alloc.chain.Chain` implements it, and so do the baselines'
+:class:`~kvchain.baselines.pools.PoolAllocator` (fixed pools, equal-page pool, exact-bytes
+ideal): the layers above are typed against :class:`Allocator` only, so every manager runs
+through the same request layer, admission and event loop. Capacity is always decided by
+the pure planner on the allocator's :meth:`Allocator.snapshot`; ``take`` realizes only
+quotes the allocator's own ``price`` issued (docs/architecture.md, "Quotes are tokens").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from kvchain.alloc.chain import ChainStats, Grant
+from kvchain.alloc.snapshot import ChainSnapshot, Demand, Quote
+from kvchain.layout import ChainLayout
+
+
+class MoveHold(Protocol):
+    """A hold on an allocator's move gate (:class:`~kvchain.alloc.chain.MovePin`, or the
+    baselines' no-op ``NoMovePin``): while held, closing the gate is deferred."""
+
+    @property
+    def held(self) -> bool:
+        """True until released."""
+        ...
+
+    def release(self) -> None:
+        """Drop the hold (releasing twice is a no-op)."""
+        ...
+
+    def __enter__(self) -> MoveHold: ...
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None: ...
+
+
+@runtime_checkable
+class Allocator(Protocol):
+    """A memory manager of pages per band over one KV buffer.
+
+    Attributes:
+        layout: the band geometry (page tokens and bytes per band, null pages).
+
+    Every method below is documented on :class:`~kvchain.alloc.chain.Chain`; the errors
+    are the same typed errors (``InvalidDemandError``, ``CapacityError``,
+    ``QuoteError``, ``UnknownPageError``, ``DoubleReleaseError``, ``ReservedPageError``),
+    and every refusal changes nothing.
+    """
+
+    layout: ChainLayout
+
+    @property
+    def num_bands(self) -> int:
+        """Bands of the allocator."""
+        ...
+
+    @property
+    def epoch(self) -> int:
+        """Capacity epoch: bumped by every change a snapshot can see."""
+        ...
+
+    @property
+    def stats(self) -> ChainStats:
+        """Cumulative counters (takes, releases, pages and bytes copied)."""
+        ...
+
+    def snapshot(self) -> ChainSnapshot:
+        """Counts and frontiers the planner prices (cached per epoch)."""
+        ...
+
+    def empty_snapshot(self) -> ChainSnapshot:
+        """The snapshot with nothing held but the null pages."""
+        ...
+
+    def price(self, demand: Demand) -> Quote:
+        """The planner's quote for ``demand`` now; the only quote ``take`` accepts."""
+        ...
+
+    def take(self, demand: Demand, quote: Quote | None = None) -> Grant:
+        """Bind ``demand.pages[i]`` new virtual pages per band, all or nothing."""
+        ...
+
+    def release(self, band: int, vids: Sequence[int] | np.ndarray) -> None:
+        """Return virtual pages of band ``band``."""
+        ...
+
+    def bound_pages(self, band: int) -> int:
+        """Virtual ids bound in band ``band`` (null pages included)."""
+        ...
+
+    def null_page(self, band: int) -> int:
+        """Virtual id of band ``band``'s null page."""
+        ...
+
+    def translate(self, band: int, vids: np.ndarray) -> np.ndarray:
+        """Physical page indices of virtual ids (int64, same shape)."""
+        ...
+
+    def pin_moves(self) -> MoveHold:
+        """Hold the move gate open until the hold is released."""
+        ...
+
+    def audit(self) -> None:
+        """Check integrity (raises ``AuditError``)."""
+        ...

@@ -1,0 +1,92 @@
+"""Which quotes an allocator may realize: the ones its own ``price`` issued for its
+current snapshot (docs/architecture.md, "Quotes are tokens").
+
+A :class:`~kvchain.alloc.snapshot.Quote` is a plain frozen value anyone can build. To keep
+"``take`` realizes exactly the planner's quote" true under attack, an allocator registers
+every quote its ``price`` returns in a :class:`QuoteRegistry`: the quote object itself
+(its identity is the unforgeable token) and a fingerprint of what it says (demand, before
+snapshot, fits, ordered actions). ``take`` accepts a quote only if the same object is
+registered, its fingerprint is unchanged, and it was priced for the demand taken. The
+registry is emptied on every capacity-epoch bump, so a quote priced before a change is
+stale. A refused quote raises before anything changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvchain.alloc.snapshot import Action, ChainSnapshot, Demand, LazyPlan, Quote
+from kvchain.errors import ForgedQuoteError, StaleQuoteError
+
+#: Quotes remembered per epoch (oldest dropped first); a caller that prices more demands
+#: than this without taking any must price the one it takes again.
+MAX_ISSUED_PER_EPOCH = 64
+
+
+def plan_actions(quote: Quote) -> tuple[Action, ...]:
+    """The ordered actions of ``quote``'s plan (no predicted snapshot is built)."""
+    steps = quote.steps
+    if isinstance(steps, LazyPlan):
+        return steps.actions
+    return tuple(s.action for s in steps)
+
+
+@dataclass(frozen=True, slots=True)
+class _Issued:
+    quote: Quote
+    demand: Demand
+    before: ChainSnapshot
+    fits: bool
+    steps: object
+    actions: tuple[Action, ...]
+
+
+class QuoteRegistry:
+    """The quotes an allocator issued on its current epoch.
+
+    Args:
+        owner: a short name for messages (e.g. ``"chain"``).
+    """
+
+    __slots__ = ("_issued", "_owner")
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+        self._issued: dict[int, _Issued] = {}
+
+    def issue(self, quote: Quote) -> Quote:
+        """Register ``quote`` (just priced on the current snapshot) and return it."""
+        issued = self._issued
+        if len(issued) >= MAX_ISSUED_PER_EPOCH:
+            del issued[next(iter(issued))]
+        issued[id(quote)] = _Issued(quote, quote.demand, quote.before, quote.fits,
+                                    quote.steps, plan_actions(quote))
+        return quote
+
+    def clear(self) -> None:
+        """Forget every quote (the capacity epoch moved)."""
+        if self._issued:
+            self._issued.clear()
+
+    def check(self, quote: Quote, demand: Demand, epoch: int) -> None:
+        """Accept ``quote`` for ``demand`` at capacity epoch ``epoch`` or raise.
+
+        Raises:
+            StaleQuoteError: the quote was priced at another epoch.
+            ForgedQuoteError: not issued here, altered since, or priced for another demand.
+        """
+        rec = self._issued.get(id(quote))
+        if rec is None or rec.quote is not quote:
+            before = getattr(quote, "before", None)
+            if isinstance(before, ChainSnapshot) and before.epoch != epoch:
+                raise StaleQuoteError(f"quote priced at epoch {before.epoch}, the {self._owner} "
+                                      f"is at epoch {epoch}: price the demand again")
+            raise ForgedQuoteError(f"the {self._owner} did not issue this quote for its "
+                                   f"current snapshot (epoch {epoch})")
+        if quote.demand != demand or rec.demand != demand:
+            raise ForgedQuoteError(f"quote priced for {rec.demand.pages}, taken for "
+                                   f"{getattr(demand, 'pages', demand)!r}")
+        if (quote.fits != rec.fits or quote.before is not rec.before
+                or quote.steps is not rec.steps
+                or plan_actions(quote) != rec.actions):
+            raise ForgedQuoteError(f"the {self._owner}'s quote was altered after pricing")
