@@ -10,6 +10,7 @@ changes nothing on seeded random sequences, gates and fences.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 
 import numpy as np
@@ -184,6 +185,10 @@ BACKENDS = {
     "numpy": NumpyBuffer,
     "torch-cpu": lambda nbytes: TorchBuffer(nbytes, "cpu"),
 }
+# torch is optional (the `torch` extra): its backend's cases skip without it.
+BACKEND_PARAMS = [pytest.param(name, marks=pytest.mark.skipif(
+    name.startswith("torch") and importlib.util.find_spec("torch") is None,
+    reason="torch not installed (pip install -e '.[torch]')")) for name in sorted(BACKENDS)]
 
 
 # --- tests -----------------------------------------------------------------------------
@@ -225,7 +230,7 @@ def test_grant_lists_new_ids_holes_first_then_extensions() -> None:
     assert chain.bound_pages(0) == 7 and chain.stats.takes == 2
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_compaction_keeps_every_page_byte_for_byte(backend: str) -> None:
     buf = BACKENDS[backend](6_400)
     chain = two_end_with_holes(buf)
@@ -246,7 +251,7 @@ def test_compaction_keeps_every_page_byte_for_byte(backend: str) -> None:
     assert check_bytes(chain, buf) == 80
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_float_compaction_and_relocation_keep_bytes(backend: str) -> None:
     buf = BACKENDS[backend](6_784)
     chain = Chain(three_band_layout(), buf, debug_audit=True)
