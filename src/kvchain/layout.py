@@ -1,6 +1,6 @@
 """Chain layout: buffer bytes + cache classes -> ordered bands, page sizes, validation.
 
-The chain (DESIGN section 2)::
+The chain (docs/design.md §2)::
 
      byte 0                                                        byte B
      | state band  ->|    low gap    |<- window band ->|   high gap   |<- full band |

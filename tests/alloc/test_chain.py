@@ -4,7 +4,7 @@ The first part runs plans written by hand (with an in-test oracle for the predic
 snapshots), so it checks the executor independently of the planner: page copies keep every
 virtual page's bytes, tables stay a bijection, invalid operations change nothing, and the
 audit catches planted corruption. The second part takes through the planner: worked
-examples (PRICING-NOTES sections 1-2, field cases F11, F13), price == outcome and refusal
+examples (docs/pricing.md §1-2, field cases F11, F13), price == outcome and refusal
 changes nothing on seeded random sequences, gates and fences.
 """
 
@@ -170,7 +170,7 @@ def assert_same_state(a: tuple, b: tuple) -> None:
 
 
 def two_end_with_holes(buf: NumpyBuffer | None = None) -> Chain:
-    """PRICING-NOTES section 1 setting: A and Z 100 live each, then 40 of A and 80 of Z
+    """docs/pricing.md §1 setting: A and Z 100 live each, then 40 of A and 80 of Z
     released as interior holes (every other/most pages, never the frontier page)."""
     chain = Chain(two_end_layout(), buf, debug_audit=True)
     run_plan(chain, [Extend(0, Side.HIGH, 100), Extend(1, Side.LOW, 100)])
@@ -511,7 +511,7 @@ def write_grant(chain: Chain, buf: NumpyBuffer, pages: tuple[tuple[int, ...], ..
 
 
 def test_two_end_worked_example() -> None:
-    """PRICING-NOTES section 1: (50, 50) fits with 10 copies; (61, 61) short by 64 B."""
+    """docs/pricing.md §1: (50, 50) fits with 10 copies; (61, 61) short by 64 B."""
     buf = NumpyBuffer(6_400)
     chain = two_end_with_holes(buf)
     quote = chain.price(Demand((61, 61)))
@@ -536,7 +536,7 @@ def test_two_end_worked_example() -> None:
 
 
 def test_three_band_worked_example() -> None:
-    """PRICING-NOTES section 2 / F11: 41 slots held, n full + n window fit for n <= 75."""
+    """docs/pricing.md §2 / F11: 41 slots held, n full + n window fit for n <= 75."""
     chain = Chain(three_band_layout(), debug_audit=True)
     chain.take(Demand((41, 0, 0)))
     assert chain.snapshot().bands[0].hi == 1_968

@@ -1,4 +1,4 @@
-"""Continuous batching on the chain: chunked prefill, decode, retraction (DESIGN section 6).
+"""Continuous batching on the chain: chunked prefill, decode, retraction (docs/design.md §6).
 
 One step::
 

@@ -1,5 +1,5 @@
 """The serving simulator's event loop: a real trace through the real scheduler, admission
-and chain, with the clock advanced by the GPU cost model (DESIGN section 6).
+and chain, with the clock advanced by the GPU cost model (docs/design.md §6).
 
 Loop::
 

@@ -51,7 +51,8 @@ every row of the bundled trace has ``len(hash_ids) == ceil(input_length / 512)``
 DEFAULT_POISSON_RATE_RPS = 5.53
 """Default arrival rate (requests/s) for traces without arrival times (ShareGPT): the mean
 arrival rate of the bundled Azure 2023 conversation trace (19,366 requests over 3,501.72 s,
-``shared/data/trace_stats.json``), so ShareGPT lengths arrive at a real chat service's rate."""
+``sim/data/azure2023_conv.csv``: 19,366 / 3,501.72 = 5.53), so ShareGPT lengths arrive at a
+real chat service's rate."""
 
 _NS_PER_S = 1_000_000_000
 _NS_PER_MS = 1_000_000

@@ -15,7 +15,7 @@ An operation stream is what a serving engine does to a chain, one call at a time
 ==================  ==================================================================
 
 :class:`ChainRecorder` runs operations on a chain, checks every take against its price
-(DESIGN contracts 1-2: after a take ``snapshot() == quote.after``; a refusal changes
+(docs/design.md contracts 1-2: after a take ``snapshot() == quote.after``; a refusal changes
 nothing), audits after every operation, and records what it ran. :func:`generate_stream`
 drives a recorder with a seeded request workload (prefills, chunked extensions with
 window-tail release, decode steps, finishes, extra state slots, gate toggles, fences,
