@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.console import Console
 from rich.table import Table
 
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
+from kvchain.gpu import GPUSpec
 from kvchain.layout import ChainLayout
 from kvchain.spec.declared import declare_model
 from kvchain.spec.hf import load_hf_config
@@ -16,7 +18,8 @@ from kvchain.spec.layers import CacheDtype
 from kvchain.spec.model import ModelSpec
 
 SPEC_FILE_KEYS = frozenset({"name", "full", "window", "window_tokens", "local", "chunk_tokens",
-                            "state", "source"})
+                            "state", "source", "weight_bytes", "hidden_size",
+                            "num_attention_heads", "total_params", "active_params"})
 
 
 def load_declared(path: Path) -> ModelSpec:
@@ -29,7 +32,10 @@ def load_declared(path: Path) -> ModelSpec:
 
     ``full``/``window``/``local``: bytes per token of the class (all layers, K and V);
     ``window_tokens``: ``W``; ``chunk_tokens``: ``C``; ``state``: bytes per request of all
-    state layers.
+    state layers. Optional, for the GPU memory model and the cost model: ``weight_bytes``
+    (bytes of the weights on one rank), ``hidden_size``, ``num_attention_heads``,
+    ``total_params``, ``active_params``; without them the model has no weights (a buffer
+    from ``--mem-fraction`` then takes the whole GPU, and ``warn_buffer`` says so).
 
     Raises:
         ConfigError: unreadable JSON, an unknown key, or invalid bytes (names the key).
@@ -57,7 +63,43 @@ def load_declared(path: Path) -> ModelSpec:
                          full=count("full") or 0, window=count("window") or 0,
                          window_tokens=count("window_tokens"), local=count("local") or 0,
                          chunk_tokens=count("chunk_tokens"), state=count("state") or 0,
+                         hidden_size=count("hidden_size") or 0,
+                         num_attention_heads=count("num_attention_heads") or 0,
+                         total_params=count("total_params") or 0,
+                         active_params=count("active_params") or 0,
+                         weight_bytes=count("weight_bytes") or 0,
                          source=str(data.get("source", f"declared in {path}")))
+
+
+def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
+                    spec_file: Path | None = None) -> list[str]:
+    """Warnings for a run that is likely not what the user meant (empty when none).
+
+    * ``--buffer-bytes`` larger than the GPU's memory minus the weights of one rank: the
+      run assumes memory the GPU does not have.
+    * a spec file without ``weight_bytes``: the model has no weights, so a buffer derived
+      from ``--mem-fraction`` takes the whole GPU and the roofline reads no weight bytes.
+    """
+    out = []
+    room = gpu.memory_bytes - model.weight_bytes
+    if buffer_bytes is not None and buffer_bytes > room:
+        out.append(f"--buffer-bytes {buffer_bytes:,} B is more than {gpu.name}'s "
+                   f"{gpu.memory_bytes:,} B minus {model.weight_bytes:,} B of weights "
+                   f"({room:,} B): the run assumes memory the GPU does not have")
+    if spec_file is not None and model.weight_bytes == 0:
+        out.append(f"spec file {spec_file} declares no weights (weight_bytes): "
+                   + ("the KV buffer from --mem-fraction takes the whole GPU; "
+                      if buffer_bytes is None else "")
+                   + "step times count no weight reads")
+    return out
+
+
+def warn_buffer(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
+                spec_file: Path | None = None) -> None:
+    """Print :func:`buffer_warnings` to stderr, one ``warning:`` line each."""
+    console = Console(stderr=True)
+    for line in buffer_warnings(model, gpu, buffer_bytes, spec_file=spec_file):
+        console.print(f"[yellow]warning:[/yellow] {line}", soft_wrap=True)
 
 
 def prepare_out_dir(out: Path | None) -> None:

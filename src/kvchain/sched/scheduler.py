@@ -51,6 +51,7 @@ from kvchain.kv_manager import (
     request_demand,
     sum_demands,
 )
+from kvchain.layout import smallest_request_pages
 from kvchain.sched.request import (
     DecodeSeq,
     Event,
@@ -161,7 +162,8 @@ class Scheduler:
                               f"({self.config.max_prefill_tokens}) must be at least the page "
                               f"size ({page} tokens)")
         self._empty = self.chain.empty_snapshot()
-        smallest = self._lifetime_demand(1, 1)
+        layout = self.chain.layout
+        smallest = Demand(smallest_request_pages(layout.bands, kv.geom.state_slots))
         if not self._fits_empty(smallest):
             needed = _demand_bytes(self._empty, smallest) + self.chain.layout.reserved_bytes
             raise BufferTooSmallError(
