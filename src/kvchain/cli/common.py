@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from rich.console import Console
@@ -71,6 +72,35 @@ def load_declared(path: Path) -> ModelSpec:
                          source=str(data.get("source", f"declared in {path}")))
 
 
+def check_flags(**flags: float | int | None) -> None:
+    """Validate numeric command-line flags up front, naming the flag as typed.
+
+    Each keyword is a flag's Python name (``rate_scale`` for ``--rate-scale``); ``None``
+    values (flag not given) pass. Rules: ``requests``, ``page_size``, ``tp``,
+    ``max_running``, ``chunk_size``, ``prompt``, ``output``, ``buffer_bytes``,
+    ``step_ms``: >= 1 (``step_ms`` > 0); ``rate_scale``: finite and > 0; ``end_s``: > 0;
+    ``mem_fraction``: in (0, 1]; ``seed``, ``slots_held``: >= 0.
+
+    Raises:
+        ConfigError: e.g. ``--requests must be >= 1, got 0``.
+    """
+    for name, value in flags.items():
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name in ("rate_scale", "end_s", "step_ms"):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
+        elif name == "mem_fraction":
+            if not 0 < value <= 1:
+                raise ConfigError(f"{flag} must be in (0, 1], got {value}")
+        elif name in ("seed", "slots_held"):
+            if value < 0:
+                raise ConfigError(f"{flag} must be >= 0, got {value}")
+        elif value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+
+
 def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
                     spec_file: Path | None = None) -> list[str]:
     """Warnings for a run that is likely not what the user meant (empty when none).
@@ -135,12 +165,16 @@ def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,
 
 
 def render_bands(layout: ChainLayout) -> Table:
-    """A table of the chain's bands, low -> high in the buffer."""
+    """A table of the chain's bands, low -> high in the buffer (fits 80 columns).
+
+    Columns: band, anchor (low/high END or float), bytes per token (state: per slot),
+    page bytes, window tokens ``W``, null pages, max pages (the band's index cap).
+    """
     table = Table(title=f"chain {layout.shape_name} in {layout.buffer_bytes:,} B "
                         f"({layout.buffer_bytes / 1e9:,.2f} GB), {layout.page_size} tokens/page")
-    for col in ("band", "anchor", "bytes/token", "page bytes", "window", "null pages",
-                "max pages"):
-        table.add_column(col, justify="right" if col not in ("band", "anchor") else "left")
+    for col in ("band", "anchor", "B/token", "page B", "W", "null", "max pages"):
+        table.add_column(col, justify="right" if col not in ("band", "anchor") else "left",
+                         no_wrap=True)
     for b in layout.bands:
         c = b.cache_class
         per_token = f"{c.bytes_per_token:,}" if c.is_token_class else f"{c.bytes_per_slot:,}/slot"

@@ -79,7 +79,7 @@ def compare_plot(runs: dict[ManagerKind, ManagerRun], path: Path) -> Path:
     return path
 
 
-@app.command("compare")
+@app.command("compare", short_help="Every memory manager on one trace.")
 def compare(
     model: Annotated[str, typer.Option(help="catalog model name")] = "gpt-oss-120b",
     config: Annotated[Path | None, typer.Option(help="a Hugging Face config.json instead of "

@@ -178,7 +178,7 @@ def _capacity(parts: _Parts, buffer_bytes: int, prompt: int, output: int,
     return Capacity(longest, concurrent, full_tokens, slots)
 
 
-@app.command("plan")
+@app.command("plan", short_help="Bands and capacity of one model's chain.")
 def plan_command(
     model: Annotated[str, typer.Option(help="Bundled model name.")] = "gpt-oss-120b",
     config: Annotated[Path | None, typer.Option(help="A Hugging Face config.json.")] = None,

@@ -28,7 +28,7 @@ DEFAULT_TRACE = "azure-conv"
 DEFAULT_END_S = 3600.0  # "its first hour as shipped": the whole 3,501.7 s trace
 
 
-@app.command("simulate")
+@app.command("simulate", short_help="Serve a request trace with the chain.")
 def simulate_command(
     model: Annotated[str, typer.Option(help="Bundled model name (see `kvchain models`).")]
     = DEFAULT_MODEL,

@@ -111,6 +111,7 @@ class ScheduledStep:
     prefill_demands: list[Demand] = field(default_factory=list)  # aligned with prefills
     quote: Quote | None = None  # the price of the step's whole take
     pin: MovePin | None = None
+    memory_blocked: bool = False  # a waiting request got no chunk for lack of memory
 
 
 @dataclass(slots=True)
@@ -258,6 +259,7 @@ class Scheduler:
             upper = self._chunk_cap(r, tokens_left)
             c = budget.largest(lambda t, r=r: self._admission_demand(r, t), upper, page)
             if not c:
+                step.memory_blocked = upper > 0  # upper 0: the token budget stopped it
                 break
             budget.reserve(self._admission_demand(r, c))
             step.prefills.append(PrefillChunk(r.rid, 0, c))
@@ -305,7 +307,7 @@ class Scheduler:
                 self.running[r.rid] = r
                 self.counters.admitted += 1
                 self._emit(EventKind.ADMITTED, r.rid, now)
-        return StepBatch(tuple(step.prefills), tuple(step.decodes))
+        return StepBatch(tuple(step.prefills), tuple(step.decodes), step.memory_blocked)
 
     def step(self, now: float) -> StepBatch:
         """``allocate(schedule(now))``: the batch to run now."""

@@ -1,5 +1,6 @@
 """The serving simulator's event loop: a real trace through the real scheduler, admission
-and chain, with the clock advanced by the GPU cost model (docs/design.md §6).
+and chain, with the clock advanced by the GPU cost model or a fixed tick per step
+(``SimConfig.clock``; docs/design.md §6).
 
 Loop::
 
@@ -23,7 +24,7 @@ from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.sim.cost import GPUCostModel
+from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind, GPUCostModel, StepClock
 from kvchain.sim.metrics import MetricsRecorder, SimSummary, StepSample, band_samples, summarize
 from kvchain.sim.traces import Trace
 from kvchain.spec.model import ModelSpec
@@ -48,6 +49,9 @@ class SimConfig:
         buffer_bytes: KV buffer bytes; ``None`` derives it from the GPU
             (:func:`kvchain.gpu.kv_buffer_bytes`).
         max_step_samples: step samples kept for plots (totals stay exact).
+        clock: ``roofline`` (the GPU cost model) or ``steps`` (each scheduler step that
+            computes tokens advances the clock by ``step_ms``; instant compute).
+        step_ms: the step clock's tick in milliseconds of trace time.
     """
 
     model: ModelSpec
@@ -58,6 +62,8 @@ class SimConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     buffer_bytes: int | None = None
     max_step_samples: int = 4_000
+    clock: ClockKind = ClockKind.ROOFLINE
+    step_ms: float = DEFAULT_STEP_MS
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -125,6 +131,8 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step)
     sched = Scheduler(kv, sched_config)
     cost = GPUCostModel(config.model, config.gpu)
+    clock: GPUCostModel | StepClock = (cost if config.clock is ClockKind.ROOFLINE
+                                       else StepClock(config.step_ms / 1000))
     recorder = MetricsRecorder(max_step_samples=config.max_step_samples)
     builder = cost.builder()
     reserved = layout.reserved_bytes
@@ -159,7 +167,7 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
             builder.add_prefill(p.tokens, p.start)
         for d in batch.decodes:
             builder.add_decode(d.context)
-        duration = cost.step_time(builder.build())
+        duration = clock.step_time(builder.build())
         now += duration
         sched.complete(batch, StepOutcome(duration), now)
         before = done
