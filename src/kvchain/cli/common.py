@@ -13,6 +13,8 @@ from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
 from kvchain.gpu import GPUSpec
 from kvchain.layout import ChainLayout
+from kvchain.sim.metrics import SimSummary
+from kvchain.sim.traces import Trace
 from kvchain.spec.declared import declare_model
 from kvchain.spec.hf import load_hf_config
 from kvchain.spec.layers import CacheDtype
@@ -129,7 +131,36 @@ def warn_buffer(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
     """Print :func:`buffer_warnings` to stderr, one ``warning:`` line each."""
     console = Console(stderr=True)
     for line in buffer_warnings(model, gpu, buffer_bytes, spec_file=spec_file):
-        console.print(f"[yellow]warning:[/yellow] {line}", soft_wrap=True)
+        console.print(f"[yellow]warning:[/yellow] {line}")
+
+
+OVERLOAD_FACTOR = 2.0
+"""A run is called overloaded when serving lasts more than this many times the trace's
+span (its last arrival), and more than :data:`OVERLOAD_SLACK_S` past it, while requests
+queued: arrivals outran the simulated GPU."""
+
+OVERLOAD_SLACK_S = 60.0
+"""Seconds past the last arrival that never count as overload (one long request alone can
+take this long to decode)."""
+
+
+def overload_hint(summary: SimSummary, trace: Trace) -> str | None:
+    """A one-line hint when a run was overloaded (``None`` otherwise).
+
+    Overloaded: the simulated time exceeds :data:`OVERLOAD_FACTOR` x the trace's span and
+    the span + :data:`OVERLOAD_SLACK_S`, while requests waited: the queue grew faster than it
+    drained, so latencies measure the backlog, not the memory manager. E.g. a 100 s trace
+    served in 450 s with 300 requests waiting at the peak.
+    """
+    span = trace.duration_s
+    took = summary.duration_s
+    waiting = summary.peak_waiting or 0
+    if waiting == 0 or took <= max(OVERLOAD_FACTOR * span, span + OVERLOAD_SLACK_S):
+        return None
+    return (f"overloaded: serving took {took:,.1f} s for arrivals spanning {span:,.1f} s "
+            f"(up to {waiting:,} requests waiting); slow the arrivals (--rate-scale 0.5), "
+            f"give the KV cache more memory (--buffer-bytes, --mem-fraction) or split the "
+            f"model over more GPUs (--tp N)")
 
 
 def prepare_out_dir(out: Path | None) -> None:

@@ -15,8 +15,8 @@ from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import fits, largest_fitting, max_units
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.cli import app
-from kvchain.cli.common import load_spec, render_bands, warn_buffer
-from kvchain.errors import ConfigError, KVChainError
+from kvchain.cli.common import check_flags, load_spec, render_bands, warn_buffer
+from kvchain.errors import KVChainError
 from kvchain.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES, get_gpu, kv_buffer_bytes
 from kvchain.kv_manager import RequestGeometry, lifetime_demand
 from kvchain.layout import ChainLayout, plan_layout
@@ -203,18 +203,18 @@ def plan_command(
     concurrency, token capacity - side by side with fixed per-class pools."""
     console = Console()
     try:
+        check_flags(mem_fraction=mem_fraction, buffer_bytes=buffer_bytes, page_size=page_size,
+                    tp=tp, prompt=prompt, output=output, slots_held=slots_held)
         model_spec = load_spec(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp)
         gpu_spec = get_gpu(gpu)
         if buffer_bytes is None:
             buffer = kv_buffer_bytes(gpu_spec, model_spec.weight_bytes, mem_fraction=mem_fraction)
         else:
             buffer = buffer_bytes
-        if slots_held is not None and slots_held < 0:
-            raise ConfigError(f"--slots-held must be >= 0, got {slots_held}")
         layout = plan_layout(model_spec.classes, buffer, page_size)
         ours, pools = compare_capacity(layout, prompt, output, slots_held)
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
     report = {

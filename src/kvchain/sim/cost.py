@@ -397,7 +397,9 @@ class GPUCostModel:
             raise ConfigError(
                 f"model {model.name}: need 1 <= active_params ({model.active_params}) <= "
                 f"total_params ({model.total_params}) and weight_bytes >= 0 "
-                f"({model.weight_bytes})")
+                f"({model.weight_bytes}); a model declared without weights needs them "
+                f"(spec file: weight_bytes, total_params, active_params) or the step clock "
+                f"(--clock steps)")
         self.model = model
         self.gpu = gpu
         self.mfu = mfu

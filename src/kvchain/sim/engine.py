@@ -24,9 +24,16 @@ from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind, GPUCostModel, StepClock
+from kvchain.sim.cost import (
+    DEFAULT_STEP_MS,
+    ClockKind,
+    GPUCostModel,
+    StepClock,
+    StepWorkBuilder,
+)
 from kvchain.sim.metrics import MetricsRecorder, SimSummary, StepSample, band_samples, summarize
 from kvchain.sim.traces import Trace
+from kvchain.spec.layers import LifetimeClass
 from kvchain.spec.model import ModelSpec
 
 
@@ -130,11 +137,17 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
     kv = KVManager(chain)
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step)
     sched = Scheduler(kv, sched_config)
-    cost = GPUCostModel(config.model, config.gpu)
-    clock: GPUCostModel | StepClock = (cost if config.clock is ClockKind.ROOFLINE
-                                       else StepClock(config.step_ms / 1000))
+    clock: GPUCostModel | StepClock
+    if config.clock is ClockKind.ROOFLINE:
+        clock = GPUCostModel(config.model, config.gpu)
+        builder = clock.builder()
+    else:  # instant compute: no cost model, so a model without weights runs too
+        clock = StepClock(config.step_ms / 1000)
+        window = config.model.cache_class(LifetimeClass.WINDOW)
+        local = config.model.cache_class(LifetimeClass.LOCAL)
+        builder = StepWorkBuilder(window.window if window else None,
+                                  local.window if local else None)
     recorder = MetricsRecorder(max_step_samples=config.max_step_samples)
-    builder = cost.builder()
     reserved = layout.reserved_bytes
     requests = sorted(config.trace.requests, key=lambda r: (r.arrival_s, r.request_id))
     total, done, i, now = len(requests), 0, 0, 0.0

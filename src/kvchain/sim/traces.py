@@ -85,8 +85,7 @@ class TraceFormat(enum.StrEnum):
 
 
 TRACE_FORMATS_HELP = """\
-Trace formats (a bundled name or a file; detected from the header / first line):
-
+Trace formats (a bundled name, or a file detected by its header / first line):
   generic CSV (header with arrival_s), one request per line:
     arrival_s,prompt_tokens,output_tokens[,hash_ids][,max_tokens]
     0.25,1200,128,7 8 9,256
