@@ -161,12 +161,12 @@ def _capacity(parts: _Parts, buffer_bytes: int, prompt: int, output: int,
         longest = None
     concurrent = _concurrency(parts, prompt, output)
     slots = concurrent if slots_held is None else slots_held
-    held_all = []
+    held_all: list[Demand] = []
     for g, _ in parts:
-        held = [0] * g.num_bands
+        slot_pages = [0] * g.num_bands
         if g.state is not None:
-            held[g.state] = slots
-        held_all.append(Demand(tuple(held)))
+            slot_pages[g.state] = slots
+        held_all.append(Demand(tuple(slot_pages)))
     full_tokens = 0
     if all_fit(held_all):  # every pool holds its share of the slots
         for (g, snap), held in zip(parts, held_all, strict=True):

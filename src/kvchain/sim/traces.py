@@ -536,10 +536,11 @@ GENERIC_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 def _arrival_ns(value: object, path: Path, line: int) -> int:
     """``arrival_s`` (seconds, a number or its text) to integer nanoseconds."""
     if isinstance(value, str):
+        text = value
         try:
-            value = float(value.strip())
+            value = float(text.strip())
         except ValueError:
-            raise _error(path, line, "arrival_s", f"not a number: {value[:40]!r}") from None
+            raise _error(path, line, "arrival_s", f"not a number: {text[:40]!r}") from None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _error(path, line, "arrival_s", f"not a number: {value!r}"[:200])
     finite = isinstance(value, int) or math.isfinite(value)
