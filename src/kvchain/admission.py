@@ -1,4 +1,4 @@
-"""Admission: one prefill budget on the chain's own pricing (DESIGN section 5).
+"""Admission: one prefill budget on the chain's own pricing (docs/design.md §5).
 
 Each scheduling step builds one :class:`ChainPrefillBudget`: a reservation ledger that
 starts from the chain's snapshot, reserves this step's decode tokens and the future of

@@ -181,5 +181,6 @@ def kv_buffer_bytes(gpu: GPUSpec, weight_bytes: int, *, mem_fraction: float = 0.
         raise ConfigError(
             f"weights {weight_bytes:,} B + reserve {reserve:,} B exceed {usable:,} B "
             f"({mem_fraction:g} of {gpu.name}'s {gpu.memory_bytes:,} B): no room for a KV "
-            f"buffer")
+            f"buffer; split the weights over more tensor-parallel ranks (--tp N) or give the "
+            f"buffer size (--buffer-bytes)")
     return left - left % KV_BUFFER_ALIGN_BYTES

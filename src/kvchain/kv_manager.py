@@ -1,6 +1,6 @@
 """Requests on the chain: each request's virtual pages per band, and its demands.
 
-Token positions -> pages (``P`` tokens per page, DESIGN section 4)::
+Token positions -> pages (``P`` tokens per page, docs/design.md §4)::
 
     full    pages covering [0, L)
     window  pages covering [max(0, s - W + 1), s + c)   for a chunk of c tokens at s

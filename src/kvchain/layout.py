@@ -1,6 +1,6 @@
 """Chain layout: buffer bytes + cache classes -> ordered bands, page sizes, validation.
 
-The chain (DESIGN section 2)::
+The chain (docs/design.md §2)::
 
      byte 0                                                        byte B
      | state band  ->|    low gap    |<- window band ->|   high gap   |<- full band |
@@ -142,22 +142,37 @@ def min_window_pages(window: int, page_size: int) -> int:
     return math.ceil((window - 1) / page_size) + 1
 
 
-def smallest_request_bytes(layout_bands: Sequence[BandLayout], page_size: int,
-                           state_slots: int) -> int:
-    """Bytes one smallest request needs, page-rounded: one full page, the window's minimum
-    pages (``ceil((W - 1) / P) + 1``), one chunked-local page, and its state slots.
+def smallest_request_pages(layout_bands: Sequence[BandLayout], state_slots: int
+                           ) -> tuple[int, ...]:
+    """Pages per band (low -> high) of the smallest request: the one formula of kvchain
+    (the layout's minimum-viable check, the scheduler's construction check and the
+    baselines' all use it).
+
+    One full page, one chunked-local page, ``state_slots`` state slots, and the fewest
+    pages a sliding window can span, ``ceil((W - 1) / P) + 1`` (:func:`min_window_pages`):
+    a request whose window straddles a page boundary must be able to run (field cases F1,
+    F9). E.g. ``W = 128``, ``P = 256``: 2 window pages; ``W = 4,096``, ``P = 16``
+    (Mistral-7B): 257 window pages, i.e. one window of ``W`` tokens plus one page.
+
+    Raises:
+        AssertionError: a window band without a window (``plan_layout`` refuses those).
     """
-    return sum(_smallest_pages(b, page_size, state_slots) * b.page_bytes for b in layout_bands)
+    pages = []
+    for b in layout_bands:
+        if b.lifetime is LifetimeClass.STATE:
+            pages.append(state_slots)
+        elif b.lifetime is LifetimeClass.WINDOW:
+            assert b.cache_class.window is not None
+            pages.append(min_window_pages(b.cache_class.window, b.page_tokens))
+        else:
+            pages.append(1)
+    return tuple(pages)
 
 
-def _smallest_pages(band: BandLayout, page_size: int, state_slots: int) -> int:
-    """Pages of ``band`` one smallest request needs (see :func:`smallest_request_bytes`)."""
-    if band.lifetime is LifetimeClass.WINDOW:
-        assert band.cache_class.window is not None
-        return min_window_pages(band.cache_class.window, page_size)
-    if band.lifetime is LifetimeClass.STATE:
-        return state_slots
-    return 1
+def smallest_request_bytes(layout_bands: Sequence[BandLayout], state_slots: int) -> int:
+    """Bytes of :func:`smallest_request_pages` (page-rounded, null pages excluded)."""
+    pages = smallest_request_pages(layout_bands, state_slots)
+    return sum(n * b.page_bytes for n, b in zip(pages, layout_bands, strict=True))
 
 
 def chain_anchors(n: int) -> list[Anchor]:
@@ -193,12 +208,13 @@ def plan_layout(
         LayoutError: no classes, two state or two full classes, two window (or two
             chunked-local) classes of one size, a zero or negative size, a window below 1,
             or more than :data:`MAX_PAGES_PER_BAND` pages in a band.
-        BufferTooSmallError: the buffer cannot hold one smallest request (one full page,
-            ``ceil((W - 1) / P) + 1`` window pages, one local page, its state slots) plus
-            the null pages; the message names bytes needed and available. Example
-            (field case F1): ``E_full = E_win = 1,000 B``, ``W = 128``, ``P = 256``,
-            ``B = 600,000``: needs ``256,000 + 2 x 256,000 = 768,000 B`` (+ a null
-            page of 256,000 B).
+        BufferTooSmallError: the buffer cannot hold one smallest request
+            (:func:`smallest_request_pages`: one full page, ``ceil((W - 1) / P) + 1``
+            pages of every window band, one page of every local band, its state slots) plus
+            the null pages; the message names bytes needed and available. Example (field
+            case F1): ``E_full = E_win = 1,000 B``, ``W = 128``, ``P = 256``,
+            ``B = 600,000``: needs ``256,000 + 2 x 256,000 = 768,000 B`` (+ a null page of
+            256,000 B).
     """
     if page_size < 1:
         raise LayoutError(f"page_size must be >= 1 token, got {page_size}")
@@ -248,13 +264,15 @@ def plan_layout(
                                 (buffer_bytes - grid_base) // page_bytes, reserved))
     layout = ChainLayout(buffer_bytes, page_size, tuple(bands), state_slots_per_request)
 
-    needed = smallest_request_bytes(layout.bands, page_size, state_slots_per_request)
+    needed = smallest_request_bytes(layout.bands, state_slots_per_request)
     needed += layout.reserved_bytes
     if needed > buffer_bytes:
+        pages = smallest_request_pages(layout.bands, state_slots_per_request)
         parts = ", ".join(
-            f"{b.label} {_smallest_pages(b, page_size, state_slots_per_request)} x "
-            f"{b.page_bytes:,} B" for b in layout.bands
-        )
+            f"{b.label} {n} x {b.page_bytes:,} B"
+            + (f" (a {b.cache_class.window:,}-token window spans up to {n} pages)"
+               if b.lifetime is LifetimeClass.WINDOW and n > 1 else "")
+            for n, b in zip(pages, layout.bands, strict=True))
         raise BufferTooSmallError(
             f"buffer of {buffer_bytes:,} B cannot hold one smallest request: it needs "
             f"{needed:,} B ({parts}, plus {layout.reserved_bytes:,} B of null pages)",

@@ -4,12 +4,13 @@ The first part runs plans written by hand (with an in-test oracle for the predic
 snapshots), so it checks the executor independently of the planner: page copies keep every
 virtual page's bytes, tables stay a bijection, invalid operations change nothing, and the
 audit catches planted corruption. The second part takes through the planner: worked
-examples (PRICING-NOTES sections 1-2, field cases F11, F13), price == outcome and refusal
+examples (docs/pricing.md §1-2, field cases F11, F13), price == outcome and refusal
 changes nothing on seeded random sequences, gates and fences.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 
 import numpy as np
@@ -172,7 +173,7 @@ def assert_same_state(a: tuple, b: tuple) -> None:
 
 
 def two_end_with_holes(buf: NumpyBuffer | None = None) -> Chain:
-    """PRICING-NOTES section 1 setting: A and Z 100 live each, then 40 of A and 80 of Z
+    """docs/pricing.md §1 setting: A and Z 100 live each, then 40 of A and 80 of Z
     released as interior holes (every other/most pages, never the frontier page)."""
     chain = Chain(two_end_layout(), buf, debug_audit=True)
     run_plan(chain, [Extend(0, Side.HIGH, 100), Extend(1, Side.LOW, 100)])
@@ -187,6 +188,10 @@ BACKENDS = {
     "numpy": NumpyBuffer,
     "torch-cpu": lambda nbytes: TorchBuffer(nbytes, "cpu"),
 }
+# torch is optional (the `torch` extra): its backend's cases skip without it.
+BACKEND_PARAMS = [pytest.param(name, marks=pytest.mark.skipif(
+    name.startswith("torch") and importlib.util.find_spec("torch") is None,
+    reason="torch not installed (pip install -e '.[torch]')")) for name in sorted(BACKENDS)]
 
 
 # --- tests -----------------------------------------------------------------------------
@@ -228,7 +233,7 @@ def test_grant_lists_new_ids_holes_first_then_extensions() -> None:
     assert chain.bound_pages(0) == 7 and chain.stats.takes == 2
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_compaction_keeps_every_page_byte_for_byte(backend: str) -> None:
     buf = BACKENDS[backend](6_400)
     chain = two_end_with_holes(buf)
@@ -249,7 +254,7 @@ def test_compaction_keeps_every_page_byte_for_byte(backend: str) -> None:
     assert check_bytes(chain, buf) == 80
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_float_compaction_and_relocation_keep_bytes(backend: str) -> None:
     buf = BACKENDS[backend](6_784)
     chain = Chain(three_band_layout(), buf, debug_audit=True)
@@ -515,7 +520,7 @@ def write_grant(chain: Chain, buf: NumpyBuffer, pages: tuple[tuple[int, ...], ..
 
 
 def test_two_end_worked_example() -> None:
-    """PRICING-NOTES section 1: (50, 50) fits with 10 copies; (61, 61) short by 64 B."""
+    """docs/pricing.md §1: (50, 50) fits with 10 copies; (61, 61) short by 64 B."""
     buf = NumpyBuffer(6_400)
     chain = two_end_with_holes(buf)
     quote = chain.price(Demand((61, 61)))
@@ -540,7 +545,7 @@ def test_two_end_worked_example() -> None:
 
 
 def test_three_band_worked_example() -> None:
-    """PRICING-NOTES section 2 / F11: 41 slots held, n full + n window fit for n <= 75."""
+    """docs/pricing.md §2 / F11: 41 slots held, n full + n window fit for n <= 75."""
     chain = Chain(three_band_layout(), debug_audit=True)
     chain.take(Demand((41, 0, 0)))
     assert chain.snapshot().bands[0].hi == 1_968

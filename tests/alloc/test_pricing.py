@@ -1,4 +1,4 @@
-"""Planner tests: the worked examples of PRICING-NOTES, exact values, and properties."""
+"""Planner tests: the worked examples of docs/pricing.md, exact values, and properties."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def float_band(label, p, lo_page, live, holes, cap=10_000, movable=True):
 
 
 def two_end_example(movable=True):
-    """PRICING-NOTES section 1: 100 pages each, then 40 of A and 80 of Z released."""
+    """docs/pricing.md §1: 100 pages each, then 40 of A and 80 of Z released."""
     return ChainSnapshot(6_400, (low_end("window", 32, 60, 40, movable=movable),
                                  high_end("full", 32, 20, 80, 6_400, movable=movable)))
 
@@ -72,7 +72,7 @@ def test_closed_gate_refuses_with_moves_blocked_and_plans_no_copies():
 
 
 def three_band_example(float_page=106, float_live=0):
-    """PRICING-NOTES section 2: 41 slots of 48 B held; window float, full END empty."""
+    """docs/pricing.md §2: 41 slots of 48 B held; window float, full END empty."""
     return ChainSnapshot(6_784, (
         low_end("state", 48, 41, 0),
         float_band("window", 32, float_page, float_live, 0),

@@ -145,7 +145,7 @@ def test_compare_cli_json(tmp_path):
         "compare", "--requests", "12", "--rate-scale", "8", "--buffer-bytes", "600000000",
         "--managers", "kvchain,fixed-pools", "--json", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)  # "wrote ..." goes to stderr
     assert list(data) == ["kvchain", "fixed-pools"]
     assert data["kvchain"]["summary"]["requests_finished"] == 12
     assert (tmp_path / "compare.png").stat().st_size > 0

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from kvchain.buffer import NumpyBuffer, TorchBuffer, plan_copy
 from kvchain.layout import Anchor
 
-from .conftest import buffer_bytes, byte_band, fill_pattern
+from .conftest import HAS_TORCH, buffer_bytes, byte_band, fill_pattern
 
 PAGE = 8
 NUM_PAGES = 20
@@ -119,8 +119,10 @@ def test_random_copies_match_gather_then_scatter(data, chunk_pages, n_pages):
     dst = data.draw(st.permutations(range(n_pages)))[:n]
     src = data.draw(st.lists(st.integers(0, n_pages - 1), min_size=n, max_size=n))
     band = byte_band(4)
-    for buf in (NumpyBuffer(4 * n_pages, chunk_bytes=4 * chunk_pages),
-                TorchBuffer(4 * n_pages, "cpu", chunk_bytes=4 * chunk_pages)):
+    bufs = [NumpyBuffer(4 * n_pages, chunk_bytes=4 * chunk_pages)]
+    if HAS_TORCH:  # optional backend (the `torch` extra)
+        bufs.append(TorchBuffer(4 * n_pages, "cpu", chunk_bytes=4 * chunk_pages))
+    for buf in bufs:
         fill_pattern(buf, band, n_pages, seed=n)
         run_copy(buf, band, src, dst)
 

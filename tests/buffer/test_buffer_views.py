@@ -16,6 +16,8 @@ from kvchain.spec.layers import (
     group_classes,
 )
 
+from .conftest import HAS_TORCH, NO_TORCH_REASON
+
 BF16, FP32 = CacheDtype.BF16, CacheDtype.FP32
 # MiMo-like full-attention layers: K head dim 192, V head dim 128, different KV heads.
 FULL0 = LayerCache(0, LifetimeClass.FULL, "gqa",
@@ -42,7 +44,9 @@ def bits(x) -> np.ndarray:
     return x.cpu().numpy().copy()
 
 
-BACKENDS = [NumpyBuffer, lambda n: TorchBuffer(n, "cpu")]
+BACKENDS = [NumpyBuffer,
+            pytest.param(lambda n: TorchBuffer(n, "cpu"), id="torch-cpu",
+                         marks=pytest.mark.skipif(not HAS_TORCH, reason=NO_TORCH_REASON))]
 
 
 def test_layout_numbers():
@@ -146,6 +150,7 @@ def test_misaligned_view_raises():
     import dataclasses
 
     odd = dataclasses.replace(FULL_BAND, grid_base=1_001)
-    for buf in (NumpyBuffer(B), TorchBuffer(B, "cpu")):
+    bufs = [NumpyBuffer(B)] + ([TorchBuffer(B, "cpu")] if HAS_TORCH else [])
+    for buf in bufs:
         with pytest.raises(BufferUnsupportedError, match="not aligned"):
             buf.layer_views(odd, FULL0)

@@ -1,9 +1,9 @@
-"""Harness of the field-case tests (``shared/cases/README.md``).
+"""Harness of the field-case tests (``docs/field-cases.md``).
 
 Classes are declared by bytes directly, chains are built by the project's own layout
 (``plan_layout``), and :func:`run_to_completion` drives a :class:`Scheduler` with a
 :class:`FixedStepDriver`, checking after EVERY step the invariants listed at the top of
-the cases README:
+docs/field-cases.md:
 
 * every page is in exactly one place (``sched.audit()``: the chain's audit - bands
   disjoint, span == live + holes, tables a bijection - plus every bound page held by one

@@ -1,4 +1,4 @@
-"""Field cases F1-F13 (``shared/cases/README.md``) as tests, with the README's numbers.
+"""Field cases F1-F13 (``docs/field-cases.md``) as tests, with that table's numbers.
 
 Every scheduler run goes through :func:`helpers.run_to_completion`, which checks the
 README's invariants after every step (pages accounted for, zero divergences, no

@@ -60,16 +60,29 @@ def test_json_tp_and_kv_dtype():
 
 
 def test_table_output():
-    result = invoke()
+    result = invoke("--wide")  # every column (the default is narrow: 80 columns)
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "S = bytes per request (per rank, tp=1, KV bf16)" in out
+    assert "(per rank, tp=1, KV bf16)" in out and "S: bytes per request" in out
     line = next(ln for ln in out.splitlines() if "Jet-Nemotron-2B" in ln)
     for cell in ("state+window+full", "2,048 (1,152)", "14,745,600", "2.0B / 2.0B"):
         assert cell in line
     scout = next(ln for ln in out.splitlines() if "Llama-4-Scout-17B-16E" in ln)
     assert "147,456 (8,192)" in scout
     assert "116.8B / 5.1B" in out
+
+
+def test_default_table_fits_80_columns_without_cutting_names():
+    result = runner.invoke(app, ["models"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert "…" not in result.output
+    # the longest name whole on one line, with its E_full and S (models.json values)
+    row = next(ln for ln in lines if "Nemotron-3-Super-120B-A12B-FP8" in ln).split()
+    assert row == ["Nemotron-3-Super-120B-A12B-FP8", "8,192", "-", "170,229,760"]
+    jet = next(ln for ln in lines if "Jet-Nemotron-2B" in ln).split()
+    assert jet == ["Jet-Nemotron-2B", "2,048", "2,048", "(1,152)", "14,745,600"]
 
 
 def test_bad_tp_is_refused():

@@ -63,7 +63,8 @@ def refused(*args: str) -> str:
 
 def test_plan_errors_are_typed_and_exit_2(tmp_path):
     assert "no-such-model" in refused("plan", "--model", "no-such-model")
-    assert "mem_fraction" in refused("plan", "--mem-fraction", "-0.5")
+    assert "--mem-fraction must be in (0, 1], got -0.5" in refused("plan", "--mem-fraction",
+                                                                 "-0.5")
     assert "cannot hold one smallest request" in refused("plan", "--buffer-bytes", "1000")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"fulll": 1}))
@@ -113,3 +114,39 @@ def test_plan_and_simulate_a_model_with_two_window_sizes(tmp_path):
     summary = s["summary"]
     assert summary["requests_finished"] == 60
     assert summary["admitted_but_unallocatable"] == 0 and summary["leaked_pages"] == 0
+
+
+def test_plan_window_only_model_is_unbounded_by_kv_and_names_the_context_length():
+    # Mistral-7B-v0.1: every layer windowed (W = 4,096), so no request length is bounded
+    # by the KV cache; its config says max_position_embeddings = 32,768.
+    d = run_json("plan", "--model", "mistral-7b")
+    assert d["chain_capacity"]["longest_request_tokens"] is None
+    assert d["fixed_pools_capacity"]["longest_request_tokens"] is None
+    assert d["max_context_tokens"] == 32_768
+    output = runner.invoke(app, ["plan", "--model", "mistral-7b"]).output
+    row = next(line for line in output.splitlines() if "longest request" in line)
+    # not the buffer's 109,195,842,816 bytes (the old search bound printed as an answer)
+    assert "unbounded (KV)" in row and "109,195" not in row
+    assert "32,768 tokens (max_position_embeddings)" in " ".join(output.split())
+
+
+def test_plan_state_model_compares_like_with_like(tmp_path):
+    """F10's classes (E_full = 32,000 B, S = 50e6 B, B = 40e9 B), requests (17,000, 100).
+
+    By hand: a request holds ceil(17,099 / 16) = 1,069 full pages of 512,000 B + 1 slot =
+    597,328,000 B, so the chain runs floor(40e9 / 597,328,000) = 66. Fixed pools: state
+    pool int(40e9 x 0.9 / 1.9) = 18,947,368,421 B, full pool 21,052,631,579 B = 41,118
+    pages = 657,888 tokens, 41,118 // 1,069 = 38 requests. Both sides hold min(66, 38) = 38
+    slots: chain (40e9 - 38 x 50e6) / 512,000 = 74,414 pages = 1,190,624 tokens.
+    """
+    spec = tmp_path / "f10.json"
+    spec.write_text(json.dumps({"name": "f10", "full": 32_000, "state": 50_000_000}))
+    args = ("plan", "--spec", str(spec), "--buffer-bytes", "40000000000",
+            "--prompt", "17000", "--output", "100")
+    d = run_json(*args)
+    chain, pools = d["chain_capacity"], d["fixed_pools_capacity"]
+    assert (chain["concurrent_requests"], pools["concurrent_requests"]) == (66, 38)
+    assert chain["slots_held"] == pools["slots_held"] == 38
+    assert (chain["full_tokens"], pools["full_tokens"]) == (1_190_624, 657_888)
+    text = " ".join(runner.invoke(app, list(args)).output.split())
+    assert "38 slots held" in text and "1.81x" in text

@@ -65,7 +65,7 @@ def test_corners_have_holes_where_named() -> None:
 
 
 def test_oracle_worked_example_three_bands() -> None:
-    # PRICING-NOTES section 2: P_S = 48, P_W = P_F = 32, B = 6,784, 41 slots held:
+    # docs/pricing.md §2: P_S = 48, P_W = P_F = 32, B = 6,784, 41 slots held:
     # n window + n full pages fit for n = 75, not 76.
     g = ChainGeometry((ClassBytes("state", 48), ClassBytes("window", 2, 32),
                        ClassBytes("full", 2)), 6_784, 16, null_pages=False)

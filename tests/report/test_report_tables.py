@@ -85,7 +85,7 @@ def test_comparison_table_columns_and_missing_values() -> None:
         leaked_pages=4,
         extra=MappingProxyType({}),
     )
-    text = render(comparison_table({"kvchain": SUMMARY, "fixed pools": empty_run}))
+    text = render(comparison_table({"kvchain": SUMMARY, "fixed pools": empty_run}, wide=True))
     assert "memory managers compared" in text
     header = next(line for line in text.splitlines() if "kvchain" in line)
     assert header.index("kvchain") < header.index("fixed pools")
@@ -96,6 +96,20 @@ def test_comparison_table_columns_and_missing_values() -> None:
     assert cells(text, "relocations") == ["5", "n/a"]
     with pytest.raises(ConfigError):
         comparison_table({})
+
+
+def test_narrow_comparison_of_four_managers_fits_80_columns() -> None:
+    runs = {name: SUMMARY for name in ("kvchain", "fixed-pools", "equal-page", "ideal")}
+    console = Console(record=True, width=80, color_system=None)
+    console.print(comparison_table(runs))
+    text = console.export_text()
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    assert "…" not in text  # nothing truncated
+    header = next(line for line in text.splitlines() if "kvchain" in line).split()
+    assert header[-4:] == ["kvchain", "fixed-pools", "equal-page", "ideal"]
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("TTFT p50"))
+    assert row.split()[-4:] == ["62.5"] * 4
+    assert not any(line.lstrip().startswith("TTFT p90") for line in text.splitlines())
 
 
 def test_nonzero_bug_counters_are_red() -> None:

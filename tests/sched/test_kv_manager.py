@@ -43,7 +43,7 @@ def window_chain(pages: int = 200, window: int = 128) -> KVManager:
 
 
 def expected_window_pages(geom: RequestGeometry, start: int, extend: int) -> int:
-    """Pages covering ``[window_start(start), start + extend)`` (DESIGN section 4)."""
+    """Pages covering ``[window_start(start), start + extend)`` (docs/design.md §4)."""
     first = geom.window_start(start) // geom.page_size
     return math.ceil((start + extend) / geom.page_size) - first
 

@@ -2,7 +2,7 @@
 arrival first), FCFS vs SPF, rejection without blocking, determinism of the event log.
 
 Runs go through the field-case harness (``tests/cases/helpers.py``), which checks the
-invariants of the cases README after every step.
+invariants of docs/field-cases.md after every step.
 """
 
 from __future__ import annotations

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+import kvchain.catalog
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.spec import load_hf_config
 from kvchain.spec.hf_layers import read_config
 
-CONFIGS = Path("/work/shared/data/model_configs")
+# The verbatim HF configs packaged with kvchain (catalog/data/SOURCES.md).
+CONFIGS = Path(kvchain.catalog.__file__).parent / "data" / "model_configs"
 NEMOTRON3 = CONFIGS / "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8.json"
 QWEN3_NEXT = CONFIGS / "Qwen--Qwen3-Next-80B-A3B-Thinking.json"
 LLAMA4 = CONFIGS / "meta-llama--Llama-4-Scout-17B-16E-Instruct.json"
@@ -220,3 +222,9 @@ def test_every_field_fuzzed_raises_only_typed_errors(path):
 def test_bad_tp_refused(tp):
     with pytest.raises(ConfigError, match="tp"):
         load_hf_config(LLAMA, tp=tp)
+
+
+def test_the_packaged_configs_are_found():
+    """The parametrized test above must not pass by collecting nothing: the package ships
+    12 verbatim configs (catalog/data/SOURCES.md lists them)."""
+    assert len(sorted(CONFIGS.glob("*.json"))) == 12

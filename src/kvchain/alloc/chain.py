@@ -2,7 +2,7 @@
 
 The chain holds one :class:`~kvchain.alloc.band.Band` per band of a
 :class:`~kvchain.layout.ChainLayout` and realizes plans priced by the pure planner
-(``kvchain.alloc.pricing.price``, DESIGN section 3)::
+(``kvchain.alloc.pricing.price``, docs/design.md §3)::
 
     take(demand, quote?) --> quote issued by this chain's price() now?  (QuoteRegistry)
                                else ForgedQuoteError / StaleQuoteError, nothing changed
@@ -19,7 +19,7 @@ bumps the capacity epoch and drops the cached snapshot. The executor never re-pr
 middle of a plan; a snapshot that differs from the prediction is a bug
 (:class:`~kvchain.errors.PlanMismatchError`), never a shortfall.
 
-Moves are gated (DESIGN section 2, contract 6): pages are copied only while the move gate
+Moves are gated (docs/design.md §2, contract 6): pages are copied only while the move gate
 is open and after the in-flight forward's fence completed. Admission that relies on a
 plan with moves holds a :class:`MovePin`; closing the gate while a pin is held is
 deferred until the last pin is released (field case F13).

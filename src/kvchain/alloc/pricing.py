@@ -5,7 +5,7 @@ if it does, the cheapest plan of primitive actions with the snapshot predicted a
 (see :mod:`kvchain.alloc.snapshot` for the actions). It reads counts and frontiers only,
 never hole positions, so the allocator can realize exactly what the price said.
 
-Candidates (DESIGN section 3, PRICING-NOTES sections 1-2), cheapest first by bytes copied
+Candidates (docs/design.md §3, docs/pricing.md §1-2), cheapest first by bytes copied
 (an upper bound: ``pages x page_bytes`` of every Compact and Relocate):
 
 * **in place**: holes first, then each band extends into its adjacent gap; the float
@@ -22,7 +22,7 @@ index-space cap, or the maximal candidate (ENDs fully compacted, float packed) f
 place whole pages on the float's grid. A closed move gate removes every candidate that
 copies; the refusal then says ``moves_blocked``.
 
-Two ENDs, worked example (PRICING-NOTES section 1): ``P_A = P_Z = 32 B``,
+Two ENDs, worked example (docs/pricing.md §1): ``P_A = P_Z = 32 B``,
 ``B = 6,400 B``, each END 100 live pages; after releasing 40 pages of A and 80 of Z (all
 interior holes), the demand ``(50, 50)`` is planned as::
 
@@ -264,7 +264,7 @@ def _solve(snapshot: ChainSnapshot, demand: Demand) -> _Plan | _Refusal:
 
 
 def _solve_two_ends(snapshot: ChainSnapshot, pages: tuple[int, ...]) -> _Plan | _Refusal:
-    """Two ENDs facing one gap: byte-additive (PRICING-NOTES section 1)."""
+    """Two ENDs facing one gap: byte-additive (docs/pricing.md §1)."""
     a, z = snapshot.bands
     da, dz = pages
     gap = z.lo - a.hi
@@ -285,7 +285,7 @@ def _solve_two_ends(snapshot: ChainSnapshot, pages: tuple[int, ...]) -> _Plan | 
 
 
 def _solve_three_bands(snapshot: ChainSnapshot, pages: tuple[int, ...]) -> _Plan | _Refusal:
-    """State END | FLOAT | full END (PRICING-NOTES section 2)."""
+    """State END | FLOAT | full END (docs/pricing.md §2)."""
     s, w, f = snapshot.bands
     ds, dw, df = pages
     ps, pw, pf = s.page_bytes, w.page_bytes, f.page_bytes
@@ -373,7 +373,7 @@ def _packed_float(
     """The float packed into ``n`` whole grid pages between the (compacted) ENDs.
 
     Grid rounding: between bytes ``lo`` and ``hi`` the float places
-    ``floor(hi / P_W) - ceil(lo / P_W)`` pages (PRICING-NOTES section 2). The ENDs compact
+    ``floor(hi / P_W) - ceil(lo / P_W)`` pages (docs/pricing.md §2). The ENDs compact
     just enough to open the missing grid pages, low side first or high side first.
     """
     ps, pw, pf = s.page_bytes, w.page_bytes, f.page_bytes
@@ -869,7 +869,7 @@ def max_units(snapshot: ChainSnapshot, unit: Demand, base: Demand | None = None)
     """Largest ``n`` such that ``base + n x unit`` fits: the capacity query.
 
     E.g. ``unit = (0, 1, 1)`` on a state|window|full chain asks how many full + window
-    pages fit together (PRICING-NOTES section 2: 75 in its worked example).
+    pages fit together (docs/pricing.md §2: 75 in its worked example).
 
     Raises:
         InvalidDemandError: invalid ``unit``/``base`` or an empty ``unit``.

@@ -1,4 +1,4 @@
-"""Baseline memory managers behind the chain's interface (DESIGN section 6).
+"""Baseline memory managers behind the chain's interface (docs/design.md §6).
 
 Each baseline is a chain-like allocator (:class:`~kvchain.baselines.pools.PoolAllocator`)
 that the unchanged :class:`~kvchain.kv_manager.KVManager` and

@@ -212,7 +212,7 @@ def _equal_page_layout(classes: Sequence[CacheClass], buffer_bytes: int,
         bands.append(BandLayout(c, anchor, geo.page_tokens if c.is_token_class else 1, pb,
                                 grid, (buffer_bytes - grid) // pb, null))
     layout = ChainLayout(buffer_bytes, geo.page_tokens, tuple(bands), 1)
-    needed = smallest_request_bytes(layout.bands, geo.page_tokens, 1) + layout.reserved_bytes
+    needed = smallest_request_bytes(layout.bands, 1) + layout.reserved_bytes
     if needed > buffer_bytes:
         raise BufferTooSmallError(
             f"equal-page pool of {buffer_bytes:,} B cannot hold one smallest request "

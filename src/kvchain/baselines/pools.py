@@ -20,9 +20,9 @@ gives exactly the baseline's rule:
     | state live ->|  window live  |        free bytes         |<- full live |
 
   every band packed, no holes, all free bytes in the gap(s). With two bands the planner
-  is byte-additive (PRICING-NOTES section 1): a demand fits iff
+  is byte-additive (docs/pricing.md §1): a demand fits iff
   ``sum_i (live_i + d_i) x page_bytes_i <= B``. With three bands the float's page grid
-  may cost up to one window page of slack (PRICING-NOTES section 2); the same snapshot
+  may cost up to one window page of slack (docs/pricing.md §2); the same snapshot
   decides admission and ``take``, so they never diverge.
 
 A ``SHARED`` pool with equal page bytes is the equal-page pool of vLLM's hybrid

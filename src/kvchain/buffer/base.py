@@ -7,7 +7,7 @@ pages of one band at a time: physical page ``j`` of a band lies at bytes
 ``(nbytes - grid_base) // page_bytes`` pages of that grid (see :func:`grid_pages`).
 
 Every operation validates all of its input before it touches a byte, so a refused call
-changes nothing (house rule; DESIGN section 3, contract 2).
+changes nothing (house rule; docs/design.md §3, contract 2).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from kvchain.spec.layers import LayerCache
 class Fence(Protocol):
     """Marks the device work issued up to the moment the fence was recorded.
 
-    A page may be moved only when nothing can still write it (DESIGN section 2, "Moves are
+    A page may be moved only when nothing can still write it (docs/design.md §2, "Moves are
     gated"): the executor records a fence after a forward pass is issued and waits on it
     before copying that forward's pages.
     """

@@ -71,4 +71,6 @@ def entry_config(
     config["num_hidden_layers"] = entry["num_hidden_layers"]
     config["hidden_size"] = entry["hidden_size"]
     config["layer_types"] = [_KIND_WORDS.get(str(w), str(w)) for w in layer_types]
+    if entry.get("max_position_embeddings") is not None:  # the model's context length
+        config["max_position_embeddings"] = entry["max_position_embeddings"]
     return config

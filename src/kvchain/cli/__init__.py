@@ -7,6 +7,7 @@ Each command lives in its own module under ``kvchain.cli`` and registers itself 
 from __future__ import annotations
 
 import importlib
+from typing import Annotated
 
 import typer
 
@@ -16,10 +17,29 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help: flags show as flags (no "<bool>" value), wraps at any width.
+    rich_markup_mode=None,
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("kvchain")
+        except PackageNotFoundError:  # run from a source tree without installing
+            number = "unknown (not installed)"
+        typer.echo(f"kvchain {number}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    show_version: Annotated[bool, typer.Option("--version", callback=_version,
+                                               is_eager=True,
+                                               help="Print the version and exit.")] = False,
+) -> None:
     """KV-cache memory manager for hybrid LLMs: plan, simulate, compare, replay."""
 
 
@@ -36,4 +56,4 @@ def _load_commands() -> None:
 def main() -> None:
     """Console-script entry point."""
     _load_commands()
-    app()
+    app(prog_name="kvchain")

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+from rich.console import Console
 from rich.table import Table
 
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
+from kvchain.gpu import GPUSpec
 from kvchain.layout import ChainLayout
 from kvchain.report.tables import band_table
+from kvchain.sim.metrics import SimSummary
+from kvchain.sim.traces import Trace
 from kvchain.spec.declared import declare_model
 from kvchain.spec.hf import load_hf_config
 from kvchain.spec.layers import CacheDtype
@@ -32,12 +37,13 @@ def load_declared(path: Path) -> ModelSpec:
 
     ``full``/``window``/``local``: bytes per token of the class (all layers, K and V);
     ``window_tokens``: ``W``; ``chunk_tokens``: ``C``; ``state``: bytes per request of all
-    state layers; ``hidden_size``, ``num_attention_heads``, ``total_params``,
-    ``active_params``, ``weight_bytes``: what ``simulate``'s cost model reads (0 or absent:
-    a model without weights, for ``plan``). Several window sizes (or chunk sizes): list
-    the classes, each its own band, e.g. ``"windows": [{"bytes": 4096, "tokens": 128},
-    {"bytes": 2048, "tokens": 11}]`` (``"locals"`` likewise), alone or next to
-    ``window``/``local``.
+    state layers. Optional, for the GPU memory model and the cost model: ``weight_bytes``
+    (bytes of the weights on one rank), ``hidden_size``, ``num_attention_heads``,
+    ``total_params``, ``active_params``; without them the model has no weights (a buffer
+    from ``--mem-fraction`` then takes the whole GPU, and ``warn_buffer`` says so).
+    Several window sizes (or chunk sizes): list the classes, each its own band, e.g.
+    ``"windows": [{"bytes": 4096, "tokens": 128}, {"bytes": 2048, "tokens": 11}]``
+    (``"locals"`` likewise), alone or next to ``window``/``local``.
 
     Raises:
         ConfigError: unreadable JSON, an unknown key, or invalid bytes (names the key).
@@ -86,6 +92,95 @@ def load_declared(path: Path) -> ModelSpec:
                          active_params=count("active_params") or 0,
                          weight_bytes=count("weight_bytes") or 0,
                          source=str(data.get("source", f"declared in {path}")))
+
+
+def check_flags(**flags: float | int | None) -> None:
+    """Validate numeric command-line flags up front, naming the flag as typed.
+
+    Each keyword is a flag's Python name (``rate_scale`` for ``--rate-scale``); ``None``
+    values (flag not given) pass. Rules: ``requests``, ``page_size``, ``tp``,
+    ``max_running``, ``chunk_size``, ``prompt``, ``output``, ``buffer_bytes``,
+    ``step_ms``: >= 1 (``step_ms`` > 0); ``rate_scale``: finite and > 0; ``end_s``: > 0;
+    ``mem_fraction``: in (0, 1]; ``seed``, ``slots_held``: >= 0.
+
+    Raises:
+        ConfigError: e.g. ``--requests must be >= 1, got 0``.
+    """
+    for name, value in flags.items():
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name in ("rate_scale", "end_s", "step_ms"):
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
+        elif name == "mem_fraction":
+            if not 0 < value <= 1:
+                raise ConfigError(f"{flag} must be in (0, 1], got {value}")
+        elif name in ("seed", "slots_held"):
+            if value < 0:
+                raise ConfigError(f"{flag} must be >= 0, got {value}")
+        elif value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+
+
+def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
+                    spec_file: Path | None = None) -> list[str]:
+    """Warnings for a run that is likely not what the user meant (empty when none).
+
+    * ``--buffer-bytes`` larger than the GPU's memory minus the weights of one rank: the
+      run assumes memory the GPU does not have.
+    * a spec file without ``weight_bytes``: the model has no weights, so a buffer derived
+      from ``--mem-fraction`` takes the whole GPU and the roofline reads no weight bytes.
+    """
+    out = []
+    room = gpu.memory_bytes - model.weight_bytes
+    if buffer_bytes is not None and buffer_bytes > room:
+        out.append(f"--buffer-bytes {buffer_bytes:,} B is more than {gpu.name}'s "
+                   f"{gpu.memory_bytes:,} B minus {model.weight_bytes:,} B of weights "
+                   f"({room:,} B): the run assumes memory the GPU does not have")
+    if spec_file is not None and model.weight_bytes == 0:
+        out.append(f"spec file {spec_file} declares no weights (weight_bytes): "
+                   + ("the KV buffer from --mem-fraction takes the whole GPU; "
+                      if buffer_bytes is None else "")
+                   + "step times count no weight reads")
+    return out
+
+
+def warn_buffer(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
+                spec_file: Path | None = None) -> None:
+    """Print :func:`buffer_warnings` to stderr, one ``warning:`` line each."""
+    console = Console(stderr=True)
+    for line in buffer_warnings(model, gpu, buffer_bytes, spec_file=spec_file):
+        console.print(f"[yellow]warning:[/yellow] {line}")
+
+
+OVERLOAD_FACTOR = 2.0
+"""A run is called overloaded when serving lasts more than this many times the trace's
+span (its last arrival), and more than :data:`OVERLOAD_SLACK_S` past it, while requests
+queued: arrivals outran the simulated GPU."""
+
+OVERLOAD_SLACK_S = 60.0
+"""Seconds past the last arrival that never count as overload (one long request alone can
+take this long to decode)."""
+
+
+def overload_hint(summary: SimSummary, trace: Trace) -> str | None:
+    """A one-line hint when a run was overloaded (``None`` otherwise).
+
+    Overloaded: the simulated time exceeds :data:`OVERLOAD_FACTOR` x the trace's span and
+    the span + :data:`OVERLOAD_SLACK_S`, while requests waited: the queue grew faster than it
+    drained, so latencies measure the backlog, not the memory manager. E.g. a 100 s trace
+    served in 450 s with 300 requests waiting at the peak.
+    """
+    span = trace.duration_s
+    took = summary.duration_s
+    waiting = summary.peak_waiting or 0
+    if waiting == 0 or took <= max(OVERLOAD_FACTOR * span, span + OVERLOAD_SLACK_S):
+        return None
+    return (f"overloaded: serving took {took:,.1f} s for arrivals spanning {span:,.1f} s "
+            f"(up to {waiting:,} requests waiting); slow the arrivals (--rate-scale 0.5), "
+            f"give the KV cache more memory (--buffer-bytes, --mem-fraction) or split the "
+            f"model over more GPUs (--tp N)")
 
 
 def prepare_out_dir(out: Path | None) -> None:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -119,29 +120,47 @@ def _params(count: int) -> str:
     return f"{count / 1e9:.1f}B"
 
 
-def _table(rows: list[ModelRow], tp: int, kv_dtype: CacheDtype) -> Table:
-    table = Table(title=f"Bundled models: E = bytes per token, S = bytes per request "
-                        f"(per rank, tp={tp}, KV {kv_dtype.value})")
-    table.add_column("model", overflow="fold", min_width=12)
-    table.add_column("classes", overflow="fold")
+def _table(rows: list[ModelRow], tp: int, kv_dtype: CacheDtype, wide: bool = False) -> Table:
+    """The models table. Narrow (fits 80 columns): model, E_full, the window or local
+    class (a chain holds at most one), S; ``wide``: classes, E_win and E_loc apart, and
+    parameters too."""
+    table = Table(title=f"Bundled models (per rank, tp={tp}, KV {kv_dtype.value})",
+                  caption="E: bytes per token, S: bytes per request; W: window tokens, "
+                          "C: chunk tokens; - : no such class",
+                  box=None if not wide else box.HEAVY_HEAD, padding=(0, 1),
+                  caption_justify="left")
+    table.add_column("model", no_wrap=True)
+    if wide:
+        table.add_column("classes", no_wrap=True)
     table.add_column("E_full", justify="right", no_wrap=True)
-    table.add_column("E_win (W)", justify="right", no_wrap=True)
-    table.add_column("E_loc (C)", justify="right", no_wrap=True)
+    if wide:
+        table.add_column("E_win (W)", justify="right", no_wrap=True)
+        table.add_column("E_loc (C)", justify="right", no_wrap=True)
+    else:
+        table.add_column("E_win|loc (W|C)", justify="right", no_wrap=True)
     table.add_column("S", justify="right", no_wrap=True)
-    table.add_column("params total / active", justify="right")
+    if wide:
+        table.add_column("params total / active", justify="right", no_wrap=True)
+    errors = []
     for r in rows:
         if r.error is not None:
-            cells = ["-", "-", "-", "-"]
-            classes = f"{r.classes} (tp: {r.error})"
+            cells = ["-"] * (5 if wide else 3)
+            errors.append(f"{r.name}: {r.error}")
+        elif wide:
+            cells = [r.classes, _bytes(r.e_full), _bytes(r.e_win, r.w), _bytes(r.e_local, r.c),
+                     _bytes(r.s)]
         else:
-            cells = [_bytes(r.e_full), _bytes(r.e_win, r.w), _bytes(r.e_local, r.c), _bytes(r.s)]
-            classes = r.classes
-        params = f"{_params(r.total_params)} / {_params(r.active_params)}"
-        table.add_row(r.name, classes, *cells, params)
+            floating = _bytes(r.e_win, r.w) if r.e_win else _bytes(r.e_local, r.c)
+            cells = [_bytes(r.e_full), floating, _bytes(r.s)]
+        if wide:
+            cells.append(f"{_params(r.total_params)} / {_params(r.active_params)}")
+        table.add_row(r.name, *cells)
+    if errors:
+        table.caption = f"{table.caption}\nnot at this tp: " + "; ".join(errors)
     return table
 
 
-@app.command("models")
+@app.command("models", short_help="Bundled models: lifetime classes and bytes.")
 def models_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     tp: Annotated[
@@ -150,10 +169,12 @@ def models_command(
     kv_dtype: Annotated[
         CacheDtype, typer.Option("--kv-dtype", help="Element type of attention K/V.")
     ] = CacheDtype.BF16,
+    wide: Annotated[bool, typer.Option("--wide", help="All columns: classes, E_win and "
+                                       "E_loc apart, parameters.")] = False,
 ) -> None:
     """List the bundled models: lifetime classes, E_full, E_win (W), E_local (C), S, params."""
     rows = model_rows(tp=tp, kv_dtype=kv_dtype)
     if as_json:
         typer.echo(json.dumps([asdict(r) for r in rows], indent=2))
         return
-    Console().print(_table(rows, tp, kv_dtype))
+    Console().print(_table(rows, tp, kv_dtype, wide))

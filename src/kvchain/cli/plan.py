@@ -15,8 +15,8 @@ from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import fits, largest_fitting, max_units
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.cli import app
-from kvchain.cli.common import load_spec, render_bands
-from kvchain.errors import ConfigError, KVChainError
+from kvchain.cli.common import check_flags, load_spec, render_bands, warn_buffer
+from kvchain.errors import KVChainError
 from kvchain.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES, get_gpu, kv_buffer_bytes
 from kvchain.kv_manager import RequestGeometry, lifetime_demand
 from kvchain.layout import ChainLayout, plan_layout
@@ -32,14 +32,16 @@ class Capacity:
     """What one memory layout can hold.
 
     Attributes:
-        longest_request_tokens: longest lone request (prompt tokens, 1 output token).
+        longest_request_tokens: longest lone request (prompt tokens, 1 output token);
+            ``None`` when the KV cache never bounds it (no full-attention band: window,
+            chunked-local and state bytes are capped per request).
         concurrent_requests: ``(prompt, output)`` requests that fit at their peak, together.
         full_tokens: full-attention tokens that fit with ``slots_held`` state slots held
-            (0 without a full band).
+            (0 without a full band, or if ``slots_held`` slots do not fit).
         slots_held: state slots held for ``full_tokens``.
     """
 
-    longest_request_tokens: int
+    longest_request_tokens: int | None
     concurrent_requests: int
     full_tokens: int
     slots_held: int
@@ -49,12 +51,15 @@ def chain_capacity(layout: ChainLayout, prompt: int, output: int,
                    slots_held: int | None) -> Capacity:
     """Capacity of a chain, from the planner on its empty snapshot (no second formula).
 
+    Args:
+        layout: the chain.
+        prompt, output: tokens of one request of the mix.
+        slots_held: state slots held for the token capacity (``None``: the concurrency).
+
     Raises:
         InvalidDemandError: non-positive prompt/output/chunk.
     """
-    geom = RequestGeometry.of(layout)
-    empty = Chain(layout).snapshot()
-    return _capacity([(geom, empty)], layout.buffer_bytes, prompt, output, slots_held)
+    return _capacity(_chain_parts(layout), layout.buffer_bytes, prompt, output, slots_held)
 
 
 def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
@@ -111,41 +116,85 @@ def pools_capacity(layout: ChainLayout, prompt: int, output: int,
                    slots_held: int | None) -> Capacity:
     """:func:`chain_capacity` for fixed per-class pools (:func:`fixed_pool_layouts`): a
     demand fits iff every pool fits its own part."""
-    parts = [(RequestGeometry.of(pl), Chain(pl).snapshot()) for pl in fixed_pool_layouts(layout)]
-    return _capacity(parts, layout.buffer_bytes, prompt, output, slots_held)
+    return _capacity(_pool_parts(layout), layout.buffer_bytes, prompt, output, slots_held)
 
 
-def _capacity(parts: list[tuple[RequestGeometry, ChainSnapshot]], buffer_bytes: int,
-              prompt: int, output: int, slots_held: int | None) -> Capacity:
+def compare_capacity(layout: ChainLayout, prompt: int, output: int,
+                     slots_held: int | None) -> tuple[Capacity, Capacity]:
+    """The chain and the fixed pools, like with like: the token capacity of both is taken
+    with the *same* number of state slots held.
+
+    Args:
+        slots_held: slots held on both sides; ``None``: the smaller of the two
+            concurrencies (a count both layouts can hold, so neither side is measured
+            holding more slots than the other).
+
+    Returns:
+        ``(chain, pools)``.
+
+    Raises:
+        BufferTooSmallError: a pool too small for one smallest request.
+        InvalidDemandError: non-positive prompt/output.
+    """
+    chain_parts, pool_parts = _chain_parts(layout), _pool_parts(layout)
+    b = layout.buffer_bytes
+    if slots_held is None:
+        slots_held = min(_concurrency(chain_parts, prompt, output),
+                         _concurrency(pool_parts, prompt, output))
+    return (_capacity(chain_parts, b, prompt, output, slots_held),
+            _capacity(pool_parts, b, prompt, output, slots_held))
+
+
+_Parts = list[tuple[RequestGeometry, ChainSnapshot]]
+
+
+def _chain_parts(layout: ChainLayout) -> _Parts:
+    return [(RequestGeometry.of(layout), Chain(layout).snapshot())]
+
+
+def _pool_parts(layout: ChainLayout) -> _Parts:
+    return [(RequestGeometry.of(pl), Chain(pl).snapshot()) for pl in fixed_pool_layouts(layout)]
+
+
+def _concurrency(parts: _Parts, prompt: int, output: int) -> int:
+    unit = [lifetime_demand(g, prompt, output) for g, _ in parts]
+    return min(max_units(snap, u) if not u.is_empty else 1 << 62
+               for (_, snap), u in zip(parts, unit, strict=True))
+
+
+def _capacity(parts: _Parts, buffer_bytes: int, prompt: int, output: int,
+              slots_held: int | None) -> Capacity:
     def all_fit(demands: list[Demand]) -> bool:
         return all(fits(snap, d) for (_, snap), d in zip(parts, demands, strict=True))
 
     def lone(tokens: int) -> list[Demand]:
         return [lifetime_demand(g, tokens, 1) for g, _ in parts]
 
-    longest = largest_fitting(lambda n: n == 0 or all_fit(lone(n)), buffer_bytes)
-    unit = [lifetime_demand(g, prompt, output) for g, _ in parts]
-    concurrent = min(max_units(snap, u) if not u.is_empty else 1 << 62
-                     for (_, snap), u in zip(parts, unit, strict=True))
+    if any(g.full is not None for g, _ in parts):
+        longest: int | None = largest_fitting(lambda n: n == 0 or all_fit(lone(n)),
+                                              buffer_bytes)
+    else:  # window, chunked-local and state bytes are capped per request
+        longest = None
+    concurrent = _concurrency(parts, prompt, output)
     slots = concurrent if slots_held is None else slots_held
-    full_tokens = 0
-    for g, snap in parts:
-        if g.full is None:
-            continue
-        held = [0] * g.num_bands
+    held_all: list[Demand] = []
+    for g, _ in parts:
+        slot_pages = [0] * g.num_bands
         if g.state is not None:
-            held[g.state] = slots
-        else:  # slots live in another pool
-            pass
-        one_page = [0] * g.num_bands
-        one_page[g.full] = 1
-        if fits(snap, Demand(tuple(held))):
-            full_tokens = max_units(snap, Demand(tuple(one_page)), Demand(tuple(held))) \
-                * g.page_size
+            slot_pages[g.state] = slots
+        held_all.append(Demand(tuple(slot_pages)))
+    full_tokens = 0
+    if all_fit(held_all):  # every pool holds its share of the slots
+        for (g, snap), held in zip(parts, held_all, strict=True):
+            if g.full is None:
+                continue
+            one_page = [0] * g.num_bands
+            one_page[g.full] = 1
+            full_tokens = max_units(snap, Demand(tuple(one_page)), held) * g.page_size
     return Capacity(longest, concurrent, full_tokens, slots)
 
 
-@app.command("plan")
+@app.command("plan", short_help="Bands and capacity of one model's chain.")
 def plan_command(
     model: Annotated[str, typer.Option(help="Bundled model name.")] = "gpt-oss-120b",
     config: Annotated[Path | None, typer.Option(help="A Hugging Face config.json.")] = None,
@@ -170,20 +219,20 @@ def plan_command(
     concurrency, token capacity - side by side with fixed per-class pools."""
     console = Console()
     try:
+        check_flags(mem_fraction=mem_fraction, buffer_bytes=buffer_bytes, page_size=page_size,
+                    tp=tp, prompt=prompt, output=output, slots_held=slots_held)
         model_spec = load_spec(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp)
         gpu_spec = get_gpu(gpu)
         if buffer_bytes is None:
             buffer = kv_buffer_bytes(gpu_spec, model_spec.weight_bytes, mem_fraction=mem_fraction)
         else:
             buffer = buffer_bytes
-        if slots_held is not None and slots_held < 0:
-            raise ConfigError(f"--slots-held must be >= 0, got {slots_held}")
         layout = plan_layout(model_spec.classes, buffer, page_size)
-        ours = chain_capacity(layout, prompt, output, slots_held)
-        pools = pools_capacity(layout, prompt, output, slots_held)
+        ours, pools = compare_capacity(layout, prompt, output, slots_held)
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
+    warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
     report = {
         "model": model_spec.name, "gpu": gpu_spec.name, "buffer_bytes": buffer,
         "weight_bytes": model_spec.weight_bytes if buffer_bytes is None else None,
@@ -197,6 +246,7 @@ def plan_command(
                   for b in layout.bands],
         "request": {"prompt": prompt, "output": output},
         "chain_capacity": _as_dict(ours), "fixed_pools_capacity": _as_dict(pools),
+        "max_context_tokens": model_spec.max_context_tokens,
     }
     if as_json:
         print(json.dumps(report, indent=2))
@@ -209,20 +259,24 @@ def plan_command(
     console.print(render_bands(layout))
     table = Table(title=f"capacity for ({prompt:,} prompt, {output:,} output) requests")
     table.add_column("")
-    table.add_column("kvchain chain", justify="right")
+    table.add_column("chain", justify="right")
     table.add_column("fixed pools", justify="right")
-    table.add_column("chain / pools", justify="right")
+    table.add_column("chain/pools", justify="right")
     has_state = layout.band(LifetimeClass.STATE) is not None
-    full_label = (f"full-attention tokens ({ours.slots_held:,} state slots held)" if has_state
-                  else "full-attention tokens (nothing else held)")
-    for label, a, b in (
-        ("longest lone request (tokens)", ours.longest_request_tokens,
-         pools.longest_request_tokens),
-        ("concurrent requests", ours.concurrent_requests, pools.concurrent_requests),
-        (full_label, ours.full_tokens, pools.full_tokens),
-    ):
-        table.add_row(label, f"{a:,}", f"{b:,}", f"{a / b:.2f}x" if b else "-")
+    for label, a, b in _capacity_rows(ours, pools, has_state):
+        table.add_row(label, _count(a), _count(b),
+                      f"{a / b:.2f}x" if isinstance(a, int) and isinstance(b, int) and b
+                      else "-")
     console.print(table)
+    context = model_spec.max_context_tokens
+    if ours.longest_request_tokens is None:
+        console.print("longest request: unbounded by the KV cache (no full-attention layer: "
+                      "window, chunked and state bytes are capped per request); the limit is "
+                      + (f"the model's context length, {context:,} tokens "
+                         "(max_position_embeddings)" if context else
+                         "the model's context length (not given by this config)"))
+    elif context:
+        console.print(f"model context length: {context:,} tokens (max_position_embeddings)")
     rules = []
     if has_state:
         rules.append("state pool = 0.9/1.9 of the buffer (SGLang --mamba-full-memory-ratio)")
@@ -233,7 +287,28 @@ def plan_command(
         console.print("fixed pools: " + "; ".join(rules))
 
 
-def _as_dict(c: Capacity) -> dict[str, int]:
+def _capacity_rows(ours: Capacity, pools: Capacity, has_state: bool
+                   ) -> list[tuple[str, int | str, int | str]]:
+    """Rows of the capacity table: each row measures both sides in the same conditions."""
+    unbounded = "unbounded (KV)"
+    rows: list[tuple[str, int | str, int | str]] = [
+        ("longest request (tokens)",
+         unbounded if ours.longest_request_tokens is None else ours.longest_request_tokens,
+         unbounded if pools.longest_request_tokens is None else pools.longest_request_tokens),
+        ("concurrent requests", ours.concurrent_requests, pools.concurrent_requests),
+    ]
+    if ours.full_tokens or pools.full_tokens:
+        label = (f"full-attn tokens, {ours.slots_held:,} slots held" if has_state
+                 else "full-attention tokens")
+        rows.append((label, ours.full_tokens, pools.full_tokens))
+    return rows
+
+
+def _count(value: int | str) -> str:
+    return f"{value:,}" if isinstance(value, int) else value
+
+
+def _as_dict(c: Capacity) -> dict[str, int | None]:
     return {"longest_request_tokens": c.longest_request_tokens,
             "concurrent_requests": c.concurrent_requests, "full_tokens": c.full_tokens,
             "slots_held": c.slots_held}

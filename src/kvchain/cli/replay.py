@@ -26,7 +26,7 @@ from kvchain.testing.geometry import SHAPES
 from kvchain.testing.replay import generate_section, replay_stream, write_stream
 
 
-@app.command("replay")
+@app.command("replay", short_help="Replay (or generate) an operation stream.")
 def replay_command(
     stream: Annotated[Path | None, typer.Argument(help="JSON-lines operation stream.")] = None,
     fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop at the first "
@@ -64,10 +64,12 @@ def replay_command(
     if as_json:
         print(json.dumps([asdict(r) | {"ok": r.ok} for r in reports], indent=2))
     else:
-        table = Table(title=f"kvchain replay {stream}")
-        for col in ("shape", "operations", "decisions", "fits", "divergences",
-                    "violations", "ops/s"):
-            table.add_column(col, justify="left" if col == "shape" else "right")
+        table = Table(title=f"kvchain replay {stream}",
+                      caption="diverged: takes the chain refused although their quote fit; "
+                              "violations: failed audits (both must be 0)")
+        # divergences: the chain refused a take its quote fitted; violations: audits failed
+        for col in ("shape", "ops", "decisions", "fits", "diverged", "violations", "ops/s"):
+            table.add_column(col, justify="left" if col == "shape" else "right", no_wrap=True)
         for r in reports:
             style = "" if r.ok else "red"
             table.add_row(r.shape, f"{r.operations:,}", f"{r.decisions:,}", f"{r.fits:,}",

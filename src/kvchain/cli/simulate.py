@@ -12,15 +12,23 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.cli import app
-from kvchain.cli.common import load_spec, prepare_out_dir, render_bands
+from kvchain.cli.common import (
+    check_flags,
+    load_spec,
+    overload_hint,
+    prepare_out_dir,
+    render_bands,
+    warn_buffer,
+)
 from kvchain.errors import KVChainError
 from kvchain.gpu import get_gpu
 from kvchain.report.plots import write_all_plots
 from kvchain.report.tables import summary_table
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
+from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind, GPUCostModel
 from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.metrics import write_outputs
-from kvchain.sim.traces import load_trace
+from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, TRACE_FORMATS_HELP, load_trace
 
 DEFAULT_MODEL = "gpt-oss-120b"
 DEFAULT_GPU = "h200"
@@ -28,23 +36,25 @@ DEFAULT_TRACE = "azure-conv"
 DEFAULT_END_S = 3600.0  # "its first hour as shipped": the whole 3,501.7 s trace
 
 
-@app.command("simulate")
+@app.command("simulate", short_help="Serve a request trace with the chain.",
+             epilog="\b\n" + TRACE_FORMATS_HELP)
 def simulate_command(
     model: Annotated[str, typer.Option(help="Bundled model name (see `kvchain models`).")]
     = DEFAULT_MODEL,
     config: Annotated[Path | None, typer.Option(help="A Hugging Face config.json instead "
                                                      "of --model.")] = None,
     spec: Annotated[Path | None, typer.Option(help="A JSON file declaring classes by bytes "
-                                                   "(see `kvchain plan --help`); it needs "
-                                                   "total_params and active_params for the "
-                                                   "cost model.")] = None,
+                                                   "(as for `kvchain plan`).")] = None,
     gpu: Annotated[str, typer.Option(help="GPU: a100, h100, h200, b200.")] = DEFAULT_GPU,
     trace: Annotated[str, typer.Option(help="Bundled trace (azure-conv, azure-code, mooncake, "
-                                            "sharegpt) or a trace file.")] = DEFAULT_TRACE,
+                                            "sharegpt) or a trace file (formats below).")]
+    = DEFAULT_TRACE,
     requests: Annotated[int | None, typer.Option(help="Keep the first N requests.")] = None,
     end_s: Annotated[float, typer.Option(help="Keep arrivals before this second.")]
     = DEFAULT_END_S,
     rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier.")] = 1.0,
+    block_tokens: Annotated[int, typer.Option(help="Tokens per hash_ids block of a generic "
+                                                   "trace.")] = MOONCAKE_BLOCK_TOKENS,
     mem_fraction: Annotated[float, typer.Option(help="GPU memory fraction for weights + "
                                                      "KV.")] = 0.9,
     buffer_bytes: Annotated[int | None, typer.Option(help="KV buffer bytes (overrides the "
@@ -56,6 +66,11 @@ def simulate_command(
     = QueuePolicy.FCFS,
     max_running: Annotated[int, typer.Option(help="Most running requests.")] = 256,
     chunk_size: Annotated[int, typer.Option(help="Prefill chunk tokens.")] = 8192,
+    clock: Annotated[ClockKind, typer.Option(help="roofline: GPU cost model; steps: each "
+                                                  "scheduler step is one --step-ms tick "
+                                                  "(instant compute).")] = ClockKind.ROOFLINE,
+    step_ms: Annotated[float, typer.Option(help="Tick of --clock steps, ms of trace time.")]
+    = DEFAULT_STEP_MS,
     seed: Annotated[int, typer.Option(help="Seed (Poisson arrivals of length-only "
                                            "traces).")] = 0,
     out: Annotated[Path | None, typer.Option(help="Write metrics.json, requests.csv and "
@@ -69,27 +84,36 @@ def simulate_command(
     """Simulate serving a request trace with the kvchain memory manager.
 
     Defaults: gpt-oss-120b on one H200, the Azure 2023 conversation trace (its first hour),
-    KV buffer from --mem-fraction 0.90.
+    KV buffer from --mem-fraction 0.90, the roofline clock.
     """
     console = Console(stderr=as_json)
     try:
+        check_flags(requests=requests, end_s=end_s, rate_scale=rate_scale,
+                    block_tokens=block_tokens, mem_fraction=mem_fraction,
+                    buffer_bytes=buffer_bytes, page_size=page_size, tp=tp,
+                    max_running=max_running, chunk_size=chunk_size, step_ms=step_ms, seed=seed)
         model_spec = load_spec(model, config, spec_file=spec, tp=tp)
         gpu_spec = get_gpu(gpu)
-        tr = load_trace(trace, first=requests, end_s=end_s, rate_scale=rate_scale, seed=seed)
+        tr = load_trace(trace, first=requests, end_s=end_s, rate_scale=rate_scale, seed=seed,
+                        block_tokens=block_tokens)
         sim_config = SimConfig(
             model_spec, gpu_spec, tr, mem_fraction=mem_fraction, page_size=page_size,
             scheduler=SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
                                       max_prefill_tokens=max(chunk_size, 8192),
                                       policy=policy, strict=strict),
-            buffer_bytes=buffer_bytes)
+            buffer_bytes=buffer_bytes, clock=clock, step_ms=step_ms)
         layout = sim_config.layout()
+        if clock is ClockKind.ROOFLINE:
+            GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed
         prepare_out_dir(out)
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
+    warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
     if not as_json:
         console.print(f"[bold]{model_spec.name}[/bold] on {gpu_spec.name}, trace "
-                      f"[bold]{tr.name}[/bold] ({len(tr):,} requests, {tr.duration_s:,.0f} s)")
+                      f"[bold]{tr.name}[/bold] ({len(tr):,} requests, {tr.duration_s:,.0f} s)"
+                      + (f", step clock {step_ms:g} ms" if clock is ClockKind.STEPS else ""))
         console.print(render_bands(layout))
     started = time.perf_counter()
     with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,}/"
@@ -107,7 +131,9 @@ def simulate_command(
     settings = {"model": model_spec.name, "gpu": gpu_spec.name, "trace": tr.name,
                 "requests": len(tr), "rate_scale": rate_scale, "mem_fraction": mem_fraction,
                 "buffer_bytes": layout.buffer_bytes, "page_size": page_size,
-                "policy": policy.value, "chain": layout.shape_name, "wall_s": round(wall, 3)}
+                "policy": policy.value, "chain": layout.shape_name, "clock": clock.value,
+                "step_ms": step_ms if clock is ClockKind.STEPS else None,
+                "wall_s": round(wall, 3)}
     if out is not None:
         write_outputs(out, result.recorder, summary, config=settings)
         plots = write_all_plots(result.recorder, out)
@@ -122,3 +148,6 @@ def simulate_command(
         if out is not None:
             console.print(f"wrote {out}/metrics.json, {out}/requests.csv and "
                           + ", ".join(p.name for p in plots))
+    hint = overload_hint(summary, tr)
+    if hint is not None:
+        Console(stderr=True).print(f"[yellow]hint:[/yellow] {hint}")

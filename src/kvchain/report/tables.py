@@ -14,6 +14,7 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
@@ -27,10 +28,13 @@ NOT_AVAILABLE = "n/a"
 
 @dataclass(frozen=True, slots=True)
 class _Row:
-    """One metric row: its label (with unit) and how to render it from a summary."""
+    """One metric row: its label (with unit), how to render it from a summary, its short
+    label (side-by-side tables at 80 columns) and whether that narrow table shows it."""
 
     label: str
     render: Callable[[SimSummary], Text]
+    short: str = ""
+    narrow: bool = True
 
 
 def _plain(text: str) -> Text:
@@ -71,6 +75,7 @@ def _latency_rows(name: str, attribute: str) -> list[_Row]:
         _Row(
             f"{name} {p} (ms)",
             functools.partial(_percentile_ms, attribute=attribute, key=f"{p}_s"),
+            narrow=p != "p90",
         )
         for p in ("p50", "p90", "p99")
     ]
@@ -80,25 +85,34 @@ _ROWS: tuple[_Row, ...] = (
     _Row(
         "requests (finished / total)",
         lambda s: _plain(f"{s.requests_finished:,} / {s.requests_total:,}"),
+        short="finished / total",
     ),
     _Row("rejected", lambda s: _count(s.requests_rejected)),
     _Row("simulated time (s)", lambda s: _plain(f"{s.duration_s:,.1f}")),
-    _Row("input throughput (tok/s)", lambda s: _rate(s.input_tokens_per_s)),
-    _Row("output throughput (tok/s)", lambda s: _rate(s.output_tokens_per_s)),
+    _Row("input throughput (tok/s)", lambda s: _rate(s.input_tokens_per_s),
+         short="input tok/s", narrow=False),
+    _Row("output throughput (tok/s)", lambda s: _rate(s.output_tokens_per_s),
+         short="output tok/s"),
     *_latency_rows("TTFT", "ttft"),
     *_latency_rows("TPOT", "tpot"),
-    _Row("end-to-end p50 (ms)", lambda s: _ms(s.e2e, "p50_s")),
-    _Row("queueing delay p50 (ms)", lambda s: _ms(s.queueing, "p50_s")),
-    _Row("peak running requests", lambda s: _count(s.peak_running)),
-    _Row("peak waiting requests", lambda s: _count(s.peak_waiting)),
-    _Row("mean KV utilization (%, time-weighted)", lambda s: _percent(s.mean_kv_utilization)),
-    _Row("peak KV utilization (%)", lambda s: _percent(s.peak_kv_utilization)),
+    _Row("end-to-end p50 (ms)", lambda s: _ms(s.e2e, "p50_s"), short="e2e p50 (ms)",
+         narrow=False),
+    _Row("queueing delay p50 (ms)", lambda s: _ms(s.queueing, "p50_s"),
+         short="queue p50 (ms)", narrow=False),
+    _Row("peak running requests", lambda s: _count(s.peak_running), short="peak running"),
+    _Row("peak waiting requests", lambda s: _count(s.peak_waiting), short="peak waiting"),
+    _Row("mean KV utilization (%, time-weighted)", lambda s: _percent(s.mean_kv_utilization),
+         short="mean KV util (%)"),
+    _Row("peak KV utilization (%)", lambda s: _percent(s.peak_kv_utilization),
+         short="peak KV util (%)"),
     _Row(
         "retractions (requests retracted)",
         lambda s: _plain(f"{s.retractions:,} ({s.retracted_requests:,})"),
+        short="retractions (reqs)",
     ),
-    _Row("admitted but unallocatable", lambda s: _must_be_zero(s.admitted_but_unallocatable)),
-    _Row("leaked pages", lambda s: _must_be_zero(s.leaked_pages)),
+    _Row("admitted but unallocatable", lambda s: _must_be_zero(s.admitted_but_unallocatable),
+         short="unallocatable (=0)"),
+    _Row("leaked pages", lambda s: _must_be_zero(s.leaked_pages), short="leaked pages (=0)"),
 )
 
 
@@ -112,9 +126,29 @@ EXTRA_LABELS = {
     "pages_copied": "pages copied by moves",
     "bytes_copied": "bytes copied by moves",
     "u_star_pct": "U* (% of buffer needed while requests wait)",
+    "u_star_mem_pct": "memory-blocked U* (% needed when memory refused the head)",
     "alloc_efficiency_pct": "allocation efficiency (% needed / held)",
 }
 """Display labels of the loop's ``extra`` counters (others show their key)."""
+
+EXTRA_SHORT = {
+    "admission_decisions": "pricing decisions",
+    "pages_copied": "pages copied",
+    "bytes_copied": "bytes copied",
+    "u_star_pct": "U* (%)",
+    "u_star_mem_pct": "mem-blocked U* (%)",
+    "alloc_efficiency_pct": "eff (%)",
+}
+"""Short labels of the ``extra`` counters in side-by-side tables (defined in
+:data:`METRIC_DEFINITIONS`)."""
+
+METRIC_DEFINITIONS = (
+    "U* = mean of bytes needed / buffer over steps with requests waiting; "
+    "mem-blocked U* = the same over steps whose head waiting request memory refused; "
+    "eff = bytes needed / bytes held; bytes needed = L x E_full + min(L, W) x E_win "
+    "+ (L mod C) x E_loc + S per running request of L tokens."
+)
+"""One-paragraph definitions printed under side-by-side tables."""
 
 
 def summary_table(summary: SimSummary, *, title: str) -> Table:
@@ -140,52 +174,64 @@ def summary_table(summary: SimSummary, *, title: str) -> Table:
     return table
 
 
+NARROW_EXTRAS = ("u_star_pct", "u_star_mem_pct", "alloc_efficiency_pct", "pages_copied")
+"""``extra`` counters the narrow side-by-side table shows (``wide`` shows all)."""
+
+
 def comparison_table(
-    rows: Mapping[str, SimSummary], *, title: str = "memory managers compared"
+    rows: Mapping[str, SimSummary], *, title: str = "memory managers compared",
+    wide: bool = False,
 ) -> Table:
     """Several runs side by side: one column per run (e.g. per memory manager).
 
-    The rows are those of :func:`summary_table`; ``extra`` counters are listed when any run
-    has them (``n/a`` for runs without).
+    Narrow (default): short labels and the main rows, so four runs fit 80 columns;
+    ``wide``: every row of :func:`summary_table` with its full label, and every ``extra``
+    counter any run has (``n/a`` for runs without).
 
     Args:
         rows: run name -> summary, in display order.
         title: the table's title.
+        wide: all rows, full labels.
 
     Raises:
         ConfigError: ``rows`` is empty.
     """
     if not rows:
         raise ConfigError("comparison_table needs at least one summary")
-    table = Table(title=title, title_justify="left")
-    table.add_column("metric")
+    table = Table(title=title, title_justify="left",
+                  box=None if not wide else box.HEAVY_HEAD, padding=(0, 1))
+    table.add_column("metric", no_wrap=True)
     for name in rows:
-        table.add_column(name, justify="right")
+        table.add_column(name, justify="right", no_wrap=True)
     for row in _ROWS:
-        table.add_row(row.label, *(row.render(summary) for summary in rows.values()))
+        if wide or row.narrow:
+            label = row.label if wide else (row.short or row.label)
+            table.add_row(label, *(row.render(summary) for summary in rows.values()))
     extra_keys = list(dict.fromkeys(k for s in rows.values() for k in s.extra))
     for key in extra_keys:
+        if not wide and key not in NARROW_EXTRAS:
+            continue
         table.add_row(
-            EXTRA_LABELS.get(key, key),
+            EXTRA_LABELS.get(key, key) if wide else EXTRA_SHORT.get(key, key),
             *(f"{s.extra[key]:,}" if key in s.extra else NOT_AVAILABLE for s in rows.values()),
         )
     return table
 
 
 def band_table(layout: ChainLayout) -> Table:
-    """A table of the chain's bands, low -> high in the buffer: one row per band (any
-    number of floats), with its label (``window128`` when a model has several window
-    sizes), lifetime, anchor, bytes per token (per slot for state), page bytes, window or
-    chunk in tokens, null pages and index-space cap in pages."""
+    """A table of the chain's bands, low -> high in the buffer (fits 80 columns): one row
+    per band (any number of floats) with its label (the lifetime, e.g. ``window``, or
+    ``window128`` when a model has several window sizes), anchor (low/high END or float),
+    bytes per token (per slot for state), page bytes, window or chunk ``W`` in tokens, null
+    pages and index-space cap in pages."""
     table = Table(title=f"chain {layout.shape_name} in {layout.buffer_bytes:,} B "
                         f"({layout.buffer_bytes / 1e9:,.2f} GB), {layout.page_size} tokens/page")
-    for col in ("band", "lifetime", "anchor", "bytes/token", "page bytes", "window",
-                "null pages", "max pages"):
-        left = col in ("band", "lifetime", "anchor")
-        table.add_column(col, justify="left" if left else "right", no_wrap=col == "band")
+    for col in ("band", "anchor", "B/token", "page B", "W", "null", "max pages"):
+        table.add_column(col, justify="left" if col in ("band", "anchor") else "right",
+                         no_wrap=True)
     for b in layout.bands:
         c = b.cache_class
         per_token = f"{c.bytes_per_token:,}" if c.is_token_class else f"{c.bytes_per_slot:,}/slot"
-        table.add_row(b.label, c.lifetime.value, b.anchor.value, per_token, f"{b.page_bytes:,}",
+        table.add_row(b.label, b.anchor.value, per_token, f"{b.page_bytes:,}",
                       f"{c.window:,}" if c.window else "-", str(b.reserved_pages), f"{b.cap:,}")
     return table

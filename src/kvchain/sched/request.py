@@ -133,10 +133,14 @@ class StepBatch:
     Attributes:
         prefills: prefill chunks (chunked prefill of long prompts across steps).
         decodes: one token for each decoding request.
+        memory_blocked: admission stopped at a waiting request because the planner found no
+            room for even its smallest chunk (memory), not because of the step's token
+            budget or ``max_running`` (what memory-blocked U* averages over).
     """
 
     prefills: tuple[PrefillChunk, ...] = ()
     decodes: tuple[DecodeSeq, ...] = ()
+    memory_blocked: bool = False
 
     @property
     def prefill_tokens(self) -> int:

@@ -1,4 +1,4 @@
-"""Continuous batching on the chain: chunked prefill, decode, retraction (DESIGN section 6).
+"""Continuous batching on the chain: chunked prefill, decode, retraction (docs/design.md §6).
 
 One step::
 
@@ -52,6 +52,7 @@ from kvchain.kv_manager import (
     request_demand,
     sum_demands,
 )
+from kvchain.layout import smallest_request_pages
 from kvchain.sched.request import (
     DecodeSeq,
     Event,
@@ -116,6 +117,7 @@ class ScheduledStep:
     prefill_demands: list[Demand] = field(default_factory=list)  # aligned with prefills
     quote: Quote | None = None  # the price of the step's whole take
     pin: MoveHold | None = None
+    memory_blocked: bool = False  # a waiting request got no chunk for lack of memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +189,8 @@ class Scheduler:
                               f"({self.config.max_prefill_tokens}) must be at least the page "
                               f"size ({page} tokens)")
         self._empty = self.chain.empty_snapshot()
-        smallest = self._lifetime_demand(1, 1)
+        layout = self.chain.layout
+        smallest = Demand(smallest_request_pages(layout.bands, kv.geom.state_slots))
         if not self._fits_empty(smallest):
             needed = _demand_bytes(self._empty, smallest) + self.chain.layout.reserved_bytes
             raise BufferTooSmallError(
@@ -282,6 +285,7 @@ class Scheduler:
             upper = self._chunk_cap(r, tokens_left)
             c = budget.largest(functools.partial(self._admission_demand, r), upper, page)
             if not c:
+                step.memory_blocked = upper > 0  # upper 0: the token budget stopped it
                 break
             budget.reserve(self._admission_demand(r, c))
             step.prefills.append(PrefillChunk(r.rid, 0, c))
@@ -340,7 +344,7 @@ class Scheduler:
                 self.running[r.rid] = r
                 self.counters.admitted += 1
                 self._emit(EventKind.ADMITTED, r.rid, now)
-        return StepBatch(tuple(step.prefills), tuple(step.decodes))
+        return StepBatch(tuple(step.prefills), tuple(step.decodes), step.memory_blocked)
 
     def _check_step(self, step: ScheduledStep) -> None:
         """Refuse a step that does not match the scheduler's requests (before any change)."""

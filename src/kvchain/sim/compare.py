@@ -14,13 +14,17 @@ with ``L`` the tokens a request holds once this step's tokens are in. Per step:
 
 * ``U`` = needed / buffer bytes; **U*** = mean of ``U`` over steps whose waiting queue is
   not empty after admission (steps where a fuller buffer could have admitted more);
+* **memory-blocked U*** = mean of ``U`` over the steps in which admission stopped at a
+  waiting request because memory had no room for its smallest chunk
+  (``StepBatch.memory_blocked``). U* also averages steps where the step's token budget or
+  ``max_running``, not memory, held the queue back, so it cannot reach 1; this one can;
 * allocation efficiency = sum of needed / sum of held bytes over steps with pages held
   (held = bytes of pages bound to requests, null pages excluded).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from kvchain.baselines import ManagerKind, build_manager
@@ -103,9 +107,10 @@ class ManagerRun:
         kind: the manager.
         rule: its capacity rule in words (with its numbers).
         summary: the same :class:`SimSummary` as ``kvchain simulate``; its ``extra`` has
-            ``u_star_pct`` and ``alloc_efficiency_pct`` (percent, 2 decimals) and
-            ``bytes_copied``.
+            ``u_star_pct``, ``u_star_mem_pct`` and ``alloc_efficiency_pct`` (percent, 2
+            decimals) and ``bytes_copied``.
         u_star: U* (0..1; None if the waiting queue was never non-empty).
+        u_star_mem: memory-blocked U* (0..1; None if memory never refused the head).
         alloc_efficiency: needed / held bytes (0..1; None if nothing was held).
         series: bytes needed and held over time (at most ``max_points``).
         buffer_bytes: ``B``.
@@ -118,6 +123,7 @@ class ManagerRun:
     alloc_efficiency: float | None
     series: tuple[BytesPoint, ...]
     buffer_bytes: int
+    u_star_mem: float | None = None
 
 
 class _BytesObserver:
@@ -128,6 +134,7 @@ class _BytesObserver:
         self.buffer = buffer_bytes
         self.reserved = reserved_bytes
         self.u_sum, self.u_steps, self.needed_sum, self.held_sum = 0.0, 0, 0, 0
+        self.u_mem_sum, self.u_mem_steps = 0.0, 0
         self.points: list[BytesPoint] = []
 
     def __call__(self, sched: Scheduler, batch: StepBatch, now: float) -> None:
@@ -143,6 +150,9 @@ class _BytesObserver:
         if sched.waiting:
             self.u_sum += needed / self.buffer
             self.u_steps += 1
+        if batch.memory_blocked:
+            self.u_mem_sum += needed / self.buffer
+            self.u_mem_steps += 1
         if held > 0:
             self.needed_sum += needed
             self.held_sum += held
@@ -150,7 +160,8 @@ class _BytesObserver:
 
 
 def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000,
-                audit_every_step: bool = False) -> ManagerRun:
+                audit_every_step: bool = False,
+                progress: Callable[[int, int], None] | None = None) -> ManagerRun:
     """Serve ``config.trace`` with one memory manager (:func:`kvchain.sim.engine.simulate`
     with that manager's allocator, measuring bytes needed and held after each allocation).
 
@@ -159,6 +170,7 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
         kind: the memory manager.
         max_points: most points kept in ``series`` (every k-th step).
         audit_every_step: audit the allocator and KV manager after every step (tests).
+        progress: called as ``progress(done, total)`` (requests ended), as in ``simulate``.
 
     Raises:
         ConfigError / BufferTooSmallError: the buffer cannot hold one smallest request
@@ -178,24 +190,36 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
     observer = _BytesObserver(NeededBytes.of(config.model.classes), buffer,
                               setup.layout.reserved_bytes)
     result = simulate(config, allocator=setup.allocator,
-                      on_allocated=observer, audit_every_step=audit_every_step)
+                      on_allocated=observer, audit_every_step=audit_every_step,
+                      progress=progress)
     u_star = observer.u_sum / observer.u_steps if observer.u_steps else None
+    u_mem = observer.u_mem_sum / observer.u_mem_steps if observer.u_mem_steps else None
     efficiency = observer.needed_sum / observer.held_sum if observer.held_sum else None
     extra: dict[str, int | float] = dict(result.summary.extra)
     extra["admitted_but_unallocatable"] = result.summary.admitted_but_unallocatable or 0
     extra["leaked_pages"] = result.summary.leaked_pages or 0
     if u_star is not None:
         extra["u_star_pct"] = round(100 * u_star, 2)
+    if u_mem is not None:
+        extra["u_star_mem_pct"] = round(100 * u_mem, 2)
     if efficiency is not None:
         extra["alloc_efficiency_pct"] = round(100 * efficiency, 2)
     summary = summarize(result.recorder, extra=extra)
     points = observer.points
     stride = max(1, -(-len(points) // max_points))
     return ManagerRun(kind, setup.rule, summary, u_star, efficiency,
-                      tuple(points[::stride]), buffer)
+                      tuple(points[::stride]), buffer, u_mem)
 
 
 def compare_managers(config: SimConfig, kinds: Sequence[ManagerKind] = tuple(ManagerKind), *,
-                     audit_every_step: bool = False) -> dict[ManagerKind, ManagerRun]:
-    """:func:`run_manager` for every kind, same config (insertion order = ``kinds``)."""
-    return {k: run_manager(config, k, audit_every_step=audit_every_step) for k in kinds}
+                     audit_every_step: bool = False,
+                     progress: Callable[[ManagerKind, int, int], None] | None = None
+                     ) -> dict[ManagerKind, ManagerRun]:
+    """:func:`run_manager` for every kind, same config (insertion order = ``kinds``);
+    ``progress(kind, done, total)`` reports each run's requests ended."""
+    runs = {}
+    for k in kinds:
+        step = None if progress is None else (
+            lambda done, total, k=k: progress(k, done, total))
+        runs[k] = run_manager(config, k, audit_every_step=audit_every_step, progress=step)
+    return runs

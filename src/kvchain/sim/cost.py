@@ -45,12 +45,16 @@ Defaults (assumptions, with reasons):
 - :data:`DEFAULT_MBU` 0.7: optimized CUDA serving stacks sustain about 70-85% of peak HBM
   bandwidth in decode (rule of thumb, https://www.open-source-ai.tech/glossary/model-
   bandwidth-utilization); a device-to-device copy on an H200 here reached 4.3 of 4.8 TB/s
-  (0.90, ``shared`` device notes), the ceiling. We take the low end.
+  (0.90, measured for this project), the ceiling. We take the low end.
 - :data:`DEFAULT_MFU` 0.5: a large bf16 matrix product on an H200 here ran at 788 TFLOP/s
-  (0.80 of 989.4, same notes), the ceiling for the linear layers; a whole step also runs
+  (0.80 of 989.4, same measurement), the ceiling for the linear layers; a whole step also runs
   attention, norms, activations and MoE routing at lower rates, so we take 0.5.
 - :data:`DEFAULT_STEP_OVERHEAD_S` 1 ms: scheduling, input preparation and sampling not
   hidden by overlap scheduling (engines that overlap them approach 0: pass 0).
+
+Step clock: :class:`StepClock` replaces the roofline by instant compute: every scheduler
+step takes a fixed tick (``--clock steps --step-ms 30``), so a run can be compared step for
+step with engines' CPU scheduler drivers (which run the scheduler without a model).
 
 Speed: :meth:`GPUCostModel.step_time` is a dozen float operations on an aggregate
 :class:`StepWork`; the scheduler sums per-sequence work as it builds the batch with a
@@ -59,6 +63,7 @@ Speed: :meth:`GPUCostModel.step_time` is a dozen float operations on an aggregat
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -78,6 +83,41 @@ DEFAULT_MBU = 0.7
 DEFAULT_MFU = 0.5
 #: Fixed seconds per step on top of the roofline bound (module docstring).
 DEFAULT_STEP_OVERHEAD_S = 1e-3
+
+
+#: Default tick of the step clock (ms of trace time per scheduler step).
+DEFAULT_STEP_MS = 30.0
+
+
+class ClockKind(enum.StrEnum):
+    """How the simulator advances time: ``roofline`` (:class:`GPUCostModel`) or ``steps``
+    (:class:`StepClock`: one scheduler step = one fixed tick)."""
+
+    ROOFLINE = "roofline"
+    STEPS = "steps"
+
+
+@dataclass(frozen=True, slots=True)
+class StepClock:
+    """Instant compute: every step that computes at least one token takes ``step_s``.
+
+    Attributes:
+        step_s: seconds of trace time per scheduler step (``--step-ms 30`` -> 0.030).
+
+    Raises:
+        ConfigError: ``step_s`` not finite and > 0.
+    """
+
+    step_s: float = DEFAULT_STEP_MS / 1000
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.step_s) and self.step_s > 0):
+            raise ConfigError(f"step clock tick must be a finite number of seconds > 0, got "
+                              f"{self.step_s}")
+
+    def step_time(self, work: StepWork) -> float:
+        """``step_s`` for a step with tokens, 0 for an empty one (as the roofline)."""
+        return self.step_s if work.tokens else 0.0
 
 
 # --- work ---------------------------------------------------------------------------------
@@ -357,7 +397,9 @@ class GPUCostModel:
             raise ConfigError(
                 f"model {model.name}: need 1 <= active_params ({model.active_params}) <= "
                 f"total_params ({model.total_params}) and weight_bytes >= 0 "
-                f"({model.weight_bytes})")
+                f"({model.weight_bytes}); a model declared without weights needs them "
+                f"(spec file: weight_bytes, total_params, active_params) or the step clock "
+                f"(--clock steps)")
         self.model = model
         self.gpu = gpu
         self.mfu = mfu

@@ -1,5 +1,6 @@
 """The serving simulator's event loop: a real trace through the real scheduler, admission
-and chain, with the clock advanced by the GPU cost model (DESIGN section 6).
+and chain, with the clock advanced by the GPU cost model or a fixed tick per step
+(``SimConfig.clock``; docs/design.md §6).
 
 Loop::
 
@@ -24,9 +25,16 @@ from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig, UnallocatableEvent
-from kvchain.sim.cost import GPUCostModel
+from kvchain.sim.cost import (
+    DEFAULT_STEP_MS,
+    ClockKind,
+    GPUCostModel,
+    StepClock,
+    StepWorkBuilder,
+)
 from kvchain.sim.metrics import MetricsRecorder, SimSummary, StepSample, band_samples, summarize
 from kvchain.sim.traces import Trace
+from kvchain.spec.layers import LifetimeClass
 from kvchain.spec.model import ModelSpec
 
 
@@ -49,6 +57,9 @@ class SimConfig:
         buffer_bytes: KV buffer bytes; ``None`` derives it from the GPU
             (:func:`kvchain.gpu.kv_buffer_bytes`).
         max_step_samples: step samples kept for plots (totals stay exact).
+        clock: ``roofline`` (the GPU cost model) or ``steps`` (each scheduler step that
+            computes tokens advances the clock by ``step_ms``; instant compute).
+        step_ms: the step clock's tick in milliseconds of trace time.
     """
 
     model: ModelSpec
@@ -59,6 +70,8 @@ class SimConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     buffer_bytes: int | None = None
     max_step_samples: int = 4_000
+    clock: ClockKind = ClockKind.ROOFLINE
+    step_ms: float = DEFAULT_STEP_MS
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -130,9 +143,17 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     kv = KVManager(chain)
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step)
     sched = Scheduler(kv, sched_config)
-    cost = GPUCostModel(config.model, config.gpu)
+    clock: GPUCostModel | StepClock
+    if config.clock is ClockKind.ROOFLINE:
+        clock = GPUCostModel(config.model, config.gpu)
+        builder = clock.builder()
+    else:  # instant compute: no cost model, so a model without weights runs too
+        clock = StepClock(config.step_ms / 1000)
+        window = config.model.cache_class(LifetimeClass.WINDOW)
+        local = config.model.cache_class(LifetimeClass.LOCAL)
+        builder = StepWorkBuilder(window.window if window else None,
+                                  local.window if local else None)
     recorder = MetricsRecorder(max_step_samples=config.max_step_samples)
-    builder = cost.builder()
     reserved = layout.reserved_bytes
     requests = sorted(config.trace.requests, key=lambda r: (r.arrival_s, r.request_id))
     total, done, i, now = len(requests), 0, 0, 0.0
@@ -165,7 +186,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             builder.add_prefill(p.tokens, p.start)
         for d in batch.decodes:
             builder.add_decode(d.context)
-        duration = cost.step_time(builder.build())
+        duration = clock.step_time(builder.build())
         now += duration
         sched.complete(batch, StepOutcome(duration), now)
         before = done

@@ -2,8 +2,9 @@
 
 Four public traces are bundled (byte-exact copies, sources and licenses in
 ``kvchain/sim/data/SOURCES.md``); :func:`load_trace` loads one of them by name, or a file
-of one of their three formats by path, and cuts it (first N requests, a time window, a
-rate scale).
+of one of their three formats, or of the generic format a user writes by hand
+(:data:`TRACE_FORMATS_HELP`), by path, and cuts it (first N requests, a time window, a rate
+scale). :func:`write_trace` writes any trace in the generic format.
 
 Conventions (the same for every format):
 
@@ -52,7 +53,8 @@ every row of the bundled trace has ``len(hash_ids) == ceil(input_length / 512)``
 DEFAULT_POISSON_RATE_RPS = 5.53
 """Default arrival rate (requests/s) for traces without arrival times (ShareGPT): the mean
 arrival rate of the bundled Azure 2023 conversation trace (19,366 requests over 3,501.72 s,
-``shared/data/trace_stats.json``), so ShareGPT lengths arrive at a real chat service's rate."""
+``sim/data/azure2023_conv.csv``: 19,366 / 3,501.72 = 5.53), so ShareGPT lengths arrive at a
+real chat service's rate."""
 
 _NS_PER_S = 1_000_000_000
 _NS_PER_MS = 1_000_000
@@ -78,6 +80,38 @@ class TraceFormat(enum.StrEnum):
     """JSON lines ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``."""
     SHAREGPT_LENGTHS = "sharegpt-lengths"
     """CSV ``num_prefill_tokens,num_decode_tokens,...`` (no arrival times: Poisson)."""
+    GENERIC = "generic"
+    """CSV or JSON lines written by hand: ``arrival_s, prompt_tokens, output_tokens`` and
+    optional ``hash_ids``, ``max_tokens`` (see :data:`TRACE_FORMATS_HELP`)."""
+
+
+TRACE_FORMATS_HELP = """\
+Trace formats (a bundled name, or a file detected by its header / first line):
+  generic CSV (header with arrival_s), one request per line:
+    arrival_s,prompt_tokens,output_tokens[,hash_ids][,max_tokens]
+    0.25,1200,128,7 8 9,256
+  generic JSONL (objects with arrival_s):
+    {"arrival_s": 0.25, "prompt_tokens": 1200, "output_tokens": 128,
+     "hash_ids": [7, 8, 9], "max_tokens": 256}
+  arrival_s: seconds (any origin, the earliest becomes 0); prompt_tokens >= 1;
+  output_tokens >= 0 (0 counts as 1); hash_ids: optional ids of the prompt's
+  blocks of --block-tokens tokens (default 512), ceil(prompt / block) of them,
+  equal leading ids = shared prefix; in CSV space- or semicolon-separated;
+  max_tokens: optional per-request output cap (tokens).
+  Azure 2023 CSV (azure-conv, azure-code):
+    TIMESTAMP,ContextTokens,GeneratedTokens
+    2023-11-16 18:15:46.6805900,374,44
+  (wall clock, 100 ns; prompt and output tokens)
+  Mooncake JSONL (mooncake): timestamp in ms, lengths in tokens, 512-token
+  block ids:
+    {"timestamp": 0, "input_length": 6758, "output_length": 500,
+     "hash_ids": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]}
+  ShareGPT lengths CSV (sharegpt): no arrival times (Poisson, --seed):
+    num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio
+    74,918,992,0.0806100217864923
+"""
+"""The accepted trace formats, their columns, units and an example line each (printed by
+``kvchain simulate --help`` and ``kvchain compare --help``; also in the README)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,9 +201,12 @@ class TraceRequest:
         arrival_s: arrival time, seconds from the trace start (>= 0).
         prompt_tokens: prompt length in tokens (>= 1).
         output_tokens: tokens to generate (>= 1; the first one ends the prefill).
-        prefix_block_ids: Mooncake ``hash_ids``: one id per 512-token prompt block
-            (:data:`MOONCAKE_BLOCK_TOKENS`); equal leading ids between requests mean a shared
-            prefix. ``None`` for traces without them.
+        prefix_block_ids: ``hash_ids``: one id per prompt block of
+            :attr:`Trace.block_tokens` tokens (Mooncake: 512,
+            :data:`MOONCAKE_BLOCK_TOKENS`); equal leading ids between requests mean a
+            shared prefix. ``None`` for traces without them.
+        max_tokens: the request's own output cap in tokens (a generic trace's
+            ``max_tokens`` column), ``None`` when the trace gives none.
 
     Raises:
         TraceError: a negative or non-finite arrival, or a token count below 1.
@@ -180,8 +217,12 @@ class TraceRequest:
     prompt_tokens: int
     output_tokens: int
     prefix_block_ids: tuple[int, ...] | None = None
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise TraceError(f"request {self.request_id}: max_tokens must be >= 1, "
+                             f"got {self.max_tokens}")
         if not (math.isfinite(self.arrival_s) and self.arrival_s >= 0):
             raise TraceError(
                 f"request {self.request_id}: arrival_s must be finite and >= 0, "
@@ -205,6 +246,7 @@ class Trace:
         license: the license of the data.
         zero_output_rows: rows of the source file whose output length 0 was clamped to 1
             (counted over the whole file, before any cut; see the module doc).
+        block_tokens: tokens per ``prefix_block_ids`` block (Mooncake: 512).
 
     Raises:
         TraceError: requests not sorted by ``arrival_s``, or a repeated ``request_id``.
@@ -215,8 +257,12 @@ class Trace:
     source: str
     license: str
     zero_output_rows: int = 0
+    block_tokens: int = 512
 
     def __post_init__(self) -> None:
+        if self.block_tokens < 1:
+            raise TraceError(f"trace {self.name!r}: block_tokens must be >= 1, "
+                             f"got {self.block_tokens}")
         previous = -math.inf
         for request in self.requests:
             if request.arrival_s < previous:
@@ -254,6 +300,7 @@ class _Row:
     prompt_tokens: int
     output_tokens: int
     prefix_block_ids: tuple[int, ...] | None
+    max_tokens: int | None = None
 
 
 _INT_RE = re.compile(r"[+-]?[0-9]+")
@@ -430,19 +477,20 @@ def _json_time_ns(value: object, path: Path, line: int) -> int:
     return round(value * _NS_PER_MS)
 
 
-def _json_block_ids(value: object, prompt: int, path: Path, line: int) -> tuple[int, ...]:
+def _json_block_ids(value: object, prompt: int, path: Path, line: int,
+                    block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> tuple[int, ...]:
     if not isinstance(value, list) or any(
         isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value
     ):
         raise _error(path, line, "hash_ids", "must be a list of non-negative integers")
-    expected = -(-prompt // MOONCAKE_BLOCK_TOKENS)
+    expected = -(-prompt // block_tokens)
     if len(value) != expected:
         raise _error(
             path,
             line,
             "hash_ids",
             f"{len(value)} block ids for {prompt} prompt tokens; expected "
-            f"ceil({prompt} / {MOONCAKE_BLOCK_TOKENS}) = {expected}",
+            f"ceil({prompt} / {block_tokens}) = {expected}",
         )
     return tuple(value)
 
@@ -481,6 +529,137 @@ def _read_mooncake(path: Path) -> tuple[list[_Row], int]:
     return rows, clamped
 
 
+GENERIC_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+"""Required columns (CSV) or keys (JSONL) of the generic format; optional: ``hash_ids``,
+``max_tokens``."""
+
+
+def _arrival_ns(value: object, path: Path, line: int) -> int:
+    """``arrival_s`` (seconds, a number or its text) to integer nanoseconds."""
+    if isinstance(value, str):
+        text = value
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise _error(path, line, "arrival_s", f"not a number: {text[:40]!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _error(path, line, "arrival_s", f"not a number: {value!r}"[:200])
+    finite = isinstance(value, int) or math.isfinite(value)
+    if not (finite and 0 <= value <= MAX_MOONCAKE_TIMESTAMP_MS / 1000):
+        raise _error(path, line, "arrival_s", f"must be finite and >= 0 seconds, got {value!r}")
+    return round(value * _NS_PER_S)
+
+
+def _generic_row(index: int, fields: Mapping[str, object], path: Path, line: int,
+                 block_tokens: int, text: bool) -> tuple[_Row, bool]:
+    count = _parse_count if text else _json_count
+    arrival = _arrival_ns(fields["arrival_s"], path, line)
+    prompt = count(fields["prompt_tokens"], path, line, "prompt_tokens")  # type: ignore[arg-type]
+    output = count(fields["output_tokens"], path, line, "output_tokens")  # type: ignore[arg-type]
+    output, clamped = _check_lengths(prompt, output, path, line, "prompt_tokens")
+    blocks = None
+    raw_blocks = fields.get("hash_ids")
+    if raw_blocks is not None and raw_blocks != "":
+        if isinstance(raw_blocks, str):
+            parts = raw_blocks.replace(";", " ").split()
+            raw_blocks = [_parse_count(p, path, line, "hash_ids") for p in parts]
+        blocks = _json_block_ids(raw_blocks, prompt, path, line, block_tokens)
+    cap = fields.get("max_tokens")
+    max_tokens = None
+    if cap is not None and cap != "":
+        max_tokens = count(cap, path, line, "max_tokens")  # type: ignore[arg-type]
+        if max_tokens < 1:
+            raise _error(path, line, "max_tokens", "must be >= 1 token, got 0")
+    return _Row(index, arrival, prompt, output, blocks, max_tokens), clamped
+
+
+def _read_generic(path: Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS
+                  ) -> tuple[list[_Row], int]:
+    rows: list[_Row] = []
+    clamped = 0
+    if path.suffix.lower() in (".jsonl", ".json"):
+        for line, obj in _json_objects(path):
+            for field in GENERIC_COLUMNS:
+                if field not in obj:
+                    raise _error(path, line, field, "missing field")
+            row, was = _generic_row(len(rows), obj, path, line, block_tokens, text=False)
+            rows.append(row)
+            clamped += was
+        return rows, clamped
+    optional = ("hash_ids", "max_tokens")
+    with path.open(encoding="utf-8-sig") as handle:
+        try:
+            header = {c.strip() for c in handle.readline().split(",")}
+        except UnicodeDecodeError:
+            raise _utf8_error(path) from None
+    columns = GENERIC_COLUMNS + tuple(c for c in optional if c in header)
+    for line, fields in _csv_rows(path, columns):
+        row, was = _generic_row(len(rows), fields, path, line, block_tokens, text=True)
+        rows.append(row)
+        clamped += was
+    return rows, clamped
+
+
+def _json_objects(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
+    """(line number, object) for each non-blank line of a JSON-lines file."""
+    with path.open(encoding="utf-8-sig") as handle:
+        try:
+            lines = list(enumerate(handle, start=1))
+        except UnicodeDecodeError:
+            raise _utf8_error(path) from None
+    for line, text in lines:
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise _error(path, line, "<json>", f"invalid JSON: {exc.msg}") from None
+        except (ValueError, RecursionError) as exc:  # > 4,300-digit int, deep nesting
+            raise _error(path, line, "<json>", f"unusable JSON: {exc}"[:300]) from None
+        if not isinstance(obj, dict):
+            raise _error(path, line, "<json>", "each line must be a JSON object")
+        yield line, obj
+
+
+def write_trace(trace: Trace, path: Path) -> Path:
+    """Write ``trace`` in the generic format (CSV, or JSON lines for ``.jsonl``/``.json``):
+    ``arrival_s`` (``repr`` of the float), ``prompt_tokens``, ``output_tokens``, and
+    ``hash_ids`` / ``max_tokens`` when any request has them. :func:`load_trace` reads it
+    back to the same requests (``block_tokens`` as written: pass it again).
+
+    Raises:
+        TraceError: the file cannot be written.
+    """
+    has_blocks = any(r.prefix_block_ids is not None for r in trace.requests)
+    has_cap = any(r.max_tokens is not None for r in trace.requests)
+    try:
+        with path.open("w", encoding="utf-8", newline="") as handle:
+            if path.suffix.lower() in (".jsonl", ".json"):
+                for r in trace.requests:
+                    obj: dict[str, object] = {"arrival_s": r.arrival_s,
+                                              "prompt_tokens": r.prompt_tokens,
+                                              "output_tokens": r.output_tokens}
+                    if r.prefix_block_ids is not None:
+                        obj["hash_ids"] = list(r.prefix_block_ids)
+                    if r.max_tokens is not None:
+                        obj["max_tokens"] = r.max_tokens
+                    handle.write(json.dumps(obj) + "\n")
+                return path
+            writer = csv.writer(handle)
+            writer.writerow([*GENERIC_COLUMNS, *(["hash_ids"] if has_blocks else []),
+                             *(["max_tokens"] if has_cap else [])])
+            for r in trace.requests:
+                row: list[object] = [repr(r.arrival_s), r.prompt_tokens, r.output_tokens]
+                if has_blocks:
+                    row.append(" ".join(map(str, r.prefix_block_ids or ())))
+                if has_cap:
+                    row.append("" if r.max_tokens is None else r.max_tokens)
+                writer.writerow(row)
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot write trace: {exc.strerror or exc}") from None
+    return path
+
+
 _READERS = {
     TraceFormat.AZURE_2023: _read_azure,
     TraceFormat.MOONCAKE: _read_mooncake,
@@ -491,30 +670,35 @@ _READERS = {
 def detect_format(path: Path) -> TraceFormat:
     """The format of a trace file, from its extension and first line.
 
-    ``.jsonl`` / ``.json`` files are Mooncake JSON lines; ``.csv`` files are Azure 2023 if
-    the header has ``TIMESTAMP``, ShareGPT lengths if it has ``num_prefill_tokens``.
+    ``.jsonl`` / ``.json`` files are generic if the first object has ``arrival_s``, else
+    Mooncake JSON lines; other files are CSV: generic if the header has ``arrival_s``, Azure
+    2023 if it has ``TIMESTAMP``, ShareGPT lengths if it has ``num_prefill_tokens``.
 
     Raises:
         TraceError: the file cannot be read, or no known format matches (names the file).
     """
     suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        return TraceFormat.MOONCAKE
     try:
         with path.open(encoding="utf-8-sig") as handle:
             header = handle.readline(65_536)
+            while suffix in (".jsonl", ".json") and header and not header.strip():
+                header = handle.readline(65_536)
     except OSError as exc:
         raise TraceError(f"{path}: cannot read trace file: {exc}") from None
     except UnicodeDecodeError:
         raise _utf8_error(path) from None
+    if suffix in (".jsonl", ".json"):
+        return TraceFormat.GENERIC if '"arrival_s"' in header else TraceFormat.MOONCAKE
     columns = {c.strip() for c in header.strip().split(",")}
+    if "arrival_s" in columns:
+        return TraceFormat.GENERIC
     if "TIMESTAMP" in columns:
         return TraceFormat.AZURE_2023
     if "num_prefill_tokens" in columns:
         return TraceFormat.SHAREGPT_LENGTHS
     raise TraceError(
-        f"{path}: line 1: unknown trace format (expected a .jsonl Mooncake trace, or a CSV "
-        f"with a TIMESTAMP or num_prefill_tokens column; header is {header.strip()!r})"
+        f"{path}: line 1: unknown trace format (expected a .jsonl trace, or a CSV with an "
+        f"arrival_s, TIMESTAMP or num_prefill_tokens column; header is {header.strip()!r})"
     )
 
 
@@ -583,6 +767,7 @@ def load_trace(
     rate_scale: float = 1.0,
     rate: float | None = None,
     seed: int = 0,
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS,
 ) -> Trace:
     """Load a bundled trace by name, or a trace file by path, and cut it.
 
@@ -610,6 +795,8 @@ def load_trace(
         rate_scale: arrival-rate multiplier (> 0).
         rate: Poisson rate (requests/s) for traces without arrival times.
         seed: Poisson seed.
+        block_tokens: tokens per ``hash_ids`` block of a generic trace (>= 1; Mooncake's
+            are always 512, so another value with a Mooncake file is an error).
 
     Returns:
         the :class:`Trace`, requests sorted stably by arrival.
@@ -626,9 +813,17 @@ def load_trace(
             a cut that leaves no request.
     """
     _check_options(first, start_s, end_s, rate_scale)
+    if isinstance(block_tokens, bool) or block_tokens < 1:
+        raise ConfigError(f"block_tokens must be >= 1, got {block_tokens!r}")
     path, bundled = _resolve(name_or_path)
     fmt = bundled.format if bundled is not None else detect_format(path)
-    rows, clamped = _READERS[fmt](path)
+    if fmt is TraceFormat.GENERIC:
+        rows, clamped = _read_generic(path, block_tokens)
+    else:
+        if fmt is TraceFormat.MOONCAKE and block_tokens != MOONCAKE_BLOCK_TOKENS:
+            raise ConfigError(f"Mooncake hash_ids blocks are {MOONCAKE_BLOCK_TOKENS} tokens; "
+                              f"block_tokens {block_tokens} applies to generic traces only")
+        rows, clamped = _READERS[fmt](path)
     name = bundled.name if bundled is not None else path.stem
     if not rows:
         raise TraceError(f"{path}: trace has no data rows")
@@ -667,6 +862,7 @@ def load_trace(
                 prompt_tokens=row.prompt_tokens,
                 output_tokens=row.output_tokens,
                 prefix_block_ids=row.prefix_block_ids,
+                max_tokens=row.max_tokens,
             )
         )
     if not requests:
@@ -684,4 +880,5 @@ def load_trace(
         source=source,
         license=license_,
         zero_output_rows=clamped,
+        block_tokens=block_tokens,
     )

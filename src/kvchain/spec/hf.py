@@ -172,7 +172,8 @@ def load_hf_config(
 
     Returns:
         The model's cache layers (grouped into lifetime classes by ``ModelSpec``), its
-        layer count, width, query heads per rank, parameters and weight bytes per rank.
+        layer count, width, query heads per rank, parameters and weight bytes per rank, and
+        its context length (``max_position_embeddings``, ``None`` if absent).
 
     Raises:
         UnknownFamilyError: nothing maps the config's layers (names ``model_type`` and
@@ -194,6 +195,7 @@ def load_hf_config(
     counts = count_params(cfg, plans)
     fmt = weight_format if weight_format is not None else weight_format_of(cfg)
     heads = cfg.optional_int("num_attention_heads", default=0, minimum=0)
+    context = cfg.optional_int("max_position_embeddings", default=0)
     return ModelSpec(
         name=name or _default_name(cfg),
         layers=layers,
@@ -205,4 +207,5 @@ def load_hf_config(
         weight_bytes=weight_bytes(counts, fmt, tp),
         tp=tp,
         source=cfg.origin if source is None else source,
+        max_context_tokens=context or None,
     )

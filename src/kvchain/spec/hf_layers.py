@@ -31,7 +31,8 @@ Sources of the rules: the configuration classes of huggingface/transformers 4.57
 (``configuration_gemma3.py``, ``configuration_gemma2.py``, ``configuration_qwen3_next.py``,
 ``configuration_jamba.py``, ``configuration_llama4.py``, ``configuration_qwen2.py``), the
 Falcon-H1 README (tiiuae/Falcon-H1: attention and SSM run in parallel in every block) and
-the data README (``shared/data/README.md``) for the custom-code families.
+the sources listed in ``catalog/data/SOURCES.md`` for the custom-code families (e.g.
+Jet-Nemotron: NVlabs/Jet-Nemotron ``jetai/modeling/configs/jetlm_2B.json``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Bytes per token of an attention layer (per tensor-parallel rank)::
     kv_heads_per_rank * (k_head_dim + v_head_dim) * dtype_bytes
 
 e.g. gpt-oss-120b: 8 KV heads x (64 + 64) x 2 B = 2,048 B per layer; 18 full layers give
-``E_full = 36,864 B`` (``shared/data/models.json``). A recurrent layer holds a fixed set of
+``E_full = 36,864 B`` (bundled ``catalog/data/models.json``). A recurrent layer holds a fixed set of
 state tensors per request (shapes from vLLM's ``MambaStateShapeCalculator``,
 ``vllm/model_executor/layers/mamba/mamba_utils.py``).
 """

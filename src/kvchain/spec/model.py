@@ -23,6 +23,10 @@ class ModelSpec:
             experts at 4.25 bits per parameter for gpt-oss).
         tp: tensor-parallel size the bytes are per rank of.
         source: where the config came from (repo, path, license).
+        max_context_tokens: the model's context length in tokens (Hugging Face
+            ``max_position_embeddings``), or ``None`` when the source does not say. The KV
+            cache of a model without full attention never bounds a request's length; this
+            does.
     """
 
     name: str
@@ -35,6 +39,7 @@ class ModelSpec:
     weight_bytes: int
     tp: int = 1
     source: str = ""
+    max_context_tokens: int | None = None
     classes: tuple[CacheClass, ...] = field(init=False)
 
     def __post_init__(self) -> None:

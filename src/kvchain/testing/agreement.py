@@ -6,7 +6,7 @@ unit)`` must be exactly what the oracle (:mod:`kvchain.testing.oracle`) can hold
 ``n x unit`` fits in the oracle, ``(n + 1) x unit`` does not. Also measured: the **grid
 slack**, bytes free at capacity beyond one more unit (``free - n x unit_bytes -
 unit_bytes``, when positive), which page-grid rounding of the float or ENDs leaves
-unused; DESIGN contract 3 allows at most one float page per edge.
+unused; docs/design.md contract 3 allows at most one float page per edge.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from kvchain.layout import ChainLayout, plan_layout
 from kvchain.spec.declared import declared_class
 from kvchain.spec.layers import LifetimeClass
 
-#: Every chain shape of at most one float, low -> high (DESIGN section 2).
+#: Every chain shape of at most one float, low -> high (docs/design.md §2).
 SHAPES: tuple[str, ...] = ("full", "window|full", "state|full", "state|window",
                            "state|window|full")
 

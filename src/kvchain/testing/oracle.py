@@ -20,7 +20,7 @@ relocate float     (gate open, or the float holds no live page) shift the whole 
 
 The demand is held when every band has ``live + demand`` live pages. The byte bound
 (``sum((live + demand) x P) > B``) is the only shortcut: a proof no arrangement exists.
-A closed gate leaves only hole use, extension and moving an empty float (DESIGN contract 6:
+A closed gate leaves only hole use, extension and moving an empty float (docs/design.md contract 6:
 "Gates closed => oracle without moves"). A pending fence changes no feasibility (a plan
 just waits for it first), so the oracle ignores it.
 """

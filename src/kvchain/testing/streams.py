@@ -24,7 +24,7 @@ every bound page of every band is held by exactly one of the recorder (requests)
 cache, or the chain (its null page) - a leaked or doubly owned page is a violation.
 
 :class:`ChainRecorder` runs operations on a chain, checks every take against its price
-(DESIGN contracts 1-2: after a take ``snapshot() == quote.after``; a refusal changes
+(docs/design.md contracts 1-2: after a take ``snapshot() == quote.after``; a refusal changes
 nothing), audits after every operation, and records what it ran. :func:`generate_stream`
 drives a recorder with a seeded request workload (prefills, chunked extensions with
 window-tail release, decode steps, finishes, extra state slots, gate toggles, fences,

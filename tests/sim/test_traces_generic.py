@@ -1,0 +1,95 @@
+"""The generic trace format (arrival_s, prompt_tokens, output_tokens, optional hash_ids
+and max_tokens): CSV and JSON lines, read and written, with typed errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvchain.errors import ConfigError, TraceError
+from kvchain.sim.traces import (
+    TraceFormat,
+    TraceRequest,
+    detect_format,
+    load_trace,
+    write_trace,
+)
+
+
+def test_csv_by_hand_with_blocks_and_caps(tmp_path):
+    path = tmp_path / "mine.csv"
+    # Blocks of 4 tokens: ceil(10 / 4) = 3 ids, ceil(4 / 4) = 1 id; the third row has none.
+    path.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids,max_tokens\n"
+                    "2.5,10,3,1 2 3,8\n"
+                    "2.0,4,0,1,\n"
+                    "3.25,7,5,,\n")
+    assert detect_format(path) is TraceFormat.GENERIC
+    trace = load_trace(path, block_tokens=4)
+    assert trace.block_tokens == 4
+    # sorted by arrival; the earliest (2.0 s) becomes 0; output 0 is clamped to 1
+    assert trace.requests == (
+        TraceRequest(1, 0.0, 4, 1, (1,), None),
+        TraceRequest(0, 0.5, 10, 3, (1, 2, 3), 8),
+        TraceRequest(2, 1.25, 7, 5, None, None),
+    )
+    assert trace.zero_output_rows == 1
+
+
+def test_semicolon_separated_ids_and_default_block(tmp_path):
+    path = tmp_path / "semi.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids\n0,1025,2,5;6;7\n")
+    trace = load_trace(path)  # 512-token blocks: ceil(1,025 / 512) = 3 ids
+    assert trace.requests[0].prefix_block_ids == (5, 6, 7)
+    assert trace.block_tokens == 512
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_round_trip(tmp_path, suffix):
+    source = tmp_path / f"src{suffix}"
+    rows = [{"arrival_s": 0.0, "prompt_tokens": 33, "output_tokens": 4,
+             "hash_ids": [9, 10, 11], "max_tokens": 16},
+            {"arrival_s": 0.125, "prompt_tokens": 16, "output_tokens": 2,
+             "hash_ids": [9]},
+            {"arrival_s": 1.5, "prompt_tokens": 1, "output_tokens": 1, "hash_ids": [40]}]
+    if suffix == ".jsonl":
+        source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        source.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids,max_tokens\n" + "".join(
+            f"{r['arrival_s']},{r['prompt_tokens']},{r['output_tokens']},"
+            f"{' '.join(map(str, r['hash_ids']))},{r.get('max_tokens', '')}\n" for r in rows))
+    first = load_trace(source, block_tokens=16)
+    again = load_trace(write_trace(first, tmp_path / f"out{suffix}"), block_tokens=16)
+    assert again.requests == first.requests
+    assert [r.max_tokens for r in again.requests] == [16, None, None]
+    assert again.requests[0].prefix_block_ids == (9, 10, 11)  # ceil(33 / 16) = 3
+
+
+def test_bundled_trace_written_generic_reads_back(tmp_path):
+    mooncake = load_trace("mooncake", first=20)
+    again = load_trace(write_trace(mooncake, tmp_path / "m.csv"))
+    assert again.requests == mooncake.requests
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ("arrival_s,prompt_tokens,output_tokens\nsoon,10,3\n", "arrival_s"),
+    ("arrival_s,prompt_tokens,output_tokens\n-1,10,3\n", "arrival_s"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,0,3\n", "prompt_tokens"),
+    ("arrival_s,prompt_tokens,output_tokens,hash_ids\n0,10,3,1 2\n", "hash_ids"),
+    ("arrival_s,prompt_tokens,output_tokens,max_tokens\n0,10,3,0\n", "max_tokens"),
+    ("arrival_s,prompt_tokens\n0,10\n", "output_tokens"),
+])
+def test_malformed_rows_name_the_field(tmp_path, body, field):
+    path = tmp_path / "bad.csv"
+    path.write_text(body)
+    with pytest.raises(TraceError, match=field):
+        load_trace(path, block_tokens=4)
+
+
+def test_block_tokens_is_checked(tmp_path):
+    path = tmp_path / "ok.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,3\n")
+    with pytest.raises(ConfigError, match="block_tokens"):
+        load_trace(path, block_tokens=0)
+    with pytest.raises(ConfigError, match="512"):
+        load_trace("mooncake", first=2, block_tokens=256)

@@ -1,0 +1,41 @@
+"""The one smallest-request formula (layout.smallest_request_pages), used by the layout's
+minimum check and by the scheduler's construction check."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvchain.alloc.chain import Chain
+from kvchain.errors import BufferTooSmallError
+from kvchain.kv_manager import KVManager
+from kvchain.layout import plan_layout, smallest_request_bytes, smallest_request_pages
+from kvchain.sched.scheduler import Scheduler
+from kvchain.spec.declared import declare_model
+
+
+def test_window_only_smallest_request_is_one_window_plus_a_page():
+    # Mistral-7B-like: W = 4,096, P = 16 -> ceil(4,095 / 16) + 1 = 257 window pages.
+    model = declare_model("m", window=131_072, window_tokens=4_096)
+    layout = plan_layout(model.classes, 10**12, 16)
+    assert smallest_request_pages(layout.bands, 1) == (257,)
+    assert smallest_request_bytes(layout.bands, 1) == 257 * 16 * 131_072
+
+
+def test_three_bands_with_checkpoint_slots():
+    # state | window | full; W = 128, P = 256 (F1's window): 3 slots, 2 window, 1 full.
+    model = declare_model("m", full=1_000, window=1_000, window_tokens=128, state=5_000)
+    layout = plan_layout(model.classes, 10**9, 256, state_slots_per_request=3)
+    assert smallest_request_pages(layout.bands, 3) == (3, 2, 1)
+    assert smallest_request_bytes(layout.bands, 3) == 3 * 5_000 + 2 * 256_000 + 256_000
+
+
+def test_layout_and_scheduler_agree_at_the_boundary():
+    """Without null pages the smallest request is exactly 1 full + 2 window pages of
+    256,000 B: the scheduler constructs on that layout, and one byte less is refused
+    naming 768,000 B."""
+    model = declare_model("m", full=1_000, window=1_000, window_tokens=128)
+    ok = plan_layout(model.classes, 3 * 256_000, 256, null_pages=False)
+    Scheduler(KVManager(Chain(ok)))  # exactly the smallest request: constructs
+    with pytest.raises(BufferTooSmallError) as info:
+        plan_layout(model.classes, 3 * 256_000 - 1, 256, null_pages=False)
+    assert info.value.needed_bytes == 3 * 256_000
