@@ -205,3 +205,17 @@ def test_hand_plan_with_a_wrong_page_count_binds_nothing() -> None:
     with pytest.raises(PlanMismatchError):  # binds 2 pages for a demand of 3
         unsafe_take_plan(chain, Demand((3, 0)), quote)
     assert state(chain, buf) == before
+
+
+def test_an_epoch_bump_outside_the_mutation_path_still_makes_quotes_stale() -> None:
+    """A registered quote is checked against the epoch too, not only removed by the
+    mutation path: bumping the epoch directly (as a path that forgets to empty the
+    registry would) still refuses it."""
+    chain, buf = build("two", 8)
+    quote = chain.price(Demand((1, 1)))
+    chain._epoch += 1  # planted: an epoch bump that bypasses _apply
+    chain._snap = None
+    before = state(chain, buf)
+    with pytest.raises(StaleQuoteError):
+        chain.take(Demand((1, 1)), quote)
+    assert state(chain, buf) == before

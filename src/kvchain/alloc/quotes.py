@@ -8,7 +8,9 @@ every quote its ``price`` returns in a :class:`QuoteRegistry`: the quote object 
 snapshot, fits, ordered actions). ``take`` accepts a quote only if the same object is
 registered, its fingerprint is unchanged, and it was priced for the demand taken. The
 registry is emptied on every capacity-epoch bump, so a quote priced before a change is
-stale. A refused quote raises before anything changes.
+stale (the quote's own ``before.epoch`` is compared with the allocator's epoch as well, so
+an epoch bump that forgets to empty the registry still makes it stale). A refused quote
+raises before anything changes.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ class QuoteRegistry:
                                       f"is at epoch {epoch}: price the demand again")
             raise ForgedQuoteError(f"the {self._owner} did not issue this quote for its "
                                    f"current snapshot (epoch {epoch})")
+        if rec.before.epoch != epoch:  # whichever path bumped the epoch without clear()
+            raise StaleQuoteError(f"quote priced at epoch {rec.before.epoch}, the "
+                                  f"{self._owner} is at epoch {epoch}: price the demand again")
         if quote.demand != demand or rec.demand != demand:
             raise ForgedQuoteError(f"quote priced for {rec.demand.pages}, taken for "
                                    f"{getattr(demand, 'pages', demand)!r}")

@@ -151,8 +151,8 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
         = False,
     strict: Annotated[bool, typer.Option(
-        help="stop at the first admitted-but-unallocatable step (exit 1) instead of "
-             "counting it")] = False,
+        help="stop at the first admitted-but-unallocatable step (the typed error, exit 2) "
+             "instead of counting it")] = False,
 ) -> None:
     """Run every memory manager on the same model, GPU, trace and scheduler."""
     console = Console(stderr=as_json)
