@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from kvchain.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
 from kvchain.layout import ChainLayout
@@ -105,3 +106,13 @@ def render_bands(layout: ChainLayout) -> Table:
         table.add_row(b.label, b.anchor.value, per_token, f"{b.page_bytes:,}",
                       f"{c.window:,}" if c.window else "-", str(b.reserved_pages), f"{b.cap:,}")
     return table
+
+
+def reserve_config(reserve: ReservePolicy, new_token_ratio: str | None) -> ReserveConfig:
+    """``--reserve`` and ``--new-token-ratio`` as a :class:`ReserveConfig`.
+
+    Raises:
+        ConfigError: a malformed ratio, or a ratio with a policy other than ``sglang``.
+    """
+    ratio = parse_new_token_ratio(new_token_ratio) if new_token_ratio is not None else None
+    return ReserveConfig(reserve, ratio)

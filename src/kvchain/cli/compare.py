@@ -16,9 +16,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from kvchain.admission import ReservePolicy
 from kvchain.baselines import ManagerKind
 from kvchain.cli import app
-from kvchain.cli.common import load_spec, prepare_out_dir
+from kvchain.cli.common import load_spec, prepare_out_dir, reserve_config
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import get_gpu
 from kvchain.report.tables import comparison_table
@@ -96,6 +97,13 @@ def compare(
     policy: Annotated[QueuePolicy, typer.Option(help="waiting-queue order")] = QueuePolicy.FCFS,
     max_running: Annotated[int, typer.Option(help="most running requests")] = 256,
     chunk_size: Annotated[int, typer.Option(help="prefill chunk tokens")] = 8192,
+    reserve: Annotated[ReservePolicy, typer.Option(
+        help="Reservation for future output: sglang (decaying new-token ratio), adaptive "
+             "(learned from finished requests; default) or full (to each limit).")]
+        = ReservePolicy.ADAPTIVE,
+    new_token_ratio: Annotated[str | None, typer.Option(
+        help="INIT,FLOOR,DECAY of the sglang new-token ratio (default 0.7,0.098,0.001003); "
+             "only with --reserve sglang.")] = None,
     managers: Annotated[str, typer.Option(
         help="comma-separated managers: kvchain,fixed-pools,equal-page,ideal")] =
         "kvchain,fixed-pools,equal-page,ideal",
@@ -115,7 +123,8 @@ def compare(
             raise ConfigError("no manager given")
         spec = load_spec(model, config, tp=tp)
         scheduler = SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
-                                    max_prefill_tokens=max(chunk_size, 8192), policy=policy)
+                                    max_prefill_tokens=max(chunk_size, 8192), policy=policy,
+                                    reserve=reserve_config(reserve, new_token_ratio))
         cfg = SimConfig(spec, get_gpu(gpu), load_trace(trace, first=requests,
                                                        rate_scale=rate_scale),
                         mem_fraction=mem_fraction, page_size=page_size,

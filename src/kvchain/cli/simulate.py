@@ -11,8 +11,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvchain.admission import ReservePolicy
 from kvchain.cli import app
-from kvchain.cli.common import load_spec, prepare_out_dir, render_bands
+from kvchain.cli.common import load_spec, prepare_out_dir, render_bands, reserve_config
 from kvchain.errors import KVChainError
 from kvchain.gpu import get_gpu
 from kvchain.report.plots import write_all_plots
@@ -52,6 +53,13 @@ def simulate_command(
     = QueuePolicy.FCFS,
     max_running: Annotated[int, typer.Option(help="Most running requests.")] = 256,
     chunk_size: Annotated[int, typer.Option(help="Prefill chunk tokens.")] = 8192,
+    reserve: Annotated[ReservePolicy, typer.Option(
+        help="Reservation for future output: sglang (decaying new-token ratio), adaptive "
+             "(learned from finished requests; default) or full (to each limit).")]
+        = ReservePolicy.ADAPTIVE,
+    new_token_ratio: Annotated[str | None, typer.Option(
+        help="INIT,FLOOR,DECAY of the sglang new-token ratio (default 0.7,0.098,0.001003); "
+             "only with --reserve sglang.")] = None,
     seed: Annotated[int, typer.Option(help="Seed (Poisson arrivals of length-only "
                                            "traces).")] = 0,
     out: Annotated[Path | None, typer.Option(help="Write metrics.json, requests.csv and "
@@ -73,7 +81,8 @@ def simulate_command(
             spec, gpu_spec, tr, mem_fraction=mem_fraction, page_size=page_size,
             scheduler=SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
                                       max_prefill_tokens=max(chunk_size, 8192),
-                                      policy=policy),
+                                      policy=policy,
+                                      reserve=reserve_config(reserve, new_token_ratio)),
             buffer_bytes=buffer_bytes)
         layout = sim_config.layout()
         prepare_out_dir(out)
@@ -96,7 +105,8 @@ def simulate_command(
     settings = {"model": spec.name, "gpu": gpu_spec.name, "trace": tr.name,
                 "requests": len(tr), "rate_scale": rate_scale, "mem_fraction": mem_fraction,
                 "buffer_bytes": layout.buffer_bytes, "page_size": page_size,
-                "policy": policy.value, "chain": layout.shape_name, "wall_s": round(wall, 3)}
+                "policy": policy.value, "reserve": reserve.value, "chain": layout.shape_name,
+                "wall_s": round(wall, 3)}
     if out is not None:
         write_outputs(out, result.recorder, summary, config=settings)
         plots = write_all_plots(result.recorder, out)
@@ -107,7 +117,11 @@ def simulate_command(
                                                    f"{tr.name}"))
         console.print(f"simulated {summary.duration_s:,.1f} s of serving in {wall:,.1f} s "
                       f"of wall time; pages copied by moves: "
-                      f"{result.chain_stats.pages_copied:,}")
+                      f"{summary.extra.get('pages_copied', 0):,} (copy time "
+                      f"{summary.extra.get('copy_time_s', 0.0):,.6f} s, "
+                      f"{summary.extra.get('copy_time_pct', 0.0):.4f}% of GPU time, "
+                      f"in TTFT/TPOT)")
         if out is not None:
             console.print(f"wrote {out}/metrics.json, {out}/requests.csv and "
                           + ", ".join(p.name for p in plots))
+

@@ -103,6 +103,10 @@ EXTRA_LABELS = {
     "admission_decisions": "admission pricing decisions",
     "pages_copied": "pages copied by moves",
     "bytes_copied": "bytes copied by moves",
+    "copy_steps": "steps that copied pages",
+    "recomputed_tokens": "tokens prefilled again after retractions",
+    "copy_time_s": "page-copy time (s, in step times)",
+    "copy_time_pct": "page-copy time (% of GPU time)",
     "u_star_pct": "U* (% of buffer needed while requests wait)",
     "alloc_efficiency_pct": "allocation efficiency (% needed / held)",
 }

@@ -169,9 +169,13 @@ class TraceRequest:
         prefix_block_ids: Mooncake ``hash_ids``: one id per 512-token prompt block
             (:data:`MOONCAKE_BLOCK_TOKENS`); equal leading ids between requests mean a shared
             prefix. ``None`` for traces without them.
+        max_tokens: the request's output limit (tokens), when the trace records it; the
+            request stops at ``output_tokens <= max_tokens``. ``None``: unknown (the limit
+            is ``output_tokens``).
 
     Raises:
-        TraceError: a negative or non-finite arrival, or a token count below 1.
+        TraceError: a negative or non-finite arrival, a token count below 1, or
+            ``max_tokens`` below ``output_tokens``.
     """
 
     request_id: int
@@ -179,6 +183,7 @@ class TraceRequest:
     prompt_tokens: int
     output_tokens: int
     prefix_block_ids: tuple[int, ...] | None = None
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.arrival_s) and self.arrival_s >= 0):
@@ -190,6 +195,11 @@ class TraceRequest:
             raise TraceError(
                 f"request {self.request_id}: prompt_tokens and output_tokens must be >= 1, "
                 f"got {self.prompt_tokens} and {self.output_tokens}"
+            )
+        if self.max_tokens is not None and self.max_tokens < self.output_tokens:
+            raise TraceError(
+                f"request {self.request_id}: max_tokens ({self.max_tokens}) is below "
+                f"output_tokens ({self.output_tokens})"
             )
 
 
