@@ -114,7 +114,10 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
 
     Returns:
         The :class:`SimResult`; ``summary.admitted_but_unallocatable`` and
-        ``summary.leaked_pages`` must be 0.
+        ``summary.leaked_pages`` must be 0. ``summary.extra`` also has the page copies
+        charged to step times (``pages_copied``, ``bytes_copied``, ``copy_steps``,
+        ``copy_time_s`` seconds, ``copy_time_pct`` of GPU time = the sum of step times)
+        and ``recomputed_tokens`` (tokens retracted requests prefilled again).
 
     Raises:
         ConfigError / BufferTooSmallError: from the layout.
