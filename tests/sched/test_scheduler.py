@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvchain.admission import NewTokenRatio
+from kvchain.admission import NewTokenRatio, ReserveConfig, ReservePolicy
 from kvchain.errors import ConfigError, InvalidRequestError, UnknownRequestError
 from kvchain.sched.driver import FixedStepDriver
 from kvchain.sched.request import EventKind, Request, RequestStatus, StepBatch
@@ -58,7 +58,8 @@ def test_new_token_ratio_rejects_bad_values(init: float, floor: float, decay: fl
 
 
 def test_scheduler_decays_the_ratio_each_step() -> None:
-    sched = make_scheduler([full_class(1_000)], 100 * PAGE_BYTES, 16)
+    sched = make_scheduler([full_class(1_000)], 100 * PAGE_BYTES, 16,
+                           config=SchedulerConfig(reserve=ReserveConfig(ReservePolicy.SGLANG)))
     run_to_completion(sched, [Request(0, 16, 5)])
     expected = NewTokenRatio()
     for _ in range(5):  # one prefill step + 4 decode steps

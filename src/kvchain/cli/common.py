@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from kvchain.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
 from kvchain.gpu import GPUSpec
@@ -219,3 +220,13 @@ def render_bands(layout: ChainLayout) -> Table:
     """A table of the chain's bands, low -> high in the buffer
     (:func:`kvchain.report.tables.band_table`)."""
     return band_table(layout)
+
+
+def reserve_config(reserve: ReservePolicy, new_token_ratio: str | None) -> ReserveConfig:
+    """``--reserve`` and ``--new-token-ratio`` as a :class:`ReserveConfig`.
+
+    Raises:
+        ConfigError: a malformed ratio, or a ratio with a policy other than ``sglang``.
+    """
+    ratio = parse_new_token_ratio(new_token_ratio) if new_token_ratio is not None else None
+    return ReserveConfig(reserve, ratio)

@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvchain.admission import ReservePolicy
 from kvchain.baselines import ManagerKind
 from kvchain.cli import app
 from kvchain.cli.common import (
@@ -26,6 +27,7 @@ from kvchain.cli.common import (
     load_spec,
     overload_hint,
     prepare_out_dir,
+    reserve_config,
     warn_buffer,
 )
 from kvchain.errors import ConfigError, KVChainError
@@ -142,6 +144,13 @@ def compare(
     = ClockKind.ROOFLINE,
     step_ms: Annotated[float, typer.Option(help="tick of --clock steps, ms")]
     = DEFAULT_STEP_MS,
+    reserve: Annotated[ReservePolicy, typer.Option(
+        help="Reservation for future output: sglang (decaying new-token ratio), adaptive "
+             "(learned from finished requests; default) or full (to each limit).")]
+        = ReservePolicy.ADAPTIVE,
+    new_token_ratio: Annotated[str | None, typer.Option(
+        help="INIT,FLOOR,DECAY of the sglang new-token ratio (default 0.7,0.098,0.001003); "
+             "only with --reserve sglang.")] = None,
     managers: Annotated[str, typer.Option(
         help="comma-separated managers: kvchain,fixed-pools,equal-page,ideal")] =
         "kvchain,fixed-pools,equal-page,ideal",
@@ -171,7 +180,8 @@ def compare(
         gpu_spec = get_gpu(gpu)
         scheduler = SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
                                     max_prefill_tokens=max(chunk_size, 8192), policy=policy,
-                                    strict=strict)
+                                    strict=strict,
+                                    reserve=reserve_config(reserve, new_token_ratio))
         tr = load_trace(trace, first=requests, rate_scale=rate_scale,
                         block_tokens=block_tokens)
         cfg = SimConfig(model_spec, gpu_spec, tr, mem_fraction=mem_fraction,

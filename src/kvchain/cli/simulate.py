@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvchain.admission import ReservePolicy
 from kvchain.cli import app
 from kvchain.cli.common import (
     check_flags,
@@ -18,6 +19,7 @@ from kvchain.cli.common import (
     overload_hint,
     prepare_out_dir,
     render_bands,
+    reserve_config,
     warn_buffer,
 )
 from kvchain.errors import KVChainError
@@ -71,6 +73,13 @@ def simulate_command(
                                                   "(instant compute).")] = ClockKind.ROOFLINE,
     step_ms: Annotated[float, typer.Option(help="Tick of --clock steps, ms of trace time.")]
     = DEFAULT_STEP_MS,
+    reserve: Annotated[ReservePolicy, typer.Option(
+        help="Reservation for future output: sglang (decaying new-token ratio), adaptive "
+             "(learned from finished requests; default) or full (to each limit).")]
+        = ReservePolicy.ADAPTIVE,
+    new_token_ratio: Annotated[str | None, typer.Option(
+        help="INIT,FLOOR,DECAY of the sglang new-token ratio (default 0.7,0.098,0.001003); "
+             "only with --reserve sglang.")] = None,
     seed: Annotated[int, typer.Option(help="Seed (Poisson arrivals of length-only "
                                            "traces).")] = 0,
     out: Annotated[Path | None, typer.Option(help="Write metrics.json, requests.csv and "
@@ -100,7 +109,8 @@ def simulate_command(
             model_spec, gpu_spec, tr, mem_fraction=mem_fraction, page_size=page_size,
             scheduler=SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
                                       max_prefill_tokens=max(chunk_size, 8192),
-                                      policy=policy, strict=strict),
+                                      policy=policy, strict=strict,
+                                      reserve=reserve_config(reserve, new_token_ratio)),
             buffer_bytes=buffer_bytes, clock=clock, step_ms=step_ms)
         layout = sim_config.layout()
         if clock is ClockKind.ROOFLINE:
@@ -131,7 +141,8 @@ def simulate_command(
     settings = {"model": model_spec.name, "gpu": gpu_spec.name, "trace": tr.name,
                 "requests": len(tr), "rate_scale": rate_scale, "mem_fraction": mem_fraction,
                 "buffer_bytes": layout.buffer_bytes, "page_size": page_size,
-                "policy": policy.value, "chain": layout.shape_name, "clock": clock.value,
+                "policy": policy.value, "reserve": reserve.value, "chain": layout.shape_name,
+                "clock": clock.value,
                 "step_ms": step_ms if clock is ClockKind.STEPS else None,
                 "wall_s": round(wall, 3)}
     if out is not None:
@@ -144,7 +155,10 @@ def simulate_command(
                                                    f"{tr.name}"))
         console.print(f"simulated {summary.duration_s:,.1f} s of serving in {wall:,.1f} s "
                       f"of wall time; pages copied by moves: "
-                      f"{result.chain_stats.pages_copied:,}")
+                      f"{summary.extra.get('pages_copied', 0):,} (copy time "
+                      f"{summary.extra.get('copy_time_s', 0.0):,.6f} s, "
+                      f"{summary.extra.get('copy_time_pct', 0.0):.4f}% of GPU time, "
+                      f"in TTFT/TPOT)")
         if out is not None:
             console.print(f"wrote {out}/metrics.json, {out}/requests.csv and "
                           + ", ".join(p.name for p in plots))

@@ -33,10 +33,14 @@ class Request:
             tokens generated before a retraction (recomputed).
         output_done: output tokens generated so far.
         retractions: times it was retracted.
+        max_tokens: the output limit the client asked for (tokens), if known; the request
+            may stop earlier (``output_tokens``, end of sequence). ``None``: the limit is
+            ``output_tokens``. Admission reserves against the limit, never the true length.
 
     Raises:
         InvalidRequestError: an id, prompt or output length that is not an int, a length
-            below 1, or an arrival time that is not a finite number.
+            below 1, an arrival time that is not a finite number, or ``max_tokens`` that is
+            not an int ``>= output_tokens``.
     """
 
     rid: int
@@ -48,6 +52,7 @@ class Request:
     prefill_target: int = 0
     output_done: int = 0
     retractions: int = 0
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("rid", "prompt_tokens", "output_tokens"):
@@ -62,6 +67,11 @@ class Request:
             raise InvalidRequestError(
                 f"request {self.rid}: prompt_tokens and output_tokens must be >= 1, got "
                 f"{self.prompt_tokens} and {self.output_tokens}")
+        if self.max_tokens is not None and (type(self.max_tokens) is not int
+                                            or self.max_tokens < self.output_tokens):
+            raise InvalidRequestError(f"request {self.rid}: max_tokens must be an int >= "
+                                      f"output_tokens ({self.output_tokens}), got "
+                                      f"{self.max_tokens!r}")
         if self.prefill_target == 0:
             self.prefill_target = self.prompt_tokens
 
@@ -79,6 +89,16 @@ class Request:
     def remaining_output(self) -> int:
         """Output tokens still to generate."""
         return self.output_tokens - self.output_done
+
+    @property
+    def output_limit(self) -> int:
+        """Most output tokens it may generate: ``max_tokens``, else ``output_tokens``."""
+        return self.output_tokens if self.max_tokens is None else self.max_tokens
+
+    @property
+    def output_left(self) -> int:
+        """Output tokens left to its limit (what admission may reserve)."""
+        return self.output_limit - self.output_done
 
     @property
     def final_tokens(self) -> int:

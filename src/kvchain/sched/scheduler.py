@@ -32,6 +32,9 @@ from kvchain.admission import (
     AdmissionRules,
     ChainPrefillBudget,
     NewTokenRatio,
+    OutputReserve,
+    ReserveConfig,
+    SGLangReserve,
     WindowAdmission,
 )
 from kvchain.alloc.allocator import Allocator, MoveHold
@@ -82,6 +85,7 @@ class SchedulerConfig:
         chunk_size: largest prefill chunk of one request (tokens).
         policy: waiting-queue order.
         window_admission: override of the chain's default window admission mode.
+        reserve: how admission reserves future output (policy and knobs).
         audit_every_step: run the chain and KV-manager audits after every step (tests).
         strict: stop at the first admitted-but-unallocatable step with
             :class:`~kvchain.errors.AdmissionDivergenceError` (the library default, so
@@ -99,6 +103,7 @@ class SchedulerConfig:
     window_admission: WindowAdmission | None = None
     audit_every_step: bool = False
     strict: bool = True
+    reserve: ReserveConfig = field(default_factory=ReserveConfig)
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_prefill_tokens", "chunk_size"):
@@ -150,6 +155,7 @@ class SchedulerCounters:
     rejected: int = 0
     finished: int = 0
     divergences: int = 0  # admitted but unallocatable: UnallocatableEvents recorded
+    recomputed_tokens: int = 0  # tokens retracted requests must prefill again
     window_pages_reclaimed: int = 0
 
 
@@ -159,7 +165,9 @@ class Scheduler:
     Args:
         kv: the KV manager (and through it, the chain).
         config: limits and policies.
-        ratio: the new-token-ratio estimator (SGLang defaults if omitted).
+        ratio: a new-token-ratio estimator: shorthand for an ``sglang`` reservation with
+            it (overrides ``config.reserve``).
+        reserve: the reservation policy instance (default: built from ``config.reserve``).
 
     Raises:
         BufferTooSmallError: the empty chain cannot hold the smallest request (a 1-token
@@ -170,11 +178,14 @@ class Scheduler:
     """
 
     def __init__(self, kv: KVManager, config: SchedulerConfig | None = None,
-                 ratio: NewTokenRatio | None = None) -> None:
+                 ratio: NewTokenRatio | None = None,
+                 reserve: OutputReserve | None = None) -> None:
         self.kv = kv
         self.chain: Allocator = kv.chain
         self.config = config or SchedulerConfig()
-        self.ratio = ratio or NewTokenRatio()
+        if reserve is None:
+            reserve = SGLangReserve(ratio) if ratio is not None else self.config.reserve.build()
+        self.reserve = reserve
         self.rules = AdmissionRules.for_layout(self.chain.layout, self.config.window_admission)
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}
@@ -198,6 +209,11 @@ class Scheduler:
                 f"cannot hold the smallest request: it needs {needed:,} B with null pages",
                 needed_bytes=needed, available_bytes=self._empty.buffer_bytes)
 
+    @property
+    def ratio(self) -> NewTokenRatio | None:
+        """The new-token ratio of an ``sglang`` reservation (None under other policies)."""
+        return self.reserve.ratio if isinstance(self.reserve, SGLangReserve) else None
+
     # --- requests in ------------------------------------------------------------------
 
     def add(self, request: Request, now: float) -> bool:
@@ -213,7 +229,7 @@ class Scheduler:
             raise InvalidRequestError(f"duplicate request id {request.rid}")
         self.requests[request.rid] = request
         self._emit(EventKind.ARRIVED, request.rid, now)
-        need = self._lifetime_demand(request.prompt_tokens, request.output_tokens)
+        need = self._lifetime_demand(request.prompt_tokens, request.output_limit)
         if not self._fits_empty(need):
             request.status = RequestStatus.REJECTED
             self.counters.rejected += 1
@@ -276,6 +292,11 @@ class Scheduler:
                 step.prefills.append(PrefillChunk(r.rid, r.computed, c))
                 tokens_left -= c
         zero = Demand.zeros(kv.geom.num_bands)
+        running = list(self.running.values())
+        self.reserve.begin_step([r.prefill_target for r in running],
+                                [r.output_left - 1 for r in running],
+                                [r.output_done for r in running],
+                                [r.output_limit for r in running])
         budget.reserve(sum_demands((self._future(r, *this_step.get(r.rid, (0, zero)))
                                     for r in self.running.values()), kv.geom.num_bands))
         # Waiting requests, in policy order, while the ledger fits.
@@ -430,7 +451,7 @@ class Scheduler:
             r.computed += 1
             r.output_done += 1
             self._maybe_finish(r, outcome, now)
-        self.ratio.step()
+        self.reserve.on_step()
         self.counters.steps += 1
         if self.config.audit_every_step:
             self.audit()
@@ -485,7 +506,7 @@ class Scheduler:
         rest_prefill = r.remaining_prefill - (now_tokens if r.in_prefill else 0)
         # KV still to come after the prefill: remaining_output - 1 (the last sampled token
         # is never fed back); a decode's own token is this step's.
-        headroom = rest_prefill + self.ratio.tokens(r.remaining_output - 1)
+        headroom = rest_prefill + self._output_reserve(r)
         # Later chunks are reserved at one page: the scheduler cuts them to what fits.
         full_step = self.kv.demand(r.rid, now_tokens, headroom,
                                    min(self.kv.geom.page_size, max(rest_prefill, 1)))
@@ -496,9 +517,13 @@ class Scheduler:
         """A waiting request's first chunk plus its future (rest of the prefill, expected
         output, window peak, state slots)."""
         rest = r.prefill_target - chunk
-        headroom = rest + self.ratio.tokens(r.remaining_output - 1)
+        headroom = rest + self._output_reserve(r)
         return request_demand(self.kv.geom, NOTHING_HELD, 0, chunk, headroom,
                               min(self.kv.geom.page_size, max(rest, 1)))
+
+    def _output_reserve(self, r: Request) -> int:
+        """KV tokens of future output the policy reserves for ``r`` (up to its limit)."""
+        return self.reserve.tokens(r.output_left - 1, r.output_done, r.output_limit)
 
     def _waiting_order(self) -> Iterable[Request]:
         if self.config.policy is QueuePolicy.FCFS:
@@ -512,9 +537,10 @@ class Scheduler:
         r.retractions += 1
         r.computed = 0
         r.prefill_target = r.prompt_tokens + r.output_done
+        self.counters.recomputed_tokens += r.prefill_target  # prefilled again
         self.waiting.appendleft(r)
         self.counters.retractions += 1
-        self.ratio.reset()
+        self.reserve.on_retract()
         self._emit(EventKind.RETRACTED, r.rid, now)
 
     def _maybe_finish(self, r: Request, outcome: StepOutcome, now: float) -> None:
@@ -523,6 +549,7 @@ class Scheduler:
             del self.running[r.rid]
             r.status = RequestStatus.FINISHED
             self.counters.finished += 1
+            self.reserve.on_finish(r.output_done, r.output_limit)
             self._emit(EventKind.FINISHED, r.rid, now)
 
     def _emit(self, kind: EventKind, rid: int, now: float, detail: str = "") -> None:

@@ -56,6 +56,17 @@ Step clock: :class:`StepClock` replaces the roofline by instant compute: every s
 step takes a fixed tick (``--clock steps --step-ms 30``), so a run can be compared step for
 step with engines' CPU scheduler drivers (which run the scheduler without a model).
 
+Page copies (the chain's own cost; :meth:`GPUCostModel.copy_time`): a step whose take
+compacts or relocates pages copies ``b`` bytes device to device, which reads and writes each
+byte once: ``copy_s = 2 x b / (hbm_bandwidth x mbu)``. Model: the copy runs as its own
+kernel before the step's forward and does not overlap any forward. It cannot overlap this
+step's forward, which reads the pages it moves; and it cannot overlap the previous forward,
+which may still write the pages being moved - a copy waits for that forward's fence. The
+simulator's loop runs the scheduler after the previous forward ended, so that wait has
+already elapsed and costs nothing more than the serialization charged here: the step takes
+``copy_s + forward time``. Baselines copy nothing and pay nothing. Example: 10 pages of
+65,536 B on an H200 (4.8e12 B/s, mbu 0.7) cost ``2 x 655,360 / 3.36e12 = 0.39 us``.
+
 Speed: :meth:`GPUCostModel.step_time` is a dozen float operations on an aggregate
 :class:`StepWork`; the scheduler sums per-sequence work as it builds the batch with a
 :class:`StepWorkBuilder` (or its own running sums, with the formulas above).
@@ -118,6 +129,17 @@ class StepClock:
     def step_time(self, work: StepWork) -> float:
         """``step_s`` for a step with tokens, 0 for an empty one (as the roofline)."""
         return self.step_s if work.tokens else 0.0
+
+    def copy_time(self, copied_bytes: int) -> float:
+        """0: the step clock models instant compute, page copies included (copied bytes
+        are still counted in the summary).
+
+        Raises:
+            CostModelError: negative ``copied_bytes``.
+        """
+        if copied_bytes < 0:
+            raise CostModelError(f"copied_bytes must be >= 0, got {copied_bytes}")
+        return 0.0
 
 
 # --- work ---------------------------------------------------------------------------------
@@ -469,6 +491,18 @@ class GPUCostModel:
                  + self._e_loc * work.local_kv_tokens + self._e_written * tokens
                  + self._state_rw * work.sequences)
         return max(flops / self._flop_rate, moved / self._byte_rate) + self.step_overhead_s
+
+    def copy_time(self, copied_bytes: int) -> float:
+        """Seconds to copy ``copied_bytes`` bytes of pages within HBM (compaction or
+        relocation): ``2 x copied_bytes / (hbm_bandwidth x mbu)``, each byte read once and
+        written once, serialized with the forwards (module docstring: the model).
+
+        Raises:
+            CostModelError: negative ``copied_bytes``.
+        """
+        if copied_bytes < 0:
+            raise CostModelError(f"copied_bytes must be >= 0, got {copied_bytes}")
+        return 2.0 * copied_bytes / self._byte_rate
 
     def breakdown(self, work: StepWork) -> StepCost:
         """The roofline terms of one step (same arithmetic as :meth:`step_time`)."""

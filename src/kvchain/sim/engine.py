@@ -5,7 +5,9 @@ and chain, with the clock advanced by the GPU cost model or a fixed tick per ste
 Loop::
 
     arrivals due by `now` -> scheduler.step(now)  (admission + one chain take)
-    -> cost model prices the batch -> now += step time -> scheduler.complete(...)
+    -> cost model prices the batch, plus the pages the chain copied since the previous
+       step (compaction, relocation: 2 x bytes / HBM bandwidth, serialized before the
+       forward; :mod:`kvchain.sim.cost`) -> now += step time -> scheduler.complete(...)
     -> lifecycle events and a step sample (bands, utilization, queues) to the recorder
 
 When nothing runs and nothing can be scheduled, the clock jumps to the next arrival. Only
@@ -131,6 +133,10 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     Returns:
         The :class:`SimResult`; ``summary.admitted_but_unallocatable`` (events recorded when
         ``config.scheduler.strict`` is off) and ``summary.leaked_pages`` must be 0.
+        ``summary.extra`` also has the page copies charged to step times
+        (``pages_copied``, ``bytes_copied``, ``copy_steps``, ``copy_time_s`` seconds,
+        ``copy_time_pct`` of GPU time = the sum of step times) and ``recomputed_tokens``
+        (tokens retracted requests prefilled again).
 
     Raises:
         ConfigError / BufferTooSmallError: from the layout.
@@ -157,6 +163,9 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     reserved = layout.reserved_bytes
     requests = sorted(config.trace.requests, key=lambda r: (r.arrival_s, r.request_id))
     total, done, i, now = len(requests), 0, 0, 0.0
+    copied = chain.stats.bytes_copied  # bytes copied so far: each step pays its own delta
+    copy_s = 0.0  # seconds of page copies charged to step times
+    copy_steps = 0  # steps that copied (each waits for the previous forward's fence)
 
     while i < total or not sched.idle:
         if sched.idle:
@@ -165,8 +174,8 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             tr = requests[i]
             recorder.on_arrival(tr.request_id, tr.arrival_s, prompt_tokens=tr.prompt_tokens,
                                 output_tokens=tr.output_tokens)
-            sched.add(Request(tr.request_id, tr.prompt_tokens, tr.output_tokens, tr.arrival_s),
-                      tr.arrival_s)
+            sched.add(Request(tr.request_id, tr.prompt_tokens, tr.output_tokens, tr.arrival_s,
+                              max_tokens=tr.max_tokens), tr.arrival_s)
             i += 1
         batch = sched.step(now)
         if batch.is_empty:
@@ -186,7 +195,13 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             builder.add_prefill(p.tokens, p.start)
         for d in batch.decodes:
             builder.add_decode(d.context)
-        duration = clock.step_time(builder.build())
+        step_copied = chain.stats.bytes_copied - copied
+        copied += step_copied
+        step_copy_s = clock.copy_time(step_copied)
+        if step_copied:
+            copy_s += step_copy_s
+            copy_steps += 1
+        duration = clock.step_time(builder.build()) + step_copy_s
         now += duration
         sched.complete(batch, StepOutcome(duration), now)
         before = done
@@ -202,11 +217,17 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
 
     leaked = sum(chain.bound_pages(b) for b in range(len(layout.bands))) - sum(
         b.reserved_pages for b in layout.bands)
+    busy = recorder.step_totals.duration_s  # GPU time: sum of step times, copies included
     summary = summarize(recorder, extra={
         "admitted_but_unallocatable": sched.counters.divergences,
         "leaked_pages": leaked,
         "admission_decisions": sched.counters.admission_decisions,
         "bytes_copied": chain.stats.bytes_copied,
+        "recomputed_tokens": sched.counters.recomputed_tokens,
+        "pages_copied": chain.stats.pages_copied,
+        "copy_steps": copy_steps,
+        "copy_time_s": round(copy_s, 6),
+        "copy_time_pct": round(100 * copy_s / busy, 4) if busy > 0 else 0.0,
     })
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
                      tuple(sched.unallocatable))

@@ -209,7 +209,8 @@ class TraceRequest:
             ``max_tokens`` column), ``None`` when the trace gives none.
 
     Raises:
-        TraceError: a negative or non-finite arrival, or a token count below 1.
+        TraceError: a negative or non-finite arrival, a token count below 1, or
+            ``max_tokens`` below ``output_tokens``.
     """
 
     request_id: int
@@ -232,6 +233,11 @@ class TraceRequest:
             raise TraceError(
                 f"request {self.request_id}: prompt_tokens and output_tokens must be >= 1, "
                 f"got {self.prompt_tokens} and {self.output_tokens}"
+            )
+        if self.max_tokens is not None and self.max_tokens < self.output_tokens:
+            raise TraceError(
+                f"request {self.request_id}: max_tokens ({self.max_tokens}) is below "
+                f"output_tokens ({self.output_tokens})"
             )
 
 
