@@ -91,10 +91,10 @@ def targets(rows: list[dict[str, object]]) -> list[str]:
     lines = []
     if ustar:
         lines.append(f"- kvchain U* >= 99 %: **{'met' if min(ustar) >= 99 else 'not met'}** "
-                     f"(measured {min(ustar):.1f}-{max(ustar):.1f} %; U* also averages steps "
-                     f"where the step's token budget, not memory, held the queue back, so it "
-                     f"cannot reach 100 %; memory-blocked U* measured "
-                     + (f"{min(umem):.1f}-{max(umem):.1f} %" if umem else "n/a") + ")")
+                     f"(measured {min(ustar):.1f}-{max(ustar):.1f} %; memory-blocked U*, over "
+                     f"only the steps where memory refused the head waiting request, "
+                     f"measured " + (f"{min(umem):.1f}-{max(umem):.1f} %" if umem else "n/a")
+                     + ")")
     for manager, goal in (("fixed-pools", 1.3), ("equal-page", 1.1), ("ideal", 0.98)):
         xs = [float(r["kvchain_x"]) for r in rows  # type: ignore[arg-type]
               if r["manager"] == manager and r["kvchain_x"] == r["kvchain_x"]]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
 from importlib import resources
-from pathlib import Path
 
 import pytest
 
@@ -13,7 +13,6 @@ from kvchain.spec import LifetimeClass
 
 DATA = resources.files("kvchain.catalog").joinpath("data")
 # The project's shared data folder lies beside the repository (CI keeps a copy there).
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 @pytest.mark.parametrize(
@@ -85,9 +84,27 @@ def test_sources_md_names_every_bundled_file():
         assert f"`{name}`" in sources or f"`model_configs/{name}`" in sources
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="project data folder not present")
+def _recorded_sums(sources: str) -> dict[str, str]:
+    block = sources.split("## SHA-256", 1)[1].split("```")[1]
+    return {name: digest for digest, name in (line.split() for line in block.split("\n")
+                                              if line.strip())}
+
+
 def test_bundled_copies_are_byte_exact():
-    assert DATA.joinpath("models.json").read_bytes() == (SHARED / "models.json").read_bytes()
-    for path in (SHARED / "model_configs").glob("*.json"):
-        bundled = DATA.joinpath("model_configs").joinpath(path.name)
-        assert bundled.read_bytes() == path.read_bytes()
+    """Every packaged data file hashes to the SHA-256 that SOURCES.md records (taken when
+    the copies were checked against their sources), and every file is recorded."""
+    recorded = _recorded_sums(DATA.joinpath("SOURCES.md").read_text())
+    files = ["models.json", *(f"model_configs/{p.name}"
+                              for p in DATA.joinpath("model_configs").iterdir())]
+    assert sorted(recorded) == sorted(files)
+    for name in files:
+        path = DATA.joinpath(*name.split("/"))
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == recorded[name], name
+
+
+def test_a_changed_copy_is_caught():
+    """The check above can fail: one flipped byte changes the digest."""
+    data = bytearray(DATA.joinpath("models.json").read_bytes())
+    data[0] ^= 1
+    recorded = _recorded_sums(DATA.joinpath("SOURCES.md").read_text())
+    assert hashlib.sha256(bytes(data)).hexdigest() != recorded["models.json"]

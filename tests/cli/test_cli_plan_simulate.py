@@ -64,7 +64,7 @@ def refused(*args: str) -> str:
 def test_plan_errors_are_typed_and_exit_2(tmp_path):
     assert "no-such-model" in refused("plan", "--model", "no-such-model")
     assert "--mem-fraction must be in (0, 1], got -0.5" in refused("plan", "--mem-fraction",
-                                                                 "-0.5")
+                                                                   "-0.5")
     assert "cannot hold one smallest request" in refused("plan", "--buffer-bytes", "1000")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"fulll": 1}))
@@ -149,4 +149,4 @@ def test_plan_state_model_compares_like_with_like(tmp_path):
     assert chain["slots_held"] == pools["slots_held"] == 38
     assert (chain["full_tokens"], pools["full_tokens"]) == (1_190_624, 657_888)
     text = " ".join(runner.invoke(app, list(args)).output.split())
-    assert "38 slots held" in text and "1.81x" in text
+    assert "full-attn tokens, both 38 slots" in text and "1.81x" in text

@@ -220,6 +220,8 @@ def compare(
         console.print(METRIC_DEFINITIONS, soft_wrap=False)
         for k, r in runs.items():
             console.print(f"[bold]{k}[/bold]: {r.rule}")
+    if as_json:
+        return  # stdout is the JSON alone; the files are where --out said
     if written:
         console.print("wrote " + ", ".join(str(p) for p in written))
     hint = overload_hint(next(iter(runs.values())).summary, tr)

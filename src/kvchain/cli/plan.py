@@ -298,7 +298,7 @@ def _capacity_rows(ours: Capacity, pools: Capacity, has_state: bool
         ("concurrent requests", ours.concurrent_requests, pools.concurrent_requests),
     ]
     if ours.full_tokens or pools.full_tokens:
-        label = (f"full-attn tokens, {ours.slots_held:,} slots held" if has_state
+        label = (f"full-attn tokens, both {ours.slots_held:,} slots" if has_state
                  else "full-attention tokens")
         rows.append((label, ours.full_tokens, pools.full_tokens))
     return rows
