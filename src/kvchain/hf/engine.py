@@ -154,8 +154,8 @@ class ChainEngine:
         batch = self.scheduler.step(now)
         with torch.no_grad():
             for chunk in batch.prefills:
-                ids = self._seq[chunk.rid][chunk.start:chunk.start + chunk.tokens]
-                logits = self._forward([chunk.rid], [chunk.start], [ids])
+                chunk_ids = self._seq[chunk.rid][chunk.start:chunk.start + chunk.tokens]
+                logits = self._forward([chunk.rid], [chunk.start], [chunk_ids])
                 r = self.scheduler.request(chunk.rid)
                 if chunk.start + chunk.tokens >= r.prefill_target:
                     self._sample(chunk.rid, logits[0])

@@ -77,7 +77,8 @@ def _probe(model: Any) -> dict[int, tuple[TensorDecl, ...]]:
                 if t is not None:
                     tensors.append(TensorDecl(name, tuple(t.shape[1:]), cache_dtype(t.dtype)))
             out[i] = tuple(tensors)
-        elif isinstance(layer, CacheLayerMixin) and layer.keys is not None:
+        elif (isinstance(layer, CacheLayerMixin) and layer.keys is not None
+              and layer.values is not None):
             k, v = layer.keys, layer.values
             out[i] = (TensorDecl("k", (k.shape[1], k.shape[3]), cache_dtype(k.dtype)),
                       TensorDecl("v", (v.shape[1], v.shape[3]), cache_dtype(v.dtype)))
