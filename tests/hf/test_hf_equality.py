@@ -146,3 +146,34 @@ def test_layer_caches_from_the_model() -> None:
         (LifetimeClass.WINDOW, 8), (LifetimeClass.FULL, None)]
     assert [(x.lifetime, x.window) for x in model_layer_caches(build_model("llama-4"))] == [
         (LifetimeClass.LOCAL, 8), (LifetimeClass.FULL, None)]
+
+
+def test_moves_wait_for_the_last_forward() -> None:
+    """With fences that stay pending until waited on (a GPU stream still running the last
+    forward), every copy the chain makes first waits on that fence: moves happen, the
+    waits are counted, and the tokens still equal transformers'."""
+    from kvchain.buffer.base import ManualFence
+
+    model = build_model("lara-mini")
+    prompts = _prompts()
+    fences: list[ManualFence] = []
+
+    def pending() -> ManualFence:
+        fences.append(ManualFence())
+        return fences[-1]
+
+    from kvchain.hf import ChainEngine
+
+    engine = ChainEngine(model, BUFFER["lara-mini"], page_size=PAGE, chunk_size=8,
+                         flush_every=FLUSH_EVERY, audit=True)
+    engine.buffer.fence = pending  # type: ignore[method-assign]
+    for rid, _, new, arrival in WORKLOAD:
+        engine.add(rid, prompts[rid], new, arrival)
+    engine.run(max_steps=200)
+    stats = engine.chain.stats
+    assert len(fences) == engine.forwards  # one fence registered per forward
+    assert stats.pages_copied > 0 and stats.relocations > 0
+    assert stats.fence_waits > 0 and sum(f.waits for f in fences) == stats.fence_waits
+    ref = _reference(model, prompts)
+    assert all(engine.results[rid].tokens == ref[rid][0] for rid in ref)
+    assert _worst_logit_gap(engine, ref) <= LOGIT_TOL

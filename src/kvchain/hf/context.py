@@ -64,7 +64,9 @@ class ForwardBatch:
             ``j`` holds tokens ``[j * P, (j + 1) * P)``; padding and released window pages
             point at the band's null page), from ``chain.translate`` at forward time.
         slots: ``[B]`` int64 physical state slots (working slot), or ``None``.
-        fresh: True when every row starts at 0 (no previous recurrent state).
+        fresh: True when every row starts at 0 (no previous recurrent state); a batch
+            mixes no fresh rows with others (transformers keeps one "has previous state"
+            flag per layer).
         layers: model layer index -> its :class:`LayerBinding`.
     """
 

@@ -34,7 +34,7 @@ from kvchain.hf.context import ForwardBatch, LayerBinding, forward_context
 from kvchain.hf.layers import model_layer_caches
 from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
-from kvchain.sched.request import Request, StepBatch, StepOutcome
+from kvchain.sched.request import Request, RequestStatus, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.spec.layers import group_classes
 
@@ -169,7 +169,8 @@ class ChainEngine:
         self.scheduler.complete(batch, StepOutcome(0.0), now)
         for rid, res in self.results.items():
             req = self.scheduler.requests.get(rid)
-            if res.finished_step is None and req is not None and req.status == "finished":
+            if (res.finished_step is None and req is not None
+                    and req.status is RequestStatus.FINISHED):
                 res.finished_step = self.step_count
         self.step_count += 1
         if self.flush_every is not None and self.step_count % self.flush_every == 0:
@@ -213,9 +214,12 @@ class ChainEngine:
                                              self.kv.page_table(rid, geom.state)[:1])[0])
                     for rid in rids]
             slots = torch.as_tensor(phys, dtype=torch.long, device=device)
+        fresh = [s == 0 for s in starts]
+        if any(fresh) and not all(fresh):
+            raise ValueError("a forward mixes rows at position 0 with rows past it")
         start = torch.as_tensor(starts, dtype=torch.long, device=device)
-        return ForwardBatch(start, length, geom.page_size, tables, slots,
-                            all(s == 0 for s in starts), self.bindings)
+        return ForwardBatch(start, length, geom.page_size, tables, slots, all(fresh),
+                            self.bindings)
 
     def _forward(self, rids: list[int], starts: list[int], ids: list[list[int]]
                  ) -> torch.Tensor:
