@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from kvchain.errors import KVChainError
-from kvchain.hf.compat import HFUnavailableError, require_hf
 
 
 def test_import_kvchain_does_not_import_transformers() -> None:
@@ -21,12 +20,17 @@ def test_import_kvchain_does_not_import_transformers() -> None:
 
 
 def test_missing_transformers_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Import kvchain.hf afresh as if transformers were not installed (also passes where
+    # it really is not installed).
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "transformers" else real(name, *a))
-    with pytest.raises(HFUnavailableError, match="transformers") as info:
-        require_hf()
-    assert isinstance(info.value, KVChainError)
+    for name in [m for m in sys.modules if m == "kvchain.hf" or m.startswith("kvchain.hf.")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(KVChainError, match="transformers") as info:
+        importlib.import_module("kvchain.hf")
+    assert isinstance(info.value, ImportError)
+    assert type(info.value).__name__ == "HFUnavailableError"
 
 
 def test_bad_engine_input_raises_and_changes_nothing() -> None:
