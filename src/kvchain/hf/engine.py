@@ -202,8 +202,11 @@ class ChainEngine:
                 continue
             rows = [self.chain.translate(band, self.kv.page_table(rid, band)) for rid in rids]
             width = max(len(r) for r in rows)
-            pad = (int(self.chain.translate(band, np.array([self.chain.null_page(band)]))[0])
-                   if band == geom.window else 0)
+            # Padding (masked by the attention): the band's null page if it has one.
+            pad = 0
+            if self.layout.bands[band].reserved_pages:
+                null = np.array([self.chain.null_page(band)])
+                pad = int(self.chain.translate(band, null)[0])
             table = np.full((len(rows), width), pad, dtype=np.int64)
             for i, r in enumerate(rows):
                 table[i, :len(r)] = r
