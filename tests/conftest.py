@@ -1,4 +1,5 @@
-"""Suite-wide settings: torch is optional (its tests skip without it) unless CI asks."""
+"""Suite-wide settings: the heavy extras are optional (their tests skip without them) unless
+CI asks for them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ import pytest
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """With ``KVCHAIN_REQUIRE_TORCH=1`` (set by ``.ci/run``) a missing torch is an error,
-    not a silent skip of the torch-backed tests."""
-    if os.environ.get("KVCHAIN_REQUIRE_TORCH") == "1" and importlib.util.find_spec(
-            "torch") is None:
-        raise pytest.UsageError("KVCHAIN_REQUIRE_TORCH=1 but torch is not installed")
+    """``KVCHAIN_REQUIRE=torch,transformers,ray`` (set by ``.ci/run``) makes a missing module
+    an error, not a silent skip of the tests that need it; ``KVCHAIN_REQUIRE_TORCH=1`` is the
+    same for torch alone."""
+    wanted = {m.strip() for m in os.environ.get("KVCHAIN_REQUIRE", "").split(",") if m.strip()}
+    if os.environ.get("KVCHAIN_REQUIRE_TORCH") == "1":
+        wanted.add("torch")
+    missing = sorted(m for m in wanted if importlib.util.find_spec(m) is None)
+    if missing:
+        raise pytest.UsageError(f"KVCHAIN_REQUIRE names modules that are not installed: "
+                                f"{', '.join(missing)}")

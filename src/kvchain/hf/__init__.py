@@ -1,0 +1,34 @@
+"""Hugging Face transformers causal LMs on the chain (optional extra ``kvchain[hf]``).
+
+Nothing here is imported by ``import kvchain``; importing ``kvchain.hf`` needs torch and
+transformers (:class:`HFUnavailableError` otherwise). The pieces (see ``docs/hf.md``):
+
+* :mod:`kvchain.hf.layers` - the model's cache layers as kvchain ``LayerCache`` s;
+* :mod:`kvchain.hf.cache` - a transformers ``Cache`` whose attention layers write K/V into
+  the request's pages and whose recurrent layers keep conv/SSM state in its state slot;
+* :mod:`kvchain.hf.attention` - the paged-attention reference, registered in
+  transformers' ``AttentionInterface`` as ``"kvchain_paged"``;
+* :mod:`kvchain.hf.engine` - a batched generation loop on kvchain's scheduler.
+"""
+
+from __future__ import annotations
+
+from kvchain.hf.compat import HFUnavailableError, require_hf
+
+require_hf()
+
+from kvchain.hf.attention import ATTENTION_NAME, paged_attention  # noqa: E402
+from kvchain.hf.cache import ChainCache  # noqa: E402
+from kvchain.hf.engine import ChainEngine, GenerationResult  # noqa: E402
+from kvchain.hf.layers import model_layer_caches  # noqa: E402
+
+__all__ = [
+    "ATTENTION_NAME",
+    "ChainCache",
+    "ChainEngine",
+    "GenerationResult",
+    "HFUnavailableError",
+    "model_layer_caches",
+    "paged_attention",
+    "require_hf",
+]

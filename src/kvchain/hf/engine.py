@@ -1,0 +1,247 @@
+"""A small batched generation loop: a transformers model on kvchain's scheduler and chain.
+
+One engine step (as a serving engine runs it)::
+
+    scheduler.step(now)        admission + ONE chain take for the step's chunks and decodes;
+                               the take realizes the planner's plan, compactions and float
+                               relocations included (each after WaitFence on the last
+                               forward's fence)
+    for each prefill chunk:    forward of one row, T = chunk tokens
+    decodes:                   one forward of all decoding rows, T = 1
+    chain.begin_forward(fence) after each forward (CUDA: an event; CPU: complete)
+    scheduler.complete(...)    commit tokens, window-tail release, finishes release pages
+
+Sampling is greedy (argmax of the last position's logits, fp32). Each forward translates
+the rows' virtual page tables (``KVManager.page_table`` -> ``Chain.translate``) at the
+moment it runs, so pages moved by the step's take are read where they now are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvchain.alloc.chain import Chain
+from kvchain.buffer import TorchBuffer
+from kvchain.errors import ConfigError, InvalidRequestError
+from kvchain.hf.attention import ATTENTION_NAME
+from kvchain.hf.cache import ChainCache
+from kvchain.hf.context import ForwardBatch, LayerBinding, forward_context
+from kvchain.hf.layers import model_layer_caches
+from kvchain.kv_manager import KVManager
+from kvchain.layout import ChainLayout, plan_layout
+from kvchain.sched.request import Request, RequestStatus, StepBatch, StepOutcome
+from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+from kvchain.spec.layers import group_classes
+
+
+@dataclass
+class GenerationResult:
+    """One request's generation.
+
+    Attributes:
+        rid: request id.
+        prompt: prompt token ids.
+        tokens: generated token ids, in order.
+        logits: per generated token, the ``[vocab]`` fp32 logits it was sampled from (CPU).
+        finished_step: engine step at which it finished (``None`` while running).
+    """
+
+    rid: int
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    finished_step: int | None = None
+
+
+@dataclass(frozen=True)
+class _Pending:
+    rid: int
+    prompt: list[int]
+    max_new_tokens: int
+    arrival_step: int
+
+
+class ChainEngine:
+    """Batched greedy generation of a transformers causal LM with its caches in a chain.
+
+    Args:
+        model: a transformers causal LM (eval mode; its device and dtype are used).
+        buffer_bytes: bytes of the chain's buffer (a ``TorchBuffer`` on the model's device).
+        page_size: ``P`` tokens per page.
+        chunk_size: largest prefill chunk (tokens; at least ``P``).
+        max_running: most requests running at once.
+        max_prefill_tokens: prefill tokens per step (default ``chunk_size``).
+        audit: run the chain and KV-manager audits after every step.
+        flush_every: every this many steps, compact the chain between steps
+            (``Chain.flush_idle``: waits for the last forward's fence, then compacts every
+            band's holes), as an engine does when it has a moment; ``None``: only the moves
+            the planner puts into takes.
+
+    Raises:
+        ConfigError: the model's cache layers cannot be told, or bad limits.
+        BufferTooSmallError: the buffer cannot hold one smallest request.
+    """
+
+    def __init__(self, model: Any, buffer_bytes: int, *, page_size: int = 4,
+                 chunk_size: int = 8, max_running: int = 8,
+                 max_prefill_tokens: int | None = None, audit: bool = False,
+                 flush_every: int | None = None) -> None:
+        if flush_every is not None and flush_every < 1:
+            raise ConfigError(f"flush_every must be >= 1 or None, got {flush_every}")
+        self.flush_every = flush_every
+        self.model = model
+        self.layers = model_layer_caches(model)
+        self.layout: ChainLayout = plan_layout(group_classes(self.layers), buffer_bytes,
+                                               page_size)
+        self.buffer = TorchBuffer(self.layout.buffer_bytes, device=str(model.device))
+        self.chain = Chain(self.layout, self.buffer)
+        self.kv = KVManager(self.chain)
+        self.scheduler = Scheduler(self.kv, SchedulerConfig(
+            max_running=max_running, chunk_size=chunk_size,
+            max_prefill_tokens=max_prefill_tokens or chunk_size, audit_every_step=audit))
+        bindings = {}
+        for layer in self.layers:
+            band = self.layout.index_of(layer.lifetime)
+            assert band is not None
+            views = self.buffer.layer_views(self.layout.bands[band], layer)
+            bindings[layer.index] = LayerBinding(layer, band, views)
+        self.bindings = bindings
+        config = model.config.get_text_config(decoder=True)
+        num_layers = max(int(getattr(config, "num_hidden_layers", 0) or 0),
+                         max(bindings) + 1)
+        self.cache = ChainCache(bindings, num_layers)
+        self.results: dict[int, GenerationResult] = {}
+        self._pending: list[_Pending] = []
+        self._seq: dict[int, list[int]] = {}
+        self.step_count = 0
+        self.forwards = 0
+
+    # --- requests -----------------------------------------------------------------------
+
+    def add(self, rid: int, prompt: Sequence[int], max_new_tokens: int,
+            arrival_step: int = 0) -> None:
+        """Queue a request that arrives at engine step ``arrival_step``.
+
+        Raises:
+            InvalidRequestError: an empty prompt, ``max_new_tokens < 1``, or a duplicate id.
+        """
+        if not prompt or max_new_tokens < 1 or rid in self.results:
+            raise InvalidRequestError(f"request {rid}: need a non-empty prompt, "
+                                      f"max_new_tokens >= 1 and a new id")
+        self.results[rid] = GenerationResult(rid, [int(t) for t in prompt])
+        self._seq[rid] = [int(t) for t in prompt]
+        self._pending.append(_Pending(rid, list(prompt), max_new_tokens, arrival_step))
+
+    @property
+    def idle(self) -> bool:
+        """Nothing pending, waiting or running."""
+        return not self._pending and self.scheduler.idle
+
+    # --- one step -----------------------------------------------------------------------
+
+    def step(self) -> StepBatch:
+        """Admit arrivals, allocate (moves happen here), run the forwards, complete, and
+        every ``flush_every`` steps compact between steps."""
+        now = float(self.step_count)
+        for p in [p for p in self._pending if p.arrival_step <= self.step_count]:
+            self._pending.remove(p)
+            self.scheduler.add(Request(p.rid, len(p.prompt), p.max_new_tokens, now), now)
+        batch = self.scheduler.step(now)
+        with torch.no_grad():
+            for chunk in batch.prefills:
+                chunk_ids = self._seq[chunk.rid][chunk.start:chunk.start + chunk.tokens]
+                logits = self._forward([chunk.rid], [chunk.start], [chunk_ids])
+                r = self.scheduler.request(chunk.rid)
+                if chunk.start + chunk.tokens >= r.prefill_target:
+                    self._sample(chunk.rid, logits[0])
+            if batch.decodes:
+                rids = [d.rid for d in batch.decodes]
+                starts = [d.context for d in batch.decodes]
+                ids = [[self._seq[d.rid][d.context]] for d in batch.decodes]
+                logits = self._forward(rids, starts, ids)
+                for row, rid in enumerate(rids):
+                    self._sample(rid, logits[row])
+        self.scheduler.complete(batch, StepOutcome(0.0), now)
+        for rid, res in self.results.items():
+            req = self.scheduler.requests.get(rid)
+            if (res.finished_step is None and req is not None
+                    and req.status is RequestStatus.FINISHED):
+                res.finished_step = self.step_count
+        self.step_count += 1
+        if self.flush_every is not None and self.step_count % self.flush_every == 0:
+            self.chain.flush_idle()
+        return batch
+
+    def run(self, max_steps: int = 10_000) -> dict[int, GenerationResult]:
+        """Step until every request finished (or ``max_steps``); returns the results."""
+        while not self.idle and self.step_count < max_steps:
+            self.step()
+        return self.results
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _sample(self, rid: int, logits: torch.Tensor) -> None:
+        res = self.results[rid]
+        row = logits.float().cpu()
+        token = int(row.argmax())
+        res.logits.append(row)
+        res.tokens.append(token)
+        self._seq[rid].append(token)
+
+    def _batch(self, rids: list[int], starts: list[int], length: int) -> ForwardBatch:
+        device = self.buffer.device
+        geom = self.kv.geom
+        tables: dict[int, torch.Tensor] = {}
+        for band in {b.band for b in self.bindings.values()}:
+            if band == geom.state:
+                continue
+            rows = [self.chain.translate(band, self.kv.page_table(rid, band)) for rid in rids]
+            width = max(len(r) for r in rows)
+            # Padding (masked by the attention): the band's null page if it has one.
+            pad = 0
+            if self.layout.bands[band].reserved_pages:
+                null = np.array([self.chain.null_page(band)])
+                pad = int(self.chain.translate(band, null)[0])
+            table = np.full((len(rows), width), pad, dtype=np.int64)
+            for i, r in enumerate(rows):
+                table[i, :len(r)] = r
+            tables[band] = torch.as_tensor(table, device=device)
+        slots = None
+        if geom.state is not None:
+            phys = [int(self.chain.translate(geom.state,
+                                             self.kv.page_table(rid, geom.state)[:1])[0])
+                    for rid in rids]
+            slots = torch.as_tensor(phys, dtype=torch.long, device=device)
+        fresh = [s == 0 for s in starts]
+        if any(fresh) and not all(fresh):
+            raise ValueError("a forward mixes rows at position 0 with rows past it")
+        start = torch.as_tensor(starts, dtype=torch.long, device=device)
+        return ForwardBatch(start, length, geom.page_size, tables, slots, all(fresh),
+                            self.bindings)
+
+    def _forward(self, rids: list[int], starts: list[int], ids: list[list[int]]
+                 ) -> torch.Tensor:
+        """One forward of rows with equal token counts; returns ``[B, vocab]`` logits of
+        each row's last token."""
+        batch = self._batch(rids, starts, len(ids[0]))
+        device = self.model.device
+        input_ids = torch.as_tensor(ids, dtype=torch.long, device=device)
+        config = self.model.config
+        previous = config._attn_implementation
+        self.model.set_attn_implementation(ATTENTION_NAME)
+        try:
+            with forward_context(batch):
+                self.cache.load(batch)
+                out = self.model(input_ids=input_ids, position_ids=batch.positions(),
+                                 cache=self.cache, use_cache=True, logits_to_keep=1)
+                self.cache.store(batch)
+        finally:
+            self.model.set_attn_implementation(previous)
+        self.chain.begin_forward(self.buffer.fence())
+        self.forwards += 1
+        return out.logits[:, -1, :]

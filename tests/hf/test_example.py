@@ -1,0 +1,26 @@
+"""``examples/generate.py`` runs, moves pages, and equals transformers' generation."""
+
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="the example needs torch")
+pytest.importorskip("transformers", reason="the example needs transformers")
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "generate.py"
+
+
+def test_example_generates_on_a_moving_chain(capsys: pytest.CaptureFixture[str]) -> None:
+    main = runpy.run_path(str(EXAMPLE), run_name="example")["main"]
+    assert main() == 0  # every request's tokens equal model.generate
+    out = capsys.readouterr().out
+    assert "chain state|window|full" in out
+    moves = re.search(r"moves: (\d+) compactions, (\d+) relocations, (\d+) pages", out)
+    assert moves is not None
+    compactions, relocations, pages = map(int, moves.groups())
+    assert compactions > 0 and relocations > 0 and pages > 0
+    assert out.count("(= model.generate)") == 5
