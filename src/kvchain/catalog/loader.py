@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
+from typing import Any
 
 from kvchain.catalog.models_json import entry_config
 from kvchain.errors import ConfigError, UnknownModelError
@@ -207,12 +208,12 @@ def resolve_name(name: str) -> str:
 def _build(
     record: _Record,
     *,
-    kv_dtype: CacheDtype,
+    kv_dtype: CacheDtype | None,
     tp: int,
     state_dtype: CacheDtype | None,
     from_entry: bool,
 ) -> ModelSpec:
-    common = {
+    common: dict[str, Any] = {
         "name": record.name,
         "kv_dtype": kv_dtype,
         "tp": tp,
@@ -233,7 +234,7 @@ def _build(
 def load_model(
     name: str,
     *,
-    kv_dtype: CacheDtype = CacheDtype.BF16,
+    kv_dtype: CacheDtype | None = None,
     tp: int = 1,
     state_dtype: CacheDtype | None = None,
 ) -> ModelSpec:
@@ -255,7 +256,7 @@ def load_model(
 def load_models_json_entry(
     name: str,
     *,
-    kv_dtype: CacheDtype = CacheDtype.BF16,
+    kv_dtype: CacheDtype | None = None,
     tp: int = 1,
     state_dtype: CacheDtype | None = None,
 ) -> ModelSpec:

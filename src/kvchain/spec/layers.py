@@ -142,15 +142,21 @@ class CacheClass:
 
 
 def group_classes(layers: tuple[LayerCache, ...]) -> tuple[CacheClass, ...]:
-    """Group layer caches into lifetime classes, ordered state, window, local, full.
+    """Group layer caches into lifetime classes: one class per lifetime and window size.
+
+    Order: state, window classes by window (smallest first), local classes by chunk
+    size, full. A model with windows of 128 and 11 tokens gets two window classes
+    (``W = 11`` and ``W = 128``), each with its own bytes per token; a window next to
+    chunked-local layers gets one window and one local class.
 
     Raises:
-        ConfigError: a class whose layers disagree on the window.
+        Nothing: layers of one lifetime and one window always form a valid class.
     """
-    order = list(LifetimeClass)
     out = []
-    for lifetime in order:
-        members = tuple(layer for layer in layers if layer.lifetime is lifetime)
-        if members:
-            out.append(CacheClass.of(members))
+    for lifetime in LifetimeClass:
+        members = [layer for layer in layers if layer.lifetime is lifetime]
+        windows = sorted({-1 if m.window is None else m.window for m in members})
+        for key in windows:
+            window = None if key == -1 else key
+            out.append(CacheClass.of(tuple(m for m in members if m.window == window)))
     return tuple(out)

@@ -23,6 +23,12 @@ class ModelSpec:
             experts at 4.25 bits per parameter for gpt-oss).
         tp: tensor-parallel size the bytes are per rank of.
         source: where the config came from (repo, path, license).
+        max_context_tokens: the model's context length in tokens (prompt + output of one
+            request), from ``max_position_embeddings``; ``None`` when unknown (declared
+            models). ``plan`` caps the longest request at it and ``simulate`` refuses (or
+            truncates) requests past it.
+        classes: the lifetime classes (:func:`~kvchain.spec.layers.group_classes`): one
+            per lifetime and window size.
     """
 
     name: str
@@ -35,22 +41,31 @@ class ModelSpec:
     weight_bytes: int
     tp: int = 1
     source: str = ""
+    max_context_tokens: int | None = None
     classes: tuple[CacheClass, ...] = field(init=False)
 
     def __post_init__(self) -> None:
+        from kvchain.errors import ConfigError
+
+        if self.max_context_tokens is not None and self.max_context_tokens < 1:
+            raise ConfigError(
+                f"max_context_tokens must be >= 1 token, got {self.max_context_tokens}")
         object.__setattr__(self, "classes", group_classes(self.layers))
 
     def cache_class(self, lifetime: LifetimeClass) -> CacheClass | None:
-        """The class of that lifetime, or ``None`` if the model has none."""
+        """The (first: smallest window) class of that lifetime, or ``None`` if none."""
         for c in self.classes:
             if c.lifetime is lifetime:
                 return c
         return None
 
+    def cache_classes(self, lifetime: LifetimeClass) -> tuple[CacheClass, ...]:
+        """Every class of that lifetime (several for several window sizes), by window."""
+        return tuple(c for c in self.classes if c.lifetime is lifetime)
+
     def bytes_per_token(self, lifetime: LifetimeClass) -> int:
-        """``E`` of that class in bytes per token (0 if absent)."""
-        c = self.cache_class(lifetime)
-        return c.bytes_per_token if c else 0
+        """``E`` of that lifetime in bytes per token, summed over its classes (0 if none)."""
+        return sum(c.bytes_per_token for c in self.cache_classes(lifetime))
 
     @property
     def state_bytes(self) -> int:

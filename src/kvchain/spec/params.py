@@ -167,7 +167,12 @@ class _MoeShape:
     always_active: int
 
 
-_TOP_K_FIELDS = ("num_experts_per_tok", "experts_per_token", "moe_num_active_primary_experts")
+_TOP_K_FIELDS = (
+    "num_experts_per_tok",
+    "experts_per_token",
+    "moe_num_active_primary_experts",
+    "top_k_experts",  # Gemma 4 (transformers' Gemma4TextConfig)
+)
 
 
 def _moe_shape(cfg: HFConfig, h: int) -> _MoeShape:
@@ -218,8 +223,15 @@ def _tied(cfg: HFConfig) -> bool:
     """``tie_word_embeddings``; when absent: True for Gemma (ties by design), else False."""
     value = cfg.get("tie_word_embeddings")
     if value is None:
-        return cfg.is_family("gemma", "gemma2", "gemma3", "gemma3_text")
+        return cfg.is_family("gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text")
     return bool(value)
+
+
+def _dense_beside_moe(cfg: HFConfig) -> bool:
+    """Gemma 4 MoE layers keep their dense MLP and add the experts beside it
+    (transformers' ``Gemma4TextDecoderLayer``: ``mlp`` always, ``router`` + ``experts``
+    when ``enable_moe_block``)."""
+    return cfg.is_family("gemma4", "gemma4_text") and cfg.get("enable_moe_block") is True
 
 
 def count_params(cfg: HFConfig, plans: Sequence[LayerPlan]) -> ParamCounts:
@@ -252,6 +264,8 @@ def count_params(cfg: HFConfig, plans: Sequence[LayerPlan]) -> ParamCounts:
             routed += moe.experts * moe.expert_params
             active += moe.top_k * moe.expert_params
             shared += moe.always_active
+            if _dense_beside_moe(cfg):
+                dense += _mlp_matrices(cfg) * h * cfg.positive_int("intermediate_size")
     counts = ParamCounts(
         embedding=vocab * h,
         lm_head=0 if tied else vocab * h,
