@@ -227,7 +227,9 @@ def layer_overrides(cfg: HFConfig, mixer: Mixer, layer: int | None) -> tuple[tup
         return ()
     table = cfg.get("per_layer_config")
     if isinstance(table, Mapping):
-        entry = table.get(str(layer), table.get(layer))  # type: ignore[call-overload]
+        # transformers serializes the keys as zero-padded strings ("05")
+        entry = next((v for k, v in table.items() if str(k).strip().isdigit()
+                      and int(str(k)) == layer), None)
         if not isinstance(entry, Mapping):
             return ()
         return tuple(

@@ -21,6 +21,7 @@ Per-layer kinds are read, in this order, from the first field the config has:
    mamba2         every layer Mamba-2 (state only)
    mamba          every layer Mamba-1 (also ``falcon_mamba``)
    phi4flash      SambaY: see :func:`_sambay_kinds`
+   kimi_linear    ``linear_attn_config`` layer lists: see :func:`_kimi_kinds`
    deepseek_v4    ``compress_ratios`` (0 window, 4 window + CSA, 128 window + HCA)
    gemma2         window if ``(i+1) % 2`` else full
    qwen3_next     full if ``(i+1) % full_attention_interval == 0`` else Gated DeltaNet
@@ -525,6 +526,8 @@ def _family_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
         return [(Mixer.MAMBA1,)] * n
     if fam("phi4flash", "sambay"):
         return _sambay_kinds(cfg, n)
+    if fam("kimi_linear"):
+        return _kimi_kinds(cfg, n)
     if any(t in _DENSE_FAMILIES for t in cfg.model_types):
         return _dense_kinds(cfg, n)
     raise UnknownFamilyError(
@@ -556,6 +559,28 @@ def _sambay_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
         else:
             out.append((Mixer.WINDOW,) if i < n // 2 else (Mixer.FULL,))
     return out
+
+
+def _kimi_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
+    """Kimi-Linear without transformers, as ``KimiLinearConfig.__post_init__`` does it:
+    ``linear_attn_config.full_attn_layers`` (1-based) are MLA, ``kda_layers`` KDA; without
+    those lists, full when ``i > 0 and i % 4 == 0``, else KDA."""
+    block = cfg.get("linear_attn_config")
+    sub = block if isinstance(block, Mapping) else {}
+    full, kda = sub.get("full_attn_layers"), sub.get("kda_layers")
+    if not (isinstance(full, list | tuple) and isinstance(kda, list | tuple)):
+        return [(Mixer.FULL,) if i and i % 4 == 0 else (Mixer.KDA,) for i in range(n)]
+    kinds: list[tuple[Mixer, ...]] = [() for _ in range(n)]
+    for field, values, mixer in (("full_attn_layers", full, Mixer.FULL),
+                                 ("kda_layers", kda, Mixer.KDA)):
+        for value in values:
+            index = whole_number(value, f"linear_attn_config.{field}")
+            if not 1 <= index <= n:
+                raise ConfigError(
+                    f"linear_attn_config.{field} names layer {index}; layers are 1..{n}"
+                )
+            kinds[index - 1] = (mixer,)
+    return kinds
 
 
 def _llama4_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
@@ -671,6 +696,9 @@ def layer_plans(cfg: HFConfig) -> tuple[LayerPlan, ...]:
         rows = _from_int_list(cfg, "sliding_window_layout", n, {0: Mixer.FULL, 1: Mixer.WINDOW})
     elif cfg.has("compress_ratios"):
         rows = _from_compress_ratios(cfg, n)
+    elif cfg.is_family("mamba", "mamba2", "falcon_mamba"):
+        # a pure Mamba block has no MLP (transformers' MambaBlock / Mamba2Block)
+        rows = [(kinds, Ffn.NONE) for kinds in _family_kinds(cfg, n)]
     else:
         rows = [(kinds, _default_ffn(cfg, i)) for i, kinds in enumerate(_family_kinds(cfg, n))]
     shared = kv_shared_layers(cfg, n)
