@@ -18,7 +18,7 @@ from rich.console import Console
 
 from kvchain.baselines import ManagerKind
 from kvchain.cli import app
-from kvchain.cli.common import load_spec, prepare_out_dir
+from kvchain.cli.common import KV_DTYPE_HELP, STATE_DTYPE_HELP, load_spec, prepare_out_dir
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import get_gpu
 from kvchain.report.tables import comparison_table
@@ -26,6 +26,7 @@ from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.compare import ManagerRun, compare_managers
 from kvchain.sim.engine import SimConfig
 from kvchain.sim.traces import load_trace
+from kvchain.spec.layers import CacheDtype
 
 
 def compare_json(runs: dict[ManagerKind, ManagerRun]) -> dict[str, object]:
@@ -103,6 +104,8 @@ def compare(
         = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
         = False,
+    kv_dtype: Annotated[CacheDtype | None, typer.Option(help=KV_DTYPE_HELP)] = None,
+    state_dtype: Annotated[CacheDtype | None, typer.Option(help=STATE_DTYPE_HELP)] = None,
 ) -> None:
     """Run every memory manager on the same model, GPU, trace and scheduler."""
     try:
@@ -113,7 +116,7 @@ def compare(
     try:
         if not kinds:
             raise ConfigError("no manager given")
-        spec = load_spec(model, config, tp=tp)
+        spec = load_spec(model, config, tp=tp, kv_dtype=kv_dtype, state_dtype=state_dtype)
         scheduler = SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
                                     max_prefill_tokens=max(chunk_size, 8192), policy=policy)
         cfg = SimConfig(spec, get_gpu(gpu), load_trace(trace, first=requests,

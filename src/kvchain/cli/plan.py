@@ -15,7 +15,7 @@ from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import fits, largest_fitting, max_units
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.cli import app
-from kvchain.cli.common import load_spec, render_bands
+from kvchain.cli.common import KV_DTYPE_HELP, STATE_DTYPE_HELP, load_spec, render_bands
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES, get_gpu, kv_buffer_bytes
 from kvchain.kv_manager import RequestGeometry, lifetime_demand
@@ -140,7 +140,8 @@ def plan_command(
     mem_fraction: Annotated[float, typer.Option(help="GPU memory fraction.")] = 0.9,
     buffer_bytes: Annotated[int | None, typer.Option(help="KV buffer bytes (instead of the "
                                                           "GPU memory model).")] = None,
-    kv_dtype: Annotated[CacheDtype, typer.Option(help="KV cache dtype.")] = CacheDtype.BF16,
+    kv_dtype: Annotated[CacheDtype | None, typer.Option(help=KV_DTYPE_HELP)] = None,
+    state_dtype: Annotated[CacheDtype | None, typer.Option(help=STATE_DTYPE_HELP)] = None,
     page_size: Annotated[int, typer.Option(help="Tokens per page.")] = 16,
     tp: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
     prompt: Annotated[int, typer.Option(help="Prompt tokens of the request mix.")] = 2048,
@@ -154,7 +155,8 @@ def plan_command(
     concurrency, token capacity - side by side with fixed per-class pools."""
     console = Console()
     try:
-        model_spec = load_spec(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp)
+        model_spec = load_spec(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp,
+                               state_dtype=state_dtype)
         gpu_spec = get_gpu(gpu)
         if buffer_bytes is None:
             buffer = kv_buffer_bytes(gpu_spec, model_spec.weight_bytes, mem_fraction=mem_fraction)
@@ -165,6 +167,9 @@ def plan_command(
         layout = plan_layout(model_spec.classes, buffer, page_size)
         ours = chain_capacity(layout, prompt, output, slots_held)
         pools = pools_capacity(layout, prompt, output, slots_held)
+        context = model_spec.max_context_tokens
+        ours_longest = longest_request(ours.longest_request_tokens, context)
+        pools_longest = longest_request(pools.longest_request_tokens, context)
     except KVChainError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -180,7 +185,9 @@ def plan_command(
                    "window": b.cache_class.window, "null_pages": b.reserved_pages}
                   for b in layout.bands],
         "request": {"prompt": prompt, "output": output},
-        "chain_capacity": _as_dict(ours), "fixed_pools_capacity": _as_dict(pools),
+        "chain_capacity": _as_dict(ours, ours_longest),
+        "fixed_pools_capacity": _as_dict(pools, pools_longest),
+        "max_context_tokens": context,
     }
     if as_json:
         print(json.dumps(report, indent=2))
@@ -200,13 +207,17 @@ def plan_command(
     full_label = (f"full-attention tokens ({ours.slots_held:,} state slots held)" if has_state
                   else "full-attention tokens (nothing else held)")
     for label, a, b in (
-        ("longest lone request (tokens)", ours.longest_request_tokens,
-         pools.longest_request_tokens),
+        ("longest lone request (tokens)", ours_longest.tokens, pools_longest.tokens),
         ("concurrent requests", ours.concurrent_requests, pools.concurrent_requests),
         (full_label, ours.full_tokens, pools.full_tokens),
     ):
         table.add_row(label, f"{a:,}", f"{b:,}", f"{a / b:.2f}x" if b else "-")
     console.print(table)
+    console.print(f"longest lone request bound by: {ours_longest.bound} (chain), "
+                  f"{pools_longest.bound} (fixed pools); KV bytes allow "
+                  f"{ours.longest_request_tokens:,} / {pools.longest_request_tokens:,} tokens, "
+                  "the model's context "
+                  + (f"{context:,} tokens" if context is not None else "is unknown"))
     rules = []
     if has_state:
         rules.append("state pool = 0.9/1.9 of the buffer (SGLang --mamba-full-memory-ratio)")
@@ -217,7 +228,36 @@ def plan_command(
         console.print("fixed pools: " + "; ".join(rules))
 
 
-def _as_dict(c: Capacity) -> dict[str, int]:
-    return {"longest_request_tokens": c.longest_request_tokens,
+@dataclass(frozen=True, slots=True)
+class LongestRequest:
+    """The longest lone request and what bounds it.
+
+    Attributes:
+        tokens: prompt tokens of the longest lone request with its 1 output token (as
+            :attr:`Capacity.longest_request_tokens`): ``min(KV-bytes bound, context - 1)``,
+            since prompt + output may not exceed the context.
+        bound: ``"kv_bytes"`` when the buffer binds first (or ties), ``"context"`` when the
+            model's context length does.
+    """
+
+    tokens: int
+    bound: str
+
+
+def longest_request(kv_bound_tokens: int, context: int | None) -> LongestRequest:
+    """Cap the KV-bytes bound at the model's context length and say which binds.
+
+    Example: a buffer that holds 37.7M prompt tokens of a model with a 32,768-token
+    context: ``LongestRequest(32_767, "context")`` (32,767 prompt + 1 output token).
+    """
+    if context is not None and context - 1 < kv_bound_tokens:
+        return LongestRequest(context - 1, "context")
+    return LongestRequest(kv_bound_tokens, "kv_bytes")
+
+
+def _as_dict(c: Capacity, longest: LongestRequest) -> dict[str, int | str]:
+    return {"longest_request_tokens": longest.tokens,
+            "longest_request_bound": longest.bound,
+            "longest_request_tokens_kv_bound": c.longest_request_tokens,
             "concurrent_requests": c.concurrent_requests, "full_tokens": c.full_tokens,
             "slots_held": c.slots_held}

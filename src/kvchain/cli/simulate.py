@@ -12,7 +12,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.cli import app
-from kvchain.cli.common import load_spec, prepare_out_dir, render_bands
+from kvchain.cli.common import (
+    KV_DTYPE_HELP,
+    STATE_DTYPE_HELP,
+    load_spec,
+    prepare_out_dir,
+    render_bands,
+)
 from kvchain.errors import KVChainError
 from kvchain.gpu import get_gpu
 from kvchain.report.plots import write_all_plots
@@ -21,6 +27,7 @@ from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.metrics import write_outputs
 from kvchain.sim.traces import load_trace
+from kvchain.spec.layers import CacheDtype
 
 DEFAULT_MODEL = "gpt-oss-120b"
 DEFAULT_GPU = "h200"
@@ -58,6 +65,12 @@ def simulate_command(
                                                   "plots here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
     = False,
+    kv_dtype: Annotated[CacheDtype | None, typer.Option(help=KV_DTYPE_HELP)] = None,
+    state_dtype: Annotated[CacheDtype | None, typer.Option(help=STATE_DTYPE_HELP)] = None,
+    truncate: Annotated[bool, typer.Option(
+        "--truncate", help="Cut the prompt of a request past the model's context to "
+                           "context - output tokens (counted) instead of rejecting it.")]
+    = False,
 ) -> None:
     """Simulate serving a request trace with the kvchain memory manager.
 
@@ -66,7 +79,7 @@ def simulate_command(
     """
     console = Console(stderr=as_json)
     try:
-        spec = load_spec(model, config, tp=tp)
+        spec = load_spec(model, config, tp=tp, kv_dtype=kv_dtype, state_dtype=state_dtype)
         gpu_spec = get_gpu(gpu)
         tr = load_trace(trace, first=requests, end_s=end_s, rate_scale=rate_scale, seed=seed)
         sim_config = SimConfig(
@@ -74,7 +87,7 @@ def simulate_command(
             scheduler=SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
                                       max_prefill_tokens=max(chunk_size, 8192),
                                       policy=policy),
-            buffer_bytes=buffer_bytes)
+            buffer_bytes=buffer_bytes, truncate_to_context=truncate)
         layout = sim_config.layout()
         prepare_out_dir(out)
     except KVChainError as exc:
@@ -105,6 +118,12 @@ def simulate_command(
     else:
         console.print(summary_table(summary, title=f"kvchain simulate: {spec.name} / "
                                                    f"{tr.name}"))
+        context = spec.max_context_tokens
+        console.print(f"context {context:,} tokens: " if context else "context unknown: ",
+                      end="")
+        console.print(f"{summary.extra.get('requests_rejected_context', 0):,} requests "
+                      f"rejected past it, {summary.extra.get('requests_truncated', 0):,} "
+                      "truncated (--truncate)")
         console.print(f"simulated {summary.duration_s:,.1f} s of serving in {wall:,.1f} s "
                       f"of wall time; pages copied by moves: "
                       f"{result.chain_stats.pages_copied:,}")

@@ -81,6 +81,9 @@ class SchedulerConfig:
         policy: waiting-queue order.
         window_admission: override of the chain's default window admission mode.
         audit_every_step: run the chain and KV-manager audits after every step (tests).
+        max_context_tokens: the model's context length (tokens); a request whose prompt
+            plus output exceeds it is rejected at arrival with a reason starting with
+            ``"context:"`` (``None``: no limit).
 
     Raises:
         ConfigError: a limit below 1.
@@ -92,11 +95,14 @@ class SchedulerConfig:
     policy: QueuePolicy = QueuePolicy.FCFS
     window_admission: WindowAdmission | None = None
     audit_every_step: bool = False
+    max_context_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_prefill_tokens", "chunk_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_context_tokens is not None and self.max_context_tokens < 1:
+            raise ConfigError(f"max_context_tokens must be >= 1, got {self.max_context_tokens}")
 
 
 @dataclass(slots=True)
@@ -121,6 +127,7 @@ class SchedulerCounters:
     admitted: int = 0
     retractions: int = 0
     rejected: int = 0
+    rejected_context: int = 0  # of ``rejected``: prompt + output past the context length
     finished: int = 0
     divergences: int = 0  # admitted but unallocatable: must stay 0
     window_pages_reclaimed: int = 0
@@ -172,7 +179,8 @@ class Scheduler:
     # --- requests in ------------------------------------------------------------------
 
     def add(self, request: Request, now: float) -> bool:
-        """Queue a request; reject it at once if it can never fit the empty chain.
+        """Queue a request; reject it at once if it exceeds the model's context
+        (``config.max_context_tokens``) or can never fit the empty chain.
 
         Returns:
             True if queued, False if rejected (an ``REJECTED`` event says why).
@@ -184,6 +192,16 @@ class Scheduler:
             raise InvalidRequestError(f"duplicate request id {request.rid}")
         self.requests[request.rid] = request
         self._emit(EventKind.ARRIVED, request.rid, now)
+        context = self.config.max_context_tokens
+        total = request.prompt_tokens + request.output_tokens
+        if context is not None and total > context:
+            request.status = RequestStatus.REJECTED
+            self.counters.rejected += 1
+            self.counters.rejected_context += 1
+            self._emit(EventKind.REJECTED, request.rid, now,
+                       f"context: {request.prompt_tokens:,} prompt + {request.output_tokens:,} "
+                       f"output tokens exceed the model's context of {context:,} tokens")
+            return False
         need = self._lifetime_demand(request.prompt_tokens, request.output_tokens)
         if not self._fits_empty(need):
             request.status = RequestStatus.REJECTED

@@ -48,6 +48,11 @@ class SimConfig:
         buffer_bytes: KV buffer bytes; ``None`` derives it from the GPU
             (:func:`kvchain.gpu.kv_buffer_bytes`).
         max_step_samples: step samples kept for plots (totals stay exact).
+        truncate_to_context: a request whose prompt + output exceeds the model's context
+            (``model.max_context_tokens``) has its prompt cut to ``context - output``
+            tokens (counted as ``requests_truncated``) instead of being rejected; one
+            whose output alone reaches the context is still rejected (reason
+            ``context:``, counted as ``requests_rejected_context``).
     """
 
     model: ModelSpec
@@ -58,6 +63,7 @@ class SimConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     buffer_bytes: int | None = None
     max_step_samples: int = 4_000
+    truncate_to_context: bool = False
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -122,7 +128,9 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
     chain = allocator if allocator is not None else Chain(config.layout())
     layout = chain.layout
     kv = KVManager(chain)
-    sched_config = replace(config.scheduler, audit_every_step=audit_every_step)
+    context = config.scheduler.max_context_tokens or config.model.max_context_tokens
+    sched_config = replace(config.scheduler, audit_every_step=audit_every_step,
+                           max_context_tokens=context)
     sched = Scheduler(kv, sched_config)
     cost = GPUCostModel(config.model, config.gpu)
     recorder = MetricsRecorder(max_step_samples=config.max_step_samples)
@@ -130,15 +138,21 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
     reserved = layout.reserved_bytes
     requests = sorted(config.trace.requests, key=lambda r: (r.arrival_s, r.request_id))
     total, done, i, now = len(requests), 0, 0, 0.0
+    truncated = 0
 
     while i < total or not sched.idle:
         if sched.idle:
             now = max(now, requests[i].arrival_s)
         while i < total and requests[i].arrival_s <= now:
             tr = requests[i]
-            recorder.on_arrival(tr.request_id, tr.arrival_s, prompt_tokens=tr.prompt_tokens,
+            prompt = tr.prompt_tokens
+            if (config.truncate_to_context and context is not None
+                    and prompt + tr.output_tokens > context and tr.output_tokens < context):
+                prompt = context - tr.output_tokens
+                truncated += 1
+            recorder.on_arrival(tr.request_id, tr.arrival_s, prompt_tokens=prompt,
                                 output_tokens=tr.output_tokens)
-            sched.add(Request(tr.request_id, tr.prompt_tokens, tr.output_tokens, tr.arrival_s),
+            sched.add(Request(tr.request_id, prompt, tr.output_tokens, tr.arrival_s),
                       tr.arrival_s)
             i += 1
         batch = sched.step(now)
@@ -180,6 +194,8 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
         "leaked_pages": leaked,
         "admission_decisions": sched.counters.admission_decisions,
         "bytes_copied": chain.stats.bytes_copied,
+        "requests_rejected_context": sched.counters.rejected_context,
+        "requests_truncated": truncated,
     })
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions)
 
