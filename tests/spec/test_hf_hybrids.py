@@ -79,20 +79,23 @@ def test_unknown_model_type_falls_back_to_the_raw_dict():
     assert cfg.reader == "raw dict"
 
 
-def test_transformers_is_not_imported_by_kvchain(tmp_path):
+def test_transformers_is_not_imported_by_kvchain():
+    import os
     import subprocess
 
     code = "import sys, kvchain, kvchain.spec, kvchain.cli; print('transformers' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={"PYTHONPATH": str(sys.path[0]), **_env()})
+                         check=True, env=env)
     assert out.stdout.strip() == "False"
-
-
-def _env():
-    import os
-
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    # sibling: the same probe sees transformers once a config has been read
+    code = ("import sys; from kvchain.spec import load_hf_config; "
+            "load_hf_config({'model_type': 'llama', 'num_hidden_layers': 1, "
+            "'hidden_size': 64, 'num_attention_heads': 1, 'vocab_size': 10, "
+            "'intermediate_size': 8}); print('transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env)
+    assert out.stdout.strip() == "True"
 
 
 GEMMA4 = {

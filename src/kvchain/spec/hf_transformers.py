@@ -73,7 +73,7 @@ def _config_class_view(model_type: str, raw: Mapping[str, object]) -> tuple[Any,
     kwargs = {k: v for k, v in raw.items() if k != "model_type"}
     logger = logging.getLogger("transformers")
     level = logger.level
-    logger.setLevel(logging.ERROR)
+    logger.setLevel(logging.CRITICAL + 1)  # a refused dict falls back silently
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
