@@ -28,9 +28,14 @@ The same is done for a nested ``text_config``. When transformers is not installe
 not know the ``model_type``, or its class refuses the dict (it validates types), the raw
 dict is used unchanged and kvchain's own checks name the bad field.
 
-Import cost, measured on the development machine (``python -X importtime -c "import
-transformers"``): about 0.8 s cumulative for transformers 5.24, paid once per process
-and only by commands that read a Hugging Face config.
+Import cost (transformers 5.24, torch 2.13 CPU installed; ``benchmarks/
+bench_config_reader.py`` and ``python -X importtime``): ``import transformers`` alone is
+about 0.8 s cumulative, but the first ``AutoConfig.for_model`` also imports torch
+(``transformers.configuration_utils`` -> ``modeling_rope_utils`` -> ``torch``, 5.7 s of
+the 5.8 s cumulative on the shared development machine under load): the first config
+read of a process costs seconds, once. Later reads take 2-22 ms (1x-8x the raw-dict read
+of the same config). ``import kvchain`` never pays it; ``use_transformers=False`` skips
+it.
 """
 
 from __future__ import annotations
