@@ -351,3 +351,16 @@ def test_per_layer_window_list_needs_a_window_for_each_window_layer():
     with pytest.raises(MissingFieldError, match="layer 1"):
         load_hf_config({**TOY, "layer_types": ["sliding_attention"] * 4,
                         "sliding_window": [128, None, 11, 11]})
+
+
+def test_multimodal_wrappers_read_their_text_config(reader):
+    # Gemma4Config / Qwen3_5Config keep the language model under text_config; the raw keys
+    # the text class consumes (global_head_dim...) must survive the class's view of it
+    gemma = {k: v for k, v in GEMMA4.items() if k != "model_type"}
+    spec = load_hf_config({"model_type": "gemma4",
+                           "text_config": {**gemma, "model_type": "gemma4_text"}})
+    assert spec.bytes_per_token(FULL) == 2 * (512 + 512) * 2
+    qwen = {k: v for k, v in QWEN35.items() if k != "model_type"}
+    spec = load_hf_config({"model_type": "qwen3_5",
+                           "text_config": {**qwen, "model_type": "qwen3_5_text"}})
+    assert spec.state_bytes == 2_146_304
