@@ -8,10 +8,14 @@ Pipeline: :func:`~kvchain.spec.hf_layers.layer_plans` says what each layer runs,
 Lifetime of each mixer::
 
     full attention, MLA       -> FULL    (E_full bytes per token)
-    sliding-window attention  -> WINDOW  (window = W tokens)
+    compressed KV (DeepSeek-V4
+    CSA/HCA)                  -> FULL    (entry bytes / tokens per entry, per token)
+    sliding-window attention  -> WINDOW  (window = W tokens; one class per window size)
     chunked attention         -> LOCAL   (window = C tokens, the attention chunk)
     Mamba-1/2, Gated DeltaNet,
-    lightning, JetBlock       -> STATE   (S bytes per request)
+    KDA, lightning, JetBlock  -> STATE   (S bytes per request)
+
+Every family and the source of its rule: ``docs/models.md``.
 
 A Falcon-H1 layer runs attention and Mamba-2 in parallel: it yields two
 :class:`~kvchain.spec.layers.LayerCache` entries with the same index (one FULL, one STATE).

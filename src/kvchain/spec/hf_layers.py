@@ -33,7 +33,12 @@ Per-layer kinds are read, in this order, from the first field the config has:
                   with ``use_sliding_window``: window from ``max_window_layers`` on
    ============== ============================================================
 
-Sources of the rules: the configuration classes of huggingface/transformers 4.57
+Configs are read through transformers' configuration class when transformers knows the
+family (:mod:`~kvchain.spec.hf_transformers`), so ``layer_types`` usually arrives
+derived by the class; the rules below serve the raw dict. Gemma 4, Mamba, Mamba-2,
+Kimi-Linear, DeepSeek-V4 and the ``per_layer_config`` reading follow transformers 5.24;
+SambaY follows microsoft/Phi-4-mini-flash-reasoning ``modeling_phi4flash.py``.
+Sources of the older rules: the configuration classes of huggingface/transformers 4.57
 (``configuration_gemma3.py``, ``configuration_gemma2.py``, ``configuration_qwen3_next.py``,
 ``configuration_jamba.py``, ``configuration_llama4.py``, ``configuration_qwen2.py``), the
 Falcon-H1 README (tiiuae/Falcon-H1: attention and SSM run in parallel in every block) and
