@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from kvchain.catalog import load_model, load_models_json_entry, read_models_json
-from kvchain.spec import LifetimeClass, ModelSpec
+from kvchain.spec import CacheDtype, LifetimeClass, ModelSpec
 
 ENTRIES = {str(e["name"]): e for e in read_models_json()}
 KEYS = (
@@ -53,8 +53,10 @@ def file_numbers(entry: dict) -> dict:
 def test_derived_bytes_match_models_json(name):
     entry = ENTRIES[name]
     expected = file_numbers(entry)
-    from_catalog = load_model(name)
-    from_entry = load_models_json_entry(name)
+    # models.json states all-bf16 numbers ("_bf16"); transformers' NemotronHConfig
+    # defaults mamba_ssm_cache_dtype to float32, so the state dtype is pinned to compare.
+    from_catalog = load_model(name, state_dtype=CacheDtype.BF16)
+    from_entry = load_models_json_entry(name, state_dtype=CacheDtype.BF16)
     assert derived_of(from_catalog) == expected
     assert derived_of(from_entry) == expected
     assert from_entry.total_params == from_catalog.total_params
@@ -84,7 +86,8 @@ STATE_SHAPE_KEYS = (
 def test_state_shapes_match_models_json(name):
     rs = ENTRIES[name]["recurrent_state"]
     shapes = {tuple(rs[k]) for k in STATE_SHAPE_KEYS if k in rs}
-    for spec in (load_model(name), load_models_json_entry(name)):
+    for spec in (load_model(name, state_dtype=CacheDtype.BF16),
+                 load_models_json_entry(name, state_dtype=CacheDtype.BF16)):
         layer = spec.cache_class(LifetimeClass.STATE).layers[0]
         assert {t.shape for t in layer.tensors} == shapes
         assert layer.nbytes == rs["bytes_per_layer_bf16"]

@@ -119,15 +119,20 @@ def test_plan_and_simulate_a_model_with_two_window_sizes(tmp_path):
 def test_plan_window_only_model_is_unbounded_by_kv_and_names_the_context_length():
     # Mistral-7B-v0.1: every layer windowed (W = 4,096), so no request length is bounded
     # by the KV cache; its config says max_position_embeddings = 32,768.
+    # The longest request is then the context's: 32,767 prompt tokens + 1 output token.
     d = run_json("plan", "--model", "mistral-7b")
-    assert d["chain_capacity"]["longest_request_tokens"] is None
-    assert d["fixed_pools_capacity"]["longest_request_tokens"] is None
+    for side in ("chain_capacity", "fixed_pools_capacity"):
+        assert d[side]["longest_request_tokens_kv_bound"] is None
+        assert d[side]["longest_request_tokens"] == 32_767
+        assert d[side]["longest_request_bound"] == "context"
     assert d["max_context_tokens"] == 32_768
     output = runner.invoke(app, ["plan", "--model", "mistral-7b"]).output
-    row = next(line for line in output.splitlines() if "longest request" in line)
+    row = next(line for line in output.splitlines() if "longest request (tokens)" in line)
     # not the buffer's 109,195,842,816 bytes (the old search bound printed as an answer)
-    assert "unbounded (KV)" in row and "109,195" not in row
-    assert "32,768 tokens (max_position_embeddings)" in " ".join(output.split())
+    assert "32,767 (context)" in row and "109,195" not in row
+    text = " ".join(output.split())
+    assert "unbounded (KV)" in text
+    assert "32,768 tokens (max_position_embeddings)" in text
 
 
 def test_plan_state_model_compares_like_with_like(tmp_path):

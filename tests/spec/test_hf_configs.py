@@ -9,6 +9,7 @@ Jet-Nemotron jet_block.py / dynamic_conv.py (recurrent (heads, 96, 256), conv ca
 from __future__ import annotations
 
 import json
+import sys
 from importlib import resources
 
 import pytest
@@ -47,8 +48,9 @@ EXPECTED = {
         FULL: (12, 12 * 2 * 512 * 2, None),
     },
     "nvidia--Nemotron-H-56B-Base-8K": {
-        # conv (3, 16384 + 2*8*256) + ssm (256, 64, 256), bf16
-        STATE: (54, 54 * (3 * 20480 + 256 * 64 * 256) * 2, None),
+        # conv (3, 16384 + 2*8*256) bf16 + ssm (256, 64, 256) fp32: the config declares no
+        # mamba_ssm_cache_dtype and transformers' NemotronHConfig defaults it to float32
+        STATE: (54, 54 * (3 * 20480 * 2 + 256 * 64 * 256 * 4), None),
         FULL: (10, 10 * 8 * 256 * 2, None),
     },
     "MiniMaxAI--MiniMax-M1": {
@@ -70,7 +72,9 @@ EXPECTED = {
         FULL: (13, 13 * 4 * 256 * 2, None),
     },
     "XiaomiMiMo--MiMo-V2-Flash": {
-        WINDOW: (39, 39 * 8 * (192 + 128) * 2, 128),
+        # W = sliding_window_size + 1 = 129: transformers' MiMoV2FlashConfig (the SGLang
+        # reference attends to 128 previous tokens plus the query)
+        WINDOW: (39, 39 * 8 * (192 + 128) * 2, 129),
         FULL: (9, 9 * 4 * (192 + 128) * 2, None),
     },
     "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8": {
@@ -81,15 +85,29 @@ EXPECTED = {
 }
 
 
+# Without transformers (the raw dict) two readings differ from the configuration classes':
+# no NemotronHConfig default, so the SSM state stays bf16; MiMo's window is the raw
+# sliding_window field, 128.
+RAW_DIFFERS = {
+    "nvidia--Nemotron-H-56B-Base-8K": {
+        STATE: (54, 54 * (3 * 20480 + 256 * 64 * 256) * 2, None),
+    },
+    "XiaomiMiMo--MiMo-V2-Flash": {WINDOW: (39, 39 * 8 * (192 + 128) * 2, 128)},
+}
+
+
 def test_every_bundled_config_has_expectations():
     stems = {p.name.removesuffix(".json") for p in CONFIGS.iterdir() if p.name.endswith(".json")}
     assert stems == set(EXPECTED)
 
 
+@pytest.mark.parametrize("raw", [False, True], ids=["transformers", "raw-dict"])
 @pytest.mark.parametrize("stem", sorted(EXPECTED))
-def test_config_classes_and_bytes(stem):
+def test_config_classes_and_bytes(stem, raw, monkeypatch):
+    if raw:  # transformers "not installed": the raw-dict path must still load every config
+        monkeypatch.setitem(sys.modules, "transformers", None)
     spec = load_hf_config(config(stem))
-    expected = EXPECTED[stem]
+    expected = {**EXPECTED[stem], **(RAW_DIFFERS.get(stem, {}) if raw else {})}
     assert [c.lifetime for c in spec.classes] == [
         lt for lt in (STATE, WINDOW, LOCAL, FULL) if lt in expected
     ]

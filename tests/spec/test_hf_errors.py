@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 
 from kvchain.errors import ConfigError, MissingFieldError, UnknownFamilyError
 from kvchain.spec import WeightFormat, load_hf_config
+
+
+@pytest.fixture(autouse=True)
+def _raw_dict_path(monkeypatch):
+    """These tests pin kvchain's own field checks on the raw dict: transformers' classes
+    fill a missing field with the family default (the reading engines get) and refuse
+    ill-typed values before kvchain sees them (then kvchain falls back to the raw dict).
+    What transformers fills in is tested in test_hf_transformers.py."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
 
 LLAMA = {
     "model_type": "llama",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,15 @@ import kvchain.catalog
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.spec import load_hf_config
 from kvchain.spec.hf_layers import read_config
+
+
+@pytest.fixture(autouse=True)
+def _raw_dict_path(monkeypatch):
+    """These tests pin kvchain's own field checks on the raw dict: transformers' classes
+    fill a missing field with the family default (the reading engines get) and refuse
+    ill-typed values before kvchain sees them (then kvchain falls back to the raw dict).
+    What transformers fills in is tested in test_hf_transformers.py."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
 
 # The verbatim HF configs packaged with kvchain (catalog/data/SOURCES.md).
 CONFIGS = Path(kvchain.catalog.__file__).parent / "data" / "model_configs"

@@ -207,7 +207,7 @@ def resolve_name(name: str) -> str:
 def _build(
     record: _Record,
     *,
-    kv_dtype: CacheDtype,
+    kv_dtype: CacheDtype | None,
     tp: int,
     state_dtype: CacheDtype | None,
     from_entry: bool,
@@ -230,7 +230,7 @@ def _build(
 def load_model(
     name: str,
     *,
-    kv_dtype: CacheDtype = CacheDtype.BF16,
+    kv_dtype: CacheDtype | None = None,
     tp: int = 1,
     state_dtype: CacheDtype | None = None,
 ) -> ModelSpec:
@@ -252,7 +252,7 @@ def load_model(
 def load_models_json_entry(
     name: str,
     *,
-    kv_dtype: CacheDtype = CacheDtype.BF16,
+    kv_dtype: CacheDtype | None = None,
     tp: int = 1,
     state_dtype: CacheDtype | None = None,
 ) -> ModelSpec:

@@ -202,18 +202,33 @@ def prepare_out_dir(out: Path | None) -> None:
 
 
 def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,
-              kv_dtype: CacheDtype = CacheDtype.BF16, tp: int = 1) -> ModelSpec:
+              kv_dtype: CacheDtype | None = None, tp: int = 1,
+              state_dtype: CacheDtype | None = None) -> ModelSpec:
     """The model of a command: a spec file, a Hugging Face config.json, or a catalog name
     (in that order of precedence).
 
+    ``kv_dtype`` / ``state_dtype`` (``--kv-dtype`` / ``--state-dtype``) override what the
+    config declares (``None``: the config's dtype fields, else bf16; see
+    :mod:`kvchain.spec.hf_dtypes`).
+
     Raises:
-        ConfigError and subclasses: unknown model, bad config, bad spec file.
+        ConfigError and subclasses: unknown model, bad config, bad spec file, or a dtype
+            override given with a spec file (its classes are declared in bytes).
     """
     if spec_file is not None:
+        if kv_dtype is not None or state_dtype is not None:
+            raise ConfigError("--kv-dtype/--state-dtype do not apply to --spec (a spec file "
+                              "declares bytes, not tensors)")
         return load_declared(spec_file)
     if config is not None:
-        return load_hf_config(config, kv_dtype=kv_dtype, tp=tp)
-    return load_model(model, kv_dtype=kv_dtype, tp=tp)
+        return load_hf_config(config, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
+    return load_model(model, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
+
+
+KV_DTYPE_HELP = ("Element type of attention K/V (default: the config's kv_cache_dtype / "
+                 "quantization_config, else bf16).")
+STATE_DTYPE_HELP = ("Element type of the recurrent state (default: the config's "
+                    "mamba_ssm_dtype / mamba_ssm_cache_dtype / mamba_cache_dtype, else bf16).")
 
 
 def render_bands(layout: ChainLayout) -> Table:

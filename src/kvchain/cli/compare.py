@@ -23,6 +23,8 @@ from kvchain.admission import ReservePolicy
 from kvchain.baselines import ManagerKind
 from kvchain.cli import app
 from kvchain.cli.common import (
+    KV_DTYPE_HELP,
+    STATE_DTYPE_HELP,
     check_flags,
     load_spec,
     overload_hint,
@@ -38,6 +40,7 @@ from kvchain.sim.compare import ManagerRun, compare_managers
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind, GPUCostModel
 from kvchain.sim.engine import SimConfig
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, TRACE_FORMATS_HELP, load_trace
+from kvchain.spec.layers import CacheDtype
 
 
 def compare_json(runs: dict[ManagerKind, ManagerRun]) -> dict[str, object]:
@@ -162,6 +165,8 @@ def compare(
     strict: Annotated[bool, typer.Option(
         help="stop at the first admitted-but-unallocatable step (the typed error, exit 2) "
              "instead of counting it")] = False,
+    kv_dtype: Annotated[CacheDtype | None, typer.Option(help=KV_DTYPE_HELP)] = None,
+    state_dtype: Annotated[CacheDtype | None, typer.Option(help=STATE_DTYPE_HELP)] = None,
 ) -> None:
     """Run every memory manager on the same model, GPU, trace and scheduler."""
     console = Console(stderr=as_json)
@@ -176,7 +181,8 @@ def compare(
         check_flags(requests=requests, rate_scale=rate_scale, block_tokens=block_tokens,
                     mem_fraction=mem_fraction, buffer_bytes=buffer_bytes, page_size=page_size,
                     tp=tp, max_running=max_running, chunk_size=chunk_size, step_ms=step_ms)
-        model_spec = load_spec(model, config, spec_file=spec, tp=tp)
+        model_spec = load_spec(model, config, spec_file=spec, tp=tp, kv_dtype=kv_dtype,
+                               state_dtype=state_dtype)
         gpu_spec = get_gpu(gpu)
         scheduler = SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
                                     max_prefill_tokens=max(chunk_size, 8192), policy=policy,

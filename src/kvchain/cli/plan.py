@@ -15,7 +15,14 @@ from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import fits, largest_fitting, max_units
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.cli import app
-from kvchain.cli.common import check_flags, load_spec, render_bands, warn_buffer
+from kvchain.cli.common import (
+    KV_DTYPE_HELP,
+    STATE_DTYPE_HELP,
+    check_flags,
+    load_spec,
+    render_bands,
+    warn_buffer,
+)
 from kvchain.errors import KVChainError
 from kvchain.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES, get_gpu, kv_buffer_bytes
 from kvchain.kv_manager import RequestGeometry, lifetime_demand
@@ -205,7 +212,8 @@ def plan_command(
     mem_fraction: Annotated[float, typer.Option(help="GPU memory fraction.")] = 0.9,
     buffer_bytes: Annotated[int | None, typer.Option(help="KV buffer bytes (instead of the "
                                                           "GPU memory model).")] = None,
-    kv_dtype: Annotated[CacheDtype, typer.Option(help="KV cache dtype.")] = CacheDtype.BF16,
+    kv_dtype: Annotated[CacheDtype | None, typer.Option(help=KV_DTYPE_HELP)] = None,
+    state_dtype: Annotated[CacheDtype | None, typer.Option(help=STATE_DTYPE_HELP)] = None,
     page_size: Annotated[int, typer.Option(help="Tokens per page.")] = 16,
     tp: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
     prompt: Annotated[int, typer.Option(help="Prompt tokens of the request mix.")] = 2048,
@@ -221,7 +229,8 @@ def plan_command(
     try:
         check_flags(mem_fraction=mem_fraction, buffer_bytes=buffer_bytes, page_size=page_size,
                     tp=tp, prompt=prompt, output=output, slots_held=slots_held)
-        model_spec = load_spec(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp)
+        model_spec = load_spec(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp,
+                               state_dtype=state_dtype)
         gpu_spec = get_gpu(gpu)
         if buffer_bytes is None:
             buffer = kv_buffer_bytes(gpu_spec, model_spec.weight_bytes, mem_fraction=mem_fraction)
@@ -229,6 +238,9 @@ def plan_command(
             buffer = buffer_bytes
         layout = plan_layout(model_spec.classes, buffer, page_size)
         ours, pools = compare_capacity(layout, prompt, output, slots_held)
+        context = model_spec.max_context_tokens
+        ours_longest = longest_request(ours.longest_request_tokens, context)
+        pools_longest = longest_request(pools.longest_request_tokens, context)
     except KVChainError as exc:
         console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
@@ -245,8 +257,9 @@ def plan_command(
                    "window": b.cache_class.window, "null_pages": b.reserved_pages}
                   for b in layout.bands],
         "request": {"prompt": prompt, "output": output},
-        "chain_capacity": _as_dict(ours), "fixed_pools_capacity": _as_dict(pools),
-        "max_context_tokens": model_spec.max_context_tokens,
+        "chain_capacity": _as_dict(ours, ours_longest),
+        "fixed_pools_capacity": _as_dict(pools, pools_longest),
+        "max_context_tokens": context,
     }
     if as_json:
         print(json.dumps(report, indent=2))
@@ -263,20 +276,25 @@ def plan_command(
     table.add_column("fixed pools", justify="right")
     table.add_column("chain/pools", justify="right")
     has_state = layout.band(LifetimeClass.STATE) is not None
-    for label, a, b in _capacity_rows(ours, pools, has_state):
+    for label, a, b in _capacity_rows(ours, pools, ours_longest, pools_longest, has_state):
         table.add_row(label, _count(a), _count(b),
                       f"{a / b:.2f}x" if isinstance(a, int) and isinstance(b, int) and b
                       else "-")
     console.print(table)
-    context = model_spec.max_context_tokens
     if ours.longest_request_tokens is None:
-        console.print("longest request: unbounded by the KV cache (no full-attention layer: "
-                      "window, chunked and state bytes are capped per request); the limit is "
+        console.print("longest request: unbounded (KV) - no full-attention layer (window, "
+                      "chunked and state bytes are capped per request); the limit is "
                       + (f"the model's context length, {context:,} tokens "
                          "(max_position_embeddings)" if context else
                          "the model's context length (not given by this config)"))
-    elif context:
-        console.print(f"model context length: {context:,} tokens (max_position_embeddings)")
+    else:
+        assert pools.longest_request_tokens is not None
+        console.print(f"longest lone request bound by: {ours_longest.bound} (chain), "
+                      f"{pools_longest.bound} (fixed pools); KV bytes allow "
+                      f"{ours.longest_request_tokens:,} / {pools.longest_request_tokens:,} "
+                      "tokens, the model's context "
+                      + (f"{context:,} tokens (max_position_embeddings)" if context is not None
+                         else "is unknown"))
     rules = []
     if has_state:
         rules.append("state pool = 0.9/1.9 of the buffer (SGLang --mamba-full-memory-ratio)")
@@ -287,14 +305,12 @@ def plan_command(
         console.print("fixed pools: " + "; ".join(rules))
 
 
-def _capacity_rows(ours: Capacity, pools: Capacity, has_state: bool
+def _capacity_rows(ours: Capacity, pools: Capacity, ours_longest: LongestRequest,
+                   pools_longest: LongestRequest, has_state: bool
                    ) -> list[tuple[str, int | str, int | str]]:
     """Rows of the capacity table: each row measures both sides in the same conditions."""
-    unbounded = "unbounded (KV)"
     rows: list[tuple[str, int | str, int | str]] = [
-        ("longest request (tokens)",
-         unbounded if ours.longest_request_tokens is None else ours.longest_request_tokens,
-         unbounded if pools.longest_request_tokens is None else pools.longest_request_tokens),
+        ("longest request (tokens)", _longest_cell(ours_longest), _longest_cell(pools_longest)),
         ("concurrent requests", ours.concurrent_requests, pools.concurrent_requests),
     ]
     if ours.full_tokens or pools.full_tokens:
@@ -304,11 +320,50 @@ def _capacity_rows(ours: Capacity, pools: Capacity, has_state: bool
     return rows
 
 
+def _longest_cell(longest: LongestRequest) -> int | str:
+    if longest.tokens is None:
+        return "unbounded (KV)"
+    return longest.tokens if longest.bound == "kv_bytes" else f"{longest.tokens:,} (context)"
+
+
 def _count(value: int | str) -> str:
     return f"{value:,}" if isinstance(value, int) else value
 
 
-def _as_dict(c: Capacity) -> dict[str, int | None]:
-    return {"longest_request_tokens": c.longest_request_tokens,
+@dataclass(frozen=True, slots=True)
+class LongestRequest:
+    """The longest lone request and what bounds it.
+
+    Attributes:
+        tokens: prompt tokens of the longest lone request with its 1 output token (as
+            :attr:`Capacity.longest_request_tokens`): ``min(KV-bytes bound, context - 1)``,
+            since prompt + output may not exceed the context; ``None`` when neither bounds
+            it (no full-attention layer and no known context).
+        bound: ``"kv_bytes"`` when the buffer binds first (or ties), ``"context"`` when the
+            model's context length does, ``"unbounded"`` when neither does.
+    """
+
+    tokens: int | None
+    bound: str
+
+
+def longest_request(kv_bound_tokens: int | None, context: int | None) -> LongestRequest:
+    """Cap the KV-bytes bound (``None``: unbounded, no full-attention layer) at the model's
+    context length and say which binds.
+
+    Example: a buffer that holds 37.7M prompt tokens of a model with a 32,768-token
+    context: ``LongestRequest(32_767, "context")`` (32,767 prompt + 1 output token).
+    """
+    if context is not None and (kv_bound_tokens is None or context - 1 < kv_bound_tokens):
+        return LongestRequest(context - 1, "context")
+    if kv_bound_tokens is None:
+        return LongestRequest(None, "unbounded")
+    return LongestRequest(kv_bound_tokens, "kv_bytes")
+
+
+def _as_dict(c: Capacity, longest: LongestRequest) -> dict[str, int | str | None]:
+    return {"longest_request_tokens": longest.tokens,
+            "longest_request_bound": longest.bound,
+            "longest_request_tokens_kv_bound": c.longest_request_tokens,
             "concurrent_requests": c.concurrent_requests, "full_tokens": c.full_tokens,
             "slots_held": c.slots_held}

@@ -14,6 +14,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from kvchain.admission import ReservePolicy
 from kvchain.cli import app
 from kvchain.cli.common import (
+    KV_DTYPE_HELP,
+    STATE_DTYPE_HELP,
     check_flags,
     load_spec,
     overload_hint,
@@ -31,6 +33,7 @@ from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind, GPUCostModel
 from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.metrics import write_outputs
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, TRACE_FORMATS_HELP, load_trace
+from kvchain.spec.layers import CacheDtype
 
 DEFAULT_MODEL = "gpt-oss-120b"
 DEFAULT_GPU = "h200"
@@ -89,6 +92,12 @@ def simulate_command(
     strict: Annotated[bool, typer.Option(help="Stop at the first admitted-but-unallocatable "
                                               "step (exit 1) instead of counting it.")]
     = False,
+    kv_dtype: Annotated[CacheDtype | None, typer.Option(help=KV_DTYPE_HELP)] = None,
+    state_dtype: Annotated[CacheDtype | None, typer.Option(help=STATE_DTYPE_HELP)] = None,
+    truncate: Annotated[bool, typer.Option(
+        "--truncate", help="Cut the prompt of a request past the model's context to "
+                           "context - output tokens (counted) instead of rejecting it.")]
+    = False,
 ) -> None:
     """Simulate serving a request trace with the kvchain memory manager.
 
@@ -101,7 +110,8 @@ def simulate_command(
                     block_tokens=block_tokens, mem_fraction=mem_fraction,
                     buffer_bytes=buffer_bytes, page_size=page_size, tp=tp,
                     max_running=max_running, chunk_size=chunk_size, step_ms=step_ms, seed=seed)
-        model_spec = load_spec(model, config, spec_file=spec, tp=tp)
+        model_spec = load_spec(model, config, spec_file=spec, tp=tp, kv_dtype=kv_dtype,
+                               state_dtype=state_dtype)
         gpu_spec = get_gpu(gpu)
         tr = load_trace(trace, first=requests, end_s=end_s, rate_scale=rate_scale, seed=seed,
                         block_tokens=block_tokens)
@@ -111,7 +121,8 @@ def simulate_command(
                                       max_prefill_tokens=max(chunk_size, 8192),
                                       policy=policy, strict=strict,
                                       reserve=reserve_config(reserve, new_token_ratio)),
-            buffer_bytes=buffer_bytes, clock=clock, step_ms=step_ms)
+            buffer_bytes=buffer_bytes, clock=clock, step_ms=step_ms,
+            truncate_to_context=truncate)
         layout = sim_config.layout()
         if clock is ClockKind.ROOFLINE:
             GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed
@@ -153,6 +164,12 @@ def simulate_command(
     else:
         console.print(summary_table(summary, title=f"kvchain simulate: {model_spec.name} / "
                                                    f"{tr.name}"))
+        context = model_spec.max_context_tokens
+        console.print(f"context {context:,} tokens: " if context else "context unknown: ",
+                      end="")
+        console.print(f"{summary.extra.get('requests_rejected_context', 0):,} requests "
+                      f"rejected past it, {summary.extra.get('requests_truncated', 0):,} "
+                      "truncated (--truncate)")
         console.print(f"simulated {summary.duration_s:,.1f} s of serving in {wall:,.1f} s "
                       f"of wall time; pages copied by moves: "
                       f"{summary.extra.get('pages_copied', 0):,} (copy time "

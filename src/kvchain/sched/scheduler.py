@@ -91,6 +91,9 @@ class SchedulerConfig:
             :class:`~kvchain.errors.AdmissionDivergenceError` (the library default, so
             every test); ``False`` records the event, retracts the request and goes on
             (``kvchain simulate`` without ``--strict``).
+        max_context_tokens: the model's context length (tokens); a request whose prompt
+            plus output exceeds it is rejected at arrival with a reason starting with
+            ``"context:"`` (``None``: no limit).
 
     Raises:
         ConfigError: a limit below 1.
@@ -104,11 +107,14 @@ class SchedulerConfig:
     audit_every_step: bool = False
     strict: bool = True
     reserve: ReserveConfig = field(default_factory=ReserveConfig)
+    max_context_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_prefill_tokens", "chunk_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_context_tokens is not None and self.max_context_tokens < 1:
+            raise ConfigError(f"max_context_tokens must be >= 1, got {self.max_context_tokens}")
 
 
 @dataclass(slots=True)
@@ -153,6 +159,7 @@ class SchedulerCounters:
     admitted: int = 0
     retractions: int = 0
     rejected: int = 0
+    rejected_context: int = 0  # of ``rejected``: prompt + output past the context length
     finished: int = 0
     divergences: int = 0  # admitted but unallocatable: UnallocatableEvents recorded
     recomputed_tokens: int = 0  # tokens retracted requests must prefill again
@@ -217,7 +224,8 @@ class Scheduler:
     # --- requests in ------------------------------------------------------------------
 
     def add(self, request: Request, now: float) -> bool:
-        """Queue a request; reject it at once if it can never fit the empty chain.
+        """Queue a request; reject it at once if it exceeds the model's context
+        (``config.max_context_tokens``) or can never fit the empty chain.
 
         Returns:
             True if queued, False if rejected (an ``REJECTED`` event says why).
@@ -229,6 +237,16 @@ class Scheduler:
             raise InvalidRequestError(f"duplicate request id {request.rid}")
         self.requests[request.rid] = request
         self._emit(EventKind.ARRIVED, request.rid, now)
+        context = self.config.max_context_tokens
+        total = request.prompt_tokens + request.output_tokens
+        if context is not None and total > context:
+            request.status = RequestStatus.REJECTED
+            self.counters.rejected += 1
+            self.counters.rejected_context += 1
+            self._emit(EventKind.REJECTED, request.rid, now,
+                       f"context: {request.prompt_tokens:,} prompt + {request.output_tokens:,} "
+                       f"output tokens exceed the model's context of {context:,} tokens")
+            return False
         need = self._lifetime_demand(request.prompt_tokens, request.output_limit)
         if not self._fits_empty(need):
             request.status = RequestStatus.REJECTED

@@ -62,6 +62,11 @@ class SimConfig:
         clock: ``roofline`` (the GPU cost model) or ``steps`` (each scheduler step that
             computes tokens advances the clock by ``step_ms``; instant compute).
         step_ms: the step clock's tick in milliseconds of trace time.
+        truncate_to_context: a request whose prompt + output exceeds the model's context
+            (``model.max_context_tokens``) has its prompt cut to ``context - output``
+            tokens (counted as ``requests_truncated``) instead of being rejected; one
+            whose output alone reaches the context is still rejected (reason
+            ``context:``, counted as ``requests_rejected_context``).
     """
 
     model: ModelSpec
@@ -74,6 +79,7 @@ class SimConfig:
     max_step_samples: int = 4_000
     clock: ClockKind = ClockKind.ROOFLINE
     step_ms: float = DEFAULT_STEP_MS
+    truncate_to_context: bool = False
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -147,7 +153,9 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     chain: Allocator = allocator if allocator is not None else Chain(config.layout())
     layout = chain.layout
     kv = KVManager(chain)
-    sched_config = replace(config.scheduler, audit_every_step=audit_every_step)
+    context = config.scheduler.max_context_tokens or config.model.max_context_tokens
+    sched_config = replace(config.scheduler, audit_every_step=audit_every_step,
+                           max_context_tokens=context)
     sched = Scheduler(kv, sched_config)
     clock: GPUCostModel | StepClock
     if config.clock is ClockKind.ROOFLINE:
@@ -166,15 +174,21 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     copied = chain.stats.bytes_copied  # bytes copied so far: each step pays its own delta
     copy_s = 0.0  # seconds of page copies charged to step times
     copy_steps = 0  # steps that copied (each waits for the previous forward's fence)
+    truncated = 0
 
     while i < total or not sched.idle:
         if sched.idle:
             now = max(now, requests[i].arrival_s)
         while i < total and requests[i].arrival_s <= now:
             tr = requests[i]
-            recorder.on_arrival(tr.request_id, tr.arrival_s, prompt_tokens=tr.prompt_tokens,
+            prompt = tr.prompt_tokens
+            if (config.truncate_to_context and context is not None
+                    and prompt + tr.output_tokens > context and tr.output_tokens < context):
+                prompt = context - tr.output_tokens
+                truncated += 1
+            recorder.on_arrival(tr.request_id, tr.arrival_s, prompt_tokens=prompt,
                                 output_tokens=tr.output_tokens)
-            sched.add(Request(tr.request_id, tr.prompt_tokens, tr.output_tokens, tr.arrival_s,
+            sched.add(Request(tr.request_id, prompt, tr.output_tokens, tr.arrival_s,
                               max_tokens=tr.max_tokens), tr.arrival_s)
             i += 1
         batch = sched.step(now)
@@ -228,6 +242,8 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         "copy_steps": copy_steps,
         "copy_time_s": round(copy_s, 6),
         "copy_time_pct": round(100 * copy_s / busy, 4) if busy > 0 else 0.0,
+        "requests_rejected_context": sched.counters.rejected_context,
+        "requests_truncated": truncated,
     })
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
                      tuple(sched.unallocatable))

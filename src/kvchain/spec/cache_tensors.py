@@ -233,3 +233,46 @@ def jet_tensors(
         TensorDecl("recurrent", (local, k_head_dim, v_head_dim), dtypes.temporal),
         TensorDecl("conv", (local * v_head_dim, conv_kernel), dtypes.conv),
     )
+
+
+def shared_kv_tensors(
+    kv_heads: int, head_dim: int, tp: int, dtype: CacheDtype
+) -> tuple[TensorDecl, ...]:
+    """One tensor serving as both K and V, per token and rank (DeepSeek-V4 shared-KV MQA:
+    transformers' ``DeepseekV4HCACache.update`` keeps ``values`` as the same storage as
+    ``keys``).
+
+    Example: DeepSeek-V4, 1 head x 512 in bf16: 1,024 B per token per layer.
+
+    Raises:
+        ConfigError: see :func:`kv_heads_per_rank`.
+    """
+    return (TensorDecl("kv", (kv_heads_per_rank(kv_heads, tp), head_dim), dtype),)
+
+
+def compressed_tensors(
+    group_tokens: int, entry_dims: tuple[int, ...], dtype: CacheDtype
+) -> tuple[TensorDecl, ...]:
+    """Compressed KV per token (replicated on every rank, like the single KV head).
+
+    One entry of ``entry_dims[i]`` elements is stored per ``group_tokens`` source tokens,
+    so a token owns ``entry_dims[i] / group_tokens`` elements of each tensor: bytes per
+    token = bytes per entry / group size. A page of ``P`` tokens (``P`` a multiple of the
+    group) holds ``P / group_tokens`` whole entries laid out contiguously.
+
+    Example: DeepSeek-V4 CSA (group 4; KV entry 512, indexer key 128) in bf16:
+    (512 + 128) / 4 x 2 B = 320 B per token; HCA (group 128, entry 512): 8 B per token.
+
+    Raises:
+        ConfigError: an entry size that the group size does not divide (names both).
+    """
+    names = ("compressed_kv", "compressed_index_k")
+    out = []
+    for name, dims in zip(names, entry_dims, strict=False):
+        if dims % group_tokens:
+            raise ConfigError(
+                f"compressed entry of {dims} elements is not a whole number of elements per "
+                f"token for a group of {group_tokens} tokens"
+            )
+        out.append(TensorDecl(name, (dims // group_tokens,), dtype))
+    return tuple(out)

@@ -8,10 +8,14 @@ Pipeline: :func:`~kvchain.spec.hf_layers.layer_plans` says what each layer runs,
 Lifetime of each mixer::
 
     full attention, MLA       -> FULL    (E_full bytes per token)
-    sliding-window attention  -> WINDOW  (window = W tokens)
+    compressed KV (DeepSeek-V4
+    CSA/HCA)                  -> FULL    (entry bytes / tokens per entry, per token)
+    sliding-window attention  -> WINDOW  (window = W tokens; one class per window size)
     chunked attention         -> LOCAL   (window = C tokens, the attention chunk)
     Mamba-1/2, Gated DeltaNet,
-    lightning, JetBlock       -> STATE   (S bytes per request)
+    KDA, lightning, JetBlock  -> STATE   (S bytes per request)
+
+Every family and the source of its rule: ``docs/models.md``.
 
 A Falcon-H1 layer runs attention and Mamba-2 in parallel: it yields two
 :class:`~kvchain.spec.layers.LayerCache` entries with the same index (one FULL, one STATE).
@@ -29,14 +33,17 @@ from pathlib import Path
 
 from kvchain.errors import ConfigError
 from kvchain.spec import cache_tensors as ct
+from kvchain.spec.hf_dtypes import config_dtypes
 from kvchain.spec.hf_geometry import (
     attention_geometry,
+    compressed_geometry,
     gated_delta_net_geometry,
     hidden_size,
     jet_geometry,
+    kda_geometry,
+    layer_overrides,
     mamba1_geometry,
     mamba2_geometry,
-    state_ssm_is_fp32,
 )
 from kvchain.spec.hf_layers import HFConfig, LayerPlan, Mixer, layer_plans, read_config
 from kvchain.spec.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl
@@ -47,6 +54,8 @@ _LIFETIME = {
     Mixer.FULL: LifetimeClass.FULL,
     Mixer.WINDOW: LifetimeClass.WINDOW,
     Mixer.LOCAL: LifetimeClass.LOCAL,
+    Mixer.CSA: LifetimeClass.FULL,  # compressed entries live as long as the request
+    Mixer.HCA: LifetimeClass.FULL,
 }
 
 _KIND = {
@@ -55,25 +64,37 @@ _KIND = {
     Mixer.GATED_DELTA_NET: "gated_delta_net",
     Mixer.LIGHTNING: "lightning",
     Mixer.JET: "jet",
+    Mixer.KDA: "kda",
+    Mixer.CSA: "csa",
+    Mixer.HCA: "hca",
 }
 
 
 def _state_dtypes(cfg: HFConfig, state_dtype: CacheDtype | None) -> ct.StateDtypes:
     if state_dtype is not None:
         return ct.StateDtypes(conv=state_dtype, temporal=state_dtype)
-    temporal = CacheDtype.FP32 if state_ssm_is_fp32(cfg) else CacheDtype.BF16
-    return ct.StateDtypes(conv=CacheDtype.BF16, temporal=temporal)
+    declared = config_dtypes(cfg)
+    return ct.StateDtypes(
+        conv=declared.conv or CacheDtype.BF16, temporal=declared.temporal or CacheDtype.BF16
+    )
 
 
 def _attention_cache(
-    cfg: HFConfig, mixer: Mixer, tp: int, kv_dtype: CacheDtype
+    cfg: HFConfig, mixer: Mixer, tp: int, kv_dtype: CacheDtype, layer: int
 ) -> tuple[str, tuple[TensorDecl, ...], int | None]:
-    geo = attention_geometry(cfg, mixer)
+    if mixer.is_compressed:
+        comp = compressed_geometry(cfg, mixer)
+        tensors = ct.compressed_tensors(comp.group_tokens, comp.entry_dims, kv_dtype)
+        return _KIND[mixer], tensors, None
+    geo = attention_geometry(cfg, mixer, layer)
     ct.split(geo.q_heads, tp, "num_attention_heads")
     if geo.mla_latent_dim is not None:
         rope = cfg.positive_int("qk_rope_head_dim")
         tensors = ct.mla_tensors(geo.mla_latent_dim - rope, rope, kv_dtype)
         return "mla", tensors, geo.window
+    if geo.kv_shared:
+        tensors = ct.shared_kv_tensors(geo.kv_heads, geo.k_head_dim, tp, kv_dtype)
+        return "shared_kv", tensors, geo.window
     tensors = ct.attention_tensors(geo.kv_heads, geo.k_head_dim, geo.v_head_dim, tp, kv_dtype)
     return "gqa", tensors, geo.window
 
@@ -89,8 +110,8 @@ def _state_tensors(
         return ct.mamba2_tensors(
             m2.d_inner, m2.n_groups, m2.heads, m2.head_dim, m2.d_state, m2.conv_kernel, tp, dtypes
         )
-    if mixer is Mixer.GATED_DELTA_NET:
-        gd = gated_delta_net_geometry(cfg)
+    if mixer in (Mixer.GATED_DELTA_NET, Mixer.KDA):
+        gd = gated_delta_net_geometry(cfg) if mixer is Mixer.GATED_DELTA_NET else kda_geometry(cfg)
         return ct.gated_delta_net_tensors(
             gd.k_heads, gd.v_heads, gd.k_head_dim, gd.v_head_dim, gd.conv_kernel, tp, dtypes
         )
@@ -101,17 +122,26 @@ def _state_tensors(
     return ct.jet_tensors(jet.heads, jet.k_head_dim, jet.v_head_dim, jet.conv_kernel, tp, dtypes)
 
 
+def _window_key(cfg: HFConfig, mixer: Mixer, layer: int) -> object:
+    if mixer is not Mixer.WINDOW:
+        return None
+    windows = cfg.get("sliding_window")
+    return layer if isinstance(windows, list | tuple) else None
+
+
 def layer_caches(
     cfg: HFConfig,
     plans: tuple[LayerPlan, ...],
     *,
-    kv_dtype: CacheDtype = CacheDtype.BF16,
+    kv_dtype: CacheDtype | None = None,
     tp: int = 1,
     state_dtype: CacheDtype | None = None,
 ) -> tuple[LayerCache, ...]:
     """Cache declarations of every cache-keeping mixer, in model order, per rank.
 
-    Tensors of one kind of mixer are built once and shared by its layers.
+    Tensors of one kind of mixer are built once and shared by its layers (per distinct
+    per-layer geometry and window when the config has them). ``kv_dtype=None``: the
+    config's declared KV dtype, else bf16 (:mod:`~kvchain.spec.hf_dtypes`).
 
     Raises:
         ConfigError: ``tp`` does not divide the heads or channels of a mixer, a zero or
@@ -119,16 +149,19 @@ def layer_caches(
         MissingFieldError: a field a mixer needs.
     """
     dtypes = _state_dtypes(cfg, state_dtype)
-    built: dict[Mixer, tuple[str, tuple[TensorDecl, ...], int | None]] = {}
+    kv = kv_dtype if kv_dtype is not None else (config_dtypes(cfg).kv or CacheDtype.BF16)
+    built: dict[tuple[object, ...], tuple[str, tuple[TensorDecl, ...], int | None]] = {}
     out: list[LayerCache] = []
     for plan in plans:
         for mixer in plan.mixers:
-            if mixer not in built:
-                if mixer.is_attention:
-                    built[mixer] = _attention_cache(cfg, mixer, tp, kv_dtype)
+            key = (mixer, layer_overrides(cfg, mixer, plan.index),
+                   _window_key(cfg, mixer, plan.index))
+            if key not in built:
+                if mixer.is_attention or mixer.is_compressed:
+                    built[key] = _attention_cache(cfg, mixer, tp, kv, plan.index)
                 else:
-                    built[mixer] = (_KIND[mixer], _state_tensors(cfg, mixer, tp, dtypes), None)
-            kind, tensors, window = built[mixer]
+                    built[key] = (_KIND[mixer], _state_tensors(cfg, mixer, tp, dtypes), None)
+            kind, tensors, window = built[key]
             lifetime = _LIFETIME.get(mixer, LifetimeClass.STATE)
             out.append(LayerCache(plan.index, lifetime, kind, tensors, window))
     return tuple(out)
@@ -147,11 +180,12 @@ def load_hf_config(
     config: str | Path | Mapping[str, object],
     *,
     name: str | None = None,
-    kv_dtype: CacheDtype = CacheDtype.BF16,
+    kv_dtype: CacheDtype | None = None,
     tp: int = 1,
     state_dtype: CacheDtype | None = None,
     weight_format: WeightFormat | None = None,
     source: str | None = None,
+    use_transformers: bool = True,
 ) -> ModelSpec:
     """Build the :class:`ModelSpec` of one tensor-parallel rank from a ``config.json``.
 
@@ -159,16 +193,21 @@ def load_hf_config(
         config: path of a ``config.json`` or its parsed mapping.
         name: display name (default: the file name without ``org--`` and ``.json``, or the
             ``model_type``).
-        kv_dtype: element type of attention K/V (and MLA latents).
+        kv_dtype: element type of attention K/V (MLA latents, compressed KV); ``None``:
+            what the config declares (``kv_cache_dtype``, ``quantization_config``), else
+            bf16 (see :mod:`~kvchain.spec.hf_dtypes`).
         tp: tensor-parallel ranks; bytes are per rank. KV heads split over ranks (one
             replicated head per rank when ``kv_heads < tp``); MLA latents are replicated;
             state heads and conv channels split (see :mod:`kvchain.spec.cache_tensors`).
-        state_dtype: element type of all recurrent state tensors; default: bf16 conv
-            state, and an SSM/recurrent state in bf16 unless the config asks for fp32
-            (``mamba_ssm_cache_dtype: float32``, e.g. Nemotron 3).
+        state_dtype: element type of all recurrent state tensors; default: what the
+            config declares (``mamba_ssm_cache_dtype`` of Nemotron 3, ``mamba_ssm_dtype``
+            of Qwen3.5, ``mamba_cache_dtype``...), else bf16.
         weight_format: how the checkpoint stores weights; default from
             ``quantization_config`` (see :func:`~kvchain.spec.params.weight_format_of`).
         source: where the config came from (default: its path or ``_name_or_path``).
+        use_transformers: read the config through transformers' configuration class
+            when transformers is installed and knows the ``model_type`` (see
+            :mod:`~kvchain.spec.hf_transformers`); ``False`` reads the raw dict only.
 
     Returns:
         The model's cache layers (grouped into lifetime classes by ``ModelSpec``), its
@@ -187,7 +226,7 @@ def load_hf_config(
     """
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"tp must be a positive integer, got {tp!r}")
-    cfg = read_config(config)
+    cfg = read_config(config, use_transformers=use_transformers)
     plans = layer_plans(cfg)
     layers = layer_caches(cfg, plans, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
     if not layers:
@@ -195,7 +234,6 @@ def load_hf_config(
     counts = count_params(cfg, plans)
     fmt = weight_format if weight_format is not None else weight_format_of(cfg)
     heads = cfg.optional_int("num_attention_heads", default=0, minimum=0)
-    context = cfg.optional_int("max_position_embeddings", default=0)
     return ModelSpec(
         name=name or _default_name(cfg),
         layers=layers,
@@ -207,5 +245,19 @@ def load_hf_config(
         weight_bytes=weight_bytes(counts, fmt, tp),
         tp=tp,
         source=cfg.origin if source is None else source,
-        max_context_tokens=context or None,
+        max_context_tokens=context_tokens(cfg),
     )
+
+
+def context_tokens(cfg: HFConfig) -> int | None:
+    """The model's context length in tokens: ``max_position_embeddings`` (or
+    ``model_max_length``, ``max_sequence_length``, ``seq_length``); ``None`` if absent.
+
+    Raises:
+        ConfigError: a present but non-positive value.
+    """
+    for key in ("max_position_embeddings", "model_max_length", "max_sequence_length",
+                "seq_length"):
+        if cfg.has(key):
+            return cfg.positive_int(key)
+    return None

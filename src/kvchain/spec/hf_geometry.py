@@ -21,6 +21,17 @@ Field names per family (aliases are tried in the order listed):
 * lightning (MiniMax): the attention heads and head dim.
 * JetBlock (Jet-Nemotron): ``efficient_attention_config.jet``: ``num_heads``,
   ``head_dim``, ``expand_v``, ``conv_size``.
+* Kimi Delta Attention (Kimi-Linear): ``linear_attn_config.num_heads``, ``.head_dim``,
+  ``.short_conv_kernel_size`` (transformers' ``KimiLinearConfig`` copies them to
+  ``linear_num_heads``, ``linear_head_dim``, ``linear_conv_kernel_dim``).
+* per-layer geometry: ``per_layer_config[i]`` overrides ``head_dim`` and
+  ``num_key_value_heads`` of layer ``i`` (transformers 5's ``Gemma4TextConfig`` builds it
+  for full layers from ``global_head_dim``, default 512, and, when ``attention_k_eq_v``,
+  ``num_global_key_value_heads``; without transformers kvchain applies the same rule).
+  A per-layer ``sliding_window`` list (``Phi4FlashConfig``) gives each layer its window.
+* compressed KV (DeepSeek-V4, transformers' ``DeepseekV4Config``): ``head_dim``
+  (one shared K=V head), ``compress_rates`` (CSA 4, HCA 128 tokens per entry; legacy
+  ``compress_rate_csa``/``compress_rate_hca``), ``index_head_dim`` (CSA's indexer keys).
 """
 
 from __future__ import annotations
@@ -47,6 +58,8 @@ class AttentionGeometry:
         mla_latent_dim: ``kv_lora_rank + qk_rope_head_dim`` for MLA, else ``None``.
         output_gate: the query projection also yields a sigmoid output gate (Qwen3-Next
             ``attn_output_gate``): it doubles the query projection's parameters.
+        kv_shared: K and V are one tensor (DeepSeek-V4 shared-KV MQA: the cache stores
+            ``keys`` and ``values`` as the same storage, ``DeepseekV4HCACache.update``).
     """
 
     q_heads: int
@@ -56,6 +69,22 @@ class AttentionGeometry:
     window: int | None
     mla_latent_dim: int | None = None
     output_gate: bool = False
+    kv_shared: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CompressedGeometry:
+    """One compressed-KV layer (DeepSeek-V4 CSA or HCA), whole model.
+
+    Attributes:
+        group_tokens: source tokens per stored entry (CSA ``m`` = 4, HCA ``m'`` = 128).
+        entry_dims: elements of each stored entry: ``(head_dim,)`` for HCA,
+            ``(head_dim, index_head_dim)`` for CSA (compressed KV and the indexer's
+            compressed keys).
+    """
+
+    group_tokens: int
+    entry_dims: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +176,10 @@ def _efficient(cfg: HFConfig, kind: str) -> Mapping[str, object] | None:
     return None
 
 
-def window_tokens(cfg: HFConfig, mixer: Mixer) -> int | None:
+def window_tokens(cfg: HFConfig, mixer: Mixer, layer: int | None = None) -> int | None:
     """Window (``WINDOW``) or chunk (``LOCAL``) tokens; ``None`` for other mixers.
+
+    A ``sliding_window`` list gives each layer its own window (``layer`` indexes it).
 
     Raises:
         MissingFieldError: a window layer without a window field, or a chunked layer
@@ -167,16 +198,56 @@ def window_tokens(cfg: HFConfig, mixer: Mixer) -> int | None:
     if swa is not None and swa.get("window_size") is not None:
         return _positive(swa["window_size"], "efficient_attention_config.swa.window_size")
     for key in ("sliding_window", "sliding_window_size"):
-        if key in cfg.fields and cfg.fields[key] is not None:
-            return _positive(cfg.fields[key], key)
+        value = cfg.fields.get(key)
+        if isinstance(value, list | tuple):
+            if layer is None or not 0 <= layer < len(value) or value[layer] is None:
+                raise MissingFieldError(
+                    f"config field {key!r} is a per-layer list with no window for layer "
+                    f"{layer} ({cfg.family})"
+                )
+            return _positive(value[layer], f"{key}[{layer}]")
+        if value is not None:
+            return _positive(value, key)
     raise MissingFieldError(
         f"config ({cfg.family}) has sliding-window layers but no 'sliding_window' "
         "(nor 'sliding_window_size')"
     )
 
 
-def attention_geometry(cfg: HFConfig, mixer: Mixer) -> AttentionGeometry:
-    """Geometry of the ``mixer`` kind of attention layer.
+def layer_overrides(cfg: HFConfig, mixer: Mixer, layer: int | None) -> tuple[tuple[str, int], ...]:
+    """Per-layer ``head_dim`` / ``num_key_value_heads`` of attention layer ``layer``.
+
+    From ``per_layer_config`` when the config has it (transformers 5), else the Gemma 4
+    rule of ``Gemma4TextConfig.__post_init__`` for full layers (see the module doc).
+
+    Raises:
+        ConfigError: an override that is not a positive whole number.
+    """
+    if layer is None or not mixer.is_attention:
+        return ()
+    table = cfg.get("per_layer_config")
+    if isinstance(table, Mapping):
+        # transformers serializes the keys as zero-padded strings ("05")
+        entry = next((v for k, v in table.items() if str(k).strip().isdigit()
+                      and int(str(k)) == layer), None)
+        if not isinstance(entry, Mapping):
+            return ()
+        return tuple(
+            (key, _positive(entry[key], f"per_layer_config[{layer}].{key}"))
+            for key in ("head_dim", "num_key_value_heads")
+            if entry.get(key) is not None
+        )
+    if cfg.is_family("gemma4", "gemma4_text") and mixer is Mixer.FULL:
+        out = [("head_dim", _positive(cfg.get("global_head_dim", 512), "global_head_dim"))]
+        if cfg.get("attention_k_eq_v") is True and cfg.has("num_global_key_value_heads"):
+            out.append(("num_key_value_heads", cfg.positive_int("num_global_key_value_heads")))
+        return tuple(out)
+    return ()
+
+
+def attention_geometry(cfg: HFConfig, mixer: Mixer, layer: int | None = None) -> AttentionGeometry:
+    """Geometry of the ``mixer`` kind of attention layer (of layer ``layer`` when the
+    config has per-layer geometry or windows).
 
     Raises:
         MissingFieldError: no ``num_attention_heads``, or no head_dim and nothing to
@@ -185,7 +256,7 @@ def attention_geometry(cfg: HFConfig, mixer: Mixer) -> AttentionGeometry:
     """
     prefix = "swa_" if mixer is Mixer.WINDOW else ""
     q_heads = cfg.positive_int(f"{prefix}num_attention_heads", "num_attention_heads")
-    window = window_tokens(cfg, mixer)
+    window = window_tokens(cfg, mixer, layer)
     gate = bool(cfg.get("attn_output_gate", cfg.is_family("qwen3_next")))
     if cfg.has("kv_lora_rank") and cfg.has("qk_rope_head_dim"):
         rope = cfg.positive_int("qk_rope_head_dim")
@@ -205,12 +276,65 @@ def attention_geometry(cfg: HFConfig, mixer: Mixer) -> AttentionGeometry:
     kv_heads = q_heads if kv_heads is None else kv_heads
     if kv_heads <= 0:
         raise ConfigError(f"config field 'num_key_value_heads' must be positive, got {kv_heads}")
-    return AttentionGeometry(q_heads, kv_heads, k_dim, v_dim, window, None, gate)
+    over = dict(layer_overrides(cfg, mixer, layer))
+    if "head_dim" in over:
+        k_dim = v_dim = over["head_dim"]
+    kv_heads = over.get("num_key_value_heads", kv_heads)
+    shared = cfg.is_family("deepseek_v4")
+    return AttentionGeometry(q_heads, kv_heads, k_dim, v_dim, window, None, gate, shared)
 
 
-def state_ssm_is_fp32(cfg: HFConfig) -> bool:
-    """True when the config asks for an fp32 SSM state (``mamba_ssm_cache_dtype``)."""
-    return str(cfg.get("mamba_ssm_cache_dtype", "")).lower() in ("float32", "fp32")
+def compressed_geometry(cfg: HFConfig, mixer: Mixer) -> CompressedGeometry:
+    """Compressed-KV numbers of a CSA or HCA layer (DeepSeek-V4; see the module doc).
+
+    Raises:
+        MissingFieldError: no ``head_dim``.
+        ConfigError: a non-positive rate or dimension.
+    """
+    name = "compressed_sparse_attention" if mixer is Mixer.CSA else "heavily_compressed_attention"
+    legacy = "compress_rate_csa" if mixer is Mixer.CSA else "compress_rate_hca"
+    rates = cfg.get("compress_rates")
+    rate: object = None
+    if isinstance(rates, Mapping):
+        rate = rates.get(name)
+    if rate is None:
+        rate = cfg.get(legacy, 4 if mixer is Mixer.CSA else 128)
+    group = _positive(rate, f"compress_rates.{name}")
+    head = cfg.positive_int("head_dim")
+    if mixer is Mixer.CSA:
+        index = cfg.optional_int("index_head_dim", default=128)
+        return CompressedGeometry(group, (head, index))
+    return CompressedGeometry(group, (head,))
+
+
+def kda_geometry(cfg: HFConfig) -> GatedDeltaNetGeometry:
+    """Kimi Delta Attention numbers as a Gated DeltaNet with equal key and value heads.
+
+    transformers' ``KimiDeltaAttention`` (``modeling_kimi_linear.py``): q, k and v each
+    project to ``num_heads x head_dim``; one depthwise conv runs over the three
+    (``conv_dim = 3 x num_heads x head_dim``); the recurrent state is
+    ``(num_heads, head_dim, head_dim)`` - the Gated DeltaNet shapes with
+    ``k_heads = v_heads`` and ``k_dim = v_dim``.
+
+    Raises:
+        MissingFieldError: no heads, head dim or conv kernel.
+    """
+    block = cfg.get("linear_attn_config")
+    sub = block if isinstance(block, Mapping) else {}
+
+    def pick(flat: str, nested: str) -> int:
+        if cfg.has(flat):
+            return cfg.positive_int(flat)
+        if sub.get(nested) is None:
+            raise MissingFieldError(
+                f"config ({cfg.family}) lacks {flat!r} (or linear_attn_config.{nested})"
+            )
+        return _positive(sub[nested], f"linear_attn_config.{nested}")
+
+    heads = pick("linear_num_heads", "num_heads")
+    dim = pick("linear_head_dim", "head_dim")
+    kernel = pick("linear_conv_kernel_dim", "short_conv_kernel_size")
+    return GatedDeltaNetGeometry(heads, heads, dim, dim, kernel)
 
 
 def mamba1_geometry(cfg: HFConfig) -> Mamba1Geometry:

@@ -17,6 +17,12 @@ Per-layer kinds are read, in this order, from the first field the config has:
 
    ============== ============================================================
    gemma3         full if ``(i+1) % sliding_window_pattern == 0`` (default 6)
+   gemma4         as gemma3, and the last layer is always full
+   mamba2         every layer Mamba-2 (state only)
+   mamba          every layer Mamba-1 (also ``falcon_mamba``)
+   phi4flash      SambaY: see :func:`_sambay_kinds`
+   kimi_linear    ``linear_attn_config`` layer lists: see :func:`_kimi_kinds`
+   deepseek_v4    ``compress_ratios`` (0 window, 4 window + CSA, 128 window + HCA)
    gemma2         window if ``(i+1) % 2`` else full
    qwen3_next     full if ``(i+1) % full_attention_interval == 0`` else Gated DeltaNet
    jamba          attention if ``i % attn_layer_period == attn_layer_offset`` else Mamba-1
@@ -27,7 +33,12 @@ Per-layer kinds are read, in this order, from the first field the config has:
                   with ``use_sliding_window``: window from ``max_window_layers`` on
    ============== ============================================================
 
-Sources of the rules: the configuration classes of huggingface/transformers 4.57
+Configs are read through transformers' configuration class when transformers knows the
+family (:mod:`~kvchain.spec.hf_transformers`), so ``layer_types`` usually arrives
+derived by the class; the rules below serve the raw dict. Gemma 4, Mamba, Mamba-2,
+Kimi-Linear, DeepSeek-V4 and the ``per_layer_config`` reading follow transformers 5.24;
+SambaY follows microsoft/Phi-4-mini-flash-reasoning ``modeling_phi4flash.py``.
+Sources of the older rules: the configuration classes of huggingface/transformers 4.57
 (``configuration_gemma3.py``, ``configuration_gemma2.py``, ``configuration_qwen3_next.py``,
 ``configuration_jamba.py``, ``configuration_llama4.py``, ``configuration_qwen2.py``), the
 Falcon-H1 README (tiiuae/Falcon-H1: attention and SSM run in parallel in every block) and
@@ -46,6 +57,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from kvchain.errors import ConfigError, MissingFieldError, UnknownFamilyError
+from kvchain.spec.hf_transformers import read_through_transformers
 
 
 class Mixer(StrEnum):
@@ -59,11 +71,20 @@ class Mixer(StrEnum):
     GATED_DELTA_NET = "gated_delta_net"
     LIGHTNING = "lightning"
     JET = "jet"
+    KDA = "kda"
+    CSA = "csa"
+    HCA = "hca"
 
     @property
     def is_attention(self) -> bool:
         """True for full, sliding-window and chunked-local attention."""
         return self in (Mixer.FULL, Mixer.WINDOW, Mixer.LOCAL)
+
+    @property
+    def is_compressed(self) -> bool:
+        """True for compressed-KV attention (DeepSeek-V4 CSA and HCA): one KV entry per
+        group of tokens, kept for the whole request."""
+        return self in (Mixer.CSA, Mixer.HCA)
 
 
 class Ffn(StrEnum):
@@ -135,12 +156,15 @@ class HFConfig:
         model_types: ``model_type`` of the top level and of ``text_config`` (lower case).
         architectures: the ``architectures`` list.
         origin: where the config came from (a path, ``_name_or_path``, or ``""``).
+        reader: who read the fields: ``"transformers <version> <ConfigClass>"`` or
+            ``"raw dict"`` (see :mod:`~kvchain.spec.hf_transformers`).
     """
 
     fields: Mapping[str, object]
     model_types: tuple[str, ...]
     architectures: tuple[str, ...]
     origin: str
+    reader: str = "raw dict"
 
     @property
     def family(self) -> str:
@@ -253,8 +277,15 @@ def _architectures(raw: Mapping[str, object]) -> tuple[str, ...]:
     raise ConfigError(f"config field 'architectures' must be a list of strings, got {archs!r}")
 
 
-def read_config(config: str | Path | Mapping[str, object]) -> HFConfig:
+def read_config(
+    config: str | Path | Mapping[str, object], *, use_transformers: bool = True
+) -> HFConfig:
     """Read a config from a path (``config.json``) or an already parsed mapping.
+
+    With ``use_transformers`` (the default) the fields are those of transformers'
+    configuration class for the ``model_type`` when transformers is installed and knows it
+    (defaults, derived per-layer lists, aliases), else the raw dict
+    (:func:`~kvchain.spec.hf_transformers.read_through_transformers`).
 
     Raises:
         ConfigError: the file is missing, unreadable (a directory, no permission), not
@@ -271,19 +302,22 @@ def read_config(config: str | Path | Mapping[str, object]) -> HFConfig:
         raw = config
     if not isinstance(raw, Mapping):
         raise ConfigError(f"a config must be a JSON object, got {type(raw).__name__}")
-    merged: dict[str, object] = dict(raw)
-    text = raw.get("text_config")
+    archs = _architectures(raw)
+    read = read_through_transformers(raw) if use_transformers else None
+    view: Mapping[str, object] = read.fields if read is not None else raw
+    merged: dict[str, object] = dict(view)
+    text = view.get("text_config")
     types = [str(raw.get("model_type", "")).lower()]
     if isinstance(text, Mapping):
         merged.update(text)
         types.append(str(text.get("model_type", "")).lower())
-    archs = _architectures(raw)
     origin = origin or str(raw.get("_name_or_path", "") or "")
     return HFConfig(
         fields=MappingProxyType(merged),
         model_types=tuple(t for t in types if t),
         architectures=archs,
         origin=origin,
+        reader=read.reader if read is not None else "raw dict",
     )
 
 
@@ -313,6 +347,11 @@ _WORDS: dict[str, tuple[str, ...]] = {
     "lightning_attention": ("lightning",),
     "lightning": ("lightning",),
     "jet": ("jet",),
+    "kda": ("kda",),
+    "kimi_delta_attention": ("kda",),
+    "compressed_sparse_attention": ("window", "csa"),
+    "heavily_compressed_attention": ("window", "hca"),
+    "shared_attention": (),
     "hybrid": ("full", "mamba"),
     "mlp": (),
     "moe": (),
@@ -365,11 +404,23 @@ _DENSE_FAMILIES = frozenset(
 
 
 def _resolve_word(cfg: HFConfig, word: str) -> Mixer:
+    """``mamba`` and ``linear_attention`` name different mixers in different families.
+
+    ``linear_attention``: Gated DeltaNet when the ``linear_*`` head fields are there
+    (Qwen3-Next, Qwen3.5); Kimi Delta Attention for ``kimi_linear`` (transformers'
+    ``KimiLinearConfig`` writes ``linear_attention`` for the ``kda_layers``); Mamba-2 for
+    ``nemotron_h`` (transformers 5's ``NemotronHConfig`` writes ``linear_attention`` for
+    ``M`` layers); else lightning attention (MiniMax).
+    """
     if word == "mamba":
         return Mixer.MAMBA2 if any(cfg.has(f) for f in _MAMBA2_FIELDS) else Mixer.MAMBA1
     if word == "linear":
         if any(cfg.has(f) for f in _GDN_FIELDS):
             return Mixer.GATED_DELTA_NET
+        if cfg.is_family("kimi_linear") or cfg.has("linear_attn_config"):
+            return Mixer.KDA
+        if cfg.is_family("nemotron_h") or any(cfg.has(f) for f in _MAMBA2_FIELDS):
+            return Mixer.MAMBA2
         return Mixer.LIGHTNING
     return Mixer(word)
 
@@ -448,6 +499,13 @@ def _family_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
     if fam("gemma3", "gemma3_text"):
         period = cfg.optional_int("sliding_window_pattern", default=6)
         return [(Mixer.FULL,) if (i + 1) % period == 0 else (Mixer.WINDOW,) for i in range(n)]
+    if fam("gemma4", "gemma4_text"):
+        # transformers' Gemma4TextConfig: 5 window layers then 1 full, last layer full
+        period = cfg.optional_int("sliding_window_pattern", default=6)
+        return [
+            (Mixer.FULL,) if (i + 1) % period == 0 or i == n - 1 else (Mixer.WINDOW,)
+            for i in range(n)
+        ]
     if fam("gemma2"):
         return [(Mixer.WINDOW,) if (i + 1) % 2 else (Mixer.FULL,) for i in range(n)]
     if fam("qwen3_next"):
@@ -468,6 +526,14 @@ def _family_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
         return _llama4_kinds(cfg, n)
     if fam("falcon_h1"):
         return [(Mixer.FULL, Mixer.MAMBA2)] * n
+    if fam("mamba2"):
+        return [(Mixer.MAMBA2,)] * n
+    if fam("mamba", "falcon_mamba"):
+        return [(Mixer.MAMBA1,)] * n
+    if fam("phi4flash", "sambay"):
+        return _sambay_kinds(cfg, n)
+    if fam("kimi_linear"):
+        return _kimi_kinds(cfg, n)
     if any(t in _DENSE_FAMILIES for t in cfg.model_types):
         return _dense_kinds(cfg, n)
     raise UnknownFamilyError(
@@ -475,6 +541,52 @@ def _family_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
         "(layer_types, layers_block_type, hybrid_override_pattern, attn_type_list, "
         "hybrid_layer_pattern, sliding_window_layout) and no known family rule"
     )
+
+
+def _sambay_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
+    """SambaY (Phi-4-mini-flash), from microsoft/Phi-4-mini-flash-reasoning
+    ``modeling_phi4flash.py`` (``Phi4FlashDecoderLayer``) and ``configuration_phi4flash.py``.
+
+    Layer ``i`` of ``n``: Mamba-1 when ``i % mb_per_layer == 0`` (default 2), attention
+    otherwise. The self-decoder (``i < n/2``) has window attention. From ``i = n/2 + 2``
+    on (the cross-decoder, ``yoco_cross``) Mamba layers become gated memory units and
+    attention layers cross-attend to layer ``n/2 + 1``'s KV: neither keeps a cache. Layer
+    ``n/2 + 1`` is the one full-attention layer (its KV is what the cross-decoder reads);
+    layer ``n/2`` is a last Mamba layer (when ``n/2`` is a Mamba index).
+    """
+    period = cfg.optional_int("mb_per_layer", default=2)
+    cross_from = n // 2 + 2
+    out: list[tuple[Mixer, ...]] = []
+    for i in range(n):
+        if i >= cross_from:
+            out.append(())
+        elif i % period == 0:
+            out.append((Mixer.MAMBA1,))
+        else:
+            out.append((Mixer.WINDOW,) if i < n // 2 else (Mixer.FULL,))
+    return out
+
+
+def _kimi_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
+    """Kimi-Linear without transformers, as ``KimiLinearConfig.__post_init__`` does it:
+    ``linear_attn_config.full_attn_layers`` (1-based) are MLA, ``kda_layers`` KDA; without
+    those lists, full when ``i > 0 and i % 4 == 0``, else KDA."""
+    block = cfg.get("linear_attn_config")
+    sub = block if isinstance(block, Mapping) else {}
+    full, kda = sub.get("full_attn_layers"), sub.get("kda_layers")
+    if not (isinstance(full, list | tuple) and isinstance(kda, list | tuple)):
+        return [(Mixer.FULL,) if i and i % 4 == 0 else (Mixer.KDA,) for i in range(n)]
+    kinds: list[tuple[Mixer, ...]] = [() for _ in range(n)]
+    for field, values, mixer in (("full_attn_layers", full, Mixer.FULL),
+                                 ("kda_layers", kda, Mixer.KDA)):
+        for value in values:
+            index = whole_number(value, f"linear_attn_config.{field}")
+            if not 1 <= index <= n:
+                raise ConfigError(
+                    f"linear_attn_config.{field} names layer {index}; layers are 1..{n}"
+                )
+            kinds[index - 1] = (mixer,)
+    return kinds
 
 
 def _llama4_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
@@ -572,7 +684,7 @@ def layer_plans(cfg: HFConfig) -> tuple[LayerPlan, ...]:
         ConfigError: a per-layer list whose length differs from ``num_hidden_layers``, more
             than :data:`MAX_LAYERS` layers, or a bad value of a layer-rule field.
     """
-    n = cfg.positive_int("num_hidden_layers", "num_layers", "n_layer")
+    n = _depth(cfg)
     if n > MAX_LAYERS:
         raise ConfigError(f"num_hidden_layers = {n} is more than kvchain accepts ({MAX_LAYERS})")
     if cfg.has("layer_types"):
@@ -588,6 +700,81 @@ def layer_plans(cfg: HFConfig) -> tuple[LayerPlan, ...]:
         rows = _from_int_list(cfg, "hybrid_layer_pattern", n, {0: Mixer.FULL, 1: Mixer.WINDOW})
     elif cfg.has("sliding_window_layout"):
         rows = _from_int_list(cfg, "sliding_window_layout", n, {0: Mixer.FULL, 1: Mixer.WINDOW})
+    elif cfg.has("compress_ratios"):
+        rows = _from_compress_ratios(cfg, n)
+    elif cfg.is_family("mamba", "mamba2", "falcon_mamba"):
+        # a pure Mamba block has no MLP (transformers' MambaBlock / Mamba2Block)
+        rows = [(kinds, Ffn.NONE) for kinds in _family_kinds(cfg, n)]
     else:
         rows = [(kinds, _default_ffn(cfg, i)) for i, kinds in enumerate(_family_kinds(cfg, n))]
-    return tuple(LayerPlan(i, mixers, ffn) for i, (mixers, ffn) in enumerate(rows))
+    shared = kv_shared_layers(cfg, n)
+    return tuple(
+        LayerPlan(i, tuple(m for m in mixers if not (i in shared and m.is_attention)), ffn)
+        for i, (mixers, ffn) in enumerate(rows)
+    )
+
+
+_LAYER_LISTS = ("layer_types", "layers_block_type", "hybrid_override_pattern")
+
+
+def _depth(cfg: HFConfig) -> int:
+    """``num_hidden_layers``; without it, the length of the per-layer kind list (a
+    ``nemotron_h`` config may give only ``layers_block_type``: transformers 5's
+    ``NemotronHConfig.num_hidden_layers`` is that list's length).
+
+    Raises:
+        MissingFieldError: neither is present.
+    """
+    if any(cfg.has(k) for k in ("num_hidden_layers", "num_layers", "n_layer")):
+        return cfg.positive_int("num_hidden_layers", "num_layers", "n_layer")
+    for key in _LAYER_LISTS:
+        value = cfg.get(key)
+        if isinstance(value, list | tuple | str) and len(value) > 0:
+            return len(value)
+    return cfg.positive_int("num_hidden_layers", "num_layers", "n_layer")
+
+
+def kv_shared_layers(cfg: HFConfig, n: int) -> frozenset[int]:
+    """Layers whose attention reuses an earlier layer's KV and keeps none of its own.
+
+    Gemma 4 (transformers' ``Gemma4TextConfig.num_kv_shared_layers`` and
+    ``kv_sharing_modes``): the last ``num_kv_shared_layers`` layers read the KV of the
+    last earlier layer of the same type.
+
+    Raises:
+        ConfigError: ``num_kv_shared_layers`` negative or above the layer count.
+    """
+    if not cfg.is_family("gemma4", "gemma4_text"):
+        return frozenset()
+    count = cfg.optional_int("num_kv_shared_layers", default=0, minimum=0)
+    if count >= n and count:
+        raise ConfigError(
+            f"num_kv_shared_layers = {count} leaves no layer of the {n} to produce a KV cache"
+        )
+    return frozenset(range(n - count, n))
+
+
+# DeepSeek-V4 (transformers' DeepseekV4Config): legacy per-layer compress_ratios,
+# 0 = sliding window only, 4 = CSA, 128 = HCA.
+_COMPRESS_RATIO_MIXERS: dict[int, tuple[Mixer, ...]] = {
+    0: (Mixer.WINDOW,),
+    4: (Mixer.WINDOW, Mixer.CSA),
+    128: (Mixer.WINDOW, Mixer.HCA),
+}
+
+
+def _from_compress_ratios(cfg: HFConfig, n: int) -> list[tuple[tuple[Mixer, ...], Ffn]]:
+    values = cfg.get("compress_ratios")
+    if not isinstance(values, list | tuple):
+        raise ConfigError(f"config field 'compress_ratios' must be a list, got {values!r}")
+    values = list(values)[:n]
+    _check_length(cfg, "compress_ratios", values, n)
+    rows = []
+    for i, value in enumerate(values):
+        if isinstance(value, bool) or value not in _COMPRESS_RATIO_MIXERS:
+            raise ConfigError(
+                f"compress_ratios[{i}] = {value!r}; expected one of "
+                f"{sorted(_COMPRESS_RATIO_MIXERS)} ({cfg.family})"
+            )
+        rows.append((_COMPRESS_RATIO_MIXERS[int(value)], _default_ffn(cfg, i)))
+    return rows

@@ -23,10 +23,11 @@ class ModelSpec:
             experts at 4.25 bits per parameter for gpt-oss).
         tp: tensor-parallel size the bytes are per rank of.
         source: where the config came from (repo, path, license).
-        max_context_tokens: the model's context length in tokens (Hugging Face
-            ``max_position_embeddings``), or ``None`` when the source does not say. The KV
-            cache of a model without full attention never bounds a request's length; this
-            does.
+        max_context_tokens: the model's context length in tokens (prompt + output of one
+            request), from ``max_position_embeddings``; ``None`` when unknown (declared
+            models). The KV cache of a model without full attention never bounds a
+            request's length; this does: ``plan`` caps the longest request at it and
+            ``simulate`` refuses (or truncates) requests past it.
     """
 
     name: str
@@ -43,6 +44,11 @@ class ModelSpec:
     classes: tuple[CacheClass, ...] = field(init=False)
 
     def __post_init__(self) -> None:
+        from kvchain.errors import ConfigError
+
+        if self.max_context_tokens is not None and self.max_context_tokens < 1:
+            raise ConfigError(
+                f"max_context_tokens must be >= 1 token, got {self.max_context_tokens}")
         object.__setattr__(self, "classes", group_classes(self.layers))
 
     def cache_classes(self, lifetime: LifetimeClass) -> tuple[CacheClass, ...]:

@@ -26,6 +26,13 @@ Per layer (h = hidden size)::
     Mamba-2        h*(2*d_inner + 2*G*N + H) + conv_dim*K + d_inner*h
     Gated DeltaNet h*(2*k_heads*dk + 2*v_heads*dv) + h*2*v_heads + conv_dim*K + v_heads*dv*h
     lightning      5 * h * heads * head_dim      (qkv 3, output gate 1, out 1)
+    KDA            4*h*H*d (q, k, v, out) + 3*H*d*K (conv) + 2*(h*d + d*H*d) (forget and
+                   output gates, low rank) + h*H         (transformers' KimiDeltaAttention)
+    DeepSeek-V4    h*q_lora + q_lora*H*hd + h*hd (shared K=V) + o_lora*H*hd + groups*o_lora*h
+    attention      (transformers' DeepseekV4Attention: grouped low-rank output projection)
+    HCA compressor 2*h*hd                                  (kv and gate projections)
+    CSA compressor 4*h*hd + 4*h*ihd + q_lora*nih*ihd + h*nih   (two overlapping series;
+                   the Lightning Indexer's projections and head weights)
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from kvchain.spec.hf_geometry import (
     gated_delta_net_geometry,
     hidden_size,
     jet_geometry,
+    kda_geometry,
+    layer_overrides,
     mamba1_geometry,
     mamba2_geometry,
 )
@@ -126,9 +135,31 @@ def _attention_params(h: int, g: AttentionGeometry, cfg: HFConfig) -> int:
     return q + kv + out
 
 
-def _mixer_params(cfg: HFConfig, mixer: Mixer, h: int) -> int:
+def _deepseek_v4_params(cfg: HFConfig, mixer: Mixer, h: int) -> int:
+    hd = cfg.positive_int("head_dim")
+    if mixer is Mixer.HCA:
+        return 2 * h * hd
+    q_lora = cfg.positive_int("q_lora_rank")
+    if mixer is Mixer.CSA:
+        ihd = cfg.optional_int("index_head_dim", default=128)
+        nih = cfg.optional_int("index_n_heads", default=64)
+        return 4 * h * hd + 4 * h * ihd + q_lora * nih * ihd + h * nih
+    heads = cfg.positive_int("num_attention_heads")
+    groups = cfg.optional_int("o_groups", default=8)
+    o_lora = cfg.optional_int("o_lora_rank", default=1024)
+    return h * q_lora + q_lora * heads * hd + h * hd + o_lora * heads * hd + groups * o_lora * h
+
+
+def _mixer_params(cfg: HFConfig, mixer: Mixer, h: int, layer: int) -> int:
+    if mixer.is_compressed or (mixer.is_attention and cfg.is_family("deepseek_v4")):
+        return _deepseek_v4_params(cfg, mixer, h)
     if mixer.is_attention:
-        return _attention_params(h, attention_geometry(cfg, mixer), cfg)
+        return _attention_params(h, attention_geometry(cfg, mixer, layer), cfg)
+    if mixer is Mixer.KDA:
+        kda = kda_geometry(cfg)
+        width = kda.v_heads * kda.v_head_dim
+        gates = 2 * (h * kda.v_head_dim + kda.v_head_dim * width)
+        return 4 * h * width + 3 * width * kda.conv_kernel + gates + h * kda.v_heads
     if mixer is Mixer.MAMBA1:
         m1 = mamba1_geometry(cfg)
         d, n, r = m1.d_inner, m1.d_state, m1.dt_rank
@@ -167,7 +198,13 @@ class _MoeShape:
     always_active: int
 
 
-_TOP_K_FIELDS = ("num_experts_per_tok", "experts_per_token", "moe_num_active_primary_experts")
+_TOP_K_FIELDS = (
+    "num_experts_per_tok",
+    "experts_per_token",
+    "moe_num_active_primary_experts",
+    "top_k_experts",  # Gemma 4 (transformers' Gemma4TextConfig)
+    "num_experts_per_token",  # Kimi-Linear (transformers' KimiLinearConfig)
+)
 
 
 def _moe_shape(cfg: HFConfig, h: int) -> _MoeShape:
@@ -218,8 +255,15 @@ def _tied(cfg: HFConfig) -> bool:
     """``tie_word_embeddings``; when absent: True for Gemma (ties by design), else False."""
     value = cfg.get("tie_word_embeddings")
     if value is None:
-        return cfg.is_family("gemma", "gemma2", "gemma3", "gemma3_text")
+        return cfg.is_family("gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text")
     return bool(value)
+
+
+def _dense_beside_moe(cfg: HFConfig) -> bool:
+    """Gemma 4 MoE layers keep their dense MLP and add the experts beside it
+    (transformers' ``Gemma4TextDecoderLayer``: ``mlp`` always, ``router`` + ``experts``
+    when ``enable_moe_block``)."""
+    return cfg.is_family("gemma4", "gemma4_text") and cfg.get("enable_moe_block") is True
 
 
 def count_params(cfg: HFConfig, plans: Sequence[LayerPlan]) -> ParamCounts:
@@ -237,14 +281,15 @@ def count_params(cfg: HFConfig, plans: Sequence[LayerPlan]) -> ParamCounts:
     h = hidden_size(cfg)
     vocab = cfg.positive_int("vocab_size", "padded_vocab_size")
     tied = _tied(cfg)
-    per_mixer: dict[Mixer, int] = {}
+    per_mixer: dict[tuple[object, ...], int] = {}
     mixers = dense = routed = active = shared = 0
     moe = _moe_shape(cfg, h) if any(p.ffn is Ffn.MOE for p in plans) else None
     for plan in plans:
         for mixer in plan.mixers:
-            if mixer not in per_mixer:
-                per_mixer[mixer] = _mixer_params(cfg, mixer, h)
-            mixers += per_mixer[mixer]
+            key = (mixer, layer_overrides(cfg, mixer, plan.index))
+            if key not in per_mixer:
+                per_mixer[key] = _mixer_params(cfg, mixer, h, plan.index)
+            mixers += per_mixer[key]
         if plan.ffn is Ffn.DENSE:
             inter = cfg.positive_int("intermediate_size_mlp", "intermediate_size")
             dense += _mlp_matrices(cfg) * h * inter
@@ -252,6 +297,8 @@ def count_params(cfg: HFConfig, plans: Sequence[LayerPlan]) -> ParamCounts:
             routed += moe.experts * moe.expert_params
             active += moe.top_k * moe.expert_params
             shared += moe.always_active
+            if _dense_beside_moe(cfg):
+                dense += _mlp_matrices(cfg) * h * cfg.positive_int("intermediate_size")
     counts = ParamCounts(
         embedding=vocab * h,
         lm_head=0 if tied else vocab * h,
