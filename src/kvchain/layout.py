@@ -6,17 +6,17 @@ The chain (docs/design.md §2)::
      | state band  ->|    low gap    |<- window band ->|   high gap   |<- full band |
        END (LOW), grows up            FLOAT (middle)                   END (HIGH), grows down
 
-Band order is fixed by lifetime: state < window < chunked-local < full; several window
-classes (one per window size) lie in order of window size, smallest first, and several
-chunked-local classes in order of chunk size. One class is a plain pool (a LOW END); two
+Band order is fixed by lifetime: state < window and chunked-local < full; several window
+or chunked-local classes (one per window size) lie in order of bytes per request, largest
+first (:func:`band_order_key`). One class is a plain pool (a LOW END); two
 classes are two ENDs; three or more are LOW END | FLOAT ... FLOAT | HIGH END. The ENDs hold
 what is costly to move or grows without bound (state slots, full-attention pages); window
 and chunked-local bands are capped per request and cheapest to move, so they float. The
 order among floats is a fixed, deterministic function of the classes (same labels and
 order on every rank); it barely changes capacity (with moves, whether a demand fits
-depends on live pages plus at most one page of grid rounding per float edge) and decides
-only which float an END runs into first and copies (docs/pricing.md, "Chains of N
-bands").
+depends on live pages plus at most one page of grid rounding per float edge) but decides
+which float the full END runs into and copies: the smallest (docs/pricing.md, "Chains of
+N bands").
 
 Page grids: a LOW END and the FLOAT use the absolute grid (physical page ``j`` at bytes
 ``[j * P, (j + 1) * P)``); a HIGH END is anchored at ``B``, so its grid starts at
@@ -175,6 +175,24 @@ def smallest_request_bytes(layout_bands: Sequence[BandLayout], state_slots: int)
     return sum(n * b.page_bytes for n, b in zip(pages, layout_bands, strict=True))
 
 
+def band_order_key(c: CacheClass) -> tuple[int, int, int, int]:
+    """Sort key of a class in the chain, low -> high: state first, full last, and between
+    them the window and chunked-local classes by their bytes per request, largest first
+    (``W x E`` for a window, ``C x E`` for a local chunk; ties: windows before local, then
+    by size).
+
+    Why: the full END grows the most per step and runs into the float next to it most
+    often; the planner then relocates or compacts that float, copying its live pages, so
+    the float with the fewest bytes per request belongs there. The state END grows by a
+    few slots per admission, so the largest float sits next to it. Example: windows of 128
+    (16,384 B/token) and 1,024 tokens (8,192 B/token): ``window1024 (8 MiB) | window128 (2
+    MiB) | full``.
+    """
+    rank = {LifetimeClass.STATE: 0, LifetimeClass.FULL: 2}.get(c.lifetime, 1)
+    footprint = (c.window or 0) * c.bytes_per_token if rank == 1 else 0
+    return (rank, -footprint, list(LifetimeClass).index(c.lifetime), c.window or 0)
+
+
 def chain_anchors(n: int) -> list[Anchor]:
     """Anchors of a chain of ``n >= 1`` bands: ``[LOW]``, ``[LOW, HIGH]``, or ``LOW``,
     ``n - 2`` FLOATs, ``HIGH``."""
@@ -228,8 +246,7 @@ def plan_layout(
     if len(set(keys)) != len(keys):
         raise LayoutError(f"two cache classes of one lifetime and size: "
                           f"{[f'{lt}/{w}' for lt, w in keys]}")
-    order = list(LifetimeClass)
-    ordered = sorted(classes, key=lambda c: (order.index(c.lifetime), c.window or 0))
+    ordered = sorted(classes, key=band_order_key)
     labels = [c.label for c in ordered]
     if len(set(labels)) != len(labels):
         ordered = [c.labelled(f"{c.lifetime.value}{c.window}")

@@ -158,11 +158,12 @@ def test_baselines_on_a_model_with_two_window_sizes():
     # 0.8 x the full pool's tokens, so full gets 1,000 / (1,000 + 0.8 x 1,500) = 1 / 2.2.
     wide = declared_class(LifetimeClass.WINDOW, 500, 128).labelled("window128")
     win = WIN.labelled("window32")
+    # Band order by bytes per request: window128 (64,000 B) | window32 (32,000 B) | full.
     shares = fixed_pool_shares([FULL, wide, win])
-    assert shares == pytest.approx((0.8 / 2.2, 0.4 / 2.2, 1 / 2.2))
+    assert shares == pytest.approx((0.4 / 2.2, 0.8 / 2.2, 1 / 2.2))
     for kind in ManagerKind:
         setup = build_manager(kind, [FULL, wide, win], 4_000_000, 16)
-        assert setup.layout.shape_name == "window32|window128|full"
+        assert setup.layout.shape_name == "window128|window32|full"
         snap = setup.allocator.snapshot()
         assert len(snap.bands) == 3
     # A request of 200 tokens needs 200 x 1,000 (full) + 32 x 1,000 + 128 x 500 B.

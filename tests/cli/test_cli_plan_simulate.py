@@ -103,14 +103,14 @@ def test_plan_and_simulate_a_model_with_two_window_sizes(tmp_path):
         "hidden_size": 4_096, "num_attention_heads": 32, "total_params": 8_000_000_000,
         "active_params": 8_000_000_000, "weight_bytes": 16_000_000_000}))
     d = run_json("plan", "--spec", str(spec), "--buffer-bytes", "2000000000")
-    assert d["chain"] == "state|window128|window1024|full"
+    assert d["chain"] == "state|window1024|window128|full"
     assert [b["anchor"] for b in d["bands"]] == ["low", "float", "float", "high"]
     # The fixed pools get one pool per class: the chain holds more.
     assert (d["chain_capacity"]["concurrent_requests"]
             >= d["fixed_pools_capacity"]["concurrent_requests"])
     s = run_json("simulate", "--spec", str(spec), "--requests", "60", "--rate-scale", "4",
                  "--buffer-bytes", "400000000")
-    assert s["config"]["chain"] == "state|window128|window1024|full"
+    assert s["config"]["chain"] == "state|window1024|window128|full"
     summary = s["summary"]
     assert summary["requests_finished"] == 60
     assert summary["admitted_but_unallocatable"] == 0 and summary["leaked_pages"] == 0

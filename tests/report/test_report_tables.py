@@ -133,5 +133,5 @@ def test_band_table_lists_every_band_of_a_five_band_chain() -> None:
     text = console.export_text()
     labels = [line.split()[1] for line in text.splitlines()
               if line.startswith("│") and line.split()[1] != "band"]
-    assert labels == ["state", "window11", "window128", "local", "full"]
+    assert labels == ["state", "window128", "local", "window11", "full"]  # bytes/request
     assert "float" in text and text.count("float") == 3

@@ -2,7 +2,8 @@
 pages, demands its own window and releases out of its own window (values by hand).
 
 Geometry: ``P = 4`` tokens per page, windows of 4 and 12 tokens and a full class, 1 B per
-token each (4 B pages); bands window4 (LOW END), window12 (FLOAT), full (HIGH END).
+token each (4 B pages). Floats by bytes per request, largest first: window12 (LOW END,
+band 0), window4 (band 1), full (HIGH END, band 2).
 """
 
 from __future__ import annotations
@@ -19,16 +20,16 @@ from kvchain.spec.layers import LifetimeClass as LC
 
 
 def two_window_manager() -> KVManager:
-    layout = plan_layout([declared_class(LC.FULL, 1), declared_class(LC.WINDOW, 1, 12),
-                          declared_class(LC.WINDOW, 1, 4)], 4_096, 4)
-    assert layout.shape_name == "window4|window12|full"
+    layout = plan_layout([declared_class(LC.FULL, 1), declared_class(LC.WINDOW, 1, 4),
+                          declared_class(LC.WINDOW, 1, 12)], 4_096, 4)
+    assert layout.shape_name == "window12|window4|full"
     return KVManager(Chain(layout, debug_audit=True))
 
 
 def test_geometry_lists_every_window_band() -> None:
     g = two_window_manager().geom
-    assert g.windows == (WindowBand(0, 4, False), WindowBand(1, 12, False))
-    assert (g.window, g.window_tokens, g.full, g.state) == (0, 4, 2, None)
+    assert g.windows == (WindowBand(0, 12, False), WindowBand(1, 4, False))
+    assert (g.window, g.window_tokens, g.full, g.state) == (0, 12, 2, None)
 
 
 def test_each_window_band_demands_and_releases_its_own_window() -> None:
@@ -37,18 +38,20 @@ def test_each_window_band_demands_and_releases_its_own_window() -> None:
     # the chunk runs: 4 pages each.
     assert kv.demand(0, 16) == Demand((4, 4, 4))
     kv.allocate([(0, 16)])
-    # After the forward the next token is 16: window4 keeps [13, 16) -> from page 3
-    # (3 released); window12 keeps [5, 16) -> from page 1 (1 released).
-    assert kv.commit(0, 16) == 3 + 1
-    assert kv.held(0) == HeldPages(full=4, window_first=3, window_end=4, slots=0,
-                                   more_windows=((1, 4),))
-    # A decode at 16: a 5th full page; window4 needs pages 3..4 (holds 3): 1; window12
-    # needs pages 1..4 (holds 1..3): 1.
+    # After the forward the next token is 16: window12 keeps [5, 16) -> from page 1
+    # (1 released); window4 keeps [13, 16) -> from page 3 (3 released).
+    assert kv.commit(0, 16) == 1 + 3
+    assert kv.held(0) == HeldPages(full=4, window_first=1, window_end=4, slots=0,
+                                   more_windows=((3, 4),))
+    # A decode at 16: a 5th full page; window12 needs pages 1..4 (holds 1..3): 1; window4
+    # needs pages 3..4 (holds 3): 1.
     assert kv.demand(0, 1) == Demand((1, 1, 1))
     assert request_demand(kv.geom, kv.held(0), 16, 1) == Demand((1, 1, 1))
-    table = kv.page_table(0, 1)
-    null = kv.chain.null_page(1)
-    assert table[0] == null and len(table) == 4 and null not in table[1:].tolist()
+    null12, null4 = kv.chain.null_page(0), kv.chain.null_page(1)
+    table12 = kv.page_table(0, 0).tolist()
+    assert table12[0] == null12 and len(table12) == 4 and null12 not in table12[1:]
+    table4 = kv.page_table(0, 1).tolist()
+    assert table4[:3] == [null4] * 3 and len(table4) == 4 and table4[3] != null4
     kv.audit()
     kv.free(0)
     kv.audit()
@@ -56,7 +59,7 @@ def test_each_window_band_demands_and_releases_its_own_window() -> None:
 
 
 def test_a_leak_in_the_second_window_band_is_caught() -> None:
-    # Sibling of the audit above: a page of window12 forgotten by the request layer.
+    # Sibling of the audit above: a page of window4 (band 1) forgotten by the request layer.
     kv = two_window_manager()
     kv.allocate([(0, 16)])
     kv.pages(0).more_window[0].pop()

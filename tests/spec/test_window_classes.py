@@ -41,7 +41,9 @@ def test_model_with_two_window_sizes() -> None:
     with pytest.raises(ConfigError, match="cache_classes"):
         m.cache_class(LC.WINDOW)
     layout = plan_layout(m.classes, 1 << 20, 16)
-    assert layout.shape_name == "window11|window128|local|full"
+    # Floats by bytes per request, largest first: window128 128 x 20 = 2,560 B, local
+    # 64 x 4 = 256 B, window11 11 x 8 = 88 B (next to the full END).
+    assert layout.shape_name == "window128|local|window11|full"
     assert [b.anchor for b in layout.bands] == [Anchor.LOW, Anchor.FLOAT, Anchor.FLOAT,
                                                 Anchor.HIGH]
 

@@ -607,21 +607,24 @@ def _solve_chain(snapshot: ChainSnapshot, pages: tuple[int, ...]) -> _Plan | _Re
        fit but the gate is closed.
     """
     n = len(pages)
-    c = _bands_of(snapshot, pages)
-    a_hi, z_lo, _, _ = _end_frontiers(c)
-    x = a_hi
+    bands = snapshot.bands
+    a, z = bands[0], bands[n - 1]
+    x = a.hi + max(pages[0] - a.holes, 0) * a.page_bytes
+    z_lo = z.lo - max(pages[n - 1] - z.holes, 0) * z.page_bytes
     stay: list[_FloatMove] = []
-    for j in range(1, n - 1):
-        lo, p = c.lo[j], c.page[j]
+    for j in range(1, n - 1):  # in place, straight off the snapshot (the common case)
+        b = bands[j]
+        lo, p = b.lo, b.page_bytes
         if x > lo:
             break
-        ext = max(pages[j] - c.holes[j], 0)
+        ext = max(pages[j] - b.holes, 0)
         low = min(ext, (lo - x) // p)
         stay.append(_FloatMove(j, ext_low=low, ext_high=ext - low))
-        x = c.hi[j] + (ext - low) * p
+        x = b.hi + (ext - low) * p
     else:
         if x <= z_lo:
             return _Plan((0,) * n, floats=tuple(stay))
+    c = _bands_of(snapshot, pages)
     big = snapshot.buffer_bytes
     best: _Plan | None = None
     for mirrored in (False, True):

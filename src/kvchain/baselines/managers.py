@@ -30,6 +30,7 @@ from kvchain.layout import (
     Anchor,
     BandLayout,
     ChainLayout,
+    band_order_key,
     chain_anchors,
     plan_layout,
     smallest_request_bytes,
@@ -99,8 +100,7 @@ class EqualPageGeometry:
 
 def _ordered(classes: Sequence[CacheClass]) -> list[CacheClass]:
     """Classes in the chain's band order (as :func:`~kvchain.layout.plan_layout`)."""
-    order = list(LifetimeClass)
-    return sorted(classes, key=lambda c: (order.index(c.lifetime), c.window or 0))
+    return sorted(classes, key=band_order_key)
 
 
 def equal_page_geometry(classes: Sequence[CacheClass], page_size: int = 16) -> EqualPageGeometry:

@@ -32,8 +32,10 @@ class ModelRow:
         name: catalog name.
         classes: lifetime classes joined with ``+`` (e.g. ``"state+window+full"``).
         e_full: full-attention bytes per token (0 if none).
-        e_win: sliding-window bytes per token (0 if none); ``w``: window tokens.
-        e_local: chunked-local bytes per token (0 if none); ``c``: chunk tokens.
+        e_win: sliding-window bytes per token (0 if none); ``w``: window tokens. A model
+            with several window sizes: bytes of all window classes, the largest window
+            (``classes`` names each, e.g. ``window11+window128+full``).
+        e_local: chunked-local bytes per token (0 if none); ``c``: chunk tokens (likewise).
         s: state bytes per request (0 if none).
         total_params, active_params: parameter counts.
         weight_bytes: weight bytes per rank.
@@ -92,16 +94,16 @@ def model_rows(*, tp: int = 1, kv_dtype: CacheDtype = CacheDtype.BF16) -> list[M
                 )
             )
             continue
-        window = spec.cache_class(LifetimeClass.WINDOW)
-        local = spec.cache_class(LifetimeClass.LOCAL)
+        windows = spec.cache_classes(LifetimeClass.WINDOW)
+        locals_ = spec.cache_classes(LifetimeClass.LOCAL)
         rows.append(
             ModelRow(
-                classes="+".join(c.lifetime.value for c in spec.classes),
+                classes="+".join(c.label for c in spec.classes),
                 e_full=spec.bytes_per_token(LifetimeClass.FULL),
-                e_win=window.bytes_per_token if window else 0,
-                w=window.window if window else None,
-                e_local=local.bytes_per_token if local else 0,
-                c=local.window if local else None,
+                e_win=spec.bytes_per_token(LifetimeClass.WINDOW),
+                w=max((c.window or 0 for c in windows), default=0) or None,
+                e_local=spec.bytes_per_token(LifetimeClass.LOCAL),
+                c=max((c.window or 0 for c in locals_), default=0) or None,
                 s=spec.state_bytes,
                 weight_bytes=spec.weight_bytes,
                 **base,

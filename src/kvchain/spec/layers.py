@@ -23,7 +23,8 @@ from enum import StrEnum
 class LifetimeClass(StrEnum):
     """How long a layer's cache lives; one band per class.
 
-    ``STATE`` < ``WINDOW``/``LOCAL`` < ``FULL`` is also the chain's low-to-high band order.
+    ``STATE`` < ``WINDOW``/``LOCAL`` < ``FULL`` is also the chain's low-to-high band order
+    (several window/local classes: by bytes per request, ``kvchain.layout.band_order_key``).
     """
 
     STATE = "state"
@@ -160,7 +161,8 @@ class CacheClass:
 def group_classes(layers: tuple[LayerCache, ...]) -> tuple[CacheClass, ...]:
     """Group layer caches into classes, one per distinct ``(lifetime, window)``.
 
-    Order (the chain's band order, low -> high): state; window classes by window size,
+    Order (the layout then orders floats by bytes per request,
+    :func:`kvchain.layout.band_order_key`): state; window classes by window size,
     smallest first; chunked-local classes by chunk size; full. A lifetime with one class
     labels it by the lifetime (``"window"``); a lifetime with several labels each by
     lifetime and window tokens (``"window11"``, ``"window128"``).

@@ -30,7 +30,8 @@ SHAPES: tuple[str, ...] = ("full", "window|full", "state|full", "state|window",
 
 #: Chains of several floats (``docs/pricing.md``, "Chains of N bands"): ``wide`` is a
 #: second sliding-window class of ``3P`` tokens, ``local`` a chunked-local class of ``2P``
-#: tokens. Their layouts name the windows by size (``window8|window12`` at ``P = 4``).
+#: tokens. Their layouts name the windows by size and order the floats by bytes per request,
+#: largest first (``state|window12|window8|full`` at ``P = 4`` with equal page bytes).
 N_BAND_SHAPES: tuple[str, ...] = ("window|local|full", "state|window|wide|full",
                                   "state|window|local|full", "state|window|wide|local|full")
 
