@@ -322,9 +322,10 @@ class Scheduler:
                 if r.output_done == 1:
                     self._emit(EventKind.FIRST_TOKEN, r.rid, now)
                 self._maybe_finish(r, outcome, now)
+        if batch.decodes:
+            kv.commit_decodes([d.rid for d in batch.decodes])  # one window release per step
         for d in batch.decodes:
             r = self.requests[d.rid]
-            kv.commit(r.rid, 1)
             r.computed += 1
             r.output_done += 1
             self._maybe_finish(r, outcome, now)
@@ -373,8 +374,8 @@ class Scheduler:
             self._retract(victim, now)
 
     def _decode_demands(self) -> list[Demand]:
-        demand = self.kv.demand
-        return [demand(r.rid, 1) for r in self.running.values() if not r.in_prefill]
+        return self.kv.decode_demands([r.rid for r in self.running.values()
+                                       if not r.in_prefill])
 
     def _future(self, r: Request, now_tokens: int, this_step: Demand) -> Demand:
         """Pages ``r`` needs beyond this step's ``now_tokens`` tokens (whose own demand,
