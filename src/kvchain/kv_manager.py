@@ -338,7 +338,8 @@ class KVManager:
 
     def allocate(self, batch: Sequence[tuple[int, int]],
                  demands: Sequence[Demand] | None = None, quote: Quote | None = None) -> Demand:
-        """Take the pages a batch needs to compute its tokens, in one chain take.
+        """Take the pages a batch needs to compute its tokens, in one chain take (none when
+        the batch needs no page: an empty take binds nothing).
 
         Args:
             batch: ``(request id, tokens to compute)`` pairs (a prefill chunk, or 1 for a
@@ -362,13 +363,21 @@ class KVManager:
         if demands is None:
             demands = [self.demand(rid, extend) for rid, extend in batch]
         total = sum_demands(demands, self.geom.num_bands)
+        requests = self._requests
+        if total.is_empty:  # every token on pages already held (most decode steps)
+            if len(demands) != len(batch):
+                raise InvalidDemandError("one demand per batch entry is needed")
+            for rid in ids:
+                if rid not in requests:
+                    requests[rid] = RequestPages()
+            return total
         grant = self.chain.take(total, quote)
         cursor = [0] * self.geom.num_bands
         g = self.geom
         for (rid, _), d in zip(batch, demands, strict=True):
-            req = self._requests.get(rid)
+            req = requests.get(rid)
             if req is None:
-                req = self._requests[rid] = RequestPages()
+                req = requests[rid] = RequestPages()
             if not any(d.pages):
                 continue
             req._held = None

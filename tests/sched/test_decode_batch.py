@@ -92,3 +92,18 @@ def test_commit_decodes_checks_everyone_before_changing_anything():
     with pytest.raises(UnknownRequestError):
         kv.commit_decodes([1, 99])
     assert kv.tokens(1) == 5
+
+
+def test_a_batch_that_needs_no_page_takes_nothing():
+    kv, _ = _pair("window|full")
+    _prefill(kv, [5])  # P = 4: 2 full pages cover tokens [0, 8); the decode at 5 needs none
+    takes, epoch = kv.chain.stats.takes, kv.chain.epoch
+    demands = kv.decode_demands([0])
+    assert demands[0].is_empty
+    assert kv.allocate([(0, 1)], demands).is_empty
+    assert kv.chain.stats.takes == takes and kv.chain.epoch == epoch
+    with pytest.raises(InvalidDemandError):
+        kv.allocate([(0, 1), (1, 0)], demands)  # one demand for two entries
+    # a request that computes nothing yet is registered all the same (holds nothing)
+    kv.allocate([(5, 0)])
+    assert 5 in kv and kv.tokens(5) == 0
