@@ -14,6 +14,8 @@ other processes on a shared machine inflate them less than wall time would:
   (``_price_uncached``; target <= 5 us);
 * window-tail trim of 248 window pages after a 4,096-token prefill (``W = 128``,
   ``P = 16``): one ``commit`` against 248 single-page ``Chain.release`` calls;
+* scheduler step with 1,000 and 20,000 waiting requests (FCFS, memory full so the walk
+  stops at once): the step should not grow with the queue (O(1) queue operations);
 * ``--full-hour``: wall time of the Azure conversation hour (19,366 requests,
   gpt-oss-120b, H200; target <= 25 s on one core), ``--profile`` adds the top cProfile
   entries.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import pstats
 import statistics
@@ -135,6 +138,33 @@ def trim_times(repeats: int = 30) -> tuple[float, float]:
     return statistics.median(one_call), statistics.median(per_page)
 
 
+def queue_step(waiting: int, steps: int = 30) -> float:
+    from kvchain.sched.request import Request, StepOutcome
+    from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+
+    classes = SHAPES["window|full (gpt-oss)"]
+    # 64 requests of 1,000 + 500 tokens fill this buffer: the rest wait
+    sched = Scheduler(KVManager(Chain(plan_layout(classes, 64 * 1_600 * 2 * 36_864, 16))),
+                      SchedulerConfig(max_running=64, max_prefill_tokens=1 << 20))
+    for i in range(64 + waiting):
+        sched.add(Request(i, 1_000, 500, 0.0), 0.0)
+    now = 0.0
+    for _ in range(5):  # admit and prefill the running set
+        batch = sched.step(now)
+        now += 0.01
+        sched.complete(batch, StepOutcome(0.01), now)
+    gc.disable()  # as timeit does: a collection over 20,000 requests is not the queue's cost
+    try:
+        t0 = time.thread_time()
+        for _ in range(steps):
+            batch = sched.step(now)
+            now += 0.01
+            sched.complete(batch, StepOutcome(0.01), now)
+        return (time.thread_time() - t0) / steps
+    finally:
+        gc.enable()
+
+
 def full_hour(profile: bool) -> tuple[float, float, str]:
     from kvchain.catalog.loader import load_model
     from kvchain.gpu import get_gpu
@@ -180,6 +210,9 @@ def main() -> None:
     one, many = trim_times()
     print(f"window-tail trim of 248 pages: one commit {one * 1e6:.1f} us, 248 single-page "
           f"releases {many * 1e6:.1f} us (ratio {one / many:.3f})")
+    small, large = queue_step(1_000), queue_step(20_000)
+    print(f"scheduler step, FCFS: {small * 1e6:.0f} us with 1,000 waiting, {large * 1e6:.0f} us "
+          f"with 20,000 waiting (ratio {large / small:.2f})")
     if args.full_hour:
         wall, cpu, text = full_hour(args.profile)
         print(f"Azure conv hour (19,366 requests, gpt-oss-120b, H200): {wall:.1f} s wall, "

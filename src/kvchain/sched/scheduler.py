@@ -298,7 +298,11 @@ class Scheduler:
         for p in step.prefills:
             r = self.requests[p.rid]
             if r.status is RequestStatus.WAITING:
-                self.waiting.remove(r)
+                waiting = self.waiting
+                if waiting and waiting[0] is r:  # FCFS admits a prefix of the queue: O(1)
+                    waiting.popleft()
+                else:
+                    waiting.remove(r)
                 r.status = RequestStatus.RUNNING
                 self.running[r.rid] = r
                 self.counters.admitted += 1
@@ -400,8 +404,11 @@ class Scheduler:
                               min(self.kv.geom.page_size, max(rest, 1)))
 
     def _waiting_order(self) -> Iterable[Request]:
+        """Waiting requests in policy order. FCFS walks the queue itself (no copy: the walk
+        stops at the first request that does not fit, and nothing changes the queue during
+        it); SPF sorts it (``O(n log n)`` per step with anything waiting)."""
         if self.config.policy is QueuePolicy.FCFS:
-            return list(self.waiting)
+            return iter(self.waiting)
         return sorted(self.waiting, key=lambda r: (r.remaining_prefill, r.arrival_s, r.rid))
 
     def _retract(self, r: Request, now: float) -> None:
