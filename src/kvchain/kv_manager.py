@@ -419,6 +419,9 @@ class KVManager:
         """:meth:`commit` of one token for each of ``rids`` (a decode batch), with their
         window-tail pages released in one ``chain.release`` call for the whole batch.
 
+        A subclass that overrides :meth:`commit` (e.g. an engine that keeps window pages
+        until the request ends) gets its own ``commit`` once per request instead.
+
         Returns:
             Window pages released.
 
@@ -426,6 +429,8 @@ class KVManager:
             UnknownRequestError / InvalidDemandError: as :meth:`commit`, checked for every
                 request before any changes.
         """
+        if type(self).commit is not KVManager.commit:
+            return sum(self.commit(rid, 1) for rid in rids)
         g = self.geom
         p = g.page_size
         requests = self._requests

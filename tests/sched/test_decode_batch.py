@@ -107,3 +107,18 @@ def test_a_batch_that_needs_no_page_takes_nothing():
     # a request that computes nothing yet is registered all the same (holds nothing)
     kv.allocate([(5, 0)])
     assert 5 in kv and kv.tokens(5) == 0
+
+
+def test_a_subclass_commit_is_honoured_by_the_batched_commit():
+    class KeepsWindow(KVManager):
+        def commit(self, rid: int, tokens: int) -> int:
+            self.pages(rid).tokens += tokens  # never releases the window tail
+            return 0
+
+    layout = plan_layout(SHAPES["window|full"], 40_000_000, 4)
+    kv = KeepsWindow(Chain(layout))
+    _prefill(kv, [60])  # W = 40 < 60: a plain commit_decodes would release window pages
+    held = kv.held(0)
+    kv.allocate([(0, 1)], kv.decode_demands([0]))
+    assert kv.commit_decodes([0]) == 0
+    assert kv.tokens(0) == 61 and kv.held(0).window_first == held.window_first
