@@ -241,3 +241,12 @@ def test_ray_rows_equal_local_rows():
     assert rows == local
     assert sorted(seen) == [0, 1, 2, 3]
     assert not math.isnan(rows[0]["ttft_p99_s"])
+
+
+def test_summary_row_of_a_run_where_nothing_finished():
+    from kvchain.sim.metrics import MetricsRecorder, summarize
+
+    row = summary_row(summarize(MetricsRecorder()))
+    # no finished request: every percentile column is there, empty
+    assert [row[f"ttft_{p}"] for p in ("p50_s", "p90_s", "p99_s", "count")] == [None] * 4
+    assert not parse_slo("ttft_p99=1s").met_by(row)

@@ -83,7 +83,9 @@ def sweep_command(
     ray_address: Annotated[str | None, typer.Option(help="Ray cluster address (implies "
                                                          "--ray).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Skip points already in "
-                                                          "OUT/sweep.jsonl.")] = False,
+                                                          "OUT/sweep.jsonl (slo.jsonl with "
+                                                          "--slo); without it they are "
+                                                          "replaced.")] = False,
     slo: Annotated[str | None, typer.Option(help="Targets, e.g. ttft_p99=2s,tpot_p99=50ms: "
                                                  "search the highest rate meeting them.")]
     = None,

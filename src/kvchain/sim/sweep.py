@@ -280,7 +280,7 @@ def summary_row(summary: SimSummary) -> dict[str, Any]:
         value = getattr(summary, f.name)
         if f.name == "extra":
             row.update(value)
-        elif f.type in ("Percentiles | None",) or isinstance(value, Percentiles):
+        elif isinstance(value, Percentiles) or (value is None and "Percentiles" in str(f.type)):
             for part in ("p50_s", "p90_s", "p99_s", "count"):
                 row[f"{f.name}_{part}"] = getattr(value, part) if value is not None else None
         else:
