@@ -210,7 +210,9 @@ def main() -> None:
     one, many = trim_times()
     print(f"window-tail trim of 248 pages: one commit {one * 1e6:.1f} us, 248 single-page "
           f"releases {many * 1e6:.1f} us (ratio {one / many:.3f})")
-    small, large = queue_step(1_000), queue_step(20_000)
+    small, large = float("inf"), float("inf")
+    for _ in range(3):  # interleaved, best of 3: the load of a shared machine drifts
+        small, large = min(small, queue_step(1_000)), min(large, queue_step(20_000))
     print(f"scheduler step, FCFS: {small * 1e6:.0f} us with 1,000 waiting, {large * 1e6:.0f} us "
           f"with 20,000 waiting (ratio {large / small:.2f})")
     if args.full_hour:
