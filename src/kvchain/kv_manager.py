@@ -368,6 +368,43 @@ class KVManager:
         return request_demand(self.geom, self.held(rid), self.tokens(rid), extend, headroom,
                               headroom_chunk)
 
+    def decode_demands(self, rids: Sequence[int]) -> list[Demand]:
+        """``[self.demand(rid, 1) for rid in rids]`` (equal values), for a decode batch.
+
+        One pass over the requests with the page-boundary test inlined: a request whose
+        next token lies on pages it holds (``ceil((L + 1) / P)`` full pages held, the window
+        from ``window_start(L)`` covered, its state slots held) gets one shared empty demand;
+        only the others (about one request in ``P`` per step) run the general formulas.
+        """
+        g = self.geom
+        p = g.page_size
+        zero = Demand((0,) * g.num_bands)
+        has_full, has_window, has_state = g.full is not None, g.window is not None, \
+            g.state is not None
+        w, local = g.window_tokens, g.local
+        requests = self._requests
+        out: list[Demand] = []
+        append = out.append
+        for rid in rids:
+            req = requests.get(rid)
+            if req is None:
+                append(request_demand(g, NOTHING_HELD, 0, 1))
+                continue
+            n = req.tokens
+            last = n // p + 1  # pages covering [0, n + 1)
+            if has_window:
+                start = (n // w) * w if local else (n - w + 1 if n >= w else 0)
+                window_ok = (req.window_first <= start // p
+                             and last <= req.window_first + len(req.window))
+            else:
+                window_ok = True
+            if (window_ok and (not has_full or last <= len(req.full))
+                    and (not has_state or req.slots)):
+                append(zero)
+            else:
+                append(_general_demand(g, req.held(), n, 1, 0, 1))
+        return out
+
     @property
     def num_requests(self) -> int:
         """Requests holding pages."""
@@ -377,7 +414,8 @@ class KVManager:
 
     def allocate(self, batch: Sequence[tuple[int, int]],
                  demands: Sequence[Demand] | None = None, quote: Quote | None = None) -> Demand:
-        """Take the pages a batch needs to compute its tokens, in one chain take.
+        """Take the pages a batch needs to compute its tokens, in one chain take (none when
+        the batch needs no page: an empty take binds nothing).
 
         Args:
             batch: ``(request id, tokens to compute)`` pairs (a prefill chunk, or 1 for a
@@ -410,15 +448,21 @@ class KVManager:
             if extend < 0 or not isinstance(d, Demand) or len(d.pages) != self.geom.num_bands:
                 raise InvalidDemandError(f"request {rid}: {extend} tokens, demand {d!r}")
         total = sum_demands(demands, self.geom.num_bands)
+        requests = self._requests
+        if total.is_empty:  # every token on pages already held (most decode steps)
+            for rid in ids:
+                if rid not in requests:
+                    requests[rid] = self._new_pages()
+            return total
         if quote is not None and quote.before.epoch != self.chain.epoch:
             quote = None  # priced before the chain changed: the take prices it again
         grant = self.chain.take(total, quote)
         cursor = [0] * self.geom.num_bands
         g = self.geom
         for (rid, _), d in zip(batch, demands, strict=True):
-            req = self._requests.get(rid)
+            req = requests.get(rid)
             if req is None:
-                req = self._requests[rid] = self._new_pages()
+                req = requests[rid] = self._new_pages()
             if not any(d.pages):
                 continue
             req._held = None
@@ -463,6 +507,55 @@ class KVManager:
             raise InvalidDemandError(f"request {rid}: {tokens} tokens not covered by its pages")
         req.tokens = new_tokens
         return self.release_window_tail(rid)
+
+    def commit_decodes(self, rids: Sequence[int]) -> int:
+        """:meth:`commit` of one token for each of ``rids`` (a decode batch), with their
+        window-tail pages released in one ``chain.release`` call for the whole batch.
+
+        A subclass that overrides :meth:`commit` (e.g. an engine that keeps window pages
+        until the request ends) gets its own ``commit`` once per request instead.
+
+        Returns:
+            Window pages released.
+
+        Raises:
+            UnknownRequestError / InvalidDemandError: as :meth:`commit`, checked for every
+                request before any changes.
+        """
+        if type(self).commit is not KVManager.commit:
+            return sum(self.commit(rid, 1) for rid in rids)
+        g = self.geom
+        p = g.page_size
+        requests = self._requests
+        reqs = []
+        for rid in rids:
+            req = requests.get(rid)
+            if req is None:
+                raise UnknownRequestError(f"request {rid} holds no pages")
+            if g.full is not None and len(req.full) * p < req.tokens + 1:
+                raise InvalidDemandError(f"request {rid}: 1 token not covered by its pages")
+            reqs.append(req)
+        if g.window is None:
+            for req in reqs:
+                req.tokens += 1
+            return 0
+        w, local = g.window_tokens, g.local
+        dropped: list[int] = []
+        for req in reqs:
+            n = req.tokens = req.tokens + 1
+            if not req.window:
+                continue
+            start = (n // w) * w if local else (n - w + 1 if n >= w else 0)
+            keep_from = start // p
+            if keep_from > req.window_first:
+                drop = min(keep_from - req.window_first, len(req.window))
+                dropped.extend(req.window[:drop])
+                del req.window[:drop]
+                req.window_first += drop
+                req._held = None
+        if dropped:
+            self.chain.release(g.window, dropped)
+        return len(dropped)
 
     def release_window_tail(self, rid: int) -> int:
         """Release ``rid``'s pages wholly before its next token's window, in every window

@@ -628,8 +628,7 @@ def _solve_chain(snapshot: ChainSnapshot, pages: tuple[int, ...]) -> _Plan | _Re
     big = snapshot.buffer_bytes
     best: _Plan | None = None
     for mirrored in (False, True):
-        bands = _mirror(c, big) if mirrored else c
-        found = _sweep(bands)
+        found = _sweep(_mirror(c, big) if mirrored else c)
         if found is None:
             continue
         copied, k_low_end, k_high_end, moves = found
@@ -773,11 +772,50 @@ def price(snapshot: ChainSnapshot, demand: Demand) -> Quote:
         and ``copied_bytes``, or a refusal with ``reason`` and a positive
         ``shortfall_bytes``.
 
+    Repeats are memo lookups: the last call's snapshot object and demand (about 0.2 us),
+    else a dict keyed on the snapshot's value and the demand (quotes are immutable, so
+    sharing them is safe); a miss runs the planner.
+
     Raises:
         InvalidDemandError: the demand's length differs from the band count, or an entry
             is not a non-negative int.
     """
-    validate_demand(snapshot, demand)
+    last = _LAST_PRICED
+    if snapshot is last[0] and (demand is last[1] or (
+            demand == last[1] and all(type(d) is int for d in demand.pages))):
+        return last[2]  # type: ignore[return-value]
+    validate_demand(snapshot, demand)  # before the memo: True == 1 as a key
+    quote = _price_memo(snapshot, demand)
+    _LAST_PRICED[:] = (snapshot, demand, quote)
+    return quote
+
+
+# Memo of price: ``(snapshot value, demand) -> quote``. Keys hash and compare every field of
+# the snapshot that takes part in its equality (counts, frontiers, gate, fence, and any field
+# added later), never the epoch alone; cleared when it reaches _PRICE_MEMO_SIZE entries.
+_PRICE_MEMO_SIZE = 4_096
+_PRICE_MEMO: dict[tuple[ChainSnapshot, Demand], Quote] = {}
+# The last call's snapshot object, demand and quote: a repeat on the same (immutable)
+# snapshot object is one identity test and one tuple comparison.
+_LAST_PRICED: list[object] = [None, None, None]
+
+
+def _price_memo(snapshot: ChainSnapshot, demand: Demand) -> Quote:
+    """:func:`price` through the value memo (the quote's ``before`` is ``snapshot``)."""
+    key = (snapshot, demand)
+    quote = _PRICE_MEMO.get(key)
+    if quote is None:
+        quote = _price_uncached(snapshot, demand)
+        if len(_PRICE_MEMO) >= _PRICE_MEMO_SIZE:
+            _PRICE_MEMO.clear()
+        _PRICE_MEMO[key] = quote
+    elif quote.before is not snapshot:
+        quote = replace(quote, before=snapshot)  # an equal snapshot of another epoch
+    return quote
+
+
+def _price_uncached(snapshot: ChainSnapshot, demand: Demand) -> Quote:
+    """The planner behind :func:`price` (no memo; the demand is already valid)."""
     if demand.is_empty:
         return Quote(demand, snapshot, (), True)
     k, base, solved = _solve_with_eviction(snapshot, demand)

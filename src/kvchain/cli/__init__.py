@@ -1,4 +1,4 @@
-"""The ``kvchain`` command line: plan | models | simulate | compare | replay.
+"""The ``kvchain`` command line: plan | models | simulate | compare | replay | sweep.
 
 Each command lives in its own module under ``kvchain.cli`` and registers itself on
 :data:`app` when imported; :data:`COMMAND_MODULES` lists them.
@@ -45,7 +45,7 @@ def _root(
 
 # Modules that register commands on `app` (one command per module).
 COMMAND_MODULES: tuple[str, ...] = ("models", "plan", "simulate", "compare", "replay",
-                                    "prefix_bounds")
+                                    "prefix_bounds", "sweep")
 
 
 def _load_commands() -> None:

@@ -378,7 +378,11 @@ class Scheduler:
         for p in step.prefills:
             r = self.requests[p.rid]
             if r.status is RequestStatus.WAITING:
-                self.waiting.remove(r)
+                waiting = self.waiting
+                if waiting and waiting[0] is r:  # FCFS admits a prefix of the queue: O(1)
+                    waiting.popleft()
+                else:
+                    waiting.remove(r)
                 r.status = RequestStatus.RUNNING
                 self.running[r.rid] = r
                 self.counters.admitted += 1
@@ -463,9 +467,10 @@ class Scheduler:
                 if r.output_done == 1:
                     self._emit(EventKind.FIRST_TOKEN, r.rid, now)
                 self._maybe_finish(r, outcome, now)
+        if batch.decodes:
+            kv.commit_decodes([d.rid for d in batch.decodes])  # one window release per step
         for d in batch.decodes:
             r = self.requests[d.rid]
-            kv.commit(r.rid, 1)
             r.computed += 1
             r.output_done += 1
             self._maybe_finish(r, outcome, now)
@@ -514,8 +519,8 @@ class Scheduler:
             self._retract(victim, now)
 
     def _decode_demands(self) -> list[Demand]:
-        demand = self.kv.demand
-        return [demand(r.rid, 1) for r in self.running.values() if not r.in_prefill]
+        return self.kv.decode_demands([r.rid for r in self.running.values()
+                                       if not r.in_prefill])
 
     def _future(self, r: Request, now_tokens: int, this_step: Demand) -> Demand:
         """Pages ``r`` needs beyond this step's ``now_tokens`` tokens (whose own demand,
@@ -544,8 +549,11 @@ class Scheduler:
         return self.reserve.tokens(r.output_left - 1, r.output_done, r.output_limit)
 
     def _waiting_order(self) -> Iterable[Request]:
+        """Waiting requests in policy order. FCFS walks the queue itself (no copy: the walk
+        stops at the first request that does not fit, and nothing changes the queue during
+        it); SPF sorts it (``O(n log n)`` per step with anything waiting)."""
         if self.config.policy is QueuePolicy.FCFS:
-            return list(self.waiting)
+            return iter(self.waiting)
         return sorted(self.waiting, key=lambda r: (r.remaining_prefill, r.arrival_s, r.rid))
 
     def _retract(self, r: Request, now: float) -> None:

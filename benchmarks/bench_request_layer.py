@@ -1,0 +1,227 @@
+"""Request-layer speed: KVManager decode step vs the chain's own take, the price memo,
+window-tail trimming, and (``--full-hour``) the default ``kvchain simulate`` run.
+
+Run: ``python benchmarks/bench_request_layer.py [--full-hour] [--profile]``. Ratios are
+measured in the same run; times are this thread's CPU time (``time.thread_time``), so
+other processes on a shared machine inflate them less than wall time would:
+
+* decode step, 256 requests: ``decode demands + KVManager.allocate + commit`` per step,
+  the per-request path (``demand``/``commit`` per request) and the batched path
+  (``decode_demands``/``commit_decodes``), each against the time of the ``Chain.take``
+  inside the same steps (target: step <= 2x take);
+* ``price``: a repeat on the same snapshot and demand (target <= 0.5 us), an equal
+  snapshot of another epoch (the value memo), and the planner itself on three bands
+  (``_price_uncached``; target <= 5 us);
+* window-tail trim of 248 window pages after a 4,096-token prefill (``W = 128``,
+  ``P = 16``): one ``commit`` against 248 single-page ``Chain.release`` calls;
+* scheduler step with 1,000 and 20,000 waiting requests (FCFS, memory full so the walk
+  stops at once): the step should not grow with the queue (O(1) queue operations);
+* ``--full-hour``: wall time of the Azure conversation hour (19,366 requests,
+  gpt-oss-120b, H200; target <= 25 s on one core), ``--profile`` adds the top cProfile
+  entries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import pstats
+import statistics
+import time
+import timeit
+from dataclasses import replace
+
+from kvchain.alloc.chain import Chain
+from kvchain.alloc.pricing import _price_uncached, price
+from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot, Demand
+from kvchain.kv_manager import KVManager
+from kvchain.layout import Anchor, plan_layout
+from kvchain.spec.declared import declared_class
+from kvchain.spec.layers import LifetimeClass as LC
+
+SHAPES = {
+    "window|full (gpt-oss)": [declared_class(LC.WINDOW, 36_864, 128),
+                              declared_class(LC.FULL, 36_864)],
+    "state|window|full": [declared_class(LC.STATE, 14_745_600),
+                          declared_class(LC.WINDOW, 2_048, 1_152),
+                          declared_class(LC.FULL, 2_048)],
+}
+
+
+class _TimedChain:
+    """Wraps ``chain.take`` to add up its own time."""
+
+    def __init__(self, chain: Chain) -> None:
+        self.spent = 0.0
+        take = chain.take
+
+        def timed(*args, **kwargs):
+            t0 = time.thread_time()
+            try:
+                return take(*args, **kwargs)
+            finally:
+                self.spent += time.thread_time() - t0
+
+        chain.take = timed  # type: ignore[method-assign]
+
+
+def decode_steps(classes, batched: bool, running: int = 256, steps: int = 96):
+    layout = plan_layout(classes, 400_000_000_000, 16)
+    chain = Chain(layout)
+    kv = KVManager(chain)
+    prompts = [1_000 + (i * 37) % 900 for i in range(running)]
+    kv.allocate(list(enumerate(prompts)))
+    for rid, n in enumerate(prompts):
+        kv.commit(rid, n)
+    timer = _TimedChain(chain)
+    rids = list(range(running))
+    total = 0.0
+    for _ in range(steps):
+        t0 = time.thread_time()
+        if batched:
+            demands = kv.decode_demands(rids)
+            kv.allocate([(rid, 1) for rid in rids], demands)
+            kv.commit_decodes(rids)
+        else:
+            demands = [kv.demand(rid, 1) for rid in rids]
+            kv.allocate([(rid, 1) for rid in rids], demands)
+            for rid in rids:
+                kv.commit(rid, 1)
+        total += time.thread_time() - t0
+    return total / steps, timer.spent / steps
+
+
+def three_bands() -> ChainSnapshot:
+    p = (48, 32, 32)
+    return ChainSnapshot(6_784, (
+        BandSnapshot("state", Anchor.LOW, p[0], 0, 41 * p[0], 41, 0, 1 << 20),
+        BandSnapshot("window", Anchor.FLOAT, p[1], 200 * p[1], 201 * p[1], 1, 0, 1 << 20),
+        BandSnapshot("full", Anchor.HIGH, p[2], 6_784, 6_784, 0, 0, 1 << 20)))
+
+
+def price_times(n: int = 20_000) -> dict[str, float]:
+    snap, d = three_bands(), Demand((0, 10, 10))
+    out = {}
+    price(snap, d)
+    out["repeat (same snapshot, same demand)"] = min(
+        timeit.repeat(lambda: price(snap, d), number=n, repeat=5)) / n
+    other = replace(snap, epoch=snap.epoch + 1)
+    out["equal snapshot, other epoch (value memo)"] = min(timeit.repeat(
+        lambda: (price(snap, d), price(other, d)), number=n, repeat=5)) / (2 * n)
+    out["cold: the planner on three bands"] = min(
+        timeit.repeat(lambda: _price_uncached(snap, d), number=n, repeat=5)) / n
+    return out
+
+
+def trim_times(repeats: int = 30) -> tuple[float, float]:
+    classes = SHAPES["window|full (gpt-oss)"]
+    one_call, per_page = [], []
+    for _ in range(repeats):
+        kv = KVManager(Chain(plan_layout(classes, 40_000_000_000, 16)))
+        kv.allocate([(0, 4_096)])
+        t0 = time.thread_time()
+        released = kv.commit(0, 4_096)
+        one_call.append(time.thread_time() - t0)
+        assert released == 248  # 256 pages, the window keeps ceil((128 - 1) / 16) = 8
+        chain = Chain(plan_layout(classes, 40_000_000_000, 16))
+        window = chain.layout.bands.index(next(b for b in chain.layout.bands
+                                               if b.label == "window"))
+        demand = [0] * len(chain.layout.bands)
+        demand[window] = 248
+        vids = chain.take(Demand(tuple(demand))).pages[window]
+        t0 = time.thread_time()
+        for v in vids:
+            chain.release(window, [v])
+        per_page.append(time.thread_time() - t0)
+    return statistics.median(one_call), statistics.median(per_page)
+
+
+def queue_step(waiting: int, steps: int = 30) -> float:
+    from kvchain.sched.request import Request, StepOutcome
+    from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+
+    classes = SHAPES["window|full (gpt-oss)"]
+    # 64 requests of 1,000 + 500 tokens fill this buffer: the rest wait
+    sched = Scheduler(KVManager(Chain(plan_layout(classes, 64 * 1_600 * 2 * 36_864, 16))),
+                      SchedulerConfig(max_running=64, max_prefill_tokens=1 << 20))
+    for i in range(64 + waiting):
+        sched.add(Request(i, 1_000, 500, 0.0), 0.0)
+    now = 0.0
+    for _ in range(5):  # admit and prefill the running set
+        batch = sched.step(now)
+        now += 0.01
+        sched.complete(batch, StepOutcome(0.01), now)
+    gc.disable()  # as timeit does: a collection over 20,000 requests is not the queue's cost
+    try:
+        t0 = time.thread_time()
+        for _ in range(steps):
+            batch = sched.step(now)
+            now += 0.01
+            sched.complete(batch, StepOutcome(0.01), now)
+        return (time.thread_time() - t0) / steps
+    finally:
+        gc.enable()
+
+
+def full_hour(profile: bool) -> tuple[float, float, str]:
+    from kvchain.catalog.loader import load_model
+    from kvchain.gpu import get_gpu
+    from kvchain.sched.scheduler import SchedulerConfig
+    from kvchain.sim.engine import SimConfig, simulate
+    from kvchain.sim.traces import load_trace
+
+    config = SimConfig(load_model("gpt-oss-120b"), get_gpu("h200"),
+                       load_trace("azure-conv", end_s=3600.0),
+                       scheduler=SchedulerConfig(max_running=256, chunk_size=8192,
+                                                 max_prefill_tokens=8192))
+    t0, c0 = time.perf_counter(), time.thread_time()
+    result = simulate(config)
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    assert result.summary.requests_total == 19_366
+    text = ""
+    if profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        simulate(config)
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
+        text = buf.getvalue()
+    return wall, cpu, text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--full-hour", action="store_true")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    print("decode step, 256 requests (us per step; ratio = step / its chain take)")
+    for shape, classes in SHAPES.items():
+        for batched in (False, True):
+            step, take = decode_steps(classes, batched)
+            path = "batched    " if batched else "per-request"
+            print(f"  {shape:24s} {path} step {step * 1e6:8.1f}  take {take * 1e6:7.1f}  "
+                  f"ratio {step / take:5.2f}x")
+    print("price (us per call, best of 5 x 20,000)")
+    for name, t in price_times().items():
+        print(f"  {name:45s} {t * 1e6:7.3f}")
+    one, many = trim_times()
+    print(f"window-tail trim of 248 pages: one commit {one * 1e6:.1f} us, 248 single-page "
+          f"releases {many * 1e6:.1f} us (ratio {one / many:.3f})")
+    small, large = float("inf"), float("inf")
+    for _ in range(3):  # interleaved, best of 3: the load of a shared machine drifts
+        small, large = min(small, queue_step(1_000)), min(large, queue_step(20_000))
+    print(f"scheduler step, FCFS: {small * 1e6:.0f} us with 1,000 waiting, {large * 1e6:.0f} us "
+          f"with 20,000 waiting (ratio {large / small:.2f})")
+    if args.full_hour:
+        wall, cpu, text = full_hour(args.profile)
+        print(f"Azure conv hour (19,366 requests, gpt-oss-120b, H200): {wall:.1f} s wall, "
+              f"{cpu:.1f} s CPU")
+        if text:
+            print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""``kvchain sweep``: a grid of simulations (models x GPUs x tp x traces x rate scales x
+memory fractions x managers) on a local process pool or Ray, and an SLO search.
+
+Axes come from ``--grid FILE`` (TOML or YAML) and/or options (comma-separated lists); an
+option given on the command line overrides the file. Outputs in ``--out`` (see
+:mod:`kvchain.report.sweep`). With ``--slo`` the rate-scale axis is replaced by a bisection
+per configuration (:func:`kvchain.sim.sweep.bisect_rate`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvchain.cli import app
+from kvchain.cli.common import prepare_out_dir
+from kvchain.errors import ConfigError, KVChainError
+from kvchain.report.sweep import append_row, plot_rows, read_rows, slo_table, write_table
+from kvchain.sim.sweep import (
+    SweepGrid,
+    gpus_needed,
+    load_grid_file,
+    parse_slo,
+    point_config,
+    run_point,
+    run_slo_search,
+    slo_tasks,
+)
+from kvchain.sim.sweep_run import default_workers, run_local, run_ray
+
+
+def _split(text: str | None, key: str) -> list[Any] | None:
+    """``"a,b"`` -> ``["a", "b"]`` with numbers parsed (None stays None)."""
+    if text is None:
+        return None
+    out: list[Any] = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        try:
+            out.append(int(item) if key in ("tp",) else
+                       float(item) if key in ("rate_scales", "mem_fractions") else item)
+        except ValueError:
+            raise ConfigError(f"--{key.replace('_', '-')}: {item!r} is not a number") from None
+    return out
+
+
+def _range(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--slo-range: expected LO,HI rate scales, got {text!r}") from None
+    return lo, hi
+
+
+@app.command("sweep")
+def sweep_command(
+    out: Annotated[Path, typer.Option(help="Output folder (sweep.jsonl, sweep.csv, "
+                                           "sweep.parquet, plots; slo.csv with --slo).")],
+    grid: Annotated[Path | None, typer.Option(help="Grid file (.toml, or .yaml with "
+                                                   "pyyaml).")] = None,
+    models: Annotated[str | None, typer.Option(help="Models, comma-separated.")] = None,
+    gpus: Annotated[str | None, typer.Option(help="GPUs, comma-separated.")] = None,
+    tp: Annotated[str | None, typer.Option(help="Tensor-parallel sizes, comma-separated.")]
+    = None,
+    traces: Annotated[str | None, typer.Option(help="Traces, comma-separated.")] = None,
+    rate_scales: Annotated[str | None, typer.Option(help="Arrival-rate multipliers.")] = None,
+    mem_fractions: Annotated[str | None, typer.Option(help="GPU memory fractions.")] = None,
+    managers: Annotated[str | None, typer.Option(
+        help="Managers: kvchain,fixed-pools,equal-page,ideal.")] = None,
+    requests: Annotated[int | None, typer.Option(help="First N requests of each trace.")]
+    = None,
+    end_s: Annotated[float | None, typer.Option(help="Keep arrivals before this second.")]
+    = None,
+    workers: Annotated[int | None, typer.Option(help="Local worker processes (default: all "
+                                                     "cores).")] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="Run the points as Ray tasks.")] = False,
+    ray_address: Annotated[str | None, typer.Option(help="Ray cluster address (implies "
+                                                         "--ray).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Skip points already in "
+                                                          "OUT/sweep.jsonl (slo.jsonl with "
+                                                          "--slo); without it they are "
+                                                          "replaced.")] = False,
+    slo: Annotated[str | None, typer.Option(help="Targets, e.g. ttft_p99=2s,tpot_p99=50ms: "
+                                                 "search the highest rate meeting them.")]
+    = None,
+    target_rate: Annotated[float | None, typer.Option(help="With --slo: GPUs needed for "
+                                                           "this many requests/s.")] = None,
+    slo_range: Annotated[str, typer.Option(help="With --slo: rate scales searched, LO,HI.")]
+    = "0.25,64",
+    slo_tol: Annotated[float, typer.Option(help="With --slo: relative tolerance of the "
+                                                "bisection.")] = 0.02,
+    plots: Annotated[bool, typer.Option(help="Write plots against rate.")] = True,
+) -> None:
+    """Run a grid of simulations, or with --slo find the highest rate meeting latency
+    targets per configuration and manager."""
+    console = Console()
+    try:
+        data: dict[str, Any] = load_grid_file(grid) if grid is not None else {}
+        cli = {"models": _split(models, "models"), "gpus": _split(gpus, "gpus"),
+               "tp": _split(tp, "tp"), "traces": _split(traces, "traces"),
+               "rate_scales": _split(rate_scales, "rate_scales"),
+               "mem_fractions": _split(mem_fractions, "mem_fractions"),
+               "managers": _split(managers, "managers"), "requests": requests,
+               "end_s": end_s}
+        data.update({k: v for k, v in cli.items() if v is not None})
+        sweep_grid = SweepGrid.from_mapping(data)
+        points = sweep_grid.points()
+        n_workers = default_workers() if workers is None else workers
+        if n_workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {n_workers}")
+        slo_spec = parse_slo(slo) if slo is not None else None
+        if target_rate is not None and slo_spec is None:
+            raise ConfigError("--target-rate needs --slo")
+        if target_rate is not None:
+            gpus_needed(target_rate, None, 1)  # validates the target
+        lo, hi = _range(slo_range)
+        # Validate every configuration here (unknown model/GPU/trace) before any run.
+        for p in {p.config_key(): p for p in points}.values():
+            point_config(p).layout()
+        prepare_out_dir(out)
+    except KVChainError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+    use_ray = ray or ray_address is not None
+    if slo_spec is not None:
+        tasks: list[Any] = slo_tasks(points, slo_spec, lo, hi, slo_tol)
+        fn: Any = run_slo_search
+        jsonl = out / "slo.jsonl"
+    else:
+        tasks = points
+        fn = run_point
+        jsonl = out / "sweep.jsonl"
+    keys = [t.point.config_key() if slo_spec is not None else t.key() for t in tasks]
+    try:
+        done_rows = {r.get("key"): r for r in read_rows(jsonl)} if resume else {}
+    except KVChainError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not resume and jsonl.exists():
+        jsonl.unlink()
+    todo = [i for i, k in enumerate(keys) if k not in done_rows]
+    console.print(f"{len(tasks)} {'searches' if slo_spec else 'points'}, {len(todo)} to run "
+                  f"({len(tasks) - len(todo)} already in {jsonl.name}) on "
+                  + (f"Ray ({ray_address or 'local'})" if use_ray else
+                     f"{n_workers} local worker(s)"))
+    started = time.perf_counter()
+    with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task_id = bar.add_task("sweep", total=len(todo))
+
+        def on_done(_i: int, row: dict[str, Any]) -> None:
+            append_row(jsonl, row)
+            bar.advance(task_id)
+
+        todo_tasks = [tasks[i] for i in todo]
+        try:
+            if use_ray:
+                new = run_ray(fn, todo_tasks, ray_address, on_done)
+            else:
+                new = run_local(fn, todo_tasks, n_workers, on_done)
+        except KVChainError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+    wall = time.perf_counter() - started
+    by_key = dict(done_rows)
+    by_key.update(zip([keys[i] for i in todo], new, strict=True))
+    rows = [by_key[k] for k in keys]
+    if slo_spec is not None:
+        for row in rows:
+            if target_rate is not None:
+                row["target_rate_rps"] = target_rate
+                row["gpus_needed"] = gpus_needed(target_rate, row.get("max_rate_rps"),
+                                                 int(row["tp"]))
+        written = write_table(rows, out / "slo.csv")
+        console.print(slo_table(rows, target_rate))
+        console.print(f"bisection to {slo_tol:.1%} relative on rate scales "
+                      f"[{lo:g}, {hi:g}]")
+    else:
+        written = write_table(rows, out / "sweep.csv")
+        if plots:
+            written += plot_rows(rows, out)
+    console.print(f"{len(todo)} run in {wall:,.1f} s of wall time; wrote "
+                  + ", ".join(p.name for p in [jsonl, *written]))

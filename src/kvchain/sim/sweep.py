@@ -1,0 +1,483 @@
+"""Capacity-planning sweeps: a grid of simulations and an SLO search over request rate.
+
+The pure pieces of ``kvchain sweep``: expand a grid into points, key them (for ``--resume``),
+run one point (one :func:`kvchain.sim.compare.run_manager` simulation) into a flat result
+row, parse SLO targets and find, by bisection, the highest rate scale that meets them.
+Where the points run (a local process pool or Ray) lives in :mod:`kvchain.sim.sweep_run`.
+
+Grid axes (every combination is one point)::
+
+    models x gpus x tp x traces x rate_scales x mem_fractions x managers
+
+Fixed per sweep: ``requests`` (first N of each trace), ``end_s``, ``page_size``,
+``max_running``, ``chunk_size``, ``seed``.
+
+SLO search (one per configuration = a point without its rate scale): the rate scale ``x``
+multiplies the trace's own arrival rate (arrival times divided by ``x``). Assuming the
+targets hold below some scale and fail above it, :func:`bisect_rate` brackets that
+threshold between a meeting scale ``lo`` and a failing scale ``hi`` and halves the bracket
+geometrically (``mid = sqrt(lo * hi)``) until ``hi / lo <= 1 + rel_tol``: the answer is
+within ``rel_tol`` (relative) below the true threshold. GPUs for a target rate ``R``
+(requests/s): ``ceil(R / rate_at_best) x tp`` (independent data-parallel replicas of ``tp``
+GPUs each, every replica serving ``rate_at_best``).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from kvchain.baselines import ManagerKind
+from kvchain.catalog.loader import load_model
+from kvchain.errors import ConfigError
+from kvchain.gpu import get_gpu
+from kvchain.sched.scheduler import SchedulerConfig
+from kvchain.sim.compare import run_manager
+from kvchain.sim.engine import SimConfig
+from kvchain.sim.metrics import Percentiles, SimSummary
+from kvchain.sim.traces import Trace, load_trace
+from kvchain.spec.model import ModelSpec
+
+
+class SweepConfigError(ConfigError):
+    """A bad grid, grid file, SLO string or search range (names the key or text)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One simulation of a sweep.
+
+    Attributes:
+        model: catalog model name or a Hugging Face ``config.json`` path.
+        gpu: GPU name (``kvchain.gpu.get_gpu``).
+        tp: tensor-parallel size (the simulated GPU is one rank).
+        trace: bundled trace name or trace file.
+        rate_scale: arrival-rate multiplier (> 0).
+        mem_fraction: GPU memory fraction for weights + KV (0..1].
+        manager: memory manager (``kvchain``, ``fixed-pools``, ``equal-page``, ``ideal``).
+        requests: keep the first N requests of the trace (None: all).
+        end_s: keep arrivals before this second (None: all).
+        page_size: tokens per page.
+        max_running: most running requests.
+        chunk_size: prefill chunk tokens.
+        seed: seed of Poisson arrivals (length-only traces).
+    """
+
+    model: str
+    gpu: str
+    tp: int
+    trace: str
+    rate_scale: float
+    mem_fraction: float
+    manager: str
+    requests: int | None = None
+    end_s: float | None = None
+    page_size: int = 16
+    max_running: int = 256
+    chunk_size: int = 8192
+    seed: int = 0
+
+    def params(self) -> dict[str, Any]:
+        """The point's parameters as a flat dict (field name -> value)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def key(self) -> str:
+        """A stable text key of every parameter (``name=value|...``; floats by ``repr``):
+        equal keys mean the same simulation (``--resume`` matches rows on it)."""
+        return "|".join(f"{k}={v!r}" for k, v in self.params().items())
+
+    def config_key(self) -> str:
+        """:meth:`key` without the rate scale: the configuration an SLO search varies."""
+        return replace(self, rate_scale=1.0).key().replace("|rate_scale=1.0", "")
+
+
+AXES: tuple[str, ...] = ("models", "gpus", "tp", "traces", "rate_scales", "mem_fractions",
+                         "managers")
+FIXED: tuple[str, ...] = ("requests", "end_s", "page_size", "max_running", "chunk_size", "seed")
+
+
+@dataclass(frozen=True, slots=True)
+class SweepGrid:
+    """The axes of a sweep and its fixed settings (see the module doc).
+
+    Every axis is a non-empty tuple; :meth:`points` is their product in axis order
+    (models outermost, managers innermost).
+    """
+
+    models: tuple[str, ...] = ("gpt-oss-120b",)
+    gpus: tuple[str, ...] = ("h200",)
+    tp: tuple[int, ...] = (1,)
+    traces: tuple[str, ...] = ("azure-conv",)
+    rate_scales: tuple[float, ...] = (1.0,)
+    mem_fractions: tuple[float, ...] = (0.9,)
+    managers: tuple[str, ...] = tuple(str(k) for k in ManagerKind)
+    requests: int | None = None
+    end_s: float | None = None
+    page_size: int = 16
+    max_running: int = 256
+    chunk_size: int = 8192
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for axis in AXES:
+            if not getattr(self, axis):
+                raise SweepConfigError(f"grid axis {axis!r} is empty")
+        known = {str(k) for k in ManagerKind}
+        bad = [m for m in self.managers if m not in known]
+        if bad:
+            raise SweepConfigError(f"unknown managers {bad}; known: {sorted(known)}")
+        if any(t < 1 for t in self.tp):
+            raise SweepConfigError(f"tp must be >= 1, got {list(self.tp)}")
+        if any(not (s > 0 and math.isfinite(s)) for s in self.rate_scales):
+            raise SweepConfigError(f"rate scales must be > 0, got {list(self.rate_scales)}")
+        if any(not 0 < f <= 1 for f in self.mem_fractions):
+            raise SweepConfigError(f"memory fractions must be in (0, 1], got "
+                                   f"{list(self.mem_fractions)}")
+        if self.requests is not None and self.requests < 1:
+            raise SweepConfigError(f"requests must be >= 1, got {self.requests}")
+        for name in ("page_size", "max_running", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise SweepConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def points(self) -> list[SweepPoint]:
+        """Every combination of the axes, one :class:`SweepPoint` each (product order)."""
+        fixed = {name: getattr(self, name) for name in FIXED}
+        return [SweepPoint(model, gpu, tp, trace, float(scale), float(mem), manager, **fixed)
+                for model, gpu, tp, trace, scale, mem, manager in itertools.product(
+                    self.models, self.gpus, self.tp, self.traces, self.rate_scales,
+                    self.mem_fractions, self.managers)]
+
+    @staticmethod
+    def from_mapping(data: Mapping[str, Any]) -> SweepGrid:
+        """A grid from a mapping (a parsed grid file or CLI options): axis keys take a list
+        or a single value; fixed keys take a single value; ``None`` values are ignored.
+
+        Raises:
+            SweepConfigError: an unknown key or a value of the wrong type.
+        """
+        unknown = set(data) - set(AXES) - set(FIXED)
+        if unknown:
+            raise SweepConfigError(f"unknown grid keys {sorted(unknown)}; known: "
+                                   f"{sorted(AXES + FIXED)}")
+        kinds: dict[str, type] = {"models": str, "gpus": str, "tp": int, "traces": str,
+                                  "rate_scales": float, "mem_fractions": float,
+                                  "managers": str, "requests": int, "end_s": float,
+                                  "page_size": int, "max_running": int, "chunk_size": int,
+                                  "seed": int}
+        values: dict[str, Any] = {}
+        for key, raw in data.items():
+            if raw is None:
+                continue
+            kind = kinds[key]
+            if key in AXES:
+                items = list(raw) if isinstance(raw, list | tuple) else [raw]
+                values[key] = tuple(_typed(key, v, kind) for v in items)
+            else:
+                if isinstance(raw, list | tuple):
+                    raise SweepConfigError(f"grid key {key!r} takes one value, got {raw!r}")
+                values[key] = _typed(key, raw, kind)
+        return SweepGrid(**values)
+
+
+def _typed(key: str, value: Any, kind: type) -> Any:
+    """``value`` as ``kind`` (ints accepted for floats; bools never)."""
+    if isinstance(value, bool) or not (
+            isinstance(value, kind) or (kind is float and isinstance(value, int))):
+        raise SweepConfigError(f"grid key {key!r}: expected {kind.__name__}, got {value!r}")
+    return kind(value)
+
+
+def load_grid_file(path: Path) -> dict[str, Any]:
+    """Read a grid file: TOML (``.toml``, stdlib ``tomllib``) or YAML (``.yaml``/``.yml``,
+    needs the optional ``pyyaml``). Top-level keys as :meth:`SweepGrid.from_mapping`.
+
+    Raises:
+        SweepConfigError: unreadable or malformed file, not a mapping, YAML without pyyaml,
+            or another extension.
+    """
+    suffix = path.suffix.lower()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SweepConfigError(f"grid file {path}: {exc}") from None
+    data: Any
+    if suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SweepConfigError(f"grid file {path}: {exc}") from None
+    elif suffix in (".yaml", ".yml"):
+        try:
+            import yaml  # type: ignore[import-untyped]
+        except ImportError:
+            raise SweepConfigError(f"grid file {path}: YAML needs pyyaml "
+                                   "(pip install pyyaml), or use TOML") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise SweepConfigError(f"grid file {path}: {exc}") from None
+    else:
+        raise SweepConfigError(f"grid file {path}: expected .toml, .yaml or .yml")
+    if not isinstance(data, dict):
+        raise SweepConfigError(f"grid file {path}: expected a mapping of grid keys")
+    return data
+
+
+# --- running one point ----------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=16)
+def _base_trace(trace: str, requests: int | None, end_s: float | None, seed: int) -> Trace:
+    return load_trace(trace, first=requests, end_s=end_s, seed=seed)
+
+
+@functools.lru_cache(maxsize=16)
+def _model(model: str, tp: int) -> ModelSpec:
+    if model.endswith(".json"):
+        from kvchain.spec.hf import load_hf_config
+
+        return load_hf_config(Path(model), tp=tp)
+    return load_model(model, tp=tp)
+
+
+def point_trace(point: SweepPoint) -> Trace:
+    """The point's trace: its cut of the trace with arrival times divided by the rate scale
+    (the same arrivals as ``load_trace(..., rate_scale=...)``)."""
+    base = _base_trace(point.trace, point.requests, point.end_s, point.seed)
+    if point.rate_scale == 1.0:
+        return base
+    scale = point.rate_scale
+    return replace(base, requests=tuple(replace(r, arrival_s=r.arrival_s / scale)
+                                        for r in base.requests))
+
+
+def point_config(point: SweepPoint) -> SimConfig:
+    """The :class:`SimConfig` of a point (``kvchain simulate``'s scheduler defaults).
+
+    Raises:
+        ConfigError and subclasses: unknown model or GPU, bad trace, a layout that does not
+            fit.
+    """
+    scheduler = SchedulerConfig(max_running=point.max_running, chunk_size=point.chunk_size,
+                                max_prefill_tokens=max(point.chunk_size, 8192))
+    return SimConfig(_model(point.model, point.tp), get_gpu(point.gpu), point_trace(point),
+                     mem_fraction=point.mem_fraction, page_size=point.page_size,
+                     scheduler=scheduler)
+
+
+def summary_row(summary: SimSummary) -> dict[str, Any]:
+    """A summary as flat columns: scalar fields by name, percentiles as
+    ``<name>_p50_s``/``_p90_s``/``_p99_s``/``_count``, ``extra`` counters by their keys."""
+    row: dict[str, Any] = {}
+    for f in fields(summary):
+        value = getattr(summary, f.name)
+        if f.name == "extra":
+            row.update(value)
+        elif isinstance(value, Percentiles) or (value is None and "Percentiles" in str(f.type)):
+            for part in ("p50_s", "p90_s", "p99_s", "count"):
+                row[f"{f.name}_{part}"] = getattr(value, part) if value is not None else None
+        else:
+            row[f.name] = value
+    return row
+
+
+def run_point(point: SweepPoint) -> dict[str, Any]:
+    """Simulate one point: its parameters, ``key``, ``offered_rate_rps`` (requests / trace
+    seconds at this scale) and every summary metric (:func:`summary_row`), one flat row.
+
+    Deterministic: the same point gives the same row in any process.
+
+    Raises:
+        ConfigError and subclasses: as :func:`point_config`.
+    """
+    config = point_config(point)
+    run = run_manager(config, ManagerKind(point.manager), max_points=1)
+    duration = config.trace.duration_s
+    row: dict[str, Any] = {"key": point.key(), **point.params(),
+                           "buffer_bytes": run.buffer_bytes,
+                           "offered_rate_rps": len(config.trace) / duration if duration else None}
+    row.update(summary_row(run.summary))
+    return row
+
+
+# --- SLO search -----------------------------------------------------------------------------
+
+_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+SLO_METRICS: tuple[str, ...] = tuple(f"{m}_{p}" for m in ("ttft", "tpot", "e2e", "queueing")
+                                     for p in ("p50", "p90", "p99"))
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency targets: metric (e.g. ``ttft_p99``) -> most seconds allowed."""
+
+    targets: tuple[tuple[str, float], ...]
+
+    def met_by(self, row: Mapping[str, Any]) -> bool:
+        """True when every target metric of a result row (:func:`run_point`) is at most its
+        target; a missing metric (no finished request) fails."""
+        for metric, limit in self.targets:
+            value = row.get(f"{metric}_s")
+            if value is None or value > limit:
+                return False
+        return True
+
+    def text(self) -> str:
+        """The targets in milliseconds, e.g. ``ttft_p99<=2000ms,tpot_p99<=50ms``."""
+        return ",".join(f"{m}<={v * 1e3:g}ms" for m, v in self.targets)
+
+
+def parse_slo(text: str) -> SLO:
+    """Parse ``"ttft_p99=2s,tpot_p99=50ms"``: comma-separated ``metric=value<unit>`` with a
+    metric of :data:`SLO_METRICS` and a unit ``s``, ``ms`` or ``us``.
+
+    Raises:
+        SweepConfigError: an empty string, an unknown metric or unit, a non-positive value,
+            or a metric given twice.
+    """
+    targets: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        m = re.fullmatch(r"([a-z0-9_]+)\s*=\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)",
+                         part)
+        if m is None:
+            raise SweepConfigError(f"SLO {part!r}: expected metric=value<unit>, e.g. "
+                                   "ttft_p99=2s")
+        metric, value, unit = m.group(1), float(m.group(2)), m.group(3)
+        if metric not in SLO_METRICS:
+            raise SweepConfigError(f"SLO metric {metric!r} unknown; known: {SLO_METRICS}")
+        if unit not in _UNITS:
+            raise SweepConfigError(f"SLO {part!r}: unit must be s, ms or us")
+        if value <= 0:
+            raise SweepConfigError(f"SLO {part!r}: the target must be > 0")
+        if metric in targets:
+            raise SweepConfigError(f"SLO metric {metric!r} given twice")
+        targets[metric] = value * _UNITS[unit]
+    if not targets:
+        raise SweepConfigError(f"SLO {text!r}: no target given")
+    return SLO(tuple(targets.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class RateSearch:
+    """The result of :func:`bisect_rate`.
+
+    Attributes:
+        best_scale: highest rate scale seen to meet the targets (None: not even ``lo``).
+        fail_scale: lowest rate scale seen to miss them (None: even ``hi`` meets them; the
+            answer is then "at least ``hi``").
+        evaluations: simulations run.
+        best_row: the result row at ``best_scale`` (None with it).
+    """
+
+    best_scale: float | None
+    fail_scale: float | None
+    evaluations: int
+    best_row: Mapping[str, Any] | None
+
+
+def bisect_rate(evaluate: Callable[[float], Mapping[str, Any]], slo: SLO, lo: float, hi: float,
+                rel_tol: float = 0.02) -> RateSearch:
+    """The highest rate scale in ``[lo, hi]`` whose row meets ``slo``, by geometric bisection.
+
+    Evaluates ``lo`` (if it misses: no answer) and ``hi`` (if it meets: answer ``hi``), then
+    ``sqrt(lo * hi)`` of the bracket until ``hi / lo <= 1 + rel_tol``; assumes the targets
+    hold below a threshold scale and fail above it. Runs ``2 + ceil(log2(ln(hi / lo) /
+    ln(1 + rel_tol)))`` evaluations at most (e.g. ``[1, 16]`` at 1 %: 2 + 9 = 11).
+
+    Args:
+        evaluate: rate scale -> result row (:func:`run_point` of the point at that scale).
+        slo: the targets.
+        lo: lowest scale tried (> 0).
+        hi: highest scale tried (> lo).
+        rel_tol: relative width at which the search stops (> 0).
+
+    Raises:
+        SweepConfigError: ``lo <= 0``, ``hi <= lo`` or ``rel_tol <= 0``.
+    """
+    if not (0 < lo < hi and math.isfinite(hi)) or not rel_tol > 0:
+        raise SweepConfigError(f"SLO search needs 0 < lo < hi and rel_tol > 0, got lo={lo}, "
+                               f"hi={hi}, rel_tol={rel_tol}")
+    row = evaluate(lo)
+    if not slo.met_by(row):
+        return RateSearch(None, lo, 1, None)
+    best, best_row = lo, row
+    row = evaluate(hi)
+    if slo.met_by(row):
+        return RateSearch(hi, None, 2, row)
+    fail, count = hi, 2
+    while fail / best > 1 + rel_tol:
+        mid = math.sqrt(best * fail)
+        row = evaluate(mid)
+        count += 1
+        if slo.met_by(row):
+            best, best_row = mid, row
+        else:
+            fail = mid
+    return RateSearch(best, fail, count, best_row)
+
+
+def gpus_needed(target_rps: float, rate_rps: float | None, tp: int) -> int | None:
+    """GPUs to serve ``target_rps`` requests/s with replicas of ``tp`` GPUs each sustaining
+    ``rate_rps``: ``ceil(target / rate) x tp`` (None when no rate meets the targets).
+
+    Raises:
+        SweepConfigError: a target rate <= 0.
+    """
+    if not target_rps > 0:
+        raise SweepConfigError(f"target rate must be > 0 requests/s, got {target_rps}")
+    if rate_rps is None or rate_rps <= 0:
+        return None
+    return math.ceil(target_rps / rate_rps - 1e-9) * tp
+
+
+@dataclass(frozen=True, slots=True)
+class SLOTask:
+    """One SLO search: a configuration (a point; its rate scale is ignored), targets and the
+    search range."""
+
+    point: SweepPoint
+    slo: SLO
+    lo: float
+    hi: float
+    rel_tol: float
+
+
+def run_slo_search(task: SLOTask,
+                   evaluate: Callable[[SweepPoint], Mapping[str, Any]] = run_point,
+                   ) -> dict[str, Any]:
+    """Bisect one configuration's rate scale (:func:`bisect_rate` over ``evaluate``) into a
+    flat row: the configuration's parameters, ``max_rate_scale``, ``fail_rate_scale``,
+    ``max_rate_rps`` (offered request rate at the best scale), ``evaluations``, the SLO
+    text, and the metrics at the best scale prefixed ``at_best_``."""
+    result = bisect_rate(lambda s: evaluate(replace(task.point, rate_scale=s)), task.slo,
+                         task.lo, task.hi, task.rel_tol)
+    params = task.point.params()
+    del params["rate_scale"]
+    row: dict[str, Any] = {"key": task.point.config_key(), **params, "slo": task.slo.text(),
+                           "rel_tol": task.rel_tol, "max_rate_scale": result.best_scale,
+                           "fail_rate_scale": result.fail_scale,
+                           "evaluations": result.evaluations}
+    best = result.best_row
+    row["max_rate_rps"] = best.get("offered_rate_rps") if best is not None else None
+    for metric, _ in task.slo.targets:
+        row[f"at_best_{metric}_s"] = best.get(f"{metric}_s") if best is not None else None
+    return row
+
+
+def slo_tasks(points: Sequence[SweepPoint], slo: SLO, lo: float, hi: float,
+              rel_tol: float) -> list[SLOTask]:
+    """One :class:`SLOTask` per distinct configuration of ``points`` (first-seen order)."""
+    seen: dict[str, SLOTask] = {}
+    for p in points:
+        seen.setdefault(p.config_key(), SLOTask(replace(p, rate_scale=1.0), slo, lo, hi,
+                                                rel_tol))
+    return list(seen.values())

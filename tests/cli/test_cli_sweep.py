@@ -1,0 +1,79 @@
+"""`kvchain sweep` through the real CLI: grid file, resume, SLO table, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+from typer.testing import CliRunner
+
+from kvchain.cli import _load_commands, app
+
+_load_commands()
+runner = CliRunner()
+
+GRID = """models = ["gpt-oss-120b"]
+rate_scales = [1, 2]
+managers = ["kvchain", "fixed-pools"]
+requests = 12
+"""
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_sweep_grid_file_then_resume(tmp_path):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", "--grid", str(grid), "--out", str(out),
+                                 "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    rows = _rows(out / "sweep.jsonl")
+    assert len(rows) == 4  # 2 scales x 2 managers
+    with (out / "sweep.csv").open() as fh:
+        table = list(csv.DictReader(fh))
+    assert [(r["rate_scale"], r["manager"]) for r in table] == [
+        ("1.0", "kvchain"), ("1.0", "fixed-pools"), ("2.0", "kvchain"), ("2.0", "fixed-pools")]
+    assert (out / "sweep-1.png").stat().st_size > 0
+    # --resume with one more scale on the command line: only the 2 new points run
+    result = runner.invoke(app, ["sweep", "--grid", str(grid), "--out", str(out), "--workers",
+                                 "1", "--resume", "--rate-scales", "1,2,3", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert "6 points, 2 to run (4 already in sweep.jsonl)" in result.output
+    assert len(_rows(out / "sweep.jsonl")) == 6
+    assert _rows(out / "sweep.jsonl")[:4] == rows
+
+
+def test_sweep_slo_table_and_csv(tmp_path):
+    out = tmp_path / "slo"
+    result = runner.invoke(app, ["sweep", "--requests", "12", "--managers", "kvchain",
+                                 "--out", str(out), "--workers", "1", "--slo",
+                                 "ttft_p99=10s", "--target-rate", "100", "--slo-range",
+                                 "1,4", "--slo-tol", "0.1"])
+    assert result.exit_code == 0, result.output
+    with (out / "slo.csv").open() as fh:
+        (row,) = list(csv.DictReader(fh))
+    # 12 short requests meet a 10 s TTFT even at 4x their rate: the answer is the cap
+    assert row["max_rate_scale"] == "4.0" and row["fail_rate_scale"] == ""
+    assert row["evaluations"] == "2"
+    rps = float(row["max_rate_rps"])
+    # GPUs = ceil(100 / rate per replica) x tp 1
+    assert int(row["gpus_needed"]) == math.ceil(100 / rps)
+    assert "highest rate meeting" in result.output
+
+
+def test_sweep_bad_input_exits_2_and_writes_nothing(tmp_path):
+    out = tmp_path / "bad"
+    for args, needle in [(["--managers", "vllm"], "unknown managers"),
+                         (["--slo", "ttft_p99=2h"], "unit"),
+                         (["--target-rate", "5"], "needs --slo"),
+                         (["--models", "no-such-model"], "no-such-model"),
+                         (["--rate-scales", "fast"], "not a number"),
+                         (["--workers", "0"], "workers")]:
+        result = runner.invoke(app, ["sweep", "--out", str(out), "--requests", "5", *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert needle in result.output, (args, result.output)
+        assert not out.exists()
