@@ -125,5 +125,6 @@ def test_replay_counts_divergences_of_a_mispredicting_planner(
         return real_solve(snapshot, demand)
 
     monkeypatch.setattr(pricing, "_solve", refuses_big)
+    pricing.clear_price_memo()  # the recording's quotes must not be served from the memo
     (report,) = replay_stream(path)
     assert report.divergences > 0

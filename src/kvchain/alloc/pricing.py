@@ -800,6 +800,13 @@ _PRICE_MEMO: dict[tuple[ChainSnapshot, Demand], Quote] = {}
 _LAST_PRICED: list[object] = [None, None, None]
 
 
+def clear_price_memo() -> None:
+    """Forget every memoized quote (tests that patch the planner call this first, so a
+    quote priced by the real planner is not served from the memo)."""
+    _PRICE_MEMO.clear()
+    _LAST_PRICED[:] = (None, None, None)
+
+
 def _price_memo(snapshot: ChainSnapshot, demand: Demand) -> Quote:
     """:func:`price` through the value memo (the quote's ``before`` is ``snapshot``)."""
     key = (snapshot, demand)
