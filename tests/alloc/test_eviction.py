@@ -232,3 +232,14 @@ def test_set_evictor_refuses_a_non_evictor():
     chain = two_end_chain()
     with pytest.raises(InvalidDemandError):
         chain.set_evictor(object())  # type: ignore[arg-type]
+
+
+def test_an_audit_between_a_version_bump_and_the_next_snapshot_keeps_it_fresh():
+    """Regression: building a snapshot for the audit must not mark a stale cached snapshot
+    as current (the chain would then price on the old evictable supply)."""
+    chain, evictor = filled_chain()
+    chain.snapshot()
+    evictor.units = evictor.units[:1]
+    evictor.version += 1
+    chain.audit()
+    assert chain.snapshot().evictable.cumulative == ((0, 0), (0, 5))

@@ -274,6 +274,8 @@ class Chain:
             self._snap = None
         if self._snap is None:
             self._snap = self._build_snapshot()
+            if self._evictor is not None:
+                self._evictor_version = self._evictor.version
         return self._snap
 
     @property
@@ -668,7 +670,6 @@ class Chain:
         bands = tuple(b.snapshot(movable, pending) for b in self._bands)
         if self._evictor is None:
             return ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch)
-        self._evictor_version = self._evictor.version
         return ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch,
                              self._evictor.eviction_order())
 
@@ -753,7 +754,9 @@ class Chain:
             null = self._null[i]
             if null is not None and b.v2p[null] < 0:
                 raise AuditError(f"{name}: null page {null} unbound")
-        if self._snap is not None:
+        evictor_moved = (self._evictor is not None
+                         and self._evictor.version != self._evictor_version)
+        if self._snap is not None and not evictor_moved:  # else stale by design, rebuilt lazily
             fresh = self._build_snapshot()
             if self._snap != fresh or self._snap.epoch != self._epoch:
                 raise AuditError(f"cached snapshot {self._snap} != fresh {fresh}")
