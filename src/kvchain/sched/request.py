@@ -33,6 +33,9 @@ class Request:
             tokens generated before a retraction (recomputed).
         output_done: output tokens generated so far.
         retractions: times it was retracted.
+        page_keys: content keys of the prompt's whole pages (a hash chain,
+            :mod:`kvchain.cache.keys`), or ``None``: what the prefix cache matches on.
+        hit_tokens: prompt tokens served by the prefix cache at its first admission.
 
     Raises:
         InvalidRequestError: an id, prompt or output length that is not an int, a length
@@ -48,6 +51,8 @@ class Request:
     prefill_target: int = 0
     output_done: int = 0
     retractions: int = 0
+    page_keys: tuple[int, ...] | None = None
+    hit_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("rid", "prompt_tokens", "output_tokens"):
@@ -64,6 +69,9 @@ class Request:
                 f"{self.prompt_tokens} and {self.output_tokens}")
         if self.prefill_target == 0:
             self.prefill_target = self.prompt_tokens
+        if self.page_keys is not None and (type(self.page_keys) is not tuple
+                                           or any(type(k) is not int for k in self.page_keys)):
+            raise InvalidRequestError(f"request {self.rid}: page_keys must be a tuple of ints")
 
     @property
     def in_prefill(self) -> bool:
