@@ -79,9 +79,55 @@ def run(shape: str, seed: int, buffer: int = 2_400_000, cache_cls: type = Prefix
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_cached_runs_are_exact_and_leak_nothing(shape):
-    sched = run(shape, seed=5)
+    sched = run(shape, seed=5, n=200)
     c = sched.counters
     assert c.divergences == 0
-    assert c.finished + c.rejected == 300
+    assert c.finished + c.rejected == 200
     assert c.hit_tokens > 0
     assert sched.kv.cache is not None and sched.kv.cache.evictions > 0
+
+
+# --- planted defects: each "must be 0" figure made non-zero -----------------------------
+
+
+class ForgetfulCache(PrefixCache):
+    """Planted defect: on insert it forgets to hand back the request's duplicate pages
+    (neither the cache nor the request holds them any more: leaked)."""
+
+    def insert(self, keys, shared, full, window, ckpts):  # type: ignore[no-untyped-def]
+        dups = super().insert(keys, shared, full, window, ckpts)
+        return [ids[:-1] for ids in dups]
+
+
+class MisorderedCache(PrefixCache):
+    """Planted defect: publishes its LRU walk but evicts the most recent units instead."""
+
+    def _walk(self):  # type: ignore[no-untyped-def]
+        order, walk = super()._walk()
+        return order, walk[::-1]
+
+
+def test_a_cache_that_forgets_its_duplicates_is_caught_as_a_leak():
+    from kvchain.errors import AuditError
+
+    with pytest.raises(AuditError, match="leaked"):
+        run("window|full", seed=5, cache_cls=ForgetfulCache, n=120)
+
+
+def test_a_cache_evicting_out_of_order_is_caught_as_a_divergence():
+    from kvchain.errors import PlanMismatchError
+
+    with pytest.raises(PlanMismatchError):
+        run("state|window|full", seed=5, cache_cls=MisorderedCache, n=120)
+
+
+def test_admission_without_the_recheck_after_locking_diverges(monkeypatch):
+    """Planted defect: the ledger is not rebased after a hit locks its pages, so admission
+    still counts them as evictable supply: an admitted batch the allocator refuses."""
+    from kvchain.admission import ChainPrefillBudget
+    from kvchain.errors import AdmissionDivergenceError
+
+    assert run("full", seed=5, buffer=700_000, n=200).counters.divergences == 0
+    monkeypatch.setattr(ChainPrefillBudget, "rebase", lambda self, snapshot: True)
+    with pytest.raises(AdmissionDivergenceError):
+        run("full", seed=5, buffer=700_000, n=200)
