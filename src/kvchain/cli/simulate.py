@@ -15,7 +15,7 @@ from kvchain.cli import app
 from kvchain.cli.common import load_spec, prepare_out_dir, render_bands
 from kvchain.errors import KVChainError
 from kvchain.gpu import get_gpu
-from kvchain.report.plots import write_all_plots
+from kvchain.report.plots import hit_rate_chart, write_all_plots
 from kvchain.report.tables import summary_table
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.engine import SimConfig, simulate
@@ -58,6 +58,10 @@ def simulate_command(
                                                   "plots here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
     = False,
+    prefix_cache: Annotated[bool | None, typer.Option(
+        "--prefix-cache/--no-prefix-cache",
+        help="Serve cached prompt prefixes (default: on when the trace has content keys, "
+             "e.g. mooncake's hash_ids).")] = None,
 ) -> None:
     """Simulate serving a request trace with the kvchain memory manager.
 
@@ -74,7 +78,7 @@ def simulate_command(
             scheduler=SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
                                       max_prefill_tokens=max(chunk_size, 8192),
                                       policy=policy),
-            buffer_bytes=buffer_bytes)
+            buffer_bytes=buffer_bytes, prefix_cache=prefix_cache)
         layout = sim_config.layout()
         prepare_out_dir(out)
     except KVChainError as exc:
@@ -96,12 +100,18 @@ def simulate_command(
     settings = {"model": spec.name, "gpu": gpu_spec.name, "trace": tr.name,
                 "requests": len(tr), "rate_scale": rate_scale, "mem_fraction": mem_fraction,
                 "buffer_bytes": layout.buffer_bytes, "page_size": page_size,
-                "policy": policy.value, "chain": layout.shape_name, "wall_s": round(wall, 3)}
+                "policy": policy.value, "chain": layout.shape_name, "wall_s": round(wall, 3),
+                "prefix_cache": result.prefix_cache is not None}
+    cache_json = ({"prefix_cache": result.prefix_cache.to_json()}
+                  if result.prefix_cache is not None else {})
     if out is not None:
-        write_outputs(out, result.recorder, summary, config=settings)
+        write_outputs(out, result.recorder, summary, config=settings, sections=cache_json)
         plots = write_all_plots(result.recorder, out)
+        if result.prefix_cache is not None:
+            plots.append(hit_rate_chart(result.prefix_cache.timeline, out / "hit_rate.png"))
     if as_json:
-        print(json.dumps({"config": settings, "summary": summary.to_json()}, indent=2))
+        print(json.dumps({"config": settings, "summary": summary.to_json(), **cache_json},
+                         indent=2))
     else:
         console.print(summary_table(summary, title=f"kvchain simulate: {spec.name} / "
                                                    f"{tr.name}"))

@@ -269,9 +269,15 @@ class Scheduler:
                 break
             upper = self._chunk_cap(r, tokens_left)
             c = budget.largest(lambda t, r=r: self._admission_demand(r, t), upper, page)
+            if not c and attached:
+                self._detach(r, budget)
+                if self.running or not budget.reserved.is_empty:
+                    break
+                # Alone, the hit itself may be what does not fit (its locked checkpoint is
+                # one state slot more than the request's lifetime): serve it uncached.
+                upper = self._chunk_cap(r, tokens_left)
+                c = budget.largest(lambda t, r=r: self._admission_demand(r, t), upper, page)
             if not c:
-                if attached:
-                    self._detach(r, budget)
                 break
             budget.reserve(self._admission_demand(r, c))
             step.prefills.append(PrefillChunk(r.rid, r.computed, c))

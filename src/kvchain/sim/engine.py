@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from kvchain.alloc.chain import Chain
+from kvchain.cache.radix import CacheGeometry, PrefixCache
 from kvchain.errors import KVChainError
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.kv_manager import KVManager
@@ -25,6 +26,12 @@ from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.sim.cost import GPUCostModel
 from kvchain.sim.metrics import MetricsRecorder, SimSummary, StepSample, band_samples, summarize
+from kvchain.sim.prefix import (
+    PrefixCacheStats,
+    has_content_keys,
+    request_page_keys,
+    trace_block_tokens,
+)
 from kvchain.sim.traces import Trace
 from kvchain.spec.model import ModelSpec
 
@@ -48,6 +55,8 @@ class SimConfig:
         buffer_bytes: KV buffer bytes; ``None`` derives it from the GPU
             (:func:`kvchain.gpu.kv_buffer_bytes`).
         max_step_samples: step samples kept for plots (totals stay exact).
+        prefix_cache: serve prompts' cached prefixes (:mod:`kvchain.cache`); ``None``: on
+            when the trace carries content keys (``prefix_block_ids``).
     """
 
     model: ModelSpec
@@ -58,6 +67,7 @@ class SimConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     buffer_bytes: int | None = None
     max_step_samples: int = 4_000
+    prefix_cache: bool | None = None
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -83,6 +93,7 @@ class SimResult:
         layout: the chain layout simulated.
         chain_stats: the chain's counters (takes, releases, pages copied).
         admission_decisions: pricing decisions made by admission.
+        prefix_cache: the prefix cache's figures, or ``None`` when it was off.
     """
 
     summary: SimSummary
@@ -90,6 +101,7 @@ class SimResult:
     layout: ChainLayout
     chain_stats: object
     admission_decisions: int
+    prefix_cache: PrefixCacheStats | None = None
 
 
 def simulate(config: SimConfig, *, allocator: Chain | None = None,
@@ -121,7 +133,18 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
     """
     chain = allocator if allocator is not None else Chain(config.layout())
     layout = chain.layout
-    kv = KVManager(chain)
+    use_cache = config.prefix_cache
+    if use_cache is None:
+        use_cache = has_content_keys(config.trace)
+    cache: PrefixCache | None = None
+    stats: PrefixCacheStats | None = None
+    block = trace_block_tokens(config.trace)
+    if use_cache and isinstance(chain, Chain):
+        page = layout.page_size
+        interval = -(-block // page) * page  # resume points on content-block boundaries
+        cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=interval)
+        stats = PrefixCacheStats(interval_tokens=interval)
+    kv = KVManager(chain, cache)
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step)
     sched = Scheduler(kv, sched_config)
     cost = GPUCostModel(config.model, config.gpu)
@@ -138,8 +161,10 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
             tr = requests[i]
             recorder.on_arrival(tr.request_id, tr.arrival_s, prompt_tokens=tr.prompt_tokens,
                                 output_tokens=tr.output_tokens)
-            sched.add(Request(tr.request_id, tr.prompt_tokens, tr.output_tokens, tr.arrival_s),
-                      tr.arrival_s)
+            keys = (request_page_keys(tr, block, layout.page_size) if cache is not None
+                    else None)
+            sched.add(Request(tr.request_id, tr.prompt_tokens, tr.output_tokens, tr.arrival_s,
+                              page_keys=keys), tr.arrival_s)
             i += 1
         batch = sched.step(now)
         if batch.is_empty:
@@ -172,16 +197,35 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
             buffer_bytes=layout.buffer_bytes, used_bytes=snap.live_bytes - reserved))
         if progress is not None and done != before:
             progress(done, total)
+        if stats is not None and sched.counters.prompt_tokens != (
+                stats.timeline[-1][1] if stats.timeline else 0):
+            stats.timeline.append((now, sched.counters.prompt_tokens,
+                                   sched.counters.hit_tokens))
 
+    cached = sum(len(ids) for ids in cache.held_pages()) if cache is not None else 0
     leaked = sum(chain.bound_pages(b) for b in range(len(layout.bands))) - sum(
-        b.reserved_pages for b in layout.bands)
-    summary = summarize(recorder, extra={
+        b.reserved_pages for b in layout.bands) - cached
+    extra: dict[str, int | float] = {
         "admitted_but_unallocatable": sched.counters.divergences,
         "leaked_pages": leaked,
         "admission_decisions": sched.counters.admission_decisions,
         "bytes_copied": chain.stats.bytes_copied,
-    })
-    return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions)
+    }
+    if stats is not None and cache is not None:
+        stats.prompt_tokens = sched.counters.prompt_tokens
+        stats.hit_tokens = sched.counters.hit_tokens
+        stats.evicted_pages = {b.label: n for b, n in zip(layout.bands, cache.evicted_pages,
+                                                          strict=True)}
+        stats.cow_state_copies = kv.cow_state_copies
+        stats.cow_bytes = kv.cow_bytes
+        stats.checkpoints_saved = kv.checkpoints_saved
+        extra.update({"prefix_hit_rate_pct": round(100 * stats.hit_rate, 2),
+                      "prefix_hit_tokens": stats.hit_tokens,
+                      "prefix_evicted_pages": sum(cache.evicted_pages),
+                      "cow_state_copies": kv.cow_state_copies})
+    summary = summarize(recorder, extra=extra)
+    return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
+                     stats)
 
 
 def _record_events(sched: Scheduler, recorder: MetricsRecorder) -> int:
