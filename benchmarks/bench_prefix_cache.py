@@ -61,7 +61,7 @@ def filled(seed: int = 0) -> tuple[Chain, PrefixCache]:
         demand[g.window] = len(tails)  # type: ignore[index]
         try:
             grant = chain.take(Demand(tuple(demand)))
-        except Exception:  # noqa: BLE001 - the buffer is full: done
+        except Exception:
             break
         full = list(grant.pages[g.full])  # type: ignore[index]
         win = dict(zip(tails, grant.pages[g.window], strict=True))  # type: ignore[index]
@@ -102,7 +102,7 @@ def main() -> None:
         for i in range(0, len(held), 64):
             chain2.release(g.full, held[i:i + 64])  # type: ignore[arg-type]
         best_release = min(best_release, (time.perf_counter() - t0) / max(1, len(held)))
-        cache._bump()  # noqa: SLF001 - force a rebuild
+        cache._bump()
         t0 = time.perf_counter()
         cache.eviction_order()
         best_order = min(best_order, time.perf_counter() - t0)
