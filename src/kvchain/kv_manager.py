@@ -373,7 +373,8 @@ class KVManager:
         if self.cache is None or not keys:
             return ()
         return tuple(q for q in resume_points(self.cache.geom, len(keys),
-                                              self.cache.interval_pages) if q > after)
+                                              self.cache.interval_pages, self.cache.policy)
+                     if q > after)
 
     def attach(self, rid: int, keys: Sequence[int], prompt_tokens: int,
                save_points: bool = True) -> int:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
@@ -55,6 +56,20 @@ from kvchain.spec.layers import LifetimeClass
 
 LEAF = 0
 TAILS = 1
+
+
+class ResumePolicy(StrEnum):
+    """Where a cached prompt keeps window tails and state checkpoints.
+
+    ``BLOCKS``: every ``interval`` tokens and the prompt's last whole page (reaches the
+    infinite-cache hit rate on the Mooncake trace when memory is unbounded; a running
+    request keeps a window tail per block until it finishes). ``ENDS``: only the last
+    interval boundary and the last whole page (where a conversation's next turn resumes;
+    two tails per request, so little memory is held back when memory binds).
+    """
+
+    BLOCKS = "blocks"
+    ENDS = "ends"
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,15 +198,19 @@ class Hit:
 MISS = Hit(0, None)
 
 
-def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int) -> tuple[int, ...]:
+def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
+                  policy: ResumePolicy = ResumePolicy.BLOCKS) -> tuple[int, ...]:
     """Page counts where a cached prompt of ``whole_pages`` pages keeps window tails and
-    state checkpoints: every ``interval_pages`` pages and ``whole_pages`` itself, sorted.
+    state checkpoints, sorted: every ``interval_pages`` pages (``BLOCKS``; ``ENDS``: only
+    the last of them) and ``whole_pages`` itself.
 
     Empty on a chain without a window/local or state band (every page boundary resumes).
     """
     if geom.window is None and geom.state is None:
         return ()
     pts = list(range(interval_pages, whole_pages + 1, interval_pages))
+    if policy is ResumePolicy.ENDS:
+        pts = pts[-1:]
     if whole_pages and (not pts or pts[-1] != whole_pages):
         pts.append(whole_pages)
     return tuple(pts)
@@ -212,18 +231,21 @@ class PrefixCache:
         geom: the chain's request geometry (band roles, page size, window).
         interval_tokens: tokens between resume points (a multiple of the page size;
             default 512, the Mooncake content block).
+        policy: which resume points a prompt keeps (:class:`ResumePolicy`).
 
     Raises:
         InvalidRequestError: an interval that is not a positive multiple of the page size.
     """
 
-    def __init__(self, geom: CacheGeometry, interval_tokens: int = 512) -> None:
+    def __init__(self, geom: CacheGeometry, interval_tokens: int = 512,
+                 policy: ResumePolicy = ResumePolicy.BLOCKS) -> None:
         p = geom.page_size
         if type(interval_tokens) is not int or interval_tokens < p or interval_tokens % p:
             raise InvalidRequestError(f"interval_tokens must be a positive multiple of the page "
                                       f"size {p}, got {interval_tokens!r}")
         self.geom = geom
         self.interval_pages = interval_tokens // p
+        self.policy = ResumePolicy(policy)
         self._next_id = 1
         self.root = Node(0, None, 0, [], [], [], {}, 0)
         self._clock = 0

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvchain.cache.radix import ResumePolicy
 from kvchain.cli import app
 from kvchain.cli.common import load_spec, prepare_out_dir, render_bands
 from kvchain.errors import KVChainError
@@ -62,6 +63,10 @@ def simulate_command(
         "--prefix-cache/--no-prefix-cache",
         help="Serve cached prompt prefixes (default: on when the trace has content keys, "
              "e.g. mooncake's hash_ids).")] = None,
+    cache_points: Annotated[ResumePolicy, typer.Option(
+        help="Where cached prompts keep window tails and state checkpoints: every content "
+             "block (blocks) or only the last block boundary and the prompt end (ends).")]
+    = ResumePolicy.BLOCKS,
 ) -> None:
     """Simulate serving a request trace with the kvchain memory manager.
 
@@ -78,7 +83,7 @@ def simulate_command(
             scheduler=SchedulerConfig(max_running=max_running, chunk_size=chunk_size,
                                       max_prefill_tokens=max(chunk_size, 8192),
                                       policy=policy),
-            buffer_bytes=buffer_bytes, prefix_cache=prefix_cache)
+            buffer_bytes=buffer_bytes, prefix_cache=prefix_cache, cache_points=cache_points)
         layout = sim_config.layout()
         prepare_out_dir(out)
     except KVChainError as exc:
@@ -101,7 +106,8 @@ def simulate_command(
                 "requests": len(tr), "rate_scale": rate_scale, "mem_fraction": mem_fraction,
                 "buffer_bytes": layout.buffer_bytes, "page_size": page_size,
                 "policy": policy.value, "chain": layout.shape_name, "wall_s": round(wall, 3),
-                "prefix_cache": result.prefix_cache is not None}
+                "prefix_cache": result.prefix_cache is not None,
+                "cache_points": cache_points.value}
     cache_json = ({"prefix_cache": result.prefix_cache.to_json()}
                   if result.prefix_cache is not None else {})
     if out is not None:

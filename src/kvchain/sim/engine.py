@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from kvchain.alloc.chain import Chain
-from kvchain.cache.radix import CacheGeometry, PrefixCache
+from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
 from kvchain.errors import KVChainError
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.kv_manager import KVManager
@@ -57,6 +57,7 @@ class SimConfig:
         max_step_samples: step samples kept for plots (totals stay exact).
         prefix_cache: serve prompts' cached prefixes (:mod:`kvchain.cache`); ``None``: on
             when the trace carries content keys (``prefix_block_ids``).
+        cache_points: where cached prompts keep window tails and state checkpoints.
     """
 
     model: ModelSpec
@@ -68,6 +69,7 @@ class SimConfig:
     buffer_bytes: int | None = None
     max_step_samples: int = 4_000
     prefix_cache: bool | None = None
+    cache_points: ResumePolicy = ResumePolicy.BLOCKS
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -142,7 +144,8 @@ def simulate(config: SimConfig, *, allocator: Chain | None = None,
     if use_cache and isinstance(chain, Chain):
         page = layout.page_size
         interval = -(-block // page) * page  # resume points on content-block boundaries
-        cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=interval)
+        cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=interval,
+                            policy=config.cache_points)
         stats = PrefixCacheStats(interval_tokens=interval)
     kv = KVManager(chain, cache)
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step)
