@@ -38,7 +38,6 @@ before any new page is handed out and every extension lands on free bytes.
 from __future__ import annotations
 
 from bisect import bisect_left
-
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
