@@ -10,7 +10,7 @@ import pytest
 
 from kvchain.alloc.chain import Chain
 from kvchain.cache.keys import page_keys_from_tokens
-from kvchain.cache.radix import CacheGeometry, PrefixCache
+from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
 from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
 from kvchain.sched.request import Request, StepOutcome
@@ -49,10 +49,10 @@ def prompts(rng: random.Random, n: int) -> list[list[int]]:
 
 
 def run(shape: str, seed: int, buffer: int = 2_400_000, cache_cls: type = PrefixCache,
-        n: int = 300) -> Scheduler:
+        n: int = 300, policy: ResumePolicy = ResumePolicy.BLOCKS) -> Scheduler:
     layout = plan_layout(SHAPES[shape], buffer, PAGE)
     chain = Chain(layout)
-    cache = cache_cls(CacheGeometry.of(layout), interval_tokens=64)
+    cache = cache_cls(CacheGeometry.of(layout), interval_tokens=64, policy=policy)
     sched = Scheduler(KVManager(chain, cache),
                       SchedulerConfig(max_prefill_tokens=512, chunk_size=256, max_running=64))
     rng = random.Random(seed)
@@ -85,6 +85,12 @@ def test_cached_runs_are_exact_and_leak_nothing(shape):
     assert c.finished + c.rejected == 200
     assert c.hit_tokens > 0
     assert sched.kv.cache is not None and sched.kv.cache.evictions > 0
+
+
+def test_ends_policy_on_the_three_band_shape():
+    sched = run("state|window|full", seed=9, n=150, policy=ResumePolicy.ENDS)
+    c = sched.counters
+    assert c.divergences == 0 and c.finished + c.rejected == 150 and c.hit_tokens > 0
 
 
 # --- planted defects: each "must be 0" figure made non-zero -----------------------------
