@@ -129,8 +129,9 @@ class ChainPrefillBudget:
 
     The ledger holds one summed :class:`Demand`; ``admit`` adds a candidate iff the
     planner fits ``ledger + candidate`` on the snapshot (``SPLIT`` also requires each band
-    to stay within its own remainder). Evictable supply (a prefix cache) is not modelled
-    yet: this chain has none, so the snapshot is the whole supply.
+    to stay within its own remainder). Evictable supply (a prefix cache's unlocked pages)
+    is part of the snapshot and priced by the planner; a hit that locks pages changes the
+    supply, so the scheduler :meth:`rebase` s the ledger on the new snapshot.
     """
 
     def __init__(self, snapshot: ChainSnapshot, rules: AdmissionRules) -> None:
@@ -155,6 +156,14 @@ class ChainPrefillBudget:
         ):
             return False
         return fits(self.snapshot, total)
+
+    def rebase(self, snapshot: ChainSnapshot) -> bool:
+        """Price from now on against ``snapshot`` (the chain after a prefix-cache lock or
+        unlock) and return whether what is reserved still fits there."""
+        self.snapshot = snapshot
+        if self._remainders is not None:
+            self._remainders = _split_remainders(snapshot)
+        return self._reserved.is_empty or self.fits(Demand.zeros(len(snapshot.bands)))
 
     def reserve(self, demand: Demand) -> None:
         """Add a demand to the ledger unconditionally (this step's decodes and the future of

@@ -25,8 +25,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvchain.alloc.allocator import Allocator
+from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand, Quote
-from kvchain.errors import InvalidDemandError, UnknownRequestError
+from kvchain.cache.radix import Hit, Node, PrefixCache, resume_points
+from kvchain.errors import (
+    ConfigError,
+    InvalidDemandError,
+    InvalidRequestError,
+    UnknownRequestError,
+)
 from kvchain.layout import ChainLayout
 from kvchain.spec.layers import LifetimeClass
 
@@ -183,7 +190,9 @@ def sum_demands(demands: Iterable[Demand], num_bands: int) -> Demand:
 
 
 def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
-                   headroom: int = 0, headroom_chunk: int = 1) -> Demand:
+                   headroom: int = 0, headroom_chunk: int = 1,
+                   points: Sequence[int] = (),
+                   tails: Sequence[tuple[int, int]] = ()) -> Demand:
     """Pages a request must add to compute ``extend`` tokens from position ``start``, plus
     the pages of ``headroom`` later tokens (the one pure demand function).
 
@@ -195,6 +204,13 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
         headroom: later tokens to reserve beyond ``start + extend`` (rest of the prompt,
             expected decode tokens); admission and reservation only.
         headroom_chunk: the largest chunk those later tokens come in (1 for decode).
+        points: the request's prefix-cache resume points still to come (page counts,
+            sorted; :func:`kvchain.cache.radix.resume_points`): one state checkpoint slot
+            for each point reached by ``(start, start + extend + headroom]``.
+        tails: the window pages kept for those points, as disjoint sorted page ranges
+            ``(lo, hi)`` (:func:`tail_spans`); with headroom, every one from
+            ``held.window_first`` on is added to the window demand (kept pages are not
+            released for reuse: an upper bound).
 
     Returns:
         Demand per band: full pages to cover ``[0, s + c + headroom)``; window pages for
@@ -215,7 +231,7 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
                                  f"headroom={headroom} headroom_chunk={headroom_chunk}")
     p = geom.page_size
     end = start + extend
-    if extend and not headroom:
+    if extend and not headroom and (not points or points[-1] * p <= start):
         # Fast path, same result: every page the tokens [start, end) touch is held already
         # (most decode steps); the general formulas would give zeros too (tested).
         last = _ceil_div(end, p)
@@ -227,11 +243,30 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
                         and last <= held.window_range(k)[1]
                         for k, w in enumerate(geom.windows) if k)):
             return Demand((0,) * geom.num_bands)
-    return _general_demand(geom, held, start, extend, headroom, headroom_chunk)
+    return _general_demand(geom, held, start, extend, headroom, headroom_chunk, points, tails)
+
+
+def tail_spans(geom: RequestGeometry, points: Sequence[int], after: int = 0,
+               ) -> tuple[tuple[int, int], ...]:
+    """The window pages a request keeps for its resume points ``points`` (page counts):
+    the union of their tails ``[window_start(qP) // P, q)``, from page ``after`` on, as
+    disjoint sorted ranges (empty without a window band)."""
+    if geom.window is None:
+        return ()
+    spans: list[tuple[int, int]] = []
+    p = geom.page_size
+    for q in points:
+        lo = max(geom.window_start(q * p) // p, after)
+        if spans and lo <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], q))
+        elif q > lo:
+            spans.append((lo, q))
+    return tuple(spans)
 
 
 def _general_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
-                    headroom: int, headroom_chunk: int) -> Demand:
+                    headroom: int, headroom_chunk: int, points: Sequence[int] = (),
+                    tails: Sequence[tuple[int, int]] = ()) -> Demand:
     """The formulas of :func:`request_demand` (arguments already checked)."""
     p = geom.page_size
     end = start + extend
@@ -253,10 +288,18 @@ def _general_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: 
             pages[w.band] = max(0, peak - have)
     if geom.state is not None and held.slots == 0 and (extend or headroom):
         pages[geom.state] = geom.state_slots
+    if points:
+        last = end + headroom
+        if geom.state is not None:
+            pages[geom.state] += sum(1 for q in points if start < q * p <= last)
+    if tails and geom.window is not None and headroom:
+        first = held.window_first
+        pages[geom.window] += sum(hi - max(lo, first) for lo, hi in tails if hi > first)
     return Demand(tuple(pages))
 
 
-def lifetime_demand(geom: RequestGeometry, prompt: int, output: int) -> Demand:
+def lifetime_demand(geom: RequestGeometry, prompt: int, output: int,
+                    points: Sequence[int] = ()) -> Demand:
     """A lone request's whole life as one demand on an empty chain: all of its KV
     (``prompt + output - 1`` tokens; the last sampled token is never fed back), its state
     slots, and the window peak of chunks of one page (``ceil((W - 1 + P) / P) + 1``
@@ -274,7 +317,8 @@ def lifetime_demand(geom: RequestGeometry, prompt: int, output: int) -> Demand:
     rest = prompt + output - 1 - first
     # Later chunks of one page even for a one-page prompt: after a retraction the request
     # is recomputed from prompt + generated tokens, which may span more than a page.
-    return request_demand(geom, NOTHING_HELD, 0, first, rest, geom.page_size)
+    return request_demand(geom, NOTHING_HELD, 0, first, rest, geom.page_size, points,
+                          tail_spans(geom, points))
 
 
 @dataclass(slots=True)
@@ -289,6 +333,16 @@ class RequestPages:
         slots: state-band virtual ids (working slot first).
         more_window: for window bands ``windows[1:]`` of the geometry, their ids in page
             order (as ``window``); ``more_first``: their first token-page indices.
+        keys: the prompt's page keys (prefix cache), or ``None``.
+        shared: pages ``[0, shared)`` (full and window) belong to the prefix cache: the
+            request's hit; it never releases them.
+        handle: the cache node whose path the request locked (``None``: no hit).
+        points: resume points still to come (page counts > ``shared``): a state checkpoint
+            is saved at each, and the window pages of their tails are kept.
+        retain: window page indices kept for the cache instead of being released.
+        kept: window pages moved out of the window but kept (page index -> id).
+        ckpts: state checkpoint slots saved (point -> id).
+        cow_src: the cache's checkpoint to copy into the working slot once it is taken.
     """
 
     tokens: int = 0
@@ -299,6 +353,15 @@ class RequestPages:
     more_window: list[list[int]] = field(default_factory=list)
     more_first: list[int] = field(default_factory=list)
     _held: HeldPages | None = None  # cache; cleared whenever a page list changes
+    keys: tuple[int, ...] | None = None
+    shared: int = 0
+    handle: Node | None = None
+    points: tuple[int, ...] = ()
+    retain: frozenset[int] = frozenset()
+    tails: tuple[tuple[int, int], ...] = ()
+    kept: dict[int, int] = field(default_factory=dict)
+    ckpts: dict[int, int] = field(default_factory=dict)
+    cow_src: int = -1
 
     def win(self, k: int) -> list[int]:
         """Ids held in window band ``k`` of the geometry (the list itself)."""
@@ -333,13 +396,33 @@ class KVManager:
     Every allocation is one ``chain.take`` of the summed demand of a batch (prefill chunks
     and decode tokens together), so what admission priced as one demand is realized as one
     plan. The manager never moves frontiers itself.
+
+    Args:
+        chain: the chain.
+        cache: a prefix cache over the same chain (attached to it as its evictor), or
+            ``None``. With a cache, requests that carry page keys are matched by
+            :meth:`attach`, point at the cache's pages for their hit, and insert their
+            prompt's pages when they finish (:meth:`free`).
     """
 
-    def __init__(self, chain: Allocator) -> None:
+    def __init__(self, chain: Allocator, cache: PrefixCache | None = None) -> None:
         self.chain = chain
         self.geom = RequestGeometry.of(chain.layout)
         self._win_index = {w.band: k for k, w in enumerate(self.geom.windows)}
         self._requests: dict[int, RequestPages] = {}
+        self.cache = cache
+        self.cow_state_copies = 0
+        self.cow_bytes = 0
+        self.checkpoints_saved = 0
+        if cache is not None:
+            if len(self.geom.windows) > 1:
+                raise ConfigError(f"the prefix cache supports chains with at most one window "
+                                  f"or chunked-local band; this one has "
+                                  f"{len(self.geom.windows)}")
+            if not isinstance(chain, Chain):
+                raise ConfigError("the prefix cache needs a Chain (it evicts through the "
+                                  "chain's evictor hook)")
+            chain.set_evictor(cache)
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -365,8 +448,87 @@ class KVManager:
 
     def demand(self, rid: int, extend: int, headroom: int = 0, headroom_chunk: int = 1) -> Demand:
         """:func:`request_demand` for ``rid`` at its current position."""
-        return request_demand(self.geom, self.held(rid), self.tokens(rid), extend, headroom,
-                              headroom_chunk)
+        req = self._requests.get(rid)
+        if req is None:
+            return request_demand(self.geom, NOTHING_HELD, 0, extend, headroom, headroom_chunk)
+        return request_demand(self.geom, req.held(), req.tokens, extend, headroom,
+                              headroom_chunk, req.points, req.tails)
+
+    # --- prefix cache ----------------------------------------------------------------------
+
+    def points_for(self, keys: Sequence[int] | None, after: int = 0) -> tuple[int, ...]:
+        """Resume points (page counts > ``after``) a request with these page keys saves
+        for the cache; empty without a cache or keys."""
+        if self.cache is None or not keys:
+            return ()
+        return tuple(q for q in resume_points(self.cache.geom, len(keys),
+                                              self.cache.interval_pages, self.cache.policy)
+                     if q > after)
+
+    def attach(self, rid: int, keys: Sequence[int], prompt_tokens: int,
+               save_points: bool = True) -> int:
+        """Match a waiting request's prompt against the cache and lock its hit: from now
+        on ``rid`` holds the hit's pages by reference (tokens = hit) and its demands price
+        only the rest. Undo with :meth:`detach` if it is not admitted. With
+        ``save_points`` it keeps window tails and state checkpoints at its resume points
+        for the cache (the scheduler turns it off for a request whose lifetime would not
+        fit the empty chain with them).
+
+        Returns:
+            Hit tokens (0 for a miss or without a cache).
+
+        Raises:
+            InvalidRequestError: ``rid`` already holds pages, or more keys than whole
+                pages of the prompt.
+        """
+        if rid in self._requests:
+            raise InvalidRequestError(f"request {rid} already holds pages")
+        if len(keys) > prompt_tokens // self.geom.page_size:
+            raise InvalidRequestError(f"request {rid}: {len(keys)} page keys for a prompt of "
+                                      f"{prompt_tokens} tokens")
+        keys = tuple(keys)
+        req = self._requests[rid] = RequestPages(keys=keys)
+        if self.cache is None:
+            return 0
+        hit: Hit = self.cache.match(keys, prompt_tokens)
+        handle = self.cache.lock(hit)
+        g, h = self.geom, hit.pages
+        req.handle, req.shared, req.tokens = handle, h, h * g.page_size
+        if g.full is not None:
+            req.full = list(hit.full)
+        if g.window is not None and h:
+            req.window, req.window_first = list(hit.window), hit.window_first
+        req.cow_src = hit.checkpoint
+        req.points = self.points_for(keys, h) if save_points else ()
+        req.tails = tail_spans(g, req.points, h)
+        req.retain = frozenset(i for lo, hi in req.tails for i in range(lo, hi))
+        return req.tokens
+
+    def detach(self, rid: int) -> None:
+        """Undo :meth:`attach` of a request that was not admitted (it took nothing yet).
+
+        Raises:
+            UnknownRequestError: ``rid`` is not attached.
+            InvalidRequestError: it took pages of its own since.
+        """
+        req = self.pages(rid)
+        if req.slots or req.kept or req.ckpts or len(req.full) > req.shared or (
+                req.window and req.window_first + len(req.window) > req.shared):
+            raise InvalidRequestError(f"request {rid} took pages since it was attached")
+        del self._requests[rid]
+        if self.cache is not None:
+            self.cache.unlock(req.handle)
+
+    def touch(self, rid: int) -> None:
+        """LRU touch of ``rid``'s hit once it is admitted (no-op without a hit)."""
+        req = self._requests.get(rid)
+        if self.cache is not None and req is not None and req.handle is not None:
+            self.cache.touch(req.handle, req.window_first)
+
+    def hit_tokens(self, rid: int) -> int:
+        """Tokens of ``rid`` served by the cache (0 if none or not attached)."""
+        req = self._requests.get(rid)
+        return req.shared * self.geom.page_size if req is not None else 0
 
     def decode_demands(self, rids: Sequence[int]) -> list[Demand]:
         """``[self.demand(rid, 1) for rid in rids]`` (equal values), for a decode batch.
@@ -377,6 +539,8 @@ class KVManager:
         only the others (about one request in ``P`` per step) run the general formulas.
         """
         g = self.geom
+        if len(g.windows) > 1 or self.cache is not None:  # the general path handles these
+            return [self.demand(rid, 1) for rid in rids]
         p = g.page_size
         zero = Demand((0,) * g.num_bands)
         has_full, has_window, has_state = g.full is not None, g.window is not None, \
@@ -456,6 +620,7 @@ class KVManager:
             return total
         if quote is not None and quote.before.epoch != self.chain.epoch:
             quote = None  # priced before the chain changed: the take prices it again
+        extend_of = dict(batch)
         grant = self.chain.take(total, quote)
         cursor = [0] * self.geom.num_bands
         g = self.geom
@@ -474,7 +639,7 @@ class KVManager:
                 if band == g.full:
                     req.full.extend(vids)
                 elif band == g.state:
-                    req.slots.extend(vids)
+                    self._take_slots(req, rid, list(vids), extend_of[rid])
                 else:
                     k = self._win_index[band]
                     held = req.win(k)
@@ -488,6 +653,34 @@ class KVManager:
         if extra <= 0:
             return RequestPages()
         return RequestPages(more_window=[[] for _ in range(extra)], more_first=[0] * extra)
+
+    def _take_slots(self, req: RequestPages, rid: int, vids: list[int], extend: int) -> None:
+        """State slots granted to ``req``: its working slot(s) first (then the copy of the
+        cache's checkpoint it resumes from), then one checkpoint slot per resume point the
+        chunk reaches (the forward writes the state there)."""
+        g = self.geom
+        if not req.slots:
+            req.slots, vids = vids[:g.state_slots], vids[g.state_slots:]
+            if req.cow_src >= 0:
+                band = g.state
+                assert band is not None
+                layout = self.chain.layout.bands[band]
+                chain = self.chain
+                assert isinstance(chain, Chain)  # a cache is only built on a Chain
+                src = chain.translate(band, np.asarray([req.cow_src], dtype=np.int64))
+                dst = chain.translate(band, np.asarray(req.slots[:1], dtype=np.int64))
+                chain.buffer.copy_pages(layout, src, dst)
+                self.cow_state_copies += 1
+                self.cow_bytes += layout.page_bytes
+                req.cow_src = -1
+        p = g.page_size
+        reached = [q for q in req.points if req.tokens < q * p <= req.tokens + extend]
+        if len(reached) != len(vids):
+            raise InvalidDemandError(f"request {rid}: {len(vids)} checkpoint slots for "
+                                     f"{len(reached)} resume points")
+        for q, v in zip(reached, vids, strict=True):
+            req.ckpts[q] = v
+        self.checkpoints_saved += len(vids)
 
     def commit(self, rid: int, tokens: int) -> int:
         """Record that a forward computed ``tokens`` more tokens of ``rid``, then release
@@ -522,7 +715,8 @@ class KVManager:
             UnknownRequestError / InvalidDemandError: as :meth:`commit`, checked for every
                 request before any changes.
         """
-        if type(self).commit is not KVManager.commit:
+        if (type(self).commit is not KVManager.commit or len(self.geom.windows) > 1
+                or self.cache is not None):  # shared / retained window pages, several bands
             return sum(self.commit(rid, 1) for rid in rids)
         g = self.geom
         p = g.page_size
@@ -576,7 +770,18 @@ class KVManager:
             if keep_from <= first:
                 continue
             drop = min(keep_from - first, len(held))
-            self.chain.release(w.band, held[:drop])
+            if k == 0 and (req.shared or req.retain):
+                out = []
+                for i, v in enumerate(held[:drop], first):
+                    if i < req.shared:
+                        continue  # the cache's page: the request only stops using it
+                    if i in req.retain:
+                        req.kept[i] = v
+                    else:
+                        out.append(v)
+                self.chain.release(w.band, out)
+            else:
+                self.chain.release(w.band, held[:drop])
             del held[:drop]
             req.set_first(k, first + drop)
             req._held = None
@@ -588,8 +793,13 @@ class KVManager:
         retracts anyone). Returns pages released."""
         return sum(self.release_window_tail(rid) for rid in rids if rid in self._requests)
 
-    def free(self, rid: int) -> int:
+    def free(self, rid: int, insert: bool = True) -> int:
         """Release every page of ``rid`` (finished or retracted). Returns pages released.
+
+        With a prefix cache and page keys, the request never releases the cache's pages (its
+        hit): it unlocks them; with ``insert`` (a finished request: its prompt is computed)
+        its prompt's whole pages, the window tails and the checkpoints of its resume
+        points go to the cache, which keeps one copy of each (duplicates are released).
 
         Raises:
             UnknownRequestError: ``rid`` holds no pages.
@@ -598,13 +808,42 @@ class KVManager:
         if req is None:
             raise UnknownRequestError(f"request {rid} holds no pages")
         g = self.geom
+        if req.keys is None or self.cache is None:
+            released = 0
+            lists = [(g.full, req.full), (g.state, req.slots)]
+            lists += [(w.band, req.win(k)) for k, w in enumerate(g.windows)]
+            for band, vids in lists:
+                if band is not None and vids:
+                    self.chain.release(band, vids)
+                    released += len(vids)
+            return released
+        h = req.shared
+        out: list[list[int]] = [[] for _ in range(g.num_bands)]
+        window = {i: v for i, v in enumerate(req.window, req.window_first) if i >= h}
+        window.update(req.kept)
+        if insert and req.tokens >= len(req.keys) * g.page_size:
+            n = len(req.keys)
+            offer = {i: window.pop(i) for i in req.retain if i in window and i < n}
+            dups = self.cache.insert(req.keys, h, req.full[:n], offer, req.ckpts)
+            for b, ids in enumerate(dups):
+                out[b].extend(ids)
+            if g.full is not None:
+                out[g.full].extend(req.full[n:])
+        else:
+            if g.full is not None:
+                out[g.full].extend(req.full[h:])
+            if g.state is not None:
+                out[g.state].extend(req.ckpts.values())
+        if g.window is not None:
+            out[g.window].extend(window.values())
+        if g.state is not None:
+            out[g.state].extend(req.slots)
+        self.cache.unlock(req.handle)
         released = 0
-        lists = [(g.full, req.full), (g.state, req.slots)]
-        lists += [(w.band, req.win(k)) for k, w in enumerate(g.windows)]
-        for band, vids in lists:
-            if band is not None and vids:
-                self.chain.release(band, vids)
-                released += len(vids)
+        for band, ids in enumerate(out):
+            if ids:
+                self.chain.release(band, ids)
+                released += len(ids)
         return released
 
     # --- kernels ---------------------------------------------------------------------------
@@ -641,21 +880,43 @@ class KVManager:
         """
         from kvchain.errors import AuditError
 
-        for band in range(self.geom.num_bands):
+        g = self.geom
+        cached = self.cache.held_pages() if self.cache is not None else None
+        for band in range(g.num_bands):
             held: list[int] = []
+            shared: list[int] = []
             k = self._win_index.get(band)
             for req in self._requests.values():
-                if band == self.geom.full:
-                    held.extend(req.full)
+                h = req.shared
+                if band == g.full:
+                    held.extend(req.full[h:])
+                    shared.extend(req.full[:h])
+                elif k == 0:
+                    for i, v in enumerate(req.window, req.window_first):
+                        (held if i >= h else shared).append(v)
+                    held.extend(req.kept.values())
                 elif k is not None:
                     held.extend(req.win(k))
-                elif band == self.geom.state:
+                elif band == g.state:
                     held.extend(req.slots)
+                    held.extend(req.ckpts.values())
             reserved = self.chain.layout.bands[band].reserved_pages
             if len(set(held)) != len(held):
                 raise AuditError(f"band {band}: a page is held by two requests")
+            in_cache = cached[band] if cached is not None else []
+            owned = set(in_cache)
+            if len(owned) != len(in_cache) or owned & set(held):
+                raise AuditError(f"band {band}: a page held twice by the cache or by the cache "
+                                 "and a request")
+            if not owned.issuperset(shared):
+                raise AuditError(f"band {band}: a request uses a shared page the cache does not "
+                                 "hold")
+            total = len(held) + len(in_cache)
             bound = self.chain.bound_pages(band)
-            if bound != len(held) + reserved:
+            if bound != total + reserved:
                 raise AuditError(f"band {band}: {bound} pages bound, {len(held)} held by "
-                                 f"requests + {reserved} null: {bound - len(held) - reserved} "
-                                 "leaked")
+                                 f"requests + {len(in_cache)} by the cache + {reserved} null: "
+                                 f"{bound - total - reserved} leaked")
+        if self.cache is not None:
+            self.cache.audit([r.handle for r in self._requests.values()
+                              if r.handle is not None])

@@ -874,15 +874,26 @@ def _solve_with_eviction(snapshot: ChainSnapshot, demand: Demand,
     Returns:
         ``(k, snapshot after evicting k units, plan or refusal)``.
     """
-    solved = _solve(snapshot, demand)
     units = snapshot.evictable.units
-    if isinstance(solved, _Plan) or units == 0:
-        return 0, snapshot, solved
+    excess = _excess_bytes(snapshot, demand)
+    if units == 0 or excess <= 0:  # else nothing fits before evicting: skip that solve
+        solved = _solve(snapshot, demand)
+        if isinstance(solved, _Plan) or units == 0:
+            return 0, snapshot, solved
+    # The byte bound is necessary, so no prefix below lo fits; with the gate open it is
+    # usually sufficient too: one solve at lo then settles the search.
+    lo = _byte_bound_prefix(snapshot, excess)
+    if lo < units:
+        candidate = _evicted(snapshot, lo)
+        attempt = _solve(candidate, demand)
+        if isinstance(attempt, _Plan):
+            return lo, candidate, attempt
+        lo += 1
     full = _evicted(snapshot, units)
     solved_full = _solve(full, demand)
     if isinstance(solved_full, _Refusal):
         return units, full, solved_full
-    lo, hi = 1, units  # fits after hi units, not after lo - 1
+    hi = units  # fits after hi units, not after lo - 1
     best: tuple[ChainSnapshot, _Plan] = (full, solved_full)
     while lo < hi:
         mid = (lo + hi) // 2
@@ -893,6 +904,20 @@ def _solve_with_eviction(snapshot: ChainSnapshot, demand: Demand,
         else:
             lo = mid + 1
     return hi, best[0], best[1]
+
+
+def _excess_bytes(snapshot: ChainSnapshot, demand: Demand) -> int:
+    """Live + demanded bytes beyond the buffer: ``sum_i (live_i + demand_i) * P_i - B``."""
+    return sum((b.live + d) * b.page_bytes for b, d in
+               zip(snapshot.bands, demand.pages, strict=True)) - snapshot.buffer_bytes
+
+
+def _byte_bound_prefix(snapshot: ChainSnapshot, excess: int) -> int:
+    """The fewest eviction units (at least 1) whose freed bytes cover ``excess``
+    (:func:`_excess_bytes`): a necessary condition of fitting; ``units`` if no prefix
+    covers it (:meth:`EvictionOrder.least_units_freeing`)."""
+    return snapshot.evictable.least_units_freeing(
+        tuple(b.page_bytes for b in snapshot.bands), excess)
 
 
 def largest_fitting(predicate: Callable[[int], bool], upper: int) -> int:

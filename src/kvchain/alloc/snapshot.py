@@ -37,6 +37,7 @@ before any new page is handed out and every extension lands on free bytes.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -93,7 +94,6 @@ class BandSnapshot:
         return self.cap - self.span
 
 
-@dataclass(frozen=True, slots=True)
 class EvictionOrder:
     """What a prefix cache can free, in the order it would free it: the evictable supply.
 
@@ -109,17 +109,20 @@ class EvictionOrder:
 
     Evicting the first ``k`` units leaves the suffix order (:meth:`after`): the cache's
     walk goes on where it stopped, which is what makes the planner's prediction exact.
+    Internally an order is a view (the published rows and a start row), so :meth:`after`
+    and :meth:`freed` cost O(bands), not O(units): the planner's binary search over the
+    least eviction prefix stays cheap on orders of thousands of units. Immutable; equal
+    when the rebased rows are equal.
 
     Raises:
         InvalidDemandError: rows of different lengths, a first row that is not zero, a
             negative or decreasing count, or a non-int entry.
     """
 
-    cumulative: tuple[tuple[int, ...], ...] = ((),)
-    """The canonical empty order is ``((),)``: nothing evictable, on any chain."""
+    __slots__ = ("_memo", "_rebased", "_rows", "_start")
 
-    def __post_init__(self) -> None:
-        rows = self.cumulative
+    def __init__(self, cumulative: tuple[tuple[int, ...], ...] = ((),)) -> None:
+        rows = cumulative
         if type(rows) is not tuple or not rows or any(type(r) is not tuple for r in rows):
             raise InvalidDemandError("an eviction order is a non-empty tuple of tuples")
         width = len(rows[0])
@@ -134,6 +137,29 @@ class EvictionOrder:
                     raise InvalidDemandError(
                         f"eviction order counts must be non-decreasing ints, got {row}")
             prev = row
+        self._rows = rows
+        self._start = 0
+        self._rebased: tuple[tuple[int, ...], ...] | None = rows
+        self._memo: dict[tuple[int, ...], list[int]] = {}  # shared with every view
+
+    @classmethod
+    def _view(cls, rows: tuple[tuple[int, ...], ...], start: int,
+              memo: dict[tuple[int, ...], list[int]]) -> EvictionOrder:
+        view = cls.__new__(cls)
+        view._rows, view._start, view._rebased = rows, start, None
+        view._memo = memo
+        return view
+
+    @property
+    def cumulative(self) -> tuple[tuple[int, ...], ...]:
+        """The rebased rows (row 0 all zeros), materialized on first use."""
+        rebased = self._rebased
+        if rebased is None:
+            base = self._rows[self._start]
+            rebased = tuple(tuple(v - b for v, b in zip(row, base, strict=True))
+                            for row in self._rows[self._start:])
+            self._rebased = rebased
+        return rebased
 
     @staticmethod
     def from_units(units: Sequence[Sequence[int]], num_bands: int) -> EvictionOrder:
@@ -149,11 +175,16 @@ class EvictionOrder:
     @property
     def units(self) -> int:
         """Eviction units available (0: nothing evictable)."""
-        return len(self.cumulative) - 1
+        return len(self._rows) - 1 - self._start
 
     def freed(self, k: int) -> tuple[int, ...]:
         """Pages per band freed by the first ``k`` units (``0 <= k <= units``)."""
-        return self.cumulative[k]
+        if not 0 <= k <= self.units:
+            raise IndexError(f"freed({k}) of an order of {self.units} units")
+        if not self._start:
+            return self._rows[k]
+        base = self._rows[self._start]
+        return tuple(v - b for v, b in zip(self._rows[self._start + k], base, strict=True))
 
     def after(self, k: int) -> EvictionOrder:
         """The order left once the first ``k`` units are evicted (the suffix, rebased)."""
@@ -161,9 +192,37 @@ class EvictionOrder:
             return self
         if k >= self.units:
             return _NO_EVICTION
-        base = self.cumulative[k]
-        return EvictionOrder(tuple(tuple(v - b for v, b in zip(row, base, strict=True))
-                                   for row in self.cumulative[k:]))
+        return EvictionOrder._view(self._rows, self._start + k, self._memo)
+
+    def least_units_freeing(self, page_bytes: tuple[int, ...], nbytes: int) -> int:
+        """The fewest units ``k >= 1`` whose freed pages weigh at least ``nbytes`` bytes
+        (``sum_i freed(k)[i] * page_bytes[i]``), or ``units`` if none do (``units >= 1``).
+        A bisection over byte sums computed once per published order (shared by its
+        suffixes)."""
+        weights = self._memo.get(page_bytes)
+        if weights is None:
+            weights = [sum(n * pb for n, pb in zip(row, page_bytes, strict=True))
+                       for row in self._rows]
+            self._memo[page_bytes] = weights
+        k = bisect_left(weights, weights[self._start] + nbytes, self._start + 1) - self._start
+        return min(max(k, 1), self.units)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EvictionOrder):
+            return NotImplemented
+        if self._rows is other._rows and self._start == other._start:
+            return True
+        if self.units != other.units:
+            return False
+        if self.units == 0:
+            return True  # every empty order is the canonical one, whatever its width
+        return self.cumulative == other.cumulative
+
+    def __hash__(self) -> int:
+        return hash(self.cumulative) if self.units else 0
+
+    def __repr__(self) -> str:
+        return f"EvictionOrder(units={self.units}, freed={self.freed(self.units)})"
 
 
 _NO_EVICTION = EvictionOrder()

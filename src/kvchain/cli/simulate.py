@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.admission import ReservePolicy
+from kvchain.cache.radix import ResumePolicy
 from kvchain.cli import app
 from kvchain.cli.common import (
     KV_DTYPE_HELP,
@@ -26,7 +27,7 @@ from kvchain.cli.common import (
 )
 from kvchain.errors import KVChainError
 from kvchain.gpu import get_gpu
-from kvchain.report.plots import write_all_plots
+from kvchain.report.plots import hit_rate_chart, write_all_plots
 from kvchain.report.tables import summary_table
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind, GPUCostModel
@@ -98,6 +99,14 @@ def simulate_command(
         "--truncate", help="Cut the prompt of a request past the model's context to "
                            "context - output tokens (counted) instead of rejecting it.")]
     = False,
+    prefix_cache: Annotated[bool | None, typer.Option(
+        "--prefix-cache/--no-prefix-cache",
+        help="Serve cached prompt prefixes (default: on when the trace has content keys, "
+             "e.g. mooncake's hash_ids).")] = None,
+    cache_points: Annotated[ResumePolicy, typer.Option(
+        help="Where cached prompts keep window tails and state checkpoints: every content "
+             "block (blocks) or only the last block boundary and the prompt end (ends).")]
+    = ResumePolicy.BLOCKS,
 ) -> None:
     """Simulate serving a request trace with the kvchain memory manager.
 
@@ -122,7 +131,7 @@ def simulate_command(
                                       policy=policy, strict=strict,
                                       reserve=reserve_config(reserve, new_token_ratio)),
             buffer_bytes=buffer_bytes, clock=clock, step_ms=step_ms,
-            truncate_to_context=truncate)
+            truncate_to_context=truncate, prefix_cache=prefix_cache, cache_points=cache_points)
         layout = sim_config.layout()
         if clock is ClockKind.ROOFLINE:
             GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed
@@ -155,12 +164,19 @@ def simulate_command(
                 "policy": policy.value, "reserve": reserve.value, "chain": layout.shape_name,
                 "clock": clock.value,
                 "step_ms": step_ms if clock is ClockKind.STEPS else None,
-                "wall_s": round(wall, 3)}
+                "wall_s": round(wall, 3),
+                "prefix_cache": result.prefix_cache is not None,
+                "cache_points": cache_points.value}
+    cache_json = ({"prefix_cache": result.prefix_cache.to_json()}
+                  if result.prefix_cache is not None else {})
     if out is not None:
-        write_outputs(out, result.recorder, summary, config=settings)
+        write_outputs(out, result.recorder, summary, config=settings, sections=cache_json)
         plots = write_all_plots(result.recorder, out)
+        if result.prefix_cache is not None:
+            plots.append(hit_rate_chart(result.prefix_cache.timeline, out / "hit_rate.png"))
     if as_json:
-        print(json.dumps({"config": settings, "summary": summary.to_json()}, indent=2))
+        print(json.dumps({"config": settings, "summary": summary.to_json(), **cache_json},
+                         indent=2))
     else:
         console.print(summary_table(summary, title=f"kvchain simulate: {model_spec.name} / "
                                                    f"{tr.name}"))

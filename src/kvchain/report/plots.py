@@ -303,3 +303,27 @@ def write_all_plots(recorder: MetricsRecorder, out_dir: str | Path) -> list[Path
         written.append(utilization_chart(samples, directory / PLOT_FILES[1]))
     written.append(latency_cdfs(recorder.records, directory / PLOT_FILES[2]))
     return written
+
+
+def hit_rate_chart(timeline: Sequence[tuple[float, int, int]], path: str | Path) -> Path:
+    """The prefix cache's hit rate over time: cumulative hit tokens / prompt tokens of the
+    requests admitted so far (%), against simulated seconds.
+
+    Args:
+        timeline: ``(t_s, prompt_tokens, hit_tokens)`` cumulative samples
+            (:class:`kvchain.sim.prefix.PrefixCacheStats`).
+        path: the PNG to write.
+    """
+    figure, (axes,) = _new_figure(8.0, 3.2)
+    if not timeline:
+        _empty_note(axes, "no request admitted")
+    else:
+        t = np.asarray([s[0] for s in timeline])
+        prompt = np.asarray([s[1] for s in timeline], dtype=float)
+        hit = np.asarray([s[2] for s in timeline], dtype=float)
+        axes.step(t, 100 * hit / np.maximum(prompt, 1), where="post", color="#e76f51")
+        axes.set_ylim(bottom=0)
+    axes.set_xlabel("simulated time (s)")
+    axes.set_ylabel("hit rate (% of prompt tokens)")
+    axes.set_title("prefix-cache hit rate, cumulative")
+    return _save(figure, path)

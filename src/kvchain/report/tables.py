@@ -132,6 +132,10 @@ EXTRA_LABELS = {
     "u_star_pct": "U* (% of buffer needed while requests wait)",
     "u_star_mem_pct": "memory-blocked U* (% needed when memory refused the head)",
     "alloc_efficiency_pct": "allocation efficiency (% needed / held)",
+    "prefix_hit_rate_pct": "prefix-cache hit rate (% of prompt tokens)",
+    "prefix_hit_tokens": "prefix-cache hit tokens",
+    "prefix_evicted_pages": "pages evicted from the prefix cache",
+    "cow_state_copies": "state checkpoints copied on a hit",
 }
 """Display labels of the loop's ``extra`` counters (others show their key)."""
 

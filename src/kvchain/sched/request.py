@@ -36,6 +36,9 @@ class Request:
         max_tokens: the output limit the client asked for (tokens), if known; the request
             may stop earlier (``output_tokens``, end of sequence). ``None``: the limit is
             ``output_tokens``. Admission reserves against the limit, never the true length.
+        page_keys: content keys of the prompt's whole pages (a hash chain,
+            :mod:`kvchain.cache.keys`), or ``None``: what the prefix cache matches on.
+        hit_tokens: prompt tokens served by the prefix cache at its first admission.
 
     Raises:
         InvalidRequestError: an id, prompt or output length that is not an int, a length
@@ -53,6 +56,8 @@ class Request:
     output_done: int = 0
     retractions: int = 0
     max_tokens: int | None = None
+    page_keys: tuple[int, ...] | None = None
+    hit_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("rid", "prompt_tokens", "output_tokens"):
@@ -74,6 +79,9 @@ class Request:
                                       f"{self.max_tokens!r}")
         if self.prefill_target == 0:
             self.prefill_target = self.prompt_tokens
+        if self.page_keys is not None and (type(self.page_keys) is not tuple
+                                           or any(type(k) is not int for k in self.page_keys)):
+            raise InvalidRequestError(f"request {self.rid}: page_keys must be a tuple of ints")
 
     @property
     def in_prefill(self) -> bool:

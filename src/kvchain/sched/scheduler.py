@@ -164,6 +164,8 @@ class SchedulerCounters:
     divergences: int = 0  # admitted but unallocatable: UnallocatableEvents recorded
     recomputed_tokens: int = 0  # tokens retracted requests must prefill again
     window_pages_reclaimed: int = 0
+    prompt_tokens: int = 0  # prompts admitted (first admission) while a prefix cache is on
+    hit_tokens: int = 0  # of which served by the prefix cache
 
 
 class Scheduler:
@@ -200,6 +202,7 @@ class Scheduler:
         self.counters = SchedulerCounters()
         self.unallocatable: list[UnallocatableEvent] = []
         self._events: list[Event] = []
+        self._no_points: set[int] = set()  # requests that keep nothing for the cache
         page = kv.geom.page_size
         if self.config.chunk_size < page or self.config.max_prefill_tokens < page:
             # Admission cuts chunks to whole pages: a smaller cap could never admit one.
@@ -248,6 +251,10 @@ class Scheduler:
                        f"output tokens exceed the model's context of {context:,} tokens")
             return False
         need = self._lifetime_demand(request.prompt_tokens, request.output_limit)
+        points = self.kv.points_for(request.page_keys)
+        if points and self._fits_empty(need) and not self._fits_empty(
+                self._lifetime_demand(request.prompt_tokens, request.output_limit, points)):
+            self._no_points.add(request.rid)  # its checkpoints could never fit: none kept
         if not self._fits_empty(need):
             request.status = RequestStatus.REJECTED
             self.counters.rejected += 1
@@ -275,8 +282,9 @@ class Scheduler:
         chain: what "can never fit" means (no other formula)."""
         return ChainPrefillBudget(self._empty, self.rules).fits(demand)
 
-    def _lifetime_demand(self, prompt: int, output: int) -> Demand:
-        return lifetime_demand(self.kv.geom, prompt, output)
+    def _lifetime_demand(self, prompt: int, output: int,
+                         points: tuple[int, ...] = ()) -> Demand:
+        return lifetime_demand(self.kv.geom, prompt, output, points)
 
     # --- one step ---------------------------------------------------------------------
 
@@ -317,21 +325,51 @@ class Scheduler:
                                 [r.output_limit for r in running])
         budget.reserve(sum_demands((self._future(r, *this_step.get(r.rid, (0, zero)))
                                     for r in self.running.values()), kv.geom.num_bands))
-        # Waiting requests, in policy order, while the ledger fits.
+        # Waiting requests, in policy order, while the ledger fits. A prefix-cache hit
+        # locks its pages first (they stop being evictable supply), so the ledger is
+        # re-checked on the new snapshot before the rest of the request is priced.
         for admitted, r in enumerate(self._waiting_order()):
             if tokens_left <= 0 or len(self.running) + admitted >= cfg.max_running:
                 break
+            attached = self._attach(r)
+            if attached and not budget.rebase(self.chain.snapshot()):
+                self._detach(r, budget)
+                break
             upper = self._chunk_cap(r, tokens_left)
             c = budget.largest(functools.partial(self._admission_demand, r), upper, page)
+            if not c and attached:
+                self._detach(r, budget)
+                if self.running or not budget.reserved.is_empty:
+                    break
+                # Alone, the hit itself may be what does not fit (its locked checkpoint is
+                # one state slot more than the request's lifetime): serve it uncached.
+                upper = self._chunk_cap(r, tokens_left)
+                c = budget.largest(functools.partial(self._admission_demand, r), upper, page)
             if not c:
                 step.memory_blocked = upper > 0  # upper 0: the token budget stopped it
                 break
             budget.reserve(self._admission_demand(r, c))
-            step.prefills.append(PrefillChunk(r.rid, 0, c))
+            step.prefills.append(PrefillChunk(r.rid, r.computed, c))
             tokens_left -= c
         self.counters.admission_decisions += budget.decisions
-        self._pin_if_moves(step, snap)
+        self._pin_if_moves(step, budget.snapshot)
         return step
+
+    def _attach(self, r: Request) -> bool:
+        """Match and lock ``r``'s prompt in the prefix cache (if any, and ``r`` carries
+        page keys); its hit tokens count as computed. Returns whether it was attached."""
+        if self.kv.cache is None or r.page_keys is None:
+            return False
+        r.computed = self.kv.attach(r.rid, r.page_keys, r.prompt_tokens,
+                                    r.rid not in self._no_points)
+        return True
+
+    def _detach(self, r: Request, budget: ChainPrefillBudget) -> None:
+        """Undo :meth:`_attach` of a request not admitted, and rebase the ledger (the
+        unlocked pages are evictable supply again: what was reserved fits as before)."""
+        self.kv.detach(r.rid)
+        r.computed = 0
+        budget.rebase(self.chain.snapshot())
 
     def _pin_if_moves(self, step: ScheduledStep, snap: ChainSnapshot) -> None:
         """Pin the move gate open until allocation when this step's own take needs moves
@@ -383,6 +421,11 @@ class Scheduler:
                     waiting.popleft()
                 else:
                     waiting.remove(r)
+                if self.kv.cache is not None and r.retractions == 0:
+                    r.hit_tokens = self.kv.hit_tokens(r.rid)
+                    self.counters.prompt_tokens += r.prompt_tokens
+                    self.counters.hit_tokens += r.hit_tokens
+                self.kv.touch(r.rid)
                 r.status = RequestStatus.RUNNING
                 self.running[r.rid] = r
                 self.counters.admitted += 1
@@ -538,11 +581,13 @@ class Scheduler:
 
     def _admission_demand(self, r: Request, chunk: int) -> Demand:
         """A waiting request's first chunk plus its future (rest of the prefill, expected
-        output, window peak, state slots)."""
-        rest = r.prefill_target - chunk
+        output, window peak, state slots); after a prefix-cache hit, from the hit on."""
+        rest = r.prefill_target - r.computed - chunk
         headroom = rest + self._output_reserve(r)
-        return request_demand(self.kv.geom, NOTHING_HELD, 0, chunk, headroom,
-                              min(self.kv.geom.page_size, max(rest, 1)))
+        hc = min(self.kv.geom.page_size, max(rest, 1))
+        if r.rid in self.kv:
+            return self.kv.demand(r.rid, chunk, headroom, hc)
+        return request_demand(self.kv.geom, NOTHING_HELD, 0, chunk, headroom, hc)
 
     def _output_reserve(self, r: Request) -> int:
         """KV tokens of future output the policy reserves for ``r`` (up to its limit)."""
@@ -557,7 +602,7 @@ class Scheduler:
         return sorted(self.waiting, key=lambda r: (r.remaining_prefill, r.arrival_s, r.rid))
 
     def _retract(self, r: Request, now: float) -> None:
-        self.kv.free(r.rid)
+        self.kv.free(r.rid, insert=False)
         del self.running[r.rid]
         r.status = RequestStatus.WAITING
         r.retractions += 1

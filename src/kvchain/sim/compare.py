@@ -166,7 +166,8 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
     with that manager's allocator, measuring bytes needed and held after each allocation).
 
     Args:
-        config: model, GPU, trace, buffer, page size and scheduler limits (as ``simulate``).
+        config: model, GPU, trace, buffer, page size and scheduler limits (as ``simulate``;
+            its ``prefix_cache`` is ignored: no manager caches prefixes here).
         kind: the memory manager.
         max_points: most points kept in ``series`` (every k-th step).
         audit_every_step: audit the allocator and KV manager after every step (tests).
@@ -178,6 +179,9 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
         SimulationStuckError: requests wait with nothing to run (a bug).
         AdmissionDivergenceError: the allocator refused an admitted batch (a bug).
     """
+    # The baselines have no prefix cache yet: every manager runs without one, so the
+    # comparison stays like for like (kvchain's cache is measured by ``simulate``).
+    config = replace(config, prefix_cache=False)
     buffer = config.layout().buffer_bytes
     setup = build_manager(kind, config.model.classes, buffer, config.page_size)
     # A manager with larger pages (equal-page) chunks prefills in whole pages of its own.

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from kvchain.alloc.allocator import Allocator
 from kvchain.alloc.chain import Chain, ChainStats
+from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
 from kvchain.errors import KVChainError
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.kv_manager import KVManager
@@ -35,6 +36,12 @@ from kvchain.sim.cost import (
     StepWorkBuilder,
 )
 from kvchain.sim.metrics import MetricsRecorder, SimSummary, StepSample, band_samples, summarize
+from kvchain.sim.prefix import (
+    PrefixCacheStats,
+    has_content_keys,
+    request_page_keys,
+    trace_block_tokens,
+)
 from kvchain.sim.traces import Trace
 from kvchain.spec.layers import LifetimeClass
 from kvchain.spec.model import ModelSpec
@@ -67,6 +74,9 @@ class SimConfig:
             tokens (counted as ``requests_truncated``) instead of being rejected; one
             whose output alone reaches the context is still rejected (reason
             ``context:``, counted as ``requests_rejected_context``).
+        prefix_cache: serve prompts' cached prefixes (:mod:`kvchain.cache`); ``None``: on
+            when the trace carries content keys (``prefix_block_ids``).
+        cache_points: where cached prompts keep window tails and state checkpoints.
     """
 
     model: ModelSpec
@@ -80,6 +90,8 @@ class SimConfig:
     clock: ClockKind = ClockKind.ROOFLINE
     step_ms: float = DEFAULT_STEP_MS
     truncate_to_context: bool = False
+    prefix_cache: bool | None = None
+    cache_points: ResumePolicy = ResumePolicy.BLOCKS
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -108,6 +120,7 @@ class SimResult:
         unallocatable: the scheduler's admitted-but-unallocatable events (request,
             demand, snapshot, shortfall); their count is
             ``summary.admitted_but_unallocatable``.
+        prefix_cache: the prefix cache's figures, or ``None`` when it was off.
     """
 
     summary: SimSummary
@@ -116,6 +129,7 @@ class SimResult:
     chain_stats: ChainStats
     admission_decisions: int
     unallocatable: tuple[UnallocatableEvent, ...] = ()
+    prefix_cache: PrefixCacheStats | None = None
 
 
 def simulate(config: SimConfig, *, allocator: Allocator | None = None,
@@ -152,7 +166,21 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     """
     chain: Allocator = allocator if allocator is not None else Chain(config.layout())
     layout = chain.layout
-    kv = KVManager(chain)
+    use_cache = config.prefix_cache
+    if use_cache is None:
+        use_cache = has_content_keys(config.trace) and len(
+            [b for b in layout.bands if b.lifetime in (LifetimeClass.WINDOW,
+                                                       LifetimeClass.LOCAL)]) <= 1
+    cache: PrefixCache | None = None
+    stats: PrefixCacheStats | None = None
+    block = trace_block_tokens(config.trace)
+    if use_cache and isinstance(chain, Chain):
+        page = layout.page_size
+        interval = -(-block // page) * page  # resume points on content-block boundaries
+        cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=interval,
+                            policy=config.cache_points)
+        stats = PrefixCacheStats(interval_tokens=interval)
+    kv = KVManager(chain, cache)
     context = config.scheduler.max_context_tokens or config.model.max_context_tokens
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step,
                            max_context_tokens=context)
@@ -163,10 +191,11 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         builder = clock.builder()
     else:  # instant compute: no cost model, so a model without weights runs too
         clock = StepClock(config.step_ms / 1000)
-        window = config.model.cache_class(LifetimeClass.WINDOW)
-        local = config.model.cache_class(LifetimeClass.LOCAL)
-        builder = StepWorkBuilder(window.window if window else None,
-                                  local.window if local else None)
+        # The largest window (chunk) of each kind: StepWork only counts attention spans.
+        windows = [c.window for c in config.model.cache_classes(LifetimeClass.WINDOW)]
+        locals_ = [c.window for c in config.model.cache_classes(LifetimeClass.LOCAL)]
+        builder = StepWorkBuilder(max((w for w in windows if w), default=None),
+                                  max((c for c in locals_ if c), default=None))
     recorder = MetricsRecorder(max_step_samples=config.max_step_samples)
     reserved = layout.reserved_bytes
     requests = sorted(config.trace.requests, key=lambda r: (r.arrival_s, r.request_id))
@@ -188,8 +217,10 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                 truncated += 1
             recorder.on_arrival(tr.request_id, tr.arrival_s, prompt_tokens=prompt,
                                 output_tokens=tr.output_tokens)
+            keys = (request_page_keys(tr, block, layout.page_size)
+                    if cache is not None and prompt == tr.prompt_tokens else None)
             sched.add(Request(tr.request_id, prompt, tr.output_tokens, tr.arrival_s,
-                              max_tokens=tr.max_tokens), tr.arrival_s)
+                              max_tokens=tr.max_tokens, page_keys=keys), tr.arrival_s)
             i += 1
         batch = sched.step(now)
         if batch.is_empty:
@@ -228,11 +259,16 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             buffer_bytes=layout.buffer_bytes, used_bytes=snap.live_bytes - reserved))
         if progress is not None and done != before:
             progress(done, total)
+        if stats is not None and sched.counters.prompt_tokens != (
+                stats.timeline[-1][1] if stats.timeline else 0):
+            stats.timeline.append((now, sched.counters.prompt_tokens,
+                                   sched.counters.hit_tokens))
 
+    cached = sum(len(ids) for ids in cache.held_pages()) if cache is not None else 0
     leaked = sum(chain.bound_pages(b) for b in range(len(layout.bands))) - sum(
-        b.reserved_pages for b in layout.bands)
+        b.reserved_pages for b in layout.bands) - cached
     busy = recorder.step_totals.duration_s  # GPU time: sum of step times, copies included
-    summary = summarize(recorder, extra={
+    extra: dict[str, int | float] = {
         "admitted_but_unallocatable": sched.counters.divergences,
         "leaked_pages": leaked,
         "admission_decisions": sched.counters.admission_decisions,
@@ -244,9 +280,22 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         "copy_time_pct": round(100 * copy_s / busy, 4) if busy > 0 else 0.0,
         "requests_rejected_context": sched.counters.rejected_context,
         "requests_truncated": truncated,
-    })
+    }
+    if stats is not None and cache is not None:
+        stats.prompt_tokens = sched.counters.prompt_tokens
+        stats.hit_tokens = sched.counters.hit_tokens
+        stats.evicted_pages = {b.label: n for b, n in zip(layout.bands, cache.evicted_pages,
+                                                          strict=True)}
+        stats.cow_state_copies = kv.cow_state_copies
+        stats.cow_bytes = kv.cow_bytes
+        stats.checkpoints_saved = kv.checkpoints_saved
+        extra.update({"prefix_hit_rate_pct": round(100 * stats.hit_rate, 2),
+                      "prefix_hit_tokens": stats.hit_tokens,
+                      "prefix_evicted_pages": sum(cache.evicted_pages),
+                      "cow_state_copies": kv.cow_state_copies})
+    summary = summarize(recorder, extra=extra)
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
-                     tuple(sched.unallocatable))
+                     tuple(sched.unallocatable), stats)
 
 
 def _record_events(sched: Scheduler, recorder: MetricsRecorder) -> int:

@@ -799,8 +799,11 @@ def write_outputs(
     summary: SimSummary,
     *,
     config: Mapping[str, Any] = MappingProxyType({}),
+    sections: Mapping[str, Any] = MappingProxyType({}),
 ) -> SimOutputs:
     """Write ``metrics.json`` (config + summary) and ``requests.csv`` into ``out_dir``.
+
+    ``sections`` adds top-level sections after the summary (e.g. ``prefix_cache``).
 
     ``out_dir`` is created if missing; existing files of those names are replaced. Floats
     are written with Python's shortest round-trip repr. Config values may be JSON types,
@@ -811,7 +814,7 @@ def write_outputs(
     """
     try:
         metrics_text = json.dumps(
-            {"config": dict(config), "summary": summary.to_json()},
+            {"config": dict(config), "summary": summary.to_json(), **dict(sections)},
             indent=2,
             allow_nan=False,
             default=_json_default,

@@ -1,0 +1,642 @@
+"""The prefix cache: a radix tree over the chain's pages of every lifetime class.
+
+A node holds a run of consecutive pages of one prompt path (page ``j`` covers tokens
+``[jP, (j + 1)P)``), keyed by their content keys (:mod:`kvchain.cache.keys`); children are
+keyed by their first page's key. Per lifetime class a node holds (see
+``docs/prefix-cache.md``):
+
+* **full** pages: one virtual id per page, owned by the cache and shared by reference with
+  every running request whose hit covers them;
+* **window** (or chunked-local) pages: only the pages of the last ``W`` tokens before a
+  *resume point* (its *tail*); every other window page is absent (-1, a tombstone) and was
+  released when the request that computed it finished;
+* **state checkpoints**: one state slot per resume point, holding the recurrent state
+  after that many tokens.
+
+Resume points of a prompt of ``n`` whole pages (:func:`resume_points`): every
+``interval`` tokens (a content-block boundary: 512 tokens in the Mooncake traces, where
+later turns resume) and the prompt's last whole-page boundary ``nP``. A hit ends at the
+longest prefix every class can resume from: full pages present (always, on the path);
+the window tail present; a checkpoint there (state). On a chain with no window or state
+band, every page boundary is a resume point.
+
+Locks: a running request whose hit ends at node ``X`` locks the path root..X (a count on
+every node). Locked nodes are never evicted.
+
+Eviction (:class:`~kvchain.alloc.evictor.Evictor`). Two kinds of unit, walked in LRU
+order of a logical clock (ties: leaf before tails, then node id):
+
+* ``LEAF(X)``: an unlocked node with no children frees everything it still holds (full
+  pages, window tail pages, checkpoints); its parent may become a leaf and joins the walk
+  (the cascade) with its own time;
+* ``TAILS(X)``: an unlocked node frees its window pages and checkpoints only (the
+  class-only eviction: window tombstoning + checkpoint drop) while its full pages stay.
+  Its time is the last time a hit *ended* in it (or it was inserted), which is older than
+  its LRU time when later hits only pass through it.
+
+The published :class:`~kvchain.alloc.snapshot.EvictionOrder` is this simulated walk, so
+``evict(k)`` frees exactly its first ``k`` units and the walk over what is left is the
+suffix (the walk is a monotone priority queue: a parent joins with a time no older than
+its child's).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from kvchain.alloc.snapshot import EvictionOrder
+from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
+from kvchain.layout import ChainLayout
+from kvchain.spec.layers import LifetimeClass
+
+LEAF = 0
+TAILS = 1
+
+
+class ResumePolicy(StrEnum):
+    """Where a cached prompt keeps window tails and state checkpoints.
+
+    ``BLOCKS``: every ``interval`` tokens and the prompt's last whole page (reaches the
+    infinite-cache hit rate on the Mooncake trace when memory is unbounded; a running
+    request keeps a window tail per block until it finishes). ``ENDS``: only the last
+    interval boundary and the last whole page (where a conversation's next turn resumes;
+    two tails per request, so little memory is held back when memory binds).
+    """
+
+    BLOCKS = "blocks"
+    ENDS = "ends"
+
+
+@dataclass(frozen=True, slots=True)
+class CacheGeometry:
+    """Band roles and token geometry the cache needs (read off a layout by lifetime class,
+    never by band position).
+
+    Attributes:
+        num_bands: bands of the chain.
+        page_size: ``P`` tokens per page.
+        full: index of the full-attention band, or ``None``.
+        window: index of the sliding-window or chunked-local band, or ``None``.
+        window_tokens: ``W`` (window) or ``C`` (local chunk) tokens.
+        local: True for chunked-local attention.
+        state: index of the recurrent-state band, or ``None``.
+    """
+
+    num_bands: int
+    page_size: int
+    full: int | None
+    window: int | None
+    window_tokens: int
+    local: bool
+    state: int | None
+
+    @staticmethod
+    def of(layout: ChainLayout) -> CacheGeometry:
+        """Read the geometry off a layout."""
+        win = layout.index_of(LifetimeClass.WINDOW)
+        local = win is None and layout.index_of(LifetimeClass.LOCAL) is not None
+        if local:
+            win = layout.index_of(LifetimeClass.LOCAL)
+        tokens = (layout.bands[win].cache_class.window or 0) if win is not None else 0
+        return CacheGeometry(len(layout.bands), layout.page_size,
+                             layout.index_of(LifetimeClass.FULL), win, tokens, local,
+                             layout.index_of(LifetimeClass.STATE))
+
+    def window_start(self, position: int) -> int:
+        """First token the window must hold to compute the token at ``position``: sliding
+        ``max(0, position - W + 1)``, local ``floor(position / C) * C``."""
+        if self.local:
+            return (position // self.window_tokens) * self.window_tokens
+        return max(0, position - self.window_tokens + 1)
+
+
+class Node:
+    """One radix node: a run of pages ``[start, start + len(keys))`` of a path.
+
+    Attributes:
+        nid: unique id (tie-break of the LRU walk).
+        parent: the parent node (``None`` for the root).
+        children: child nodes by the key of their first page.
+        start: page index of the first page (tokens ``start * P``).
+        keys: the pages' content keys.
+        full: full-band virtual ids, one per page (empty without a full band).
+        win: window-band virtual ids, one per page, -1 where absent (empty without one).
+        win_live: window pages present.
+        ckpts: state checkpoints: end page index -> state-band virtual id.
+        lock: running requests whose hit path includes this node.
+        time: logical time of the last hit through or insert into this node.
+        tail_time: logical time of the last hit that ended here (or insert).
+    """
+
+    __slots__ = (
+        "children",
+        "ckpts",
+        "full",
+        "keys",
+        "lock",
+        "nid",
+        "parent",
+        "start",
+        "tail_time",
+        "time",
+        "win",
+        "win_live",
+    )
+
+    def __init__(self, nid: int, parent: Node | None, start: int, keys: list[int],
+                 full: list[int], win: list[int], ckpts: dict[int, int], time: int) -> None:
+        self.nid = nid
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.start = start
+        self.keys = keys
+        self.full = full
+        self.win = win
+        self.win_live = sum(1 for v in win if v >= 0)
+        self.ckpts = ckpts
+        self.lock = 0
+        self.time = time
+        self.tail_time = time
+
+    @property
+    def end(self) -> int:
+        """One past the last page index."""
+        return self.start + len(self.keys)
+
+    def has_tails(self) -> bool:
+        """Whether a ``TAILS`` unit would free anything."""
+        return self.win_live > 0 or bool(self.ckpts)
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A match: the longest prefix every class can resume from.
+
+    Attributes:
+        pages: hit length in pages (tokens ``pages * P``); 0 for a miss.
+        node: the node whose end is the hit's end after :meth:`PrefixCache.lock` (before
+            locking, the node that contains the hit's last page).
+        full: full-band ids of pages ``[0, pages)``.
+        window: window-band ids of the tail pages ``[window_first, pages)``.
+        window_first: first window page index the request needs to resume.
+        checkpoint: the state slot to copy into the request's own slot (-1: none).
+    """
+
+    pages: int
+    node: Node | None
+    full: tuple[int, ...] = ()
+    window: tuple[int, ...] = ()
+    window_first: int = 0
+    checkpoint: int = -1
+
+
+MISS = Hit(0, None)
+
+
+def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
+                  policy: ResumePolicy = ResumePolicy.BLOCKS) -> tuple[int, ...]:
+    """Page counts where a cached prompt of ``whole_pages`` pages keeps window tails and
+    state checkpoints, sorted: every ``interval_pages`` pages (``BLOCKS``; ``ENDS``: only
+    the last of them) and ``whole_pages`` itself.
+
+    Empty on a chain without a window/local or state band (every page boundary resumes).
+    """
+    if geom.window is None and geom.state is None:
+        return ()
+    pts = list(range(interval_pages, whole_pages + 1, interval_pages))
+    if policy is ResumePolicy.ENDS:
+        pts = pts[-1:]
+    if whole_pages and (not pts or pts[-1] != whole_pages):
+        pts.append(whole_pages)
+    return tuple(pts)
+
+
+def tail_pages(geom: CacheGeometry, point: int) -> range:
+    """Window page indices a request needs to resume after ``point`` pages:
+    ``[window_start(point * P) // P, point)`` (empty without a window band)."""
+    if geom.window is None:
+        return range(0)
+    return range(geom.window_start(point * geom.page_size) // geom.page_size, point)
+
+
+class PrefixCache:
+    """The radix tree and its eviction order (implements the chain's ``Evictor``).
+
+    Args:
+        geom: the chain's request geometry (band roles, page size, window).
+        interval_tokens: tokens between resume points (a multiple of the page size;
+            default 512, the Mooncake content block).
+        policy: which resume points a prompt keeps (:class:`ResumePolicy`).
+
+    Raises:
+        InvalidRequestError: an interval that is not a positive multiple of the page size.
+    """
+
+    def __init__(self, geom: CacheGeometry, interval_tokens: int = 512,
+                 policy: ResumePolicy = ResumePolicy.BLOCKS) -> None:
+        p = geom.page_size
+        if type(interval_tokens) is not int or interval_tokens < p or interval_tokens % p:
+            raise InvalidRequestError(f"interval_tokens must be a positive multiple of the page "
+                                      f"size {p}, got {interval_tokens!r}")
+        self.geom = geom
+        self.interval_pages = interval_tokens // p
+        self.policy = ResumePolicy(policy)
+        self._next_id = 1
+        self.root = Node(0, None, 0, [], [], [], {}, 0)
+        self._clock = 0
+        self._version = 0
+        self._order_cache: tuple[int, EvictionOrder, list[tuple[int, Node]]] | None = None
+        self.evicted_pages = [0] * geom.num_bands
+        self.evictions = 0
+
+    # --- Evictor -------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """Bumped by every change of the tree, its locks or its LRU times."""
+        return self._version
+
+    def eviction_order(self) -> EvictionOrder:
+        """The simulated LRU walk as cumulative pages per band (cached by version)."""
+        return self._walk()[0]
+
+    def evict(self, units: int) -> tuple[np.ndarray, ...]:
+        """Evict the first ``units`` units of the walk; return the freed ids per band.
+
+        Raises:
+            PlanMismatchError: ``units`` outside ``[1, eviction_order().units]``.
+        """
+        order, walk = self._walk()
+        if not 0 < units <= order.units:
+            raise PlanMismatchError(f"evict({units}) with {order.units} eviction units")
+        g = self.geom
+        freed: list[list[int]] = [[] for _ in range(g.num_bands)]
+        for kind, node in walk[:units]:
+            self._free_tails(node, freed)
+            if kind == LEAF:
+                if g.full is not None:
+                    freed[g.full].extend(node.full)
+                parent = node.parent
+                assert parent is not None
+                del parent.children[node.keys[0]]
+                node.parent = None
+        for b, ids in enumerate(freed):
+            self.evicted_pages[b] += len(ids)
+        self.evictions += units
+        self._bump()
+        return tuple(np.asarray(ids, dtype=np.int64) for ids in freed)
+
+    def _free_tails(self, node: Node, freed: list[list[int]]) -> None:
+        g = self.geom
+        if node.win_live and g.window is not None:
+            out = freed[g.window]
+            for i, v in enumerate(node.win):
+                if v >= 0:
+                    out.append(v)
+                    node.win[i] = -1
+            node.win_live = 0
+        if node.ckpts and g.state is not None:
+            freed[g.state].extend(node.ckpts.values())
+            node.ckpts = {}
+
+    def _unit_pages(self, node: Node, kind: int, tails_gone: bool) -> list[int]:
+        g = self.geom
+        row = [0] * g.num_bands
+        if not tails_gone:
+            if g.window is not None:
+                row[g.window] = node.win_live
+            if g.state is not None:
+                row[g.state] = len(node.ckpts)
+        if kind == LEAF and g.full is not None:
+            row[g.full] = len(node.full)
+        return row
+
+    def _walk(self) -> tuple[EvictionOrder, list[tuple[int, Node]]]:
+        cached = self._order_cache
+        if cached is not None and cached[0] == self._version:
+            return cached[1], cached[2]
+        heap: list[tuple[int, int, int, Node]] = []
+        left: dict[int, int] = {}
+        for node in self.nodes():
+            if node.lock:
+                continue
+            if node.children:
+                left[node.nid] = len(node.children)
+            else:
+                heap.append((node.time, LEAF, node.nid, node))
+            if node.has_tails():
+                heap.append((node.tail_time, TAILS, node.nid, node))
+        heapq.heapify(heap)
+        dropped: set[int] = set()
+        gone: set[int] = set()
+        walk: list[tuple[int, Node]] = []
+        rows: list[list[int]] = []
+        while heap:
+            _, kind, nid, node = heapq.heappop(heap)
+            if kind == TAILS:
+                if nid in gone or nid in dropped:
+                    continue
+                dropped.add(nid)
+                walk.append((TAILS, node))
+                rows.append(self._unit_pages(node, TAILS, False))
+                continue
+            walk.append((LEAF, node))
+            rows.append(self._unit_pages(node, LEAF, nid in dropped))
+            gone.add(nid)
+            parent = node.parent
+            if parent is not None and parent.nid in left:
+                n = left[parent.nid] - 1
+                left[parent.nid] = n
+                if n == 0:
+                    heapq.heappush(heap, (parent.time, LEAF, parent.nid, parent))
+        if rows:
+            cum = np.cumsum(np.asarray(rows, dtype=np.int64), axis=0)
+            order = EvictionOrder(((0,) * self.geom.num_bands, *tuple(map(tuple, cum.tolist()))))
+        else:
+            order = EvictionOrder()
+        self._order_cache = (self._version, order, walk)
+        return order, walk
+
+    # --- tree walks ----------------------------------------------------------------------
+
+    def nodes(self) -> Iterator[Node]:
+        """Every node but the root (depth first)."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def _bump(self) -> None:
+        self._version += 1
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _split(self, node: Node, at: int) -> Node:
+        """Split ``node`` at page index ``at`` (``start < at < end``); return the new upper
+        node (``node`` keeps the lower part, so handles to it stay valid)."""
+        k = at - node.start
+        parent = node.parent
+        assert parent is not None and 0 < k < len(node.keys)
+        upper = Node(self._new_id(), parent, node.start, node.keys[:k], node.full[:k],
+                     node.win[:k], {p: v for p, v in node.ckpts.items() if p <= at}, node.time)
+        upper.tail_time, upper.lock = node.tail_time, node.lock
+        parent.children[node.keys[0]] = upper
+        node.keys, node.full, node.win = node.keys[k:], node.full[k:], node.win[k:]
+        node.win_live -= upper.win_live
+        node.ckpts = {p: v for p, v in node.ckpts.items() if p > at}
+        node.start = at
+        node.parent = upper
+        upper.children[node.keys[0]] = node
+        self._bump()
+        return upper
+
+    def _new_id(self) -> int:
+        nid = self._next_id
+        self._next_id += 1
+        return nid
+
+    def _path(self, keys: Sequence[int]) -> tuple[list[tuple[Node, int]], int]:
+        """Matched ``(node, pages matched in it)`` pairs from the root, and pages matched."""
+        node, pos, n = self.root, 0, len(keys)
+        path: list[tuple[Node, int]] = []
+        while pos < n:
+            child = node.children.get(keys[pos])
+            if child is None:
+                break
+            run = child.keys
+            j = 1
+            m = min(len(run), n - pos)
+            while j < m and run[j] == keys[pos + j]:
+                j += 1
+            path.append((child, j))
+            pos += j
+            if j < len(run):
+                break
+            node = child
+        return path, pos
+
+    # --- match, lock, unlock -------------------------------------------------------------
+
+    def match(self, keys: Sequence[int], prompt_tokens: int) -> Hit:
+        """The longest resumable prefix of a prompt (pure: nothing is locked or touched).
+
+        Args:
+            keys: the prompt's page keys (``floor(L / P)`` of them).
+            prompt_tokens: ``L``; at least one token is always computed, so a hit covers
+                at most ``(L - 1) // P`` pages.
+        """
+        g = self.geom
+        path, m = self._path(keys)
+        cap = min(m, (prompt_tokens - 1) // g.page_size)
+        if cap <= 0:
+            return MISS
+        full: list[int] = []
+        win: list[int] = []
+        ckpt_at: dict[int, int] = {}
+        for node, j in path:
+            full.extend(node.full[:j])
+            win.extend(node.win[:j])
+            if g.state is not None:
+                for p, v in node.ckpts.items():
+                    if p <= node.start + j:
+                        ckpt_at[p] = v
+        if g.state is not None:
+            candidates: Iterator[int] | list[int] = sorted(
+                (p for p in ckpt_at if p <= cap), reverse=True)
+        else:
+            candidates = iter(range(cap, 0, -1))
+        # last_absent[i]: the largest index <= i whose window page is absent, or -1.
+        last_absent: list[int] = []
+        if g.window is not None:
+            la = -1
+            for i, v in enumerate(win):
+                if v < 0:
+                    la = i
+                last_absent.append(la)
+        for t in candidates:
+            first = tail_pages(g, t).start
+            if g.window is not None and t > first and last_absent[t - 1] >= first:
+                continue
+            node = self._node_at(path, t)
+            return Hit(t, node, tuple(full[:t]),
+                       tuple(win[first:t]) if g.window is not None else (), first,
+                       ckpt_at.get(t, -1))
+        return MISS
+
+    @staticmethod
+    def _node_at(path: list[tuple[Node, int]], t: int) -> Node:
+        for node, j in path:
+            if node.start < t <= node.start + j:
+                return node
+        raise PlanMismatchError(f"no node holds page {t - 1}")  # pragma: no cover
+
+    def lock(self, hit: Hit) -> Node | None:
+        """Lock the hit's path (splitting the last node at the hit's end if needed) and
+        return the handle to pass to :meth:`unlock`; ``None`` for a miss."""
+        if hit.node is None:
+            return None
+        node = hit.node
+        if node.end != hit.pages:
+            node = self._split(node, hit.pages)
+        n: Node | None = node
+        while n is not None and n.nid:
+            n.lock += 1
+            n = n.parent
+        self._bump()
+        return node
+
+    def unlock(self, handle: Node | None) -> None:
+        """Undo one :meth:`lock` (no-op for ``None``)."""
+        if handle is None:
+            return
+        n: Node | None = handle
+        while n is not None and n.nid:
+            if n.lock <= 0:
+                raise AuditError(f"unlock of node {n.nid} that is not locked")
+            n.lock -= 1
+            n = n.parent
+        self._bump()
+
+    def touch(self, handle: Node | None, window_first: int) -> None:
+        """LRU touch of a used hit: every node of the path (``time``), and the nodes whose
+        tails it resumed from (``tail_time``: the hit's last node and those holding window
+        pages at or after ``window_first``)."""
+        if handle is None:
+            return
+        now = self._tick()
+        handle.tail_time = now
+        n: Node | None = handle
+        while n is not None and n.nid:
+            n.time = now
+            if n.end > window_first:
+                n.tail_time = now
+            n = n.parent
+        self._bump()
+
+    # --- insert ------------------------------------------------------------------------
+
+    def insert(self, keys: Sequence[int], shared: int, full: Sequence[int],
+               window: dict[int, int], ckpts: dict[int, int]) -> list[list[int]]:
+        """Insert a finished prompt's pages; return, per band, the request's duplicates the
+        caller must release (the cache keeps one copy of each page).
+
+        Args:
+            keys: the prompt's page keys, pages ``[0, n)``.
+            shared: pages ``[0, shared)`` are already the cache's (the request's hit).
+            full: full-band ids of pages ``[0, n)`` (entries below ``shared`` are the
+                cache's own; ignored without a full band).
+            window: window pages the request offers, page index -> id (indices >= shared).
+            ckpts: state checkpoints the request offers, page count -> slot id.
+        """
+        g = self.geom
+        n = len(keys)
+        dups: list[list[int]] = [[] for _ in range(g.num_bands)]
+        now = self._tick()
+        window = dict(window)
+        ckpts = dict(ckpts)
+        node, pos = self.root, 0
+        while pos < n:
+            child = node.children.get(keys[pos])
+            if child is None:
+                break
+            run = child.keys
+            j, m = 1, min(len(run), n - pos)
+            while j < m and run[j] == keys[pos + j]:
+                j += 1
+            if j < len(run):
+                child = self._split(child, pos + j)
+            child.time = now
+            if g.full is not None:
+                dups[g.full].extend(full[max(pos, shared):pos + j])
+            if g.window is not None:
+                for i in range(pos, pos + j):
+                    v = window.pop(i, -1)
+                    if v < 0:
+                        continue
+                    if child.win[i - pos] < 0:
+                        child.win[i - pos] = v
+                        child.win_live += 1
+                        child.tail_time = now
+                    else:
+                        dups[g.window].append(v)
+            if g.state is not None:
+                for p in [p for p in ckpts if pos < p <= pos + j]:
+                    v = ckpts.pop(p)
+                    if p in child.ckpts:
+                        dups[g.state].append(v)
+                    else:
+                        child.ckpts[p] = v
+                        child.tail_time = now
+            node, pos = child, pos + j
+        if pos < n:
+            win = [window.pop(i, -1) for i in range(pos, n)] if g.window is not None else []
+            new = Node(self._new_id(), node, pos, list(keys[pos:n]),
+                       list(full[pos:n]) if g.full is not None else [], win,
+                       {p: ckpts.pop(p) for p in [p for p in ckpts if pos < p <= n]}, now)
+            node.children[keys[pos]] = new
+        if g.window is not None:
+            dups[g.window].extend(window.values())
+        if g.state is not None:
+            dups[g.state].extend(ckpts.values())
+        self._bump()
+        return dups
+
+    # --- integrity -----------------------------------------------------------------------
+
+    def held_pages(self) -> list[list[int]]:
+        """Every virtual id the cache holds, per band."""
+        g = self.geom
+        out: list[list[int]] = [[] for _ in range(g.num_bands)]
+        for node in self.nodes():
+            if g.full is not None:
+                out[g.full].extend(node.full)
+            if g.window is not None:
+                out[g.window].extend(v for v in node.win if v >= 0)
+            if g.state is not None:
+                out[g.state].extend(node.ckpts.values())
+        return out
+
+    def audit(self, handles: Sequence[Node]) -> None:
+        """Tree invariants, and lock counts equal to the paths of ``handles`` (the locked
+        hits of running requests).
+
+        Raises:
+            AuditError: naming the first thing found wrong.
+        """
+        g = self.geom
+        expected: dict[int, int] = {}
+        for h in handles:
+            n: Node | None = h
+            while n is not None and n.nid:
+                expected[n.nid] = expected.get(n.nid, 0) + 1
+                n = n.parent
+        for node in self.nodes():
+            parent = node.parent
+            if parent is None or parent.children.get(node.keys[0]) is not node:
+                raise AuditError(f"node {node.nid}: not its parent's child")
+            if node.start != parent.end and parent.nid:
+                raise AuditError(f"node {node.nid}: starts at {node.start}, parent ends at "
+                                 f"{parent.end}")
+            if not node.keys:
+                raise AuditError(f"node {node.nid}: empty")
+            if g.full is not None and len(node.full) != len(node.keys):
+                raise AuditError(f"node {node.nid}: {len(node.full)} full pages for "
+                                 f"{len(node.keys)} keys")
+            if g.window is not None and (len(node.win) != len(node.keys) or node.win_live
+                                         != sum(1 for v in node.win if v >= 0)):
+                raise AuditError(f"node {node.nid}: window pages miscounted")
+            if any(not node.start < p <= node.end for p in node.ckpts):
+                raise AuditError(f"node {node.nid}: a checkpoint outside its pages")
+            if node.lock != expected.get(node.nid, 0):
+                raise AuditError(f"node {node.nid}: lock {node.lock}, "
+                                 f"{expected.get(node.nid, 0)} running hits pass through it")
+            if node.time < max((c.time for c in node.children.values()), default=0):
+                raise AuditError(f"node {node.nid}: older than a child")

@@ -1,0 +1,80 @@
+"""Prefix-cache figures of a simulation: hit rate, evictions per band, copy-on-write state
+copies, and the hit rate over time (what ``metrics.json["prefix_cache"]`` and the plot
+show)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvchain.cache.keys import page_keys_from_blocks
+from kvchain.errors import TraceError
+from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """The prefix cache's figures over one run.
+
+    Attributes:
+        prompt_tokens: prompt tokens of the requests admitted (first admission each).
+        hit_tokens: of which served by the cache (no prefill compute).
+        evicted_pages: pages (state slots for a state band) evicted, per band label.
+        cow_state_copies: checkpoint copies into a request's own state slot on a hit.
+        cow_bytes: bytes those copies moved (slot bytes each).
+        checkpoints_saved: state checkpoint slots written by prefills for the cache.
+        interval_tokens: tokens between resume points.
+        timeline: ``(t_s, prompt_tokens, hit_tokens)`` cumulative, after each step that
+            admitted a request.
+    """
+
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    evicted_pages: dict[str, int] = field(default_factory=dict)
+    cow_state_copies: int = 0
+    cow_bytes: int = 0
+    checkpoints_saved: int = 0
+    interval_tokens: int = 0
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)
+
+    @property
+    def hit_rate(self) -> float:
+        """``hit_tokens / prompt_tokens`` (0.0 before any admission)."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``prefix_cache`` section of ``metrics.json`` (without the timeline)."""
+        return {"prompt_tokens": self.prompt_tokens, "hit_tokens": self.hit_tokens,
+                "hit_rate": round(self.hit_rate, 6), "evicted_pages": dict(self.evicted_pages),
+                "cow_state_copies": self.cow_state_copies, "cow_bytes": self.cow_bytes,
+                "checkpoints_saved": self.checkpoints_saved,
+                "interval_tokens": self.interval_tokens}
+
+
+def trace_block_tokens(trace: Trace) -> int:
+    """Tokens per content block of a trace's ``prefix_block_ids``: ``trace.block_tokens``
+    where the trace format gives it, else 512 (the Mooncake traces' block)."""
+    value = getattr(trace, "block_tokens", None)
+    return int(value) if value else MOONCAKE_BLOCK_TOKENS
+
+
+def has_content_keys(trace: Trace) -> bool:
+    """Whether any request of the trace carries content block ids."""
+    return any(r.prefix_block_ids for r in trace.requests)
+
+
+def request_page_keys(request: TraceRequest, block_tokens: int,
+                      page_tokens: int) -> tuple[int, ...] | None:
+    """Page keys of a trace request (``None`` without block ids).
+
+    Raises:
+        TraceError: block ids that do not cover the prompt (wrong count).
+    """
+    ids: Sequence[int] | None = request.prefix_block_ids
+    if not ids:
+        return None
+    try:
+        return page_keys_from_blocks(ids, block_tokens, request.prompt_tokens, page_tokens)
+    except ValueError as exc:
+        raise TraceError(f"request {request.request_id}: {exc}") from None

@@ -1,0 +1,144 @@
+"""The radix prefix cache on its own: hits per class, eviction units and the published
+order, derived by hand on tiny prompts (page P = 4 tokens, window W = 5 tokens, resume
+points every 2 pages)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvchain.cache.radix import CacheGeometry, PrefixCache, resume_points
+from kvchain.errors import InvalidRequestError, PlanMismatchError
+
+# Band 0 window (W = 5 tokens), band 1 full; P = 4. The tail of point q (pages) is
+# [window_start(4q) // 4, q) = [(4q - 4) // 4, q) = [q - 1, q): one page.
+WF = CacheGeometry(2, 4, 1, 0, 5, False, None)
+# Band 0 state, band 1 full.
+SF = CacheGeometry(2, 4, 1, None, 0, False, 0)
+FULL = CacheGeometry(1, 4, 0, None, 0, False, None)
+
+
+def cache(geom: CacheGeometry = WF) -> PrefixCache:
+    return PrefixCache(geom, interval_tokens=8)
+
+
+def test_resume_points_every_interval_and_the_prompt_end():
+    assert resume_points(WF, 5, 2) == (2, 4, 5)
+    assert resume_points(WF, 4, 2) == (2, 4)
+    assert resume_points(FULL, 5, 2) == ()  # full only: every page boundary resumes
+
+
+def test_window_hit_ends_where_the_tail_is_present():
+    c = cache()
+    # Prompt of 20 tokens = pages 0..4; tails of points 2, 4, 5 are pages 1, 3, 4.
+    dups = c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})
+    assert dups == [[], []]
+    hit = c.match([1, 2, 3, 4, 9], 20)  # 4 pages match; cap (20 - 1) // 4 = 4
+    assert (hit.pages, hit.full, hit.window, hit.window_first) == (4, (11, 12, 13, 14),
+                                                                   (103,), 3)
+    hit = c.match([1, 2, 3, 9], 16)  # page 2 has no window page (tombstone): back to 2
+    assert (hit.pages, hit.window, hit.window_first) == (2, (101,), 1)
+    # The same prompt again: at least one token is computed, so 4 pages, not 5.
+    assert c.match([1, 2, 3, 4, 5], 20).pages == 4
+    assert c.match([9], 8).pages == 0
+
+
+def test_full_only_hits_any_page_and_state_only_at_checkpoints():
+    f = cache(FULL)
+    f.insert([1, 2, 3], 0, [11, 12, 13], {}, {})
+    assert f.match([1, 2, 7, 8], 16).pages == 2
+    s = cache(SF)
+    s.insert([1, 2, 3], 0, [11, 12, 13], {}, {2: 50})  # one checkpoint after page 2
+    hit = s.match([1, 2, 3, 4], 16)
+    assert (hit.pages, hit.checkpoint) == (2, 50)
+    assert s.match([1, 9], 8).pages == 0  # no checkpoint after page 1
+
+
+def test_insert_keeps_one_copy_and_returns_the_duplicates():
+    c = cache()
+    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})
+    # A second prompt shares pages 0-1, then differs; it offers its own tails 1 and 3.
+    dups = c.insert([1, 2, 6, 7], 0, [21, 22, 23, 24], {1: 201, 3: 203}, {})
+    assert dups == [[201], [21, 22]]  # page 1's window and pages 0-1's full are duplicates
+    assert sorted(c.held_pages()[1]) == [11, 12, 13, 14, 15, 23, 24]
+
+
+def test_eviction_order_is_the_lru_walk_with_cascade_and_tail_units():
+    c = cache()
+    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})  # t=1
+    c.insert([1, 2, 6, 7], 0, [21, 22, 23, 24], {1: 201, 3: 203}, {})  # t=2
+    # Nodes: upper [0, 2) (time 2, tail time 1: no hit ended there since t=1), A's rest
+    # [2, 5) (time 1), B's rest [2, 4) (time 2). Walk: LEAF(A rest) frees window 103, 104
+    # and full 13-15 -> (2, 3); TAILS(upper) at t=1 frees window 101 -> (1, 0);
+    # LEAF(B rest) frees 203 and 23-24 -> (1, 2); upper is now a leaf: its full 11-12
+    # -> (0, 2).
+    order = c.eviction_order()
+    assert order.cumulative == ((0, 0), (2, 3), (3, 3), (4, 5), (4, 7))
+    freed = c.evict(2)
+    assert sorted(freed[0].tolist()) == [101, 103, 104] and sorted(freed[1].tolist()) == [
+        13, 14, 15]
+    assert c.eviction_order() == order.after(2)
+    assert c.evicted_pages == [3, 3]
+
+
+def test_locked_paths_are_not_evictable_and_unlock_restores_them():
+    c = cache()
+    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})
+    assert c.eviction_order().cumulative == ((0, 0), (3, 5))
+    handle = c.lock(c.match([1, 2, 9], 12))  # hit of 2 pages: the node splits at 2
+    # Only the unlocked rest [2, 5) is offered: window 103, 104, full 13-15.
+    assert c.eviction_order().cumulative == ((0, 0), (2, 3))
+    c.audit([handle] if handle is not None else [])
+    c.unlock(handle)
+    c.audit([])
+    assert c.eviction_order().freed(c.eviction_order().units) == (3, 5)
+    with pytest.raises(PlanMismatchError):
+        c.evict(3)
+
+
+def test_bad_interval_is_refused():
+    with pytest.raises(InvalidRequestError):
+        PrefixCache(WF, interval_tokens=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(1, 3), min_size=1,
+                                                          max_size=7), st.integers(1, 4)),
+                    max_size=25))
+def test_evict_leaves_exactly_the_suffix_order(ops):
+    """Random inserts, locks, unlocks and evictions: evict(k) frees exactly freed(k) per
+    band and leaves order.after(k); no id is held twice."""
+    for geom in (WF, SF):
+        c = PrefixCache(geom, interval_tokens=8)
+        next_id, handles = 1000, []
+        for kind, keys, k in ops:
+            chain_keys = [hash((tuple(keys[:i + 1]),)) for i in range(len(keys))]
+            if kind == 0:
+                n = len(keys)
+                full = list(range(next_id, next_id + n))
+                win = {i: next_id + 100 + i for i in range(n)} if geom.window is not None else {}
+                ck = {q: next_id + 200 + q for q in range(1, n + 1)} if geom.state is not None \
+                    else {}
+                next_id += 300
+                c.insert(chain_keys, 0, full, win, ck)
+            elif kind == 1:
+                h = c.lock(c.match(chain_keys, 4 * len(keys) + 1))
+                if h is not None:
+                    handles.append(h)
+            elif kind == 2 and handles:
+                c.unlock(handles.pop(0))
+            else:
+                order = c.eviction_order()
+                if order.units:
+                    k = min(k, order.units)
+                    freed = c.evict(k)
+                    assert tuple(len(f) for f in freed) == order.freed(k)
+                    assert c.eviction_order() == order.after(k)
+            held = c.held_pages()
+            for ids in held:
+                assert len(set(ids)) == len(ids)
+            c.audit(handles)
+        assert all(isinstance(f, np.ndarray) for f in c.evict(c.eviction_order().units)) \
+            if c.eviction_order().units else True

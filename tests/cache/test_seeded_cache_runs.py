@@ -1,0 +1,139 @@
+"""Seeded memory-bound runs with the prefix cache on every chain shape: audits after every
+step (every page held by a request, by the cache, or a null page; lock counts equal the
+running hits), 0 divergences, 0 leaks; and planted defects that make each figure non-zero."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvchain.alloc.chain import Chain
+from kvchain.cache.keys import page_keys_from_tokens
+from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
+from kvchain.kv_manager import KVManager
+from kvchain.layout import plan_layout
+from kvchain.sched.request import Request, StepOutcome
+from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+from kvchain.spec.declared import declared_class
+from kvchain.spec.layers import LifetimeClass as LC
+
+SHAPES = {
+    "full": [declared_class(LC.FULL, 1_000)],
+    "window|full": [declared_class(LC.WINDOW, 1_000, 128), declared_class(LC.FULL, 1_000)],
+    "local|full": [declared_class(LC.LOCAL, 1_000, 256), declared_class(LC.FULL, 1_000)],
+    "state|full": [declared_class(LC.STATE, 48_000), declared_class(LC.FULL, 1_000)],
+    "state|window|full": [declared_class(LC.STATE, 48_000), declared_class(LC.WINDOW, 1_000, 96),
+                          declared_class(LC.FULL, 1_000)],
+}
+PAGE = 16
+
+
+def prompts(rng: random.Random, n: int) -> list[list[int]]:
+    """Conversations: each request extends an earlier prompt of its conversation (a later
+    turn) or shares a system prompt, so prefixes repeat at many lengths."""
+    systems = [[rng.randrange(50_000) for _ in range(rng.choice((64, 100, 200)))]
+               for _ in range(3)]
+    convs: list[list[int]] = []
+    out = []
+    for _ in range(n):
+        if convs and rng.random() < 0.6:
+            c = rng.randrange(len(convs))
+            convs[c] = convs[c] + [rng.randrange(50_000) for _ in range(rng.randint(1, 200))]
+            p = convs[c]
+        else:
+            p = rng.choice(systems) + [rng.randrange(50_000) for _ in range(rng.randint(1, 300))]
+            convs.append(p)
+        out.append(p[:900])
+    return out
+
+
+def run(shape: str, seed: int, buffer: int = 2_400_000, cache_cls: type = PrefixCache,
+        n: int = 300, policy: ResumePolicy = ResumePolicy.BLOCKS) -> Scheduler:
+    layout = plan_layout(SHAPES[shape], buffer, PAGE)
+    chain = Chain(layout)
+    cache = cache_cls(CacheGeometry.of(layout), interval_tokens=64, policy=policy)
+    sched = Scheduler(KVManager(chain, cache),
+                      SchedulerConfig(max_prefill_tokens=512, chunk_size=256, max_running=64))
+    rng = random.Random(seed)
+    texts = prompts(rng, n)
+    now, rid = 0.0, 0
+    for _ in range(40_000):
+        for _ in range(rng.choice((0, 0, 1, 2))):
+            if rid < n:
+                t = texts[rid]
+                sched.add(Request(rid, len(t), rng.randint(1, 120), now,
+                                  page_keys=page_keys_from_tokens(t, PAGE)), now)
+                rid += 1
+        batch = sched.step(now)
+        now += 0.01
+        stopped = frozenset(d.rid for d in batch.decodes if rng.random() < 0.01)
+        sched.complete(batch, StepOutcome(0.01, stopped), now)
+        sched.audit()
+        sched.drain_events()
+        if rid >= n and sched.idle:
+            break
+    assert sched.idle
+    return sched
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_cached_runs_are_exact_and_leak_nothing(shape):
+    sched = run(shape, seed=5, n=200)
+    c = sched.counters
+    assert c.divergences == 0
+    assert c.finished + c.rejected == 200
+    assert c.hit_tokens > 0
+    assert sched.kv.cache is not None and sched.kv.cache.evictions > 0
+
+
+def test_ends_policy_on_the_three_band_shape():
+    sched = run("state|window|full", seed=9, n=150, policy=ResumePolicy.ENDS)
+    c = sched.counters
+    assert c.divergences == 0 and c.finished + c.rejected == 150 and c.hit_tokens > 0
+
+
+# --- planted defects: each "must be 0" figure made non-zero -----------------------------
+
+
+class ForgetfulCache(PrefixCache):
+    """Planted defect: on insert it forgets to hand back the request's duplicate pages
+    (neither the cache nor the request holds them any more: leaked)."""
+
+    def insert(self, keys, shared, full, window, ckpts):  # type: ignore[no-untyped-def]
+        dups = super().insert(keys, shared, full, window, ckpts)
+        return [ids[:-1] for ids in dups]
+
+
+class MisorderedCache(PrefixCache):
+    """Planted defect: publishes its LRU walk but evicts the most recent units instead."""
+
+    def _walk(self):  # type: ignore[no-untyped-def]
+        order, walk = super()._walk()
+        return order, walk[::-1]
+
+
+def test_a_cache_that_forgets_its_duplicates_is_caught_as_a_leak():
+    from kvchain.errors import AuditError
+
+    with pytest.raises(AuditError, match="leaked"):
+        run("window|full", seed=5, cache_cls=ForgetfulCache, n=120)
+
+
+def test_a_cache_evicting_out_of_order_is_caught_as_a_divergence():
+    from kvchain.errors import PlanMismatchError
+
+    with pytest.raises(PlanMismatchError):
+        run("state|window|full", seed=5, cache_cls=MisorderedCache, n=120)
+
+
+def test_admission_without_the_recheck_after_locking_diverges(monkeypatch):
+    """Planted defect: the ledger is not rebased after a hit locks its pages, so admission
+    still counts them as evictable supply: an admitted batch the allocator refuses."""
+    from kvchain.admission import ChainPrefillBudget
+    from kvchain.errors import AdmissionDivergenceError
+
+    assert run("full", seed=5, buffer=700_000, n=200).counters.divergences == 0
+    monkeypatch.setattr(ChainPrefillBudget, "rebase", lambda self, snapshot: True)
+    with pytest.raises(AdmissionDivergenceError):
+        run("full", seed=5, buffer=700_000, n=200)
