@@ -463,6 +463,9 @@ class Scheduler:
             k = new[-1]
             rid, demand = step.prefills[k].rid, step.prefill_demands[k]
             del step.prefills[k], step.prefill_demands[k]
+            if rid in self.kv:  # its prefix-cache hit was locked at admission: unlock it
+                self.kv.detach(rid)
+                self.requests[rid].computed = 0
         else:
             in_step = ([p.rid for p in step.prefills] + [d.rid for d in step.decodes])
             victim = max((self.requests[rid] for rid in in_step),
