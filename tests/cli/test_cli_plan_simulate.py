@@ -108,8 +108,8 @@ def test_plan_and_simulate_a_model_with_two_window_sizes(tmp_path):
     # The fixed pools get one pool per class: the chain holds more.
     assert (d["chain_capacity"]["concurrent_requests"]
             >= d["fixed_pools_capacity"]["concurrent_requests"])
-    s = run_json("simulate", "--spec", str(spec), "--requests", "60", "--rate-scale", "4",
-                 "--buffer-bytes", "400000000")
+    s = run_json("simulate", "--spec", str(spec), "--trace", "azure-conv", "--requests", "60",
+                 "--rate-scale", "4", "--buffer-bytes", "400000000")
     assert s["config"]["chain"] == "state|window1024|window128|full"
     summary = s["summary"]
     assert summary["requests_finished"] == 60
