@@ -132,6 +132,8 @@ EXTRA_LABELS = {
     "u_star_pct": "U* (% of buffer needed while requests wait)",
     "u_star_mem_pct": "memory-blocked U* (% needed when memory refused the head)",
     "alloc_efficiency_pct": "allocation efficiency (% needed / held)",
+    "requests_rejected_context": "requests rejected past the context",
+    "requests_truncated": "requests truncated to the context",
 }
 """Display labels of the loop's ``extra`` counters (others show their key)."""
 
@@ -142,6 +144,8 @@ EXTRA_SHORT = {
     "u_star_pct": "U* (%)",
     "u_star_mem_pct": "mem-blocked U* (%)",
     "alloc_efficiency_pct": "eff (%)",
+    "requests_rejected_context": "past context",
+    "requests_truncated": "truncated",
 }
 """Short labels of the ``extra`` counters in side-by-side tables (defined in
 :data:`METRIC_DEFINITIONS`)."""
