@@ -125,9 +125,5 @@ def test_replay_counts_divergences_of_a_mispredicting_planner(
         return real_solve(snapshot, demand)
 
     monkeypatch.setattr(pricing, "_solve", refuses_big)
-    # price() memoizes quotes per snapshot value: recording the stream filled the memo with
-    # the real planner's quotes, which would mask the patched one; start the replay empty
-    monkeypatch.setattr(pricing, "_PRICE_MEMO", {})
-    monkeypatch.setattr(pricing, "_LAST_PRICED", [None, None, None])
     (report,) = replay_stream(path)
     assert report.divergences > 0
