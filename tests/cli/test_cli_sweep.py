@@ -77,3 +77,24 @@ def test_sweep_bad_input_exits_2_and_writes_nothing(tmp_path):
         assert result.exit_code == 2, (args, result.output)
         assert needle in result.output, (args, result.output)
         assert not out.exists()
+
+
+def test_slo_table_of_two_managers_cuts_nothing_at_80_columns():
+    """The README's SLO search (two managers, --target-rate) printed 'gpt-os…', 'azure-…'
+    and 'fixed-p…' at 80 columns; cells now fold instead, so every character shows."""
+    from rich.console import Console
+
+    from kvchain.report.sweep import slo_table
+
+    base = {"model": "gpt-oss-120b", "gpu": "h200", "tp": 1, "trace": "azure-conv",
+            "mem_fraction": 0.9, "slo": "ttft_p99<=2000ms,tpot_p99<=50ms",
+            "max_rate_scale": 6.24, "max_rate_rps": 20.36, "fail_rate_scale": 6.3,
+            "gpus_needed": 1}
+    rows = [{**base, "manager": "kvchain"}, {**base, "manager": "fixed-pools"}]
+    console = Console(record=True, width=80, color_system=None)
+    console.print(slo_table(rows, 20.0))
+    text = console.export_text()
+    assert "…" not in text, text
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80, text
+    # folded cells lose no character: the rate (by hand: the row's 20.36 and x6.24) shows
+    assert "20.36" in text and "(x6.24)" in text

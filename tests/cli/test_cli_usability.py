@@ -134,3 +134,17 @@ def test_replay_fits_80_columns(tmp_path):
     assert result.exit_code == 0, result.output
     fits_80(result.output)
     assert "state|window|full" in result.output  # the longest shape name, whole
+
+
+def test_replay_of_a_10000_op_section_fits_80_columns(tmp_path):
+    """The README's replay (10,000 ops per section) cut the diverged and ops/s columns to
+    'diverg…' at 80 columns: the op counts (10,000) and rates widen the numbers past the
+    30-op case above. Every header and count must show whole."""
+    stream = tmp_path / "ops.jsonl"
+    args = ("replay", "--generate", "state|window|full", "--ops", "10000", "--seed", "7")
+    assert run(*args, "-o", str(stream)).exit_code == 0
+    result = run("replay", str(stream))
+    assert result.exit_code == 0, result.output
+    fits_80(result.output)
+    for header in ("diverged", "violations", "kops/s", "10,000"):
+        assert header in result.output

@@ -8,12 +8,14 @@ import json
 from dataclasses import replace
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from kvchain.cli import _load_commands, app
 from kvchain.cli.plan import longest_request
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
+from kvchain.report.tables import EXTRA_LABELS, summary_table
 from kvchain.sched.scheduler import SchedulerConfig
 from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.traces import Trace, TraceRequest
@@ -80,6 +82,25 @@ def test_truncate_cuts_the_prompt_to_fit():
     assert (records[1].prompt_tokens, records[2].prompt_tokens) == (900, 990)
     assert records[0].prompt_tokens == 900  # fit already: untouched
     assert s.admitted_but_unallocatable == 0 and s.leaked_pages == 0
+
+
+def test_summary_table_labels_the_context_counters():
+    """The summary table shows the context counters under readable labels, not their
+    ``extra`` keys (a newcomer saw ``requests_rejected_context`` as a row label).
+
+    Values by hand as in test_truncate_cuts_the_prompt_to_fit: with --truncate, requests
+    1 and 2 are truncated and request 3 (output alone at the context) is rejected.
+    """
+    s = run(1_000, truncate=True).summary
+    assert set(s.extra) <= set(EXTRA_LABELS) | {"admitted_but_unallocatable", "leaked_pages"}
+    console = Console(record=True, width=120, color_system=None)
+    console.print(summary_table(s, title="t"))
+    text = console.export_text()
+    assert "requests_rejected_context" not in text and "requests_truncated" not in text
+    rows = {line.strip("│ ").split("│")[0].strip(): line.strip("│ ").split("│")[-1].strip()
+            for line in text.splitlines() if "│" in line}
+    assert rows["requests rejected past the context"] == "1"
+    assert rows["requests truncated to the context"] == "2"
 
 
 def test_scheduler_limit_is_validated():

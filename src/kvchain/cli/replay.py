@@ -65,16 +65,20 @@ def replay_command(
         print(json.dumps([asdict(r) | {"ok": r.ok} for r in reports], indent=2))
     else:
         table = Table(title=f"kvchain replay {stream}",
-                      caption="diverged: takes the chain refused although their quote fit; "
-                              "violations: failed audits (both must be 0)")
-        # divergences: the chain refused a take its quote fitted; violations: audits failed
-        for col in ("shape", "ops", "decisions", "fits", "diverged", "violations", "ops/s"):
-            table.add_column(col, justify="left" if col == "shape" else "right", no_wrap=True)
+                      caption="priced: pricing decisions; diverged: takes the chain refused "
+                              "although their quote fit; violations: failed audits (both "
+                              "must be 0); kops/s: thousands of operations per second")
+        # divergences: the chain refused a take its quote fitted; violations: audits failed.
+        # Short headers and kops/s keep 10,000-op sections within 80 columns; a long shape
+        # name folds rather than cutting the must-be-0 columns.
+        table.add_column("shape", justify="left", overflow="fold")
+        for col in ("ops", "priced", "fits", "diverged", "violations", "kops/s"):
+            table.add_column(col, justify="right", no_wrap=True)
         for r in reports:
             style = "" if r.ok else "red"
             table.add_row(r.shape, f"{r.operations:,}", f"{r.decisions:,}", f"{r.fits:,}",
                           str(r.divergences), str(r.violations),
-                          f"{r.operations / max(r.seconds, 1e-9):,.0f}", style=style)
+                          f"{r.operations / max(r.seconds, 1e-9) / 1e3:,.1f}", style=style)
         console.print(table)
         for r in reports:
             for m in r.messages:

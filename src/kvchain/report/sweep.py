@@ -148,12 +148,14 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
     if target_rps is not None:
         title += f"; GPUs for {target_rps:g} req/s"
     table = Table(title=title, min_width=60)
+    # At 80 columns two managers with GPUs leave no room for whole names: cells fold
+    # (wrap mid-word) instead of being cut to an ellipsis, so every name and rate shows.
     for col in ("model", "gpu", "tp", "trace", "mem"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for m in managers:
-        table.add_column(f"{m} req/s (x scale)", justify="right")
+        table.add_column(f"{m} req/s (x scale)", justify="right", overflow="fold")
         if target_rps is not None:
-            table.add_column(f"{m} GPUs", justify="right")
+            table.add_column(f"{m} GPUs", justify="right", overflow="fold")
     for config, by_manager in configs.items():
         cells = [str(v) for v in config]
         for m in managers:

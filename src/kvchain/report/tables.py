@@ -136,6 +136,8 @@ EXTRA_LABELS = {
     "prefix_hit_tokens": "prefix-cache hit tokens",
     "prefix_evicted_pages": "pages evicted from the prefix cache",
     "cow_state_copies": "state checkpoints copied on a hit",
+    "requests_rejected_context": "requests rejected past the context",
+    "requests_truncated": "requests truncated to the context",
 }
 """Display labels of the loop's ``extra`` counters (others show their key)."""
 
@@ -146,6 +148,8 @@ EXTRA_SHORT = {
     "u_star_pct": "U* (%)",
     "u_star_mem_pct": "mem-blocked U* (%)",
     "alloc_efficiency_pct": "eff (%)",
+    "requests_rejected_context": "past context",
+    "requests_truncated": "truncated",
 }
 """Short labels of the ``extra`` counters in side-by-side tables (defined in
 :data:`METRIC_DEFINITIONS`)."""
