@@ -198,6 +198,13 @@ def simulate_command(
         console.print(f"{summary.extra.get('requests_rejected_context', 0):,} requests "
                       f"rejected past it, {summary.extra.get('requests_truncated', 0):,} "
                       "truncated (--truncate)")
+        pc = result.prefix_cache
+        if pc is not None:
+            evicted = ", ".join(f"{band} {n:,}" for band, n in pc.evicted_pages.items())
+            console.print(f"prefix cache: {pc.hit_tokens:,} of {pc.prompt_tokens:,} prompt "
+                          f"tokens hit ({100 * pc.hit_rate:.2f}%); pages evicted per band: "
+                          f"{evicted}; state checkpoints copied on hits: "
+                          f"{pc.cow_state_copies:,}")
         console.print(f"simulated {summary.duration_s:,.1f} s of serving in {wall:,.1f} s "
                       f"of wall time; pages copied by moves: "
                       f"{summary.extra.get('pages_copied', 0):,} (copy time "
