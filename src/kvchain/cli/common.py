@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvchain.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
@@ -152,7 +153,7 @@ def warn_buffer(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
     """Print :func:`buffer_warnings` to stderr, one ``warning:`` line each."""
     console = Console(stderr=True)
     for line in buffer_warnings(model, gpu, buffer_bytes, spec_file=spec_file):
-        console.print(f"[yellow]warning:[/yellow] {line}")
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}")
 
 
 OVERLOAD_FACTOR = 2.0
