@@ -173,3 +173,23 @@ def test_error_text_in_brackets_is_printed_verbatim(tmp_path, cmd):
     result = runner.invoke(app, [*cmd, *args])
     assert result.exit_code == 2
     assert expected in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--page-size", "32", "--chunk-size", "16"],
+     "--chunk-size (16) must be at least --page-size (32 tokens)"),
+    (["--clock", "steps", "--step-ms", "1e308"], "--step-ms must be at most 3,600,000"),
+])
+def test_simulate_refuses_unrunnable_flags_before_the_run(args, needle):
+    """A chunk below the page size could never be admitted (chunks are cut to whole pages):
+    it was a 'stopped' run with exit 1 after the band table; a step of 1e308 ms summed to
+    inf latencies. Both are now refused up front, exit 2."""
+    assert needle in refused("simulate", "--requests", "5", *args)
+
+
+def test_simulate_accepts_the_edges_of_those_bounds():
+    """Sibling: chunk == page size (32) and a one-hour step run (exit 0)."""
+    result = runner.invoke(app, ["simulate", "--requests", "2", "--page-size", "32",
+                                 "--chunk-size", "32", "--clock", "steps", "--step-ms",
+                                 "3600000", "--json"])
+    assert result.exit_code == 0, result.output

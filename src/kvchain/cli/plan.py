@@ -265,7 +265,7 @@ def plan_command(
     if as_json:
         print(json.dumps(report, indent=2))
         return
-    console.print(f"[bold]{model_spec.name}[/bold] on {gpu_spec.name}: KV buffer "
+    console.print(f"[bold]{escape(model_spec.name)}[/bold] on {gpu_spec.name}: KV buffer "
                   f"{buffer:,} B" + ("" if buffer_bytes is not None else
                                       f" = {gpu_spec.memory_bytes:,} x {mem_fraction} - weights "
                                       f"{model_spec.weight_bytes:,} - reserve "

@@ -133,8 +133,9 @@ def simulate_command(
         raise typer.Exit(2) from None
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
     if not as_json:
-        console.print(f"[bold]{model_spec.name}[/bold] on {gpu_spec.name}, trace "
-                      f"[bold]{tr.name}[/bold] ({len(tr):,} requests, {tr.duration_s:,.0f} s)"
+        console.print(f"[bold]{escape(model_spec.name)}[/bold] on {gpu_spec.name}, trace "
+                      f"[bold]{escape(tr.name)}[/bold] ({len(tr):,} requests, "
+                      f"{tr.duration_s:,.0f} s)"
                       + (f", step clock {step_ms:g} ms" if clock is ClockKind.STEPS else ""))
         console.print(render_bands(layout))
     started = time.perf_counter()
