@@ -30,6 +30,7 @@ from kvchain.alloc.snapshot import Demand, Quote
 from kvchain.cache.radix import Hit, Node, PrefixCache, resume_points
 from kvchain.errors import (
     ConfigError,
+    ForgedQuoteError,
     InvalidDemandError,
     InvalidRequestError,
     UnknownRequestError,
@@ -189,6 +190,22 @@ def sum_demands(demands: Iterable[Demand], num_bands: int) -> Demand:
     return Demand(tuple(total))
 
 
+def _token_counts(*counts: object) -> tuple[int, ...]:
+    """Token counts as Python ints (numpy integers converted; the slow path of
+    :func:`request_demand`).
+
+    Raises:
+        InvalidDemandError: a count that is not an integer (a bool, float, string, ...).
+    """
+    out = []
+    for v in counts:
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise InvalidDemandError(f"token counts must be integers, got {v!r} "
+                                     f"({type(v).__name__})")
+        out.append(int(v))
+    return tuple(out)
+
+
 def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
                    headroom: int = 0, headroom_chunk: int = 1,
                    points: Sequence[int] = (),
@@ -221,11 +238,16 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
         if none are held yet.
 
     Raises:
-        InvalidDemandError: negative token counts or ``headroom_chunk < 1``.
+        InvalidDemandError: negative or non-integer token counts (bools, floats and
+            strings refused; numpy integers accepted) or ``headroom_chunk < 1``.
 
     Example (``P = 16``, ``W = 128``, nothing held, a 17-token extend at 0): full 2 pages,
     window 2 pages (field case F5).
     """
+    if not (type(start) is int and type(extend) is int and type(headroom) is int
+            and type(headroom_chunk) is int):
+        start, extend, headroom, headroom_chunk = _token_counts(
+            start, extend, headroom, headroom_chunk)
     if start < 0 or extend < 0 or headroom < 0 or headroom_chunk < 1:
         raise InvalidDemandError(f"bad token counts: start={start} extend={extend} "
                                  f"headroom={headroom} headroom_chunk={headroom_chunk}")
@@ -594,13 +616,23 @@ class KVManager:
             The summed demand that was taken.
 
         Raises:
-            InvalidDemandError: a request listed twice, a negative token count, or demands
-                that do not match the batch.
-            ForgedQuoteError: ``quote`` was not issued by the allocator for this demand.
+            InvalidDemandError: a request listed twice, an entry that is not a pair of
+                ints, a negative or non-integer token count, or demands that do not match
+                the batch.
+            ForgedQuoteError: ``quote`` is not a Quote, or was not issued by the allocator
+                for this demand.
             CapacityError: the batch does not fit.
 
             On every error the chain and every request are as before.
         """
+        for entry in batch:
+            if (not isinstance(entry, tuple | list) or len(entry) != 2
+                    or isinstance(entry[0], bool) or not isinstance(entry[0], int | np.integer)):
+                raise InvalidDemandError(f"a batch entry is a (request id, tokens) pair of "
+                                         f"ints, got {entry!r}")
+        if quote is not None and not isinstance(quote, Quote):
+            raise ForgedQuoteError(f"expected a Quote from the allocator's price, got "
+                                   f"{type(quote).__name__}")
         ids = [rid for rid, _ in batch]
         if len(set(ids)) != len(ids):
             raise InvalidDemandError("a request appears twice in one allocation batch")
@@ -609,7 +641,9 @@ class KVManager:
         elif len(demands) != len(batch):
             raise InvalidDemandError(f"{len(demands)} demands for a batch of {len(batch)}")
         for (rid, extend), d in zip(batch, demands, strict=True):
-            if extend < 0 or not isinstance(d, Demand) or len(d.pages) != self.geom.num_bands:
+            if (isinstance(extend, bool) or not isinstance(extend, int | np.integer)
+                    or extend < 0 or not isinstance(d, Demand)
+                    or len(d.pages) != self.geom.num_bands):
                 raise InvalidDemandError(f"request {rid}: {extend} tokens, demand {d!r}")
         total = sum_demands(demands, self.geom.num_bands)
         requests = self._requests

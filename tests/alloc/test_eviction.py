@@ -24,7 +24,7 @@ from kvchain.alloc.snapshot import (
     Side,
     UseHoles,
 )
-from kvchain.errors import CapacityError, InvalidDemandError, PlanMismatchError
+from kvchain.errors import AuditError, CapacityError, InvalidDemandError, PlanMismatchError
 from kvchain.layout import Anchor, plan_layout
 from kvchain.spec.layers import CacheClass, LifetimeClass
 
@@ -243,3 +243,48 @@ def test_an_audit_between_a_version_bump_and_the_next_snapshot_keeps_it_fresh():
     evictor.version += 1
     chain.audit()
     assert chain.snapshot().evictable.cumulative == ((0, 0), (0, 5))
+
+
+def test_an_order_changed_without_a_version_bump_is_refused_before_anything_changes():
+    """A broken Evictor drops its first unit but keeps its version: the quote (3 units,
+    35 pages) no longer matches what ``evict(3)`` would free (the live order has 2 units).
+    The take refuses in phase 1 (typed), nothing is evicted and the chain is unchanged."""
+    chain, evictor = filled_chain()
+    quote = chain.price(Demand((11, 15)))
+    snap, epoch = chain.snapshot(), chain.epoch
+    evictor.units = evictor.units[1:]  # no version bump: the planted contract break
+    with pytest.raises(PlanMismatchError, match="without a version bump"):
+        chain.take(Demand((11, 15)), quote)
+    assert chain.snapshot() == snap and chain.epoch == epoch and len(evictor.units) == 2
+    with pytest.raises(AuditError):  # the audit names the stale order too
+        chain.audit()
+
+
+def test_the_sibling_with_a_version_bump_takes_on_the_new_order():
+    """Sibling of the test above: with the bump the old quote is stale and a fresh price
+    evicts from the new order (both remaining units: 10 + 20 pages)."""
+    chain, evictor = filled_chain()
+    chain.price(Demand((11, 15)))
+    evictor.units = evictor.units[1:]
+    evictor.version += 1
+    grant = chain.take(Demand((11, 15)))
+    assert grant.quote.evicted_units == 2 and chain.stats.pages_evicted == 30
+
+
+@pytest.mark.parametrize("order", [EvictionOrder.from_units([(1, 1, 1)], 3), ((0, 0),)])
+def test_an_order_of_the_wrong_width_or_type_is_a_typed_error(order):
+    """An evictor whose order has 3 bands on a 2-band chain (or is not an EvictionOrder)
+    gets PlanMismatchError from price and take, never a bare ValueError."""
+    chain, evictor = filled_chain()
+
+    class Wrong(ListEvictor):
+        def eviction_order(self):  # type: ignore[override]
+            return order
+
+    wrong = Wrong(list(evictor.units), False)
+    chain.set_evictor(wrong)
+    with pytest.raises(PlanMismatchError):
+        chain.price(Demand((0, 3)))
+    with pytest.raises(PlanMismatchError):
+        chain.take(Demand((0, 3)))
+    assert len(wrong.units) == 3

@@ -155,3 +155,41 @@ def test_plan_state_model_compares_like_with_like(tmp_path):
     assert (chain["full_tokens"], pools["full_tokens"]) == (1_190_624, 657_888)
     text = " ".join(runner.invoke(app, list(args)).output.split())
     assert "full-attn tokens, both 38 slots" in text and "1.81x" in text
+
+
+@pytest.mark.parametrize("cmd", [["sweep", "--no-plots"], ["plan"]])
+def test_error_text_in_brackets_is_printed_verbatim(tmp_path, cmd):
+    """Error messages quote user input; rich must not read "[nan]" or "[bold]" in them as
+    markup (it swallowed them: "got " instead of "got [nan]"). Sweep: a grid with a NaN
+    rate scale; plan: a config whose model_type is "[bold]x[/bold]"."""
+    if cmd[0] == "sweep":
+        grid = tmp_path / "g.toml"
+        grid.write_text('models = ["gpt-oss-120b"]\nrate_scales = [nan]\n')
+        args, expected = ["--grid", str(grid), "--out", str(tmp_path / "out")], "got [nan]"
+    else:
+        cfg = tmp_path / "c.json"
+        cfg.write_text('{"model_type": "[bold]x[/bold]"}')
+        args, expected = ["--config", str(cfg)], "model_type=[bold]x[/bold]"
+    result = runner.invoke(app, [*cmd, *args])
+    assert result.exit_code == 2
+    assert expected in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--page-size", "32", "--chunk-size", "16"],
+     "--chunk-size (16) must be at least --page-size (32 tokens)"),
+    (["--clock", "steps", "--step-ms", "1e308"], "--step-ms must be at most 3,600,000"),
+])
+def test_simulate_refuses_unrunnable_flags_before_the_run(args, needle):
+    """A chunk below the page size could never be admitted (chunks are cut to whole pages):
+    it was a 'stopped' run with exit 1 after the band table; a step of 1e308 ms summed to
+    inf latencies. Both are now refused up front, exit 2."""
+    assert needle in refused("simulate", "--requests", "5", *args)
+
+
+def test_simulate_accepts_the_edges_of_those_bounds():
+    """Sibling: chunk == page size (32) and a one-hour step run (exit 0)."""
+    result = runner.invoke(app, ["simulate", "--requests", "2", "--page-size", "32",
+                                 "--chunk-size", "32", "--clock", "steps", "--step-ms",
+                                 "3600000", "--json"])
+    assert result.exit_code == 0, result.output

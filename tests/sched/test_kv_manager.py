@@ -17,6 +17,7 @@ from kvchain.alloc.snapshot import Demand
 from kvchain.errors import (
     AuditError,
     CapacityError,
+    ForgedQuoteError,
     InvalidDemandError,
     ReservedPageError,
     UnknownRequestError,
@@ -265,3 +266,30 @@ def test_audit_finds_a_leaked_page() -> None:
     kv.chain.take(Demand((0, 1)))  # bound but held by no request
     with pytest.raises(AuditError, match="leaked"):
         kv.audit()
+
+
+@pytest.mark.parametrize("batch", [[(1, "5")], [(1, 2.5)], [(1, True)], [1], [([1], 5)],
+                                   [(1, 5, 0)], [(True, 5)]])
+def test_allocate_refuses_malformed_batches_with_a_typed_error(batch) -> None:
+    """Entries that are not (int request id, int tokens) pairs: InvalidDemandError (never a
+    bare TypeError, never a bool read as one token) and nothing changes."""
+    kv = window_chain()
+    snap, epoch = kv.chain.snapshot(), kv.chain.epoch
+    with pytest.raises(InvalidDemandError):
+        kv.allocate(batch)
+    assert kv.chain.snapshot() == snap and kv.chain.epoch == epoch and kv.num_requests == 0
+
+
+def test_allocate_accepts_numpy_token_counts() -> None:
+    """Sibling: a numpy int is a token count (17 tokens: 2 full + 2 window pages, as the
+    17-token test above derives), so the refusals above are about type, not value."""
+    kv = window_chain()
+    assert kv.allocate([(1, np.int64(17))]) == Demand((2, 2))
+
+
+def test_allocate_refuses_a_quote_that_is_not_a_quote() -> None:
+    kv = window_chain()
+    snap = kv.chain.snapshot()
+    with pytest.raises(ForgedQuoteError):
+        kv.allocate([(1, 17)], quote=object())  # type: ignore[arg-type]
+    assert kv.chain.snapshot() == snap and kv.num_requests == 0

@@ -250,3 +250,11 @@ def test_summary_row_of_a_run_where_nothing_finished():
     # no finished request: every percentile column is there, empty
     assert [row[f"ttft_{p}"] for p in ("p50_s", "p90_s", "p99_s", "count")] == [None] * 4
     assert not parse_slo("ttft_p99=1s").met_by(row)
+
+
+def test_a_grid_with_chunks_below_the_page_size_is_refused():
+    """chunk_size 8,192 < page_size 16,384: every point would stop at its start (chunks are
+    cut to whole pages); equal sizes are the sibling that builds."""
+    with pytest.raises(SweepConfigError, match=r"chunk_size \(8192\) must be at least"):
+        SweepGrid(page_size=16_384, chunk_size=8_192)
+    assert SweepGrid(page_size=8_192, chunk_size=8_192).page_size == 8_192

@@ -93,3 +93,32 @@ def test_block_tokens_is_checked(tmp_path):
         load_trace(path, block_tokens=0)
     with pytest.raises(ConfigError, match="512"):
         load_trace("mooncake", first=2, block_tokens=256)
+
+
+def test_jsonl_hash_ids_must_be_a_list_not_the_csv_text_form(tmp_path):
+    """JSONL ``hash_ids`` is a JSON list (README): the CSV text form "12" is refused with
+    the line and field named; the list [12] is the sibling that loads (100 prompt tokens
+    need ceil(100 / 512) = 1 id)."""
+    bad = tmp_path / "s.jsonl"
+    bad.write_text('{"arrival_s": 0, "prompt_tokens": 100, "output_tokens": 10, '
+                   '"hash_ids": "12"}\n')
+    with pytest.raises(TraceError, match=r"line 1, field 'hash_ids'"):
+        load_trace(bad)
+    good = tmp_path / "l.jsonl"
+    good.write_text('{"arrival_s": 0, "prompt_tokens": 100, "output_tokens": 10, '
+                    '"hash_ids": [12]}\n')
+    assert load_trace(good).requests[0].prefix_block_ids == (12,)
+
+
+@pytest.mark.parametrize("suffix,text", [
+    (".csv", "arrival_s,prompt_tokens,output_tokens,max_tokens\n0,100,10,5\n"),
+    (".jsonl", '{"arrival_s": 0, "prompt_tokens": 100, "output_tokens": 10, '
+               '"max_tokens": 5}\n'),
+])
+def test_a_cap_below_the_output_names_the_file_line_and_field(tmp_path, suffix, text):
+    """max_tokens 5 < output_tokens 10: a TraceError that names where (not a bare message
+    about 'request 0' from deep in the loader)."""
+    path = tmp_path / f"cap{suffix}"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=r"line \d, field 'max_tokens': 5 is below"):
+        load_trace(path)

@@ -45,6 +45,7 @@ from kvchain.alloc.snapshot import (
     Compact,
     Demand,
     Evict,
+    EvictionOrder,
     Extend,
     Quote,
     Relocate,
@@ -209,6 +210,7 @@ class _DryRun:
     snap: ChainSnapshot
     fence_pending: bool
     bound: list[int]
+    order_checked: bool = False
 
 
 class Chain:
@@ -530,6 +532,16 @@ class Chain:
     def _pre_evict(self, action: Evict, dry: _DryRun) -> None:
         if self._evictor is None:
             raise PlanMismatchError(f"{action}: no evictor is attached")
+        if not dry.order_checked:
+            # Nothing is evicted in phase 1, so the cache's live order must still be the
+            # one this take's snapshot carries (the prediction before the first step).
+            start = self._snap if self._snap is not None else self.snapshot()
+            if self._checked_order() != start.evictable:
+                # The order moved without a version bump (a broken Evictor): evicting now
+                # would free other pages than priced. Refused before anything changes.
+                raise PlanMismatchError(f"{action}: the evictor's order changed since the "
+                                        f"snapshot without a version bump")
+            dry.order_checked = True
         plan_apply_action(dry.snap, action)  # units within the order, pages live
 
     def _pre_wait_fence(self, action: WaitFence, dry: _DryRun) -> None:
@@ -830,7 +842,26 @@ class Chain:
         if self._evictor is None:
             return ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch)
         return ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch,
-                             self._evictor.eviction_order())
+                             self._checked_order())
+
+    def _checked_order(self) -> EvictionOrder:
+        """The evictor's current order, checked to be an :class:`EvictionOrder` as wide as
+        the chain (the canonical empty order ``((),)`` fits any chain).
+
+        Raises:
+            PlanMismatchError: the evictor broke its contract (not an order, or another
+                number of bands).
+        """
+        assert self._evictor is not None
+        order = self._evictor.eviction_order()
+        if not isinstance(order, EvictionOrder):
+            raise PlanMismatchError(f"the evictor's eviction_order() returned "
+                                    f"{type(order).__name__}, not an EvictionOrder")
+        width = len(order.cumulative[0])
+        if order.units and width != len(self._bands):
+            raise PlanMismatchError(f"the evictor's order has {width} bands, the chain "
+                                    f"{len(self._bands)}")
+        return order
 
     def _band_index(self, band: int) -> int:
         if isinstance(band, bool) or not isinstance(band, int | np.integer) or not (

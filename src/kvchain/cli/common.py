@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvchain.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
@@ -102,7 +103,8 @@ def check_flags(**flags: float | int | None) -> None:
     values (flag not given) pass. Rules: ``requests``, ``page_size``, ``tp``,
     ``max_running``, ``chunk_size``, ``prompt``, ``output``, ``buffer_bytes``,
     ``step_ms``: >= 1 (``step_ms`` > 0); ``rate_scale``: finite and > 0; ``end_s``: > 0;
-    ``mem_fraction``: in (0, 1]; ``seed``, ``slots_held``: >= 0.
+    ``mem_fraction``: in (0, 1]; ``seed``, ``slots_held``: >= 0; ``step_ms`` at most
+    :data:`MAX_STEP_MS`; ``chunk_size`` >= ``page_size`` when both are given.
 
     Raises:
         ConfigError: e.g. ``--requests must be >= 1, got 0``.
@@ -122,6 +124,20 @@ def check_flags(**flags: float | int | None) -> None:
                 raise ConfigError(f"{flag} must be >= 0, got {value}")
         elif value < 1:
             raise ConfigError(f"{flag} must be >= 1, got {value}")
+    step_ms = flags.get("step_ms")
+    if step_ms is not None and step_ms > MAX_STEP_MS:
+        raise ConfigError(f"--step-ms must be at most {MAX_STEP_MS:,.0f} (one hour), got "
+                          f"{step_ms:g}")
+    page, chunk = flags.get("page_size"), flags.get("chunk_size")
+    if page is not None and chunk is not None and chunk < page:
+        # Admission cuts prefill chunks to whole pages: no chunk could ever be admitted.
+        raise ConfigError(f"--chunk-size ({chunk}) must be at least --page-size ({page} "
+                          f"tokens)")
+
+
+MAX_STEP_MS = 3_600_000.0
+"""Largest ``--step-ms``: one hour of trace time per step (a longer tick overflows the
+step clock's sums of times to inf in the latency percentiles)."""
 
 
 def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
@@ -152,7 +168,7 @@ def warn_buffer(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
     """Print :func:`buffer_warnings` to stderr, one ``warning:`` line each."""
     console = Console(stderr=True)
     for line in buffer_warnings(model, gpu, buffer_bytes, spec_file=spec_file):
-        console.print(f"[yellow]warning:[/yellow] {line}")
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}")
 
 
 OVERLOAD_FACTOR = 2.0

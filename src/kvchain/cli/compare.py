@@ -17,6 +17,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.admission import ReservePolicy
@@ -198,7 +199,7 @@ def compare(
             GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed
         prepare_out_dir(out)
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
     title = f"{model_spec.name} on {gpu_spec.name}, {tr.name} x{len(tr):,}, buffer {buffer:,} B"
@@ -211,7 +212,7 @@ def compare(
             runs = compare_managers(cfg, kinds, progress=lambda k, done, _total: bar.update(
                 tasks[k], completed=done))
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     data = compare_json(runs)
     written = []
@@ -232,4 +233,4 @@ def compare(
         console.print("wrote " + ", ".join(str(p) for p in written))
     hint = overload_hint(next(iter(runs.values())).summary, tr)
     if hint is not None:
-        Console(stderr=True).print(f"[yellow]hint:[/yellow] {hint}")
+        Console(stderr=True).print(f"[yellow]hint:[/yellow] {escape(hint)}")

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvchain.alloc.chain import Chain
@@ -242,7 +243,7 @@ def plan_command(
         ours_longest = longest_request(ours.longest_request_tokens, context)
         pools_longest = longest_request(pools.longest_request_tokens, context)
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
     report = {
@@ -264,7 +265,7 @@ def plan_command(
     if as_json:
         print(json.dumps(report, indent=2))
         return
-    console.print(f"[bold]{model_spec.name}[/bold] on {gpu_spec.name}: KV buffer "
+    console.print(f"[bold]{escape(model_spec.name)}[/bold] on {gpu_spec.name}: KV buffer "
                   f"{buffer:,} B" + ("" if buffer_bytes is not None else
                                       f" = {gpu_spec.memory_bytes:,} x {mem_fraction} - weights "
                                       f"{model_spec.weight_bytes:,} - reserve "

@@ -18,6 +18,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvchain.cli import app
@@ -59,7 +60,7 @@ def replay_command(
             raise ConfigError("give a stream file to replay, or --generate SHAPE -o FILE")
         reports = replay_stream(stream, fail_fast=fail_fast)
     except ConfigError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from exc
     if as_json:
         print(json.dumps([asdict(r) | {"ok": r.ok} for r in reports], indent=2))

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.admission import ReservePolicy
@@ -149,12 +150,13 @@ def simulate_command(
             GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed
         prepare_out_dir(out)
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
     if not as_json:
-        console.print(f"[bold]{model_spec.name}[/bold] on {gpu_spec.name}, trace "
-                      f"[bold]{tr.name}[/bold] ({len(tr):,} requests, {tr.duration_s:,.0f} s)"
+        console.print(f"[bold]{escape(model_spec.name)}[/bold] on {gpu_spec.name}, trace "
+                      f"[bold]{escape(tr.name)}[/bold] ({len(tr):,} requests, "
+                      f"{tr.duration_s:,.0f} s)"
                       + (f", step clock {step_ms:g} ms" if clock is ClockKind.STEPS else ""))
         console.print(render_bands(layout))
     started = time.perf_counter()
@@ -166,7 +168,7 @@ def simulate_command(
             result = simulate(sim_config, progress=lambda done, _total: bar.update(
                 task, completed=done))
         except KVChainError as exc:
-            console.print(f"[red]stopped:[/red] {type(exc).__name__}: {exc}")
+            console.print(f"[red]stopped:[/red] {type(exc).__name__}: {escape(str(exc))}")
             raise typer.Exit(1) from None
     wall = time.perf_counter() - started
     summary = result.summary
@@ -216,4 +218,4 @@ def simulate_command(
                           + ", ".join(p.name for p in plots))
     hint = overload_hint(summary, tr)
     if hint is not None:
-        Console(stderr=True).print(f"[yellow]hint:[/yellow] {hint}")
+        Console(stderr=True).print(f"[yellow]hint:[/yellow] {escape(hint)}")

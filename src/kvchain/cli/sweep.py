@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.cli import app
@@ -125,7 +126,7 @@ def sweep_command(
             point_config(p).layout()
         prepare_out_dir(out)
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
     use_ray = ray or ray_address is not None
@@ -141,7 +142,7 @@ def sweep_command(
     try:
         done_rows = {r.get("key"): r for r in read_rows(jsonl)} if resume else {}
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if not resume and jsonl.exists():
         jsonl.unlink()
@@ -166,7 +167,7 @@ def sweep_command(
             else:
                 new = run_local(fn, todo_tasks, n_workers, on_done)
         except KVChainError as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2) from None
     wall = time.perf_counter() - started
     by_key = dict(done_rows)

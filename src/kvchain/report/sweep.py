@@ -78,8 +78,8 @@ def write_table(rows: Sequence[Row], csv_path: Path) -> list[Path]:
             writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in cols})
     written = [csv_path]
     try:
-        import pyarrow as pa  # type: ignore[import-untyped]
-        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+        import pyarrow as pa
+        import pyarrow.parquet as pq
     except ImportError:
         return written
     table = pa.Table.from_pylist([{k: row.get(k) for k in cols} for row in rows])

@@ -145,6 +145,10 @@ class SweepGrid:
         for name in ("page_size", "max_running", "chunk_size"):
             if getattr(self, name) < 1:
                 raise SweepConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.chunk_size < self.page_size:
+            # Admission cuts prefill chunks to whole pages: every point would stop at start.
+            raise SweepConfigError(f"chunk_size ({self.chunk_size}) must be at least "
+                                   f"page_size ({self.page_size} tokens)")
 
     def points(self) -> list[SweepPoint]:
         """Every combination of the axes, one :class:`SweepPoint` each (product order)."""
@@ -215,7 +219,7 @@ def load_grid_file(path: Path) -> dict[str, Any]:
             raise SweepConfigError(f"grid file {path}: {exc}") from None
     elif suffix in (".yaml", ".yml"):
         try:
-            import yaml  # type: ignore[import-untyped]
+            import yaml
         except ImportError:
             raise SweepConfigError(f"grid file {path}: YAML needs pyyaml "
                                    "(pip install pyyaml), or use TOML") from None

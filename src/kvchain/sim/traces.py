@@ -567,6 +567,8 @@ def _generic_row(index: int, fields: Mapping[str, object], path: Path, line: int
     raw_blocks = fields.get("hash_ids")
     if raw_blocks is not None and raw_blocks != "":
         if isinstance(raw_blocks, str):
+            if not text:  # JSONL: a JSON list, as documented (a string is not parsed)
+                raise _error(path, line, "hash_ids", "must be a list of non-negative integers")
             parts = raw_blocks.replace(";", " ").split()
             raw_blocks = [_parse_count(p, path, line, "hash_ids") for p in parts]
         blocks = _json_block_ids(raw_blocks, prompt, path, line, block_tokens)
@@ -576,6 +578,9 @@ def _generic_row(index: int, fields: Mapping[str, object], path: Path, line: int
         max_tokens = count(cap, path, line, "max_tokens")  # type: ignore[arg-type]
         if max_tokens < 1:
             raise _error(path, line, "max_tokens", "must be >= 1 token, got 0")
+        if max_tokens < output:
+            raise _error(path, line, "max_tokens",
+                         f"{max_tokens} is below output_tokens ({output})")
     return _Row(index, arrival, prompt, output, blocks, max_tokens), clamped
 
 
