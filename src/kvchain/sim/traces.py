@@ -504,34 +504,19 @@ def _json_block_ids(value: object, prompt: int, path: Path, line: int,
 def _read_mooncake(path: Path) -> tuple[list[_Row], int]:
     rows: list[_Row] = []
     clamped = 0
-    with path.open(encoding="utf-8-sig") as handle:
-        try:
-            lines = list(enumerate(handle, start=1))
-        except UnicodeDecodeError:
-            raise _utf8_error(path) from None
-        for line, text in lines:
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise _error(path, line, "<json>", f"invalid JSON: {exc.msg}") from None
-            except (ValueError, RecursionError) as exc:  # > 4,300-digit int, deep nesting
-                raise _error(path, line, "<json>", f"unusable JSON: {exc}"[:300]) from None
-            if not isinstance(obj, dict):
-                raise _error(path, line, "<json>", "each line must be a JSON object")
-            for field in ("timestamp", "input_length", "output_length"):
-                if field not in obj:
-                    raise _error(path, line, field, "missing field")
-            arrival_ns = _json_time_ns(obj["timestamp"], path, line)
-            prompt = _json_count(obj["input_length"], path, line, "input_length")
-            output = _json_count(obj["output_length"], path, line, "output_length")
-            output, was_clamped = _check_lengths(prompt, output, path, line, "input_length")
-            clamped += was_clamped
-            blocks = None
-            if "hash_ids" in obj:
-                blocks = _json_block_ids(obj["hash_ids"], prompt, path, line)
-            rows.append(_Row(len(rows), arrival_ns, prompt, output, blocks))
+    for line, obj in _json_objects(path):
+        for field in ("timestamp", "input_length", "output_length"):
+            if field not in obj:
+                raise _error(path, line, field, "missing field")
+        arrival_ns = _json_time_ns(obj["timestamp"], path, line)
+        prompt = _json_count(obj["input_length"], path, line, "input_length")
+        output = _json_count(obj["output_length"], path, line, "output_length")
+        output, was_clamped = _check_lengths(prompt, output, path, line, "input_length")
+        clamped += was_clamped
+        blocks = None
+        if "hash_ids" in obj:
+            blocks = _json_block_ids(obj["hash_ids"], prompt, path, line)
+        rows.append(_Row(len(rows), arrival_ns, prompt, output, blocks))
     return rows, clamped
 
 
