@@ -72,6 +72,17 @@ def test_table_output():
     assert "116.8B / 5.1B" in out
 
 
+def test_wide_table_never_cuts_a_cell_at_80_columns():
+    """--wide at an 80-column terminal prints whole cells (lines longer than 80) instead of
+    squeezing numbers to "…" (a regression: E_full vanished and S showed "39…")."""
+    result = runner.invoke(app, ["models", "--wide"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output
+    jet = next(ln for ln in result.output.splitlines() if "Jet-Nemotron-2B" in ln)
+    for cell in ("state+window+full", "2,048 (1,152)", "14,745,600", "2.0B / 2.0B"):
+        assert cell in jet
+
+
 def test_default_table_fits_80_columns_without_cutting_names():
     result = runner.invoke(app, ["models"], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output

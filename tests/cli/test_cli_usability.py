@@ -58,7 +58,11 @@ def test_errors_name_the_flag(tmp_path):
              (("simulate", "--rate-scale", "0"), "--rate-scale must be a finite number > 0"),
              (("compare", "--page-size", "0"), "--page-size must be >= 1, got 0"),
              (("plan", "--slots-held", "-1"), "--slots-held must be >= 0, got -1"),
-             (("simulate", "--step-ms", "0"), "--step-ms must be a finite number > 0")]
+             (("simulate", "--step-ms", "0"), "--step-ms must be a finite number > 0"),
+             (("replay", "--generate", "full", "--ops", "-5", "-o", str(tmp_path / "s")),
+              "--ops must be >= 0, got -5"),
+             (("replay", "--generate", "full", "--page-size", "0", "-o",
+               str(tmp_path / "s")), "--page-size must be >= 1, got 0")]
     for args, message in cases:
         result = run(*args)
         assert result.exit_code == 2, result.output

@@ -63,6 +63,9 @@ def test_point_key_is_stable_and_names_every_parameter():
     ({"requests": [1, 2]}, "one value"),
     ({"tp": ["two"]}, "expected int"),
     ({"rate_scales": [True]}, "expected float"),
+    # 1 and 1.0 are the same rate scale: the points would run twice.
+    ({"rate_scales": [1, 2, 1.0]}, "'rate_scales' repeats 1.0"),
+    ({"managers": ["kvchain", "kvchain"]}, "'managers' repeats kvchain"),
 ])
 def test_bad_grids_raise_a_typed_error(data, needle):
     with pytest.raises(SweepConfigError, match=needle):

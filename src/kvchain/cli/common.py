@@ -103,7 +103,7 @@ def check_flags(**flags: float | int | None) -> None:
     values (flag not given) pass. Rules: ``requests``, ``page_size``, ``tp``,
     ``max_running``, ``chunk_size``, ``prompt``, ``output``, ``buffer_bytes``,
     ``step_ms``: >= 1 (``step_ms`` > 0); ``rate_scale``: finite and > 0; ``end_s``: > 0;
-    ``mem_fraction``: in (0, 1]; ``seed``, ``slots_held``: >= 0; ``step_ms`` at most
+    ``mem_fraction``: in (0, 1]; ``seed``, ``slots_held``, ``ops``: >= 0; ``step_ms`` at most
     :data:`MAX_STEP_MS`; ``chunk_size`` >= ``page_size`` when both are given.
 
     Raises:
@@ -119,7 +119,7 @@ def check_flags(**flags: float | int | None) -> None:
         elif name == "mem_fraction":
             if not 0 < value <= 1:
                 raise ConfigError(f"{flag} must be in (0, 1], got {value}")
-        elif name in ("seed", "slots_held"):
+        elif name in ("seed", "slots_held", "ops"):
             if value < 0:
                 raise ConfigError(f"{flag} must be >= 0, got {value}")
         elif value < 1:

@@ -172,11 +172,21 @@ def models_command(
         CacheDtype, typer.Option("--kv-dtype", help="Element type of attention K/V.")
     ] = CacheDtype.BF16,
     wide: Annotated[bool, typer.Option("--wide", help="All columns: classes, E_win and "
-                                       "E_loc apart, parameters.")] = False,
+                                       "E_loc apart, parameters (about 140 columns, never "
+                                       "cut; at a narrow terminal pipe to `less -S`).")
+                    ] = False,
 ) -> None:
     """List the bundled models: lifetime classes, E_full, E_win (W), E_local (C), S, params."""
     rows = model_rows(tp=tp, kv_dtype=kv_dtype)
     if as_json:
         typer.echo(json.dumps([asdict(r) for r in rows], indent=2))
         return
-    Console().print(_table(rows, tp, kv_dtype, wide))
+    table = _table(rows, tp, kv_dtype, wide)
+    console = Console()
+    if wide:
+        # The wide table is as wide as its cells: a narrower terminal wraps its lines (or
+        # `less -S` scrolls them) rather than rich cutting numbers to "…".
+        needed = Console(width=10_000).measure(table).maximum
+        if needed > console.width:
+            console = Console(width=needed)
+    console.print(table)

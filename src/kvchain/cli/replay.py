@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvchain.cli import app
+from kvchain.cli.common import check_flags
 from kvchain.errors import ConfigError
 from kvchain.testing.geometry import SHAPES
 from kvchain.testing.replay import generate_section, replay_stream, write_stream
@@ -48,6 +49,7 @@ def replay_command(
     console = Console()
     try:
         if generate is not None:
+            check_flags(ops=ops, seed=seed, page_size=page_size)
             if output is None:
                 raise ConfigError("--generate needs -o FILE")
             shapes = SHAPES if generate == "all" else (generate,)

@@ -107,8 +107,12 @@ FIXED: tuple[str, ...] = ("requests", "end_s", "page_size", "max_running", "chun
 class SweepGrid:
     """The axes of a sweep and its fixed settings (see the module doc).
 
-    Every axis is a non-empty tuple; :meth:`points` is their product in axis order
-    (models outermost, managers innermost).
+    Every axis is a non-empty tuple of distinct values; :meth:`points` is their product in
+    axis order (models outermost, managers innermost).
+
+    Raises:
+        SweepConfigError: an empty axis, a value repeated on an axis, an unknown manager,
+            or a setting out of range.
     """
 
     models: tuple[str, ...] = ("gpt-oss-120b",)
@@ -129,6 +133,13 @@ class SweepGrid:
         for axis in AXES:
             if not getattr(self, axis):
                 raise SweepConfigError(f"grid axis {axis!r} is empty")
+        for axis in AXES:
+            values = getattr(self, axis)
+            repeated = sorted({str(v) for v in values if values.count(v) > 1})
+            if repeated:
+                # A repeated value would run the same points twice (and --resume would
+                # count them once): refuse rather than guess.
+                raise SweepConfigError(f"grid axis {axis!r} repeats {', '.join(repeated)}")
         known = {str(k) for k in ManagerKind}
         bad = [m for m in self.managers if m not in known]
         if bad:
