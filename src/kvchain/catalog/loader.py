@@ -21,6 +21,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 
 from kvchain.catalog.models_json import entry_config
+from kvchain.catalog.views import bundled_fields
 from kvchain.errors import ConfigError, UnknownModelError
 from kvchain.spec.hf import load_hf_config
 from kvchain.spec.hf_layers import read_config
@@ -213,17 +214,22 @@ def _build(
     from_entry: bool,
 ) -> ModelSpec:
     def load(config: Mapping[str, object]) -> ModelSpec:
+        # Bundled configs are read from their frozen transformers view (catalog/views.py):
+        # the same bytes with or without transformers installed, and no import of it.
         return load_hf_config(config, name=record.name, kv_dtype=kv_dtype, tp=tp,
                               state_dtype=state_dtype, weight_format=record.weight_format,
-                              source=record.source)
+                              source=record.source, use_transformers=False)
 
-    if record.config_file and not from_entry:
-        return load(read_bundled_config(record.config_file))
+    fields: Mapping[str, object] | None = None
+    if record.config_file:
+        fields, _ = bundled_fields(record.config_file, read_bundled_config(record.config_file))
+    if fields is not None and not from_entry:
+        return load(fields)
     if record.entry is None:
         raise UnknownModelError(f"{record.name!r} has no models.json entry")
     params: Mapping[str, object] = record.params_fields
-    if record.config_file:
-        params = dict(read_config(read_bundled_config(record.config_file)).fields)
+    if fields is not None:
+        params = dict(read_config(fields, use_transformers=False).fields)
     return load(entry_config(record.entry, params))
 
 

@@ -35,7 +35,8 @@ about 0.8 s cumulative, but the first ``AutoConfig.for_model`` also imports torc
 the 5.8 s cumulative on the shared development machine under load): the first config
 read of a process costs seconds, once. Later reads take 2-22 ms (1x-8x the raw-dict read
 of the same config). ``import kvchain`` never pays it; ``use_transformers=False`` skips
-it.
+it, and bundled models never pay it: they are read from a frozen view
+(:mod:`kvchain.catalog.views`).
 """
 
 from __future__ import annotations

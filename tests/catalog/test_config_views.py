@@ -1,0 +1,79 @@
+"""The frozen transformers view of each bundled config (kvchain.catalog.views)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvchain.catalog import views
+from kvchain.catalog.loader import _records, load_model, read_bundled_config
+from kvchain.errors import ConfigError
+from kvchain.spec.hf import load_hf_config
+from kvchain.spec.layers import LifetimeClass
+
+
+def _bundled() -> list[tuple[str, str]]:
+    return [(r.name, r.config_file) for r in _records() if r.config_file]
+
+
+def test_bundled_bytes_come_from_transformers_view_without_importing_it():
+    """Nemotron-H-56B: transformers' NemotronHConfig keeps the SSM state in float32
+    (``mamba_ssm_cache_dtype``). Per mamba2 layer: ssm 256 heads x 64 x 256 state x 4 B =
+    16,777,216 B, conv 3 x 20,480 x 2 B = 122,880 B; 54 mamba layers -> 54 x 16,900,096 =
+    912,605,184 B per request (the raw dict's bf16 would give 459,620,352 B).
+    MiMo-V2-Flash: MiMoV2FlashConfig stores the window as 128 + 1 = 129 tokens."""
+    nemo = load_model("Nemotron-H-56B-Base-8K")
+    assert nemo.classes[0].lifetime is LifetimeClass.STATE
+    assert nemo.classes[0].bytes_per_slot == 54 * (256 * 64 * 256 * 4 + 3 * 20_480 * 2)
+    mimo = load_model("MiMo-V2-Flash")
+    assert mimo.cache_classes(LifetimeClass.WINDOW)[0].window == 129
+
+
+def test_reading_a_bundled_model_imports_neither_transformers_nor_torch():
+    """A fresh process: loading every bundled model leaves transformers and torch
+    unimported (with the hf extra installed they cost seconds on the first config read)."""
+    code = ("import sys; from kvchain.catalog.loader import list_models; list_models(); "
+            "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("name", "relative"), _bundled())
+def test_frozen_view_reads_like_transformers_today(name, relative):
+    """Each bundled model built from its frozen view equals the model read through the
+    installed transformers, at every tensor-parallel degree (a transformers release that
+    reads a config otherwise fails here: regenerate with `python -m kvchain.catalog.views`)."""
+    pytest.importorskip("transformers", reason="the live reader needs transformers")
+    raw = read_bundled_config(relative)
+    def outcome(read, tp):
+        try:
+            spec = read(tp)
+        except ConfigError as exc:
+            return str(exc)
+        return spec.classes, spec.layers, spec.total_params, spec.max_context_tokens
+
+    for tp in (1, 2, 4, 8):
+        live = outcome(lambda tp: load_hf_config(raw, name=name, tp=tp), tp)
+        assert outcome(lambda tp: load_model(name, tp=tp), tp) == live, (name, tp)
+
+
+def test_views_file_matches_a_fresh_freeze():
+    pytest.importorskip("transformers", reason="freezing needs transformers")
+    recorded = json.loads((views._data_dir() / views.VIEWS_FILE).read_text())
+    fresh = views.freeze_views([relative for _, relative in _bundled()])
+    assert fresh["views"] == recorded["views"]
+
+
+def test_a_view_of_another_file_is_refused(monkeypatch):
+    """The check can fail: a view recorded for another version of the config is an error,
+    never silently served."""
+    relative = next(rel for name, rel in _bundled() if name == "gpt-oss-120b")
+    stale = {relative: {**views._views()[relative], "sha256": "0" * 64}}
+    monkeypatch.setattr(views, "_views", lambda: stale)
+    with pytest.raises(ConfigError, match="another file"):
+        views.bundled_fields(relative, read_bundled_config(relative))
