@@ -208,3 +208,16 @@ def test_worked_example_refusal_after_evicting_everything() -> None:
     q = _price_uncached(snap, Demand((20_000, 80_000)))
     assert not q.fits and q.shortfall_bytes == 2_560_000 and q.reason == "bytes"
     assert q == _price_general(snap, Demand((20_000, 80_000)))
+
+
+def test_order_hash_is_consistent_with_equality() -> None:
+    # A suffix view and a freshly built order of the same units are equal and hash equal;
+    # two orders with the same unit count, total and middle row but a different first unit
+    # ((1,0),(0,1),... vs (0,1),(1,0),...) hash alike and still compare unequal.
+    units = [(1, 0), (0, 1), (2, 2), (1, 1)]
+    whole = EvictionOrder.from_units([(5, 5), *units], 2)
+    fresh = EvictionOrder.from_units(units, 2)
+    assert whole.after(1) == fresh and hash(whole.after(1)) == hash(fresh)
+    swapped = EvictionOrder.from_units([(0, 1), (1, 0), (2, 2), (1, 1)], 2)
+    assert hash(swapped) == hash(fresh) and swapped != fresh
+    assert hash(EvictionOrder()) == 0 == hash(whole.after(5))
