@@ -954,14 +954,21 @@ def _in_place_shortcut(snapshot: ChainSnapshot, pages: tuple[int, ...],
         ``_Refusal``; or ``None``.
     """
     bands = snapshot.bands
+    order = snapshot.evictable
+    units = order.units
+    if not units:  # fitting in place implies the byte bound: walk first, bound on failure
+        actions = _walk_in_place(snapshot, pages, None)
+        if actions is not None:
+            return 0, tuple(actions)
     need = -snapshot.buffer_bytes  # live + demanded bytes past the buffer
     for b, d in zip(bands, pages, strict=True):
         need += (b.live + d) * b.page_bytes
     if need <= 0:
-        actions = _walk_in_place(snapshot, pages, None)
-        return None if actions is None else (0, tuple(actions))
-    order = snapshot.evictable
-    units = order.units
+        if units:
+            actions = _walk_in_place(snapshot, pages, None)
+            if actions is not None:
+                return 0, tuple(actions)
+        return None
     if units:
         freed = order.freed(units)
         evictable = 0
