@@ -17,6 +17,11 @@ Candidates (docs/design.md §3, docs/pricing.md §1-2), cheapest first by bytes 
 * **relocation**: the float is packed (zero holes) against its low or high neighbour,
   after the ENDs compacted just enough; on an empty float this copies nothing.
 
+A demand that fits without a copy (after the least eviction prefix, if bytes must be
+freed), or that the byte bound refuses even after evicting everything, is answered by a
+one-pass shortcut over the counts (``_in_place_shortcut``; docs/pricing.md §6) with the
+same quote the general solver gives.
+
 Refusal comes only with a proof: the byte bound (``demand bytes + live bytes > B``), the
 index-space cap, or the maximal candidate (ENDs fully compacted, float packed) failing to
 place whole pages on the float's grid. A closed move gate removes every candidate that
@@ -820,7 +825,10 @@ def _price_memo(snapshot: ChainSnapshot, demand: Demand) -> Quote:
             _PRICE_MEMO.clear()
         _PRICE_MEMO[key] = quote
     elif quote.before is not snapshot:
-        quote = replace(quote, before=snapshot)  # an equal snapshot of another epoch
+        # An equal snapshot of another epoch (a direct constructor call: the same fields as
+        # dataclasses.replace, several times cheaper).
+        quote = Quote(quote.demand, snapshot, quote.steps, quote.fits, quote.shortfall_bytes,
+                      quote.reason, quote.copied_bytes)
     return quote
 
 
