@@ -17,6 +17,11 @@ Candidates (docs/design.md §3, docs/pricing.md §1-2), cheapest first by bytes 
 * **relocation**: the float is packed (zero holes) against its low or high neighbour,
   after the ENDs compacted just enough; on an empty float this copies nothing.
 
+A demand that fits without a copy (after the least eviction prefix, if bytes must be
+freed), or that the byte bound refuses even after evicting everything, is answered by a
+one-pass shortcut over the counts (``_in_place_shortcut``; docs/pricing.md §6) with the
+same quote the general solver gives.
+
 Refusal comes only with a proof: the byte bound (``demand bytes + live bytes > B``), the
 index-space cap, or the maximal candidate (ENDs fully compacted, float packed) failing to
 place whole pages on the float's grid. A closed move gate removes every candidate that
@@ -261,6 +266,9 @@ def _solve(snapshot: ChainSnapshot, demand: Demand) -> _Plan | _Refusal:
     if len(bands) == 3:
         return _solve_three_bands(snapshot, pages)
     return _solve_chain(snapshot, pages)
+
+
+_GENERAL_SOLVE = _solve  # the shortcut stands for this solver's in-place answer
 
 
 def _solve_two_ends(snapshot: ChainSnapshot, pages: tuple[int, ...]) -> _Plan | _Refusal:
@@ -817,12 +825,36 @@ def _price_memo(snapshot: ChainSnapshot, demand: Demand) -> Quote:
             _PRICE_MEMO.clear()
         _PRICE_MEMO[key] = quote
     elif quote.before is not snapshot:
-        quote = replace(quote, before=snapshot)  # an equal snapshot of another epoch
+        # An equal snapshot of another epoch (a direct constructor call: the same fields as
+        # dataclasses.replace, several times cheaper).
+        quote = Quote(quote.demand, snapshot, quote.steps, quote.fits, quote.shortfall_bytes,
+                      quote.reason, quote.copied_bytes)
     return quote
 
 
 def _price_uncached(snapshot: ChainSnapshot, demand: Demand) -> Quote:
-    """The planner behind :func:`price` (no memo; the demand is already valid)."""
+    """The planner behind :func:`price` (no memo; the demand is already valid).
+
+    A demand that fits without a copy (in place, after the least eviction prefix if it
+    needs one), or that the byte bound refuses even after evicting everything, is answered
+    by :func:`_in_place_shortcut` straight from the counts; every other demand goes to the
+    general solver (:func:`_price_general`). Both give the same quote
+    (``tests/alloc/test_price_shortcut.py`` checks it on random snapshots)."""
+    pages = demand.pages
+    if not any(pages):
+        return Quote(demand, snapshot, (), True)
+    if _solve is _GENERAL_SOLVE:
+        found = _in_place_shortcut(snapshot, pages)
+        if isinstance(found, tuple):
+            return Quote(demand, snapshot, LazyPlan(snapshot, found[1], apply_action), True)
+        if found is not None:
+            return Quote(demand, snapshot, (), False, found.shortfall_bytes, found.reason)
+    return _price_general(snapshot, demand)
+
+
+def _price_general(snapshot: ChainSnapshot, demand: Demand) -> Quote:
+    """The general solver behind :func:`price`, with no shortcut: every candidate
+    (in place, compaction, relocation) after the least eviction prefix (demand valid)."""
     if demand.is_empty:
         return Quote(demand, snapshot, (), True)
     k, base, solved = _solve_with_eviction(snapshot, demand)
@@ -842,7 +874,13 @@ def fits(snapshot: ChainSnapshot, demand: Demand) -> bool:
         InvalidDemandError: as :func:`price`.
     """
     validate_demand(snapshot, demand)
-    return demand.is_empty or isinstance(_solve_with_eviction(snapshot, demand)[2], _Plan)
+    if demand.is_empty:
+        return True
+    if _solve is _GENERAL_SOLVE:
+        found = _in_place_shortcut(snapshot, demand.pages)
+        if found is not None:
+            return isinstance(found, tuple)
+    return isinstance(_solve_with_eviction(snapshot, demand)[2], _Plan)
 
 
 def least_eviction(snapshot: ChainSnapshot, demand: Demand) -> int | None:
@@ -855,8 +893,178 @@ def least_eviction(snapshot: ChainSnapshot, demand: Demand) -> int | None:
     validate_demand(snapshot, demand)
     if demand.is_empty:
         return 0
+    if _solve is _GENERAL_SOLVE:
+        found = _in_place_shortcut(snapshot, demand.pages)
+        if isinstance(found, tuple):
+            return found[0]
+        if found is not None:
+            return None
     k, _, solved = _solve_with_eviction(snapshot, demand)
     return k if isinstance(solved, _Plan) else None
+
+
+# --- the shortcut: demands that fit without a copy ------------------------------------------
+#
+# Most demands (a decode step, a prefill chunk on a chain with room) fit in place: holes
+# first, then each band extends into its gap. The general solver finds that answer first
+# too and returns it at once, but only after building its candidate records, the plan
+# decisions and a snapshot per probed eviction prefix. The shortcut walks the counts once,
+# low -> high, and emits the same actions. It stands for the general solver's in-place
+# answer, so it steps aside whenever ``_solve`` is not the module's own (a planner patched
+# with a planted defect must be the one that answers).
+
+_ACTIONS_MAX = 1 << 16  # interned actions kept (cleared when full; actions are immutable)
+_ACTIONS: dict[tuple[int, int, int], Action] = {}
+
+
+def _action(kind: int, band: int, pages: int) -> Action:
+    """An interned action: ``kind`` 0 ``UseHoles``, 1 ``Extend`` LOW, 2 ``Extend`` HIGH,
+    3 ``Evict`` (``band`` ignored). Equal to a fresh construction (actions are values)."""
+    key = (kind, band, pages)
+    action = _ACTIONS.get(key)
+    if action is None:
+        if len(_ACTIONS) >= _ACTIONS_MAX:
+            _ACTIONS.clear()
+        if kind == 0:
+            action = UseHoles(band, pages)
+        elif kind == 3:
+            action = Evict(pages)
+        else:
+            action = Extend(band, Side.LOW if kind == 1 else Side.HIGH, pages)
+        _ACTIONS[key] = action
+    return action
+
+
+def _in_place_shortcut(snapshot: ChainSnapshot, pages: tuple[int, ...],
+                       ) -> tuple[int, tuple[Action, ...]] | _Refusal | None:
+    """The plan of a demand that fits with no copy, or the byte-bound refusal, or ``None``
+    (ask the general solver).
+
+    Decides exactly as :func:`_solve_with_eviction` does when its answer is in place or a
+    refusal by the byte bound:
+
+    * live + demanded bytes within the buffer: no eviction; the demand must fit in place
+      as it is (else the general solver's answer may be a plan with copies, which it
+      prefers to evicting);
+    * bytes must be freed and eviction can free them: eviction stops at the byte-bound
+      prefix (:meth:`EvictionOrder.least_units_freeing`, a necessary condition) and the
+      demand must fit in place there;
+    * even evicting every unit leaves too few bytes: the refusal of :func:`_solve` after
+      evicting everything (an index-cap refusal of the lowest band past its cap first,
+      else ``BYTES`` short by the bytes still missing).
+
+    ``None`` in every other case, including an order that frees more pages than a band
+    holds (the general path raises its error there).
+
+    Returns:
+        ``(eviction units, actions)``: ``Evict`` first when units > 0, then ``UseHoles``
+        per band low -> high, then ``Extend`` per band (a float low side before high); or a
+        ``_Refusal``; or ``None``.
+    """
+    bands = snapshot.bands
+    order = snapshot.evictable
+    units = order.units
+    if not units:  # fitting in place implies the byte bound: walk first, bound on failure
+        actions = _walk_in_place(snapshot, pages, None)
+        if actions is not None:
+            return 0, tuple(actions)
+    need = -snapshot.buffer_bytes  # live + demanded bytes past the buffer
+    for b, d in zip(bands, pages, strict=True):
+        need += (b.live + d) * b.page_bytes
+    if need <= 0:
+        if units:
+            actions = _walk_in_place(snapshot, pages, None)
+            if actions is not None:
+                return 0, tuple(actions)
+        return None
+    if units:
+        freed = order.freed(units)
+        evictable = 0
+        for b, f in zip(bands, freed, strict=True):
+            evictable += f * b.page_bytes
+        if need <= evictable:  # eviction can free the bytes: stop at the byte-bound prefix
+            k = order.least_units_freeing(tuple([b.page_bytes for b in bands]), need)
+            actions = _walk_in_place(snapshot, pages, order.freed(k))
+            if actions is None:
+                return None
+            actions.insert(0, _action(3, 0, k))
+            return k, tuple(actions)
+    else:
+        freed, evictable = None, 0
+    capped: _Refusal | None = None  # _solve's prelude after evicting everything
+    for i, b in enumerate(bands):
+        d, live, holes = pages[i], b.live, b.holes
+        if freed is not None:
+            if freed[i] > live:
+                return None
+            live -= freed[i]
+            holes += freed[i]
+        if capped is None and d > holes and live + d > b.cap:
+            capped = _Refusal(RefusalReason.INDEX_CAP, (live + d - b.cap) * b.page_bytes)
+    if capped is not None:
+        return capped
+    return _Refusal(RefusalReason.BYTES, need - evictable)
+
+
+def _walk_in_place(snapshot: ChainSnapshot, pages: tuple[int, ...],
+                   freed: tuple[int, ...] | None) -> list[Action] | None:
+    """One pass low -> high: each band takes its holes (plus ``freed[i]`` pages turned into
+    holes by eviction), then extends: the LOW END up, each float into the gap below as far
+    as it reaches and then up, the HIGH END down - the in-place candidate of
+    :func:`_solve_two_ends`, :func:`_solve_three_bands` and :func:`_solve_chain` (the lone
+    band: up to byte B). ``None`` when it does not fit, a band would pass its index cap, or
+    eviction would free more pages than a band holds live."""
+    bands = snapshot.bands
+    top = len(bands) - 1
+    uses: list[Action] = []
+    exts: list[Action] = []
+    x = 0  # the byte the band below ends at after its growth
+    for i, b in enumerate(bands):
+        d = pages[i]
+        holes = b.holes
+        live = b.live
+        if freed is not None:
+            f = freed[i]
+            if f > live:
+                return None
+            holes += f
+            live -= f
+        if d > holes:
+            ext = d - holes
+            if live + d > b.cap:
+                return None
+            if holes:
+                uses.append(_action(0, i, holes))
+        else:
+            ext = 0
+            if d:
+                uses.append(_action(0, i, d))
+        p = b.page_bytes
+        if i == 0:
+            if top == 0 and (live + d) * p > snapshot.buffer_bytes:
+                return None
+            x = b.hi + ext * p
+            if ext:
+                exts.append(_action(2, 0, ext))
+        elif i == top:
+            if b.lo - ext * p < x:
+                return None
+            if ext:
+                exts.append(_action(1, i, ext))
+        else:
+            lo = b.lo
+            if x > lo:
+                return None
+            low = (lo - x) // p
+            if low > ext:
+                low = ext
+            x = b.hi + (ext - low) * p
+            if low:
+                exts.append(_action(1, i, low))
+            if ext > low:
+                exts.append(_action(2, i, ext - low))
+    uses.extend(exts)
+    return uses
 
 
 def _solve_with_eviction(snapshot: ChainSnapshot, demand: Demand,

@@ -219,7 +219,14 @@ class EvictionOrder:
         return self.cumulative == other.cumulative
 
     def __hash__(self) -> int:
-        return hash(self.cumulative) if self.units else 0
+        # O(bands), not O(units): the price memo hashes every snapshot it is asked about,
+        # and an order of thousands of units made that hash cost more than the planner.
+        # Equal orders have equal unit counts and equal rebased rows, hence equal hashes;
+        # orders that differ only between the sampled rows collide, and __eq__ decides.
+        units = self.units
+        if not units:
+            return 0
+        return hash((units, self.freed(units), self.freed(units // 2)))
 
     def __repr__(self) -> str:
         return f"EvictionOrder(units={self.units}, freed={self.freed(self.units)})"
