@@ -160,8 +160,9 @@ EXTRA_SHORT = {
 METRIC_DEFINITIONS = (
     "U* = mean of bytes needed / buffer over steps with requests waiting; "
     "mem-blocked U* = the same over steps whose head waiting request memory refused; "
-    "eff = bytes needed / bytes held; bytes needed = L x E_full + min(L, W) x E_win "
-    "+ (L mod C) x E_loc + S per running request of L tokens; hit rate = prompt tokens "
+    "eff = bytes needed / bytes held (prefix-cache pages included); bytes needed = "
+    "L x E_full + min(L, W) x E_win + (L mod C) x E_loc + S per running request of L "
+    "tokens; hit rate = prompt tokens "
     "served by the prefix cache / prompt tokens admitted (each manager caches in its own "
     "pages); evicted pages = pages and state slots the cache gave up."
 )

@@ -19,7 +19,7 @@ with ``L`` the tokens a request holds once this step's tokens are in. Per step:
   (``StepBatch.memory_blocked``). U* also averages steps where the step's token budget or
   ``max_running``, not memory, held the queue back, so it cannot reach 1; this one can;
 * allocation efficiency = sum of needed / sum of held bytes over steps with pages held
-  (held = bytes of pages bound to requests, null pages excluded).
+  (held = bytes of pages bound to requests or to the prefix cache, null pages excluded).
 
 Prefix cache: every manager gets the same one (:mod:`kvchain.cache`), with the same
 settings (``SimConfig.prefix_cache``, ``cache_points``; on when the trace has content keys,
@@ -27,7 +27,8 @@ as in ``simulate``): the chain and the baselines' pool allocators all take the c
 their evictor, so cached pages are evictable supply their planner prices. The cache uses
 each manager's own pages (e.g. the equal-page pool's 544-token pages on a Qwen3-Next-like
 state hybrid, whose page keys then never match a first 512-token content block, as in
-vLLM). Held bytes include cached pages (they are bound in the buffer).
+vLLM). Held bytes include cached pages (they are bound in the buffer), so with the cache on
+allocation efficiency falls as the cache fills the buffer.
 """
 
 from __future__ import annotations
