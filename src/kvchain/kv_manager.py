@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvchain.alloc.allocator import Allocator
+from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand, Quote
 from kvchain.cache.radix import Hit, Node, PrefixCache, resume_points
@@ -441,9 +441,9 @@ class KVManager:
                 raise ConfigError(f"the prefix cache supports chains with at most one window "
                                   f"or chunked-local band; this one has "
                                   f"{len(self.geom.windows)}")
-            if not isinstance(chain, Chain):
-                raise ConfigError("the prefix cache needs a Chain (it evicts through the "
-                                  "chain's evictor hook)")
+            if not isinstance(chain, EvictingAllocator):
+                raise ConfigError("the prefix cache needs an allocator with an evictor hook "
+                                  "(a Chain or a baseline's PoolAllocator)")
             chain.set_evictor(cache)
 
     # --- queries ---------------------------------------------------------------------------
@@ -700,10 +700,10 @@ class KVManager:
                 assert band is not None
                 layout = self.chain.layout.bands[band]
                 chain = self.chain
-                assert isinstance(chain, Chain)  # a cache is only built on a Chain
-                src = chain.translate(band, np.asarray([req.cow_src], dtype=np.int64))
-                dst = chain.translate(band, np.asarray(req.slots[:1], dtype=np.int64))
-                chain.buffer.copy_pages(layout, src, dst)
+                if isinstance(chain, Chain):  # a baseline's pools keep counts only
+                    src = chain.translate(band, np.asarray([req.cow_src], dtype=np.int64))
+                    dst = chain.translate(band, np.asarray(req.slots[:1], dtype=np.int64))
+                    chain.buffer.copy_pages(layout, src, dst)
                 self.cow_state_copies += 1
                 self.cow_bytes += layout.page_bytes
                 req.cow_src = -1

@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from kvchain.alloc.chain import ChainStats, Grant
+from kvchain.alloc.evictor import Evictor
 from kvchain.alloc.snapshot import ChainSnapshot, Demand, Quote
 from kvchain.layout import ChainLayout
 
@@ -109,4 +110,26 @@ class Allocator(Protocol):
 
     def audit(self) -> None:
         """Check integrity (raises ``AuditError``)."""
+        ...
+
+
+@runtime_checkable
+class EvictingAllocator(Allocator, Protocol):
+    """An :class:`Allocator` that a prefix cache can hold pages of: it takes an
+    :class:`~kvchain.alloc.evictor.Evictor`, puts its eviction order in every snapshot
+    (``ChainSnapshot.evictable``), and executes plans that begin with ``Evict(k)``.
+
+    :class:`~kvchain.alloc.chain.Chain` and the baselines'
+    :class:`~kvchain.baselines.pools.PoolAllocator` implement it, so every memory manager
+    of ``kvchain compare`` can run with the same prefix cache.
+    """
+
+    @property
+    def evictor(self) -> Evictor | None:
+        """The attached prefix cache, or ``None``."""
+        ...
+
+    def set_evictor(self, evictor: Evictor | None) -> None:
+        """Attach (or detach, with ``None``) the evictor (raises ``InvalidDemandError``
+        for an object that is not an :class:`Evictor`)."""
         ...

@@ -28,6 +28,17 @@ gives exactly the baseline's rule:
 A ``SHARED`` pool with equal page bytes is the equal-page pool of vLLM's hybrid
 allocator; with one-token pages and no null pages it is the exact-bytes ideal
 (:mod:`kvchain.baselines.managers` builds both).
+
+Prefix cache (:meth:`PoolAllocator.set_evictor`, as on the chain): every snapshot carries
+the cache's :class:`~kvchain.alloc.snapshot.EvictionOrder` and the planner may start a plan
+with ``Evict(k)``. Its prediction (the freed pages become holes of their band) is exact for
+both rules: ``FIXED`` - a freed page returns to its own pool, which is what a hole of a
+band spanning its pool is (the predicted snapshot equals the pool's own after the
+eviction); ``SHARED`` - moves are allowed, so whether a demand fits depends on live pages
+alone (docs/pricing.md), and the freed bytes are shared supply for every band.
+:meth:`PoolAllocator.take` executes the ``Evict`` step exactly: the evictor must hand back
+``order.freed(k)`` held pages per band and leave ``order.after(k)``, checked before any
+page is released.
 """
 
 from __future__ import annotations
@@ -39,15 +50,25 @@ from types import TracebackType
 import numpy as np
 
 from kvchain.alloc.chain import ChainStats, Grant
+from kvchain.alloc.evictor import Evictor
 from kvchain.alloc.pricing import price, validate_demand
 from kvchain.alloc.quotes import QuoteRegistry
-from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot, Demand, Quote
+from kvchain.alloc.snapshot import (
+    BandSnapshot,
+    ChainSnapshot,
+    Demand,
+    Evict,
+    EvictionOrder,
+    LazyPlan,
+    Quote,
+)
 from kvchain.errors import (
     AuditError,
     CapacityError,
     ConfigError,
     DoubleReleaseError,
     InvalidDemandError,
+    PlanMismatchError,
     ReservedPageError,
     UnknownPageError,
 )
@@ -132,6 +153,9 @@ class PoolAllocator:
         self._quotes = QuoteRegistry("pool allocator")
         self._snap: ChainSnapshot | None = None
         self._takes = self._releases = 0
+        self._evictor: Evictor | None = None
+        self._evictor_version = -1  # the evictor version the cached snapshot saw
+        self._evicted = [0] * n  # pages (slots) evicted per band
         reserved = Demand(tuple(b.reserved_pages for b in layout.bands))
         self._null: tuple[int | None, ...] = (None,) * n
         if not reserved.is_empty:
@@ -157,13 +181,48 @@ class PoolAllocator:
 
     @property
     def stats(self) -> ChainStats:
-        """Takes and releases; nothing is ever copied."""
-        return ChainStats(self._takes, self._releases, 0, 0, 0, 0, 0)
+        """Takes, releases and pages evicted through the evictor; nothing is ever copied."""
+        return ChainStats(self._takes, self._releases, 0, 0, 0, 0, 0, sum(self._evicted))
+
+    @property
+    def evicted_pages(self) -> tuple[int, ...]:
+        """Pages (state slots for a state band) evicted through ``Evict`` steps, per band."""
+        return tuple(self._evicted)
+
+    @property
+    def evictor(self) -> Evictor | None:
+        """The prefix cache whose unlocked pages the planner may evict, or ``None``."""
+        return self._evictor
+
+    def set_evictor(self, evictor: Evictor | None) -> None:
+        """Attach (or detach, with ``None``) the prefix cache that offers evictable supply
+        (as :meth:`kvchain.alloc.chain.Chain.set_evictor`): from then on every snapshot
+        carries ``evictor.eviction_order()`` and a plan may start with ``Evict(k)``. One
+        epoch bump (issued quotes are void).
+
+        Raises:
+            InvalidDemandError: ``evictor`` does not implement :class:`Evictor`.
+        """
+        if evictor is not None and not isinstance(evictor, Evictor):
+            raise InvalidDemandError(f"expected an Evictor, got {type(evictor).__name__}")
+        self._evictor = evictor
+        self._evictor_version = -1
+        self._changed()
 
     def snapshot(self) -> ChainSnapshot:
-        """The synthesized snapshot that encodes the rule (cached per epoch)."""
+        """The synthesized snapshot that encodes the rule, with the evictor's order
+        (cached per epoch; a new evictor version is a new epoch and voids issued quotes).
+
+        Raises:
+            PlanMismatchError: the evictor's order is not an :class:`EvictionOrder` as wide
+                as the allocator.
+        """
+        if self._evictor is not None and self._evictor.version != self._evictor_version:
+            self._changed()  # the evictable supply changed: a new capacity epoch
         if self._snap is None:
             self._snap = self._build_snapshot()
+            if self._evictor is not None:
+                self._evictor_version = self._evictor.version
         return self._snap
 
     def empty_snapshot(self) -> ChainSnapshot:
@@ -212,13 +271,23 @@ class PoolAllocator:
             quote: a quote :meth:`price` issued for ``demand`` since the last change, or
                 ``None`` (priced now).
 
+        A quote whose plan begins with ``Evict(k)`` first has the evictor give up its
+        first ``k`` units; the freed ids are checked (``order.freed(k)`` per band, held,
+        distinct, no null page; the evictor's order left is ``order.after(k)``) before any
+        is released, then the demand is bound.
+
         Raises:
             InvalidDemandError: wrong length or negative pages.
             ForgedQuoteError / StaleQuoteError: ``quote`` is not a live quote of this
                 allocator for ``demand``.
-            CapacityError: the rule refuses (shortfall in bytes).
+            CapacityError: the rule refuses (shortfall in bytes, measured after evicting
+                every evictable unit).
+            PlanMismatchError: an ``Evict`` step the evictor cannot honour: none attached,
+                its order moved without a version bump, or it handed back other pages
+                than its order said (the evictor has then already forgotten them: a bug
+                of the cache; they stay bound here and show as leaked pages).
 
-            Nothing changes on any error.
+            Nothing changes in the allocator on any error.
         """
         snap = self.snapshot()
         validate_demand(snap, demand)
@@ -231,6 +300,17 @@ class PoolAllocator:
             raise CapacityError(
                 f"{self.rule.value} pools refuse {demand.pages}: short {quote.shortfall_bytes:,} B",
                 shortfall_bytes=quote.shortfall_bytes, demand=demand, reason=reason)
+        steps = quote.steps
+        actions = steps.actions if isinstance(steps, LazyPlan) else [s.action for s in steps]
+        evict = actions[0] if actions and isinstance(actions[0], Evict) else None
+        freed = self._evict(evict.units, snap, demand) if evict is not None else None
+        if freed is not None:
+            for i, ids in enumerate(freed):
+                if ids:
+                    self._bound[i].difference_update(ids)
+                    self._free[i].extend(ids)
+                    self._free[i].sort(reverse=True)
+                    self._evicted[i] += len(ids)
         pages = []
         for i, k in enumerate(demand.pages):
             free, bound = self._free[i], self._bound[i]
@@ -272,6 +352,80 @@ class PoolAllocator:
         self._releases += 1
         self._changed()
 
+    def _evict(self, units: int, snap: ChainSnapshot, demand: Demand) -> list[list[int]]:
+        """Run the ``Evict(units)`` step's evictor side and return the freed ids per band,
+        all checked; the caller releases them. Every check that needs no eviction runs
+        before the evictor is asked (so a refusal there changes nothing anywhere).
+
+        Raises:
+            PlanMismatchError: see :meth:`take`.
+        """
+        evictor = self._evictor
+        if evictor is None:
+            raise PlanMismatchError(f"Evict({units}): no evictor is attached")
+        order = snap.evictable
+        if evictor.version != self._evictor_version or self._checked_order() != order:
+            raise PlanMismatchError(f"Evict({units}): the evictor's order changed since the "
+                                    f"snapshot without a version bump")
+        if not 0 < units <= order.units:
+            raise PlanMismatchError(f"Evict({units}) with {order.units} eviction units")
+        expected = order.freed(units)
+        live = [len(b) - e for b, e in zip(self._bound, expected, strict=True)]
+        self._check_rule(live, demand, units)
+        raw = evictor.evict(units)
+        if len(raw) != len(self._bound):
+            raise PlanMismatchError(f"Evict({units}): the evictor returned {len(raw)} bands")
+        freed: list[list[int]] = []
+        for i, (ids_raw, want) in enumerate(zip(raw, expected, strict=True)):
+            ids = [int(v) for v in np.asarray(ids_raw, dtype=np.int64).reshape(-1)]
+            if len(ids) != want:
+                raise PlanMismatchError(f"Evict({units}): band {i} freed {len(ids)} pages, "
+                                        f"the order said {want}")
+            if (len(set(ids)) != len(ids) or not self._bound[i].issuperset(ids)
+                    or (self._null[i] is not None and self._null[i] in ids)):
+                raise PlanMismatchError(f"Evict({units}): band {i} freed ids that are not "
+                                        f"held pages")
+            freed.append(ids)
+        left = self._checked_order()
+        if left != order.after(units):
+            raise PlanMismatchError(f"Evict({units}): the evictor's order after evicting is "
+                                    f"not the rest of the order it published")
+        return freed
+
+    def _check_rule(self, live: Sequence[int], demand: Demand, units: int) -> None:
+        """The rule itself on the counts after evicting (a check of the planner's answer):
+        ``FIXED``: ``live_i + d_i <= pool_i`` per pool; ``SHARED``: the bytes fit ``B``.
+
+        Raises:
+            PlanMismatchError: the plan would break the rule (a planner bug).
+        """
+        need = [n + d for n, d in zip(live, demand.pages, strict=True)]
+        if self.rule is CapacityRule.FIXED:
+            ok = all(n <= cap for n, cap in zip(need, self._caps, strict=True))
+        else:
+            ok = sum(n * b.page_bytes for n, b in zip(need, self.layout.bands, strict=True)) \
+                <= self.layout.buffer_bytes
+        if not ok:
+            raise PlanMismatchError(f"Evict({units}) then {demand.pages} breaks the "
+                                    f"{self.rule.value} rule")
+
+    def _checked_order(self) -> EvictionOrder:
+        """The evictor's current order, checked to be an :class:`EvictionOrder` as wide as
+        the allocator (the canonical empty order fits any width).
+
+        Raises:
+            PlanMismatchError: the evictor broke its contract.
+        """
+        assert self._evictor is not None
+        order = self._evictor.eviction_order()
+        if not isinstance(order, EvictionOrder):
+            raise PlanMismatchError(f"the evictor's eviction_order() returned "
+                                    f"{type(order).__name__}, not an EvictionOrder")
+        if order.units and len(order.cumulative[0]) != len(self._bound):
+            raise PlanMismatchError(f"the evictor's order has {len(order.cumulative[0])} "
+                                    f"bands, the allocator {len(self._bound)}")
+        return order
+
     def pin_moves(self) -> NoMovePin:
         """A pin on a gate that never closes (nothing moves here)."""
         return NoMovePin()
@@ -287,7 +441,10 @@ class PoolAllocator:
                 raise AuditError(f"band {i}: {len(bound)} pages bound over its pool of {cap}")
             if set(self._free[i]) & bound:
                 raise AuditError(f"band {i}: an id is both free and bound")
-        if self._snap is not None and self._snap != self._build_snapshot():
+        evictor_moved = (self._evictor is not None
+                         and self._evictor.version != self._evictor_version)
+        if self._snap is not None and not evictor_moved and \
+                self._snap != self._build_snapshot():  # else stale by design, rebuilt lazily
             raise AuditError("cached snapshot differs from a fresh one")
         if self.live_bytes() > self.layout.buffer_bytes:
             raise AuditError("live pages exceed the buffer")
@@ -310,9 +467,11 @@ class PoolAllocator:
         return band
 
     def _build_snapshot(self) -> ChainSnapshot:
-        return self._snapshot_of([len(b) for b in self._bound])
+        order = self._checked_order() if self._evictor is not None else None
+        return self._snapshot_of([len(b) for b in self._bound], order)
 
-    def _snapshot_of(self, live: Sequence[int]) -> ChainSnapshot:
+    def _snapshot_of(self, live: Sequence[int],
+                     order: EvictionOrder | None = None) -> ChainSnapshot:
         spans = self._caps if self.rule is CapacityRule.FIXED else tuple(live)
         movable = self.rule is CapacityRule.SHARED
         bands = self.layout.bands
@@ -331,4 +490,6 @@ class PoolAllocator:
             cap = span if self.rule is CapacityRule.FIXED else self._caps[i]
             out.append(BandSnapshot(bl.label, bl.anchor, pb, lo, hi, n_live, span - n_live,
                                     cap, movable=movable))
-        return ChainSnapshot(total, tuple(out), self._epoch)
+        if order is None:
+            return ChainSnapshot(total, tuple(out), self._epoch)
+        return ChainSnapshot(total, tuple(out), self._epoch, order)

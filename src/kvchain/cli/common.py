@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Annotated
 
+import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from kvchain.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
+from kvchain.cache.radix import ResumePolicy
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
 from kvchain.gpu import GPUSpec
@@ -245,6 +248,19 @@ KV_DTYPE_HELP = ("Element type of attention K/V (default: the config's kv_cache_
                  "quantization_config, else bf16).")
 STATE_DTYPE_HELP = ("Element type of the recurrent state (default: the config's "
                     "mamba_ssm_dtype / mamba_ssm_cache_dtype / mamba_cache_dtype, else bf16).")
+
+
+PrefixCacheOption = Annotated[bool | None, typer.Option(
+    "--prefix-cache/--no-prefix-cache",
+    help="Serve cached prompt prefixes (default: on when the trace has content keys, e.g. "
+         "mooncake's hash_ids).")]
+"""``--prefix-cache/--no-prefix-cache`` (``simulate`` and ``compare``): ``None`` when not
+given, i.e. on when the trace carries content keys (``SimConfig.prefix_cache``)."""
+
+CachePointsOption = Annotated[ResumePolicy, typer.Option(
+    help="Where cached prompts keep window tails and state checkpoints: every content "
+         "block (blocks) or only the last block boundary and the prompt end (ends).")]
+"""``--cache-points`` (``simulate`` and ``compare``): ``SimConfig.cache_points``."""
 
 
 def render_bands(layout: ChainLayout) -> Table:

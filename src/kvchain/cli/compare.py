@@ -3,10 +3,12 @@
 Managers: kvchain, fixed-pools, equal-page, ideal (:mod:`kvchain.baselines.managers`).
 Shows a progress bar per manager, then prints a table (``comparison_table``: throughput,
 TTFT/TPOT, retractions, peak running, U*, memory-blocked U* and allocation efficiency in
-percent; 80 columns, ``--wide`` for every row) with the metrics' definitions, or
-``--json``; with ``--out DIR`` writes ``compare.json`` and ``compare.png`` (throughput, U*
-and memory-blocked U* per manager, labelled; bytes needed and held over time) and says
-where.
+percent, and with the prefix cache on its hit rate, hit tokens and evicted pages; 80
+columns, ``--wide`` for every row) with the metrics' definitions, or ``--json``. Every
+manager gets the same prefix cache (``--prefix-cache/--no-prefix-cache``, default on when
+the trace has content keys; ``--cache-points``), as ``kvchain simulate`` gives kvchain.
+With ``--out DIR`` writes ``compare.json`` and ``compare.png`` (throughput, U* and
+memory-blocked U* per manager, labelled; bytes needed and held over time) and says where.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.admission import ReservePolicy
 from kvchain.baselines import ManagerKind
+from kvchain.cache.radix import ResumePolicy
 from kvchain.cli import app
 from kvchain.cli.common import (
     KV_DTYPE_HELP,
     STATE_DTYPE_HELP,
+    CachePointsOption,
+    PrefixCacheOption,
     check_flags,
     load_spec,
     overload_hint,
@@ -46,11 +51,15 @@ from kvchain.spec.layers import CacheDtype
 
 def compare_json(runs: dict[ManagerKind, ManagerRun]) -> dict[str, object]:
     """The runs as JSON: manager -> rule, U*, memory-blocked U*, allocation efficiency,
-    buffer bytes and the summary (``SimSummary.to_json``)."""
+    buffer bytes, the summary (``SimSummary.to_json``; its ``extra`` has the hit rate, hit
+    tokens and evicted pages), and ``prefix_cache`` (``PrefixCacheStats.to_json``: prompt
+    and hit tokens, hit rate, pages evicted per band; ``null`` when the cache was off)."""
     return {
         str(k): {"rule": r.rule, "u_star": r.u_star, "u_star_mem": r.u_star_mem,
                  "alloc_efficiency": r.alloc_efficiency,
-                 "buffer_bytes": r.buffer_bytes, "summary": r.summary.to_json()}
+                 "buffer_bytes": r.buffer_bytes, "summary": r.summary.to_json(),
+                 "prefix_cache": (r.prefix_cache.to_json()
+                                  if r.prefix_cache is not None else None)}
         for k, r in runs.items()
     }
 
@@ -132,6 +141,8 @@ def compare(
     trace: Annotated[str, typer.Option(help="bundled trace name or trace file (formats "
                                             "below)")] = "azure-conv",
     requests: Annotated[int | None, typer.Option(help="first N requests")] = 500,
+    end_s: Annotated[float | None, typer.Option(help="keep arrivals before this second")]
+    = None,
     rate_scale: Annotated[float, typer.Option(help="arrival-rate multiplier")] = 1.0,
     block_tokens: Annotated[int, typer.Option(help="tokens per hash_ids block of a generic "
                                                    "trace")] = MOONCAKE_BLOCK_TOKENS,
@@ -168,6 +179,8 @@ def compare(
              "instead of counting it")] = False,
     kv_dtype: Annotated[CacheDtype | None, typer.Option(help=KV_DTYPE_HELP)] = None,
     state_dtype: Annotated[CacheDtype | None, typer.Option(help=STATE_DTYPE_HELP)] = None,
+    prefix_cache: PrefixCacheOption = None,
+    cache_points: CachePointsOption = ResumePolicy.BLOCKS,
 ) -> None:
     """Run every memory manager on the same model, GPU, trace and scheduler."""
     console = Console(stderr=as_json)
@@ -179,8 +192,9 @@ def compare(
     try:
         if not kinds:
             raise ConfigError("--managers names no manager")
-        check_flags(requests=requests, rate_scale=rate_scale, block_tokens=block_tokens,
-                    mem_fraction=mem_fraction, buffer_bytes=buffer_bytes, page_size=page_size,
+        check_flags(requests=requests, end_s=end_s, rate_scale=rate_scale,
+                    block_tokens=block_tokens, mem_fraction=mem_fraction,
+                    buffer_bytes=buffer_bytes, page_size=page_size,
                     tp=tp, max_running=max_running, chunk_size=chunk_size, step_ms=step_ms)
         model_spec = load_spec(model, config, spec_file=spec, tp=tp, kv_dtype=kv_dtype,
                                state_dtype=state_dtype)
@@ -189,11 +203,12 @@ def compare(
                                     max_prefill_tokens=max(chunk_size, 8192), policy=policy,
                                     strict=strict,
                                     reserve=reserve_config(reserve, new_token_ratio))
-        tr = load_trace(trace, first=requests, rate_scale=rate_scale,
+        tr = load_trace(trace, first=requests, end_s=end_s, rate_scale=rate_scale,
                         block_tokens=block_tokens)
         cfg = SimConfig(model_spec, gpu_spec, tr, mem_fraction=mem_fraction,
                         page_size=page_size, scheduler=scheduler, buffer_bytes=buffer_bytes,
-                        clock=clock, step_ms=step_ms)
+                        clock=clock, step_ms=step_ms, prefix_cache=prefix_cache,
+                        cache_points=cache_points)
         buffer = cfg.layout().buffer_bytes
         if clock is ClockKind.ROOFLINE:
             GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed

@@ -18,6 +18,8 @@ from kvchain.cli import app
 from kvchain.cli.common import (
     KV_DTYPE_HELP,
     STATE_DTYPE_HELP,
+    CachePointsOption,
+    PrefixCacheOption,
     check_flags,
     load_spec,
     overload_hint,
@@ -111,14 +113,8 @@ def simulate_command(
         "--truncate", help="Cut the prompt of a request past the model's context to "
                            "context - output tokens (counted) instead of rejecting it.")]
     = False,
-    prefix_cache: Annotated[bool | None, typer.Option(
-        "--prefix-cache/--no-prefix-cache",
-        help="Serve cached prompt prefixes (default: on when the trace has content keys, "
-             "e.g. mooncake's hash_ids).")] = None,
-    cache_points: Annotated[ResumePolicy, typer.Option(
-        help="Where cached prompts keep window tails and state checkpoints: every content "
-             "block (blocks) or only the last block boundary and the prompt end (ends).")]
-    = ResumePolicy.BLOCKS,
+    prefix_cache: PrefixCacheOption = None,
+    cache_points: CachePointsOption = ResumePolicy.BLOCKS,
 ) -> None:
     """Simulate serving a request trace with the kvchain memory manager.
 

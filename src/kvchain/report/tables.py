@@ -150,6 +150,9 @@ EXTRA_SHORT = {
     "alloc_efficiency_pct": "eff (%)",
     "requests_rejected_context": "past context",
     "requests_truncated": "truncated",
+    "prefix_hit_rate_pct": "hit rate (%)",
+    "prefix_hit_tokens": "hit tokens",
+    "prefix_evicted_pages": "evicted pages",
 }
 """Short labels of the ``extra`` counters in side-by-side tables (defined in
 :data:`METRIC_DEFINITIONS`)."""
@@ -157,8 +160,11 @@ EXTRA_SHORT = {
 METRIC_DEFINITIONS = (
     "U* = mean of bytes needed / buffer over steps with requests waiting; "
     "mem-blocked U* = the same over steps whose head waiting request memory refused; "
-    "eff = bytes needed / bytes held; bytes needed = L x E_full + min(L, W) x E_win "
-    "+ (L mod C) x E_loc + S per running request of L tokens."
+    "eff = bytes needed / bytes held (prefix-cache pages included); bytes needed = "
+    "L x E_full + min(L, W) x E_win + (L mod C) x E_loc + S per running request of L "
+    "tokens; hit rate = prompt tokens "
+    "served by the prefix cache / prompt tokens admitted (each manager caches in its own "
+    "pages); evicted pages = pages and state slots the cache gave up."
 )
 """One-paragraph definitions printed under side-by-side tables."""
 
@@ -186,7 +192,8 @@ def summary_table(summary: SimSummary, *, title: str) -> Table:
     return table
 
 
-NARROW_EXTRAS = ("u_star_pct", "u_star_mem_pct", "alloc_efficiency_pct", "pages_copied")
+NARROW_EXTRAS = ("u_star_pct", "u_star_mem_pct", "alloc_efficiency_pct", "pages_copied",
+                 "prefix_hit_rate_pct", "prefix_hit_tokens", "prefix_evicted_pages")
 """``extra`` counters the narrow side-by-side table shows (``wide`` shows all)."""
 
 

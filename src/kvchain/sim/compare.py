@@ -19,7 +19,16 @@ with ``L`` the tokens a request holds once this step's tokens are in. Per step:
   (``StepBatch.memory_blocked``). U* also averages steps where the step's token budget or
   ``max_running``, not memory, held the queue back, so it cannot reach 1; this one can;
 * allocation efficiency = sum of needed / sum of held bytes over steps with pages held
-  (held = bytes of pages bound to requests, null pages excluded).
+  (held = bytes of pages bound to requests or to the prefix cache, null pages excluded).
+
+Prefix cache: every manager gets the same one (:mod:`kvchain.cache`), with the same
+settings (``SimConfig.prefix_cache``, ``cache_points``; on when the trace has content keys,
+as in ``simulate``): the chain and the baselines' pool allocators all take the cache as
+their evictor, so cached pages are evictable supply their planner prices. The cache uses
+each manager's own pages (e.g. the equal-page pool's 544-token pages on a Qwen3-Next-like
+state hybrid, whose page keys then never match a first 512-token content block, as in
+vLLM). Held bytes include cached pages (they are bound in the buffer), so with the cache on
+allocation efficiency falls as the cache fills the buffer.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from kvchain.sched.request import StepBatch
 from kvchain.sched.scheduler import Scheduler
 from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.metrics import SimSummary, summarize
+from kvchain.sim.prefix import PrefixCacheStats
 from kvchain.spec.layers import CacheClass, LifetimeClass
 
 
@@ -114,6 +124,10 @@ class ManagerRun:
         alloc_efficiency: needed / held bytes (0..1; None if nothing was held).
         series: bytes needed and held over time (at most ``max_points``).
         buffer_bytes: ``B``.
+        u_star_mem: memory-blocked U* (0..1; None if memory never refused the head).
+        prefix_cache: the prefix cache's figures (hit tokens and rate, pages evicted per
+            band), or ``None`` when the cache was off; ``summary.extra`` then also has
+            ``prefix_hit_rate_pct``, ``prefix_hit_tokens`` and ``prefix_evicted_pages``.
     """
 
     kind: ManagerKind
@@ -124,6 +138,7 @@ class ManagerRun:
     series: tuple[BytesPoint, ...]
     buffer_bytes: int
     u_star_mem: float | None = None
+    prefix_cache: PrefixCacheStats | None = None
 
 
 class _BytesObserver:
@@ -166,8 +181,9 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
     with that manager's allocator, measuring bytes needed and held after each allocation).
 
     Args:
-        config: model, GPU, trace, buffer, page size and scheduler limits (as ``simulate``;
-            its ``prefix_cache`` is ignored: no manager caches prefixes here).
+        config: model, GPU, trace, buffer, page size, scheduler limits and prefix-cache
+            settings (``prefix_cache``, ``cache_points``), as for ``simulate``; every
+            manager runs with the same settings.
         kind: the memory manager.
         max_points: most points kept in ``series`` (every k-th step).
         audit_every_step: audit the allocator and KV manager after every step (tests).
@@ -179,9 +195,6 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
         SimulationStuckError: requests wait with nothing to run (a bug).
         AdmissionDivergenceError: the allocator refused an admitted batch (a bug).
     """
-    # The baselines have no prefix cache yet: every manager runs without one, so the
-    # comparison stays like for like (kvchain's cache is measured by ``simulate``).
-    config = replace(config, prefix_cache=False)
     buffer = config.layout().buffer_bytes
     setup = build_manager(kind, config.model.classes, buffer, config.page_size)
     # A manager with larger pages (equal-page) chunks prefills in whole pages of its own.
@@ -212,7 +225,7 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
     points = observer.points
     stride = max(1, -(-len(points) // max_points))
     return ManagerRun(kind, setup.rule, summary, u_star, efficiency,
-                      tuple(points[::stride]), buffer, u_mem)
+                      tuple(points[::stride]), buffer, u_mem, result.prefix_cache)
 
 
 def compare_managers(config: SimConfig, kinds: Sequence[ManagerKind] = tuple(ManagerKind), *,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kvchain.alloc.allocator import Allocator
+from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain, ChainStats
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
 from kvchain.errors import KVChainError
@@ -174,7 +174,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     cache: PrefixCache | None = None
     stats: PrefixCacheStats | None = None
     block = trace_block_tokens(config.trace)
-    if use_cache and isinstance(chain, Chain):
+    if use_cache and isinstance(chain, EvictingAllocator):
         page = layout.page_size
         interval = -(-block // page) * page  # resume points on content-block boundaries
         cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=interval,
