@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvchain.cache.radix import CacheGeometry, PrefixCache, resume_points
-from kvchain.errors import InvalidRequestError, PlanMismatchError
+from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
 
 # Band 0 window (W = 5 tokens), band 1 full; P = 4. The tail of point q (pages) is
 # [window_start(4q) // 4, q) = [(4q - 4) // 4, q) = [q - 1, q): one page.
@@ -142,3 +142,28 @@ def test_evict_leaves_exactly_the_suffix_order(ops):
             c.audit(handles)
         assert all(isinstance(f, np.ndarray) for f in c.evict(c.eviction_order().units)) \
             if c.eviction_order().units else True
+
+
+def test_held_counts_follow_insert_and_evict_by_hand():
+    c = cache()
+    assert c.held_counts == (0, 0)
+    # First prompt: window tails 101, 103, 104 and full 11-15 -> (3, 5).
+    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})
+    assert c.held_counts == (3, 5)
+    # Second prompt shares pages 0-1: window 201 and full 21-22 are duplicates; it adds
+    # window 203 and full 23-24 -> (4, 7).
+    c.insert([1, 2, 6, 7], 0, [21, 22, 23, 24], {1: 201, 3: 203}, {})
+    assert c.held_counts == (4, 7)
+    # Unlocked: the whole order frees exactly what is held.
+    assert c.eviction_order().freed(c.eviction_order().units) == c.held_counts
+    c.evict(2)  # LEAF(A rest) frees (2, 3), TAILS(upper) (1, 0): (4 - 3, 7 - 3)
+    assert c.held_counts == (1, 4)
+    c.audit([])
+
+
+def test_audit_catches_miscounted_held_pages():
+    c = cache()
+    c.insert([1, 2, 3], 0, [11, 12, 13], {1: 101}, {})
+    c._held[1] += 1  # planted: a counter that drifted from the tree
+    with pytest.raises(AuditError, match="held page counters"):
+        c.audit([])

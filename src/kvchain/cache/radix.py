@@ -253,6 +253,7 @@ class PrefixCache:
         self._order_cache: tuple[int, EvictionOrder, list[tuple[int, Node]]] | None = None
         self.evicted_pages = [0] * geom.num_bands
         self.evictions = 0
+        self._held = [0] * geom.num_bands  # pages / slots held per band (held_counts)
 
     # --- Evictor -------------------------------------------------------------------------
 
@@ -287,6 +288,7 @@ class PrefixCache:
                 node.parent = None
         for b, ids in enumerate(freed):
             self.evicted_pages[b] += len(ids)
+            self._held[b] -= len(ids)
         self.evictions += units
         self._bump()
         return tuple(np.asarray(ids, dtype=np.int64) for ids in freed)
@@ -539,6 +541,7 @@ class PrefixCache:
         g = self.geom
         n = len(keys)
         dups: list[list[int]] = [[] for _ in range(g.num_bands)]
+        kept = [0] * g.num_bands  # pages the cache takes, per band (held_counts)
         now = self._tick()
         window = dict(window)
         ckpts = dict(ckpts)
@@ -565,6 +568,7 @@ class PrefixCache:
                         child.win[i - pos] = v
                         child.win_live += 1
                         child.tail_time = now
+                        kept[g.window] += 1
                     else:
                         dups[g.window].append(v)
             if g.state is not None:
@@ -575,6 +579,7 @@ class PrefixCache:
                     else:
                         child.ckpts[p] = v
                         child.tail_time = now
+                        kept[g.state] += 1
             node, pos = child, pos + j
         if pos < n:
             win = [window.pop(i, -1) for i in range(pos, n)] if g.window is not None else []
@@ -582,6 +587,14 @@ class PrefixCache:
                        list(full[pos:n]) if g.full is not None else [], win,
                        {p: ckpts.pop(p) for p in [p for p in ckpts if pos < p <= n]}, now)
             node.children[keys[pos]] = new
+            if g.full is not None:
+                kept[g.full] += len(new.full)
+            if g.window is not None:
+                kept[g.window] += new.win_live
+            if g.state is not None:
+                kept[g.state] += len(new.ckpts)
+        for b, k in enumerate(kept):
+            self._held[b] += k
         if g.window is not None:
             dups[g.window].extend(window.values())
         if g.state is not None:
@@ -590,6 +603,14 @@ class PrefixCache:
         return dups
 
     # --- integrity -----------------------------------------------------------------------
+
+    @property
+    def held_counts(self) -> tuple[int, ...]:
+        """Pages (state slots for a state band) the cache holds per band, locked or not:
+        counters kept by :meth:`insert` and :meth:`evict`, so O(bands) to read (the
+        per-step band samples read them); :meth:`audit` checks them against
+        :meth:`held_pages`."""
+        return tuple(self._held)
 
     def held_pages(self) -> list[list[int]]:
         """Every virtual id the cache holds, per band."""
@@ -612,6 +633,10 @@ class PrefixCache:
             AuditError: naming the first thing found wrong.
         """
         g = self.geom
+        held = [len(ids) for ids in self.held_pages()]
+        if list(self.held_counts) != held:
+            raise AuditError(f"held page counters {list(self.held_counts)} per band, the tree "
+                             f"holds {held}")
         expected: dict[int, int] = {}
         for h in handles:
             n: Node | None = h

@@ -1,9 +1,11 @@
 """PNG plots of a simulation (matplotlib, Agg canvas: no display, no pyplot state).
 
 - :func:`band_chart`: the chain moving. x = simulated time (s), y = byte offset in the KV
-  buffer; each band's span ``[lo, hi)`` is a filled area over time (light = the span,
-  holes included), its live bytes a darker area packed toward the band's anchor (bottom
-  for a LOW END, top for a HIGH END, the low edge for the FLOAT band); white = free gaps.
+  buffer; each band's span ``[lo, hi)`` is a filled area over time (pale = holes), its
+  live bytes packed toward the band's anchor (bottom for a LOW END, top for a HIGH END,
+  the low edge for the FLOAT band) and split by owner: requests' pages (solid), prefix-
+  cache pages locked by a running hit (cross-hatched) and evictable (hatched); white =
+  free gaps.
 - :func:`utilization_chart`: KV utilization (%) and the running / waiting queues over time.
 - :func:`latency_cdfs`: empirical CDFs of TTFT and TPOT (ms, log x) of finished requests.
 - :func:`write_all_plots`: the three of them for a recorder, into a folder.
@@ -18,9 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from kvchain.errors import ConfigError
@@ -76,13 +81,20 @@ def _held(values: np.ndarray) -> np.ndarray:
     return np.concatenate((values[:1], values))
 
 
+_BAND_FIELDS = ("lo", "hi", "live", "request", "locked", "evictable")
+
+
 def _band_series(
     samples: Sequence[StepSample],
 ) -> dict[str, dict[str, np.ndarray]]:
-    """Per band label: arrays lo, hi, live (NaN where a sample lacks the band)."""
+    """Per band label: arrays of bytes (NaN where a sample lacks the band): ``lo``, ``hi``,
+    ``live``, and the owners of the live bytes: ``request`` (requests' own pages plus the
+    null page; ``live - cached`` when a sample did not count requests), ``locked`` (cached,
+    locked by a running request's hit) and ``evictable`` (cached, unlocked); ``request +
+    locked + evictable == live`` whenever the sample's owners add up."""
     labels = list(dict.fromkeys(b.label for s in samples for b in s.bands))
     series = {
-        label: {k: np.full(len(samples), np.nan) for k in ("lo", "hi", "live")} for label in labels
+        label: {k: np.full(len(samples), np.nan) for k in _BAND_FIELDS} for label in labels
     }
     for i, sample in enumerate(samples):
         for band in sample.bands:
@@ -90,6 +102,13 @@ def _band_series(
             arrays["lo"][i] = band.lo
             arrays["hi"][i] = band.hi
             arrays["live"][i] = band.live_bytes
+            cached = band.cached_bytes
+            arrays["request"][i] = max(0, band.live_bytes - cached
+                                       if band.request_bytes is None
+                                       else band.request_bytes + band.reserved_bytes)
+            evictable = min(band.evictable_bytes, cached)  # sources that disagree: clip
+            arrays["locked"][i] = cached - evictable
+            arrays["evictable"][i] = evictable
     return {label: {k: _held(v) for k, v in arrays.items()} for label, arrays in series.items()}
 
 
@@ -111,8 +130,28 @@ def _color(label: str, index: int) -> str:
     return _BAND_COLORS.get(label, _OTHER_COLORS[index % len(_OTHER_COLORS)])
 
 
+# How each owner of a band's bytes is shaded (alpha, hatch), packed from the band's anchor
+# outward in this order; the rest of the span up to the far frontier is holes.
+_LAYERS = (
+    ("request", 0.92, None, "requests' pages (in use by running requests)"),
+    ("locked", 0.62, "xx", "prefix cache, locked (a running request's hit)"),
+    ("evictable", 0.42, "///", "prefix cache, evictable (unlocked: LRU eviction frees it)"),
+)
+_HOLE_ALPHA = 0.14
+
+
 def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Path) -> Path:
-    """Draw the bands of the chain over time and save it as a PNG.
+    """Draw the bands of the chain over time, with who owns their bytes, and save a PNG.
+
+    x = simulated time (s), y = byte offset in the KV buffer. Per band (one color each):
+    from the band's anchor outward (the bottom for a LOW END band, the top for a HIGH END
+    band, the low edge for the FLOAT band), requests' own pages (solid), the prefix cache's
+    pages locked by a running request's hit (cross-hatched), the cache's evictable
+    (unlocked) pages (hatched, lighter), then the band's holes up to its far frontier
+    (pale); white = free gaps between bands. Pages of the three owners interleave in the
+    real band: the chart stacks their byte totals (:class:`~kvchain.sim.metrics.BandSample`
+    ``request_bytes``, ``cached_bytes``, ``evictable_bytes``), it does not draw positions.
+    Frontiers are thin lines.
 
     Args:
         samples: step samples in time order (e.g. ``recorder.step_samples``).
@@ -129,7 +168,7 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
         raise ConfigError(f"buffer_bytes must be > 0, got {buffer_bytes}")
     divisor, unit = _byte_unit(buffer_bytes)
     figure, (axes,) = _new_figure(11, 5.5)
-    axes.set_title("KV buffer: bands of the chain over time")
+    axes.set_title("KV buffer over time: each band's pages by owner (requests, prefix cache)")
     axes.set_xlabel("simulated time (s)")
     axes.set_ylabel(f"byte offset in the KV buffer ({unit})")
     axes.set_ylim(0, buffer_bytes / divisor)
@@ -137,35 +176,52 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
         _empty_note(axes, "no steps recorded")
         return _save(figure, path)
     times = _step_times(samples)
+    handles: list[Artist] = []
     for index, (label, arrays) in enumerate(_band_series(samples).items()):
         color = _color(label, index)
         anchor = _anchor_of(label, samples, buffer_bytes)
-        lo, hi, live = arrays["lo"], arrays["hi"], arrays["live"]
-        if anchor is Anchor.HIGH:
-            live_lo, live_hi = hi - live, hi
-        else:
-            live_lo, live_hi = lo, lo + live
+        lo, hi = arrays["lo"], arrays["hi"]
         present = ~np.isnan(lo)
         axes.fill_between(
             times, lo / divisor, hi / divisor, where=present, step="pre",
-            color=color, alpha=0.28, linewidth=0,
-            label=f"{label} ({anchor.value}): span, holes included",
+            color=color, alpha=_HOLE_ALPHA, linewidth=0,
         )  # fmt: skip
-        axes.fill_between(
-            times, live_lo / divisor, live_hi / divisor, where=present, step="pre",
-            color=color, alpha=0.85, linewidth=0, label=f"{label}: live bytes",
-        )  # fmt: skip
+        done = np.zeros_like(lo)  # bytes stacked so far from the anchor
+        for key, alpha, hatch, _ in _LAYERS:
+            size = np.nan_to_num(arrays[key])
+            if anchor is Anchor.HIGH:
+                y0, y1 = hi - done - size, hi - done
+            else:
+                y0, y1 = lo + done, lo + done + size
+            done = done + size
+            if not np.any(size > 0):
+                continue
+            axes.fill_between(
+                times, y0 / divisor, y1 / divisor, where=present, step="pre",
+                facecolor=to_rgba(color, alpha), edgecolor=to_rgba("white", 0.7),
+                hatch=hatch, linewidth=0,
+            )  # fmt: skip
         for edge in (lo, hi):  # frontiers as thin lines, so touching bands stay apart
             axes.step(times, edge / divisor, where="pre", color=color, linewidth=0.7)
+        handles.append(Patch(facecolor=to_rgba(color, 0.92),
+                             label=f"{label} band ({anchor.value} anchored)"))
+    gray = "#555555"
+    for _, alpha, hatch, text in _LAYERS:
+        handles.append(Patch(facecolor=to_rgba(gray, alpha), edgecolor=to_rgba("white", 0.7),
+                             hatch=hatch, linewidth=0, label=text))
+    handles.append(Patch(facecolor=to_rgba(gray, _HOLE_ALPHA), linewidth=0,
+                         label="holes (free pages inside a band's span)"))
     axes.axhline(buffer_bytes / divisor, color="black", linewidth=0.8)
     axes.axhline(0, color="black", linewidth=0.8)
     start = float(times[0])
     axes.set_xlim(start, float(times[-1]) if times[-1] > start else start + 1)
     axes.margins(x=0)
-    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                fontsize="small", frameon=False)
     axes.text(
-        1.01, 0.0, "white: free gap between bands", transform=axes.transAxes,
-        fontsize="small", color="gray", va="bottom",
+        1.01, 0.0, "white: free gap between bands\nshades stack byte totals\nfrom each "
+        "band's anchor", transform=axes.transAxes, fontsize="small", color="gray",
+        va="bottom",
     )  # fmt: skip
     axes.grid(axis="y", alpha=0.25)
     return _save(figure, path)

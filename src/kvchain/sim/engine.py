@@ -35,7 +35,14 @@ from kvchain.sim.cost import (
     StepClock,
     StepWorkBuilder,
 )
-from kvchain.sim.metrics import MetricsRecorder, SimSummary, StepSample, band_samples, summarize
+from kvchain.sim.metrics import (
+    MetricsRecorder,
+    SimSummary,
+    StepSample,
+    band_samples,
+    request_owned_pages,
+    summarize,
+)
 from kvchain.sim.prefix import (
     PrefixCacheStats,
     has_content_keys,
@@ -198,6 +205,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                                   max((c for c in locals_ if c), default=None))
     recorder = MetricsRecorder(max_step_samples=config.max_step_samples)
     reserved = layout.reserved_bytes
+    null_pages = tuple(b.reserved_pages for b in layout.bands)
     requests = sorted(config.trace.requests, key=lambda r: (r.arrival_s, r.request_id))
     total, done, i, now = len(requests), 0, 0, 0.0
     copied = chain.stats.bytes_copied  # bytes copied so far: each step pays its own delta
@@ -252,10 +260,13 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         before = done
         done += _record_events(sched, recorder)
         snap = chain.snapshot()
+        bands = band_samples(  # owners of the live pages: O(bands + running) per step
+            snap, reserved_pages=null_pages, request_pages=request_owned_pages(kv, sched.running),
+            cached_pages=cache.held_counts if cache is not None else None)
         recorder.on_step(StepSample(
             t_s=now, duration_s=duration, prefill_tokens=batch.prefill_tokens,
             decode_tokens=len(batch.decodes), running=len(sched.running),
-            waiting=len(sched.waiting), bands=band_samples(snap),
+            waiting=len(sched.waiting), bands=bands,
             buffer_bytes=layout.buffer_bytes, used_bytes=snap.live_bytes - reserved))
         if progress is not None and done != before:
             progress(done, total)

@@ -6,6 +6,12 @@ first admission, tokens, retraction, finish, rejection) and once per scheduling 
 a :class:`SimSummary`, and :func:`write_outputs` writes ``metrics.json`` and
 ``requests.csv``.
 
+Each step sample's bands say who owns their live bytes (:class:`BandSample`): the null
+page, requests' own pages, and the prefix cache's pages (locked by a running hit or
+evictable); the four add up to the live bytes on a correct chain (``unowned_bytes == 0``).
+The kept samples go to ``metrics.json["step_samples"]`` as columns
+(:func:`step_samples_json`).
+
 Definitions (the same as vLLM's and SGLang's serving benchmarks, over *finished* requests):
 
 - TTFT  = first_token_s - arrival_s
@@ -33,7 +39,7 @@ import csv
 import enum
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -43,6 +49,7 @@ import numpy as np
 
 from kvchain.alloc.snapshot import ChainSnapshot
 from kvchain.errors import ConfigError, MetricsError
+from kvchain.kv_manager import KVManager
 from kvchain.layout import Anchor
 
 # --- per-request records ----------------------------------------------------------------
@@ -114,17 +121,41 @@ def _check(condition: bool, what: str) -> None:
 class BandSample:
     """One band of the chain at the end of a step (byte frontiers, counts only).
 
+    Who owns the band's live pages (every count in bytes = pages x the band's page bytes;
+    a state band's "pages" are state slots):
+
+    - ``reserved_bytes``: the chain's own reserved pages (the band's null page);
+    - ``request_bytes``: pages running requests hold as their own (a request's prefix-cache
+      hit is the cache's, not the request's); ``None`` when the loop did not count them;
+    - ``cached_bytes``: pages the prefix cache holds (locked by a running request's hit or
+      not), of which ``evictable_bytes`` are unlocked: what eviction can free.
+
+    Every live page has exactly one owner, so when ``request_bytes`` is counted
+    ``request_bytes + cached_bytes + reserved_bytes == live_bytes``; :attr:`unowned_bytes`
+    is the difference (0 on a correct chain; a leaked page makes it positive, a page
+    counted twice negative).
+
     Attributes:
         label: the band's lifetime class (``"state"``, ``"window"``, ``"full"``...).
         lo: first byte of the band's span.
         hi: one past its last byte (``lo <= hi``); the span is ``[lo, hi)``.
-        live_bytes: bytes of live (held) pages in the span.
+        live_bytes: bytes of live (held) pages in the span (null pages included).
         hole_bytes: bytes of hole (free) pages in the span.
         anchor: where the band is pinned (LOW / HIGH END, FLOAT); None if unknown (the band
             chart then infers it from the frontiers).
+        reserved_bytes: bytes of the band's reserved (null) pages.
+        request_bytes: bytes of pages requests hold as their own, or None (not counted).
+        cached_bytes: bytes of pages the prefix cache holds (0 without a cache).
+        evictable_bytes: bytes of the cache's unlocked pages (``<= cached_bytes``).
+
+    The owners' counts come from three independent sources (the layout, the requests'
+    page lists, the cache's counters; evictable bytes from the cache's eviction order), so
+    they are not forced to agree here: a sample records what each source said, and
+    :attr:`unowned_bytes` (and ``evictable_bytes <= cached_bytes``) is the check that they
+    do.
 
     Raises:
-        MetricsError: negative values, ``lo > hi``, or live + holes larger than the span.
+        MetricsError: negative values, ``lo > hi``, live + holes larger than the span.
     """
 
     label: str
@@ -133,6 +164,10 @@ class BandSample:
     live_bytes: int
     hole_bytes: int
     anchor: Anchor | None = None
+    reserved_bytes: int = 0
+    request_bytes: int | None = None
+    cached_bytes: int = 0
+    evictable_bytes: int = 0
 
     def __post_init__(self) -> None:
         _check(
@@ -149,15 +184,52 @@ class BandSample:
             f"band {self.label!r}: live {self.live_bytes} + holes {self.hole_bytes} B exceed "
             f"the span of {self.hi - self.lo} B",
         )
+        _check(
+            min(self.reserved_bytes, self.cached_bytes, self.evictable_bytes) >= 0
+            and (self.request_bytes is None or self.request_bytes >= 0),
+            f"band {self.label!r}: reserved, request, cached and evictable bytes must be "
+            f">= 0, got {self.reserved_bytes}, {self.request_bytes}, {self.cached_bytes}, "
+            f"{self.evictable_bytes}",
+        )
+
+    @property
+    def unowned_bytes(self) -> int | None:
+        """``live - reserved - request - cached`` bytes: 0 when every live page has one
+        owner; None when ``request_bytes`` was not counted."""
+        if self.request_bytes is None:
+            return None
+        return self.live_bytes - self.reserved_bytes - self.request_bytes - self.cached_bytes
 
 
-def band_samples(snapshot: ChainSnapshot) -> tuple[BandSample, ...]:
+def band_samples(
+    snapshot: ChainSnapshot,
+    *,
+    reserved_pages: Sequence[int] | None = None,
+    request_pages: Sequence[int] | None = None,
+    cached_pages: Sequence[int] | None = None,
+) -> tuple[BandSample, ...]:
     """The bands of a chain snapshot as samples (low -> high).
 
     ``live_bytes = live * page_bytes`` and ``hole_bytes = holes * page_bytes`` of each
     :class:`~kvchain.alloc.snapshot.BandSnapshot` (live pages include the band's reserved
-    null page, as in the snapshot).
+    null page, as in the snapshot). The owners' counts are pages per band (low -> high),
+    converted with the same page bytes: ``reserved_pages`` (the layout's reserved pages),
+    ``request_pages`` (:func:`request_owned_pages`) and ``cached_pages``
+    (``PrefixCache.held_counts``); ``evictable_bytes`` is what the snapshot's eviction order
+    frees when every unit goes (``evictable.freed(evictable.units)``: the cache's unlocked
+    pages), read in O(bands).
+
+    Raises:
+        MetricsError: a count sequence whose length is not the number of bands, or counts
+            that break :class:`BandSample`'s checks.
     """
+    n = len(snapshot.bands)
+    for name, counts in (("reserved_pages", reserved_pages), ("request_pages", request_pages),
+                         ("cached_pages", cached_pages)):
+        _check(counts is None or len(counts) == n,
+               f"{name} needs one count per band ({n}), got {counts!r}")
+    order = snapshot.evictable
+    evictable = order.freed(order.units) if order.units else (0,) * n
     return tuple(
         BandSample(
             label=band.label,
@@ -166,9 +238,46 @@ def band_samples(snapshot: ChainSnapshot) -> tuple[BandSample, ...]:
             live_bytes=band.live * band.page_bytes,
             hole_bytes=band.holes * band.page_bytes,
             anchor=band.anchor,
+            reserved_bytes=reserved_pages[i] * band.page_bytes if reserved_pages else 0,
+            request_bytes=request_pages[i] * band.page_bytes if request_pages else None,
+            cached_bytes=cached_pages[i] * band.page_bytes if cached_pages else 0,
+            evictable_bytes=evictable[i] * band.page_bytes,
         )
-        for band in snapshot.bands
+        for i, band in enumerate(snapshot.bands)
     )
+
+
+def request_owned_pages(kv: KVManager, rids: Iterable[int]) -> tuple[int, ...]:
+    """Pages per band (low -> high) that requests ``rids`` hold as their own: their prefix-
+    cache hit excluded (the cache owns it), state checkpoints saved for the cache included
+    until the request hands them over. O(1) per request and band (list lengths), so the
+    event loop can count it every step; ids ``kv`` holds nothing for are skipped.
+
+    Per request (``P`` tokens a page, ``h = shared`` hit pages): full ``len(full) - h``;
+    the first window band: its pages at page indices ``>= h`` plus the pages it keeps for
+    the cache (``kept``); further window bands: every page; state: working slots plus saved
+    checkpoints. The same split :meth:`KVManager.audit` checks page by page.
+    """
+    g = kv.geom
+    counts = [0] * g.num_bands
+    windows = [w.band for w in g.windows]
+    for rid in rids:
+        if rid not in kv:
+            continue
+        req = kv.pages(rid)
+        h = req.shared
+        if g.full is not None:
+            counts[g.full] += len(req.full) - h
+        for k, band in enumerate(windows):
+            ids = req.win(k)
+            if k == 0:
+                first = req.window_first
+                counts[band] += len(ids) - min(max(h - first, 0), len(ids)) + len(req.kept)
+            else:
+                counts[band] += len(ids)
+        if g.state is not None:
+            counts[g.state] += len(req.slots) + len(req.ckpts)
+    return tuple(counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -793,6 +902,47 @@ def _json_default(value: object) -> object:
     raise ConfigError(f"config value {value!r} of type {type(value).__name__} is not JSON")
 
 
+STEP_SAMPLE_COLUMNS = ("t_s", "duration_s", "prefill_tokens", "decode_tokens", "running",
+                       "waiting", "used_bytes")
+"""Per-step columns of ``metrics.json["step_samples"]`` (one list each, a value a kept
+sample)."""
+
+BAND_SAMPLE_COLUMNS = ("lo", "hi", "live_bytes", "hole_bytes", "reserved_bytes",
+                       "request_bytes", "cached_bytes", "evictable_bytes")
+"""Per-band columns of ``metrics.json["step_samples"]["bands"]`` (:class:`BandSample`)."""
+
+
+def step_samples_json(samples: Sequence[StepSample]) -> dict[str, Any]:
+    """The kept step samples as columns: the ``step_samples`` section of ``metrics.json``.
+
+    ``{"count": n, "buffer_bytes": B, "t_s": [...], ... (STEP_SAMPLE_COLUMNS),
+    "bands": [{"label": "window", "anchor": "low", "lo": [...], ... (BAND_SAMPLE_COLUMNS)},
+    ...]}``: every list has ``n`` entries, sample ``i`` at index ``i``, in time order; a
+    band a sample lacks (or a ``request_bytes`` it did not count) is ``null``. Bytes per
+    band: ``live_bytes = reserved_bytes + request_bytes + cached_bytes`` (null page,
+    requests' own pages, prefix-cache pages) when the owners were counted; of the cached
+    bytes, ``evictable_bytes`` are unlocked (see :class:`BandSample`). ``buffer_bytes`` is
+    the last sample's (the buffer does not change during a run).
+    """
+    out: dict[str, Any] = {"count": len(samples),
+                           "buffer_bytes": samples[-1].buffer_bytes if samples else None}
+    for column in STEP_SAMPLE_COLUMNS:
+        out[column] = [getattr(s, column) for s in samples]
+    labels = list(dict.fromkeys(b.label for s in samples for b in s.bands))
+    bands: list[dict[str, Any]] = []
+    for label in labels:
+        found = [next((b for b in s.bands if b.label == label), None) for s in samples]
+        anchor = next((b.anchor for b in found if b is not None and b.anchor is not None),
+                      None)
+        entry: dict[str, Any] = {"label": label,
+                                 "anchor": anchor.value if anchor is not None else None}
+        for column in BAND_SAMPLE_COLUMNS:
+            entry[column] = [None if b is None else getattr(b, column) for b in found]
+        bands.append(entry)
+    out["bands"] = bands
+    return out
+
+
 def write_outputs(
     out_dir: str | Path,
     recorder: MetricsRecorder,
@@ -803,7 +953,10 @@ def write_outputs(
 ) -> SimOutputs:
     """Write ``metrics.json`` (config + summary) and ``requests.csv`` into ``out_dir``.
 
-    ``sections`` adds top-level sections after the summary (e.g. ``prefix_cache``).
+    ``sections`` adds top-level sections after the summary (e.g. ``prefix_cache``); the
+    last section, ``step_samples``, is the recorder's kept step samples as columns
+    (:func:`step_samples_json`: per step time, tokens, queues, used bytes, and per band its
+    frontiers and who owns its live bytes), written on one line to keep the file small.
 
     ``out_dir`` is created if missing; existing files of those names are replaced. Floats
     are written with Python's shortest round-trip repr. Config values may be JSON types,
@@ -819,8 +972,11 @@ def write_outputs(
             allow_nan=False,
             default=_json_default,
         )
+        steps_text = json.dumps(step_samples_json(recorder.step_samples), allow_nan=False,
+                                separators=(",", ":"))
     except ValueError as exc:
         raise ConfigError(f"metrics.json: {exc}") from None
+    metrics_text = f'{metrics_text[:-2]},\n  "step_samples": {steps_text}\n}}'
     directory = Path(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
     metrics_path = directory / "metrics.json"
