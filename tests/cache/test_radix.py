@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvchain.cache.radix import CacheGeometry, PrefixCache, resume_points
-from kvchain.errors import InvalidRequestError, PlanMismatchError
+from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
 
 # Band 0 window (W = 5 tokens), band 1 full; P = 4. The tail of point q (pages) is
 # [window_start(4q) // 4, q) = [(4q - 4) // 4, q) = [q - 1, q): one page.
@@ -88,9 +88,21 @@ def test_locked_paths_are_not_evictable_and_unlock_restores_them():
     c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})
     assert c.eviction_order().cumulative == ((0, 0), (3, 5))
     handle = c.lock(c.match([1, 2, 9], 12))  # hit of 2 pages: the node splits at 2
-    # Only the unlocked rest [2, 5) is offered: window 103, 104, full 13-15.
+    assert handle is not None
+    # The unlocked rest [2, 5) is a LEAF: window 103, 104, full 13-15 -> (2, 3). The locked
+    # upper [0, 2) keeps its full pages but its unpinned window page 101 is a TAILS unit
+    # (its tail time 1 equals the rest's time 1; leaf before tails) -> (3, 3).
+    assert c.eviction_order().cumulative == ((0, 0), (2, 3), (3, 3))
+    # The request reads page 1 (its window tail): pinned, only the LEAF is left.
+    c.pin_window(handle, [1])
     assert c.eviction_order().cumulative == ((0, 0), (2, 3))
-    c.audit([handle] if handle is not None else [])
+    c.audit([handle], ([101], []))
+    with pytest.raises(AuditError, match="pins"):
+        c.audit([handle], ([], []))  # a pin no running request accounts for
+    c.unpin_window(handle, [1])
+    with pytest.raises(AuditError, match="not pinned"):
+        c.unpin_window(handle, [1])
+    c.audit([handle], ([], []))
     c.unlock(handle)
     c.audit([])
     assert c.eviction_order().freed(c.eviction_order().units) == (3, 5)
