@@ -36,7 +36,9 @@ order of a logical clock (ties: leaf before tails, then node id):
   (the cascade) with its own time;
 * ``TAILS(X)``: a node (locked or not) frees its unpinned window pages and checkpoints
   only (the class-only eviction: window tombstoning + checkpoint drop) while its full
-  pages stay.
+  pages stay. A locked node is in use by a running request, so its tails count as used
+  *now*: they come after every unlocked unit (among themselves, oldest ``tail_time``
+  first). They are supply the planner may take, but only as a last resort.
   Its time is the last time a hit *ended* in it (or it was inserted), which is older than
   its LRU time when later hits only pass through it.
 
@@ -62,6 +64,7 @@ from kvchain.spec.layers import LifetimeClass
 
 LEAF = 0
 TAILS = 1
+IN_USE = 1 << 62  # walk time offset of a locked node's tails: after every unlocked unit
 
 
 class ResumePolicy(StrEnum):
@@ -71,11 +74,22 @@ class ResumePolicy(StrEnum):
     infinite-cache hit rate on the Mooncake trace when memory is unbounded; a running
     request keeps a window tail per block until it finishes). ``ENDS``: only the last
     interval boundary and the last whole page (where a conversation's next turn resumes;
-    two tails per request, so little memory is held back when memory binds).
+    two tails per request, so little memory is held back when memory binds). ``AUTO``
+    (the default): ``ENDS`` on a chain with a state band, ``BLOCKS`` otherwise
+    (:meth:`resolve`; why: docs/prefix-cache.md, "Where checkpoints go").
     """
 
     BLOCKS = "blocks"
     ENDS = "ends"
+    AUTO = "auto"
+
+    def resolve(self, geom: CacheGeometry) -> ResumePolicy:
+        """The policy a cache on ``geom`` uses: ``AUTO`` -> ``ENDS`` with a state band
+        (a checkpoint is a whole state slot, megabytes, and a prefill holds one per point
+        it passed until its prompt is inserted), else ``BLOCKS``; others as they are."""
+        if self is not ResumePolicy.AUTO:
+            return self
+        return ResumePolicy.ENDS if geom.state is not None else ResumePolicy.BLOCKS
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,14 +247,15 @@ def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
                   policy: ResumePolicy = ResumePolicy.BLOCKS) -> tuple[int, ...]:
     """Page counts where a cached prompt of ``whole_pages`` pages keeps window tails and
     state checkpoints, sorted: every ``interval_pages`` pages (``BLOCKS``; ``ENDS``: only
-    the last of them) and ``whole_pages`` itself.
+    the last of them; ``AUTO``: as :meth:`ResumePolicy.resolve`) and ``whole_pages``
+    itself.
 
     Empty on a chain without a window/local or state band (every page boundary resumes).
     """
     if geom.window is None and geom.state is None:
         return ()
     pts = list(range(interval_pages, whole_pages + 1, interval_pages))
-    if policy is ResumePolicy.ENDS:
+    if ResumePolicy(policy).resolve(geom) is ResumePolicy.ENDS:
         pts = pts[-1:]
     if whole_pages and (not pts or pts[-1] != whole_pages):
         pts.append(whole_pages)
@@ -262,7 +277,8 @@ class PrefixCache:
         geom: the chain's request geometry (band roles, page size, window).
         interval_tokens: tokens between resume points (a multiple of the page size;
             default 512, the Mooncake content block).
-        policy: which resume points a prompt keeps (:class:`ResumePolicy`).
+        policy: which resume points a prompt keeps (:class:`ResumePolicy`; ``AUTO`` is
+            resolved for ``geom`` here, so ``self.policy`` is ``BLOCKS`` or ``ENDS``).
 
     Raises:
         InvalidRequestError: an interval that is not a positive multiple of the page size.
@@ -276,7 +292,7 @@ class PrefixCache:
                                       f"size {p}, got {interval_tokens!r}")
         self.geom = geom
         self.interval_pages = interval_tokens // p
-        self.policy = ResumePolicy(policy)
+        self.policy = ResumePolicy(policy).resolve(geom)
         self._next_id = 1
         self.root = Node(0, None, 0, [], [], [], {}, 0)
         self._clock = 0
@@ -363,9 +379,9 @@ class PrefixCache:
         heap: list[tuple[int, int, int, Node]] = []
         left: dict[int, int] = {}
         for node in self.nodes():
-            if node.lock:  # its full pages stay; its unpinned tails are a TAILS unit
+            if node.lock:  # its full pages stay; its unpinned tails are a TAILS unit, used now
                 if node.has_tails():
-                    heap.append((node.tail_time, TAILS, node.nid, node))
+                    heap.append((IN_USE + node.tail_time, TAILS, node.nid, node))
                 continue
             if node.children:
                 left[node.nid] = len(node.children)

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.admission import ReservePolicy
-from kvchain.cache.radix import ResumePolicy
+from kvchain.cache.radix import CacheGeometry, ResumePolicy
 from kvchain.cli import app
 from kvchain.cli.common import (
     KV_DTYPE_HELP,
@@ -117,8 +117,9 @@ def simulate_command(
              "e.g. mooncake's hash_ids).")] = None,
     cache_points: Annotated[ResumePolicy, typer.Option(
         help="Where cached prompts keep window tails and state checkpoints: every content "
-             "block (blocks) or only the last block boundary and the prompt end (ends).")]
-    = ResumePolicy.BLOCKS,
+             "block (blocks), only the last block boundary and the prompt end (ends), or "
+             "auto: ends for models with a recurrent state, blocks otherwise.")]
+    = ResumePolicy.AUTO,
 ) -> None:
     """Simulate serving a request trace with the kvchain memory manager.
 
@@ -180,7 +181,7 @@ def simulate_command(
                 "step_ms": step_ms if clock is ClockKind.STEPS else None,
                 "wall_s": round(wall, 3),
                 "prefix_cache": result.prefix_cache is not None,
-                "cache_points": cache_points.value}
+                "cache_points": cache_points.resolve(CacheGeometry.of(layout)).value}
     cache_json = ({"prefix_cache": result.prefix_cache.to_json()}
                   if result.prefix_cache is not None else {})
     if out is not None:
