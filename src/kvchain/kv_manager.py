@@ -438,6 +438,9 @@ class KVManager:
         self.checkpoints_saved = 0
         self.prompts_inserted = 0
         self._hits: dict[int, int] = {}  # rid -> hit pages at attach (the cache's before it)
+        # rid -> its hit lock, for requests whose prompt is inserted (``handle`` is then
+        # their prompt lock).
+        self._hit_locks: dict[int, Node | None] = {}
         if cache is not None:
             if len(self.geom.windows) > 1:
                 raise ConfigError(f"the prefix cache supports chains with at most one window "
@@ -770,14 +773,15 @@ class KVManager:
         keys = req.keys
         if (keys and self.cache is not None and req.shared < len(keys)
                 and new_tokens >= len(keys) * self.geom.page_size):
-            self._insert_prompt(req)
+            self._insert_prompt(rid, req)
         return released
 
-    def _insert_prompt(self, req: RequestPages) -> None:
+    def _insert_prompt(self, rid: int, req: RequestPages) -> None:
         """The commit that completes ``req``'s prompt pages: insert them into the cache now
         (policy: the prompt only, once), and hand over what the request only kept for the
         cache. Afterwards the request holds pages ``[0, n)`` by reference (``shared = n``)
-        under a lock of the whole prompt's path; its window pages below ``n`` are the
+        under a prompt lock of the whole path (its hit lock stays: the hit path keeps its
+        tails while it runs); its window pages below ``n`` are the
         cache's, pinned while its window covers them (released from the pin, not from the
         chain, as the window moves: then they are evictable); the window tails and the
         checkpoints of its resume points are evictable cache units at once. It runs after
@@ -798,7 +802,8 @@ class KVManager:
                     window[i] = v
                     reading.append(i)
             window.update(req.kept)
-        ad = cache.adopt(keys, h, req.full[:n], window, req.ckpts, req.handle, reading)
+        ad = cache.adopt(keys, h, req.full[:n], window, req.ckpts, reading)
+        self._hit_locks[rid] = req.handle
         if g.full is not None:
             req.full[:n] = ad.full
         if reading:
@@ -951,7 +956,11 @@ class KVManager:
         self._unpin_all(req)
         if insert and req.handle is not None:
             self.cache.touch(req.handle, req.window_first)
-        self.cache.unlock(req.handle)
+        if rid in self._hit_locks:
+            self.cache.unlock(req.handle, tails=False)
+            self.cache.unlock(self._hit_locks.pop(rid))
+        else:
+            self.cache.unlock(req.handle)
         released = 0
         for band, ids in enumerate(out):
             if ids:
@@ -1033,11 +1042,20 @@ class KVManager:
         if self.cache is not None:
             wpins: list[int] = []
             cpins: list[int] = []
-            for r in self._requests.values():
+            hit_locks: list[Node] = []
+            prompt_locks: list[Node] = []
+            for rid, r in self._requests.items():
+                if rid in self._hit_locks:
+                    hl = self._hit_locks[rid]
+                    if hl is not None:
+                        hit_locks.append(hl)
+                    if r.handle is not None:
+                        prompt_locks.append(r.handle)
+                elif r.handle is not None:
+                    hit_locks.append(r.handle)
                 if r.handle is None:
                     continue
                 wpins.extend(v for i, v in enumerate(r.window, r.window_first) if i < r.shared)
                 if r.cow_src >= 0:
                     cpins.append(r.cow_src)
-            self.cache.audit([r.handle for r in self._requests.values()
-                              if r.handle is not None], (wpins, cpins))
+            self.cache.audit(hit_locks, (wpins, cpins), prompt_locks)

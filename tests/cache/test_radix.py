@@ -98,21 +98,30 @@ def test_locked_paths_are_not_evictable_and_unlock_restores_them():
     assert c.eviction_order().cumulative == ((0, 0), (3, 5))
     handle = c.lock(c.match([1, 2, 9], 12))  # hit of 2 pages: the node splits at 2
     assert handle is not None
-    # The unlocked rest [2, 5) is a LEAF: window 103, 104, full 13-15 -> (2, 3). The locked
-    # upper [0, 2) keeps its full pages but its unpinned window page 101 is a TAILS unit,
-    # used now (locked), so after every unlocked unit -> (3, 3).
+    # A hit lock keeps the path whole: only the unlocked rest [2, 5) is offered, a LEAF:
+    # window 103, 104, full 13-15 -> (2, 3).
+    assert c.eviction_order().cumulative == ((0, 0), (2, 3))
+    c.audit([handle])
+    c.unlock(handle)
+    # A prompt lock (the inserting request's own path) keeps only the full pages: the
+    # upper [0, 2)'s window page 101 is a TAILS unit, used now (locked), so after every
+    # unlocked unit -> (3, 3).
+    handle = c.lock(c.match([1, 2, 9], 12), tails=False)
+    assert handle is not None
     assert c.eviction_order().cumulative == ((0, 0), (2, 3), (3, 3))
+    with pytest.raises(AuditError, match="lock"):
+        c.audit([handle])  # counted as a hit lock: the tail counts differ
     # The request reads page 1 (its window tail): pinned, only the LEAF is left.
     c.pin_window(handle, [1])
     assert c.eviction_order().cumulative == ((0, 0), (2, 3))
-    c.audit([handle], ([101], []))
+    c.audit([], ([101], []), [handle])
     with pytest.raises(AuditError, match="pins"):
-        c.audit([handle], ([], []))  # a pin no running request accounts for
+        c.audit([], ([], []), [handle])  # a pin no running request accounts for
     c.unpin_window(handle, [1])
     with pytest.raises(AuditError, match="not pinned"):
         c.unpin_window(handle, [1])
-    c.audit([handle], ([], []))
-    c.unlock(handle)
+    c.audit([], ([], []), [handle])
+    c.unlock(handle, tails=False)
     c.audit([])
     assert c.eviction_order().freed(c.eviction_order().units) == (3, 5)
     with pytest.raises(PlanMismatchError):
@@ -180,7 +189,8 @@ def test_a_locked_nodes_tails_come_after_every_unlocked_unit():
     c = cache()
     # X (t=1): 3 pages, tails of points 2 and 3 are pages 1 and 2 (window 101, 102).
     c.insert([1, 2, 3], 0, [11, 12, 13], {1: 101, 2: 102}, {})
-    handle = c.lock(c.match([1, 2, 3, 9], 16))  # 3 pages hit (cap (16 - 1) // 4 = 3)
+    # A prompt lock of X (as after its request's prefill): 3 pages.
+    handle = c.lock(c.match([1, 2, 3, 9], 16), tails=False)
     assert handle is not None and handle.end == 3
     c.pin_window(handle, [2])  # the running request reads page 2
     # Y (t=2, newer than X): 2 pages, tail of point 2 is page 1 (window 201).
@@ -188,4 +198,4 @@ def test_a_locked_nodes_tails_come_after_every_unlocked_unit():
     # Plain LRU would take X's tails (t=1) first; X is in use, so Y's leaf (window 201,
     # full 21-22 -> (1, 2)) goes first, then X's unpinned page 101 -> (2, 2).
     assert c.eviction_order().cumulative == ((0, 0), (1, 2), (2, 2))
-    c.audit([handle], ([102], []))
+    c.audit([], ([102], []), [handle])

@@ -21,12 +21,14 @@ the window tail present; a checkpoint there (state). On a chain with no window o
 band, every page boundary is a resume point.
 
 Locks: a running request locks the path root..X of its cached prefix (a count on every
-node): its hit at admission, and its whole prompt once its prefill completes and the prompt
-is inserted (:meth:`PrefixCache.adopt`). A locked node is never a ``LEAF`` unit: its full
-pages stay. Its window pages and checkpoints stay evictable (a ``TAILS`` unit) except those
-a running request still reads, which it *pins*: the window pages inside its current window
-(a tail lock, dropped page by page as its window moves past them) and the checkpoint its
-hit resumes from (until it is copied into the request's own slot).
+node): its hit at admission (:meth:`PrefixCache.lock`: the path and its tails, as a prefix
+in use by running requests keeps whatever lets later ones resume from it), and its whole
+prompt once its prefill completes and the prompt is inserted (:meth:`PrefixCache.adopt`:
+a *prompt lock*, full pages only). A locked node is never a ``LEAF`` unit: its full pages
+stay. On a node only prompt locks hold, the window pages and checkpoints are evictable (a
+``TAILS`` unit) except those a running request still reads, which it *pins*: the window
+pages inside its current window (a tail lock, dropped page by page as its window moves past
+them) and the checkpoint its hit resumes from (until copied into the request's own slot).
 
 Eviction (:class:`~kvchain.alloc.evictor.Evictor`). Two kinds of unit, walked in LRU
 order of a logical clock (ties: leaf before tails, then node id):
@@ -34,11 +36,11 @@ order of a logical clock (ties: leaf before tails, then node id):
 * ``LEAF(X)``: an unlocked node with no children frees everything it still holds (full
   pages, window tail pages, checkpoints); its parent may become a leaf and joins the walk
   (the cascade) with its own time;
-* ``TAILS(X)``: a node (locked or not) frees its unpinned window pages and checkpoints
+* ``TAILS(X)``: a node no hit lock holds frees its unpinned window pages and checkpoints
   only (the class-only eviction: window tombstoning + checkpoint drop) while its full
-  pages stay. A locked node is in use by a running request, so its tails count as used
-  *now*: they come after every unlocked unit (among themselves, oldest ``tail_time``
-  first). They are supply the planner may take, but only as a last resort.
+  pages stay. A node under a prompt lock is in use by a running request, so its tails
+  count as used *now*: they come after every unlocked unit (among themselves, oldest
+  ``tail_time`` first): supply the planner may take, but only as a last resort.
   Its time is the last time a hit *ended* in it (or it was inserted), which is older than
   its LRU time when later hits only pass through it.
 
@@ -148,7 +150,8 @@ class Node:
         win: window-band virtual ids, one per page, -1 where absent (empty without one).
         win_live: window pages present.
         ckpts: state checkpoints: end page index -> state-band virtual id.
-        lock: running requests whose hit path includes this node.
+        lock: running requests whose hit path or prompt path includes this node.
+        tlock: of which hits (their path keeps its tails: no ``TAILS`` unit).
         time: logical time of the last hit through or insert into this node.
         tail_time: logical time of the last hit that ended here (or insert).
         wpin: window pages of this node pinned by running requests (never evicted).
@@ -167,6 +170,7 @@ class Node:
         "start",
         "tail_time",
         "time",
+        "tlock",
         "win",
         "win_live",
         "wpin",
@@ -184,6 +188,7 @@ class Node:
         self.win_live = sum(1 for v in win if v >= 0)
         self.ckpts = ckpts
         self.lock = 0
+        self.tlock = 0
         self.time = time
         self.tail_time = time
         self.wpin = 0
@@ -379,8 +384,8 @@ class PrefixCache:
         heap: list[tuple[int, int, int, Node]] = []
         left: dict[int, int] = {}
         for node in self.nodes():
-            if node.lock:  # its full pages stay; its unpinned tails are a TAILS unit, used now
-                if node.has_tails():
+            if node.lock:  # its full pages stay
+                if not node.tlock and node.has_tails():  # tails of a prompt lock: evictable
                     heap.append((IN_USE + node.tail_time, TAILS, node.nid, node))
                 continue
             if node.children:
@@ -445,7 +450,7 @@ class PrefixCache:
         assert parent is not None and 0 < k < len(node.keys)
         upper = Node(self._new_id(), parent, node.start, node.keys[:k], node.full[:k],
                      node.win[:k], {p: v for p, v in node.ckpts.items() if p <= at}, node.time)
-        upper.tail_time, upper.lock = node.tail_time, node.lock
+        upper.tail_time, upper.lock, upper.tlock = node.tail_time, node.lock, node.tlock
         if node.wpin:
             upper.wpin = sum(1 for v in upper.win if v >= 0 and v in self._wpins)
             node.wpin -= upper.wpin
@@ -542,30 +547,40 @@ class PrefixCache:
                 return node
         raise PlanMismatchError(f"no node holds page {t - 1}")  # pragma: no cover
 
-    def lock(self, hit: Hit) -> Node | None:
+    def lock(self, hit: Hit, tails: bool = True) -> Node | None:
         """Lock the hit's path (splitting the last node at the hit's end if needed) and
-        return the handle to pass to :meth:`unlock`; ``None`` for a miss."""
+        return the handle to pass to :meth:`unlock`; ``None`` for a miss. With ``tails``
+        (a hit lock) the path's window pages and checkpoints stay too; without (a prompt
+        lock, :meth:`adopt`) only its full pages do."""
         if hit.node is None:
             return None
         node = hit.node
         if node.end != hit.pages:
             node = self._split(node, hit.pages)
         n: Node | None = node
+        t = int(tails)
         while n is not None and n.nid:
             n.lock += 1
+            n.tlock += t
             n = n.parent
         self._bump()
         return node
 
-    def unlock(self, handle: Node | None) -> None:
-        """Undo one :meth:`lock` (no-op for ``None``)."""
+    def unlock(self, handle: Node | None, tails: bool = True) -> None:
+        """Undo one :meth:`lock` with the same ``tails`` (no-op for ``None``).
+
+        Raises:
+            AuditError: a node of the path is not locked that way.
+        """
         if handle is None:
             return
         n: Node | None = handle
+        t = int(tails)
         while n is not None and n.nid:
-            if n.lock <= 0:
+            if n.lock <= 0 or n.tlock < t:
                 raise AuditError(f"unlock of node {n.nid} that is not locked")
             n.lock -= 1
+            n.tlock -= t
             n = n.parent
         self._bump()
 
@@ -750,26 +765,26 @@ class PrefixCache:
         return dups
 
     def adopt(self, keys: Sequence[int], shared: int, full: Sequence[int],
-              window: dict[int, int], ckpts: dict[int, int], handle: Node | None,
+              window: dict[int, int], ckpts: dict[int, int],
               reading: Iterable[int]) -> Adopted:
         """Insert a *running* request's prompt at the end of its prefill and hand it over:
-        the request locks the whole prompt's path instead of its hit's, the window pages it
-        still reads are pinned (its tail lock), and everything else it offered (the window
-        tails and checkpoints of its resume points) is at once evictable cache. (vLLM
+        the request locks the whole prompt's path (a prompt lock: full pages), the window
+        pages it still reads are pinned (its tail lock), and everything else it offered (the
+        window tails and checkpoints of its resume points) is at once evictable cache. (vLLM
         likewise caches a block as soon as it is computed, SGLang inserts an unfinished
         request's prefix and points the request at the tree's copy: vLLM "Automatic Prefix
         Caching" design page; SGLang ``cache_unfinished_req``.)
 
         Args:
             keys, shared, full, window, ckpts: as :meth:`insert` (``keys`` has ``n`` pages).
-            handle: the request's current lock (its hit), released here; ``None`` for none.
             reading: page indices ``< n`` of window pages the request still reads (its
                 current window); they are pinned on the new path.
 
         Returns:
-            The new lock, the cache's ids of pages ``[0, n)`` (full and window: where a page
-            was cached already the request must use the cache's copy) and the request's
-            duplicates to release.
+            The new prompt lock (release with ``unlock(handle, tails=False)``; the
+            request's hit lock, if any, stays as it is), the cache's ids of pages
+            ``[0, n)`` (full and window: where a page was cached already the request must
+            use the cache's copy) and the request's duplicates to release.
         """
         dups = self.insert(keys, shared, full, window, ckpts)
         n = len(keys)
@@ -782,8 +797,7 @@ class PrefixCache:
             for node, _ in path:
                 full_ids.extend(node.full)
                 win_ids.extend(node.win)
-            new = self.lock(Hit(n, path[-1][0]))
-        self.unlock(handle)
+            new = self.lock(Hit(n, path[-1][0]), tails=False)
         if new is not None:
             self.pin_window(new, reading)
         return Adopted(new, tuple(full_ids), tuple(win_ids), dups)
@@ -804,10 +818,12 @@ class PrefixCache:
         return out
 
     def audit(self, handles: Sequence[Node],
-              pins: tuple[Sequence[int], Sequence[int]] | None = None) -> None:
-        """Tree invariants, lock counts equal to the paths of ``handles`` (the locks of
-        running requests), and pin counts equal to ``pins`` (the window page ids and
-        checkpoint ids running requests read; not checked when ``None``).
+              pins: tuple[Sequence[int], Sequence[int]] | None = None,
+              prompt_handles: Sequence[Node] = ()) -> None:
+        """Tree invariants, lock counts equal to the paths of ``handles`` (the hit locks
+        of running requests) and ``prompt_handles`` (their prompt locks), and pin counts
+        equal to ``pins`` (the window page ids and checkpoint ids running requests read;
+        not checked when ``None``).
 
         Raises:
             AuditError: naming the first thing found wrong.
@@ -824,10 +840,16 @@ class PrefixCache:
                                      f"running requests read {sorted(count.items())[:8]}")
         wpins = cpins = 0
         expected: dict[int, int] = {}
-        for h in handles:
+        texpected: dict[int, int] = {}
+        for h in [*handles, *prompt_handles]:
             n: Node | None = h
             while n is not None and n.nid:
                 expected[n.nid] = expected.get(n.nid, 0) + 1
+                n = n.parent
+        for h in handles:
+            n = h
+            while n is not None and n.nid:
+                texpected[n.nid] = texpected.get(n.nid, 0) + 1
                 n = n.parent
         for node in self.nodes():
             parent = node.parent
@@ -846,9 +868,10 @@ class PrefixCache:
                 raise AuditError(f"node {node.nid}: window pages miscounted")
             if any(not node.start < p <= node.end for p in node.ckpts):
                 raise AuditError(f"node {node.nid}: a checkpoint outside its pages")
-            if node.lock != expected.get(node.nid, 0):
-                raise AuditError(f"node {node.nid}: lock {node.lock}, "
-                                 f"{expected.get(node.nid, 0)} running hits pass through it")
+            if node.lock != expected.get(node.nid, 0) or node.tlock != texpected.get(node.nid, 0):
+                raise AuditError(f"node {node.nid}: lock {node.lock} (hits {node.tlock}), "
+                                 f"{expected.get(node.nid, 0)} running requests pass through it "
+                                 f"({texpected.get(node.nid, 0)} hits)")
             if node.time < max((c.time for c in node.children.values()), default=0):
                 raise AuditError(f"node {node.nid}: older than a child")
             wp = sum(1 for v in node.win if v >= 0 and v in self._wpins)
