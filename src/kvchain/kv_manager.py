@@ -436,6 +436,11 @@ class KVManager:
         self.cow_state_copies = 0
         self.cow_bytes = 0
         self.checkpoints_saved = 0
+        self.prompts_inserted = 0
+        self._hits: dict[int, int] = {}  # rid -> hit pages at attach (the cache's before it)
+        # rid -> its hit lock, for requests whose prompt is inserted (``handle`` is then
+        # their prompt lock).
+        self._hit_locks: dict[int, Node | None] = {}
         if cache is not None:
             if len(self.geom.windows) > 1:
                 raise ConfigError(f"the prefix cache supports chains with at most one window "
@@ -521,6 +526,14 @@ class KVManager:
         if g.window is not None and h:
             req.window, req.window_first = list(hit.window), hit.window_first
         req.cow_src = hit.checkpoint
+        self._hits[rid] = h
+        if handle is not None:
+            # Pin what the request reads of the cache: its window tail, its checkpoint
+            # (until copied); the rest of the locked path's tails stays evictable.
+            if g.window is not None:
+                self.cache.pin_window(handle, range(hit.window_first, h))
+            if hit.checkpoint >= 0:
+                self.cache.pin_checkpoint(handle, h)
         req.points = self.points_for(keys, h) if save_points else ()
         req.tails = tail_spans(g, req.points, h)
         req.retain = frozenset(i for lo, hi in req.tails for i in range(lo, hi))
@@ -538,8 +551,28 @@ class KVManager:
                 req.window and req.window_first + len(req.window) > req.shared):
             raise InvalidRequestError(f"request {rid} took pages since it was attached")
         del self._requests[rid]
+        self._hits.pop(rid, None)
         if self.cache is not None:
+            self._unpin_all(req)
             self.cache.unlock(req.handle)
+
+    def _unpin_all_checkpoint(self, req: RequestPages) -> None:
+        """Drop ``req``'s pin of the checkpoint its hit resumes from (copied or given up)."""
+        if req.cow_src >= 0 and self.cache is not None and req.handle is not None:
+            # Not copied before: no slot taken, so no prefill ran and ``shared`` is the hit.
+            self.cache.unpin_checkpoint(req.handle, req.shared)
+        req.cow_src = -1
+
+    def _unpin_all(self, req: RequestPages) -> None:
+        """Drop every pin ``req`` holds: the cache's window pages in its window and the
+        checkpoint it has not copied yet."""
+        cache, handle = self.cache, req.handle
+        if cache is None or handle is None:
+            return
+        if req.window and req.window_first < req.shared:
+            cache.unpin_window(handle, range(req.window_first,
+                                             min(req.shared, req.window_first + len(req.window))))
+        self._unpin_all_checkpoint(req)
 
     def touch(self, rid: int) -> None:
         """LRU touch of ``rid``'s hit once it is admitted (no-op without a hit)."""
@@ -548,9 +581,9 @@ class KVManager:
             self.cache.touch(req.handle, req.window_first)
 
     def hit_tokens(self, rid: int) -> int:
-        """Tokens of ``rid`` served by the cache (0 if none or not attached)."""
-        req = self._requests.get(rid)
-        return req.shared * self.geom.page_size if req is not None else 0
+        """Tokens of ``rid`` served by the cache at :meth:`attach` (0 if none or not
+        attached; unchanged when its prompt is inserted at the end of its prefill)."""
+        return self._hits.get(rid, 0) * self.geom.page_size
 
     def decode_demands(self, rids: Sequence[int]) -> list[Demand]:
         """``[self.demand(rid, 1) for rid in rids]`` (equal values), for a decode batch.
@@ -706,7 +739,7 @@ class KVManager:
                     chain.buffer.copy_pages(layout, src, dst)
                 self.cow_state_copies += 1
                 self.cow_bytes += layout.page_bytes
-                req.cow_src = -1
+                self._unpin_all_checkpoint(req)
         p = g.page_size
         reached = [q for q in req.points if req.tokens < q * p <= req.tokens + extend]
         if len(reached) != len(vids):
@@ -719,9 +752,12 @@ class KVManager:
     def commit(self, rid: int, tokens: int) -> int:
         """Record that a forward computed ``tokens`` more tokens of ``rid``, then release
         its window pages wholly before the next token's window (window-tail release).
+        With a prefix cache, the commit that completes the prompt's whole pages inserts
+        them into the cache (:meth:`_insert_prompt`).
 
         Returns:
-            Window pages released.
+            Window pages released by the window-tail release (duplicates handed back at
+            the insert are not counted).
 
         Raises:
             UnknownRequestError: ``rid`` holds no pages.
@@ -733,7 +769,55 @@ class KVManager:
         if tokens < 0 or covered < new_tokens:
             raise InvalidDemandError(f"request {rid}: {tokens} tokens not covered by its pages")
         req.tokens = new_tokens
-        return self.release_window_tail(rid)
+        released = self.release_window_tail(rid)
+        keys = req.keys
+        if (keys and self.cache is not None and req.shared < len(keys)
+                and new_tokens >= len(keys) * self.geom.page_size):
+            self._insert_prompt(rid, req)
+        return released
+
+    def _insert_prompt(self, rid: int, req: RequestPages) -> None:
+        """The commit that completes ``req``'s prompt pages: insert them into the cache now
+        (policy: the prompt only, once), and hand over what the request only kept for the
+        cache. Afterwards the request holds pages ``[0, n)`` by reference (``shared = n``)
+        under a prompt lock of the whole path (its hit lock stays: the hit path keeps its
+        tails while it runs); its window pages below ``n`` are the
+        cache's, pinned while its window covers them (released from the pin, not from the
+        chain, as the window moves: then they are evictable); the window tails and the
+        checkpoints of its resume points are evictable cache units at once. It runs after
+        the commit's window-tail release, so the window pages offered are exactly the kept
+        tails and the next token's window below ``n``. Where the cache
+        already held a page (another request inserted the same prefix meanwhile), the
+        request switches to the cache's copy and its own is released.
+        """
+        cache = self.cache
+        keys = req.keys
+        assert cache is not None and keys is not None
+        g, n, h = self.geom, len(keys), req.shared
+        window: dict[int, int] = {}
+        reading: list[int] = []
+        if g.window is not None:
+            for i, v in enumerate(req.window, req.window_first):
+                if h <= i < n:
+                    window[i] = v
+                    reading.append(i)
+            window.update(req.kept)
+        ad = cache.adopt(keys, h, req.full[:n], window, req.ckpts, reading)
+        self._hit_locks[rid] = req.handle
+        if g.full is not None:
+            req.full[:n] = ad.full
+        if reading:
+            first = req.window_first
+            for i in reading:
+                req.window[i - first] = ad.window[i]
+        req.handle, req.shared = ad.handle, n
+        req.kept, req.ckpts = {}, {}
+        req.points, req.tails, req.retain = (), (), frozenset()
+        req._held = None
+        self.prompts_inserted += 1
+        for band, ids in enumerate(ad.dups):
+            if ids:
+                self.chain.release(band, ids)
 
     def commit_decodes(self, rids: Sequence[int]) -> int:
         """:meth:`commit` of one token for each of ``rids`` (a decode batch), with their
@@ -808,11 +892,14 @@ class KVManager:
                 out = []
                 for i, v in enumerate(held[:drop], first):
                     if i < req.shared:
-                        continue  # the cache's page: the request only stops using it
+                        continue  # the cache's page: the request stops reading it (unpin)
                     if i in req.retain:
                         req.kept[i] = v
                     else:
                         out.append(v)
+                if first < req.shared and self.cache is not None and req.handle is not None:
+                    self.cache.unpin_window(req.handle,
+                                            range(first, min(first + drop, req.shared)))
                 self.chain.release(w.band, out)
             else:
                 self.chain.release(w.band, held[:drop])
@@ -831,9 +918,12 @@ class KVManager:
         """Release every page of ``rid`` (finished or retracted). Returns pages released.
 
         With a prefix cache and page keys, the request never releases the cache's pages (its
-        hit): it unlocks them; with ``insert`` (a finished request: its prompt is computed)
-        its prompt's whole pages, the window tails and the checkpoints of its resume
-        points go to the cache, which keeps one copy of each (duplicates are released).
+        hit, and its whole prompt once its prefill completed: :meth:`commit` inserted it
+        then): it unpins and unlocks them, and releases its own pages (output pages, a
+        prefill cut short, its state slots). Nothing new is inserted here (policy: the
+        prompt only, inserted once at the end of its prefill). ``insert`` marks a finished
+        request (rather than a retracted one): its prompt's path is touched, so the LRU
+        order counts from when the last request using it ended (as vLLM's free-block queue).
 
         Raises:
             UnknownRequestError: ``rid`` holds no pages.
@@ -841,6 +931,7 @@ class KVManager:
         req = self._requests.pop(rid, None)
         if req is None:
             raise UnknownRequestError(f"request {rid} holds no pages")
+        self._hits.pop(rid, None)
         g = self.geom
         if req.keys is None or self.cache is None:
             released = 0
@@ -853,26 +944,23 @@ class KVManager:
             return released
         h = req.shared
         out: list[list[int]] = [[] for _ in range(g.num_bands)]
-        window = {i: v for i, v in enumerate(req.window, req.window_first) if i >= h}
-        window.update(req.kept)
-        if insert and req.tokens >= len(req.keys) * g.page_size:
-            n = len(req.keys)
-            offer = {i: window.pop(i) for i in req.retain if i in window and i < n}
-            dups = self.cache.insert(req.keys, h, req.full[:n], offer, req.ckpts)
-            for b, ids in enumerate(dups):
-                out[b].extend(ids)
-            if g.full is not None:
-                out[g.full].extend(req.full[n:])
-        else:
-            if g.full is not None:
-                out[g.full].extend(req.full[h:])
-            if g.state is not None:
-                out[g.state].extend(req.ckpts.values())
+        if g.full is not None:
+            out[g.full].extend(req.full[h:])
         if g.window is not None:
-            out[g.window].extend(window.values())
+            out[g.window].extend(v for i, v in enumerate(req.window, req.window_first)
+                                 if i >= h)
+            out[g.window].extend(req.kept.values())
         if g.state is not None:
+            out[g.state].extend(req.ckpts.values())
             out[g.state].extend(req.slots)
-        self.cache.unlock(req.handle)
+        self._unpin_all(req)
+        if insert and req.handle is not None:
+            self.cache.touch(req.handle, req.window_first)
+        if rid in self._hit_locks:
+            self.cache.unlock(req.handle, tails=False)
+            self.cache.unlock(self._hit_locks.pop(rid))
+        else:
+            self.cache.unlock(req.handle)
         released = 0
         for band, ids in enumerate(out):
             if ids:
@@ -952,5 +1040,22 @@ class KVManager:
                                  f"requests + {len(in_cache)} by the cache + {reserved} null: "
                                  f"{bound - total - reserved} leaked")
         if self.cache is not None:
-            self.cache.audit([r.handle for r in self._requests.values()
-                              if r.handle is not None])
+            wpins: list[int] = []
+            cpins: list[int] = []
+            hit_locks: list[Node] = []
+            prompt_locks: list[Node] = []
+            for rid, r in self._requests.items():
+                if rid in self._hit_locks:
+                    hl = self._hit_locks[rid]
+                    if hl is not None:
+                        hit_locks.append(hl)
+                    if r.handle is not None:
+                        prompt_locks.append(r.handle)
+                elif r.handle is not None:
+                    hit_locks.append(r.handle)
+                if r.handle is None:
+                    continue
+                wpins.extend(v for i, v in enumerate(r.window, r.window_first) if i < r.shared)
+                if r.cow_src >= 0:
+                    cpins.append(r.cow_src)
+            self.cache.audit(hit_locks, (wpins, cpins), prompt_locks)

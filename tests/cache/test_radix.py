@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvchain.cache.radix import CacheGeometry, PrefixCache, resume_points
+from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy, resume_points
 from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
 
 # Band 0 window (W = 5 tokens), band 1 full; P = 4. The tail of point q (pages) is
@@ -28,6 +28,15 @@ def test_resume_points_every_interval_and_the_prompt_end():
     assert resume_points(WF, 5, 2) == (2, 4, 5)
     assert resume_points(WF, 4, 2) == (2, 4)
     assert resume_points(FULL, 5, 2) == ()  # full only: every page boundary resumes
+
+
+def test_auto_keeps_only_the_ends_with_a_state_band():
+    # 5 whole pages, interval 2: blocks -> 2, 4 and the end 5; ends -> the last interval
+    # boundary 4 and the end 5. AUTO: ends with a state band (SF), blocks without (WF).
+    assert resume_points(SF, 5, 2, ResumePolicy.AUTO) == (4, 5)
+    assert resume_points(WF, 5, 2, ResumePolicy.AUTO) == (2, 4, 5)
+    assert PrefixCache(SF, 8, ResumePolicy.AUTO).policy is ResumePolicy.ENDS
+    assert PrefixCache(WF, 8, ResumePolicy.AUTO).policy is ResumePolicy.BLOCKS
 
 
 def test_window_hit_ends_where_the_tail_is_present():
@@ -88,10 +97,31 @@ def test_locked_paths_are_not_evictable_and_unlock_restores_them():
     c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})
     assert c.eviction_order().cumulative == ((0, 0), (3, 5))
     handle = c.lock(c.match([1, 2, 9], 12))  # hit of 2 pages: the node splits at 2
-    # Only the unlocked rest [2, 5) is offered: window 103, 104, full 13-15.
+    assert handle is not None
+    # A hit lock keeps the path whole: only the unlocked rest [2, 5) is offered, a LEAF:
+    # window 103, 104, full 13-15 -> (2, 3).
     assert c.eviction_order().cumulative == ((0, 0), (2, 3))
-    c.audit([handle] if handle is not None else [])
+    c.audit([handle])
     c.unlock(handle)
+    # A prompt lock (the inserting request's own path) keeps only the full pages: the
+    # upper [0, 2)'s window page 101 is a TAILS unit, used now (locked), so after every
+    # unlocked unit -> (3, 3).
+    handle = c.lock(c.match([1, 2, 9], 12), tails=False)
+    assert handle is not None
+    assert c.eviction_order().cumulative == ((0, 0), (2, 3), (3, 3))
+    with pytest.raises(AuditError, match="lock"):
+        c.audit([handle])  # counted as a hit lock: the tail counts differ
+    # The request reads page 1 (its window tail): pinned, only the LEAF is left.
+    c.pin_window(handle, [1])
+    assert c.eviction_order().cumulative == ((0, 0), (2, 3))
+    c.audit([], ([101], []), [handle])
+    with pytest.raises(AuditError, match="pins"):
+        c.audit([], ([], []), [handle])  # a pin no running request accounts for
+    c.unpin_window(handle, [1])
+    with pytest.raises(AuditError, match="not pinned"):
+        c.unpin_window(handle, [1])
+    c.audit([], ([], []), [handle])
+    c.unlock(handle, tails=False)
     c.audit([])
     assert c.eviction_order().freed(c.eviction_order().units) == (3, 5)
     with pytest.raises(PlanMismatchError):
@@ -108,11 +138,12 @@ def test_bad_interval_is_refused():
                                                           max_size=7), st.integers(1, 4)),
                     max_size=25))
 def test_evict_leaves_exactly_the_suffix_order(ops):
-    """Random inserts, locks, unlocks and evictions: evict(k) frees exactly freed(k) per
-    band and leaves order.after(k); no id is held twice."""
+    """Random inserts, locks (pinning the hit's window tail and checkpoint), unlocks and
+    evictions: evict(k) frees exactly freed(k) per band and leaves order.after(k); no id is
+    held twice; pinned pages are never evicted (the audit's pin counts hold)."""
     for geom in (WF, SF):
         c = PrefixCache(geom, interval_tokens=8)
-        next_id, handles = 1000, []
+        next_id, handles, hits = 1000, [], []
         for kind, keys, k in ops:
             chain_keys = [hash((tuple(keys[:i + 1]),)) for i in range(len(keys))]
             if kind == 0:
@@ -124,11 +155,20 @@ def test_evict_leaves_exactly_the_suffix_order(ops):
                 next_id += 300
                 c.insert(chain_keys, 0, full, win, ck)
             elif kind == 1:
-                h = c.lock(c.match(chain_keys, 4 * len(keys) + 1))
-                if h is not None:
+                hit = c.match(chain_keys, 4 * len(keys) + 1)
+                h = c.lock(hit)
+                if h is not None:  # pin what a request resuming there reads (as attach)
                     handles.append(h)
+                    hits.append(hit)
+                    c.pin_window(h, range(hit.window_first, hit.pages) if hit.window else [])
+                    if hit.checkpoint >= 0:
+                        c.pin_checkpoint(h, hit.pages)
             elif kind == 2 and handles:
-                c.unlock(handles.pop(0))
+                h, hit = handles.pop(0), hits.pop(0)
+                c.unpin_window(h, range(hit.window_first, hit.pages) if hit.window else [])
+                if hit.checkpoint >= 0:
+                    c.unpin_checkpoint(h, hit.pages)
+                c.unlock(h)
             else:
                 order = c.eviction_order()
                 if order.units:
@@ -139,7 +179,8 @@ def test_evict_leaves_exactly_the_suffix_order(ops):
             held = c.held_pages()
             for ids in held:
                 assert len(set(ids)) == len(ids)
-            c.audit(handles)
+            c.audit(handles, ([v for hit in hits for v in hit.window],
+                              [hit.checkpoint for hit in hits if hit.checkpoint >= 0]))
         assert all(isinstance(f, np.ndarray) for f in c.evict(c.eviction_order().units)) \
             if c.eviction_order().units else True
 
@@ -167,3 +208,19 @@ def test_audit_catches_miscounted_held_pages():
     c._held[1] += 1  # planted: a counter that drifted from the tree
     with pytest.raises(AuditError, match="held page counters"):
         c.audit([])
+
+
+def test_a_locked_nodes_tails_come_after_every_unlocked_unit():
+    c = cache()
+    # X (t=1): 3 pages, tails of points 2 and 3 are pages 1 and 2 (window 101, 102).
+    c.insert([1, 2, 3], 0, [11, 12, 13], {1: 101, 2: 102}, {})
+    # A prompt lock of X (as after its request's prefill): 3 pages.
+    handle = c.lock(c.match([1, 2, 3, 9], 16), tails=False)
+    assert handle is not None and handle.end == 3
+    c.pin_window(handle, [2])  # the running request reads page 2
+    # Y (t=2, newer than X): 2 pages, tail of point 2 is page 1 (window 201).
+    c.insert([5, 6], 0, [21, 22], {1: 201}, {})
+    # Plain LRU would take X's tails (t=1) first; X is in use, so Y's leaf (window 201,
+    # full 21-22 -> (1, 2)) goes first, then X's unpinned page 101 -> (2, 2).
+    assert c.eviction_order().cumulative == ((0, 0), (1, 2), (2, 2))
+    c.audit([], ([102], []), [handle])

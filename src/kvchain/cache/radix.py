@@ -20,8 +20,15 @@ longest prefix every class can resume from: full pages present (always, on the p
 the window tail present; a checkpoint there (state). On a chain with no window or state
 band, every page boundary is a resume point.
 
-Locks: a running request whose hit ends at node ``X`` locks the path root..X (a count on
-every node). Locked nodes are never evicted.
+Locks: a running request locks the path root..X of its cached prefix (a count on every
+node): its hit at admission (:meth:`PrefixCache.lock`: the path and its tails, as a prefix
+in use by running requests keeps whatever lets later ones resume from it), and its whole
+prompt once its prefill completes and the prompt is inserted (:meth:`PrefixCache.adopt`:
+a *prompt lock*, full pages only). A locked node is never a ``LEAF`` unit: its full pages
+stay. On a node only prompt locks hold, the window pages and checkpoints are evictable (a
+``TAILS`` unit) except those a running request still reads, which it *pins*: the window
+pages inside its current window (a tail lock, dropped page by page as its window moves past
+them) and the checkpoint its hit resumes from (until copied into the request's own slot).
 
 Eviction (:class:`~kvchain.alloc.evictor.Evictor`). Two kinds of unit, walked in LRU
 order of a logical clock (ties: leaf before tails, then node id):
@@ -29,8 +36,11 @@ order of a logical clock (ties: leaf before tails, then node id):
 * ``LEAF(X)``: an unlocked node with no children frees everything it still holds (full
   pages, window tail pages, checkpoints); its parent may become a leaf and joins the walk
   (the cascade) with its own time;
-* ``TAILS(X)``: an unlocked node frees its window pages and checkpoints only (the
-  class-only eviction: window tombstoning + checkpoint drop) while its full pages stay.
+* ``TAILS(X)``: a node no hit lock holds frees its unpinned window pages and checkpoints
+  only (the class-only eviction: window tombstoning + checkpoint drop) while its full
+  pages stay. A node under a prompt lock is in use by a running request, so its tails
+  count as used *now*: they come after every unlocked unit (among themselves, oldest
+  ``tail_time`` first): supply the planner may take, but only as a last resort.
   Its time is the last time a hit *ended* in it (or it was inserted), which is older than
   its LRU time when later hits only pass through it.
 
@@ -43,7 +53,7 @@ its child's).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -56,6 +66,7 @@ from kvchain.spec.layers import LifetimeClass
 
 LEAF = 0
 TAILS = 1
+IN_USE = 1 << 62  # walk time offset of a locked node's tails: after every unlocked unit
 
 
 class ResumePolicy(StrEnum):
@@ -65,11 +76,22 @@ class ResumePolicy(StrEnum):
     infinite-cache hit rate on the Mooncake trace when memory is unbounded; a running
     request keeps a window tail per block until it finishes). ``ENDS``: only the last
     interval boundary and the last whole page (where a conversation's next turn resumes;
-    two tails per request, so little memory is held back when memory binds).
+    two tails per request, so little memory is held back when memory binds). ``AUTO``
+    (the default): ``ENDS`` on a chain with a state band, ``BLOCKS`` otherwise
+    (:meth:`resolve`; why: docs/prefix-cache.md, "Where checkpoints go").
     """
 
     BLOCKS = "blocks"
     ENDS = "ends"
+    AUTO = "auto"
+
+    def resolve(self, geom: CacheGeometry) -> ResumePolicy:
+        """The policy a cache on ``geom`` uses: ``AUTO`` -> ``ENDS`` with a state band
+        (a checkpoint is a whole state slot, megabytes, and a prefill holds one per point
+        it passed until its prompt is inserted), else ``BLOCKS``; others as they are."""
+        if self is not ResumePolicy.AUTO:
+            return self
+        return ResumePolicy.ENDS if geom.state is not None else ResumePolicy.BLOCKS
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,14 +150,18 @@ class Node:
         win: window-band virtual ids, one per page, -1 where absent (empty without one).
         win_live: window pages present.
         ckpts: state checkpoints: end page index -> state-band virtual id.
-        lock: running requests whose hit path includes this node.
+        lock: running requests whose hit path or prompt path includes this node.
+        tlock: of which hits (their path keeps its tails: no ``TAILS`` unit).
         time: logical time of the last hit through or insert into this node.
         tail_time: logical time of the last hit that ended here (or insert).
+        wpin: window pages of this node pinned by running requests (never evicted).
+        cpin: checkpoints of this node pinned by running requests (never evicted).
     """
 
     __slots__ = (
         "children",
         "ckpts",
+        "cpin",
         "full",
         "keys",
         "lock",
@@ -144,8 +170,10 @@ class Node:
         "start",
         "tail_time",
         "time",
+        "tlock",
         "win",
         "win_live",
+        "wpin",
     )
 
     def __init__(self, nid: int, parent: Node | None, start: int, keys: list[int],
@@ -160,8 +188,11 @@ class Node:
         self.win_live = sum(1 for v in win if v >= 0)
         self.ckpts = ckpts
         self.lock = 0
+        self.tlock = 0
         self.time = time
         self.tail_time = time
+        self.wpin = 0
+        self.cpin = 0
 
     @property
     def end(self) -> int:
@@ -169,8 +200,9 @@ class Node:
         return self.start + len(self.keys)
 
     def has_tails(self) -> bool:
-        """Whether a ``TAILS`` unit would free anything."""
-        return self.win_live > 0 or bool(self.ckpts)
+        """Whether a ``TAILS`` unit would free anything (an unpinned window page or
+        checkpoint)."""
+        return self.win_live > self.wpin or len(self.ckpts) > self.cpin
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,18 +230,37 @@ class Hit:
 MISS = Hit(0, None)
 
 
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """What :meth:`PrefixCache.adopt` hands back to the request layer.
+
+    Attributes:
+        handle: the request's new lock (the node ending at its prompt's last whole page),
+            ``None`` for a prompt of no whole page.
+        full: the cache's full-band ids of pages ``[0, n)`` (empty without a full band).
+        window: the cache's window-band ids of pages ``[0, n)``, -1 where absent.
+        dups: per band, the request's pages the cache did not take (it held a copy).
+    """
+
+    handle: Node | None
+    full: tuple[int, ...]
+    window: tuple[int, ...]
+    dups: list[list[int]]
+
+
 def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
                   policy: ResumePolicy = ResumePolicy.BLOCKS) -> tuple[int, ...]:
     """Page counts where a cached prompt of ``whole_pages`` pages keeps window tails and
     state checkpoints, sorted: every ``interval_pages`` pages (``BLOCKS``; ``ENDS``: only
-    the last of them) and ``whole_pages`` itself.
+    the last of them; ``AUTO``: as :meth:`ResumePolicy.resolve`) and ``whole_pages``
+    itself.
 
     Empty on a chain without a window/local or state band (every page boundary resumes).
     """
     if geom.window is None and geom.state is None:
         return ()
     pts = list(range(interval_pages, whole_pages + 1, interval_pages))
-    if policy is ResumePolicy.ENDS:
+    if ResumePolicy(policy).resolve(geom) is ResumePolicy.ENDS:
         pts = pts[-1:]
     if whole_pages and (not pts or pts[-1] != whole_pages):
         pts.append(whole_pages)
@@ -231,7 +282,8 @@ class PrefixCache:
         geom: the chain's request geometry (band roles, page size, window).
         interval_tokens: tokens between resume points (a multiple of the page size;
             default 512, the Mooncake content block).
-        policy: which resume points a prompt keeps (:class:`ResumePolicy`).
+        policy: which resume points a prompt keeps (:class:`ResumePolicy`; ``AUTO`` is
+            resolved for ``geom`` here, so ``self.policy`` is ``BLOCKS`` or ``ENDS``).
 
     Raises:
         InvalidRequestError: an interval that is not a positive multiple of the page size.
@@ -245,7 +297,7 @@ class PrefixCache:
                                       f"size {p}, got {interval_tokens!r}")
         self.geom = geom
         self.interval_pages = interval_tokens // p
-        self.policy = ResumePolicy(policy)
+        self.policy = ResumePolicy(policy).resolve(geom)
         self._next_id = 1
         self.root = Node(0, None, 0, [], [], [], {}, 0)
         self._clock = 0
@@ -254,6 +306,8 @@ class PrefixCache:
         self.evicted_pages = [0] * geom.num_bands
         self.evictions = 0
         self._held = [0] * geom.num_bands  # pages / slots held per band (held_counts)
+        self._wpins: dict[int, int] = {}  # pinned window page id -> running readers
+        self._cpins: dict[int, int] = {}  # pinned checkpoint slot id -> running readers
 
     # --- Evictor -------------------------------------------------------------------------
 
@@ -294,26 +348,33 @@ class PrefixCache:
         return tuple(np.asarray(ids, dtype=np.int64) for ids in freed)
 
     def _free_tails(self, node: Node, freed: list[list[int]]) -> None:
+        """Free ``node``'s unpinned window pages and checkpoints into ``freed``."""
         g = self.geom
-        if node.win_live and g.window is not None:
+        if node.win_live > node.wpin and g.window is not None:
             out = freed[g.window]
+            pins = self._wpins
             for i, v in enumerate(node.win):
-                if v >= 0:
+                if v >= 0 and v not in pins:
                     out.append(v)
                     node.win[i] = -1
-            node.win_live = 0
-        if node.ckpts and g.state is not None:
-            freed[g.state].extend(node.ckpts.values())
-            node.ckpts = {}
+            node.win_live = node.wpin
+        if len(node.ckpts) > node.cpin and g.state is not None:
+            if node.cpin:
+                keep = {p: v for p, v in node.ckpts.items() if v in self._cpins}
+                freed[g.state].extend(v for v in node.ckpts.values() if v not in self._cpins)
+                node.ckpts = keep
+            else:
+                freed[g.state].extend(node.ckpts.values())
+                node.ckpts = {}
 
     def _unit_pages(self, node: Node, kind: int, tails_gone: bool) -> list[int]:
         g = self.geom
         row = [0] * g.num_bands
         if not tails_gone:
             if g.window is not None:
-                row[g.window] = node.win_live
+                row[g.window] = node.win_live - node.wpin
             if g.state is not None:
-                row[g.state] = len(node.ckpts)
+                row[g.state] = len(node.ckpts) - node.cpin
         if kind == LEAF and g.full is not None:
             row[g.full] = len(node.full)
         return row
@@ -325,7 +386,9 @@ class PrefixCache:
         heap: list[tuple[int, int, int, Node]] = []
         left: dict[int, int] = {}
         for node in self.nodes():
-            if node.lock:
+            if node.lock:  # its full pages stay
+                if not node.tlock and node.has_tails():  # tails of a prompt lock: evictable
+                    heap.append((IN_USE + node.tail_time, TAILS, node.nid, node))
                 continue
             if node.children:
                 left[node.nid] = len(node.children)
@@ -389,7 +452,13 @@ class PrefixCache:
         assert parent is not None and 0 < k < len(node.keys)
         upper = Node(self._new_id(), parent, node.start, node.keys[:k], node.full[:k],
                      node.win[:k], {p: v for p, v in node.ckpts.items() if p <= at}, node.time)
-        upper.tail_time, upper.lock = node.tail_time, node.lock
+        upper.tail_time, upper.lock, upper.tlock = node.tail_time, node.lock, node.tlock
+        if node.wpin:
+            upper.wpin = sum(1 for v in upper.win if v >= 0 and v in self._wpins)
+            node.wpin -= upper.wpin
+        if node.cpin:
+            upper.cpin = sum(1 for v in upper.ckpts.values() if v in self._cpins)
+            node.cpin -= upper.cpin
         parent.children[node.keys[0]] = upper
         node.keys, node.full, node.win = node.keys[k:], node.full[k:], node.win[k:]
         node.win_live -= upper.win_live
@@ -480,30 +549,40 @@ class PrefixCache:
                 return node
         raise PlanMismatchError(f"no node holds page {t - 1}")  # pragma: no cover
 
-    def lock(self, hit: Hit) -> Node | None:
+    def lock(self, hit: Hit, tails: bool = True) -> Node | None:
         """Lock the hit's path (splitting the last node at the hit's end if needed) and
-        return the handle to pass to :meth:`unlock`; ``None`` for a miss."""
+        return the handle to pass to :meth:`unlock`; ``None`` for a miss. With ``tails``
+        (a hit lock) the path's window pages and checkpoints stay too; without (a prompt
+        lock, :meth:`adopt`) only its full pages do."""
         if hit.node is None:
             return None
         node = hit.node
         if node.end != hit.pages:
             node = self._split(node, hit.pages)
         n: Node | None = node
+        t = int(tails)
         while n is not None and n.nid:
             n.lock += 1
+            n.tlock += t
             n = n.parent
         self._bump()
         return node
 
-    def unlock(self, handle: Node | None) -> None:
-        """Undo one :meth:`lock` (no-op for ``None``)."""
+    def unlock(self, handle: Node | None, tails: bool = True) -> None:
+        """Undo one :meth:`lock` with the same ``tails`` (no-op for ``None``).
+
+        Raises:
+            AuditError: a node of the path is not locked that way.
+        """
         if handle is None:
             return
         n: Node | None = handle
+        t = int(tails)
         while n is not None and n.nid:
-            if n.lock <= 0:
+            if n.lock <= 0 or n.tlock < t:
                 raise AuditError(f"unlock of node {n.nid} that is not locked")
             n.lock -= 1
+            n.tlock -= t
             n = n.parent
         self._bump()
 
@@ -522,6 +601,102 @@ class PrefixCache:
                 n.tail_time = now
             n = n.parent
         self._bump()
+
+    # --- pins (what a running request still reads) --------------------------------------
+
+    @staticmethod
+    def _node_of(handle: Node, page: int) -> Node:
+        """The node of ``handle``'s path (root..handle) holding page index ``page``.
+
+        Raises:
+            AuditError: no node of the path holds it.
+        """
+        n: Node | None = handle
+        while n is not None and n.nid:
+            if n.start <= page < n.end:
+                return n
+            n = n.parent
+        raise AuditError(f"page {page} is not on the locked path ending at node {handle.nid}")
+
+    def pin_window(self, handle: Node, pages: Iterable[int]) -> None:
+        """Pin the cached window pages at page indices ``pages`` of ``handle``'s locked
+        path: a running request reads them (its window covers them), so no ``TAILS`` unit
+        frees them until :meth:`unpin_window`.
+
+        Raises:
+            AuditError: a page not on the path or not present (a tombstone).
+        """
+        pins = self._wpins
+        for i in pages:
+            node = self._node_of(handle, i)
+            v = node.win[i - node.start] if node.win else -1
+            if v < 0:
+                raise AuditError(f"pin of window page {i}: absent from node {node.nid}")
+            c = pins.get(v, 0)
+            if not c:
+                node.wpin += 1
+            pins[v] = c + 1
+        self._bump()
+
+    def unpin_window(self, handle: Node, pages: Iterable[int]) -> None:
+        """Undo :meth:`pin_window` for page indices ``pages`` (the request's window moved
+        past them, or it ended): once no request pins a page it is evictable.
+
+        Raises:
+            AuditError: a page that is not pinned.
+        """
+        pins = self._wpins
+        for i in pages:
+            node = self._node_of(handle, i)
+            v = node.win[i - node.start] if node.win else -1
+            c = pins.get(v, 0)
+            if v < 0 or not c:
+                raise AuditError(f"unpin of window page {i} of node {node.nid}: not pinned")
+            if c == 1:
+                del pins[v]
+                node.wpin -= 1
+            else:
+                pins[v] = c - 1
+        self._bump()
+
+    def pin_checkpoint(self, handle: Node, point: int) -> None:
+        """Pin the checkpoint after ``point`` pages on ``handle``'s path (a hit resumes
+        from it until it is copied into the request's own slot).
+
+        Raises:
+            AuditError: no checkpoint there.
+        """
+        node = self._node_of(handle, point - 1)
+        v = node.ckpts.get(point, -1)
+        if v < 0:
+            raise AuditError(f"pin of checkpoint {point}: absent from node {node.nid}")
+        c = self._cpins.get(v, 0)
+        if not c:
+            node.cpin += 1
+        self._cpins[v] = c + 1
+        self._bump()
+
+    def unpin_checkpoint(self, handle: Node, point: int) -> None:
+        """Undo :meth:`pin_checkpoint`.
+
+        Raises:
+            AuditError: the checkpoint is not pinned.
+        """
+        node = self._node_of(handle, point - 1)
+        v = node.ckpts.get(point, -1)
+        c = self._cpins.get(v, 0)
+        if v < 0 or not c:
+            raise AuditError(f"unpin of checkpoint {point} of node {node.nid}: not pinned")
+        if c == 1:
+            del self._cpins[v]
+            node.cpin -= 1
+        else:
+            self._cpins[v] = c - 1
+        self._bump()
+
+    def pinned(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Copies of the pin counts: window page id -> readers, checkpoint id -> readers."""
+        return dict(self._wpins), dict(self._cpins)
 
     # --- insert ------------------------------------------------------------------------
 
@@ -602,6 +777,44 @@ class PrefixCache:
         self._bump()
         return dups
 
+    def adopt(self, keys: Sequence[int], shared: int, full: Sequence[int],
+              window: dict[int, int], ckpts: dict[int, int],
+              reading: Iterable[int]) -> Adopted:
+        """Insert a *running* request's prompt at the end of its prefill and hand it over:
+        the request locks the whole prompt's path (a prompt lock: full pages), the window
+        pages it still reads are pinned (its tail lock), and everything else it offered (the
+        window tails and checkpoints of its resume points) is at once evictable cache. (vLLM
+        likewise caches a block as soon as it is computed, SGLang inserts an unfinished
+        request's prefix and points the request at the tree's copy: vLLM "Automatic Prefix
+        Caching" design page; SGLang ``cache_unfinished_req``.)
+
+        Args:
+            keys, shared, full, window, ckpts: as :meth:`insert` (``keys`` has ``n`` pages).
+            reading: page indices ``< n`` of window pages the request still reads (its
+                current window); they are pinned on the new path.
+
+        Returns:
+            The new prompt lock (release with ``unlock(handle, tails=False)``; the
+            request's hit lock, if any, stays as it is), the cache's ids of pages
+            ``[0, n)`` (full and window: where a page was cached already the request must
+            use the cache's copy) and the request's duplicates to release.
+        """
+        dups = self.insert(keys, shared, full, window, ckpts)
+        n = len(keys)
+        new: Node | None = None
+        full_ids: list[int] = []
+        win_ids: list[int] = []
+        if n:
+            path, m = self._path(keys)
+            assert m == n and path[-1][0].end == n  # insert split the path at n
+            for node, _ in path:
+                full_ids.extend(node.full)
+                win_ids.extend(node.win)
+            new = self.lock(Hit(n, path[-1][0]), tails=False)
+        if new is not None:
+            self.pin_window(new, reading)
+        return Adopted(new, tuple(full_ids), tuple(win_ids), dups)
+
     # --- integrity -----------------------------------------------------------------------
 
     @property
@@ -625,9 +838,13 @@ class PrefixCache:
                 out[g.state].extend(node.ckpts.values())
         return out
 
-    def audit(self, handles: Sequence[Node]) -> None:
-        """Tree invariants, and lock counts equal to the paths of ``handles`` (the locked
-        hits of running requests).
+    def audit(self, handles: Sequence[Node],
+              pins: tuple[Sequence[int], Sequence[int]] | None = None,
+              prompt_handles: Sequence[Node] = ()) -> None:
+        """Tree invariants, lock counts equal to the paths of ``handles`` (the hit locks
+        of running requests) and ``prompt_handles`` (their prompt locks), and pin counts
+        equal to ``pins`` (the window page ids and checkpoint ids running requests read;
+        not checked when ``None``).
 
         Raises:
             AuditError: naming the first thing found wrong.
@@ -637,11 +854,27 @@ class PrefixCache:
         if list(self.held_counts) != held:
             raise AuditError(f"held page counters {list(self.held_counts)} per band, the tree "
                              f"holds {held}")
+        if pins is not None:
+            for name, want, have in (("window page", pins[0], self._wpins),
+                                     ("checkpoint", pins[1], self._cpins)):
+                count: dict[int, int] = {}
+                for v in want:
+                    count[v] = count.get(v, 0) + 1
+                if count != have:
+                    raise AuditError(f"{name} pins {sorted(have.items())[:8]} differ from what "
+                                     f"running requests read {sorted(count.items())[:8]}")
+        wpins = cpins = 0
         expected: dict[int, int] = {}
-        for h in handles:
+        texpected: dict[int, int] = {}
+        for h in [*handles, *prompt_handles]:
             n: Node | None = h
             while n is not None and n.nid:
                 expected[n.nid] = expected.get(n.nid, 0) + 1
+                n = n.parent
+        for h in handles:
+            n = h
+            while n is not None and n.nid:
+                texpected[n.nid] = texpected.get(n.nid, 0) + 1
                 n = n.parent
         for node in self.nodes():
             parent = node.parent
@@ -660,8 +893,21 @@ class PrefixCache:
                 raise AuditError(f"node {node.nid}: window pages miscounted")
             if any(not node.start < p <= node.end for p in node.ckpts):
                 raise AuditError(f"node {node.nid}: a checkpoint outside its pages")
-            if node.lock != expected.get(node.nid, 0):
-                raise AuditError(f"node {node.nid}: lock {node.lock}, "
-                                 f"{expected.get(node.nid, 0)} running hits pass through it")
+            if node.lock != expected.get(node.nid, 0) or node.tlock != texpected.get(node.nid, 0):
+                raise AuditError(f"node {node.nid}: lock {node.lock} (hits {node.tlock}), "
+                                 f"{expected.get(node.nid, 0)} running requests pass through it "
+                                 f"({texpected.get(node.nid, 0)} hits)")
             if node.time < max((c.time for c in node.children.values()), default=0):
                 raise AuditError(f"node {node.nid}: older than a child")
+            wp = sum(1 for v in node.win if v >= 0 and v in self._wpins)
+            cp = sum(1 for v in node.ckpts.values() if v in self._cpins)
+            if (wp, cp) != (node.wpin, node.cpin):
+                raise AuditError(f"node {node.nid}: pins counted ({node.wpin}, {node.cpin}), "
+                                 f"held ({wp}, {cp})")
+            if (wp or cp) and not node.lock:
+                raise AuditError(f"node {node.nid}: pinned pages on an unlocked node")
+            wpins += wp
+            cpins += cp
+        if (wpins, cpins) != (len(self._wpins), len(self._cpins)):
+            raise AuditError(f"{len(self._wpins)} window pages and {len(self._cpins)} checkpoints "
+                             f"pinned, {wpins} and {cpins} found in the tree")

@@ -259,7 +259,8 @@ given, i.e. on when the trace carries content keys (``SimConfig.prefix_cache``).
 
 CachePointsOption = Annotated[ResumePolicy, typer.Option(
     help="Where cached prompts keep window tails and state checkpoints: every content "
-         "block (blocks) or only the last block boundary and the prompt end (ends).")]
+         "block (blocks), only the last block boundary and the prompt end (ends), or "
+         "auto: ends for models with a recurrent state, blocks otherwise.")]
 """``--cache-points`` (``simulate`` and ``compare``): ``SimConfig.cache_points``."""
 
 

@@ -180,7 +180,7 @@ def compare(
     kv_dtype: Annotated[CacheDtype | None, typer.Option(help=KV_DTYPE_HELP)] = None,
     state_dtype: Annotated[CacheDtype | None, typer.Option(help=STATE_DTYPE_HELP)] = None,
     prefix_cache: PrefixCacheOption = None,
-    cache_points: CachePointsOption = ResumePolicy.BLOCKS,
+    cache_points: CachePointsOption = ResumePolicy.AUTO,
 ) -> None:
     """Run every memory manager on the same model, GPU, trace and scheduler."""
     console = Console(stderr=as_json)

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.admission import ReservePolicy
-from kvchain.cache.radix import ResumePolicy
+from kvchain.cache.radix import CacheGeometry, ResumePolicy
 from kvchain.cli import app
 from kvchain.cli.common import (
     KV_DTYPE_HELP,
@@ -114,7 +114,7 @@ def simulate_command(
                            "context - output tokens (counted) instead of rejecting it.")]
     = False,
     prefix_cache: PrefixCacheOption = None,
-    cache_points: CachePointsOption = ResumePolicy.BLOCKS,
+    cache_points: CachePointsOption = ResumePolicy.AUTO,
 ) -> None:
     """Simulate serving a request trace with the kvchain memory manager.
 
@@ -176,7 +176,7 @@ def simulate_command(
                 "step_ms": step_ms if clock is ClockKind.STEPS else None,
                 "wall_s": round(wall, 3),
                 "prefix_cache": result.prefix_cache is not None,
-                "cache_points": cache_points.value}
+                "cache_points": cache_points.resolve(CacheGeometry.of(layout)).value}
     cache_json = ({"prefix_cache": result.prefix_cache.to_json()}
                   if result.prefix_cache is not None else {})
     if out is not None:

@@ -83,7 +83,8 @@ class SimConfig:
             ``context:``, counted as ``requests_rejected_context``).
         prefix_cache: serve prompts' cached prefixes (:mod:`kvchain.cache`); ``None``: on
             when the trace carries content keys (``prefix_block_ids``).
-        cache_points: where cached prompts keep window tails and state checkpoints.
+        cache_points: where cached prompts keep window tails and state checkpoints
+            (``AUTO``: ``ENDS`` for a chain with a state band, ``BLOCKS`` otherwise).
     """
 
     model: ModelSpec
@@ -98,7 +99,7 @@ class SimConfig:
     step_ms: float = DEFAULT_STEP_MS
     truncate_to_context: bool = False
     prefix_cache: bool | None = None
-    cache_points: ResumePolicy = ResumePolicy.BLOCKS
+    cache_points: ResumePolicy = ResumePolicy.AUTO
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
