@@ -56,13 +56,14 @@ def test_tiny_run_cached_pages_by_hand():
     page_b = PAGE * E_FULL
     rows = [(s.t_s, full_band(s.bands)) for s in samples]
     # A alone (t < 10): its prefill step computes 40 tokens into ceil(40 / 16) = 3 pages
-    # and emits token 1; decodes add tokens 41-43 (positions 40-42), still page 2: 3 pages,
-    # all A's own, nothing cached until A finishes. The step that finishes A frees it and
-    # inserts its 2 keyed pages (the third, partial one is released): the cache then holds
-    # exactly 2 full pages = 32,000 B, all evictable (nothing running locks them).
+    # and emits token 1; the commit that completes the prompt inserts its 2 keyed pages
+    # into the cache under A's prompt lock (insert at the prefill end): A owns only its
+    # third, partial page (16,000 B), the cache holds 2 pages = 32,000 B, none evictable.
+    # Decodes add tokens 41-43 (positions 40-42), still page 2. The step that finishes A
+    # frees it (its partial page is released) and unlocks: 2 cached pages, all evictable.
     a_rows = [b for t, b in rows if t < 10]
-    assert [b.request_bytes for b in a_rows[:-1]] == [3 * page_b] * (len(a_rows) - 1)
-    assert [b.cached_bytes for b in a_rows[:-1]] == [0] * (len(a_rows) - 1)
+    assert [(b.request_bytes, b.cached_bytes, b.evictable_bytes) for b in a_rows[:-1]] == [
+        (1 * page_b, 2 * page_b, 0)] * (len(a_rows) - 1)
     last_a = a_rows[-1]
     assert (last_a.request_bytes, last_a.cached_bytes, last_a.evictable_bytes) == (
         0, 2 * page_b, 2 * page_b)
@@ -167,8 +168,9 @@ def test_planted_double_counting_requests_break_the_identity(monkeypatch):
 
     monkeypatch.setattr(engine_module, "request_owned_pages", twice)
     samples = tiny_run().recorder.step_samples
-    # A's 3 own pages counted as 6: 3 pages (48,000 B) too many on its steps.
-    assert -3 * PAGE * E_FULL in {full_band(s.bands).unowned_bytes for s in samples}
+    # A's 1 own page (the partial third; its 2 keyed pages are the cache's from its
+    # prefill end) counted as 2: 1 page (16,000 B) too many on its steps.
+    assert -1 * PAGE * E_FULL in {full_band(s.bands).unowned_bytes for s in samples}
 
 
 def test_band_sample_owner_checks():

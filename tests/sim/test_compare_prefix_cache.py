@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kvchain.baselines import ManagerKind, PoolAllocator
+from kvchain.cache.radix import ResumePolicy
 from kvchain.catalog.loader import load_model
 from kvchain.gpu import get_gpu
 from kvchain.sim.compare import compare_managers, run_manager
@@ -26,8 +27,10 @@ def _trace(second_blocks: tuple[int, ...]) -> Trace:
 
 
 def _runs(model: str, second: tuple[int, ...]) -> dict[ManagerKind, object]:
+    # Resume points on every content block (BLOCKS), so a 512-token shared first block is a
+    # resume point on the state hybrid too (AUTO would keep only the prompt's ends there).
     config = SimConfig(load_model(model), get_gpu("h200"), _trace(second),
-                       buffer_bytes=4_000_000_000)
+                       buffer_bytes=4_000_000_000, cache_points=ResumePolicy.BLOCKS)
     return compare_managers(config, audit_every_step=True)  # type: ignore[return-value]
 
 
