@@ -532,11 +532,11 @@ class DecodeDemands(list[Demand]):
         self._changed()
         super().__delitem__(i)
 
-    def __iadd__(self, other: Iterable[Demand]) -> Self:  # type: ignore[misc]  # as list
+    def __iadd__(self, other: Iterable[Demand]) -> Self:  # type: ignore[misc,override]  # as list
         self._changed()
         return super().__iadd__(other)
 
-    def __imul__(self, n: SupportsIndex) -> Self:  # type: ignore[misc]  # as list
+    def __imul__(self, n: SupportsIndex) -> Self:
         self._changed()
         return super().__imul__(n)
 
