@@ -173,29 +173,32 @@ class DecodeState:
         start = (tokens // w) * w if local else np.maximum(tokens - (w - 1), 0)
         return start // page_size
 
-    def decode_matrix(self, slots: np.ndarray, page_size: int, full: int | None,
-                      state: int | None, state_slots: int) -> np.ndarray:
-        """Pages each request at ``slots`` must add to compute one more token: int64
-        ``[len(slots), num_bands]``, the formulas of ``request_demand`` for ``extend = 1``
-        without headroom or resume points, elementwise:
+    def decode_columns(self, slots: np.ndarray, page_size: int, full: int | None,
+                       state: int | None, state_slots: int) -> list[np.ndarray]:
+        """Pages each request at ``slots`` must add to compute one more token: one int64
+        array ``[len(slots)]`` per band (a band's column of the batch's demands), the
+        formulas of ``request_demand`` for ``extend = 1`` without headroom or resume
+        points, elementwise:
 
         * full: ``max(0, (L // P + 1) - held)``;
         * window band ``k``: ``max(0, (last - f) - have)`` with ``last = L // P + 1``,
           ``f`` the first page of the token's window and ``have`` the held pages inside
           ``[f, last)``;
-        * state: ``state_slots`` if it holds no slot, else 0.
+        * state: ``state_slots`` if it holds no slot, else 0;
+        * a band of none of these kinds: 0.
         """
         t = self.tokens[slots]
         last = t // page_size + 1
-        out = np.zeros((slots.size, self.num_bands), dtype=np.int64)
         rowlen = self.rowlen
+        zero = np.zeros(slots.size, dtype=np.int64)
+        out = [zero] * self.num_bands
         if full is not None:
-            out[:, full] = np.maximum(last - rowlen[full][slots], 0)
+            out[full] = np.maximum(last - rowlen[full][slots], 0)
         for k, (band, _, _) in enumerate(self.windows):
             f = self.window_first_page(k, t, page_size)
             have = np.maximum(np.minimum(rowlen[band][slots], last)
                               - np.maximum(self.first[k][slots], f), 0)
-            out[:, band] = np.maximum(last - f - have, 0)
+            out[band] = np.maximum(last - f - have, 0)
         if state is not None:
-            out[:, state] = np.where(rowlen[state][slots] == 0, state_slots, 0)
+            out[state] = np.where(rowlen[state][slots] == 0, state_slots, 0)
         return out

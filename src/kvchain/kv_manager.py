@@ -19,6 +19,7 @@ check all call it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Iterable, Sequence
@@ -671,6 +672,7 @@ class KVManager:
         self._requests = _Requests(self._state)
         self._slots_memo: tuple[int, tuple[int, ...], np.ndarray] | None = None
         self._slots_unique: bool | None = None
+        self._slots_known: bool | None = None
         self._demand_memo: dict[tuple[int, ...], Demand] = {}
         self.cache = cache
         self.cow_state_copies = 0
@@ -795,7 +797,7 @@ class KVManager:
     def decode_demands(self, rids: Sequence[int]) -> list[Demand]:
         """``[self.demand(rid, 1) for rid in rids]`` (equal values), for a decode batch.
 
-        Vectorized over the batch (:meth:`DecodeState.decode_matrix`): one gather of the
+        Vectorized over the batch (:meth:`DecodeState.decode_columns`): one gather of the
         requests' token counts and held pages, the page-boundary arithmetic as array
         operations, one sum per band; a :class:`Demand` is built only for the requests
         that need a page (about one in ``P`` per band per step; the rest share one empty
@@ -815,8 +817,10 @@ class KVManager:
         empty = np.zeros((0, g.num_bands), dtype=np.int64)
         if not ids:
             return DecodeDemands([], zero, ids, [], empty)
-        matrix = self._state.decode_matrix(slots, g.page_size, g.full, g.state, g.state_slots)
-        nonzero = np.nonzero(matrix.any(axis=1))[0]
+        columns = self._state.decode_columns(slots, g.page_size, g.full, g.state,
+                                             g.state_slots)
+        needs = functools.reduce(np.bitwise_or, columns)
+        nonzero = needs.nonzero()[0]
         out = [zero] * len(ids)
         if not nonzero.size:
             return DecodeDemands(out, zero, ids, [], empty)
@@ -824,7 +828,7 @@ class KVManager:
         if len(memo) > 4_096:
             memo.clear()
         at = nonzero.tolist()
-        matrix = matrix[nonzero]
+        matrix = np.stack([c[nonzero] for c in columns], axis=1)
         for i, row in zip(at, matrix.tolist(), strict=True):
             key = tuple(row)
             d = memo.get(key)
@@ -851,8 +855,16 @@ class KVManager:
         slots = np.fromiter(map(self._requests.slot_of.get, ids, itertools.repeat(0)),
                             dtype=np.int64, count=len(ids))
         self._slots_memo = (st.version, ids, slots)
-        self._slots_unique = None
+        self._slots_unique = self._slots_known = None
         return slots
+
+    def _slots_memo_known(self) -> bool:
+        """Whether every id of the last :meth:`_slots_of` holds pages (memoized)."""
+        known = self._slots_known
+        if known is None:
+            assert self._slots_memo is not None
+            known = self._slots_known = bool(self._slots_memo[2].all())
+        return known
 
     def _slots_memo_unique(self) -> bool:
         """Whether the ids of the last :meth:`_slots_of` are all different (memoized)."""
@@ -942,7 +954,8 @@ class KVManager:
             matrix = np.array([demands[i].pages for i in nonzero], dtype=np.int64)
             total = (Demand(tuple(matrix.sum(axis=0).tolist())) if nonzero else self._zero())
         requests = self._requests
-        missing = [ids[i] for i in (slots == 0).nonzero()[0].tolist()]
+        missing = ([] if self._slots_memo_known()
+                   else [ids[i] for i in (slots == 0).nonzero()[0].tolist()])
         if total.is_empty:  # every token on pages already held (most decode steps)
             for rid in missing:
                 requests[rid] = self._new_pages()
@@ -1101,7 +1114,7 @@ class KVManager:
         g = self.geom
         p = g.page_size
         st = self._state
-        if not slots.all():
+        if not self._slots_memo_known():
             rid = ids[int((slots == 0).nonzero()[0][0])]
             raise UnknownRequestError(f"request {rid} holds no pages")
         n = st.tokens[slots] + 1
@@ -1127,12 +1140,18 @@ class KVManager:
                 cols = np.repeat(f - (np.cumsum(c) - c), c) + np.arange(rows.size)
             table = st.tables[w.band]
             vids = table[rows, cols]
-            for slot, d in zip(s.tolist(), c.tolist(), strict=True):
-                req = owner[slot]
-                held = req.win(k)
-                del held[:d]
-                req.set_first(k, req.first(k) + d)
-                req._held_cache = None  # the arrays are updated here, not read again
+            if k == 0:
+                for slot, d in zip(s.tolist(), c.tolist(), strict=True):
+                    req = owner[slot]
+                    del req.window[:d]
+                    req.window_first += d
+                    req._held_cache = None  # the arrays are updated here, not read again
+            else:
+                for slot, d in zip(s.tolist(), c.tolist(), strict=True):
+                    req = owner[slot]
+                    del req.more_window[k - 1][:d]
+                    req.more_first[k - 1] += d
+                    req._held_cache = None
             table[rows, cols] = st.pads[w.band]
             st.first[k][s] = f + c
             self.chain.release(w.band, vids)
@@ -1288,7 +1307,7 @@ class KVManager:
             raise InvalidDemandError(f"no band {band} in this chain")
         ids = tuple(rids)
         slots = self._slots_of(ids)
-        if not slots.all():
+        if not self._slots_memo_known():
             rid = ids[int((slots == 0).nonzero()[0][0])]
             raise UnknownRequestError(f"request {rid} holds no pages")
         st = self._state

@@ -93,7 +93,7 @@ def test_block_table_refuses_unknown_requests_and_bands() -> None:
     with pytest.raises(InvalidDemandError):
         kv.block_table([0], 2)
     with pytest.raises(InvalidDemandError):
-        kv.block_table([0], True)  # type: ignore[arg-type]
+        kv.block_table([0], True)
 
 
 def test_rows_are_cleared_and_slots_reused_after_free() -> None:
