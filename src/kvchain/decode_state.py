@@ -14,6 +14,11 @@ a handful of numpy operations instead of a Python loop over the batch
   (window and chunked-local bands: the row is indexed by token page ``j`` covering tokens
   ``[j * P, (j + 1) * P)``, entries before ``first[k, slot]`` are released).
 * ``first[k, slot]``: first window page held in window band ``k`` (token page index).
+* ``need_at[slot]``: a token count below which a decode needs no new page with the pages
+  held now (0: work it out every step), so a decode step runs the demand formulas only
+  for the requests at or past it; set again whenever the request's pages change
+  (:meth:`refresh_need`), kept when a window-tail release only drops pages behind the
+  window (the pages a decode needs are unchanged).
 * ``tables[band]``: int64 ``[capacity, width]`` virtual page ids, row ``slot``; entries at
   or past ``rowlen`` and released window entries hold the band's pad (its null page, or
   ``-1`` in a band that reserves none: full and state bands never release a page before
@@ -59,6 +64,7 @@ class DecodeState:
         self.tokens = np.zeros(capacity, dtype=np.int64)
         self.rowlen = np.zeros((num_bands, capacity), dtype=np.int64)
         self.first = np.zeros((len(self.windows), capacity), dtype=np.int64)
+        self.need_at = np.zeros(capacity, dtype=np.int64)
         self.tables = [np.full((capacity, width), pad, dtype=np.int64) for pad in self.pads]
         self._free = list(range(capacity - 1, 0, -1))  # slot 0: the permanent empty slot
         self.version = 0
@@ -78,6 +84,7 @@ class DecodeState:
             self._grow_slots()
         slot = self._free.pop()
         self.tokens[slot] = tokens
+        self.need_at[slot] = 0
         self.dirty.add(slot)
         self.version += 1
         return slot
@@ -91,6 +98,7 @@ class DecodeState:
                 self.tables[band][slot, :n] = self.pads[band]
         self.rowlen[:, slot] = 0
         self.first[:, slot] = 0
+        self.need_at[slot] = 0
         self.tokens[slot] = 0
         self.dirty.discard(slot)
         self._free.append(slot)
@@ -109,6 +117,7 @@ class DecodeState:
         self.tokens = grow(self.tokens)
         self.rowlen = grow(self.rowlen)
         self.first = grow(self.first)
+        self.need_at = grow(self.need_at)
         tables = []
         for t, pad in zip(self.tables, self.pads, strict=True):
             out = np.full((new, t.shape[1]), pad, dtype=np.int64)
@@ -202,3 +211,26 @@ class DecodeState:
         if state is not None:
             out[state] = np.where(rowlen[state][slots] == 0, state_slots, 0)
         return out
+
+    def refresh_need(self, slots: np.ndarray, page_size: int, full: int | None,
+                     state: int | None) -> None:
+        """Set ``need_at`` of ``slots`` from the pages they hold now: the smallest
+        ``held * P`` over the full band and the window bands' last held page (a decode
+        at ``L`` needs page ``L // P`` there first), or 0 (work it out every step) for a
+        request with no state slot, an empty window band, or a window band whose held
+        pages start after the token's window (pages missing on the left)."""
+        if not slots.size:
+            return
+        t = self.tokens[slots]
+        need = np.full(slots.size, np.iinfo(np.int64).max, dtype=np.int64)
+        rowlen = self.rowlen
+        if full is not None:
+            np.minimum(need, rowlen[full][slots] * page_size, out=need)
+        for k, (band, _, _) in enumerate(self.windows):
+            hf, he = self.first[k][slots], rowlen[band][slots]
+            np.minimum(need, he * page_size, out=need)
+            odd = (he == hf) | (hf > self.window_first_page(k, t, page_size))
+            need[odd] = 0
+        if state is not None:
+            need[rowlen[state][slots] == 0] = 0
+        self.need_at[slots] = need

@@ -817,18 +817,23 @@ class KVManager:
         empty = np.zeros((0, g.num_bands), dtype=np.int64)
         if not ids:
             return DecodeDemands([], zero, ids, [], empty)
-        columns = self._state.decode_columns(slots, g.page_size, g.full, g.state,
-                                             g.state_slots)
-        needs = functools.reduce(np.bitwise_or, columns)
-        nonzero = needs.nonzero()[0]
+        st = self._state
         out = [zero] * len(ids)
-        if not nonzero.size:
+        check = (st.tokens[slots] >= st.need_at[slots]).nonzero()[0]  # at a page boundary
+        if not check.size:
             return DecodeDemands(out, zero, ids, [], empty)
+        columns = st.decode_columns(slots[check], g.page_size, g.full, g.state,
+                                    g.state_slots)
+        needs = functools.reduce(np.bitwise_or, columns).nonzero()[0]
+        if not needs.size:
+            return DecodeDemands(out, zero, ids, [], empty)
+        nonzero = check[needs]
+        columns = [c[needs] for c in columns]
         memo = self._demand_memo
         if len(memo) > 4_096:
             memo.clear()
         at = nonzero.tolist()
-        matrix = np.stack([c[nonzero] for c in columns], axis=1)
+        matrix = np.stack(columns, axis=1)
         for i, row in zip(at, matrix.tolist(), strict=True):
             key = tuple(row)
             d = memo.get(key)
@@ -892,6 +897,8 @@ class KVManager:
                 first = req.first(k)
                 st.write_row(w.band, slot, first, req.win(k))
                 st.first[k, slot] = first
+        st.refresh_need(np.fromiter(st.dirty, dtype=np.int64, count=len(st.dirty)),
+                        g.page_size, g.full, g.state)
         st.dirty.clear()
 
     @property
@@ -1031,6 +1038,7 @@ class KVManager:
                     req._held_cache = None
                     cut += n
             st.append(band, rows, starts, counts, vids)
+        st.refresh_need(slots[at], p, g.full, g.state)
 
     def _new_pages(self) -> RequestPages:
         extra = len(self.geom.windows) - 1
