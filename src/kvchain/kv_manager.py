@@ -402,7 +402,7 @@ class RequestPages:
         """Tokens whose KV is in the cache (``L``); kept in the manager's decode arrays
         while the request is registered."""
         st = self._state
-        return int(st.tokens[self._slot]) if st is not None else self._tokens
+        return st.tokens.item(self._slot) if st is not None else self._tokens
 
     @tokens.setter
     def tokens(self, n: int) -> None:
