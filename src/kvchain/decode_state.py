@@ -5,7 +5,8 @@ their block tables per band (the input layout of paged-attention kernels).
 ``RequestPages``) for the general paths (prefill chunks, the prefix cache, retraction);
 this module mirrors what the decode path reads, so a decode step over a running batch is
 a handful of numpy operations instead of a Python loop over the batch
-(docs/architecture.md, "Request layer"):
+(docs/architecture.md, layer table; measured in docs/benchmarks.md, "Request layer
+speed"):
 
 * ``tokens[slot]``: tokens whose KV is in the cache (``L``); the one copy of that count
   while the request is registered.
