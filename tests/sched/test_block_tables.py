@@ -254,3 +254,36 @@ def test_a_decode_batch_of_a_fresh_request_equals_its_first_token() -> None:
         assert list(got) == [kv.demand(3, 1)] * 2
         # by hand: 1 page in each token band, the state band's slots (1 here)
         assert got[0] == Demand(tuple(1 for _ in range(kv.geom.num_bands)))
+
+
+def test_block_tables_follow_the_prefix_cache_paths() -> None:
+    # With a prefix cache the decode path runs per request; attach (a hit's shared pages),
+    # kept window tails, checkpoints and inserts on free change the lists outside the
+    # vectorized path: the rows must follow (read again from the lists) after every step.
+    from kvchain.cache.keys import page_keys_from_tokens
+    from kvchain.cache.radix import CacheGeometry, PrefixCache
+    from kvchain.sched.request import Request, StepOutcome
+    from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+
+    layout = plan_layout(SHAPES["window|full"], 200_000_000, 4)
+    kv = KVManager(Chain(layout), PrefixCache(CacheGeometry.of(layout), interval_tokens=8))
+    sched = Scheduler(kv, SchedulerConfig(max_prefill_tokens=24, chunk_size=12))
+    rng = random.Random(7)
+    now, hits = 0.0, 0
+    for rid in range(12):  # prompts sharing a 16-token prefix, then their own tokens
+        prompt = list(range(16)) + [1_000 * rid + i for i in range(rng.randint(1, 20))]
+        sched.add(Request(rid, len(prompt), rng.randint(1, 12), now,
+                          page_keys=page_keys_from_tokens(prompt, 4)), now)
+        for _ in range(3):
+            batch = sched.step(now)
+            now += 1.0
+            sched.complete(batch, StepOutcome(1.0), now)
+            sched.audit()
+            assert table_mismatches(kv) == []
+            hits = max(hits, max((kv.hit_tokens(r) for r in kv._requests), default=0))
+    while not sched.idle:
+        batch = sched.step(now)
+        now += 1.0
+        sched.complete(batch, StepOutcome(1.0), now)
+        assert table_mismatches(kv) == []
+    assert hits >= 16  # the shared prefix was served from the cache at least once
