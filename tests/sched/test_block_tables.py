@@ -254,6 +254,12 @@ def test_a_decode_batch_of_a_fresh_request_equals_its_first_token() -> None:
         assert list(got) == [kv.demand(3, 1)] * 2
         # by hand: 1 page in each token band, the state band's slots (1 here)
         assert got[0] == Demand(tuple(1 for _ in range(kv.geom.num_bands)))
+        # allocated through the decode path's own list: registered, then its pages
+        ref = _manager(shape)
+        assert kv.allocate([(3, 1)], kv.decode_demands([3])) == ref.allocate([(3, 1)])
+        assert kv.held(3) == ref.held(3) and table_mismatches(kv) == []
+        assert kv.commit_decodes([3]) == ref.commit(3, 1) == 0
+        assert kv.tokens(3) == 1 and table_mismatches(kv) == []
 
 
 def test_block_tables_follow_the_prefix_cache_paths() -> None:
