@@ -7,8 +7,11 @@ other processes on a shared machine inflate them less than wall time would:
 
 * decode step, 256 requests: ``decode demands + KVManager.allocate + commit`` per step,
   the per-request path (``demand``/``commit`` per request) and the batched path
-  (``decode_demands``/``commit_decodes``), each against the time of the ``Chain.take``
-  inside the same steps (target: step <= 2x take);
+  (``decode_demands``/``commit_decodes``, vectorized over the batch), each against the
+  time of the ``Chain.take`` inside the same steps (target: step <= 2x take); for the
+  batched path also its parts (demands, building the ``(rid, 1)`` batch, allocate less
+  its take, commit with its one ``Chain.release`` per window band) and the cost of the
+  block tables of every band (``KVManager.block_table``, physical ids) per step;
 * ``price``: a repeat on the same snapshot and demand (target <= 0.5 us), an equal
   snapshot of another epoch (the value memo), and the planner itself on three bands
   (``_price_uncached``; target <= 5 us);
@@ -67,7 +70,10 @@ class _TimedChain:
         chain.take = timed  # type: ignore[method-assign]
 
 
-def decode_steps(classes, batched: bool, running: int = 256, steps: int = 96):
+def decode_steps(classes, batched: bool, running: int = 256, steps: int = 96,
+                 tables: bool = False) -> tuple[float, float, dict[str, float]]:
+    """Mean thread CPU seconds per decode step and per take inside it, plus (batched)
+    the parts of the step."""
     layout = plan_layout(classes, 400_000_000_000, 16)
     chain = Chain(layout)
     kv = KVManager(chain)
@@ -78,19 +84,39 @@ def decode_steps(classes, batched: bool, running: int = 256, steps: int = 96):
     timer = _TimedChain(chain)
     rids = list(range(running))
     total = 0.0
+    parts = dict.fromkeys(("demands", "batch", "allocate less take", "commit",
+                           "block tables"), 0.0)
+    clock = time.thread_time
     for _ in range(steps):
-        t0 = time.thread_time()
         if batched:
+            t0 = clock()
             demands = kv.decode_demands(rids)
-            kv.allocate([(rid, 1) for rid in rids], demands)
+            t1 = clock()
+            batch = [(rid, 1) for rid in rids]
+            t2 = clock()
+            before = timer.spent
+            kv.allocate(batch, demands)
+            t3 = clock()
             kv.commit_decodes(rids)
+            t4 = clock()
+            total += t4 - t0
+            parts["demands"] += t1 - t0
+            parts["batch"] += t2 - t1
+            parts["allocate less take"] += t3 - t2 - (timer.spent - before)
+            parts["commit"] += t4 - t3
+            if tables:
+                t5 = clock()
+                for band in range(len(layout.bands)):
+                    kv.block_table(rids, band)
+                parts["block tables"] += clock() - t5
         else:
+            t0 = clock()
             demands = [kv.demand(rid, 1) for rid in rids]
             kv.allocate([(rid, 1) for rid in rids], demands)
             for rid in rids:
                 kv.commit(rid, 1)
-        total += time.thread_time() - t0
-    return total / steps, timer.spent / steps
+            total += clock() - t0
+    return total / steps, timer.spent / steps, {k: v / steps for k, v in parts.items()}
 
 
 def three_bands() -> ChainSnapshot:
@@ -200,10 +226,12 @@ def main() -> None:
     print("decode step, 256 requests (us per step; ratio = step / its chain take)")
     for shape, classes in SHAPES.items():
         for batched in (False, True):
-            step, take = decode_steps(classes, batched)
+            step, take, parts = decode_steps(classes, batched, tables=batched)
             path = "batched    " if batched else "per-request"
             print(f"  {shape:24s} {path} step {step * 1e6:8.1f}  take {take * 1e6:7.1f}  "
                   f"ratio {step / take:5.2f}x")
+            if batched:
+                print("    " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in parts.items()))
     print("price (us per call, best of 5 x 20,000)")
     for name, t in price_times().items():
         print(f"  {name:45s} {t * 1e6:7.3f}")

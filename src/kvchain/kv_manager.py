@@ -19,8 +19,12 @@ check all call it.
 
 from __future__ import annotations
 
+import functools
+import itertools
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Self, SupportsIndex
 
 import numpy as np
 
@@ -28,11 +32,13 @@ from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand, Quote
 from kvchain.cache.radix import Hit, Node, PrefixCache, resume_points
+from kvchain.decode_state import DecodeState
 from kvchain.errors import (
     ConfigError,
     ForgedQuoteError,
     InvalidDemandError,
     InvalidRequestError,
+    ReservedPageError,
     UnknownRequestError,
 )
 from kvchain.layout import ChainLayout
@@ -178,7 +184,11 @@ NOTHING_HELD = HeldPages()
 
 
 def sum_demands(demands: Iterable[Demand], num_bands: int) -> Demand:
-    """Element-wise sum of demands of a chain with ``num_bands`` bands."""
+    """Element-wise sum of demands of a chain with ``num_bands`` bands (O(1) for an
+    unchanged :class:`DecodeDemands`, which carries its sum)."""
+    if type(demands) is DecodeDemands and demands.total is not None \
+            and len(demands.total.pages) == num_bands:
+        return demands.total
     zero = (0,) * num_bands
     total = [0] * num_bands
     for d in demands:
@@ -367,14 +377,14 @@ class RequestPages:
         cow_src: the cache's checkpoint to copy into the working slot once it is taken.
     """
 
-    tokens: int = 0
+    _tokens: int = 0  # while unregistered; a registered request's count is in the arrays
     full: list[int] = field(default_factory=list)
     window: list[int] = field(default_factory=list)
     window_first: int = 0
     slots: list[int] = field(default_factory=list)
     more_window: list[list[int]] = field(default_factory=list)
     more_first: list[int] = field(default_factory=list)
-    _held: HeldPages | None = None  # cache; cleared whenever a page list changes
+    _held_cache: HeldPages | None = None  # see ``_held``
     keys: tuple[int, ...] | None = None
     shared: int = 0
     handle: Node | None = None
@@ -384,6 +394,36 @@ class RequestPages:
     kept: dict[int, int] = field(default_factory=dict)
     ckpts: dict[int, int] = field(default_factory=dict)
     cow_src: int = -1
+    _state: DecodeState | None = field(default=None, repr=False, compare=False)
+    _slot: int = field(default=0, repr=False, compare=False)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens whose KV is in the cache (``L``); kept in the manager's decode arrays
+        while the request is registered."""
+        st = self._state
+        return st.tokens.item(self._slot) if st is not None else self._tokens
+
+    @tokens.setter
+    def tokens(self, n: int) -> None:
+        st = self._state
+        if st is None:
+            self._tokens = n
+        else:
+            st.tokens[self._slot] = n
+
+    @property
+    def _held(self) -> HeldPages | None:
+        """The cached :meth:`held` counts. Every path that changes a page list (or a window
+        first index) sets this to ``None``; that also marks the request's decode arrays and
+        block-table rows to be read again from the lists before their next use."""
+        return self._held_cache
+
+    @_held.setter
+    def _held(self, value: HeldPages | None) -> None:
+        self._held_cache = value
+        if value is None and self._state is not None:
+            self._state.dirty.add(self._slot)
 
     def win(self, k: int) -> list[int]:
         """Ids held in window band ``k`` of the geometry (the list itself)."""
@@ -402,14 +442,204 @@ class RequestPages:
 
     def held(self) -> HeldPages:
         """Counts for :func:`request_demand` (cached until the pages change)."""
-        held = self._held
+        held = self._held_cache
         if held is None:
             more = tuple((f, f + len(v)) for f, v in zip(self.more_first, self.more_window,
                                                           strict=True))
-            held = self._held = HeldPages(len(self.full), self.window_first,
+            held = self._held_cache = HeldPages(len(self.full), self.window_first,
                                           self.window_first + len(self.window), len(self.slots),
                                           more)
         return held
+
+
+_PAGES = operator.attrgetter("pages")
+
+
+def _batch_ids(batch: Sequence[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Request ids and token counts of an allocation batch, checked: C-speed set checks
+    for the common all-``(int, int)`` batch, an entry-by-entry walk otherwise.
+
+    Raises:
+        InvalidDemandError: an entry that is not a pair of ints, or a negative or
+            non-integer token count.
+    """
+    try:
+        if set(map(type, batch)) <= {tuple}:
+            if not batch:
+                return (), ()
+            ids, extends = zip(*batch, strict=True)  # all of one length, and that is 2
+            if (set(map(type, ids)) == {int} and set(map(type, extends)) == {int}
+                    and min(extends) >= 0):
+                return ids, extends
+    except (TypeError, ValueError):
+        pass
+    for entry in batch:
+        if (not isinstance(entry, tuple | list) or len(entry) != 2
+                or isinstance(entry[0], bool) or not isinstance(entry[0], int | np.integer)):
+            raise InvalidDemandError(f"a batch entry is a (request id, tokens) pair of "
+                                     f"ints, got {entry!r}")
+        rid, extend = entry
+        if isinstance(extend, bool) or not isinstance(extend, int | np.integer) or extend < 0:
+            raise InvalidDemandError(f"request {rid}: {extend!r} tokens")
+    return tuple(e[0] for e in batch), tuple(e[1] for e in batch)
+
+
+def _check_demands(ids: Sequence[int], extends: Sequence[int], demands: Sequence[Demand],
+                   num_bands: int) -> None:
+    """Every demand a :class:`Demand` of ``num_bands`` bands.
+
+    Raises:
+        InvalidDemandError: one that is not.
+    """
+    if (set(map(type, demands)) <= {Demand}
+            and set(map(len, map(_PAGES, demands))) <= {num_bands}):
+        return
+    for rid, extend, d in zip(ids, extends, demands, strict=True):
+        if not isinstance(d, Demand) or len(d.pages) != num_bands:
+            raise InvalidDemandError(f"request {rid}: {extend} tokens, demand {d!r}")
+
+
+class DecodeDemands(list[Demand]):
+    """The list :meth:`KVManager.decode_demands` returns: one :class:`Demand` per request
+    (a plain list to every reader) that also carries their sum, so
+    :func:`sum_demands` and :meth:`KVManager.allocate` need not walk it.
+
+    Attributes:
+        total: the element-wise sum, or ``None`` once the list was changed in place
+            (every mutating list method drops it).
+        rids: the request ids it was computed for, in order.
+        nonzero: positions whose demand is not empty, ascending.
+        matrix: int64 ``[len(nonzero), bands]``, their demands.
+    """
+
+    __slots__ = ("matrix", "nonzero", "rids", "total")
+
+    def __init__(self, demands: list[Demand], total: Demand, rids: tuple[int, ...],
+                 nonzero: list[int], matrix: np.ndarray) -> None:
+        super().__init__(demands)
+        self.total: Demand | None = total
+        self.rids = rids
+        self.nonzero = nonzero
+        self.matrix = matrix  # int64 [len(nonzero), bands]: their pages
+
+    def _changed(self) -> None:
+        self.total = None
+
+    def __setitem__(self, i: Any, v: Any) -> None:
+        self._changed()
+        super().__setitem__(i, v)
+
+    def __delitem__(self, i: Any) -> None:
+        self._changed()
+        super().__delitem__(i)
+
+    def __iadd__(self, other: Iterable[Demand]) -> Self:  # type: ignore[misc,override]  # as list
+        self._changed()
+        return super().__iadd__(other)
+
+    def __imul__(self, n: SupportsIndex) -> Self:
+        self._changed()
+        return super().__imul__(n)
+
+    def append(self, v: Demand) -> None:
+        self._changed()
+        super().append(v)
+
+    def extend(self, vs: Iterable[Demand]) -> None:
+        self._changed()
+        super().extend(vs)
+
+    def insert(self, i: SupportsIndex, v: Demand) -> None:
+        self._changed()
+        super().insert(i, v)
+
+    def pop(self, i: SupportsIndex = -1) -> Demand:
+        self._changed()
+        return super().pop(i)
+
+    def remove(self, v: Demand) -> None:
+        self._changed()
+        super().remove(v)
+
+    def clear(self) -> None:
+        self._changed()
+        super().clear()
+
+    def sort(self, *args: Any, **kwargs: Any) -> None:
+        self._changed()
+        super().sort(*args, **kwargs)
+
+    def reverse(self) -> None:
+        self._changed()
+        super().reverse()
+
+
+_MISSING: Any = object()
+
+
+class _Requests(dict[int, RequestPages]):
+    """The manager's requests by id. Registering one (``[rid] = pages``) binds it to a
+    slot of the decode arrays; removing it (``del``, ``pop``) frees the slot. ``slot_of``
+    maps request id -> slot, ``owner`` slot -> pages."""
+
+    __slots__ = ("owner", "slot_of", "state")
+
+    def __init__(self, state: DecodeState) -> None:
+        super().__init__()
+        self.state = state
+        self.slot_of: dict[int, int] = {}
+        self.owner: dict[int, RequestPages] = {}
+
+    def __setitem__(self, rid: int, req: RequestPages) -> None:
+        old = self.get(rid)
+        if old is req:
+            return
+        if req._state is not None:
+            raise InvalidRequestError(f"request {rid}: its pages are registered already")
+        if old is not None:
+            self._unbind(rid, old)
+        slot = self.state.bind(req._tokens)
+        req._state, req._slot = self.state, slot
+        self.slot_of[rid] = slot
+        self.owner[slot] = req
+        super().__setitem__(rid, req)
+
+    def _unbind(self, rid: int, req: RequestPages) -> None:
+        req._tokens = self.state.unbind(req._slot)
+        del self.owner[req._slot]
+        req._state, req._slot = None, 0
+        del self.slot_of[rid]
+
+    def __delitem__(self, rid: int) -> None:
+        req = self[rid]
+        super().__delitem__(rid)
+        self._unbind(rid, req)
+
+    def pop(self, rid: int, default: Any = _MISSING) -> Any:
+        if rid not in self:
+            if default is _MISSING:
+                raise KeyError(rid)
+            return default
+        req = self[rid]
+        del self[rid]
+        return req
+
+    def popitem(self) -> tuple[int, RequestPages]:
+        rid = next(reversed(self))
+        return rid, self.pop(rid)
+
+    def clear(self) -> None:
+        for rid in list(self):
+            del self[rid]
+
+    def setdefault(self, rid: int, default: Any = None) -> RequestPages:
+        if rid not in self:
+            self[rid] = default
+        return self[rid]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for rid, req in dict(*args, **kwargs).items():
+            self[rid] = req
 
 
 class KVManager:
@@ -431,7 +661,19 @@ class KVManager:
         self.chain = chain
         self.geom = RequestGeometry.of(chain.layout)
         self._win_index = {w.band: k for k, w in enumerate(self.geom.windows)}
-        self._requests: dict[int, RequestPages] = {}
+        pads = []
+        for band in range(self.geom.num_bands):
+            try:
+                pads.append(chain.null_page(band))
+            except ReservedPageError:
+                pads.append(-1)
+        self._state = DecodeState(self.geom.num_bands, pads,
+                                  [(w.band, w.tokens, w.local) for w in self.geom.windows])
+        self._requests = _Requests(self._state)
+        self._slots_memo: tuple[int, tuple[int, ...], np.ndarray] | None = None
+        self._slots_unique: bool | None = None
+        self._slots_known: bool | None = None
+        self._demand_memo: dict[tuple[int, ...], Demand] = {}
         self.cache = cache
         self.cow_state_copies = 0
         self.cow_bytes = 0
@@ -588,41 +830,109 @@ class KVManager:
     def decode_demands(self, rids: Sequence[int]) -> list[Demand]:
         """``[self.demand(rid, 1) for rid in rids]`` (equal values), for a decode batch.
 
-        One pass over the requests with the page-boundary test inlined: a request whose
-        next token lies on pages it holds (``ceil((L + 1) / P)`` full pages held, the window
-        from ``window_start(L)`` covered, its state slots held) gets one shared empty demand;
-        only the others (about one request in ``P`` per step) run the general formulas.
+        Vectorized over the batch (:meth:`DecodeState.decode_columns`): one gather of the
+        requests' token counts and held pages, the page-boundary arithmetic as array
+        operations, one sum per band; a :class:`Demand` is built only for the requests
+        that need a page (about one in ``P`` per band per step; the rest share one empty
+        demand). A request that holds nothing gets the demand of its first token. With a
+        prefix cache (resume points, kept window tails) every request runs
+        :meth:`demand` instead.
+
+        Returns:
+            A :class:`DecodeDemands` (a list, aligned with ``rids``) carrying the sum.
         """
         g = self.geom
-        if len(g.windows) > 1 or self.cache is not None:  # the general path handles these
+        if self.cache is not None:  # resume points and kept tails: the general formulas
             return [self.demand(rid, 1) for rid in rids]
-        p = g.page_size
-        zero = Demand((0,) * g.num_bands)
-        has_full, has_window, has_state = g.full is not None, g.window is not None, \
-            g.state is not None
-        w, local = g.window_tokens, g.local
-        requests = self._requests
-        out: list[Demand] = []
-        append = out.append
-        for rid in rids:
-            req = requests.get(rid)
-            if req is None:
-                append(request_demand(g, NOTHING_HELD, 0, 1))
-                continue
-            n = req.tokens
-            last = n // p + 1  # pages covering [0, n + 1)
-            if has_window:
-                start = (n // w) * w if local else (n - w + 1 if n >= w else 0)
-                window_ok = (req.window_first <= start // p
-                             and last <= req.window_first + len(req.window))
-            else:
-                window_ok = True
-            if (window_ok and (not has_full or last <= len(req.full))
-                    and (not has_state or req.slots)):
-                append(zero)
-            else:
-                append(_general_demand(g, req.held(), n, 1, 0, 1))
-        return out
+        ids = tuple(rids)
+        slots = self._slots_of(ids)
+        zero = self._zero()
+        empty = np.zeros((0, g.num_bands), dtype=np.int64)
+        if not ids:
+            return DecodeDemands([], zero, ids, [], empty)
+        st = self._state
+        out = [zero] * len(ids)
+        check = (st.tokens[slots] >= st.need_at[slots]).nonzero()[0]  # at a page boundary
+        if not check.size:
+            return DecodeDemands(out, zero, ids, [], empty)
+        columns = st.decode_columns(slots[check], g.page_size, g.full, g.state,
+                                    g.state_slots)
+        needs = functools.reduce(np.bitwise_or, columns).nonzero()[0]
+        if not needs.size:
+            return DecodeDemands(out, zero, ids, [], empty)
+        nonzero = check[needs]
+        columns = [c[needs] for c in columns]
+        memo = self._demand_memo
+        if len(memo) > 4_096:
+            memo.clear()
+        at = nonzero.tolist()
+        matrix = np.stack(columns, axis=1)
+        for i, row in zip(at, matrix.tolist(), strict=True):
+            key = tuple(row)
+            d = memo.get(key)
+            if d is None:
+                d = memo[key] = Demand(key)
+            out[i] = d
+        return DecodeDemands(out, Demand(tuple(matrix.sum(axis=0).tolist())), ids, at, matrix)
+
+    def _zero(self) -> Demand:
+        zero = self._demand_memo.get(())
+        if zero is None:
+            zero = self._demand_memo[()] = Demand((0,) * self.geom.num_bands)
+        return zero
+
+    def _slots_of(self, ids: tuple[int, ...]) -> np.ndarray:
+        """Slots of request ids (0, the empty slot, for one that holds nothing), int64,
+        after the dirty rows were read again; memoized for the same ids at the same slot
+        version (a decode step asks for one batch three times)."""
+        self._sync()
+        st = self._state
+        memo = self._slots_memo
+        if memo is not None and memo[0] == st.version and memo[1] == ids:
+            return memo[2]
+        slots = np.fromiter(map(self._requests.slot_of.get, ids, itertools.repeat(0)),
+                            dtype=np.int64, count=len(ids))
+        self._slots_memo = (st.version, ids, slots)
+        self._slots_unique = self._slots_known = None
+        return slots
+
+    def _slots_memo_known(self) -> bool:
+        """Whether every id of the last :meth:`_slots_of` holds pages (memoized)."""
+        known = self._slots_known
+        if known is None:
+            assert self._slots_memo is not None
+            known = self._slots_known = bool(self._slots_memo[2].all())
+        return known
+
+    def _slots_memo_unique(self) -> bool:
+        """Whether the ids of the last :meth:`_slots_of` are all different (memoized)."""
+        unique = self._slots_unique
+        if unique is None:
+            assert self._slots_memo is not None
+            ids = self._slots_memo[1]
+            unique = self._slots_unique = len(set(ids)) == len(ids)
+        return unique
+
+    def _sync(self) -> None:
+        """Read the rows and counts of dirty slots again from their requests' lists."""
+        st = self._state
+        if not st.dirty:
+            return
+        g = self.geom
+        owner = self._requests.owner
+        for slot in st.dirty:
+            req = owner[slot]
+            if g.full is not None:
+                st.write_row(g.full, slot, 0, req.full)
+            if g.state is not None:
+                st.write_row(g.state, slot, 0, req.slots)
+            for k, w in enumerate(g.windows):
+                first = req.first(k)
+                st.write_row(w.band, slot, first, req.win(k))
+                st.first[k, slot] = first
+        st.refresh_need(np.fromiter(st.dirty, dtype=np.int64, count=len(st.dirty)),
+                        g.page_size, g.full, g.state)
+        st.dirty.clear()
 
     @property
     def num_requests(self) -> int:
@@ -658,62 +968,110 @@ class KVManager:
 
             On every error the chain and every request are as before.
         """
-        for entry in batch:
-            if (not isinstance(entry, tuple | list) or len(entry) != 2
-                    or isinstance(entry[0], bool) or not isinstance(entry[0], int | np.integer)):
-                raise InvalidDemandError(f"a batch entry is a (request id, tokens) pair of "
-                                         f"ints, got {entry!r}")
+        ids, extends = _batch_ids(batch)
         if quote is not None and not isinstance(quote, Quote):
             raise ForgedQuoteError(f"expected a Quote from the allocator's price, got "
                                    f"{type(quote).__name__}")
-        ids = [rid for rid, _ in batch]
-        if len(set(ids)) != len(ids):
+        g = self.geom
+        nb = g.num_bands
+        decode = (type(demands) is DecodeDemands and demands.total is not None
+                  and demands.rids == ids)  # built by decode_demands for this very batch
+        slots = self._slots_of(ids)
+        if not self._slots_memo_unique():
             raise InvalidDemandError("a request appears twice in one allocation batch")
         if demands is None:
-            demands = [self.demand(rid, extend) for rid, extend in batch]
+            demands = [self.demand(rid, extend) for rid, extend in zip(ids, extends,
+                                                                      strict=True)]
         elif len(demands) != len(batch):
             raise InvalidDemandError(f"{len(demands)} demands for a batch of {len(batch)}")
-        for (rid, extend), d in zip(batch, demands, strict=True):
-            if (isinstance(extend, bool) or not isinstance(extend, int | np.integer)
-                    or extend < 0 or not isinstance(d, Demand)
-                    or len(d.pages) != self.geom.num_bands):
-                raise InvalidDemandError(f"request {rid}: {extend} tokens, demand {d!r}")
-        total = sum_demands(demands, self.geom.num_bands)
+        if decode:
+            assert isinstance(demands, DecodeDemands) and demands.total is not None
+            total, nonzero, matrix = demands.total, demands.nonzero, demands.matrix
+        else:
+            _check_demands(ids, extends, demands, nb)
+            zero = (0,) * nb
+            nonzero = [i for i, d in enumerate(demands) if d.pages != zero]
+            matrix = np.array([demands[i].pages for i in nonzero], dtype=np.int64)
+            total = (Demand(tuple(matrix.sum(axis=0).tolist())) if nonzero else self._zero())
         requests = self._requests
+        missing = ([] if self._slots_memo_known()
+                   else [ids[i] for i in (slots == 0).nonzero()[0].tolist()])
         if total.is_empty:  # every token on pages already held (most decode steps)
-            for rid in ids:
-                if rid not in requests:
-                    requests[rid] = self._new_pages()
+            for rid in missing:
+                requests[rid] = self._new_pages()
             return total
         if quote is not None and quote.before.epoch != self.chain.epoch:
             quote = None  # priced before the chain changed: the take prices it again
-        extend_of = dict(batch)
         grant = self.chain.take(total, quote)
-        cursor = [0] * self.geom.num_bands
-        g = self.geom
-        for (rid, _), d in zip(batch, demands, strict=True):
-            req = requests.get(rid)
-            if req is None:
-                req = requests[rid] = self._new_pages()
-            if not any(d.pages):
-                continue
-            req._held = None
-            for band, n in enumerate(d.pages):
-                if not n:
-                    continue
-                vids = grant.pages[band][cursor[band]:cursor[band] + n]
-                cursor[band] += n
-                if band == g.full:
-                    req.full.extend(vids)
-                elif band == g.state:
-                    self._take_slots(req, rid, list(vids), extend_of[rid])
-                else:
-                    k = self._win_index[band]
-                    held = req.win(k)
-                    if not held:
-                        req.set_first(k, g.window_start(req.tokens, k) // g.page_size)
-                    held.extend(vids)
+        if missing:
+            for rid in missing:
+                requests[rid] = self._new_pages()
+            slots = self._slots_of(ids)  # the new requests' slots (and rows, empty)
+        self._distribute(grant.pages, ids, extends, slots, nonzero, matrix)
         return total
+
+    def _distribute(self, pages: tuple[tuple[int, ...], ...], ids: tuple[int, ...],
+                    extends: tuple[int, ...], slots: np.ndarray, nonzero: list[int],
+                    matrix: np.ndarray) -> None:
+        """Hand a take's pages to the requests at ``nonzero`` (batch positions, ascending;
+        ``matrix`` their demands, one row each), band by band in batch order (the order
+        the take's pages are cut in), to their lists and to the decode arrays."""
+        g = self.geom
+        st = self._state
+        p = g.page_size
+        owner = self._requests.owner
+        at = np.asarray(nonzero, dtype=np.int64)
+        for band in range(g.num_bands):
+            vids = pages[band]
+            if not vids:
+                continue
+            col = matrix[:, band]
+            sel = col.nonzero()[0]
+            counts = col[sel]
+            rows = slots[at[sel]]
+            one_each = len(vids) == sel.size
+            reqs = [owner[slot] for slot in rows.tolist()]
+            if band == g.full:
+                starts = st.rowlen[band][rows]
+                if one_each:
+                    for req, v in zip(reqs, vids, strict=True):
+                        req.full.append(v)
+                        req._held_cache = None
+                else:
+                    cut = 0
+                    for req, n in zip(reqs, counts.tolist(), strict=True):
+                        req.full.extend(vids[cut:cut + n])
+                        req._held_cache = None
+                        cut += n
+            elif band == g.state:
+                cut = 0
+                for req, i, n in zip(reqs, at[sel].tolist(), counts.tolist(), strict=True):
+                    claimed = not req.slots
+                    self._take_slots(req, ids[i], list(vids[cut:cut + n]), extends[i])
+                    req._held_cache = None
+                    cut += n
+                    if claimed:
+                        st.write_row(band, req._slot, 0, req.slots)
+                continue
+            else:
+                k = self._win_index[band]
+                first = st.first[k][rows]
+                end = st.rowlen[band][rows]
+                empty = end == first
+                if empty.any():  # a request's first window pages: from its window start
+                    new_first = st.window_first_page(k, st.tokens[rows], p)
+                    first = np.where(empty, new_first, first)
+                    st.first[k][rows] = first
+                    for j in empty.nonzero()[0].tolist():
+                        reqs[j].set_first(k, int(first[j]))
+                starts = np.where(empty, first, end)
+                cut = 0
+                for req, n in zip(reqs, counts.tolist(), strict=True):
+                    req.win(k).extend(vids[cut:cut + n])
+                    req._held_cache = None
+                    cut += n
+            st.append(band, rows, starts, counts, vids)
+        st.refresh_need(slots[at], p, g.full, g.state)
 
     def _new_pages(self) -> RequestPages:
         extra = len(self.geom.windows) - 1
@@ -821,10 +1179,16 @@ class KVManager:
 
     def commit_decodes(self, rids: Sequence[int]) -> int:
         """:meth:`commit` of one token for each of ``rids`` (a decode batch), with their
-        window-tail pages released in one ``chain.release`` call for the whole batch.
+        window-tail pages released in one ``chain.release`` call per window band for the
+        whole batch.
 
-        A subclass that overrides :meth:`commit` (e.g. an engine that keeps window pages
-        until the request ends) gets its own ``commit`` once per request instead.
+        Vectorized over the batch: the token counts move in the decode arrays, the pages
+        whose window start crossed a page boundary are found by array arithmetic and
+        gathered from the block tables; only the requests that release a page (about one
+        in ``P`` per window band per step) touch their lists. A subclass that overrides
+        :meth:`commit` (e.g. an engine that keeps window pages until the request ends), a
+        manager with a prefix cache (shared and kept window pages) and a batch that names
+        a request twice get :meth:`commit` once per request instead.
 
         Returns:
             Window pages released.
@@ -833,41 +1197,58 @@ class KVManager:
             UnknownRequestError / InvalidDemandError: as :meth:`commit`, checked for every
                 request before any changes.
         """
-        if (type(self).commit is not KVManager.commit or len(self.geom.windows) > 1
-                or self.cache is not None):  # shared / retained window pages, several bands
-            return sum(self.commit(rid, 1) for rid in rids)
+        if type(self).commit is not KVManager.commit or self.cache is not None:
+            return sum(self.commit(rid, 1) for rid in rids)  # kept / shared window pages
+        ids = tuple(rids)
+        slots = self._slots_of(ids)
+        if not self._slots_memo_unique():  # the same request twice: commits one by one
+            return sum(self.commit(rid, 1) for rid in ids)
         g = self.geom
         p = g.page_size
-        requests = self._requests
-        reqs = []
-        for rid in rids:
-            req = requests.get(rid)
-            if req is None:
-                raise UnknownRequestError(f"request {rid} holds no pages")
-            if g.full is not None and len(req.full) * p < req.tokens + 1:
+        st = self._state
+        if not self._slots_memo_known():
+            rid = ids[int((slots == 0).nonzero()[0][0])]
+            raise UnknownRequestError(f"request {rid} holds no pages")
+        n = st.tokens[slots] + 1
+        if g.full is not None:
+            short = st.rowlen[g.full][slots] * p < n
+            if short.any():
+                rid = ids[int(short.nonzero()[0][0])]
                 raise InvalidDemandError(f"request {rid}: 1 token not covered by its pages")
-            reqs.append(req)
-        if g.window is None:
-            for req in reqs:
-                req.tokens += 1
-            return 0
-        w, local = g.window_tokens, g.local
-        dropped: list[int] = []
-        for req in reqs:
-            n = req.tokens = req.tokens + 1
-            if not req.window:
+        st.tokens[slots] = n
+        released = 0
+        owner = self._requests.owner
+        for k, w in enumerate(g.windows):
+            first, end = st.first[k][slots], st.rowlen[w.band][slots]
+            drop = np.minimum(st.window_first_page(k, n, p) - first, end - first)
+            at = (drop > 0).nonzero()[0]
+            if not at.size:
                 continue
-            start = (n // w) * w if local else (n - w + 1 if n >= w else 0)
-            keep_from = start // p
-            if keep_from > req.window_first:
-                drop = min(keep_from - req.window_first, len(req.window))
-                dropped.extend(req.window[:drop])
-                del req.window[:drop]
-                req.window_first += drop
-                req._held = None
-        if dropped:
-            self.chain.release(g.window, dropped)
-        return len(dropped)
+            s, f, c = slots[at], first[at], drop[at]
+            if int(c.sum()) == at.size:  # one page each (a decode step)
+                rows, cols = s, f
+            else:
+                rows = np.repeat(s, c)
+                cols = np.repeat(f - (np.cumsum(c) - c), c) + np.arange(rows.size)
+            table = st.tables[w.band]
+            vids = table[rows, cols]
+            if k == 0:
+                for slot, d in zip(s.tolist(), c.tolist(), strict=True):
+                    req = owner[slot]
+                    del req.window[:d]
+                    req.window_first += d
+                    req._held_cache = None  # the arrays are updated here, not read again
+            else:
+                for slot, d in zip(s.tolist(), c.tolist(), strict=True):
+                    req = owner[slot]
+                    del req.more_window[k - 1][:d]
+                    req.more_first[k - 1] += d
+                    req._held_cache = None
+            table[rows, cols] = st.pads[w.band]
+            st.first[k][s] = f + c
+            self.chain.release(w.band, vids)
+            released += int(vids.size)
+        return released
 
     def release_window_tail(self, rid: int) -> int:
         """Release ``rid``'s pages wholly before its next token's window, in every window
@@ -991,6 +1372,51 @@ class KVManager:
             null = self.chain.null_page(band)
             return np.asarray([null] * first + held, dtype=np.int64)
         raise InvalidDemandError(f"no band {band} in this chain")
+
+    def block_table(self, rids: Sequence[int], band: int, physical: bool = True) -> np.ndarray:
+        """The block table of a batch in ``band``: the layout paged-attention kernels take
+        (vLLM's and FlashInfer's ``block_tables``: one row per sequence, one page id per
+        column, in token order).
+
+        Args:
+            rids: request ids, one row each, in this order.
+            band: band index.
+            physical: physical page indices on the band's grid (through the allocator's
+                ``translate``, as kernels address pages); ``False``: virtual ids.
+
+        Returns:
+            int64 ``[len(rids), max_pages]``, ``max_pages`` the longest row among ``rids``.
+            Row ``i`` is :meth:`page_table` of ``rids[i]`` (translated), then padding.
+            Padding and released window pages hold the band's null page; in a band that
+            reserves none (full and state bands: they release nothing before the request
+            ends) padding is ``-1`` (a kernel reads a row only up to its request's length,
+            ``ceil(L / P)`` pages). Kept up to date incrementally by every allocation,
+            commit and release (rows by slot, grown by doubling): a call costs one gather
+            and one ``translate``, not a rebuild.
+
+        Raises:
+            InvalidDemandError: no band ``band`` in this chain.
+            UnknownRequestError: a request that holds no pages.
+        """
+        if isinstance(band, bool) or not isinstance(band, int | np.integer) \
+                or not 0 <= band < self.geom.num_bands:
+            raise InvalidDemandError(f"no band {band} in this chain")
+        ids = tuple(rids)
+        slots = self._slots_of(ids)
+        if not self._slots_memo_known():
+            rid = ids[int((slots == 0).nonzero()[0][0])]
+            raise UnknownRequestError(f"request {rid} holds no pages")
+        st = self._state
+        width = int(st.rowlen[band][slots].max()) if slots.size else 0
+        vids = st.tables[band][slots, :width]
+        if not physical or not vids.size:
+            return vids
+        if st.pads[band] >= 0:
+            return self.chain.translate(band, vids)
+        out = np.full(vids.shape, -1, dtype=np.int64)
+        valid = vids >= 0
+        out[valid] = self.chain.translate(band, vids[valid])
+        return out
 
     # --- integrity -------------------------------------------------------------------------
 

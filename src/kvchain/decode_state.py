@@ -1,0 +1,237 @@
+"""The running requests' decode state as arrays indexed by a dense slot per request, and
+their block tables per band (the input layout of paged-attention kernels).
+
+:class:`~kvchain.kv_manager.KVManager` keeps each request's page ids in Python lists (its
+``RequestPages``) for the general paths (prefill chunks, the prefix cache, retraction);
+this module mirrors what the decode path reads, so a decode step over a running batch is
+a handful of numpy operations instead of a Python loop over the batch
+(docs/architecture.md, layer table; measured in docs/benchmarks.md, "Request layer
+speed"):
+
+* ``tokens[slot]``: tokens whose KV is in the cache (``L``); the one copy of that count
+  while the request is registered.
+* ``rowlen[band, slot]``: meaningful columns of the request's row in ``band``: full pages
+  held (full band), state slots held (state band), one past the last window page held
+  (window and chunked-local bands: the row is indexed by token page ``j`` covering tokens
+  ``[j * P, (j + 1) * P)``, entries before ``first[k, slot]`` are released).
+* ``first[k, slot]``: first window page held in window band ``k`` (token page index).
+* ``need_at[slot]``: a token count below which a decode needs no new page with the pages
+  held now (0: work it out every step), so a decode step runs the demand formulas only
+  for the requests at or past it; set again whenever the request's pages change
+  (:meth:`refresh_need`), kept when a window-tail release only drops pages behind the
+  window (the pages a decode needs are unchanged).
+* ``tables[band]``: int64 ``[capacity, width]`` virtual page ids, row ``slot``; entries at
+  or past ``rowlen`` and released window entries hold the band's pad (its null page, or
+  ``-1`` in a band that reserves none: full and state bands never release a page before
+  the request ends, so a kernel's sequence length ends a row before any pad).
+
+Slot 0 is never handed out: it stays empty (nothing held, 0 tokens), which is exactly a
+request that holds nothing, so an unregistered request id maps to it. Rows and columns
+grow by doubling; a slot's row is cleared (set to the pad) when its request leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class DecodeState:
+    """Per-slot counts and per-band virtual block tables (see the module docstring).
+
+    Args:
+        num_bands: bands of the chain.
+        pads: per band, the value of an empty table entry: the band's null page (virtual
+            id), or ``-1`` where it reserves none.
+        windows: ``(band, tokens, local)`` per window or chunked-local band, low -> high
+            (``tokens`` is ``W`` for a sliding window, ``C`` for a local chunk).
+        capacity: initial slots (grown by doubling).
+        width: initial columns per table (grown by doubling).
+
+    Attributes:
+        version: bumped whenever a slot is bound or unbound (a request id -> slot map
+            computed at one version holds until the next).
+        dirty: slots whose rows and counts must be read again from their request's lists
+            before the arrays are used (:meth:`write_row`); kept by the manager.
+    """
+
+    def __init__(self, num_bands: int, pads: Sequence[int],
+                 windows: Sequence[tuple[int, int, bool]], capacity: int = 64,
+                 width: int = 16) -> None:
+        self.num_bands = num_bands
+        self.pads = tuple(int(p) for p in pads)
+        self.windows = tuple(windows)
+        self.tokens = np.zeros(capacity, dtype=np.int64)
+        self.rowlen = np.zeros((num_bands, capacity), dtype=np.int64)
+        self.first = np.zeros((len(self.windows), capacity), dtype=np.int64)
+        self.need_at = np.zeros(capacity, dtype=np.int64)
+        self.tables = [np.full((capacity, width), pad, dtype=np.int64) for pad in self.pads]
+        self._free = list(range(capacity - 1, 0, -1))  # slot 0: the permanent empty slot
+        self.version = 0
+        self.dirty: set[int] = set()
+
+    @property
+    def capacity(self) -> int:
+        """Slots the arrays hold now (slot 0 included)."""
+        return int(self.tokens.shape[0])
+
+    # --- slots --------------------------------------------------------------------------
+
+    def bind(self, tokens: int) -> int:
+        """A free slot for a new request with ``tokens`` tokens in its cache (marked
+        dirty: its rows are read from its lists before the next use)."""
+        if not self._free:
+            self._grow_slots()
+        slot = self._free.pop()
+        self.tokens[slot] = tokens
+        self.need_at[slot] = 0
+        self.dirty.add(slot)
+        self.version += 1
+        return slot
+
+    def unbind(self, slot: int) -> int:
+        """Free ``slot`` (its rows back to the pad, counts to 0). Returns its tokens."""
+        tokens = int(self.tokens[slot])
+        for band in range(self.num_bands):
+            n = int(self.rowlen[band, slot])
+            if n:
+                self.tables[band][slot, :n] = self.pads[band]
+        self.rowlen[:, slot] = 0
+        self.first[:, slot] = 0
+        self.need_at[slot] = 0
+        self.tokens[slot] = 0
+        self.dirty.discard(slot)
+        self._free.append(slot)
+        self.version += 1
+        return tokens
+
+    def _grow_slots(self) -> None:
+        old = self.capacity
+        new = 2 * old
+
+        def grow(a: np.ndarray, fill: int = 0) -> np.ndarray:
+            out = np.full((*a.shape[:-1], new), fill, dtype=a.dtype)
+            out[..., :old] = a
+            return out
+
+        self.tokens = grow(self.tokens)
+        self.rowlen = grow(self.rowlen)
+        self.first = grow(self.first)
+        self.need_at = grow(self.need_at)
+        tables = []
+        for t, pad in zip(self.tables, self.pads, strict=True):
+            out = np.full((new, t.shape[1]), pad, dtype=np.int64)
+            out[:old] = t
+            tables.append(out)
+        self.tables = tables
+        self._free.extend(range(new - 1, old - 1, -1))
+
+    def fit(self, band: int, width: int) -> None:
+        """Make ``band``'s table at least ``width`` columns wide (doubling)."""
+        t = self.tables[band]
+        if width <= t.shape[1]:
+            return
+        new = max(width, 2 * t.shape[1])
+        out = np.full((t.shape[0], new), self.pads[band], dtype=np.int64)
+        out[:, :t.shape[1]] = t
+        self.tables[band] = out
+
+    # --- rows ---------------------------------------------------------------------------
+
+    def write_row(self, band: int, slot: int, first: int, vids: Sequence[int]) -> None:
+        """Set ``slot``'s row in ``band`` to ``first`` pad entries then ``vids`` (the
+        request's list), padding what the old row held beyond."""
+        end = first + len(vids)
+        old = int(self.rowlen[band, slot])
+        self.fit(band, end)
+        row = self.tables[band][slot]
+        pad = self.pads[band]
+        if first:
+            row[:first] = pad
+        if vids:
+            row[first:end] = vids
+        if old > end:
+            row[end:old] = pad
+        self.rowlen[band, slot] = end
+
+    def append(self, band: int, slots: Sequence[int] | np.ndarray,
+               starts: Sequence[int] | np.ndarray, counts: Sequence[int] | np.ndarray,
+               vids: Sequence[int] | np.ndarray) -> None:
+        """Write ``vids`` (in order) into rows ``slots`` of ``band``: ``counts[i]`` of them
+        at columns ``starts[i] ..``; each row's length becomes ``starts[i] + counts[i]``."""
+        s = np.asarray(slots, dtype=np.int64)
+        a = np.asarray(starts, dtype=np.int64)
+        c = np.asarray(counts, dtype=np.int64)
+        end = a + c
+        self.fit(band, int(end.max()))
+        if int(c.sum()) == s.size:  # one page each (a decode step)
+            rows, cols = s, a
+        else:
+            rows = np.repeat(s, c)
+            cols = np.repeat(a - (np.cumsum(c) - c), c) + np.arange(rows.size)
+        self.tables[band][rows, cols] = np.asarray(vids, dtype=np.int64)
+        self.rowlen[band][s] = end
+
+    # --- the decode step ----------------------------------------------------------------
+
+    def window_first_page(self, k: int, tokens: np.ndarray, page_size: int) -> np.ndarray:
+        """First token page window band ``k`` must hold to compute the token at position
+        ``tokens`` (elementwise): ``max(0, L - W + 1) // P``, or ``floor(L / C) * C // P``
+        for a local chunk (the same formula as ``WindowBand.start``)."""
+        _, w, local = self.windows[k]
+        start = (tokens // w) * w if local else np.maximum(tokens - (w - 1), 0)
+        return start // page_size
+
+    def decode_columns(self, slots: np.ndarray, page_size: int, full: int | None,
+                       state: int | None, state_slots: int) -> list[np.ndarray]:
+        """Pages each request at ``slots`` must add to compute one more token: one int64
+        array ``[len(slots)]`` per band (a band's column of the batch's demands), the
+        formulas of ``request_demand`` for ``extend = 1`` without headroom or resume
+        points, elementwise:
+
+        * full: ``max(0, (L // P + 1) - held)``;
+        * window band ``k``: ``max(0, (last - f) - have)`` with ``last = L // P + 1``,
+          ``f`` the first page of the token's window and ``have`` the held pages inside
+          ``[f, last)``;
+        * state: ``state_slots`` if it holds no slot, else 0;
+        * a band of none of these kinds: 0.
+        """
+        t = self.tokens[slots]
+        last = t // page_size + 1
+        rowlen = self.rowlen
+        zero = np.zeros(slots.size, dtype=np.int64)
+        out = [zero] * self.num_bands
+        if full is not None:
+            out[full] = np.maximum(last - rowlen[full][slots], 0)
+        for k, (band, _, _) in enumerate(self.windows):
+            f = self.window_first_page(k, t, page_size)
+            have = np.maximum(np.minimum(rowlen[band][slots], last)
+                              - np.maximum(self.first[k][slots], f), 0)
+            out[band] = np.maximum(last - f - have, 0)
+        if state is not None:
+            out[state] = np.where(rowlen[state][slots] == 0, state_slots, 0)
+        return out
+
+    def refresh_need(self, slots: np.ndarray, page_size: int, full: int | None,
+                     state: int | None) -> None:
+        """Set ``need_at`` of ``slots`` from the pages they hold now: the smallest
+        ``held * P`` over the full band and the window bands' last held page (a decode
+        at ``L`` needs page ``L // P`` there first), or 0 (work it out every step) for a
+        request with no state slot, an empty window band, or a window band whose held
+        pages start after the token's window (pages missing on the left)."""
+        if not slots.size:
+            return
+        t = self.tokens[slots]
+        need = np.full(slots.size, np.iinfo(np.int64).max, dtype=np.int64)
+        rowlen = self.rowlen
+        if full is not None:
+            np.minimum(need, rowlen[full][slots] * page_size, out=need)
+        for k, (band, _, _) in enumerate(self.windows):
+            hf, he = self.first[k][slots], rowlen[band][slots]
+            np.minimum(need, he * page_size, out=need)
+            odd = (he == hf) | (hf > self.window_first_page(k, t, page_size))
+            need[odd] = 0
+        if state is not None:
+            need[rowlen[state][slots] == 0] = 0
+        self.need_at[slots] = need
