@@ -289,9 +289,13 @@ class Scheduler:
         step = ScheduledStep()
         snap, decode_demands = self._decode_check(now)
         step.decode_demands = decode_demands
-        step.decodes = [DecodeSeq(r.rid, r.computed)
-                        for r in self.running.values() if not r.in_prefill]
-        prefilling = [r for r in self.running.values() if r.in_prefill]
+        prefilling: list[Request] = []
+        decodes = step.decodes
+        for r in self.running.values():  # one pass: decodes (running order) and prefills
+            if r.computed < r.prefill_target:
+                prefilling.append(r)
+            else:
+                decodes.append(DecodeSeq(r.rid, r.computed))
         if not prefilling and not self.waiting:
             self._pin_if_moves(step, snap)
             return step  # decodes only: the decode check already proved they fit
@@ -426,6 +430,18 @@ class Scheduler:
         if (len(step.prefill_demands) != len(step.prefills)
                 or len(step.decode_demands) != len(step.decodes)):
             raise InvalidRequestError("a step's demands do not match its prefills and decodes")
+        # Fast path (every step): decodes are distinct running requests, prefills distinct
+        # running or waiting ones; only a step that fails it is walked for the message.
+        running, requests, waiting = self.running, self.requests, self.waiting
+        rids = {d.rid for d in step.decodes}
+        if len(rids) == len(step.decodes) and rids <= running.keys():
+            for p in step.prefills:
+                rid = p.rid
+                if rid in rids or not (rid in running or requests.get(rid) in waiting):
+                    break
+                rids.add(rid)
+            else:
+                return
         seen: set[int] = set()
         for rid, may_wait in ([(p.rid, True) for p in step.prefills]
                               + [(d.rid, False) for d in step.decodes]):
@@ -484,15 +500,17 @@ class Scheduler:
             InvalidRequestError: the batch is not the one just allocated (a request not
                 running, listed twice, or at another position); nothing changed.
         """
-        kv = self.kv
-        seen: set[int] = set()
-        for rid, start in ([(p.rid, p.start) for p in batch.prefills]
-                           + [(d.rid, d.context) for d in batch.decodes]):
-            r = self.running.get(rid)
-            if r is None or rid in seen or start != r.computed:
-                raise InvalidRequestError(f"request {rid} at position {start} is not a running "
-                                          f"request of this batch (completed twice?)")
-            seen.add(rid)
+        kv, running = self.kv, self.running
+        if not self._batch_matches(batch):
+            seen: set[int] = set()
+            for rid, start in ([(p.rid, p.start) for p in batch.prefills]
+                               + [(d.rid, d.context) for d in batch.decodes]):
+                r = running.get(rid)
+                if r is None or rid in seen or start != r.computed:
+                    raise InvalidRequestError(f"request {rid} at position {start} is not a "
+                                              f"running request of this batch (completed "
+                                              f"twice?)")
+                seen.add(rid)
         for p in batch.prefills:
             r = self.requests[p.rid]
             kv.commit(r.rid, p.tokens)
@@ -504,11 +522,13 @@ class Scheduler:
                 self._maybe_finish(r, outcome, now)
         if batch.decodes:
             kv.commit_decodes([d.rid for d in batch.decodes])  # one window release per step
+        stopped = outcome.stopped
         for d in batch.decodes:
-            r = self.requests[d.rid]
+            r = running[d.rid]
             r.computed += 1
             r.output_done += 1
-            self._maybe_finish(r, outcome, now)
+            if r.output_done >= r.output_tokens or r.rid in stopped:
+                self._finish(r, now)
         self.reserve.on_step()
         self.counters.steps += 1
         if self.config.audit_every_step:
@@ -555,7 +575,7 @@ class Scheduler:
 
     def _decode_demands(self) -> list[Demand]:
         return self.kv.decode_demands([r.rid for r in self.running.values()
-                                       if not r.in_prefill])
+                                       if r.computed >= r.prefill_target])
 
     def _refresh_ledger(self, running: list[Request],
                         this_step: dict[int, tuple[int, Demand]]) -> Demand:
@@ -641,15 +661,37 @@ class Scheduler:
         self.reserve.on_retract()
         self._emit(EventKind.RETRACTED, r.rid, now)
 
+    def _batch_matches(self, batch: StepBatch) -> bool:
+        """Whether every request of ``batch`` is running, listed once, at its position
+        (what :meth:`complete` requires; the fast check of every step)."""
+        running = self.running
+        n = 0
+        for p in batch.prefills:
+            r = running.get(p.rid)
+            if r is None or p.start != r.computed:
+                return False
+            n += 1
+        for d in batch.decodes:
+            r = running.get(d.rid)
+            if r is None or d.context != r.computed:
+                return False
+            n += 1
+        rids = {p.rid for p in batch.prefills}
+        rids.update(d.rid for d in batch.decodes)
+        return len(rids) == n
+
     def _maybe_finish(self, r: Request, outcome: StepOutcome, now: float) -> None:
         if r.output_done >= r.output_tokens or r.rid in outcome.stopped:
-            self.kv.free(r.rid)
-            del self.running[r.rid]
-            self.ledger.drop(r.rid)
-            r.status = RequestStatus.FINISHED
-            self.counters.finished += 1
-            self.reserve.on_finish(r.output_done, r.output_limit)
-            self._emit(EventKind.FINISHED, r.rid, now)
+            self._finish(r, now)
+
+    def _finish(self, r: Request, now: float) -> None:
+        self.kv.free(r.rid)
+        del self.running[r.rid]
+        self.ledger.drop(r.rid)
+        r.status = RequestStatus.FINISHED
+        self.counters.finished += 1
+        self.reserve.on_finish(r.output_done, r.output_limit)
+        self._emit(EventKind.FINISHED, r.rid, now)
 
     def _emit(self, kind: EventKind, rid: int, now: float, detail: str = "") -> None:
         self._events.append(Event(kind, rid, now, detail))
