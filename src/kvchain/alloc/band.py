@@ -156,8 +156,8 @@ class Band:
         b0, b1 = self._block_range()
         counts = self.block_holes[b0:b1]
         nonzero = np.flatnonzero(counts)
-        first = b0 + int(nonzero[0])
-        if self.block_holes[first] >= k:  # the common case: one block holds them all
+        if nonzero.size and counts[nonzero[0]] >= k:  # the common case: one block holds all
+            first = b0 + int(nonzero[0])
             return np.flatnonzero(self._hole_blocks[first])[:k] + first * HOLE_BLOCK
         last = int(np.searchsorted(np.cumsum(counts), k))
         blocks = np.flatnonzero(counts[: last + 1]) + b0
@@ -170,8 +170,8 @@ class Band:
             return np.empty(0, dtype=np.int64)
         b0, b1 = self._block_range()
         nonzero = np.flatnonzero(self.block_holes[b0:b1])
-        top = b0 + int(nonzero[-1])
-        if self.block_holes[top] >= k:  # the common case: one block holds them all
+        if nonzero.size and self.block_holes[b0 + int(nonzero[-1])] >= k:  # one block holds all
+            top = b0 + int(nonzero[-1])
             return np.flatnonzero(self._hole_blocks[top])[::-1][:k] + top * HOLE_BLOCK
         counts = self.block_holes[b0:b1][::-1]
         last = int(np.searchsorted(np.cumsum(counts), k))
