@@ -17,24 +17,35 @@ other processes on a shared machine inflate them less than wall time would:
   (``_price_uncached``; target <= 5 us);
 * window-tail trim of 248 window pages after a 4,096-token prefill (``W = 128``,
   ``P = 16``): one ``commit`` against 248 single-page ``Chain.release`` calls;
-* scheduler step with 1,000 and 20,000 waiting requests (FCFS, memory full so the walk
-  stops at once): the step should not grow with the queue (O(1) queue operations);
-* ``--full-hour``: wall time of the Azure conversation hour (19,366 requests,
-  gpt-oss-120b, H200; target <= 25 s on one core), ``--profile`` adds the top cProfile
-  entries.
+* scheduler step with 1,000 and 20,000 waiting requests (FCFS and SPF, memory full so the
+  walk stops at once): the step should not grow with the queue (FCFS ``O(1)``, SPF a heap:
+  ``O(log n)``);
+* ``--full-hour``: the Azure conversation hour exactly as the CLI runs it, in a child
+  process: ``kvchain simulate --trace azure-conv --requests 19366 --end-s 3600
+  --rate-scale 1 --no-prefix-cache`` (gpt-oss-120b, H200; target <= 25 s of wall time on
+  one core): wall time of the process, its CPU time (user + system), and the simulation's
+  own wall time as the CLI reports it (``wall_s``, without imports); ``--profile`` runs it
+  once more in this process under cProfile and prints the top entries (internal time).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import io
+import json
+import os
 import pstats
+import resource
 import statistics
+import subprocess
+import sys
 import time
 import timeit
 from dataclasses import replace
+from pathlib import Path
 
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import _price_uncached, price
@@ -164,16 +175,19 @@ def trim_times(repeats: int = 30) -> tuple[float, float]:
     return statistics.median(one_call), statistics.median(per_page)
 
 
-def queue_step(waiting: int, steps: int = 30) -> float:
+def queue_step(waiting: int, policy: str = "fcfs", steps: int = 30) -> float:
     from kvchain.sched.request import Request, StepOutcome
-    from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+    from kvchain.sched.scheduler import QueuePolicy, Scheduler, SchedulerConfig
 
     classes = SHAPES["window|full (gpt-oss)"]
     # 64 requests of 1,000 + 500 tokens fill this buffer: the rest wait
     sched = Scheduler(KVManager(Chain(plan_layout(classes, 64 * 1_600 * 2 * 36_864, 16))),
-                      SchedulerConfig(max_running=64, max_prefill_tokens=1 << 20))
+                      SchedulerConfig(max_running=64, max_prefill_tokens=1 << 20,
+                                      policy=QueuePolicy(policy)))
     for i in range(64 + waiting):
-        sched.add(Request(i, 1_000, 500, 0.0), 0.0)
+        # SPF: the 64 shortest arrive first, so they are the ones admitted
+        prompt = 1_000 if i < 64 or policy == "fcfs" else 1_000 + i % 997
+        sched.add(Request(i, prompt, 500, 0.0), 0.0)
     now = 0.0
     for _ in range(5):  # admit and prefill the running set
         batch = sched.step(now)
@@ -191,31 +205,47 @@ def queue_step(waiting: int, steps: int = 30) -> float:
         gc.enable()
 
 
-def full_hour(profile: bool) -> tuple[float, float, str]:
-    from kvchain.catalog.loader import load_model
-    from kvchain.gpu import get_gpu
-    from kvchain.sched.scheduler import SchedulerConfig
-    from kvchain.sim.engine import SimConfig, simulate
-    from kvchain.sim.traces import load_trace
+FULL_HOUR_ARGS = ["simulate", "--trace", "azure-conv", "--requests", "19366", "--end-s", "3600",
+                  "--rate-scale", "1", "--no-prefix-cache", "--json"]
 
-    config = SimConfig(load_model("gpt-oss-120b"), get_gpu("h200"),
-                       load_trace("azure-conv", end_s=3600.0),
-                       scheduler=SchedulerConfig(max_running=256, chunk_size=8192,
-                                                 max_prefill_tokens=8192))
-    t0, c0 = time.perf_counter(), time.thread_time()
-    result = simulate(config)
-    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-    assert result.summary.requests_total == 19_366
+
+def full_hour(profile: bool) -> tuple[float, float, dict, str]:
+    """The Azure hour as ``kvchain simulate`` runs it, in a child process (this checkout's
+    ``src``): (wall s, CPU s of the child, its JSON output, profile text or "")."""
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src}
+    code = "import sys; from kvchain.cli import main; sys.argv[0] = 'kvchain'; main()"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code, *FULL_HOUR_ARGS], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    result = json.loads(out)
+    assert result["summary"]["requests_total"] == 19_366
     text = ""
     if profile:
+        from kvchain.cli import main as cli_main
+
+        argv = sys.argv
+        sys.argv = ["kvchain", *FULL_HOUR_ARGS]
         prof = cProfile.Profile()
-        prof.enable()
-        simulate(config)
-        prof.disable()
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                prof.enable()
+                try:
+                    cli_main()
+                except SystemExit:
+                    pass
+                finally:
+                    prof.disable()
+        finally:
+            sys.argv = argv
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
         text = buf.getvalue()
-    return wall, cpu, text
+    return wall, cpu, result, text
 
 
 def main() -> None:
@@ -238,15 +268,20 @@ def main() -> None:
     one, many = trim_times()
     print(f"window-tail trim of 248 pages: one commit {one * 1e6:.1f} us, 248 single-page "
           f"releases {many * 1e6:.1f} us (ratio {one / many:.3f})")
-    small, large = float("inf"), float("inf")
-    for _ in range(3):  # interleaved, best of 3: the load of a shared machine drifts
-        small, large = min(small, queue_step(1_000)), min(large, queue_step(20_000))
-    print(f"scheduler step, FCFS: {small * 1e6:.0f} us with 1,000 waiting, {large * 1e6:.0f} us "
-          f"with 20,000 waiting (ratio {large / small:.2f})")
+    for policy in ("fcfs", "spf"):
+        small, large = float("inf"), float("inf")
+        for _ in range(3):  # interleaved, best of 3: the load of a shared machine drifts
+            small = min(small, queue_step(1_000, policy))
+            large = min(large, queue_step(20_000, policy))
+        print(f"scheduler step, {policy.upper()}: {small * 1e6:.0f} us with 1,000 waiting, "
+              f"{large * 1e6:.0f} us with 20,000 waiting (ratio {large / small:.2f})")
     if args.full_hour:
-        wall, cpu, text = full_hour(args.profile)
-        print(f"Azure conv hour (19,366 requests, gpt-oss-120b, H200): {wall:.1f} s wall, "
-              f"{cpu:.1f} s CPU")
+        wall, cpu, result, text = full_hour(args.profile)
+        summary = result["summary"]
+        print(f"kvchain {' '.join(FULL_HOUR_ARGS)}: {wall:.1f} s wall (process), "
+              f"{cpu:.1f} s CPU (process), {result['config']['wall_s']:.1f} s wall "
+              f"(simulation); {summary['steps']:,} steps, "
+              f"{summary['output_tokens_per_s']:,.2f} output tok/s")
         if text:
             print(text)
 

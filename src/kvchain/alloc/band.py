@@ -155,6 +155,10 @@ class Band:
             return np.empty(0, dtype=np.int64)
         b0, b1 = self._block_range()
         counts = self.block_holes[b0:b1]
+        nonzero = np.flatnonzero(counts)
+        if nonzero.size and counts[nonzero[0]] >= k:  # the common case: one block holds all
+            first = b0 + int(nonzero[0])
+            return np.flatnonzero(self._hole_blocks[first])[:k] + first * HOLE_BLOCK
         last = int(np.searchsorted(np.cumsum(counts), k))
         blocks = np.flatnonzero(counts[: last + 1]) + b0
         rows, cols = np.nonzero(self._hole_blocks[blocks])
@@ -165,6 +169,10 @@ class Band:
         if k == 0:
             return np.empty(0, dtype=np.int64)
         b0, b1 = self._block_range()
+        nonzero = np.flatnonzero(self.block_holes[b0:b1])
+        if nonzero.size and self.block_holes[b0 + int(nonzero[-1])] >= k:  # one block holds all
+            top = b0 + int(nonzero[-1])
+            return np.flatnonzero(self._hole_blocks[top])[::-1][:k] + top * HOLE_BLOCK
         counts = self.block_holes[b0:b1][::-1]
         last = int(np.searchsorted(np.cumsum(counts), k))
         blocks = (b1 - 1) - np.flatnonzero(counts[: last + 1])
@@ -179,7 +187,13 @@ class Band:
 
     def _mark_holes(self, idx: np.ndarray, value: bool) -> None:
         self.is_hole[idx] = value
-        np.add.at(self.block_holes, idx // HOLE_BLOCK, 1 if value else -1)
+        delta = 1 if value else -1
+        if idx.size <= 16:  # a few pages (most decode steps): cheaper than a ufunc.at
+            counts = self.block_holes
+            for b in (idx // HOLE_BLOCK).tolist():
+                counts[b] += delta
+        else:
+            np.add.at(self.block_holes, idx // HOLE_BLOCK, delta)
 
     def _recount_blocks(self, lo_idx: int, hi_idx: int) -> None:
         """Recount the hole summary of the blocks covering ``[lo_idx, hi_idx)``."""

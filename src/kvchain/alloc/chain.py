@@ -583,9 +583,18 @@ class Chain:
         if v.dtype.kind not in "iu":
             raise UnknownPageError(f"virtual ids must be integers, got dtype {v.dtype}")
         v = v.astype(np.int64, copy=False)
-        if int(v.min()) < 0 or int(v.max()) >= b.n_phys:
+        null = self._null[i]
+        small = v.size <= 64  # most releases: a few pages; Python sets beat numpy calls here
+        ids = v.tolist() if small else None
+        if ids is not None:
+            out_of_range = min(ids) < 0 or max(ids) >= b.n_phys
+            twice = len(set(ids)) != len(ids)
+        else:
+            out_of_range = int(v.min()) < 0 or int(v.max()) >= b.n_phys
+            twice = np.unique(v).size != v.size
+        if out_of_range:
             raise UnknownPageError(f"band {band}: virtual id outside [0, {b.n_phys})")
-        if v.size > 1 and np.unique(v).size != v.size:
+        if twice:
             raise DoubleReleaseError(f"band {band}: an id appears twice in one release")
         unbound = b.v2p[v] < 0
         if unbound.any():
@@ -594,8 +603,7 @@ class Chain:
                 raise UnknownPageError(f"band {band}: ids never taken {v[never][:8].tolist()}")
             raise DoubleReleaseError(f"band {band}: ids already released "
                                      f"{v[unbound][:8].tolist()}")
-        null = self._null[i]
-        if null is not None and (v == null).any():
+        if null is not None and (null in ids if ids is not None else bool((v == null).any())):
             raise ReservedPageError(f"band {band}: the null page {null} is held by the chain")
         self._apply(_Release(i, v.copy()))
         self._releases += 1

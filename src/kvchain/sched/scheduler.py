@@ -23,14 +23,13 @@ Policies (stated and tested):
 from __future__ import annotations
 
 import functools
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from kvchain.admission import (
     AdmissionRules,
     ChainPrefillBudget,
+    FutureLedger,
     NewTokenRatio,
     OutputReserve,
     ReserveConfig,
@@ -56,6 +55,7 @@ from kvchain.kv_manager import (
     sum_demands,
 )
 from kvchain.layout import smallest_request_pages
+from kvchain.sched.queue import QueuePolicy, WaitingQueue
 from kvchain.sched.request import (
     DecodeSeq,
     Event,
@@ -66,13 +66,6 @@ from kvchain.sched.request import (
     StepBatch,
     StepOutcome,
 )
-
-
-class QueuePolicy(StrEnum):
-    """Order in which waiting requests are considered."""
-
-    FCFS = "fcfs"
-    SPF = "spf"
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,10 +189,12 @@ class Scheduler:
             reserve = SGLangReserve(ratio) if ratio is not None else self.config.reserve.build()
         self.reserve = reserve
         self.rules = AdmissionRules.for_layout(self.chain.layout, self.config.window_admission)
-        self.waiting: deque[Request] = deque()
+        self.waiting = WaitingQueue(self.config.policy)
         self.running: dict[int, Request] = {}
         self.requests: dict[int, Request] = {}
         self.counters = SchedulerCounters()
+        # The running requests' reserved futures, kept incrementally (admission.FutureLedger).
+        self.ledger = FutureLedger(kv.geom.num_bands)
         self.unallocatable: list[UnallocatableEvent] = []
         self._events: list[Event] = []
         self._no_points: set[int] = set()  # requests that keep nothing for the cache
@@ -294,9 +289,13 @@ class Scheduler:
         step = ScheduledStep()
         snap, decode_demands = self._decode_check(now)
         step.decode_demands = decode_demands
-        step.decodes = [DecodeSeq(r.rid, r.computed)
-                        for r in self.running.values() if not r.in_prefill]
-        prefilling = [r for r in self.running.values() if r.in_prefill]
+        prefilling: list[Request] = []
+        decodes = step.decodes
+        for r in self.running.values():  # one pass: decodes (running order) and prefills
+            if r.computed < r.prefill_target:
+                prefilling.append(r)
+            else:
+                decodes.append(DecodeSeq(r.rid, r.computed))
         if not prefilling and not self.waiting:
             self._pin_if_moves(step, snap)
             return step  # decodes only: the decode check already proved they fit
@@ -317,14 +316,12 @@ class Scheduler:
                 this_step[r.rid] = (c, chunk_demand)
                 step.prefills.append(PrefillChunk(r.rid, r.computed, c))
                 tokens_left -= c
-        zero = Demand.zeros(kv.geom.num_bands)
         running = list(self.running.values())
         self.reserve.begin_step([r.prefill_target for r in running],
                                 [r.output_left - 1 for r in running],
                                 [r.output_done for r in running],
                                 [r.output_limit for r in running])
-        budget.reserve(sum_demands((self._future(r, *this_step.get(r.rid, (0, zero)))
-                                    for r in self.running.values()), kv.geom.num_bands))
+        budget.reserve(self._refresh_ledger(running, this_step))
         # Waiting requests, in policy order, while the ledger fits. A prefix-cache hit
         # locks its pages first (they stop being evictable supply), so the ledger is
         # re-checked on the new snapshot before the rest of the request is priced.
@@ -416,11 +413,7 @@ class Scheduler:
         for p in step.prefills:
             r = self.requests[p.rid]
             if r.status is RequestStatus.WAITING:
-                waiting = self.waiting
-                if waiting and waiting[0] is r:  # FCFS admits a prefix of the queue: O(1)
-                    waiting.popleft()
-                else:
-                    waiting.remove(r)
+                self.waiting.remove(r)  # O(1): FCFS admits a prefix, SPF deletes lazily
                 if self.kv.cache is not None and r.retractions == 0:
                     r.hit_tokens = self.kv.hit_tokens(r.rid)
                     self.counters.prompt_tokens += r.prompt_tokens
@@ -437,6 +430,18 @@ class Scheduler:
         if (len(step.prefill_demands) != len(step.prefills)
                 or len(step.decode_demands) != len(step.decodes)):
             raise InvalidRequestError("a step's demands do not match its prefills and decodes")
+        # Fast path (every step): decodes are distinct running requests, prefills distinct
+        # running or waiting ones; only a step that fails it is walked for the message.
+        running, requests, waiting = self.running, self.requests, self.waiting
+        rids = {d.rid for d in step.decodes}
+        if len(rids) == len(step.decodes) and rids <= running.keys():
+            for p in step.prefills:
+                rid = p.rid
+                if rid in rids or not (rid in running or requests.get(rid) in waiting):
+                    break
+                rids.add(rid)
+            else:
+                return
         seen: set[int] = set()
         for rid, may_wait in ([(p.rid, True) for p in step.prefills]
                               + [(d.rid, False) for d in step.decodes]):
@@ -495,15 +500,17 @@ class Scheduler:
             InvalidRequestError: the batch is not the one just allocated (a request not
                 running, listed twice, or at another position); nothing changed.
         """
-        kv = self.kv
-        seen: set[int] = set()
-        for rid, start in ([(p.rid, p.start) for p in batch.prefills]
-                           + [(d.rid, d.context) for d in batch.decodes]):
-            r = self.running.get(rid)
-            if r is None or rid in seen or start != r.computed:
-                raise InvalidRequestError(f"request {rid} at position {start} is not a running "
-                                          f"request of this batch (completed twice?)")
-            seen.add(rid)
+        kv, running = self.kv, self.running
+        if not self._batch_matches(batch):
+            seen: set[int] = set()
+            for rid, start in ([(p.rid, p.start) for p in batch.prefills]
+                               + [(d.rid, d.context) for d in batch.decodes]):
+                r = running.get(rid)
+                if r is None or rid in seen or start != r.computed:
+                    raise InvalidRequestError(f"request {rid} at position {start} is not a "
+                                              f"running request of this batch (completed "
+                                              f"twice?)")
+                seen.add(rid)
         for p in batch.prefills:
             r = self.requests[p.rid]
             kv.commit(r.rid, p.tokens)
@@ -515,11 +522,13 @@ class Scheduler:
                 self._maybe_finish(r, outcome, now)
         if batch.decodes:
             kv.commit_decodes([d.rid for d in batch.decodes])  # one window release per step
+        stopped = outcome.stopped
         for d in batch.decodes:
-            r = self.requests[d.rid]
+            r = running[d.rid]
             r.computed += 1
             r.output_done += 1
-            self._maybe_finish(r, outcome, now)
+            if r.output_done >= r.output_tokens or r.rid in stopped:
+                self._finish(r, now)
         self.reserve.on_step()
         self.counters.steps += 1
         if self.config.audit_every_step:
@@ -566,7 +575,43 @@ class Scheduler:
 
     def _decode_demands(self) -> list[Demand]:
         return self.kv.decode_demands([r.rid for r in self.running.values()
-                                       if not r.in_prefill])
+                                       if r.computed >= r.prefill_target])
+
+    def _refresh_ledger(self, running: list[Request],
+                        this_step: dict[int, tuple[int, Demand]]) -> Demand:
+        """Bring the ledger's futures of ``running`` up to date and return their sum.
+
+        A request's future is a function of its held pages and position, this step's
+        tokens and their demand, and the tokens its reservation reserves (headroom and
+        its chunk): that tuple is its ledger key, so only requests whose key changed are
+        recomputed. With ``config.audit_every_step`` the sum is checked against
+        :meth:`futures_from_scratch` (raises
+        :class:`~kvchain.errors.LedgerMismatchError`)."""
+        kv, ledger = self.kv, self.ledger
+        page = kv.geom.page_size
+        zero = Demand.zeros(kv.geom.num_bands)
+        for r in running:
+            now_tokens, demand = this_step.get(r.rid, (0, zero))
+            rest_prefill = r.remaining_prefill - (now_tokens if r.in_prefill else 0)
+            headroom = rest_prefill + self._output_reserve(r)
+            req = kv.pages(r.rid)
+            key = (req.held(), req.tokens, now_tokens, demand.pages, headroom,
+                   min(page, max(rest_prefill, 1)), req.points, req.tails)
+            ledger.update(r.rid, key, functools.partial(self._future, r, now_tokens, demand))
+        total = ledger.total
+        if self.config.audit_every_step:
+            ledger.verify(self.futures_from_scratch(running, this_step),
+                          frozenset(r.rid for r in running))
+        return total
+
+    def futures_from_scratch(self, running: Iterable[Request],
+                             this_step: dict[int, tuple[int, Demand]]) -> Demand:
+        """The running requests' reserved futures summed from scratch (what the ledger must
+        equal; tests and audits): ``this_step`` maps a request id to its tokens in this
+        step and their demand (absent: none)."""
+        zero = Demand.zeros(self.kv.geom.num_bands)
+        return sum_demands((self._future(r, *this_step.get(r.rid, (0, zero)))
+                            for r in running), self.kv.geom.num_bands)
 
     def _future(self, r: Request, now_tokens: int, this_step: Demand) -> Demand:
         """Pages ``r`` needs beyond this step's ``now_tokens`` tokens (whose own demand,
@@ -597,16 +642,15 @@ class Scheduler:
         return self.reserve.tokens(r.output_left - 1, r.output_done, r.output_limit)
 
     def _waiting_order(self) -> Iterable[Request]:
-        """Waiting requests in policy order. FCFS walks the queue itself (no copy: the walk
-        stops at the first request that does not fit, and nothing changes the queue during
-        it); SPF sorts it (``O(n log n)`` per step with anything waiting)."""
-        if self.config.policy is QueuePolicy.FCFS:
-            return iter(self.waiting)
-        return sorted(self.waiting, key=lambda r: (r.remaining_prefill, r.arrival_s, r.rid))
+        """Waiting requests in policy order, read lazily from the queue (no copy, no sort:
+        the walk stops at the first request that does not fit, and nothing changes the
+        queue during it; :mod:`kvchain.sched.queue`)."""
+        return iter(self.waiting)
 
     def _retract(self, r: Request, now: float) -> None:
         self.kv.free(r.rid, insert=False)
         del self.running[r.rid]
+        self.ledger.drop(r.rid)
         r.status = RequestStatus.WAITING
         r.retractions += 1
         r.computed = 0
@@ -617,14 +661,37 @@ class Scheduler:
         self.reserve.on_retract()
         self._emit(EventKind.RETRACTED, r.rid, now)
 
+    def _batch_matches(self, batch: StepBatch) -> bool:
+        """Whether every request of ``batch`` is running, listed once, at its position
+        (what :meth:`complete` requires; the fast check of every step)."""
+        running = self.running
+        n = 0
+        for p in batch.prefills:
+            r = running.get(p.rid)
+            if r is None or p.start != r.computed:
+                return False
+            n += 1
+        for d in batch.decodes:
+            r = running.get(d.rid)
+            if r is None or d.context != r.computed:
+                return False
+            n += 1
+        rids = {p.rid for p in batch.prefills}
+        rids.update(d.rid for d in batch.decodes)
+        return len(rids) == n
+
     def _maybe_finish(self, r: Request, outcome: StepOutcome, now: float) -> None:
         if r.output_done >= r.output_tokens or r.rid in outcome.stopped:
-            self.kv.free(r.rid)
-            del self.running[r.rid]
-            r.status = RequestStatus.FINISHED
-            self.counters.finished += 1
-            self.reserve.on_finish(r.output_done, r.output_limit)
-            self._emit(EventKind.FINISHED, r.rid, now)
+            self._finish(r, now)
+
+    def _finish(self, r: Request, now: float) -> None:
+        self.kv.free(r.rid)
+        del self.running[r.rid]
+        self.ledger.drop(r.rid)
+        r.status = RequestStatus.FINISHED
+        self.counters.finished += 1
+        self.reserve.on_finish(r.output_done, r.output_limit)
+        self._emit(EventKind.FINISHED, r.rid, now)
 
     def _emit(self, kind: EventKind, rid: int, now: float, detail: str = "") -> None:
         self._events.append(Event(kind, rid, now, detail))

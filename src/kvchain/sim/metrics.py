@@ -170,6 +170,12 @@ class BandSample:
     evictable_bytes: int = 0
 
     def __post_init__(self) -> None:
+        lo, hi, live, holes = self.lo, self.hi, self.live_bytes, self.hole_bytes
+        request = self.request_bytes
+        if (0 <= lo <= hi and live >= 0 and holes >= 0 and live + holes <= hi - lo
+                and self.reserved_bytes >= 0 and self.cached_bytes >= 0
+                and self.evictable_bytes >= 0 and (request is None or request >= 0)):
+            return  # the common case: no message is formatted (recording cost per step)
         _check(
             0 <= self.lo <= self.hi,
             f"band {self.label!r}: need 0 <= lo <= hi, got lo={self.lo}, hi={self.hi}",
@@ -315,6 +321,14 @@ class StepSample:
     needed_bytes: float | None = None
 
     def __post_init__(self) -> None:
+        if (math.isfinite(self.t_s) and math.isfinite(self.duration_s)
+                and self.duration_s >= 0
+                and min(self.prefill_tokens, self.decode_tokens, self.running, self.waiting) >= 0
+                and 0 <= self.used_bytes <= self.buffer_bytes and self.buffer_bytes > 0
+                and all(band.hi <= self.buffer_bytes for band in self.bands)
+                and (self.needed_bytes is None
+                     or (math.isfinite(self.needed_bytes) and self.needed_bytes >= 0))):
+            return  # the common case: no message is formatted (recording cost per step)
         _check(math.isfinite(self.t_s), f"step t_s must be finite, got {self.t_s!r}")
         _check(
             math.isfinite(self.duration_s) and self.duration_s >= 0,
@@ -583,10 +597,9 @@ class MetricsRecorder:
         Raises:
             MetricsError: ``sample.t_s`` earlier than the previous step's.
         """
-        _check(
-            sample.t_s >= self._last_step_t_s,
-            f"on_step: t_s={sample.t_s} s is before the previous step ({self._last_step_t_s} s)",
-        )
+        if not sample.t_s >= self._last_step_t_s:
+            raise MetricsError(f"on_step: t_s={sample.t_s} s is before the previous step "
+                               f"({self._last_step_t_s} s)")
         index = self._steps
         self._last_step_t_s = sample.t_s
         self._saw(sample.t_s)

@@ -1,0 +1,177 @@
+"""The incremental admission ledger equals the from-scratch sum after every step (every
+reservation policy, every chain shape family), a ledger that forgets a finish is caught;
+the waiting queue keeps the exact admission order of a full sort (SPF) and of a plain
+list (FCFS)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvchain.admission import FutureLedger, ReserveConfig, ReservePolicy
+from kvchain.alloc.chain import Chain
+from kvchain.alloc.snapshot import Demand
+from kvchain.errors import InvalidRequestError, LedgerMismatchError
+from kvchain.kv_manager import KVManager
+from kvchain.layout import plan_layout
+from kvchain.sched.queue import QueuePolicy, WaitingQueue, spf_key
+from kvchain.sched.request import EventKind, Request, StepOutcome
+from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+from kvchain.spec.declared import declared_class
+from kvchain.spec.layers import LifetimeClass as LC
+
+SHAPES = {
+    "window|full": [declared_class(LC.WINDOW, 1_000, 128), declared_class(LC.FULL, 1_000)],
+    "state|window|full": [declared_class(LC.STATE, 48_000), declared_class(LC.WINDOW, 1_000, 96),
+                          declared_class(LC.FULL, 1_000)],
+}
+POLICIES = [ReserveConfig(ReservePolicy.ADAPTIVE, warmup=5), ReserveConfig(ReservePolicy.FULL),
+            ReserveConfig(ReservePolicy.SGLANG)]
+
+
+class ForgetfulLedger(FutureLedger):
+    """A planted defect: forgets finishes and retractions (their futures stay summed)."""
+
+    def drop(self, rid: int) -> None:
+        return None
+
+
+class ReferenceSortScheduler(Scheduler):
+    """The old SPF walk: sort every waiting request each step (the reference order)."""
+
+    def _waiting_order(self):  # type: ignore[no-untyped-def]
+        return iter(sorted(list(self.waiting), key=lambda r: (r.remaining_prefill,
+                                                               r.arrival_s, r.rid)))
+
+
+def _run(shape: str, seed: int, *, reserve: ReserveConfig = POLICIES[0],
+         policy: QueuePolicy = QueuePolicy.FCFS, cls: type[Scheduler] = Scheduler,
+         ledger: FutureLedger | None = None, audit: bool = True, requests: int = 120,
+         ) -> tuple[Scheduler, list[int]]:
+    """A seeded memory-bound workload (2.4 MB buffer: retractions happen); returns the
+    scheduler and the admitted request ids in order."""
+    layout = plan_layout(SHAPES[shape], 2_400_000, 16)
+    sched = cls(KVManager(Chain(layout)), SchedulerConfig(
+        max_prefill_tokens=512, chunk_size=256, max_running=32, policy=policy,
+        reserve=reserve, audit_every_step=audit))
+    if ledger is not None:
+        sched.ledger = ledger
+    rng = random.Random(seed)
+    now, rid, admitted = 0.0, 0, []
+    for _ in range(20_000):
+        for _ in range(rng.choice((0, 0, 1, 2))):
+            if rid < requests:
+                sched.add(Request(rid, rng.randint(1, 600), rng.randint(1, 200), now), now)
+                rid += 1
+        batch = sched.step(now)
+        now += 0.01
+        stopped = frozenset(d.rid for d in batch.decodes if rng.random() < 0.02)
+        sched.complete(batch, StepOutcome(0.01, stopped), now)
+        admitted += [e.rid for e in sched.drain_events() if e.kind is EventKind.ADMITTED]
+        if rid >= requests and sched.idle:
+            break
+    assert sched.idle
+    return sched, admitted
+
+
+# --- the ledger ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reserve", POLICIES, ids=lambda c: c.policy.value)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_ledger_equals_from_scratch_after_every_step(shape: str, reserve: ReserveConfig) -> None:
+    # audit_every_step: after every refresh the ledger's sum and request set are compared
+    # with futures_from_scratch (LedgerMismatchError on any difference).
+    sched, _ = _run(shape, seed=3, reserve=reserve)
+    assert sched.counters.finished == 120  # every request of the workload finished
+    if reserve.policy is ReservePolicy.SGLANG and shape == "window|full":  # retractions too
+        assert sched.counters.retractions > 0
+    # Every finish or retraction left the ledger (it is empty once everything ended).
+    assert sched.ledger.recomputed > 0
+    assert len(sched.ledger) == 0 and sched.ledger.total.is_empty
+
+
+@pytest.mark.parametrize("reserve", POLICIES, ids=lambda c: c.policy.value)
+def test_a_ledger_that_forgets_a_finish_is_caught(reserve: ReserveConfig) -> None:
+    layout = plan_layout(SHAPES["window|full"], 2_400_000, 16)
+    with pytest.raises(LedgerMismatchError, match="should not"):
+        _run("window|full", seed=3, reserve=reserve, ledger=ForgetfulLedger(len(layout.bands)))
+
+
+def test_ledger_by_hand() -> None:
+    ledger = FutureLedger(2)
+    ledger.update(1, "a", lambda: Demand((2, 5)))
+    ledger.update(2, "b", lambda: Demand((1, 1)))
+    assert ledger.total == Demand((3, 6))
+    ledger.update(1, "a", lambda: Demand((99, 99)))  # same key: kept, not recomputed
+    assert ledger.total == Demand((3, 6)) and (ledger.reused, ledger.recomputed) == (1, 2)
+    ledger.update(1, "a2", lambda: Demand((0, 4)))  # (3, 6) - (2, 5) + (0, 4)
+    assert ledger.total == Demand((1, 5))
+    ledger.drop(2)
+    ledger.drop(7)  # never in the ledger: ignored
+    assert ledger.total == Demand((0, 4))
+    ledger.verify(Demand((0, 4)), frozenset({1}))
+    with pytest.raises(LedgerMismatchError, match=r"difference \[0, 1\]"):
+        ledger.verify(Demand((0, 3)))
+    with pytest.raises(LedgerMismatchError, match="lacks"):
+        ledger.verify(Demand((0, 4)), frozenset({1, 2}))
+
+
+# --- the queue -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_spf_heap_admits_in_the_reference_sort_order(shape: str) -> None:
+    # SGLang's ratio retracts on the window|full workload: retracted requests re-enter the
+    # heap with a new key (prompt + generated tokens).
+    retracted = 0
+    for seed in (1, 2, 3):
+        sched, order = _run(shape, seed, policy=QueuePolicy.SPF, audit=False,
+                            reserve=POLICIES[2])
+        _, reference = _run(shape, seed, policy=QueuePolicy.SPF, audit=False,
+                            reserve=POLICIES[2], cls=ReferenceSortScheduler)
+        assert order == reference
+        assert len(order) == 120 + sched.counters.retractions  # each admission once more
+        retracted += sched.counters.retractions
+    assert retracted > 0 or shape != "window|full"
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(("add", "front", "remove", "walk")),
+                          st.integers(0, 40), st.integers(1, 50)), max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=_OPS, spf=st.booleans())
+def test_queue_matches_a_plain_list(ops: list[tuple[str, int, int]], spf: bool) -> None:
+    # Reference: a Python list in FCFS order (append / insert at 0 / remove), walked as is
+    # (FCFS) or fully sorted by spf_key (SPF).
+    policy = QueuePolicy.SPF if spf else QueuePolicy.FCFS
+    queue, ref = WaitingQueue(policy), []
+    pool: dict[int, Request] = {}
+    for op, rid, prompt in ops:
+        r = pool.setdefault(rid, Request(rid, prompt, 1, float(rid % 7)))
+        if op in ("add", "front"):
+            if r in ref:
+                with pytest.raises(InvalidRequestError):
+                    queue.append(r)
+                continue
+            r.prefill_target = prompt  # a retracted request comes back with a new target
+            (queue.append if op == "add" else queue.appendleft)(r)
+            if op == "add":
+                ref.append(r)
+            else:
+                ref.insert(0, r)
+        elif op == "remove":
+            if r not in ref:
+                with pytest.raises(InvalidRequestError):
+                    queue.remove(r)
+                continue
+            queue.remove(r)
+            ref.remove(r)
+        expected = sorted(ref, key=spf_key) if spf else ref
+        assert [q.rid for q in queue] == [q.rid for q in expected]
+        assert len(queue) == len(ref) and bool(queue) == bool(ref)
+        assert all(q in queue for q in ref)
