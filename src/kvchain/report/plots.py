@@ -90,7 +90,7 @@ def _band_series(
     """Per band label: arrays of bytes (NaN where a sample lacks the band): ``lo``, ``hi``,
     ``live``, and the owners of the live bytes: ``request`` (requests' own pages plus the
     null page; ``live - cached`` when a sample did not count requests), ``locked`` (cached,
-    locked by a running request's hit) and ``evictable`` (cached, unlocked); ``request +
+    locked by a running request: its hit, or its own prompt cached at its prefill end) and ``evictable`` (cached, unlocked); ``request +
     locked + evictable == live`` whenever the sample's owners add up."""
     labels = list(dict.fromkeys(b.label for s in samples for b in s.bands))
     series = {
@@ -134,7 +134,7 @@ def _color(label: str, index: int) -> str:
 # outward in this order; the rest of the span up to the far frontier is holes.
 _LAYERS = (
     ("request", 0.92, None, "requests' pages (in use by running requests)"),
-    ("locked", 0.62, "xx", "prefix cache, locked (a running request's hit)"),
+    ("locked", 0.62, "xx", "prefix cache, locked (read by running requests)"),
     ("evictable", 0.42, "///", "prefix cache, evictable (unlocked: LRU eviction frees it)"),
 )
 _HOLE_ALPHA = 0.14
@@ -146,7 +146,8 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
     x = simulated time (s), y = byte offset in the KV buffer. Per band (one color each):
     from the band's anchor outward (the bottom for a LOW END band, the top for a HIGH END
     band, the low edge for the FLOAT band), requests' own pages (solid), the prefix cache's
-    pages locked by a running request's hit (cross-hatched), the cache's evictable
+    pages locked by running requests (their hits and their own prompts, cached at the
+    prefill end; cross-hatched), the cache's evictable
     (unlocked) pages (hatched, lighter), then the band's holes up to its far frontier
     (pale); white = free gaps between bands. Pages of the three owners interleave in the
     real band: the chart stacks their byte totals (:class:`~kvchain.sim.metrics.BandSample`
