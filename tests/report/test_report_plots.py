@@ -69,3 +69,39 @@ def test_plots_without_steps_or_finished_requests(tmp_path: Path) -> None:
     assert latency_cdfs([], tmp_path / "sub" / "cdf.png").is_file()
     with pytest.raises(ConfigError, match="buffer_bytes"):
         band_chart([], 0, tmp_path / "x.png")
+
+
+def _legend_of_band_chart(samples, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    import kvchain.report.plots as plots
+
+    seen = {}
+    real = plots._save
+
+    def keep(figure, path):  # type: ignore[no-untyped-def]
+        seen["figure"] = figure
+        return real(figure, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    band_chart(samples, BUFFER, tmp_path / "bands.png")
+    (axes,) = seen["figure"].axes
+    return [t.get_text() for t in axes.get_legend().get_texts()]
+
+
+def test_band_chart_keys_only_the_owners_it_draws(monkeypatch, tmp_path: Path) -> None:
+    """A run without a prefix cache (no cached bytes) lists no prefix-cache keys (a newcomer
+    read "prefix cache, locked" on a --no-prefix-cache chart); one with evictable cached
+    pages lists that key and still not the locked one it never drew."""
+    samples = small_run().step_samples
+    texts = _legend_of_band_chart(samples, monkeypatch, tmp_path)
+    assert not any("prefix cache" in t for t in texts)
+    assert any(t.startswith("holes") for t in texts)
+    cached = [StepSample(s.t_s, s.duration_s, s.prefill_tokens, s.decode_tokens, s.running,
+                         s.waiting, tuple(
+                             BandSample(b.label, b.lo, b.hi, b.live_bytes, b.hole_bytes,
+                                        b.anchor, cached_bytes=b.live_bytes,
+                                        evictable_bytes=b.live_bytes, request_bytes=0)
+                             for b in s.bands), s.buffer_bytes, s.used_bytes)
+              for s in samples]
+    texts = _legend_of_band_chart(cached, monkeypatch, tmp_path)
+    assert any(t.startswith("prefix cache, evictable") for t in texts)
+    assert not any(t.startswith("prefix cache, locked") for t in texts)

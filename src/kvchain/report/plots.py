@@ -90,8 +90,9 @@ def _band_series(
     """Per band label: arrays of bytes (NaN where a sample lacks the band): ``lo``, ``hi``,
     ``live``, and the owners of the live bytes: ``request`` (requests' own pages plus the
     null page; ``live - cached`` when a sample did not count requests), ``locked`` (cached,
-    locked by a running request: its hit, or its own prompt cached at its prefill end) and ``evictable`` (cached, unlocked); ``request +
-    locked + evictable == live`` whenever the sample's owners add up."""
+    locked by a running request: its hit, or its own prompt cached at its prefill end) and
+    ``evictable`` (cached, unlocked); ``request + locked + evictable == live`` whenever the
+    sample's owners add up."""
     labels = list(dict.fromkeys(b.label for s in samples for b in s.bands))
     series = {
         label: {k: np.full(len(samples), np.nan) for k in _BAND_FIELDS} for label in labels
@@ -178,6 +179,7 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
         return _save(figure, path)
     times = _step_times(samples)
     handles: list[Artist] = []
+    drawn: set[str] = set()  # owner layers with any bytes (a run without a cache: no keys)
     for index, (label, arrays) in enumerate(_band_series(samples).items()):
         color = _color(label, index)
         anchor = _anchor_of(label, samples, buffer_bytes)
@@ -197,6 +199,7 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
             done = done + size
             if not np.any(size > 0):
                 continue
+            drawn.add(key)
             axes.fill_between(
                 times, y0 / divisor, y1 / divisor, where=present, step="pre",
                 facecolor=to_rgba(color, alpha), edgecolor=to_rgba("white", 0.7),
@@ -206,8 +209,10 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
             axes.step(times, edge / divisor, where="pre", color=color, linewidth=0.7)
         handles.append(Patch(facecolor=to_rgba(color, 0.92),
                              label=f"{label} band ({anchor.value} anchored)"))
-    gray = "#555555"
-    for _, alpha, hatch, text in _LAYERS:
+    gray = "#555555"  # the owner keys are shades of gray: each band draws them in its color
+    for key, alpha, hatch, text in _LAYERS:
+        if key not in drawn:
+            continue
         handles.append(Patch(facecolor=to_rgba(gray, alpha), edgecolor=to_rgba("white", 0.7),
                              hatch=hatch, linewidth=0, label=text))
     handles.append(Patch(facecolor=to_rgba(gray, _HOLE_ALPHA), linewidth=0,
@@ -220,9 +225,9 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0),
                 fontsize="small", frameon=False)
     axes.text(
-        1.01, 0.0, "white: free gap between bands\nshades stack byte totals\nfrom each "
-        "band's anchor", transform=axes.transAxes, fontsize="small", color="gray",
-        va="bottom",
+        1.01, 0.0, "white: free gap between bands\nshades (in each band's color) stack\n"
+        "byte totals from each band's anchor", transform=axes.transAxes, fontsize="small",
+        color="gray", va="bottom",
     )  # fmt: skip
     axes.grid(axis="y", alpha=0.25)
     return _save(figure, path)
