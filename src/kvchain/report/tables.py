@@ -164,7 +164,8 @@ METRIC_DEFINITIONS = (
     "L x E_full + min(L, W) x E_win + (L mod C) x E_loc + S per running request of L "
     "tokens; hit rate = prompt tokens "
     "served by the prefix cache / prompt tokens admitted (each manager caches in its own "
-    "pages); evicted pages = pages and state slots the cache gave up."
+    "pages); evicted pages = pages and state slots the cache gave up, in each manager's "
+    "own pages (the ideal's hold one token each, so its counts are not comparable)."
 )
 """One-paragraph definitions printed under side-by-side tables."""
 
