@@ -1197,24 +1197,30 @@ class KVManager:
             UnknownRequestError / InvalidDemandError: as :meth:`commit`, checked for every
                 request before any changes.
         """
-        if type(self).commit is not KVManager.commit or self.cache is not None:
-            return sum(self.commit(rid, 1) for rid in rids)  # kept / shared window pages
         ids = tuple(rids)
         slots = self._slots_of(ids)
-        if not self._slots_memo_unique():  # the same request twice: commits one by one
-            return sum(self.commit(rid, 1) for rid in ids)
         g = self.geom
         p = g.page_size
         st = self._state
         if not self._slots_memo_known():
             rid = ids[int((slots == 0).nonzero()[0][0])]
             raise UnknownRequestError(f"request {rid} holds no pages")
-        n = st.tokens[slots] + 1
+        unique = self._slots_memo_unique()
+        if unique:
+            n = st.tokens[slots] + 1
+        else:  # a request named c times commits c tokens: check its last one
+            _, inverse, counts = np.unique(slots, return_inverse=True, return_counts=True)
+            n = st.tokens[slots] + counts[inverse]
         if g.full is not None:
             short = st.rowlen[g.full][slots] * p < n
             if short.any():
                 rid = ids[int(short.nonzero()[0][0])]
                 raise InvalidDemandError(f"request {rid}: 1 token not covered by its pages")
+        # every request checked: the one-by-one paths below cannot fail half-way
+        if type(self).commit is not KVManager.commit or self.cache is not None:
+            return sum(self.commit(rid, 1) for rid in ids)  # kept / shared window pages
+        if not unique:  # the same request twice: commits one by one
+            return sum(self.commit(rid, 1) for rid in ids)
         st.tokens[slots] = n
         released = 0
         owner = self._requests.owner
