@@ -884,13 +884,23 @@ class KVManager:
     def _slots_of(self, ids: tuple[int, ...]) -> np.ndarray:
         """Slots of request ids (0, the empty slot, for one that holds nothing), int64,
         after the dirty rows were read again; memoized for the same ids at the same slot
-        version (a decode step asks for one batch three times)."""
+        version (a decode step asks for one batch three times).
+
+        Raises:
+            InvalidDemandError: a ``bool`` id while request 0 or 1 holds pages (it would
+                alias that request).
+        """
+        slot_of = self._requests.slot_of
+        if (0 in slot_of or 1 in slot_of) and any(type(r) is bool for r in ids):
+            # False == 0 and True == 1 (as dict keys and in the memo's tuple comparison): a
+            # bool would read request 0's or 1's row
+            raise InvalidDemandError(f"request ids are ints, got {ids!r}")
         self._sync()
         st = self._state
         memo = self._slots_memo
         if memo is not None and memo[0] == st.version and memo[1] == ids:
             return memo[2]
-        slots = np.fromiter(map(self._requests.slot_of.get, ids, itertools.repeat(0)),
+        slots = np.fromiter(map(slot_of.get, ids, itertools.repeat(0)),
                             dtype=np.int64, count=len(ids))
         self._slots_memo = (st.version, ids, slots)
         self._slots_unique = self._slots_known = None
@@ -1401,7 +1411,7 @@ class KVManager:
             and one ``translate``, not a rebuild.
 
         Raises:
-            InvalidDemandError: no band ``band`` in this chain.
+            InvalidDemandError: no band ``band`` in this chain, or a ``bool`` request id.
             UnknownRequestError: a request that holds no pages.
         """
         if isinstance(band, bool) or not isinstance(band, int | np.integer) \

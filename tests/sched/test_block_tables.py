@@ -322,3 +322,22 @@ def test_commit_decodes_rejects_a_bad_batch_before_any_change(cached: bool) -> N
     # the sibling: a batch naming request 0 three times fits (9 + 3 = 12) and commits 3
     kv.commit_decodes([0, 0, 0])
     assert kv.tokens(0) == 12
+
+
+def test_bool_request_ids_do_not_alias_requests_0_and_1() -> None:
+    # True == 1 and False == 0 as dict keys: before the check, block_table([True]) returned
+    # request 1's row and commit_decodes([True]) committed a token to request 1.
+    kv = _manager("window|full")
+    full = kv.geom.full
+    assert full is not None
+    kv.allocate([(0, 9), (1, 3)])
+    kv.commit(0, 9)
+    kv.commit(1, 3)
+    assert kv.block_table([1], full, physical=False).tolist() == [[3]]  # warms the memo
+    for call in (lambda: kv.block_table([True], full), lambda: kv.decode_demands([False]),
+                 lambda: kv.commit_decodes([True]), lambda: kv.block_table([0, False], full)):
+        with pytest.raises(InvalidDemandError, match="request ids are ints"):
+            call()
+    assert (kv.tokens(0), kv.tokens(1)) == (9, 3)
+    # the sibling: numpy ints are ids like Python ints
+    assert kv.block_table([np.int64(1)], full, physical=False).tolist() == [[3]]
