@@ -884,13 +884,23 @@ class KVManager:
     def _slots_of(self, ids: tuple[int, ...]) -> np.ndarray:
         """Slots of request ids (0, the empty slot, for one that holds nothing), int64,
         after the dirty rows were read again; memoized for the same ids at the same slot
-        version (a decode step asks for one batch three times)."""
+        version (a decode step asks for one batch three times).
+
+        Raises:
+            InvalidDemandError: a ``bool`` id while request 0 or 1 holds pages (it would
+                alias that request).
+        """
+        slot_of = self._requests.slot_of
+        if (0 in slot_of or 1 in slot_of) and any(type(r) is bool for r in ids):
+            # False == 0 and True == 1 (as dict keys and in the memo's tuple comparison): a
+            # bool would read request 0's or 1's row
+            raise InvalidDemandError(f"request ids are ints, got {ids!r}")
         self._sync()
         st = self._state
         memo = self._slots_memo
         if memo is not None and memo[0] == st.version and memo[1] == ids:
             return memo[2]
-        slots = np.fromiter(map(self._requests.slot_of.get, ids, itertools.repeat(0)),
+        slots = np.fromiter(map(slot_of.get, ids, itertools.repeat(0)),
                             dtype=np.int64, count=len(ids))
         self._slots_memo = (st.version, ids, slots)
         self._slots_unique = self._slots_known = None
@@ -1197,24 +1207,30 @@ class KVManager:
             UnknownRequestError / InvalidDemandError: as :meth:`commit`, checked for every
                 request before any changes.
         """
-        if type(self).commit is not KVManager.commit or self.cache is not None:
-            return sum(self.commit(rid, 1) for rid in rids)  # kept / shared window pages
         ids = tuple(rids)
         slots = self._slots_of(ids)
-        if not self._slots_memo_unique():  # the same request twice: commits one by one
-            return sum(self.commit(rid, 1) for rid in ids)
         g = self.geom
         p = g.page_size
         st = self._state
         if not self._slots_memo_known():
             rid = ids[int((slots == 0).nonzero()[0][0])]
             raise UnknownRequestError(f"request {rid} holds no pages")
-        n = st.tokens[slots] + 1
+        unique = self._slots_memo_unique()
+        if unique:
+            n = st.tokens[slots] + 1
+        else:  # a request named c times commits c tokens: check its last one
+            _, inverse, counts = np.unique(slots, return_inverse=True, return_counts=True)
+            n = st.tokens[slots] + counts[inverse]
         if g.full is not None:
             short = st.rowlen[g.full][slots] * p < n
             if short.any():
                 rid = ids[int(short.nonzero()[0][0])]
                 raise InvalidDemandError(f"request {rid}: 1 token not covered by its pages")
+        # every request checked: the one-by-one paths below cannot fail half-way
+        if type(self).commit is not KVManager.commit or self.cache is not None:
+            return sum(self.commit(rid, 1) for rid in ids)  # kept / shared window pages
+        if not unique:  # the same request twice: commits one by one
+            return sum(self.commit(rid, 1) for rid in ids)
         st.tokens[slots] = n
         released = 0
         owner = self._requests.owner
@@ -1395,7 +1411,7 @@ class KVManager:
             and one ``translate``, not a rebuild.
 
         Raises:
-            InvalidDemandError: no band ``band`` in this chain.
+            InvalidDemandError: no band ``band`` in this chain, or a ``bool`` request id.
             UnknownRequestError: a request that holds no pages.
         """
         if isinstance(band, bool) or not isinstance(band, int | np.integer) \

@@ -224,3 +224,26 @@ def test_a_locked_nodes_tails_come_after_every_unlocked_unit():
     # full 21-22 -> (1, 2)) goes first, then X's unpinned page 101 -> (2, 2).
     assert c.eviction_order().cumulative == ((0, 0), (1, 2), (2, 2))
     c.audit([], ([102], []), [handle])
+
+
+def test_window_pin_and_unpin_change_nothing_when_a_page_is_bad():
+    # Pages 0-4 with window pages only at 1, 3, 4 (page 2 is a tombstone: no window id).
+    # Before the checks ran first, pin_window(h, [1, 2]) pinned page 1 and then raised on
+    # page 2, and unpin_window(h, [1, 1]) with one pin unpinned it and then raised.
+    c = cache()
+    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})
+    handle = c.lock(c.match([1, 2, 3, 4, 5], 100), tails=False)  # the whole path
+    assert handle is not None
+    with pytest.raises(AuditError, match="absent"):
+        c.pin_window(handle, [1, 2])
+    c.audit([], ([], []), [handle])  # no pin left behind by the refused call
+    c.pin_window(handle, [1])
+    with pytest.raises(AuditError, match="not pinned"):
+        c.unpin_window(handle, [1, 1])  # one pin, two unpins asked
+    c.audit([], ([101], []), [handle])  # page 101 is still pinned once
+    # the sibling: a page pinned twice unpins twice
+    c.pin_window(handle, [1])
+    c.unpin_window(handle, [1, 1])
+    c.audit([], ([], []), [handle])
+    c.unlock(handle, tails=False)
+    c.audit([])

@@ -77,3 +77,16 @@ def test_a_view_of_another_file_is_refused(monkeypatch):
     monkeypatch.setattr(views, "_views", lambda: stale)
     with pytest.raises(ConfigError, match="another file"):
         views.bundled_fields(relative, read_bundled_config(relative))
+
+
+def test_an_edited_view_does_not_change_later_reads():
+    # bundled_fields serves the views from a per-process cache; before it returned a copy,
+    # a caller editing the returned mapping (or a nested one) changed every later read.
+    relative = "model_configs/nvidia--Nemotron-H-56B-Base-8K.json"
+    fields, _ = views.bundled_fields(relative, read_bundled_config(relative))
+    want = json.dumps(fields, sort_keys=True)
+    fields["mamba_ssm_cache_dtype"] = "bfloat16"  # type: ignore[index]
+    fields.clear()  # type: ignore[attr-defined]
+    again, _ = views.bundled_fields(relative, read_bundled_config(relative))
+    assert json.dumps(again, sort_keys=True) == want
+    assert again["mamba_ssm_cache_dtype"] == "float32"  # transformers' default, frozen

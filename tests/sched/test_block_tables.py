@@ -293,3 +293,51 @@ def test_block_tables_follow_the_prefix_cache_paths() -> None:
         sched.complete(batch, StepOutcome(1.0), now)
         assert table_mismatches(kv) == []
     assert hits >= 16  # the shared prefix was served from the cache at least once
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_commit_decodes_rejects_a_bad_batch_before_any_change(cached: bool) -> None:
+    # commit_decodes promises every request is checked before any change, on the
+    # vectorized path, the one-by-one path of a batch naming a request twice, and the
+    # per-request path a prefix cache takes. P = 4: request 0 holds 9 tokens on
+    # ceil(9 / 4) = 3 full pages (room for 12), request 2 holds 4 tokens on 1 page (full).
+    from kvchain.cache.radix import CacheGeometry, PrefixCache
+
+    layout = plan_layout(SHAPES["window|full"], 200_000_000, 4)
+    cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=8) if cached else None
+    kv = KVManager(Chain(layout), cache)
+    kv.allocate([(0, 9), (2, 4)])
+    kv.commit(0, 9)
+    kv.commit(2, 4)
+    before = kv.block_table([0, 2], kv.geom.full, physical=False).tolist()
+    with pytest.raises(InvalidDemandError):  # request 2's 5th token has no page
+        kv.commit_decodes([0, 2])
+    with pytest.raises(UnknownRequestError):  # request 77 holds nothing
+        kv.commit_decodes([0, 77])
+    with pytest.raises(InvalidDemandError):  # 9 + 4 = 13 tokens > 12 covered
+        kv.commit_decodes([0, 0, 0, 0])
+    assert (kv.tokens(0), kv.tokens(2)) == (9, 4)
+    assert kv.block_table([0, 2], kv.geom.full, physical=False).tolist() == before
+    kv.audit()
+    # the sibling: a batch naming request 0 three times fits (9 + 3 = 12) and commits 3
+    kv.commit_decodes([0, 0, 0])
+    assert kv.tokens(0) == 12
+
+
+def test_bool_request_ids_do_not_alias_requests_0_and_1() -> None:
+    # True == 1 and False == 0 as dict keys: before the check, block_table([True]) returned
+    # request 1's row and commit_decodes([True]) committed a token to request 1.
+    kv = _manager("window|full")
+    full = kv.geom.full
+    assert full is not None
+    kv.allocate([(0, 9), (1, 3)])
+    kv.commit(0, 9)
+    kv.commit(1, 3)
+    assert kv.block_table([1], full, physical=False).tolist() == [[3]]  # warms the memo
+    for call in (lambda: kv.block_table([True], full), lambda: kv.decode_demands([False]),
+                 lambda: kv.commit_decodes([True]), lambda: kv.block_table([0, False], full)):
+        with pytest.raises(InvalidDemandError, match="request ids are ints"):
+            call()
+    assert (kv.tokens(0), kv.tokens(1)) == (9, 3)
+    # the sibling: numpy ints are ids like Python ints
+    assert kv.block_table([np.int64(1)], full, physical=False).tolist() == [[3]]

@@ -624,14 +624,18 @@ class PrefixCache:
         frees them until :meth:`unpin_window`.
 
         Raises:
-            AuditError: a page not on the path or not present (a tombstone).
+            AuditError: a page not on the path or not present (a tombstone); every page is
+                checked before any is pinned (nothing changes).
         """
         pins = self._wpins
+        found: list[tuple[Node, int]] = []
         for i in pages:
             node = self._node_of(handle, i)
             v = node.win[i - node.start] if node.win else -1
             if v < 0:
                 raise AuditError(f"pin of window page {i}: absent from node {node.nid}")
+            found.append((node, v))
+        for node, v in found:
             c = pins.get(v, 0)
             if not c:
                 node.wpin += 1
@@ -643,15 +647,21 @@ class PrefixCache:
         past them, or it ended): once no request pins a page it is evictable.
 
         Raises:
-            AuditError: a page that is not pinned.
+            AuditError: a page that is not pinned (or named more times than it is pinned);
+                every page is checked before any is unpinned (nothing changes).
         """
         pins = self._wpins
+        found: list[tuple[Node, int]] = []
+        asked: dict[int, int] = {}
         for i in pages:
             node = self._node_of(handle, i)
             v = node.win[i - node.start] if node.win else -1
-            c = pins.get(v, 0)
-            if v < 0 or not c:
+            asked[v] = asked.get(v, 0) + 1
+            if v < 0 or pins.get(v, 0) < asked[v]:
                 raise AuditError(f"unpin of window page {i} of node {node.nid}: not pinned")
+            found.append((node, v))
+        for node, v in found:
+            c = pins[v]
             if c == 1:
                 del pins[v]
                 node.wpin -= 1

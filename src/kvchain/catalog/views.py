@@ -25,6 +25,7 @@ is caught; ``python -m kvchain.catalog.views`` writes the file anew.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Mapping
@@ -72,9 +73,10 @@ def bundled_fields(relative: str, raw: Mapping[str, object]) -> tuple[Mapping[st
         raw: its parsed ``config.json``.
 
     Returns:
-        ``(fields, reader)``: the frozen transformers view and its reader name when one is
-        recorded for this config, else ``(raw, "raw dict")`` (transformers does not know
-        the ``model_type``).
+        ``(fields, reader)``: the frozen transformers view (a fresh copy on every call, so
+        a caller that edits it cannot change what later reads get) and its reader name
+        when one is recorded for this config, else ``(raw, "raw dict")`` (transformers
+        does not know the ``model_type``).
 
     Raises:
         ConfigError: a view is recorded for another version of the file (its SHA-256
@@ -92,7 +94,7 @@ def bundled_fields(relative: str, raw: Mapping[str, object]) -> tuple[Mapping[st
     reader = view.get("reader")
     if not isinstance(fields, dict) or not isinstance(reader, str):
         raise ConfigError(f"the frozen view of {relative} is malformed")
-    return fields, reader
+    return copy.deepcopy(fields), reader  # the views are cached per process: never shared
 
 
 def freeze_views(configs: list[str]) -> dict[str, object]:

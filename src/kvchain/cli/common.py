@@ -253,14 +253,17 @@ STATE_DTYPE_HELP = ("Element type of the recurrent state (default: the config's 
 PrefixCacheOption = Annotated[bool | None, typer.Option(
     "--prefix-cache/--no-prefix-cache",
     help="Serve cached prompt prefixes (default: on when the trace has content keys, e.g. "
-         "mooncake's hash_ids).")]
+         "mooncake's hash_ids). --prefix-cache on a trace without content keys, or on a "
+         "model with two or more window bands, is refused (exit 2).")]
 """``--prefix-cache/--no-prefix-cache`` (``simulate`` and ``compare``): ``None`` when not
 given, i.e. on when the trace carries content keys (``SimConfig.prefix_cache``)."""
 
 CachePointsOption = Annotated[ResumePolicy, typer.Option(
     help="Where cached prompts keep window tails and state checkpoints: every content "
          "block (blocks), only the last block boundary and the prompt end (ends), or "
-         "auto: ends for models with a recurrent state, blocks otherwise.")]
+         "auto: ends for models with a recurrent state, blocks otherwise. Ignored while "
+         "the cache is off; blocks or ends on a model with two or more window bands (no "
+         "prefix cache there) is refused (exit 2).")]
 """``--cache-points`` (``simulate`` and ``compare``): ``SimConfig.cache_points``."""
 
 

@@ -209,7 +209,9 @@ def compare(
                         page_size=page_size, scheduler=scheduler, buffer_bytes=buffer_bytes,
                         clock=clock, step_ms=step_ms, prefix_cache=prefix_cache,
                         cache_points=cache_points)
-        buffer = cfg.layout().buffer_bytes
+        cfg_layout = cfg.layout()
+        cfg.check_cache(cfg_layout)
+        buffer = cfg_layout.buffer_bytes
         if clock is ClockKind.ROOFLINE:
             GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed
         prepare_out_dir(out)

@@ -142,6 +142,7 @@ def simulate_command(
             buffer_bytes=buffer_bytes, clock=clock, step_ms=step_ms,
             truncate_to_context=truncate, prefix_cache=prefix_cache, cache_points=cache_points)
         layout = sim_config.layout()
+        sim_config.check_cache(layout)
         if clock is ClockKind.ROOFLINE:
             GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed
         prepare_out_dir(out)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain, ChainStats
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
-from kvchain.errors import KVChainError
+from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
@@ -114,6 +114,28 @@ class SimConfig:
                                      mem_fraction=self.mem_fraction)
         return plan_layout(self.model.classes, buffer, self.page_size)
 
+    def check_cache(self, layout: ChainLayout) -> None:
+        """Refuse prefix-cache settings that cannot take effect on ``layout`` and this
+        trace, instead of running without the cache the caller asked for.
+
+        Raises:
+            ConfigError: ``prefix_cache=True`` on a trace without content keys (no request
+                carries ``prefix_block_ids``: nothing could ever hit); ``prefix_cache=True``
+                or a ``cache_points`` other than ``AUTO`` on a chain with more than one
+                window or chunked-local band (the prefix cache supports at most one).
+        """
+        windows = sum(1 for b in layout.bands
+                      if b.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL))
+        if windows > 1 and (self.prefix_cache or self.cache_points is not ResumePolicy.AUTO):
+            asked = ("prefix_cache=True" if self.prefix_cache
+                     else f"cache_points={self.cache_points.value!r}")
+            raise ConfigError(f"{asked}: the prefix cache supports chains with at most one "
+                              f"window or chunked-local band; chain {layout.shape_name} has "
+                              f"{windows}")
+        if self.prefix_cache and not has_content_keys(self.trace):
+            raise ConfigError(f"prefix_cache=True: trace {self.trace.name!r} carries no "
+                              "content keys (prefix_block_ids), so no prompt could hit")
+
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
@@ -167,13 +189,15 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         (tokens retracted requests prefilled again).
 
     Raises:
-        ConfigError / BufferTooSmallError: from the layout.
+        ConfigError / BufferTooSmallError: from the layout; ConfigError from
+            :meth:`SimConfig.check_cache` (prefix-cache settings that cannot take effect).
         SimulationStuckError: requests left waiting with nothing to run (a bug).
         AdmissionDivergenceError: ``config.scheduler.strict`` and the allocator refused an
             admitted batch (a bug).
     """
     chain: Allocator = allocator if allocator is not None else Chain(config.layout())
     layout = chain.layout
+    config.check_cache(layout)
     use_cache = config.prefix_cache
     if use_cache is None:
         use_cache = has_content_keys(config.trace) and len(
