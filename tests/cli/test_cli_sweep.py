@@ -81,7 +81,8 @@ def test_sweep_bad_input_exits_2_and_writes_nothing(tmp_path):
 
 def test_slo_table_of_two_managers_cuts_nothing_at_80_columns():
     """The README's SLO search (two managers, --target-rate) printed 'gpt-os…', 'azure-…'
-    and 'fixed-p…' at 80 columns; cells now fold instead, so every character shows."""
+    and 'fixed-p…' at 80 columns, then folded them mid-word; shared settings now go to the
+    title and headers take two lines, so every cell shows whole."""
     from rich.console import Console
 
     from kvchain.report.sweep import slo_table
@@ -96,5 +97,53 @@ def test_slo_table_of_two_managers_cuts_nothing_at_80_columns():
     text = console.export_text()
     assert "…" not in text, text
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80, text
-    # folded cells lose no character: the rate (by hand: the row's 20.36 and x6.24) shows
-    assert "20.36" in text and "(x6.24)" in text
+    # whole cells: the rate (by hand: the row's 20.36 at scale 6.24) and names in one piece
+    assert "20.36" in text and "6.24" in text and "fixed-pools" in text
+    assert "model=gpt-oss-120b, gpu=h200, tp=1, trace=azure-conv, mem_fraction=0.9" in text
+    # a second configuration makes its varying setting a column
+    table = slo_table([*rows, {**base, "manager": "kvchain", "tp": 2, "max_rate_scale": None,
+                                       "gpus_needed": None}],
+                      20.0)
+    assert table.columns[0].header == "tp"
+    console = Console(record=True, width=80, color_system=None)
+    console.print(table)
+    assert "not met" in console.export_text()
+
+
+def test_sweep_table_shows_only_the_axes_that_vary():
+    """Rows built by hand: rate_scale and manager vary, the rest go to the title; the
+    metrics are formatted from the row (0.1234 s -> 123.4 ms; no finished request -> '-')."""
+    from rich.console import Console
+
+    from kvchain.report.sweep import sweep_table
+
+    base = {"model": "gpt-oss-120b", "gpu": "H200", "tp": 1, "trace": "mooncake",
+            "mem_fraction": 0.9, "requests": 12, "end_s": None, "page_size": 16,
+            "max_running": 256, "chunk_size": 8192, "seed": 0, "requests_total": 12,
+            "offered_rate_rps": 0.5, "output_tokens_per_s": 1234.4, "prefix_hit_rate_pct": 3.5}
+    rows = [{**base, "manager": "kvchain", "rate_scale": 1.0, "requests_finished": 12,
+             "ttft_p99_s": 0.1234, "tpot_p99_s": 0.02},
+            {**base, "manager": "fixed-pools", "rate_scale": 2.0, "requests_finished": 0,
+             "ttft_p99_s": None, "tpot_p99_s": None}]
+    table = sweep_table(rows)
+    headers = [c.header for c in table.columns]
+    assert headers == ["manager", "rate_scale", "done", "req/s", "out\ntok/s",
+                       "TTFT\np99", "TPOT\np99", "hit\n%"]
+    assert table.title == "sweep: model=gpt-oss-120b, gpu=H200, tp=1, trace=mooncake"
+    console = Console(width=80, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "12/12" in text and "0/12" in text and "123.4" in text and "20.0" in text
+    assert "1,234" in text and "…" not in text
+    # every cell whole at 80 columns: grid values are never folded mid-word
+    assert "fixed-pools" in text and "TTFT and TPOT p99 in ms" in text
+
+
+def test_plain_sweep_prints_its_results_table(tmp_path):
+    out = tmp_path / "plain"
+    result = runner.invoke(app, ["sweep", "--requests", "12", "--managers", "kvchain",
+                                 "--rate-scales", "1,2", "--out", str(out), "--workers", "1",
+                                 "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert "rate_scale" in result.output and "TTFT" in result.output
+    assert "12/12" in result.output

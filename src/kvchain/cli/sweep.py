@@ -21,7 +21,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from kvchain.cli import app
 from kvchain.cli.common import prepare_out_dir
 from kvchain.errors import ConfigError, KVChainError
-from kvchain.report.sweep import append_row, plot_rows, read_rows, slo_table, write_table
+from kvchain.report.sweep import (
+    append_row,
+    plot_rows,
+    read_rows,
+    slo_table,
+    sweep_table,
+    write_table,
+)
 from kvchain.sim.sweep import (
     SweepGrid,
     gpus_needed,
@@ -185,6 +192,7 @@ def sweep_command(
                       f"[{lo:g}, {hi:g}]")
     else:
         written = write_table(rows, out / "sweep.csv")
+        console.print(sweep_table(rows))
         if plots:
             written += plot_rows(rows, out)
     console.print(f"{len(todo)} run in {wall:,.1f} s of wall time; wrote "

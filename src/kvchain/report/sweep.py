@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from kvchain.errors import ConfigError
@@ -137,38 +138,114 @@ def plot_rows(rows: Sequence[Row], out: Path) -> list[Path]:
 
 
 def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
-    """A rich table: one line per configuration, per manager the highest rate meeting the
-    SLO (requests/s and rate scale) and, with a target rate, the GPUs needed."""
+    """A rich table of an SLO search: one line per configuration, per manager side by side
+    the highest rate meeting the SLO (requests / s and the rate scale) and, with a target
+    rate, the GPUs needed.
+
+    Configuration settings every row shares (model, GPU, tp, trace, memory fraction) go to
+    the title; the rest are columns. A rate found at the top of the searched range shows as
+    ``>=`` (the SLO may hold higher); a configuration whose lowest rate fails shows
+    ``not met``. Cells are never cut or folded: two managers with GPUs fit 80 columns.
+
+    Args:
+        rows: result rows as :func:`kvchain.sim.sweep.run_slo_search` returns them.
+        target_rps: the ``--target-rate`` (requests / s), or ``None``.
+    """
     managers = list(dict.fromkeys(str(r["manager"]) for r in rows))
+    config_keys = ("model", "gpu", "tp", "trace", "mem_fraction")
     configs: dict[tuple[Any, ...], dict[str, Row]] = {}
     for r in rows:
-        configs.setdefault(tuple(r.get(k) for k in _GROUP[:5]), {})[str(r["manager"])] = r
+        configs.setdefault(tuple(r.get(k) for k in config_keys), {})[str(r["manager"])] = r
+    varying = [i for i, k in enumerate(config_keys)
+               if len({repr(c[i]) for c in configs}) > 1]
+    first = next(iter(configs), ())
+    shared = ", ".join(f"{k}={first[i]}" for i, k in enumerate(config_keys)
+                       if i not in varying and first)
     slo = rows[0]["slo"] if rows else ""
     title = f"highest rate meeting {slo}"
     if target_rps is not None:
         title += f"; GPUs for {target_rps:g} req/s"
-    table = Table(title=title, min_width=60)
-    # At 80 columns two managers with GPUs leave no room for whole names: cells fold
-    # (wrap mid-word) instead of being cut to an ellipsis, so every name and rate shows.
-    for col in ("model", "gpu", "tp", "trace", "mem"):
-        table.add_column(col, overflow="fold")
+    if shared:
+        title += f"\n{shared}"
+    names = [config_keys[i] for i in varying]
     for m in managers:
-        table.add_column(f"{m} req/s (x scale)", justify="right", overflow="fold")
+        names += [f"{m}\nreq/s", f"{m}\nx scale"]
         if target_rps is not None:
-            table.add_column(f"{m} GPUs", justify="right", overflow="fold")
+            names.append(f"{m}\nGPUs")
+    body: list[list[str]] = []
     for config, by_manager in configs.items():
-        cells = [str(v) for v in config]
+        cells = [str(config[i]) for i in varying]
         for m in managers:
             got = by_manager.get(m)
             if got is None or got.get("max_rate_scale") is None:
-                cells.append("not met")
+                cells += ["not met", "-"]
             else:
                 rps = got.get("max_rate_rps")
                 more = ">=" if got.get("fail_rate_scale") is None else ""
-                cells.append(f"{more}{rps:,.2f} (x{got['max_rate_scale']:.3g})" if rps
-                             else f"x{got['max_rate_scale']:.3g}")
+                cells += [f"{more}{rps:,.2f}" if rps else "-",
+                          f"{more}{got['max_rate_scale']:.3g}"]
             if target_rps is not None:
                 gpus = got.get("gpus_needed") if got is not None else None
                 cells.append("-" if gpus is None else f"{gpus:,}")
+        body.append(cells)
+    table = Table(title=title, box=box.SIMPLE)
+    for i, name in enumerate(names):
+        width = max([len(line[i]) for line in body] + [len(p) for p in name.split("\n")])
+        table.add_column(name, no_wrap=True, min_width=width,
+                         justify="left" if i < len(varying) else "right")
+    for cells in body:
         table.add_row(*cells)
+    return table
+
+
+# Grid parameters a sweep row carries, in the order a results table shows them.
+_AXES = ("manager", "model", "gpu", "tp", "trace", "rate_scale", "mem_fraction", "requests",
+         "end_s", "page_size", "max_running", "chunk_size", "seed")
+
+
+def sweep_table(rows: Sequence[Row]) -> Table:
+    """A rich table of a plain sweep's results, one line per point in grid order.
+
+    Columns: the grid parameters whose values differ between rows (a parameter every point
+    shares goes to the title instead, so a sweep over rate scales shows only the rate), then
+    finished / total requests, offered rate (requests / s), output tokens / s, TTFT p99 and
+    TPOT p99 (ms; the caption says so) and the prefix-cache hit rate (%) when the rows carry
+    one. A missing value (no request finished) shows as ``-``. Cells are never cut.
+
+    Args:
+        rows: result rows as :func:`kvchain.sim.sweep.run_point` returns them.
+    """
+    varying = [a for a in _AXES if len({repr(r.get(a)) for r in rows}) > 1]
+    shared = [a for a in ("model", "gpu", "tp", "trace", "manager")
+              if a not in varying and rows and rows[0].get(a) is not None]
+    title = "sweep" + (": " + ", ".join(f"{a}={rows[0][a]}" for a in shared) if shared else "")
+    with_hits = any(r.get("prefix_hit_rate_pct") is not None for r in rows)
+    metrics = [("done", "finished"), ("req/s", "offered_rate_rps"),
+               ("out\ntok/s", "output_tokens_per_s"), ("TTFT\np99", "ttft_p99_s"),
+               ("TPOT\np99", "tpot_p99_s")]
+    if with_hits:
+        metrics.append(("hit\n%", "prefix_hit_rate_pct"))
+
+    def cell(row: Row, key: str) -> str:
+        if key == "finished":
+            return f"{row.get('requests_finished', 0):,}/{row.get('requests_total', 0):,}"
+        value = row.get(key)
+        if value is None:
+            return "-"
+        if key.endswith("_p99_s"):
+            return f"{value * 1e3:,.1f}"
+        return f"{value:,.2f}" if key != "output_tokens_per_s" else f"{value:,.0f}"
+
+    body = [[str(r.get(a)) for a in varying] + [cell(r, k) for _, k in metrics] for r in rows]
+    table = Table(title=title, box=box.SIMPLE,
+                  caption="req/s: offered rate; TTFT and TPOT p99 in ms")
+    # Cells never shrink (a grid value or a latency cut to "..." is useless); metric headers
+    # take two lines so a sweep over two axes fits 80 columns.
+    names = varying + [name for name, _ in metrics]
+    for i, name in enumerate(names):
+        width = max([len(line[i]) for line in body] + [len(part) for part in name.split("\n")])
+        table.add_column(name, no_wrap=True, min_width=width,
+                         justify="left" if i < len(varying) else "right")
+    for line in body:
+        table.add_row(*line)
     return table
