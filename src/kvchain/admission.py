@@ -15,6 +15,7 @@ future reservations stay realizable as they are taken piece by piece.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -439,6 +440,29 @@ class SGLangReserve(OutputReserve):
         self.ratio.reset()
 
 
+def linear_quantile(ascending: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of an ascending, non-empty sequence by linear interpolation
+    between order statistics (Hyndman & Fan's method 7, numpy's default ``"linear"``),
+    with numpy's own float arithmetic, so it equals ``float(np.quantile(values, q))``
+    bit for bit (numpy 2.x ``_quantile``: virtual index ``(n - 1) x q``, weight ``g`` its
+    fractional part, ``a + (b - a) x g``, or ``b - (b - a) x (1 - g)`` when ``g >= 0.5``).
+    O(1) on a list kept sorted, instead of numpy's O(n) partition of a fresh array.
+
+    Args:
+        ascending: values, sorted ascending (not checked).
+        q: quantile in ``[0, 1]``.
+    """
+    n = len(ascending)
+    h = (n - 1) * q
+    if h >= n - 1:
+        return float(ascending[-1])
+    lo = math.floor(h)
+    a, b = ascending[lo], ascending[lo + 1]
+    g = h - lo
+    diff = b - a
+    return float(b - diff * (1 - g) if g >= 0.5 else a + diff * g)
+
+
 class AdaptiveReserve(OutputReserve):
     """``ADAPTIVE``: reserve the running batch's future peak, with output lengths learned
     from finished requests.
@@ -478,6 +502,7 @@ class AdaptiveReserve(OutputReserve):
         self.quantile = quantile
         self.warmup = warmup
         self._fractions: deque[float] = deque(maxlen=self.WINDOW)
+        self._sorted: list[float] = []  # the same values, ascending (for the quantile)
         self._q = 1.0
         self.value = 1.0  # this step's fraction P / sum r
 
@@ -521,6 +546,10 @@ class AdaptiveReserve(OutputReserve):
         """Learn ``output / limit``; refresh ``q`` once past the warm-up."""
         if limit <= 0:
             return
-        self._fractions.append(min(1.0, output_tokens / limit))
+        fraction = min(1.0, output_tokens / limit)
+        if len(self._fractions) == self._fractions.maxlen:  # the oldest leaves the window
+            del self._sorted[bisect.bisect_left(self._sorted, self._fractions[0])]
+        self._fractions.append(fraction)
+        bisect.insort(self._sorted, fraction)
         if len(self._fractions) >= self.warmup:
-            self._q = float(np.quantile(self._fractions, self.quantile))
+            self._q = linear_quantile(self._sorted, self.quantile)

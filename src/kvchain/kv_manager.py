@@ -1389,6 +1389,30 @@ class KVManager:
             return np.asarray([null] * first + held, dtype=np.int64)
         raise InvalidDemandError(f"no band {band} in this chain")
 
+    def held_per_band(self, rids: Iterable[int]) -> tuple[int, ...]:
+        """Pages per band (state slots for a state band; low -> high) that requests ``rids``
+        hold, read from the decode arrays in O(bands) numpy calls: full pages held, window
+        pages from the first live one to the last, state slots. Ids that hold nothing count
+        0 (each id once, as given).
+
+        Without a prefix cache this is every page the requests own (what the band samples
+        count each step); with one, a request's hit pages are the cache's and its saved
+        checkpoints are not in the arrays, so :func:`kvchain.sim.metrics.request_owned_pages`
+        counts from the lists instead.
+
+        Raises:
+            InvalidDemandError: a ``bool`` request id (it would alias request 0 or 1).
+        """
+        ids = tuple(rids)
+        if not ids:
+            return (0,) * self.geom.num_bands
+        slots = self._slots_of(ids)
+        st = self._state
+        counts = st.rowlen[:, slots].sum(axis=1)
+        for k, w in enumerate(self.geom.windows):
+            counts[w.band] -= int(st.first[k][slots].sum())
+        return tuple(counts.tolist())
+
     def block_table(self, rids: Sequence[int], band: int, physical: bool = True) -> np.ndarray:
         """The block table of a batch in ``band``: the layout paged-attention kernels take
         (vLLM's and FlashInfer's ``block_tables``: one row per sequence, one page id per

@@ -83,6 +83,14 @@ def test_block_tables_of_two_requests_by_hand() -> None:
     assert (kv.block_table([0, 1], window)
             == kv.chain.translate(window, kv.block_table([0, 1], window, physical=False))).all()
     assert kv.block_table([], full).shape == (0, 0)
+    # pages held per band from the arrays: full 4 + 1; window 3 (pages 1-3 of request 0,
+    # page 0 released) + 1; an unknown id (7) counts nothing, and no ids is all zeros
+    counts = [0, 0]
+    counts[full], counts[window] = 5, 4
+    assert kv.held_per_band([0, 1, 7]) == tuple(counts)
+    counts[full], counts[window] = 4, 3
+    assert kv.held_per_band([0]) == tuple(counts)
+    assert kv.held_per_band([]) == (0, 0)
 
 
 def test_block_table_refuses_unknown_requests_and_bands() -> None:
@@ -138,6 +146,20 @@ def table_mismatches(kv: KVManager) -> list[str]:
                 out.append(f"band {band} request {rid}: {vrow} vs page table {pt.tolist()}")
             if any(v != pad for v in vrow[len(pt):]):
                 out.append(f"band {band} request {rid}: padding {vrow[len(pt):]}")
+    # the arrays' per-band sums (what a no-cache run's band samples count) against the
+    # lists: every held page (the window band's released entries are no pages)
+    g = kv.geom
+    want = [0] * g.num_bands
+    for rid in rids:
+        req = kv.pages(rid)
+        if g.full is not None:
+            want[g.full] += len(req.full)
+        if g.state is not None:
+            want[g.state] += len(req.slots)
+        for k, w in enumerate(g.windows):
+            want[w.band] += len(req.win(k))
+    if kv.cache is None and kv.held_per_band(rids) != tuple(want):
+        out.append(f"held per band {kv.held_per_band(rids)} vs lists {tuple(want)}")
     return out
 
 
@@ -245,6 +267,22 @@ def test_a_planted_stale_row_is_caught() -> None:
     assert released == 1 and table_mismatches(kv) == []
     table[slot, 0] = kept  # the defect: the released id left in the row
     assert table_mismatches(kv) != []
+
+
+def test_a_planted_stale_window_start_breaks_held_per_band() -> None:
+    # Sibling of the held-per-band check: a window start left behind after a release (the
+    # arrays then count a released page as held).
+    kv = _manager("window|full")
+    kv.allocate([(0, 9)])
+    kv.commit(0, 9)
+    for _ in range(4):  # the 4th commit releases window page 0 (see the case by hand)
+        kv.allocate([(0, 1)], kv.decode_demands([0]))
+        kv.commit_decodes([0])
+    assert table_mismatches(kv) == []
+    window = kv.geom.window
+    assert window is not None
+    kv._state.first[0, kv.pages(0)._slot] -= 1  # the defect
+    assert any("held per band" in m for m in table_mismatches(kv))
 
 
 def test_a_decode_batch_of_a_fresh_request_equals_its_first_token() -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvchain.admission import (
     AdaptiveReserve,
@@ -151,3 +154,44 @@ def test_adaptive_fills_the_batch_when_outputs_end_at_half_their_limit() -> None
         return s.steps
 
     assert steps(ReservePolicy.ADAPTIVE) < steps(ReservePolicy.FULL)
+
+
+def test_linear_quantile_by_hand() -> None:
+    from kvchain.admission import linear_quantile
+
+    # n = 5: virtual index (5 - 1) x 0.9 = 3.6, between 0.4 and 1.0 with weight 0.6 >= 0.5:
+    # 1.0 - (1.0 - 0.4) x 0.4 = 0.76 (numpy's arithmetic, so up to its rounding)
+    assert abs(linear_quantile([0.1, 0.2, 0.3, 0.4, 1.0], 0.9) - 0.76) < 1e-12
+    assert linear_quantile([0.5], 0.9) == 0.5
+    assert linear_quantile([0.2, 0.4], 1.0) == 0.4  # the top: the largest value
+    assert linear_quantile([0.2, 0.4], 0.0) == 0.2
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=60),
+       q=st.floats(0.0, 1.0))
+def test_linear_quantile_equals_numpy_bit_for_bit(values: list[float], q: float) -> None:
+    from kvchain.admission import linear_quantile
+
+    assert linear_quantile(sorted(values), q) == float(np.quantile(values, q))
+
+
+class _SmallWindow(AdaptiveReserve):
+    WINDOW = 5
+
+
+@settings(max_examples=60, deadline=None)
+@given(outs=st.lists(st.tuples(st.integers(0, 120), st.integers(-1, 100)), max_size=40))
+def test_adaptive_quantile_follows_the_window_like_numpy(outs: list[tuple[int, int]]) -> None:
+    # The sorted window kept incrementally equals numpy's quantile of the last WINDOW
+    # fractions after every finish (the old code: np.quantile of the deque).
+    adaptive = _SmallWindow(quantile=0.9, warmup=3)
+    seen: list[float] = []
+    for out, limit in outs:
+        adaptive.on_finish(out, limit)
+        if limit > 0:
+            seen.append(min(1.0, out / limit))
+        window = seen[-5:]
+        want = float(np.quantile(window, 0.9)) if len(window) >= 3 else 1.0
+        assert adaptive.learned_fraction == want
+        assert adaptive._sorted == sorted(window)

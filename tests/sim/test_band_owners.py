@@ -192,3 +192,41 @@ def test_step_samples_section_of_an_empty_recorder(tmp_path: Path):
                                     "duration_s": [], "prefill_tokens": [],
                                     "decode_tokens": [], "running": [], "waiting": [],
                                     "used_bytes": [], "bands": []}
+
+
+def uncached_run() -> SimResult:
+    # The same 40 requests in 1.5 GB without the cache: requests own every live page but
+    # the window band's null page (counted by KVManager.held_per_band from the arrays).
+    config = SimConfig(load_model("gpt-oss-120b"), H200, load_trace("mooncake", first=40),
+                       buffer_bytes=1_500_000_000, clock=ClockKind.STEPS, prefix_cache=False,
+                       scheduler=SchedulerConfig(chunk_size=4096, max_prefill_tokens=8192))
+    return simulate(config)
+
+
+def test_owners_add_up_without_the_cache():
+    samples = uncached_run().recorder.step_samples
+    bands = [b for s in samples for b in s.bands]
+    assert all(b.unowned_bytes == 0 and b.cached_bytes == 0 for b in bands)
+    assert any(b.request_bytes for b in bands)
+
+
+def test_planted_stale_window_start_breaks_the_uncached_identity(monkeypatch):
+    # Sibling: held_per_band counting one window page too many per request (a window start
+    # one page late in the arrays' sum) shows up as negative unowned bytes.
+    from kvchain.kv_manager import KVManager
+
+    real = KVManager.held_per_band
+
+    def stale(self, rids):  # type: ignore[no-untyped-def]
+        ids = tuple(rids)
+        counts = list(real(self, ids))
+        counts[self.geom.window] += len([r for r in ids if r in self])
+        return tuple(counts)
+
+    monkeypatch.setattr(KVManager, "held_per_band", stale)
+    window = [b for s in uncached_run().recorder.step_samples for b in s.bands
+              if b.label == "window"]
+    # a gpt-oss-120b window page: 16 tokens x 36,864 B (18 sliding-window layers x 8 KV
+    # heads x 64 dims x K and V x 2 B) = 589,824 B, one per running request
+    assert any(b.unowned_bytes and b.unowned_bytes % 589_824 == 0 and b.unowned_bytes < 0
+               for b in window)

@@ -257,13 +257,17 @@ def request_owned_pages(kv: KVManager, rids: Iterable[int]) -> tuple[int, ...]:
     """Pages per band (low -> high) that requests ``rids`` hold as their own: their prefix-
     cache hit excluded (the cache owns it), state checkpoints saved for the cache included
     until the request hands them over. O(1) per request and band (list lengths), so the
-    event loop can count it every step; ids ``kv`` holds nothing for are skipped.
+    event loop can count it every step; ids ``kv`` holds nothing for are skipped. Without a
+    prefix cache every page a request holds is its own: then it is
+    :meth:`KVManager.held_per_band` (numpy sums over the decode arrays).
 
     Per request (``P`` tokens a page, ``h = shared`` hit pages): full ``len(full) - h``;
     the first window band: its pages at page indices ``>= h`` plus the pages it keeps for
     the cache (``kept``); further window bands: every page; state: working slots plus saved
     checkpoints. The same split :meth:`KVManager.audit` checks page by page.
     """
+    if kv.cache is None:  # every page a request holds is its own: the decode arrays' sums
+        return kv.held_per_band(rids)
     g = kv.geom
     counts = [0] * g.num_bands
     windows = [w.band for w in g.windows]
