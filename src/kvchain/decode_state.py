@@ -155,6 +155,14 @@ class DecodeState:
             row[end:old] = pad
         self.rowlen[band, slot] = end
 
+    def put_row(self, band: int, slot: int, start: int, vids: Sequence[int]) -> None:
+        """Write ``vids`` into ``slot``'s row of ``band`` at columns ``start ..``; the
+        row's length becomes ``start + len(vids)`` (:meth:`append` for one row)."""
+        end = start + len(vids)
+        self.fit(band, end)
+        self.tables[band][slot, start:end] = vids
+        self.rowlen[band, slot] = end
+
     def append(self, band: int, slots: Sequence[int] | np.ndarray,
                starts: Sequence[int] | np.ndarray, counts: Sequence[int] | np.ndarray,
                vids: Sequence[int] | np.ndarray) -> None:

@@ -1020,12 +1020,22 @@ class KVManager:
         self._distribute(grant.pages, ids, extends, slots, nonzero, matrix)
         return total
 
+    #: Requests given pages by one take up to which :meth:`_distribute` writes them one by
+    #: one (a prefill chunk, the few decodes crossing a page boundary in a small batch)
+    #: instead of by numpy array operations, whose fixed cost (a few us a call, dozens of
+    #: calls) only pays off over a large batch. The same pages land in the same places
+    #: either way (seeded streams check both paths).
+    FEW = 4
+
     def _distribute(self, pages: tuple[tuple[int, ...], ...], ids: tuple[int, ...],
                     extends: tuple[int, ...], slots: np.ndarray, nonzero: list[int],
                     matrix: np.ndarray) -> None:
         """Hand a take's pages to the requests at ``nonzero`` (batch positions, ascending;
         ``matrix`` their demands, one row each), band by band in batch order (the order
         the take's pages are cut in), to their lists and to the decode arrays."""
+        if len(nonzero) <= self.FEW:
+            self._distribute_few(pages, ids, extends, slots, nonzero, matrix)
+            return
         g = self.geom
         st = self._state
         p = g.page_size
@@ -1082,6 +1092,52 @@ class KVManager:
                     cut += n
             st.append(band, rows, starts, counts, vids)
         st.refresh_need(slots[at], p, g.full, g.state)
+
+    def _distribute_few(self, pages: tuple[tuple[int, ...], ...], ids: tuple[int, ...],
+                        extends: tuple[int, ...], slots: np.ndarray, nonzero: list[int],
+                        matrix: np.ndarray) -> None:
+        """:meth:`_distribute` one request at a time, in Python ints: the same cut of each
+        band's pages in batch order, the same lists, rows, window starts and ``need_at``."""
+        g = self.geom
+        st = self._state
+        p = g.page_size
+        owner = self._requests.owner
+        demands = matrix.tolist()
+        slot_list = [int(slots[i]) for i in nonzero]
+        for band in range(g.num_bands):
+            vids = pages[band]
+            if not vids:
+                continue
+            cut = 0
+            k = self._win_index.get(band)
+            for j, i in enumerate(nonzero):
+                n = demands[j][band]
+                if not n:
+                    continue
+                slot = slot_list[j]
+                req = owner[slot]
+                got = vids[cut:cut + n]
+                cut += n
+                req._held_cache = None
+                if band == g.full:
+                    start = int(st.rowlen[band, slot])
+                    req.full.extend(got)
+                elif band == g.state:
+                    claimed = not req.slots
+                    self._take_slots(req, ids[i], list(got), extends[i])
+                    if claimed:
+                        st.write_row(band, slot, 0, req.slots)
+                    continue
+                else:
+                    assert k is not None
+                    first, start = int(st.first[k, slot]), int(st.rowlen[band, slot])
+                    if start == first:  # its first window pages: from its window start
+                        start = int(st.window_first_page(k, st.tokens[slot:slot + 1], p)[0])
+                        st.first[k, slot] = start
+                        req.set_first(k, start)
+                    req.win(k).extend(got)
+                st.put_row(band, slot, start, got)
+        st.refresh_need(np.asarray(slot_list, dtype=np.int64), p, g.full, g.state)
 
     def _new_pages(self) -> RequestPages:
         extra = len(self.geom.windows) - 1

@@ -215,8 +215,12 @@ def step_mismatches(vec: KVManager, ref: KVManager, rng: random.Random,
     return out + table_mismatches(vec)
 
 
-def run_stream(shape: str, seed: int, steps: int) -> list[str]:
+def run_stream(shape: str, seed: int, steps: int, few: int | None = None) -> list[str]:
+    """``few``: the vectorized manager's ``FEW`` (0: every take's pages through the numpy
+    path; a huge value: every take one request at a time; None: the default split)."""
     vec, ref = _manager(shape), _manager(shape)
+    if few is not None:
+        vec.FEW = few
     rng = random.Random(seed)
     live: dict[int, int] = {}
     next_rid = [0]
@@ -233,6 +237,16 @@ def run_stream(shape: str, seed: int, steps: int) -> list[str]:
 @given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 60))
 def test_vectorized_path_equals_per_request_path(shape: str, seed: int, steps: int) -> None:
     assert run_stream(shape, seed, steps) == []
+
+
+@pytest.mark.parametrize("few", [0, 10**9])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_both_ways_of_handing_out_a_take_equal_the_per_request_path(shape: str,
+                                                                     few: int) -> None:
+    # Seeded streams with each distribution path forced: numpy over the batch (FEW = 0)
+    # and one request at a time (FEW huge); both must equal the per-request reference.
+    for seed in range(4):
+        assert run_stream(shape, seed, 60, few=few) == []
 
 
 @pytest.mark.parametrize("shape", ["window|full", "two windows", "state|window|full"])
