@@ -188,11 +188,20 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
                 gpus = got.get("gpus_needed") if got is not None else None
                 cells.append("-" if gpus is None else f"{gpus:,}")
         body.append(cells)
-    table = Table(title=title, box=box.SIMPLE)
+    return _whole_cells_table(title, names, body, len(varying))
+
+
+def _whole_cells_table(title: str, names: Sequence[str], body: Sequence[Sequence[str]],
+                       left: int, caption: str | None = None) -> Table:
+    """A borderless rich table whose cells are never cut or folded: each column is at
+    least as wide as its longest cell and its longest header line (headers may take two
+    lines, so tables with many columns fit 80 columns); the first ``left`` columns are
+    left-aligned (settings), the rest right-aligned (numbers)."""
+    table = Table(title=title, box=box.SIMPLE, caption=caption)
     for i, name in enumerate(names):
         width = max([len(line[i]) for line in body] + [len(p) for p in name.split("\n")])
         table.add_column(name, no_wrap=True, min_width=width,
-                         justify="left" if i < len(varying) else "right")
+                         justify="left" if i < left else "right")
     for cells in body:
         table.add_row(*cells)
     return table
@@ -237,15 +246,6 @@ def sweep_table(rows: Sequence[Row]) -> Table:
         return f"{value:,.2f}" if key != "output_tokens_per_s" else f"{value:,.0f}"
 
     body = [[str(r.get(a)) for a in varying] + [cell(r, k) for _, k in metrics] for r in rows]
-    table = Table(title=title, box=box.SIMPLE,
-                  caption="req/s: offered rate; TTFT and TPOT p99 in ms")
-    # Cells never shrink (a grid value or a latency cut to "..." is useless); metric headers
-    # take two lines so a sweep over two axes fits 80 columns.
-    names = varying + [name for name, _ in metrics]
-    for i, name in enumerate(names):
-        width = max([len(line[i]) for line in body] + [len(part) for part in name.split("\n")])
-        table.add_column(name, no_wrap=True, min_width=width,
-                         justify="left" if i < len(varying) else "right")
-    for line in body:
-        table.add_row(*line)
-    return table
+    # metric headers take two lines so a sweep over two axes fits 80 columns
+    return _whole_cells_table(title, varying + [name for name, _ in metrics], body,
+                              len(varying), "req/s: offered rate; TTFT and TPOT p99 in ms")
