@@ -72,7 +72,10 @@ def test_sweep_bad_input_exits_2_and_writes_nothing(tmp_path):
                          (["--target-rate", "5"], "needs --slo"),
                          (["--models", "no-such-model"], "no-such-model"),
                          (["--rate-scales", "fast"], "not a number"),
-                         (["--workers", "0"], "workers")]:
+                         (["--workers", "0"], "workers"),
+                         (["--prefix-caches", "maybe"], "unknown prefix_caches"),
+                         # the default trace (azure-conv) has no content keys to cache by
+                         (["--prefix-caches", "on"], "content keys")]:
         result = runner.invoke(app, ["sweep", "--out", str(out), "--requests", "5", *args])
         assert result.exit_code == 2, (args, result.output)
         assert needle in result.output, (args, result.output)
@@ -147,3 +150,15 @@ def test_plain_sweep_prints_its_results_table(tmp_path):
     assert result.exit_code == 0, result.output
     assert "rate_scale" in result.output and "TTFT" in result.output
     assert "12/12" in result.output
+
+
+def test_sweep_over_the_prefix_cache(tmp_path):
+    out = tmp_path / "cache"
+    result = runner.invoke(app, ["sweep", "--requests", "12", "--managers", "kvchain",
+                                 "--traces", "mooncake", "--prefix-caches", "on,off",
+                                 "--out", str(out), "--workers", "1", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    rows = _rows(out / "sweep.jsonl")
+    assert [r["prefix_cache"] for r in rows] == ["on", "off"]
+    assert rows[0]["prefix_hit_tokens"] > 0 and rows[1].get("prefix_hit_tokens", 0) == 0
+    assert "prefix_cache" in result.output  # the axis that varies is a column

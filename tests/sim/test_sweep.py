@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -261,3 +262,38 @@ def test_a_grid_with_chunks_below_the_page_size_is_refused():
     with pytest.raises(SweepConfigError, match=r"chunk_size \(8192\) must be at least"):
         SweepGrid(page_size=16_384, chunk_size=8_192)
     assert SweepGrid(page_size=8_192, chunk_size=8_192).page_size == 8_192
+
+
+def test_prefix_cache_axis_points_and_keys():
+    grid = SweepGrid.from_mapping({"traces": "mooncake", "prefix_caches": ["on", "off"],
+                                   "managers": ["kvchain", "ideal"], "requests": 5})
+    points = grid.points()
+    # 2 cache modes x 2 managers, managers innermost
+    assert [(p.prefix_cache, p.manager) for p in points] == [
+        ("on", "kvchain"), ("on", "ideal"), ("off", "kvchain"), ("off", "ideal")]
+    # a mode other than the default is part of the key (and the configuration key); the
+    # default "auto" is left out, so keys written before the axis existed still match
+    assert points[0].key().endswith("|seed=0|prefix_cache='on'")
+    assert "prefix_cache" in points[0].config_key()
+    assert "prefix_cache" not in replace(points[0], prefix_cache="auto").key()
+    assert len({p.config_key() for p in points}) == 4
+    with pytest.raises(SweepConfigError, match="unknown prefix_caches"):
+        SweepGrid.from_mapping({"prefix_caches": ["yes"]})
+    with pytest.raises(SweepConfigError, match="'prefix_caches' repeats off"):
+        SweepGrid.from_mapping({"prefix_caches": ["off", "off"]})
+
+
+def test_prefix_cache_axis_runs_the_cache_as_simulate_does():
+    base = SweepPoint("gpt-oss-120b", "h200", 1, "mooncake", 1.0, 0.9, "kvchain",
+                      requests=12)
+    on, off, auto = (run_point(replace(base, prefix_cache=m)) for m in ("on", "off", "auto"))
+    # the same run as simulate with the cache on (auto: Mooncake carries content keys)
+    direct = simulate(SimConfig(load_model("gpt-oss-120b"), get_gpu("h200"),
+                                point_trace(base), mem_fraction=0.9, prefix_cache=True))
+    assert direct.prefix_cache is not None and direct.prefix_cache.hit_tokens > 0
+    assert on["prefix_hit_tokens"] == direct.prefix_cache.hit_tokens
+    assert auto["prefix_hit_tokens"] == on["prefix_hit_tokens"] and auto["prefix_cache"] == "auto"
+    assert off.get("prefix_hit_tokens", 0) == 0 and off["prefix_cache"] == "off"
+    # the cache on a trace without content keys is refused, typed, before anything runs
+    with pytest.raises(ConfigError, match="content keys"):
+        run_point(replace(base, trace="azure-conv", prefix_cache="on"))

@@ -1,5 +1,6 @@
 """``kvchain sweep``: a grid of simulations (models x GPUs x tp x traces x rate scales x
-memory fractions x managers) on a local process pool or Ray, and an SLO search.
+memory fractions x prefix cache x managers) on a local process pool or Ray, and an SLO
+search.
 
 Axes come from ``--grid FILE`` (TOML or YAML) and/or options (comma-separated lists); an
 option given on the command line overrides the file. Outputs in ``--out`` (see
@@ -79,6 +80,9 @@ def sweep_command(
     traces: Annotated[str | None, typer.Option(help="Traces, comma-separated.")] = None,
     rate_scales: Annotated[str | None, typer.Option(help="Arrival-rate multipliers.")] = None,
     mem_fractions: Annotated[str | None, typer.Option(help="GPU memory fractions.")] = None,
+    prefix_caches: Annotated[str | None, typer.Option(
+        help="Prefix cache per point: auto (on when the trace has content keys), on, off; "
+             "comma-separated.")] = None,
     managers: Annotated[str | None, typer.Option(
         help="Managers: kvchain,fixed-pools,equal-page,ideal.")] = None,
     requests: Annotated[int | None, typer.Option(help="First N requests of each trace.")]
@@ -114,6 +118,7 @@ def sweep_command(
                "tp": _split(tp, "tp"), "traces": _split(traces, "traces"),
                "rate_scales": _split(rate_scales, "rate_scales"),
                "mem_fractions": _split(mem_fractions, "mem_fractions"),
+               "prefix_caches": _split(prefix_caches, "prefix_caches"),
                "managers": _split(managers, "managers"), "requests": requests,
                "end_s": end_s}
         data.update({k: v for k, v in cli.items() if v is not None})
@@ -130,7 +135,8 @@ def sweep_command(
         lo, hi = _range(slo_range)
         # Validate every configuration here (unknown model/GPU/trace) before any run.
         for p in {p.config_key(): p for p in points}.values():
-            point_config(p).layout()
+            config = point_config(p)
+            config.check_cache(config.layout())  # e.g. the cache on for a keyless trace
         prepare_out_dir(out)
     except KVChainError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")

@@ -90,8 +90,8 @@ def write_table(rows: Sequence[Row], csv_path: Path) -> list[Path]:
     return written
 
 
-_GROUP = ("model", "gpu", "tp", "trace", "mem_fraction", "requests", "end_s", "page_size",
-          "max_running", "chunk_size", "seed")
+_GROUP = ("model", "gpu", "tp", "trace", "mem_fraction", "prefix_cache", "requests", "end_s",
+          "page_size", "max_running", "chunk_size", "seed")
 
 
 def plot_rows(rows: Sequence[Row], out: Path) -> list[Path]:
@@ -127,7 +127,7 @@ def plot_rows(rows: Sequence[Row], out: Path) -> list[Path]:
             ax.set_ylabel(unit)
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
-        fig.suptitle(" / ".join(f"{k}={v}" for k, v in zip(_GROUP[:5], group, strict=False)),
+        fig.suptitle(" / ".join(f"{k}={v}" for k, v in zip(_GROUP[:6], group, strict=False)),
                      fontsize=9)
         fig.tight_layout()
         path = out / f"sweep-{n}.png"
@@ -142,17 +142,17 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
     the highest rate meeting the SLO (requests / s and the rate scale) and, with a target
     rate, the GPUs needed.
 
-    Configuration settings every row shares (model, GPU, tp, trace, memory fraction) go to
-    the title; the rest are columns. A rate found at the top of the searched range shows as
-    ``>=`` (the SLO may hold higher); a configuration whose lowest rate fails shows
-    ``not met``. Cells are never cut or folded: two managers with GPUs fit 80 columns.
+    Configuration settings every row shares (model, GPU, tp, trace, memory fraction, prefix
+    cache) go to the title; the rest are columns. A rate found at the top of the searched
+    range shows as ``>=`` (the SLO may hold higher); a configuration whose lowest rate fails
+    shows ``not met``. Cells are never cut or folded: two managers with GPUs fit 80 columns.
 
     Args:
         rows: result rows as :func:`kvchain.sim.sweep.run_slo_search` returns them.
         target_rps: the ``--target-rate`` (requests / s), or ``None``.
     """
     managers = list(dict.fromkeys(str(r["manager"]) for r in rows))
-    config_keys = ("model", "gpu", "tp", "trace", "mem_fraction")
+    config_keys = ("model", "gpu", "tp", "trace", "mem_fraction", "prefix_cache")
     configs: dict[tuple[Any, ...], dict[str, Row]] = {}
     for r in rows:
         configs.setdefault(tuple(r.get(k) for k in config_keys), {})[str(r["manager"])] = r
@@ -160,7 +160,7 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
                if len({repr(c[i]) for c in configs}) > 1]
     first = next(iter(configs), ())
     shared = ", ".join(f"{k}={first[i]}" for i, k in enumerate(config_keys)
-                       if i not in varying and first)
+                       if i not in varying and first and first[i] is not None)
     slo = rows[0]["slo"] if rows else ""
     title = f"highest rate meeting {slo}"
     if target_rps is not None:
@@ -208,8 +208,8 @@ def _whole_cells_table(title: str, names: Sequence[str], body: Sequence[Sequence
 
 
 # Grid parameters a sweep row carries, in the order a results table shows them.
-_AXES = ("manager", "model", "gpu", "tp", "trace", "rate_scale", "mem_fraction", "requests",
-         "end_s", "page_size", "max_running", "chunk_size", "seed")
+_AXES = ("manager", "model", "gpu", "tp", "trace", "rate_scale", "mem_fraction",
+         "prefix_cache", "requests", "end_s", "page_size", "max_running", "chunk_size", "seed")
 
 
 def sweep_table(rows: Sequence[Row]) -> Table:

@@ -7,7 +7,10 @@ Where the points run (a local process pool or Ray) lives in :mod:`kvchain.sim.sw
 
 Grid axes (every combination is one point)::
 
-    models x gpus x tp x traces x rate_scales x mem_fractions x managers
+    models x gpus x tp x traces x rate_scales x mem_fractions x prefix_caches x managers
+
+``prefix_caches``: ``auto`` (the default: the prefix cache on when the trace's requests carry
+content keys, as ``kvchain simulate`` does), ``on`` or ``off``.
 
 Fixed per sweep: ``requests`` (first N of each trace), ``end_s``, ``page_size``,
 ``max_running``, ``chunk_size``, ``seed``.
@@ -68,6 +71,7 @@ class SweepPoint:
         max_running: most running requests.
         chunk_size: prefill chunk tokens.
         seed: seed of Poisson arrivals (length-only traces).
+        prefix_cache: ``auto``, ``on`` or ``off`` (:data:`PREFIX_CACHE_MODES`).
     """
 
     model: str
@@ -83,6 +87,7 @@ class SweepPoint:
     max_running: int = 256
     chunk_size: int = 8192
     seed: int = 0
+    prefix_cache: str = "auto"
 
     def params(self) -> dict[str, Any]:
         """The point's parameters as a flat dict (field name -> value)."""
@@ -90,8 +95,13 @@ class SweepPoint:
 
     def key(self) -> str:
         """A stable text key of every parameter (``name=value|...``; floats by ``repr``):
-        equal keys mean the same simulation (``--resume`` matches rows on it)."""
-        return "|".join(f"{k}={v!r}" for k, v in self.params().items())
+        equal keys mean the same simulation (``--resume`` matches rows on it). The prefix
+        cache is left out at its default ``auto``, so rows written before that axis existed
+        keep their keys."""
+        params = self.params()
+        if params["prefix_cache"] == "auto":
+            del params["prefix_cache"]
+        return "|".join(f"{k}={v!r}" for k, v in params.items())
 
     def config_key(self) -> str:
         """:meth:`key` without the rate scale: the configuration an SLO search varies."""
@@ -99,7 +109,10 @@ class SweepPoint:
 
 
 AXES: tuple[str, ...] = ("models", "gpus", "tp", "traces", "rate_scales", "mem_fractions",
-                         "managers")
+                         "prefix_caches", "managers")
+#: Values of the ``prefix_caches`` axis -> ``SimConfig.prefix_cache`` (None: on when the
+#: trace carries content keys).
+PREFIX_CACHE_MODES: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
 FIXED: tuple[str, ...] = ("requests", "end_s", "page_size", "max_running", "chunk_size", "seed")
 
 
@@ -121,6 +134,7 @@ class SweepGrid:
     traces: tuple[str, ...] = ("azure-conv",)
     rate_scales: tuple[float, ...] = (1.0,)
     mem_fractions: tuple[float, ...] = (0.9,)
+    prefix_caches: tuple[str, ...] = ("auto",)
     managers: tuple[str, ...] = tuple(str(k) for k in ManagerKind)
     requests: int | None = None
     end_s: float | None = None
@@ -144,6 +158,10 @@ class SweepGrid:
         bad = [m for m in self.managers if m not in known]
         if bad:
             raise SweepConfigError(f"unknown managers {bad}; known: {sorted(known)}")
+        odd = [m for m in self.prefix_caches if m not in PREFIX_CACHE_MODES]
+        if odd:
+            raise SweepConfigError(f"unknown prefix_caches {odd}; known: "
+                                   f"{list(PREFIX_CACHE_MODES)}")
         if any(t < 1 for t in self.tp):
             raise SweepConfigError(f"tp must be >= 1, got {list(self.tp)}")
         if any(not (s > 0 and math.isfinite(s)) for s in self.rate_scales):
@@ -164,10 +182,11 @@ class SweepGrid:
     def points(self) -> list[SweepPoint]:
         """Every combination of the axes, one :class:`SweepPoint` each (product order)."""
         fixed = {name: getattr(self, name) for name in FIXED}
-        return [SweepPoint(model, gpu, tp, trace, float(scale), float(mem), manager, **fixed)
-                for model, gpu, tp, trace, scale, mem, manager in itertools.product(
+        return [SweepPoint(model, gpu, tp, trace, float(scale), float(mem), manager, **fixed,
+                           prefix_cache=cache)
+                for model, gpu, tp, trace, scale, mem, cache, manager in itertools.product(
                     self.models, self.gpus, self.tp, self.traces, self.rate_scales,
-                    self.mem_fractions, self.managers)]
+                    self.mem_fractions, self.prefix_caches, self.managers)]
 
     @staticmethod
     def from_mapping(data: Mapping[str, Any]) -> SweepGrid:
@@ -183,7 +202,8 @@ class SweepGrid:
                                    f"{sorted(AXES + FIXED)}")
         kinds: dict[str, type] = {"models": str, "gpus": str, "tp": int, "traces": str,
                                   "rate_scales": float, "mem_fractions": float,
-                                  "managers": str, "requests": int, "end_s": float,
+                                  "prefix_caches": str, "managers": str, "requests": int,
+                                  "end_s": float,
                                   "page_size": int, "max_running": int, "chunk_size": int,
                                   "seed": int}
         values: dict[str, Any] = {}
@@ -282,9 +302,12 @@ def point_config(point: SweepPoint) -> SimConfig:
     """
     scheduler = SchedulerConfig(max_running=point.max_running, chunk_size=point.chunk_size,
                                 max_prefill_tokens=max(point.chunk_size, 8192))
+    if point.prefix_cache not in PREFIX_CACHE_MODES:
+        raise SweepConfigError(f"prefix_cache must be one of {list(PREFIX_CACHE_MODES)}, "
+                               f"got {point.prefix_cache!r}")
     return SimConfig(_model(point.model, point.tp), get_gpu(point.gpu), point_trace(point),
                      mem_fraction=point.mem_fraction, page_size=point.page_size,
-                     scheduler=scheduler)
+                     scheduler=scheduler, prefix_cache=PREFIX_CACHE_MODES[point.prefix_cache])
 
 
 def summary_row(summary: SimSummary) -> dict[str, Any]:
