@@ -891,7 +891,7 @@ class KVManager:
                 alias that request).
         """
         slot_of = self._requests.slot_of
-        if (0 in slot_of or 1 in slot_of) and any(type(r) is bool for r in ids):
+        if (0 in slot_of or 1 in slot_of) and bool in map(type, ids):  # C-level scan
             # False == 0 and True == 1 (as dict keys and in the memo's tuple comparison): a
             # bool would read request 0's or 1's row
             raise InvalidDemandError(f"request ids are ints, got {ids!r}")
