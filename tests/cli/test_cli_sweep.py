@@ -47,6 +47,32 @@ def test_sweep_grid_file_then_resume(tmp_path):
     assert _rows(out / "sweep.jsonl")[:4] == rows
 
 
+def test_resume_of_rows_written_before_the_prefix_cache_axis(tmp_path):
+    # Rows of an older kvchain have no prefix_cache (their points ran with the default
+    # auto, and their keys leave it out). Resumed next to a fresh auto row they must read as
+    # auto: one configuration, so no prefix_cache column, one plot, "auto" in every CSV
+    # cell. Before the fix they read as None: a prefix_cache column (None / auto), two
+    # plots of one rate each, and empty CSV cells.
+    out = tmp_path / "old"
+    args = ["sweep", "--requests", "12", "--managers", "kvchain", "--out", str(out),
+            "--workers", "1"]
+    result = runner.invoke(app, [*args, "--rate-scales", "1", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    old = _rows(out / "sweep.jsonl")
+    for row in old:
+        del row["prefix_cache"]
+    (out / "sweep.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    result = runner.invoke(app, [*args, "--rate-scales", "1,2", "--resume"])
+    assert result.exit_code == 0, result.output
+    assert "2 points, 1 to run (1 already in sweep.jsonl)" in result.output
+    assert "prefix_cache" not in result.output and "None" not in result.output
+    with (out / "sweep.csv").open() as fh:
+        table = list(csv.DictReader(fh))
+    assert [(r["rate_scale"], r["prefix_cache"]) for r in table] == [("1.0", "auto"),
+                                                                       ("2.0", "auto")]
+    assert sorted(p.name for p in out.glob("*.png")) == ["sweep-1.png"]
+
+
 def test_sweep_slo_table_and_csv(tmp_path):
     out = tmp_path / "slo"
     result = runner.invoke(app, ["sweep", "--requests", "12", "--managers", "kvchain",

@@ -39,6 +39,7 @@ from kvchain.sim.sweep import (
     run_point,
     run_slo_search,
     slo_tasks,
+    upgrade_row,
 )
 from kvchain.sim.sweep_run import default_workers, run_local, run_ray
 
@@ -153,7 +154,8 @@ def sweep_command(
         jsonl = out / "sweep.jsonl"
     keys = [t.point.config_key() if slo_spec is not None else t.key() for t in tasks]
     try:
-        done_rows = {r.get("key"): r for r in read_rows(jsonl)} if resume else {}
+        done_rows = ({r.get("key"): upgrade_row(r) for r in read_rows(jsonl)}
+                     if resume else {})
     except KVChainError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
