@@ -156,7 +156,7 @@ def test_sweep_table_shows_only_the_axes_that_vary():
              "ttft_p99_s": None, "tpot_p99_s": None}]
     table = sweep_table(rows)
     headers = [c.header for c in table.columns]
-    assert headers == ["manager", "rate_scale", "done", "req/s", "out\ntok/s",
+    assert headers == ["manager", "rate\nscale", "done", "req/s", "out\ntok/s",
                        "TTFT\np99", "TPOT\np99", "hit\n%"]
     assert table.title == "sweep: model=gpt-oss-120b, gpu=H200, tp=1, trace=mooncake"
     console = Console(width=80, record=True)
@@ -174,7 +174,7 @@ def test_plain_sweep_prints_its_results_table(tmp_path):
                                  "--rate-scales", "1,2", "--out", str(out), "--workers", "1",
                                  "--no-plots"])
     assert result.exit_code == 0, result.output
-    assert "rate_scale" in result.output and "TTFT" in result.output
+    assert "rate" in result.output and "scale" in result.output and "TTFT" in result.output
     assert "12/12" in result.output
 
 
@@ -187,4 +187,72 @@ def test_sweep_over_the_prefix_cache(tmp_path):
     rows = _rows(out / "sweep.jsonl")
     assert [r["prefix_cache"] for r in rows] == ["on", "off"]
     assert rows[0]["prefix_hit_tokens"] > 0 and rows[1].get("prefix_hit_tokens", 0) == 0
-    assert "prefix_cache" in result.output  # the axis that varies is a column
+    # the axis that varies is a column (its header in two lines)
+    assert "prefix" in result.output and "cache " in result.output
+
+
+def _sweep_rows(**axes):
+    """Sweep rows by hand: one per combination of ``axes`` (name -> values), a TPOT p99 of
+    0.2138 s (213.8 ms) and a hit rate of 3.37 % each, the rest shared."""
+    import itertools
+
+    base = {"model": "gpt-oss-120b", "gpu": "h200", "tp": 1, "trace": "mooncake",
+            "rate_scale": 1.0, "mem_fraction": 0.9, "prefix_cache": "auto",
+            "manager": "kvchain", "requests": 30, "end_s": None, "page_size": 16,
+            "max_running": 256, "chunk_size": 8192, "seed": 0, "requests_total": 30,
+            "requests_finished": 30, "offered_rate_rps": 13.33, "output_tokens_per_s": 527.0,
+            "ttft_p99_s": 11.5041, "tpot_p99_s": 0.2138, "prefix_hit_rate_pct": 3.37}
+    names = list(axes)
+    return [{**base, **dict(zip(names, combo, strict=True))}
+            for combo in itertools.product(*axes.values())]
+
+
+def test_sweep_table_of_three_settings_with_hits_fits_80_columns():
+    """`--rate-scales 1,4 --prefix-caches on,off --managers kvchain,fixed-pools` on mooncake
+    (the README's use of the axis) printed at 80 columns cut off the TPOT and hit columns
+    whole: the 'prefix_cache' and 'rate_scale' headers were one line each and the table
+    had blank edges. Settings' headers now take two lines and the table has no edges."""
+    from rich.console import Console
+
+    from kvchain.report.sweep import sweep_table, table_width
+
+    rows = _sweep_rows(rate_scale=[1.0, 4.0], prefix_cache=["on", "off"],
+                       manager=["kvchain", "fixed-pools"])
+    rows = [{**r, "requests_total": 200, "requests_finished": 200} for r in rows]
+    table = sweep_table(rows)
+    # by hand: cells manager 11 (fixed-pools) + rate 5 (scale) + prefix 6 + done 7
+    # (200/200) + req/s 5 + tok/s 5 + TTFT 8 (11,504.1) + TPOT 5 + hit 4 = 56, and a
+    # blank, the box's (blank) rule and a blank between each of the 9 columns:
+    # 56 + 8 x 3 = 80 (with the old one-line headers 'rate_scale' and 'prefix_cache', 11
+    # more, and 4 for the edges: 95 > 80)
+    assert table_width(table) == 80
+    console = Console(width=80, record=True, color_system=None)
+    console.print(table)
+    text = console.export_text()
+    assert "…" not in text
+    # the last columns whole on every line: TPOT 213.8 ms and the hit rate 3.37 %
+    assert text.count("213.8   3.37") == 8, text
+    assert "fixed-pools" in text and "11,504.1" in text and "200/200" in text
+
+
+def test_print_whole_prints_a_table_wider_than_the_console_uncut():
+    """Six settings vary: no layout fits 80 columns. rich would crop the columns past the
+    console's edge (the sibling: a plain print loses the hit column); print_whole prints
+    the table at its own width, every cell whole."""
+    from rich.console import Console
+
+    from kvchain.report.sweep import print_whole, sweep_table, table_width
+
+    rows = _sweep_rows(gpu=["h100", "h200"], trace=["mooncake", "azure-code"],
+                       mem_fraction=[0.8, 0.9], prefix_cache=["on", "off"],
+                       rate_scale=[1.0, 4.0], manager=["kvchain", "fixed-pools"])
+    table = sweep_table(rows)
+    assert table_width(table) > 80
+    plain = Console(width=80, record=True, color_system=None)
+    plain.print(table)
+    assert "213.8   3.37" not in plain.export_text()  # the planted cut: columns lost
+    whole = Console(width=80, record=True, color_system=None)
+    print_whole(whole, table)
+    text = whole.export_text()
+    assert text.count("213.8   3.37") == len(rows) == 64
+    assert max(len(line) for line in text.splitlines()) == table_width(table)

@@ -25,6 +25,7 @@ from kvchain.errors import ConfigError, KVChainError
 from kvchain.report.sweep import (
     append_row,
     plot_rows,
+    print_whole,
     read_rows,
     slo_table,
     sweep_table,
@@ -195,12 +196,12 @@ def sweep_command(
                 row["gpus_needed"] = gpus_needed(target_rate, row.get("max_rate_rps"),
                                                  int(row["tp"]))
         written = write_table(rows, out / "slo.csv")
-        console.print(slo_table(rows, target_rate))
+        print_whole(console, slo_table(rows, target_rate))
         console.print(f"bisection to {slo_tol:.1%} relative on rate scales "
                       f"[{lo:g}, {hi:g}]")
     else:
         written = write_table(rows, out / "sweep.csv")
-        console.print(sweep_table(rows))
+        print_whole(console, sweep_table(rows))
         if plots:
             written += plot_rows(rows, out)
     console.print(f"{len(todo)} run in {wall:,.1f} s of wall time; wrote "
