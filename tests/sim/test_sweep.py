@@ -313,3 +313,25 @@ def test_upgrade_row_gives_old_rows_the_default_prefix_cache():
     point = SweepGrid.from_mapping({"managers": "kvchain"}).points()[0]
     row = {"key": point.key(), **point.params()}
     assert upgrade_row(row) == row and list(upgrade_row(row)) == list(row)
+
+
+def test_yaml_on_off_prefix_caches_are_the_modes(tmp_path):
+    # pyyaml (YAML 1.1) reads unquoted on / off as True / False: a grid file written with
+    # the documented values was refused ("expected str, got True"); booleans now map to
+    # the modes, in the order given, and anything else is still refused by type
+    pytest.importorskip("yaml")
+    path = tmp_path / "grid.yaml"
+    path.write_text("traces: mooncake\nmanagers: kvchain\nprefix_caches: [on, off]\n")
+    data = load_grid_file(path)
+    assert data["prefix_caches"] == [True, False]  # what YAML makes of them
+    grid = SweepGrid.from_mapping(data)
+    assert grid.prefix_caches == ("on", "off")
+    assert SweepGrid.from_mapping({"prefix_caches": False}).prefix_caches == ("off",)
+    # yes / no are booleans too; a repeated mode after mapping is still a repeat
+    with pytest.raises(SweepConfigError, match="'prefix_caches' repeats on"):
+        SweepGrid.from_mapping({"prefix_caches": [True, "on"]})
+    with pytest.raises(SweepConfigError, match="expected str, got 1"):
+        SweepGrid.from_mapping({"prefix_caches": [1]})
+    # other axes still refuse booleans
+    with pytest.raises(SweepConfigError, match="expected int, got True"):
+        SweepGrid.from_mapping({"tp": [True]})

@@ -214,6 +214,8 @@ class SweepGrid:
     def from_mapping(data: Mapping[str, Any]) -> SweepGrid:
         """A grid from a mapping (a parsed grid file or CLI options): axis keys take a list
         or a single value; fixed keys take a single value; ``None`` values are ignored.
+        ``prefix_caches`` also takes booleans (``True`` -> ``on``, ``False`` -> ``off``:
+        what YAML makes of unquoted ``on`` / ``off``).
 
         Raises:
             SweepConfigError: an unknown key or a value of the wrong type.
@@ -235,6 +237,12 @@ class SweepGrid:
             kind = kinds[key]
             if key in AXES:
                 items = list(raw) if isinstance(raw, list | tuple) else [raw]
+                if key == "prefix_caches":
+                    # YAML 1.1 (pyyaml) reads unquoted on / off (and yes / no, true /
+                    # false) as booleans: a grid file's `prefix_caches: [on, off]` means
+                    # the modes, not a type error
+                    items = [("on" if v else "off") if isinstance(v, bool) else v
+                             for v in items]
                 values[key] = tuple(_typed(key, v, kind) for v in items)
             else:
                 if isinstance(raw, list | tuple):
