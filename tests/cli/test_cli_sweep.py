@@ -256,3 +256,29 @@ def test_print_whole_prints_a_table_wider_than_the_console_uncut():
     text = whole.export_text()
     assert text.count("213.8   3.37") == len(rows) == 64
     assert max(len(line) for line in text.splitlines()) == table_width(table)
+
+
+def test_slo_table_over_the_prefix_cache_prints_whole():
+    """`--slo --prefix-caches on,off` with two managers and --target-rate: the one-line
+    'prefix_cache' header made the table 88 columns and rich cropped the last manager's
+    GPUs at 80. By hand now: prefix 6 + kvchain 7 x 3 + fixed-pools 11 x 3 = 60, two
+    blanks and a rule between the 7 columns (18) and a blank and an edge each side (4):
+    82, printed whole by print_whole."""
+    from rich.console import Console
+
+    from kvchain.report.sweep import print_whole, slo_table, table_width
+
+    base = {"model": "gpt-oss-120b", "gpu": "h200", "tp": 1, "trace": "mooncake",
+            "mem_fraction": 0.9, "slo": "ttft_p99<=2000ms", "max_rate_scale": 6.24,
+            "max_rate_rps": 20.36, "fail_rate_scale": 6.3, "gpus_needed": 1}
+    rows = [{**base, "prefix_cache": pc, "manager": m}
+            for pc in ("on", "off") for m in ("kvchain", "fixed-pools")]
+    table = slo_table(rows, 20.0)
+    assert table.columns[0].header == "prefix\ncache"
+    assert table_width(table) == 82
+    console = Console(width=80, record=True, color_system=None)
+    print_whole(console, table)
+    lines = console.export_text().splitlines()
+    # both configurations: kvchain and fixed-pools rate, scale and GPUs, all six cells
+    assert sum(line.split() == [pc, "20.36", "6.24", "1", "20.36", "6.24", "1"]
+               for line in lines for pc in ("on", "off")) == 2

@@ -147,7 +147,9 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
     Configuration settings every row shares (model, GPU, tp, trace, memory fraction, prefix
     cache) go to the title; the rest are columns. A rate found at the top of the searched
     range shows as ``>=`` (the SLO may hold higher); a configuration whose lowest rate fails
-    shows ``not met``. Cells are never cut or folded: two managers with GPUs fit 80 columns.
+    shows ``not met``. Cells are never cut or folded: two managers with GPUs fit 80 columns
+    (print with :func:`print_whole`: a wider table, e.g. with a prefix-cache column, is
+    then printed whole at its own width).
 
     Args:
         rows: result rows as :func:`kvchain.sim.sweep.run_slo_search` returns them.
@@ -169,7 +171,7 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
         title += f"; GPUs for {target_rps:g} req/s"
     if shared:
         title += f"\n{shared}"
-    names = [config_keys[i] for i in varying]
+    names = [config_keys[i].replace("_", "\n", 1) for i in varying]  # "prefix\ncache"
     for m in managers:
         names += [f"{m}\nreq/s", f"{m}\nx scale"]
         if target_rps is not None:
