@@ -47,6 +47,32 @@ def test_sweep_grid_file_then_resume(tmp_path):
     assert _rows(out / "sweep.jsonl")[:4] == rows
 
 
+def test_resume_of_rows_written_before_the_prefix_cache_axis(tmp_path):
+    # Rows of an older kvchain have no prefix_cache (their points ran with the default
+    # auto, and their keys leave it out). Resumed next to a fresh auto row they must read as
+    # auto: one configuration, so no prefix_cache column, one plot, "auto" in every CSV
+    # cell. Before the fix they read as None: a prefix_cache column (None / auto), two
+    # plots of one rate each, and empty CSV cells.
+    out = tmp_path / "old"
+    args = ["sweep", "--requests", "12", "--managers", "kvchain", "--out", str(out),
+            "--workers", "1"]
+    result = runner.invoke(app, [*args, "--rate-scales", "1", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    old = _rows(out / "sweep.jsonl")
+    for row in old:
+        del row["prefix_cache"]
+    (out / "sweep.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    result = runner.invoke(app, [*args, "--rate-scales", "1,2", "--resume"])
+    assert result.exit_code == 0, result.output
+    assert "2 points, 1 to run (1 already in sweep.jsonl)" in result.output
+    assert "prefix_cache" not in result.output and "None" not in result.output
+    with (out / "sweep.csv").open() as fh:
+        table = list(csv.DictReader(fh))
+    assert [(r["rate_scale"], r["prefix_cache"]) for r in table] == [("1.0", "auto"),
+                                                                       ("2.0", "auto")]
+    assert sorted(p.name for p in out.glob("*.png")) == ["sweep-1.png"]
+
+
 def test_sweep_slo_table_and_csv(tmp_path):
     out = tmp_path / "slo"
     result = runner.invoke(app, ["sweep", "--requests", "12", "--managers", "kvchain",
@@ -130,7 +156,7 @@ def test_sweep_table_shows_only_the_axes_that_vary():
              "ttft_p99_s": None, "tpot_p99_s": None}]
     table = sweep_table(rows)
     headers = [c.header for c in table.columns]
-    assert headers == ["manager", "rate_scale", "done", "req/s", "out\ntok/s",
+    assert headers == ["manager", "rate\nscale", "done", "req/s", "out\ntok/s",
                        "TTFT\np99", "TPOT\np99", "hit\n%"]
     assert table.title == "sweep: model=gpt-oss-120b, gpu=H200, tp=1, trace=mooncake"
     console = Console(width=80, record=True)
@@ -148,7 +174,7 @@ def test_plain_sweep_prints_its_results_table(tmp_path):
                                  "--rate-scales", "1,2", "--out", str(out), "--workers", "1",
                                  "--no-plots"])
     assert result.exit_code == 0, result.output
-    assert "rate_scale" in result.output and "TTFT" in result.output
+    assert "rate" in result.output and "scale" in result.output and "TTFT" in result.output
     assert "12/12" in result.output
 
 
@@ -161,4 +187,98 @@ def test_sweep_over_the_prefix_cache(tmp_path):
     rows = _rows(out / "sweep.jsonl")
     assert [r["prefix_cache"] for r in rows] == ["on", "off"]
     assert rows[0]["prefix_hit_tokens"] > 0 and rows[1].get("prefix_hit_tokens", 0) == 0
-    assert "prefix_cache" in result.output  # the axis that varies is a column
+    # the axis that varies is a column (its header in two lines)
+    assert "prefix" in result.output and "cache " in result.output
+
+
+def _sweep_rows(**axes):
+    """Sweep rows by hand: one per combination of ``axes`` (name -> values), a TPOT p99 of
+    0.2138 s (213.8 ms) and a hit rate of 3.37 % each, the rest shared."""
+    import itertools
+
+    base = {"model": "gpt-oss-120b", "gpu": "h200", "tp": 1, "trace": "mooncake",
+            "rate_scale": 1.0, "mem_fraction": 0.9, "prefix_cache": "auto",
+            "manager": "kvchain", "requests": 30, "end_s": None, "page_size": 16,
+            "max_running": 256, "chunk_size": 8192, "seed": 0, "requests_total": 30,
+            "requests_finished": 30, "offered_rate_rps": 13.33, "output_tokens_per_s": 527.0,
+            "ttft_p99_s": 11.5041, "tpot_p99_s": 0.2138, "prefix_hit_rate_pct": 3.37}
+    names = list(axes)
+    return [{**base, **dict(zip(names, combo, strict=True))}
+            for combo in itertools.product(*axes.values())]
+
+
+def test_sweep_table_of_three_settings_with_hits_fits_80_columns():
+    """`--rate-scales 1,4 --prefix-caches on,off --managers kvchain,fixed-pools` on mooncake
+    (the README's use of the axis) printed at 80 columns cut off the TPOT and hit columns
+    whole: the 'prefix_cache' and 'rate_scale' headers were one line each and the table
+    had blank edges. Settings' headers now take two lines and the table has no edges."""
+    from rich.console import Console
+
+    from kvchain.report.sweep import sweep_table, table_width
+
+    rows = _sweep_rows(rate_scale=[1.0, 4.0], prefix_cache=["on", "off"],
+                       manager=["kvchain", "fixed-pools"])
+    rows = [{**r, "requests_total": 200, "requests_finished": 200} for r in rows]
+    table = sweep_table(rows)
+    # by hand: cells manager 11 (fixed-pools) + rate 5 (scale) + prefix 6 + done 7
+    # (200/200) + req/s 5 + tok/s 5 + TTFT 8 (11,504.1) + TPOT 5 + hit 4 = 56, and a
+    # blank, the box's (blank) rule and a blank between each of the 9 columns:
+    # 56 + 8 x 3 = 80 (with the old one-line headers 'rate_scale' and 'prefix_cache', 11
+    # more, and 4 for the edges: 95 > 80)
+    assert table_width(table) == 80
+    console = Console(width=80, record=True, color_system=None)
+    console.print(table)
+    text = console.export_text()
+    assert "…" not in text
+    # the last columns whole on every line: TPOT 213.8 ms and the hit rate 3.37 %
+    assert text.count("213.8   3.37") == 8, text
+    assert "fixed-pools" in text and "11,504.1" in text and "200/200" in text
+
+
+def test_print_whole_prints_a_table_wider_than_the_console_uncut():
+    """Six settings vary: no layout fits 80 columns. rich would crop the columns past the
+    console's edge (the sibling: a plain print loses the hit column); print_whole prints
+    the table at its own width, every cell whole."""
+    from rich.console import Console
+
+    from kvchain.report.sweep import print_whole, sweep_table, table_width
+
+    rows = _sweep_rows(gpu=["h100", "h200"], trace=["mooncake", "azure-code"],
+                       mem_fraction=[0.8, 0.9], prefix_cache=["on", "off"],
+                       rate_scale=[1.0, 4.0], manager=["kvchain", "fixed-pools"])
+    table = sweep_table(rows)
+    assert table_width(table) > 80
+    plain = Console(width=80, record=True, color_system=None)
+    plain.print(table)
+    assert "213.8   3.37" not in plain.export_text()  # the planted cut: columns lost
+    whole = Console(width=80, record=True, color_system=None)
+    print_whole(whole, table)
+    text = whole.export_text()
+    assert text.count("213.8   3.37") == len(rows) == 64
+    assert max(len(line) for line in text.splitlines()) == table_width(table)
+
+
+def test_slo_table_over_the_prefix_cache_prints_whole():
+    """`--slo --prefix-caches on,off` with two managers and --target-rate: the one-line
+    'prefix_cache' header made the table 88 columns and rich cropped the last manager's
+    GPUs at 80. By hand now: prefix 6 + kvchain 7 x 3 + fixed-pools 11 x 3 = 60, two
+    blanks and a rule between the 7 columns (18) and a blank and an edge each side (4):
+    82, printed whole by print_whole."""
+    from rich.console import Console
+
+    from kvchain.report.sweep import print_whole, slo_table, table_width
+
+    base = {"model": "gpt-oss-120b", "gpu": "h200", "tp": 1, "trace": "mooncake",
+            "mem_fraction": 0.9, "slo": "ttft_p99<=2000ms", "max_rate_scale": 6.24,
+            "max_rate_rps": 20.36, "fail_rate_scale": 6.3, "gpus_needed": 1}
+    rows = [{**base, "prefix_cache": pc, "manager": m}
+            for pc in ("on", "off") for m in ("kvchain", "fixed-pools")]
+    table = slo_table(rows, 20.0)
+    assert table.columns[0].header == "prefix\ncache"
+    assert table_width(table) == 82
+    console = Console(width=80, record=True, color_system=None)
+    print_whole(console, table)
+    lines = console.export_text().splitlines()
+    # both configurations: kvchain and fixed-pools rate, scale and GPUs, all six cells
+    assert sum(line.split() == [pc, "20.36", "6.24", "1", "20.36", "6.24", "1"]
+               for line in lines for pc in ("on", "off")) == 2

@@ -26,6 +26,7 @@ from kvchain.sim.sweep import (
     run_slo_search,
     slo_tasks,
     summary_row,
+    upgrade_row,
 )
 from kvchain.sim.sweep_run import run_local, run_serial
 from kvchain.sim.traces import Trace, TraceRequest
@@ -297,3 +298,40 @@ def test_prefix_cache_axis_runs_the_cache_as_simulate_does():
     # the cache on a trace without content keys is refused, typed, before anything runs
     with pytest.raises(ConfigError, match="content keys"):
         run_point(replace(base, trace="azure-conv", prefix_cache="on"))
+
+
+def test_upgrade_row_gives_old_rows_the_default_prefix_cache():
+    # an old row (no prefix_cache) gets "auto" right after seed, where params() puts it
+    old = {"key": "k", "manager": "kvchain", "seed": 0, "finished": 3}
+    new = upgrade_row(old)
+    assert list(new) == ["key", "manager", "seed", "prefix_cache", "finished"]
+    assert new["prefix_cache"] == "auto" and "prefix_cache" not in old
+    # a row with the axis is returned as it is (a copy); one without seed gets it at the end
+    assert upgrade_row({"seed": 0, "prefix_cache": "off"}) == {"seed": 0, "prefix_cache": "off"}
+    assert list(upgrade_row({"key": "k"})) == ["key", "prefix_cache"]
+    # a fresh auto row of a point already has every key in the same order
+    point = SweepGrid.from_mapping({"managers": "kvchain"}).points()[0]
+    row = {"key": point.key(), **point.params()}
+    assert upgrade_row(row) == row and list(upgrade_row(row)) == list(row)
+
+
+def test_yaml_on_off_prefix_caches_are_the_modes(tmp_path):
+    # pyyaml (YAML 1.1) reads unquoted on / off as True / False: a grid file written with
+    # the documented values was refused ("expected str, got True"); booleans now map to
+    # the modes, in the order given, and anything else is still refused by type
+    pytest.importorskip("yaml")
+    path = tmp_path / "grid.yaml"
+    path.write_text("traces: mooncake\nmanagers: kvchain\nprefix_caches: [on, off]\n")
+    data = load_grid_file(path)
+    assert data["prefix_caches"] == [True, False]  # what YAML makes of them
+    grid = SweepGrid.from_mapping(data)
+    assert grid.prefix_caches == ("on", "off")
+    assert SweepGrid.from_mapping({"prefix_caches": False}).prefix_caches == ("off",)
+    # yes / no are booleans too; a repeated mode after mapping is still a repeat
+    with pytest.raises(SweepConfigError, match="'prefix_caches' repeats on"):
+        SweepGrid.from_mapping({"prefix_caches": [True, "on"]})
+    with pytest.raises(SweepConfigError, match="expected str, got 1"):
+        SweepGrid.from_mapping({"prefix_caches": [1]})
+    # other axes still refuse booleans
+    with pytest.raises(SweepConfigError, match="expected int, got True"):
+        SweepGrid.from_mapping({"tp": [True]})

@@ -25,6 +25,7 @@ from kvchain.errors import ConfigError, KVChainError
 from kvchain.report.sweep import (
     append_row,
     plot_rows,
+    print_whole,
     read_rows,
     slo_table,
     sweep_table,
@@ -39,6 +40,7 @@ from kvchain.sim.sweep import (
     run_point,
     run_slo_search,
     slo_tasks,
+    upgrade_row,
 )
 from kvchain.sim.sweep_run import default_workers, run_local, run_ray
 
@@ -153,7 +155,8 @@ def sweep_command(
         jsonl = out / "sweep.jsonl"
     keys = [t.point.config_key() if slo_spec is not None else t.key() for t in tasks]
     try:
-        done_rows = {r.get("key"): r for r in read_rows(jsonl)} if resume else {}
+        done_rows = ({r.get("key"): upgrade_row(r) for r in read_rows(jsonl)}
+                     if resume else {})
     except KVChainError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
@@ -193,12 +196,12 @@ def sweep_command(
                 row["gpus_needed"] = gpus_needed(target_rate, row.get("max_rate_rps"),
                                                  int(row["tp"]))
         written = write_table(rows, out / "slo.csv")
-        console.print(slo_table(rows, target_rate))
+        print_whole(console, slo_table(rows, target_rate))
         console.print(f"bisection to {slo_tol:.1%} relative on rate scales "
                       f"[{lo:g}, {hi:g}]")
     else:
         written = write_table(rows, out / "sweep.csv")
-        console.print(sweep_table(rows))
+        print_whole(console, sweep_table(rows))
         if plots:
             written += plot_rows(rows, out)
     console.print(f"{len(todo)} run in {wall:,.1f} s of wall time; wrote "

@@ -15,12 +15,14 @@ Files in a sweep's output folder:
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich import box
+from rich.console import Console
 from rich.table import Table
 
 from kvchain.errors import ConfigError
@@ -145,7 +147,9 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
     Configuration settings every row shares (model, GPU, tp, trace, memory fraction, prefix
     cache) go to the title; the rest are columns. A rate found at the top of the searched
     range shows as ``>=`` (the SLO may hold higher); a configuration whose lowest rate fails
-    shows ``not met``. Cells are never cut or folded: two managers with GPUs fit 80 columns.
+    shows ``not met``. Cells are never cut or folded: two managers with GPUs fit 80 columns
+    (print with :func:`print_whole`: a wider table, e.g. with a prefix-cache column, is
+    then printed whole at its own width).
 
     Args:
         rows: result rows as :func:`kvchain.sim.sweep.run_slo_search` returns them.
@@ -167,7 +171,7 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
         title += f"; GPUs for {target_rps:g} req/s"
     if shared:
         title += f"\n{shared}"
-    names = [config_keys[i] for i in varying]
+    names = [config_keys[i].replace("_", "\n", 1) for i in varying]  # "prefix\ncache"
     for m in managers:
         names += [f"{m}\nreq/s", f"{m}\nx scale"]
         if target_rps is not None:
@@ -192,12 +196,14 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
 
 
 def _whole_cells_table(title: str, names: Sequence[str], body: Sequence[Sequence[str]],
-                       left: int, caption: str | None = None) -> Table:
+                       left: int, caption: str | None = None, edges: bool = True) -> Table:
     """A borderless rich table whose cells are never cut or folded: each column is at
     least as wide as its longest cell and its longest header line (headers may take two
     lines, so tables with many columns fit 80 columns); the first ``left`` columns are
-    left-aligned (settings), the rest right-aligned (numbers)."""
-    table = Table(title=title, box=box.SIMPLE, caption=caption)
+    left-aligned (settings), the rest right-aligned (numbers). ``edges=False`` drops the
+    blank edge columns and outer padding (4 characters more for cells)."""
+    table = Table(title=title, box=box.SIMPLE, caption=caption, pad_edge=edges,
+                  show_edge=edges)
     for i, name in enumerate(names):
         width = max([len(line[i]) for line in body] + [len(p) for p in name.split("\n")])
         table.add_column(name, no_wrap=True, min_width=width,
@@ -219,7 +225,10 @@ def sweep_table(rows: Sequence[Row]) -> Table:
     shares goes to the title instead, so a sweep over rate scales shows only the rate), then
     finished / total requests, offered rate (requests / s), output tokens / s, TTFT p99 and
     TPOT p99 (ms; the caption says so) and the prefix-cache hit rate (%) when the rows carry
-    one. A missing value (no request finished) shows as ``-``. Cells are never cut.
+    one. A missing value (no request finished) shows as ``-``. Cells are never cut or
+    folded; settings' headers take two lines (``rate\nscale``) and the table has no blank
+    edges, so three varying settings usually fit 80 columns; print it with
+    :func:`print_whole` so a wider one is not cropped at the console's edge.
 
     Args:
         rows: result rows as :func:`kvchain.sim.sweep.run_point` returns them.
@@ -246,6 +255,23 @@ def sweep_table(rows: Sequence[Row]) -> Table:
         return f"{value:,.2f}" if key != "output_tokens_per_s" else f"{value:,.0f}"
 
     body = [[str(r.get(a)) for a in varying] + [cell(r, k) for _, k in metrics] for r in rows]
-    # metric headers take two lines so a sweep over two axes fits 80 columns
-    return _whole_cells_table(title, varying + [name for name, _ in metrics], body,
-                              len(varying), "req/s: offered rate; TTFT and TPOT p99 in ms")
+    # headers take two lines (a setting's name split at its first "_": "prefix\ncache") and
+    # the table has no blank edges, so a sweep over three settings (rate x prefix cache x
+    # managers, or GPUs x traces x managers) with its hit column fits 80 columns
+    names = [a.replace("_", "\n", 1) for a in varying] + [name for name, _ in metrics]
+    return _whole_cells_table(title, names, body, len(varying),
+                              "req/s: offered rate; TTFT and TPOT p99 in ms", edges=False)
+
+
+def table_width(table: Table) -> int:
+    """Columns (characters) ``table`` needs to show every cell whole: its widest rendering
+    measured on an unbounded console (the title may still wrap)."""
+    wide = Console(width=100_000, file=io.StringIO(), color_system=None)
+    return wide.measure(table).maximum
+
+
+def print_whole(console: Console, table: Table) -> None:
+    """Print ``table`` on ``console`` with every column whole: a table wider than the
+    console (many settings vary) is printed at its own width, uncropped (a terminal then
+    wraps its lines), instead of rich cutting off the columns past the console's edge."""
+    console.print(table, width=max(console.width, table_width(table)), crop=False)

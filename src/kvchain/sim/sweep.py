@@ -116,6 +116,28 @@ PREFIX_CACHE_MODES: dict[str, bool | None] = {"auto": None, "on": True, "off": F
 FIXED: tuple[str, ...] = ("requests", "end_s", "page_size", "max_running", "chunk_size", "seed")
 
 
+def upgrade_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A result row read back for ``--resume`` in today's shape: a row written before the
+    prefix-cache axis existed has no ``prefix_cache``; its point ran with the default
+    ``auto`` (its key has no ``prefix_cache`` either, see :meth:`SweepPoint.key`), so it gets
+    ``prefix_cache="auto"`` right after ``seed``, where :meth:`SweepPoint.params` puts it.
+    Without this, tables, plots and CSV would split such rows from fresh ``auto`` rows of the
+    same configuration (``None`` against ``auto``). Other rows come back unchanged (copied).
+
+    Args:
+        row: one sweep or SLO row (``read_rows``).
+    """
+    if "prefix_cache" in row:
+        return dict(row)
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        out[k] = v
+        if k == "seed":
+            out["prefix_cache"] = "auto"
+    out.setdefault("prefix_cache", "auto")
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class SweepGrid:
     """The axes of a sweep and its fixed settings (see the module doc).
@@ -192,6 +214,8 @@ class SweepGrid:
     def from_mapping(data: Mapping[str, Any]) -> SweepGrid:
         """A grid from a mapping (a parsed grid file or CLI options): axis keys take a list
         or a single value; fixed keys take a single value; ``None`` values are ignored.
+        ``prefix_caches`` also takes booleans (``True`` -> ``on``, ``False`` -> ``off``:
+        what YAML makes of unquoted ``on`` / ``off``).
 
         Raises:
             SweepConfigError: an unknown key or a value of the wrong type.
@@ -213,6 +237,12 @@ class SweepGrid:
             kind = kinds[key]
             if key in AXES:
                 items = list(raw) if isinstance(raw, list | tuple) else [raw]
+                if key == "prefix_caches":
+                    # YAML 1.1 (pyyaml) reads unquoted on / off (and yes / no, true /
+                    # false) as booleans: a grid file's `prefix_caches: [on, off]` means
+                    # the modes, not a type error
+                    items = [("on" if v else "off") if isinstance(v, bool) else v
+                             for v in items]
                 values[key] = tuple(_typed(key, v, kind) for v in items)
             else:
                 if isinstance(raw, list | tuple):
