@@ -282,3 +282,14 @@ def test_slo_table_over_the_prefix_cache_prints_whole():
     # both configurations: kvchain and fixed-pools rate, scale and GPUs, all six cells
     assert sum(line.split() == [pc, "20.36", "6.24", "1", "20.36", "6.24", "1"]
                for line in lines for pc in ("on", "off")) == 2
+
+
+def test_sweep_table_title_names_a_shared_prefix_cache_setting():
+    # A sweep run only with --prefix-caches off says so in the title (it is no column).
+    from kvchain.report.sweep import sweep_table
+
+    rows = [{"model": "m", "gpu": "h200", "tp": 1, "trace": "mooncake", "manager": "kvchain",
+             "prefix_cache": "off", "rate_scale": r, "requests_finished": 1,
+             "requests_total": 1} for r in (1.0, 2.0)]
+    assert sweep_table(rows).title == ("sweep: model=m, gpu=h200, tp=1, trace=mooncake, "
+                                       "manager=kvchain, prefix_cache=off")

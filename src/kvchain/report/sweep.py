@@ -234,8 +234,8 @@ def sweep_table(rows: Sequence[Row]) -> Table:
         rows: result rows as :func:`kvchain.sim.sweep.run_point` returns them.
     """
     varying = [a for a in _AXES if len({repr(r.get(a)) for r in rows}) > 1]
-    shared = [a for a in ("model", "gpu", "tp", "trace", "manager")
-              if a not in varying and rows and rows[0].get(a) is not None]
+    shared = [a for a in ("model", "gpu", "tp", "trace", "manager", "prefix_cache")
+              if a not in varying and rows and rows[0].get(a) not in (None, "auto")]
     title = "sweep" + (": " + ", ".join(f"{a}={rows[0][a]}" for a in shared) if shared else "")
     with_hits = any(r.get("prefix_hit_rate_pct") is not None for r in rows)
     metrics = [("done", "finished"), ("req/s", "offered_rate_rps"),
