@@ -449,10 +449,15 @@ def linear_quantile(ascending: Sequence[float], q: float) -> float:
     O(1) on a list kept sorted, instead of numpy's O(n) partition of a fresh array.
 
     Args:
-        ascending: values, sorted ascending (not checked).
+        ascending: values, sorted ascending (not checked: O(1) is the point).
         q: quantile in ``[0, 1]``.
+
+    Raises:
+        ConfigError: no values, or ``q`` outside ``[0, 1]``.
     """
     n = len(ascending)
+    if not n or not 0.0 <= q <= 1.0:
+        raise ConfigError(f"a quantile needs values and 0 <= q <= 1, got {n} values, q={q}")
     h = (n - 1) * q
     if h >= n - 1:
         return float(ascending[-1])

@@ -1449,7 +1449,7 @@ class KVManager:
         """Pages per band (state slots for a state band; low -> high) that requests ``rids``
         hold, read from the decode arrays in O(bands) numpy calls: full pages held, window
         pages from the first live one to the last, state slots. Ids that hold nothing count
-        0 (each id once, as given).
+        0; an id given twice counts twice (as a sum over the ids given).
 
         Without a prefix cache this is every page the requests own (what the band samples
         count each step); with one, a request's hit pages are the cache's and its saved

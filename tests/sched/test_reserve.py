@@ -165,6 +165,9 @@ def test_linear_quantile_by_hand() -> None:
     assert linear_quantile([0.5], 0.9) == 0.5
     assert linear_quantile([0.2, 0.4], 1.0) == 0.4  # the top: the largest value
     assert linear_quantile([0.2, 0.4], 0.0) == 0.2
+    for values, q in (([], 0.5), ([0.2], 1.5), ([0.2], -0.1), ([0.2], float("nan"))):
+        with pytest.raises(ConfigError, match="quantile"):
+            linear_quantile(values, q)
 
 
 @settings(max_examples=200, deadline=None)
