@@ -1,11 +1,17 @@
-"""Helpers shared by the CLI commands: model loading and band tables."""
+"""Helpers shared by the CLI commands: model loading, band tables, and where messages go.
+
+Streams: results (tables, JSON, "wrote ..." lines) go to stdout; errors, warnings, hints
+and notes go to stderr, always through :func:`fail`, :func:`warn`, :func:`hint` and
+:func:`note`, so ``kvchain ... --json | jq`` never reads a message as JSON. An error exits 2
+(bad input: nothing ran); a run stopped by a typed error exits 1 (``simulate --strict``).
+"""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -169,9 +175,43 @@ def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
 def warn_buffer(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
                 spec_file: Path | None = None) -> None:
     """Print :func:`buffer_warnings` to stderr, one ``warning:`` line each."""
-    console = Console(stderr=True)
     for line in buffer_warnings(model, gpu, buffer_bytes, spec_file=spec_file):
-        console.print(f"[yellow]warning:[/yellow] {escape(line)}")
+        warn(line)
+
+
+def stderr_console() -> Console:
+    """A rich console on stderr (messages; never results)."""
+    return Console(stderr=True)
+
+
+def fail(message: object, code: int = 2) -> NoReturn:
+    """Print ``error: <message>`` on stderr (unwrapped) and exit with ``code``.
+
+    Args:
+        message: the error (an exception prints as its text).
+        code: exit status: 2 for bad input (the default), 1 for a run stopped by a typed
+            error.
+
+    Raises:
+        typer.Exit: always.
+    """
+    stderr_console().print(f"[red]error:[/red] {escape(str(message))}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """Print ``warning: <message>`` on stderr (wrapped to the terminal): the run goes on."""
+    stderr_console().print(f"[yellow]warning:[/yellow] {escape(message)}")
+
+
+def hint(message: str) -> None:
+    """Print ``hint: <message>`` on stderr: what to change for a more telling run."""
+    stderr_console().print(f"[yellow]hint:[/yellow] {escape(message)}")
+
+
+def note(message: str) -> None:
+    """Print ``note: <message>`` on stderr: a setting the run chose for the user."""
+    stderr_console().print(f"[cyan]note:[/cyan] {escape(message)}")
 
 
 OVERLOAD_FACTOR = 2.0

@@ -19,7 +19,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.admission import ReservePolicy
@@ -32,6 +31,8 @@ from kvchain.cli.common import (
     CachePointsOption,
     PrefixCacheOption,
     check_flags,
+    fail,
+    hint,
     load_spec,
     overload_hint,
     prepare_out_dir,
@@ -216,8 +217,7 @@ def compare(
             GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed
         prepare_out_dir(out)
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(exc)
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
     title = f"{model_spec.name} on {gpu_spec.name}, {tr.name} x{len(tr):,}, buffer {buffer:,} B"
     try:
@@ -229,8 +229,7 @@ def compare(
             runs = compare_managers(cfg, kinds, progress=lambda k, done, _total: bar.update(
                 tasks[k], completed=done))
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(exc)
     data = compare_json(runs)
     written = []
     if out is not None:
@@ -248,6 +247,6 @@ def compare(
         return  # stdout is the JSON alone; the files are where --out said
     if written:
         console.print("wrote " + ", ".join(str(p) for p in written))
-    hint = overload_hint(next(iter(runs.values())).summary, tr)
-    if hint is not None:
-        Console(stderr=True).print(f"[yellow]hint:[/yellow] {escape(hint)}")
+    hint_text = overload_hint(next(iter(runs.values())).summary, tr)
+    if hint_text is not None:
+        hint(hint_text)

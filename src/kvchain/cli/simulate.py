@@ -21,6 +21,8 @@ from kvchain.cli.common import (
     CachePointsOption,
     PrefixCacheOption,
     check_flags,
+    fail,
+    hint,
     load_spec,
     overload_hint,
     prepare_out_dir,
@@ -147,8 +149,7 @@ def simulate_command(
             GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed
         prepare_out_dir(out)
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(exc)
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
     if not as_json:
         console.print(f"[bold]{escape(model_spec.name)}[/bold] on {gpu_spec.name}, trace "
@@ -165,8 +166,7 @@ def simulate_command(
             result = simulate(sim_config, progress=lambda done, _total: bar.update(
                 task, completed=done))
         except KVChainError as exc:
-            console.print(f"[red]stopped:[/red] {type(exc).__name__}: {escape(str(exc))}")
-            raise typer.Exit(1) from None
+            fail(f"stopped: {type(exc).__name__}: {exc}", code=1)
     wall = time.perf_counter() - started
     summary = result.summary
     settings = {"model": model_spec.name, "gpu": gpu_spec.name, "trace": tr.name,
@@ -213,6 +213,6 @@ def simulate_command(
         if out is not None:
             console.print(f"wrote {out}/metrics.json, {out}/requests.csv and "
                           + ", ".join(p.name for p in plots))
-    hint = overload_hint(summary, tr)
-    if hint is not None:
-        Console(stderr=True).print(f"[yellow]hint:[/yellow] {escape(hint)}")
+    hint_text = overload_hint(summary, tr)
+    if hint_text is not None:
+        hint(hint_text)

@@ -16,11 +16,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.cli import app
-from kvchain.cli.common import prepare_out_dir
+from kvchain.cli.common import fail, prepare_out_dir
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.report.sweep import (
     append_row,
@@ -141,8 +140,7 @@ def sweep_command(
             config.check_cache(config.layout())  # e.g. the cache on for a keyless trace
         prepare_out_dir(out)
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        fail(exc)
 
     use_ray = ray or ray_address is not None
     if slo_spec is not None:
@@ -158,8 +156,7 @@ def sweep_command(
         done_rows = ({r.get("key"): upgrade_row(r) for r in read_rows(jsonl)}
                      if resume else {})
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        fail(exc)
     if not resume and jsonl.exists():
         jsonl.unlink()
     todo = [i for i, k in enumerate(keys) if k not in done_rows]
@@ -183,8 +180,7 @@ def sweep_command(
             else:
                 new = run_local(fn, todo_tasks, n_workers, on_done)
         except KVChainError as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
-            raise typer.Exit(2) from None
+            fail(exc)
     wall = time.perf_counter() - started
     by_key = dict(done_rows)
     by_key.update(zip([keys[i] for i in todo], new, strict=True))
