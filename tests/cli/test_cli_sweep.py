@@ -293,3 +293,24 @@ def test_sweep_table_title_names_a_shared_prefix_cache_setting():
              "requests_total": 1} for r in (1.0, 2.0)]
     assert sweep_table(rows).title == ("sweep: model=m, gpu=h200, tp=1, trace=mooncake, "
                                        "manager=kvchain, prefix_cache=off")
+
+
+def test_slo_table_says_what_was_measured_where_the_slo_is_not_met():
+    """A 'not met' cell had no numbers; the table now gives the lowest scale searched and
+    the caption the targets' values measured there (by hand: 3.2 s and 41.0 ms)."""
+    from rich.console import Console
+
+    from kvchain.report.sweep import not_met_lines, slo_table
+
+    row = {"model": "gpt-oss-120b", "gpu": "h100", "tp": 1, "trace": "azure-conv",
+           "mem_fraction": 0.9, "manager": "kvchain", "slo": "ttft_p99<=2000ms",
+           "max_rate_scale": None, "max_rate_rps": None, "fail_rate_scale": 0.25,
+           "fail_rate_rps": 1.3125, "at_best_ttft_p99_s": None, "at_fail_ttft_p99_s": 3.2,
+           "at_fail_tpot_p99_s": 0.041}
+    assert not_met_lines([row]) == [
+        "not met, kvchain, gpt-oss-120b, h100, azure-conv: at rate scale 0.25 (1.31 req/s) "
+        "ttft_p99 3.20 s, tpot_p99 41.0 ms"]
+    console = Console(record=True, width=80, color_system=None)
+    console.print(slo_table([row], None))
+    text = " ".join(console.export_text().split())
+    assert "not met <0.25" in text and "ttft_p99 3.20 s" in text

@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvchain.cli import app
 from kvchain.cli.common import fail, prepare_out_dir
+from kvchain.cli.run_options import GivenOptions, run_options
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.report.sweep import (
     append_row,
@@ -69,6 +70,7 @@ def _range(text: str) -> tuple[float, float]:
 
 
 @app.command("sweep")
+@run_options(sweep=True)
 def sweep_command(
     out: Annotated[Path, typer.Option(help="Output folder (sweep.jsonl, sweep.csv, "
                                            "sweep.parquet, plots; slo.csv with --slo).")],
@@ -86,10 +88,6 @@ def sweep_command(
              "comma-separated.")] = None,
     managers: Annotated[str | None, typer.Option(
         help="Managers: kvchain,fixed-pools,equal-page,ideal.")] = None,
-    requests: Annotated[int | None, typer.Option(help="First N requests of each trace.")]
-    = None,
-    end_s: Annotated[float | None, typer.Option(help="Keep arrivals before this second.")]
-    = None,
     workers: Annotated[int | None, typer.Option(help="Local worker processes (default: all "
                                                      "cores).")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="Run the points as Ray tasks.")] = False,
@@ -109,9 +107,16 @@ def sweep_command(
     slo_tol: Annotated[float, typer.Option(help="With --slo: relative tolerance of the "
                                                 "bisection.")] = 0.02,
     plots: Annotated[bool, typer.Option(help="Write plots against rate.")] = True,
+    *,
+    given: GivenOptions,
 ) -> None:
     """Run a grid of simulations, or with --slo find the highest rate meeting latency
-    targets per configuration and manager."""
+    targets per configuration and manager.
+
+    Every run option of simulate (but the axes: --rate-scales, --mem-fractions,
+    --prefix-caches) applies to every point, with simulate's defaults; a grid file takes
+    the same names as keys (reserve = "full"), and an option given here overrides it.
+    """
     console = Console()
     try:
         data: dict[str, Any] = load_grid_file(grid) if grid is not None else {}
@@ -120,9 +125,9 @@ def sweep_command(
                "rate_scales": _split(rate_scales, "rate_scales"),
                "mem_fractions": _split(mem_fractions, "mem_fractions"),
                "prefix_caches": _split(prefix_caches, "prefix_caches"),
-               "managers": _split(managers, "managers"), "requests": requests,
-               "end_s": end_s}
+               "managers": _split(managers, "managers")}
         data.update({k: v for k, v in cli.items() if v is not None})
+        data.update(given.typed_values())
         sweep_grid = SweepGrid.from_mapping(data)
         points = sweep_grid.points()
         n_workers = default_workers() if workers is None else workers

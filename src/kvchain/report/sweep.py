@@ -147,9 +147,10 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
     Configuration settings every row shares (model, GPU, tp, trace, memory fraction, prefix
     cache) go to the title; the rest are columns. A rate found at the top of the searched
     range shows as ``>=`` (the SLO may hold higher); a configuration whose lowest rate fails
-    shows ``not met``. Cells are never cut or folded: two managers with GPUs fit 80 columns
-    (print with :func:`print_whole`: a wider table, e.g. with a prefix-cache column, is
-    then printed whole at its own width).
+    shows ``not met`` and ``<`` that rate scale, and the caption says what was measured
+    there (:func:`not_met_lines`). Cells are never cut or folded: two managers with GPUs
+    fit 80 columns (print with :func:`print_whole`: a wider table, e.g. with a
+    prefix-cache column, is then printed whole at its own width).
 
     Args:
         rows: result rows as :func:`kvchain.sim.sweep.run_slo_search` returns them.
@@ -182,7 +183,8 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
         for m in managers:
             got = by_manager.get(m)
             if got is None or got.get("max_rate_scale") is None:
-                cells += ["not met", "-"]
+                low = got.get("fail_rate_scale") if got is not None else None
+                cells += ["not met", "-" if low is None else f"<{low:.3g}"]
             else:
                 rps = got.get("max_rate_rps")
                 more = ">=" if got.get("fail_rate_scale") is None else ""
@@ -192,7 +194,36 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
                 gpus = got.get("gpus_needed") if got is not None else None
                 cells.append("-" if gpus is None else f"{gpus:,}")
         body.append(cells)
-    return _whole_cells_table(title, names, body, len(varying))
+    caption = "\n".join(not_met_lines(rows)) or None
+    return _whole_cells_table(title, names, body, len(varying), caption)
+
+
+def _seconds(value: float) -> str:
+    """A latency for a caption: ``2.31 s`` from one second up, else ``45.7 ms``."""
+    return f"{value:,.2f} s" if value >= 1 else f"{value * 1e3:,.1f} ms"
+
+
+def not_met_lines(rows: Sequence[Row]) -> list[str]:
+    """One line per SLO search that no rate met: the manager and the configuration's
+    settings, the rate scale and offered rate where the targets already failed (the lowest
+    searched), and every target metric measured there, e.g. ``kvchain, h100, azure-conv:
+    at rate scale 0.25 (1.31 req/s) ttft_p99 3.20 s, tpot_p99 41.0 ms`` (targets in the
+    title). Rows without ``at_fail_`` values (written before they existed) say so."""
+    out = []
+    for r in rows:
+        if r.get("max_rate_scale") is not None:
+            continue
+        who = ", ".join(str(r[k]) for k in ("manager", "model", "gpu", "trace")
+                        if r.get(k) is not None)
+        measured = [f"{k[len('at_fail_'):-2]} {_seconds(v)}" for k, v in r.items()
+                    if k.startswith("at_fail_") and v is not None]
+        scale, rps = r.get("fail_rate_scale"), r.get("fail_rate_rps")
+        where = f"at rate scale {scale:g}" if scale is not None else "at the lowest rate"
+        if rps:
+            where += f" ({rps:,.2f} req/s)"
+        out.append(f"not met, {who}: {where} " + (", ".join(measured) if measured
+                                                  else "(no measurements in this row)"))
+    return out
 
 
 def _whole_cells_table(title: str, names: Sequence[str], body: Sequence[Sequence[str]],
