@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.cli import app
-from kvchain.cli.common import fail, prepare_out_dir
+from kvchain.cli.common import fail, note, prepare_out_dir
 from kvchain.cli.run_options import GivenOptions, run_options
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.report.sweep import (
@@ -32,6 +32,7 @@ from kvchain.report.sweep import (
     write_table,
 )
 from kvchain.sim.sweep import (
+    AXES,
     SweepGrid,
     gpus_needed,
     load_grid_file,
@@ -67,6 +68,20 @@ def _range(text: str) -> tuple[float, float]:
     except ValueError:
         raise ConfigError(f"--slo-range: expected LO,HI rate scales, got {text!r}") from None
     return lo, hi
+
+
+def sweep_defaults_note(data: dict[str, Any], grid: SweepGrid, slo: bool) -> str | None:
+    """What the sweep took by default that neither the grid file nor an option set, one
+    line (``note:`` on stderr; ``None`` when everything was set): the axes at their
+    defaults (with ``--slo`` the rate scales are searched, so not listed), and all requests
+    of each trace when ``requests`` and ``end_s`` are unset. E.g. ``chosen for this sweep:
+    models gpt-oss-120b, traces azure-conv, ..., all requests of each trace (--requests)``.
+    """
+    items = [f"{axis} {','.join(str(v) for v in getattr(grid, axis))}" for axis in AXES
+             if axis not in data and not (slo and axis == "rate_scales")]
+    if data.get("requests") is None and data.get("end_s") is None:
+        items.append("all requests of each trace (--requests)")
+    return "chosen for this sweep: " + ", ".join(items) if items else None
 
 
 @app.command("sweep")
@@ -146,6 +161,9 @@ def sweep_command(
         prepare_out_dir(out)
     except KVChainError as exc:
         fail(exc)
+    chosen = sweep_defaults_note(data, sweep_grid, slo_spec is not None)
+    if chosen:
+        note(chosen)
 
     use_ray = ray or ray_address is not None
     if slo_spec is not None:

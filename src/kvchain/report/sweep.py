@@ -18,6 +18,7 @@ import csv
 import io
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvchain.errors import ConfigError
+from kvchain.sim.run_options import RunOptions
 
 Row = Mapping[str, Any]
 
@@ -164,8 +166,9 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
     varying = [i for i, k in enumerate(config_keys)
                if len({repr(c[i]) for c in configs}) > 1]
     first = next(iter(configs), ())
-    shared = ", ".join(f"{k}={first[i]}" for i, k in enumerate(config_keys)
-                       if i not in varying and first and first[i] is not None)
+    shared = ", ".join([f"{k}={first[i]}" for i, k in enumerate(config_keys)
+                        if i not in varying and first and first[i] is not None]
+                       + [f"{k}={rows[0][k]}" for k in _changed_options(rows)])
     slo = rows[0]["slo"] if rows else ""
     title = f"highest rate meeting {slo}"
     if target_rps is not None:
@@ -244,6 +247,15 @@ def _whole_cells_table(title: str, names: Sequence[str], body: Sequence[Sequence
     return table
 
 
+def _changed_options(rows: Sequence[Row]) -> list[str]:
+    """Run options the rows carry beyond the grid's columns: a row has one only when it
+    differs from its default (``SweepPoint.params``), e.g. ``reserve``; they go to a table's
+    title (every point of a sweep shares them)."""
+    known = [f.name for f in fields(RunOptions)]
+    return [k for k in known if k not in _AXES and k not in ("rate_scale", "mem_fraction")
+            and rows and k in rows[0]]
+
+
 # Grid parameters a sweep row carries, in the order a results table shows them.
 _AXES = ("manager", "model", "gpu", "tp", "trace", "rate_scale", "mem_fraction",
          "prefix_cache", "requests", "end_s", "page_size", "max_running", "chunk_size", "seed")
@@ -265,7 +277,8 @@ def sweep_table(rows: Sequence[Row]) -> Table:
         rows: result rows as :func:`kvchain.sim.sweep.run_point` returns them.
     """
     varying = [a for a in _AXES if len({repr(r.get(a)) for r in rows}) > 1]
-    shared = [a for a in ("model", "gpu", "tp", "trace", "manager", "prefix_cache")
+    shared = [a for a in ("model", "gpu", "tp", "trace", "manager", "prefix_cache",
+                          *_changed_options(rows))
               if a not in varying and rows and rows[0].get(a) not in (None, "auto")]
     title = "sweep" + (": " + ", ".join(f"{a}={rows[0][a]}" for a in shared) if shared else "")
     with_hits = any(r.get("prefix_hit_rate_pct") is not None for r in rows)
