@@ -13,6 +13,7 @@ series is all zero.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,8 +167,8 @@ def compare_plot(runs: Mapping[ManagerKind, ManagerRun], path: Path, *,
     panels = len(differing) + (1 if drawn else 0)
     cols = min(3, max(1, panels))
     rows = max(1, -(-panels // cols))
-    fig, grid = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.9 * rows + 0.9),
-                             squeeze=False)
+    width = max(5.2 * cols, 9.0)  # inches: room for the notes under a single panel
+    fig, grid = plt.subplots(rows, cols, figsize=(width, 3.9 * rows + 1.6), squeeze=False)
     axes = [ax for row in grid for ax in row]
     for ax, spread in zip(axes, differing, strict=False):
         shown = [n for n in names if n in spread.values]
@@ -209,11 +210,16 @@ def compare_plot(runs: Mapping[ManagerKind, ManagerRun], path: Path, *,
                      "waste)")
     notes.append("best bar outlined (with any within 0.5 % of it); U* = mean bytes needed "
                  "/ buffer over steps with requests waiting")
-    fig.text(0.01, 0.01, "\n".join(notes), fontsize=7, wrap=True, va="bottom")
+    # notes at 7 pt: about 17 characters per inch of width; wrapped here so the space
+    # they take is known and kept clear of the panels' labels
+    text = "\n".join(textwrap.fill(n, int(width * 17)) for n in notes)
+    height = fig.get_figheight()
+    bottom = (text.count("\n") + 1) * 7 * 1.35 / 72 + 0.15  # inches of notes
+    fig.text(0.01, 0.01, text, fontsize=7, va="bottom")
     if title:
-        fig.suptitle(title, fontsize=11)
-    bottom = min(0.35, (0.16 * len(notes) + 0.1) / (3.9 * rows + 0.9))
-    fig.tight_layout(rect=(0, bottom, 1, 0.95 if title else 1))
+        fig.suptitle(textwrap.fill(title, int(width * 9)), fontsize=11)
+    top = 1 - (0.55 if title else 0.1) / height
+    fig.tight_layout(rect=(0, bottom / height, 1, top))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
