@@ -28,7 +28,7 @@ def test_the_three_commands_declare_every_run_option():
     and --truncate and sweep lacked --reserve, --policy, --clock, --buffer-bytes."""
     every = {"--" + f.name.replace("_", "-") for f in fields(RunOptions)
              if f.name not in ("truncate", "strict", "prefix_cache")}
-    every |= {"--truncate", "--strict", "--prefix-cache", "--no-prefix-cache"}
+    every |= {"--truncate", "--strict", "--no-strict", "--prefix-cache", "--no-prefix-cache"}
     axes = {"--rate-scale", "--mem-fraction", "--prefix-cache", "--no-prefix-cache"}
     assert every <= flags("simulate")
     assert every <= flags("compare")

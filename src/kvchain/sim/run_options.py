@@ -138,7 +138,7 @@ class RunOptions:
         "Tick of --clock steps, ms of trace time."))
     strict: bool = field(default=False, metadata=option(
         "Stop at the first admitted-but-unallocatable step instead of counting it, "
-        "retracting the request and going on.", flags="--strict"))
+        "retracting the request and going on.", flags="--strict/--no-strict"))
     prefix_cache: bool | None = field(default=None, metadata=option(
         "Serve cached prompt prefixes (default: on when the trace has content keys, e.g. "
         "mooncake's hash_ids). --prefix-cache on a trace without content keys, or on a "
