@@ -90,3 +90,14 @@ def test_compare_runs_what_simulate_runs(tmp_path):
     for key in ("requests_finished", "steps", "duration_s", "output_tokens_per_s", "ttft"):
         assert cmp[key] == sim[key], key
     assert "note: chosen for this run:" in result.stderr
+
+
+def test_no_note_when_the_user_said_everything(tmp_path):
+    """The note names what the run chose; a run whose settings were all given has none
+    (before this check it printed an empty 'chosen for this run:')."""
+    args = ["simulate", "--spec", str(spec(tmp_path)), "--trace", str(generic_trace(tmp_path)),
+            "--clock", "steps", "--buffer-bytes", "10000000", "--requests", "12",
+            "--rate-scale", "1", "--no-prefix-cache", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "note:" not in result.stderr

@@ -124,7 +124,9 @@ def compare(
         prepare_out_dir(out)
     except KVChainError as exc:
         fail(exc)
-    note(chosen_note(resolved, given, tr, cfg_layout))
+    chosen = chosen_note(resolved, given, tr, cfg_layout)
+    if chosen is not None:
+        note(chosen)
     warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec)
     title = f"{model_spec.name} on {gpu_spec.name}, {tr.name} x{len(tr):,}, buffer {buffer:,} B"
     try:

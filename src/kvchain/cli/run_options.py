@@ -126,8 +126,9 @@ def run_options(*, sweep: bool = False) -> Callable[[Callable[..., Any]], Callab
 
 
 def chosen_note(resolved: ResolvedRun, given: GivenOptions, trace: Trace,
-                layout: ChainLayout) -> str:
-    """What the run chose that the user did not say, one line (``note:`` on stderr): the
+                layout: ChainLayout) -> str | None:
+    """What the run chose that the user did not say, one line (``note:`` on stderr;
+    ``None`` when the user said everything that matters): the
     demo's trace and cut, or for a named trace its whole length and own rate; the KV
     buffer from the GPU memory model; the prefix cache's ``auto`` and the cache points
     ``auto`` resolves to. E.g. ``trace mooncake (the demo: --trace names yours), its first
@@ -152,4 +153,4 @@ def chosen_note(resolved: ResolvedRun, given: GivenOptions, trace: Trace,
     if run.cache_points is ResumePolicy.AUTO and run.prefix_cache is not False:
         resolved_points = run.cache_points.resolve(CacheGeometry.of(layout)).value
         items.append(f"cache points auto: {resolved_points}")
-    return "chosen for this run: " + ", ".join(items)
+    return "chosen for this run: " + ", ".join(items) if items else None

@@ -90,7 +90,9 @@ def simulate_command(
         prepare_out_dir(out)
     except KVChainError as exc:
         fail(exc)
-    note(chosen_note(resolved, given, tr, layout))
+    chosen = chosen_note(resolved, given, tr, layout)
+    if chosen is not None:
+        note(chosen)
     warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec)
     if not as_json:
         console.print(f"[bold]{escape(model_spec.name)}[/bold] on {gpu_spec.name}, trace "
