@@ -298,11 +298,11 @@ def check_values(**values: Any) -> None:
     Rules: ``rate_scale``, ``end_s``, ``step_ms``: finite and > 0, ``step_ms`` at most
     :data:`MAX_STEP_MS`; ``mem_fraction``: in (0, 1]; ``seed``, ``slots_held``, ``ops``:
     >= 0; ``requests``, ``page_size``, ``tp``, ``max_running``, ``chunk_size``, ``prompt``,
-    ``output``, ``buffer_bytes``, ``block_tokens``: >= 1; ``chunk_size`` >= ``page_size``
-    when both are given.
+    ``output``, ``buffer_bytes``, ``block_tokens``, and any other name (a count): >= 1;
+    ``chunk_size`` >= ``page_size`` when both are given.
 
     Raises:
-        ConfigError: e.g. ``--requests must be >= 1, got 0``; or a name with no rule.
+        ConfigError: e.g. ``--requests must be >= 1, got 0``.
     """
     for name, value in values.items():
         if value is None:
@@ -317,11 +317,8 @@ def check_values(**values: Any) -> None:
         elif name in _NON_NEGATIVE:
             if value < 0:
                 raise ConfigError(f"{flag} must be >= 0, got {value}")
-        elif name in _AT_LEAST_ONE:
-            if value < 1:
-                raise ConfigError(f"{flag} must be >= 1, got {value}")
-        else:
-            raise ConfigError(f"no rule for option {name!r}")
+        elif value < 1:  # _AT_LEAST_ONE, and any count not listed
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
     step_ms = values.get("step_ms")
     if step_ms is not None and step_ms > MAX_STEP_MS:
         raise ConfigError(f"--step-ms must be at most {MAX_STEP_MS:,.0f} (one hour), got "
