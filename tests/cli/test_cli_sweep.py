@@ -304,7 +304,8 @@ def test_slo_table_says_what_was_measured_where_the_slo_is_not_met():
     from kvchain.report.sweep import not_met_lines, slo_table
 
     row = {"model": "gpt-oss-120b", "gpu": "h100", "tp": 1, "trace": "azure-conv",
-           "mem_fraction": 0.9, "manager": "kvchain", "slo": "ttft_p99<=2000ms",
+           "mem_fraction": 0.9, "prefix_cache": "auto", "manager": "kvchain",
+           "slo": "ttft_p99<=2000ms",
            "max_rate_scale": None, "max_rate_rps": None, "fail_rate_scale": 0.25,
            "fail_rate_rps": 1.3125, "at_best_ttft_p99_s": None, "at_fail_ttft_p99_s": 3.2,
            "at_fail_tpot_p99_s": 0.041}
@@ -315,6 +316,8 @@ def test_slo_table_says_what_was_measured_where_the_slo_is_not_met():
     console.print(slo_table([row], None))
     text = " ".join(console.export_text().split())
     assert "not met <0.25" in text and "ttft_p99 3.20 s" in text
+    # the default prefix-cache setting stays out of the title, as in the sweep table
+    assert "prefix_cache" not in text
 
 
 def test_sweep_takes_simulates_run_options_and_says_what_it_chose(tmp_path):

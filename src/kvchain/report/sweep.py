@@ -167,7 +167,7 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
                if len({repr(c[i]) for c in configs}) > 1]
     first = next(iter(configs), ())
     shared = ", ".join([f"{k}={first[i]}" for i, k in enumerate(config_keys)
-                        if i not in varying and first and first[i] is not None]
+                        if i not in varying and first and first[i] not in (None, "auto")]
                        + [f"{k}={rows[0][k]}" for k in _changed_options(rows)])
     slo = rows[0]["slo"] if rows else ""
     title = f"highest rate meeting {slo}"
