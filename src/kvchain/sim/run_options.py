@@ -94,11 +94,13 @@ class RunOptions:
     """
 
     requests: int | None = field(default=None, metadata=option(
-        "Keep the first N requests (default: all; the demo run: 600)."))
+        "Keep the first N requests (default: all; simulate and compare without --trace: "
+        "the demo's 600)."))
     end_s: float | None = field(default=None, metadata=option(
         "Keep arrivals before this second of the trace (default: all)."))
     rate_scale: float = field(default=1.0, metadata=option(
-        "Arrival-rate multiplier (default 1: the trace's own rate; the demo run: 0.3).",
+        "Arrival-rate multiplier (default 1: the trace's own rate; without --trace: the "
+        "demo's 0.3).",
         axis=True))
     block_tokens: int = field(default=MOONCAKE_BLOCK_TOKENS, metadata=option(
         "Tokens per hash_ids block of a generic trace."))
