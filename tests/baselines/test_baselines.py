@@ -142,7 +142,9 @@ def test_compare_cli_json(tmp_path):
 
     cli._load_commands()
     result = CliRunner().invoke(cli.app, [
-        "compare", "--requests", "12", "--rate-scale", "8", "--buffer-bytes", "600000000",
+        # compare's old default trace, named: without --trace compare runs simulate's demo
+        "compare", "--trace", "azure-conv", "--requests", "12", "--rate-scale", "8",
+        "--buffer-bytes", "600000000",
         "--managers", "kvchain,fixed-pools", "--json", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)  # "wrote ..." goes to stderr

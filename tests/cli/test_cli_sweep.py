@@ -65,7 +65,8 @@ def test_resume_of_rows_written_before_the_prefix_cache_axis(tmp_path):
     result = runner.invoke(app, [*args, "--rate-scales", "1,2", "--resume"])
     assert result.exit_code == 0, result.output
     assert "2 points, 1 to run (1 already in sweep.jsonl)" in result.output
-    assert "prefix_cache" not in result.output and "None" not in result.output
+    # the table (stdout; the note on stderr names the axes at their defaults)
+    assert "prefix_cache" not in result.stdout and "None" not in result.stdout
     with (out / "sweep.csv").open() as fh:
         table = list(csv.DictReader(fh))
     assert [(r["rate_scale"], r["prefix_cache"]) for r in table] == [("1.0", "auto"),
@@ -293,3 +294,50 @@ def test_sweep_table_title_names_a_shared_prefix_cache_setting():
              "requests_total": 1} for r in (1.0, 2.0)]
     assert sweep_table(rows).title == ("sweep: model=m, gpu=h200, tp=1, trace=mooncake, "
                                        "manager=kvchain, prefix_cache=off")
+
+
+def test_slo_table_says_what_was_measured_where_the_slo_is_not_met():
+    """A 'not met' cell had no numbers; the table now gives the lowest scale searched and
+    the caption the targets' values measured there (by hand: 3.2 s and 41.0 ms)."""
+    from rich.console import Console
+
+    from kvchain.report.sweep import not_met_lines, slo_table
+
+    row = {"model": "gpt-oss-120b", "gpu": "h100", "tp": 1, "trace": "azure-conv",
+           "mem_fraction": 0.9, "prefix_cache": "auto", "manager": "kvchain",
+           "slo": "ttft_p99<=2000ms",
+           "max_rate_scale": None, "max_rate_rps": None, "fail_rate_scale": 0.25,
+           "fail_rate_rps": 1.3125, "at_best_ttft_p99_s": None, "at_fail_ttft_p99_s": 3.2,
+           "at_fail_tpot_p99_s": 0.041}
+    assert not_met_lines([row]) == [
+        "not met, kvchain, gpt-oss-120b, h100, azure-conv: at rate scale 0.25 (1.31 req/s) "
+        "ttft_p99 3.20 s, tpot_p99 41.0 ms"]
+    console = Console(record=True, width=80, color_system=None)
+    console.print(slo_table([row], None))
+    text = " ".join(console.export_text().split())
+    assert "not met <0.25" in text and "ttft_p99 3.20 s" in text
+    # the default prefix-cache setting stays out of the title, as in the sweep table
+    assert "prefix_cache" not in text
+
+
+def test_sweep_takes_simulates_run_options_and_says_what_it_chose(tmp_path):
+    """sweep had no --reserve, --policy, --clock or --buffer-bytes; now every run option of
+    simulate applies to every point, enters the rows (away from its default) and the
+    table's title, and the axes left at their defaults are named on stderr."""
+    import json
+
+    out = tmp_path / "s"
+    result = runner.invoke(app, ["sweep", "--out", str(out), "--requests", "5",
+                                 "--managers", "kvchain", "--reserve", "full",
+                                 "--clock", "steps", "--buffer-bytes", "2000000000",
+                                 "--workers", "1", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    row = json.loads((out / "sweep.jsonl").read_text().splitlines()[0])
+    assert (row["reserve"], row["clock"], row["buffer_bytes"]) == ("full", "steps",
+                                                                   2_000_000_000)
+    assert row["requests"] == 5 and "policy" not in row  # defaults stay out of the row
+    assert "reserve=full" in result.stdout and "clock=steps" in result.stdout
+    note = " ".join(result.stderr.split())
+    assert "note: chosen for this sweep: models gpt-oss-120b, gpus h200, tp 1," in note
+    assert "traces azure-conv" in note and "managers" not in note
+    assert "all requests of each trace" not in note

@@ -12,6 +12,7 @@ from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
 from kvchain.sim.cost import GPUCostModel
 from kvchain.sim.engine import SimConfig, simulate
+from kvchain.sim.run_options import RunOptions
 from kvchain.sim.sweep import (
     SLO,
     SweepConfigError,
@@ -34,21 +35,22 @@ from kvchain.sim.traces import Trace, TraceRequest
 
 def test_grid_expands_to_the_product_in_axis_order():
     grid = SweepGrid(models=("gpt-oss-120b", "gemma-3-27b"), rate_scales=(1.0, 2.0),
-                     managers=("kvchain", "ideal"), requests=50)
+                     managers=("kvchain", "ideal"), options=RunOptions(requests=50))
     points = grid.points()
     # 2 models x 1 gpu x 1 tp x 1 trace x 2 scales x 1 fraction x 2 managers = 8
     assert len(points) == 8
     assert [(p.model, p.rate_scale, p.manager) for p in points[:4]] == [
         ("gpt-oss-120b", 1.0, "kvchain"), ("gpt-oss-120b", 1.0, "ideal"),
         ("gpt-oss-120b", 2.0, "kvchain"), ("gpt-oss-120b", 2.0, "ideal")]
-    assert all(p.requests == 50 for p in points)
+    assert all(p.options.requests == 50 for p in points)
     assert len({p.key() for p in points}) == 8
     # the configuration key drops the rate scale only: 2 models x 2 managers
     assert len({p.config_key() for p in points}) == 4
 
 
 def test_point_key_is_stable_and_names_every_parameter():
-    p = SweepPoint("gpt-oss-120b", "h200", 1, "azure-conv", 2.0, 0.9, "kvchain", requests=10)
+    p = SweepPoint("gpt-oss-120b", "h200", 1, "azure-conv", 2.0, 0.9, "kvchain",
+                   options=RunOptions(requests=10))
     assert p.key() == ("model='gpt-oss-120b'|gpu='h200'|tp=1|trace='azure-conv'|"
                        "rate_scale=2.0|mem_fraction=0.9|manager='kvchain'|requests=10|"
                        "end_s=None|page_size=16|max_running=256|chunk_size=8192|seed=0")
@@ -79,7 +81,7 @@ def test_grid_files_toml_and_yaml(tmp_path):
     toml.write_text('models = "gpt-oss-120b"\nrate_scales = [1, 2.5]\nrequests = 20\n')
     grid = SweepGrid.from_mapping(load_grid_file(toml))
     assert grid.models == ("gpt-oss-120b",) and grid.rate_scales == (1.0, 2.5)
-    assert grid.requests == 20
+    assert grid.options.requests == 20
     yaml_file = tmp_path / "g.yaml"
     yaml_file.write_text("managers: [kvchain, ideal]\ntp: 2\n")
     pytest.importorskip("yaml")
@@ -189,12 +191,14 @@ def test_bisection_on_a_real_two_request_simulation():
 def test_point_trace_scales_arrivals_like_load_trace():
     from kvchain.sim.traces import load_trace
 
-    p = SweepPoint("gpt-oss-120b", "h200", 1, "azure-conv", 3.0, 0.9, "kvchain", requests=30)
+    p = SweepPoint("gpt-oss-120b", "h200", 1, "azure-conv", 3.0, 0.9, "kvchain",
+                   options=RunOptions(requests=30))
     assert point_trace(p) == load_trace("azure-conv", first=30, rate_scale=3.0)
 
 
 def test_run_point_row_has_parameters_and_metrics():
-    p = SweepPoint("gpt-oss-120b", "h200", 1, "azure-conv", 1.0, 0.9, "kvchain", requests=20)
+    p = SweepPoint("gpt-oss-120b", "h200", 1, "azure-conv", 1.0, 0.9, "kvchain",
+                   options=RunOptions(requests=20))
     row = run_point(p)
     assert row["key"] == p.key() and row["manager"] == "kvchain" and row["requests"] == 20
     assert row["requests_total"] == 20 and row["requests_finished"] == 20
@@ -207,7 +211,8 @@ def test_run_point_row_has_parameters_and_metrics():
 
 
 def test_run_slo_search_row_and_tasks():
-    grid = SweepGrid(rate_scales=(1.0, 2.0), managers=("kvchain", "ideal"), requests=10)
+    grid = SweepGrid(rate_scales=(1.0, 2.0), managers=("kvchain", "ideal"),
+                     options=RunOptions(requests=10))
     tasks = slo_tasks(grid.points(), parse_slo("ttft_p99=3s"), 1.0, 16.0, 0.01)
     assert len(tasks) == 2 and [t.point.manager for t in tasks] == ["kvchain", "ideal"]
 
@@ -223,7 +228,7 @@ def test_run_slo_search_row_and_tasks():
 
 def test_local_pool_rows_equal_serial_rows():
     points = SweepGrid(rate_scales=(1.0, 4.0), managers=("kvchain", "fixed-pools"),
-                       requests=15).points()
+                       options=RunOptions(requests=15)).points()
     assert run_local(run_point, points, 2) == run_serial(run_point, points)
     with pytest.raises(ConfigError):
         run_local(run_point, points, 0)
@@ -235,7 +240,7 @@ def test_ray_rows_equal_local_rows():
     from kvchain.sim.sweep_run import run_ray
 
     points = SweepGrid(rate_scales=(1.0, 4.0), managers=("kvchain", "equal-page"),
-                       requests=15).points()
+                       options=RunOptions(requests=15)).points()
     local = run_serial(run_point, points)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -260,9 +265,12 @@ def test_summary_row_of_a_run_where_nothing_finished():
 def test_a_grid_with_chunks_below_the_page_size_is_refused():
     """chunk_size 8,192 < page_size 16,384: every point would stop at its start (chunks are
     cut to whole pages); equal sizes are the sibling that builds."""
-    with pytest.raises(SweepConfigError, match=r"chunk_size \(8192\) must be at least"):
-        SweepGrid(page_size=16_384, chunk_size=8_192)
-    assert SweepGrid(page_size=8_192, chunk_size=8_192).page_size == 8_192
+    with pytest.raises(ConfigError, match=r"--chunk-size \(8192\) must be at least"):
+        SweepGrid(options=RunOptions(page_size=16_384, chunk_size=8_192))
+    with pytest.raises(SweepConfigError, match=r"--chunk-size \(8192\) must be at least"):
+        SweepGrid.from_mapping({"page_size": 16_384, "chunk_size": 8_192})
+    assert SweepGrid(options=RunOptions(page_size=8_192, chunk_size=8_192)).options.page_size \
+        == 8_192
 
 
 def test_prefix_cache_axis_points_and_keys():
@@ -286,7 +294,7 @@ def test_prefix_cache_axis_points_and_keys():
 
 def test_prefix_cache_axis_runs_the_cache_as_simulate_does():
     base = SweepPoint("gpt-oss-120b", "h200", 1, "mooncake", 1.0, 0.9, "kvchain",
-                      requests=12)
+                      options=RunOptions(requests=12))
     on, off, auto = (run_point(replace(base, prefix_cache=m)) for m in ("on", "off", "auto"))
     # the same run as simulate with the cache on (auto: Mooncake carries content keys)
     direct = simulate(SimConfig(load_model("gpt-oss-120b"), get_gpu("h200"),
@@ -335,3 +343,34 @@ def test_yaml_on_off_prefix_caches_are_the_modes(tmp_path):
     # other axes still refuse booleans
     with pytest.raises(SweepConfigError, match="expected int, got True"):
         SweepGrid.from_mapping({"tp": [True]})
+
+
+def test_slo_not_met_keeps_what_was_measured_at_the_lowest_rate():
+    """Before, a configuration that failed its SLO at the lowest rate scale wrote empty
+    latency columns; the row now carries the metrics measured there (at_fail_*)."""
+    task = slo_tasks([SweepPoint("gpt-oss-120b", "h200", 1, "azure-conv", 1.0, 0.9,
+                                 "kvchain")], parse_slo("ttft_p99=2s,tpot_p99=50ms"),
+                     0.5, 8.0, 0.05)[0]
+
+    def fake(point: SweepPoint) -> dict[str, float]:
+        # TTFT p99 = 3 s x scale: 1.5 s at the lowest scale 0.5 -> meets ttft; TPOT p99 =
+        # 120 ms at every scale -> fails at 0.5 already
+        return {"ttft_p99_s": 3.0 * point.rate_scale, "tpot_p99_s": 0.12,
+                "offered_rate_rps": 4.0 * point.rate_scale}
+
+    row = run_slo_search(task, fake)
+    assert row["max_rate_scale"] is None and row["fail_rate_scale"] == 0.5
+    assert row["evaluations"] == 1
+    assert row["at_best_ttft_p99_s"] is None
+    # measured at scale 0.5: ttft 3 x 0.5 = 1.5 s, tpot 0.12 s, offered 4 x 0.5 = 2 req/s
+    assert row["at_fail_ttft_p99_s"] == 1.5 and row["at_fail_tpot_p99_s"] == 0.12
+    assert row["fail_rate_rps"] == 2.0
+
+    def meets_below_two(point: SweepPoint) -> dict[str, float]:
+        return {"ttft_p99_s": point.rate_scale, "tpot_p99_s": 0.01,
+                "offered_rate_rps": point.rate_scale}
+
+    found = run_slo_search(task, meets_below_two)
+    # met: at_best_ is the best scale's, at_fail_ the lowest failing scale's (> 2 s there)
+    assert found["at_best_ttft_p99_s"] == found["max_rate_scale"] <= 2.0
+    assert found["at_fail_ttft_p99_s"] == found["fail_rate_scale"] > 2.0

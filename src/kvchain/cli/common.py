@@ -1,25 +1,29 @@
-"""Helpers shared by the CLI commands: model loading and band tables."""
+"""Helpers shared by the CLI commands: model loading, band tables, and where messages go.
+
+Streams: results (tables, JSON, "wrote ..." lines) go to stdout; errors, warnings, hints
+and notes go to stderr, always through :func:`fail`, :func:`warn`, :func:`hint` and
+:func:`note`, so ``kvchain ... --json | jq`` never reads a message as JSON. An error exits 2
+(bad input: nothing ran); a run stopped by a typed error exits 1 (``simulate --strict``).
+"""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Annotated
+from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvchain.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
-from kvchain.cache.radix import ResumePolicy
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
 from kvchain.gpu import GPUSpec
 from kvchain.layout import ChainLayout
 from kvchain.report.tables import band_table
 from kvchain.sim.metrics import SimSummary
+from kvchain.sim.run_options import check_values, option_help
 from kvchain.sim.traces import Trace
 from kvchain.spec.declared import declare_model
 from kvchain.spec.hf import load_hf_config
@@ -100,47 +104,14 @@ def load_declared(path: Path) -> ModelSpec:
 
 
 def check_flags(**flags: float | int | None) -> None:
-    """Validate numeric command-line flags up front, naming the flag as typed.
-
-    Each keyword is a flag's Python name (``rate_scale`` for ``--rate-scale``); ``None``
-    values (flag not given) pass. Rules: ``requests``, ``page_size``, ``tp``,
-    ``max_running``, ``chunk_size``, ``prompt``, ``output``, ``buffer_bytes``,
-    ``step_ms``: >= 1 (``step_ms`` > 0); ``rate_scale``: finite and > 0; ``end_s``: > 0;
-    ``mem_fraction``: in (0, 1]; ``seed``, ``slots_held``, ``ops``: >= 0; ``step_ms`` at most
-    :data:`MAX_STEP_MS`; ``chunk_size`` >= ``page_size`` when both are given.
+    """Validate numeric command-line flags up front, naming the flag as typed (each keyword
+    is a flag's Python name: ``rate_scale`` for ``--rate-scale``; ``None`` passes): the
+    rules of :func:`kvchain.sim.run_options.check_values`, written there once.
 
     Raises:
         ConfigError: e.g. ``--requests must be >= 1, got 0``.
     """
-    for name, value in flags.items():
-        if value is None:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if name in ("rate_scale", "end_s", "step_ms"):
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
-        elif name == "mem_fraction":
-            if not 0 < value <= 1:
-                raise ConfigError(f"{flag} must be in (0, 1], got {value}")
-        elif name in ("seed", "slots_held", "ops"):
-            if value < 0:
-                raise ConfigError(f"{flag} must be >= 0, got {value}")
-        elif value < 1:
-            raise ConfigError(f"{flag} must be >= 1, got {value}")
-    step_ms = flags.get("step_ms")
-    if step_ms is not None and step_ms > MAX_STEP_MS:
-        raise ConfigError(f"--step-ms must be at most {MAX_STEP_MS:,.0f} (one hour), got "
-                          f"{step_ms:g}")
-    page, chunk = flags.get("page_size"), flags.get("chunk_size")
-    if page is not None and chunk is not None and chunk < page:
-        # Admission cuts prefill chunks to whole pages: no chunk could ever be admitted.
-        raise ConfigError(f"--chunk-size ({chunk}) must be at least --page-size ({page} "
-                          f"tokens)")
-
-
-MAX_STEP_MS = 3_600_000.0
-"""Largest ``--step-ms``: one hour of trace time per step (a longer tick overflows the
-step clock's sums of times to inf in the latency percentiles)."""
+    check_values(**flags)
 
 
 def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
@@ -169,9 +140,43 @@ def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
 def warn_buffer(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
                 spec_file: Path | None = None) -> None:
     """Print :func:`buffer_warnings` to stderr, one ``warning:`` line each."""
-    console = Console(stderr=True)
     for line in buffer_warnings(model, gpu, buffer_bytes, spec_file=spec_file):
-        console.print(f"[yellow]warning:[/yellow] {escape(line)}")
+        warn(line)
+
+
+def stderr_console() -> Console:
+    """A rich console on stderr (messages; never results)."""
+    return Console(stderr=True)
+
+
+def fail(message: object, code: int = 2) -> NoReturn:
+    """Print ``error: <message>`` on stderr (unwrapped) and exit with ``code``.
+
+    Args:
+        message: the error (an exception prints as its text).
+        code: exit status: 2 for bad input (the default), 1 for a run stopped by a typed
+            error.
+
+    Raises:
+        typer.Exit: always.
+    """
+    stderr_console().print(f"[red]error:[/red] {escape(str(message))}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """Print ``warning: <message>`` on stderr (wrapped to the terminal): the run goes on."""
+    stderr_console().print(f"[yellow]warning:[/yellow] {escape(message)}")
+
+
+def hint(message: str) -> None:
+    """Print ``hint: <message>`` on stderr: what to change for a more telling run."""
+    stderr_console().print(f"[yellow]hint:[/yellow] {escape(message)}")
+
+
+def note(message: str) -> None:
+    """Print ``note: <message>`` on stderr: a setting the run chose for the user."""
+    stderr_console().print(f"[cyan]note:[/cyan] {escape(message)}")
 
 
 OVERLOAD_FACTOR = 2.0
@@ -244,40 +249,11 @@ def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,
     return load_model(model, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
 
 
-KV_DTYPE_HELP = ("Element type of attention K/V (default: the config's kv_cache_dtype / "
-                 "quantization_config, else bf16).")
-STATE_DTYPE_HELP = ("Element type of the recurrent state (default: the config's "
-                    "mamba_ssm_dtype / mamba_ssm_cache_dtype / mamba_cache_dtype, else bf16).")
-
-
-PrefixCacheOption = Annotated[bool | None, typer.Option(
-    "--prefix-cache/--no-prefix-cache",
-    help="Serve cached prompt prefixes (default: on when the trace has content keys, e.g. "
-         "mooncake's hash_ids). --prefix-cache on a trace without content keys, or on a "
-         "model with two or more window bands, is refused (exit 2).")]
-"""``--prefix-cache/--no-prefix-cache`` (``simulate`` and ``compare``): ``None`` when not
-given, i.e. on when the trace carries content keys (``SimConfig.prefix_cache``)."""
-
-CachePointsOption = Annotated[ResumePolicy, typer.Option(
-    help="Where cached prompts keep window tails and state checkpoints: every content "
-         "block (blocks), only the last block boundary and the prompt end (ends), or "
-         "auto: ends for models with a recurrent state, blocks otherwise. Ignored while "
-         "the cache is off; blocks or ends on a model with two or more window bands (no "
-         "prefix cache there) is refused (exit 2).")]
-"""``--cache-points`` (``simulate`` and ``compare``): ``SimConfig.cache_points``."""
+KV_DTYPE_HELP = option_help("kv_dtype")
+STATE_DTYPE_HELP = option_help("state_dtype")
 
 
 def render_bands(layout: ChainLayout) -> Table:
     """A table of the chain's bands, low -> high in the buffer
     (:func:`kvchain.report.tables.band_table`)."""
     return band_table(layout)
-
-
-def reserve_config(reserve: ReservePolicy, new_token_ratio: str | None) -> ReserveConfig:
-    """``--reserve`` and ``--new-token-ratio`` as a :class:`ReserveConfig`.
-
-    Raises:
-        ConfigError: a malformed ratio, or a ratio with a policy other than ``sglang``.
-    """
-    ratio = parse_new_token_ratio(new_token_ratio) if new_token_ratio is not None else None
-    return ReserveConfig(reserve, ratio)

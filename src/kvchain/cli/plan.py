@@ -20,6 +20,7 @@ from kvchain.cli.common import (
     KV_DTYPE_HELP,
     STATE_DTYPE_HELP,
     check_flags,
+    fail,
     load_spec,
     render_bands,
     warn_buffer,
@@ -243,8 +244,7 @@ def plan_command(
         ours_longest = longest_request(ours.longest_request_tokens, context)
         pools_longest = longest_request(pools.longest_request_tokens, context)
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(exc)
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
     report = {
         "model": model_spec.name, "gpu": gpu_spec.name, "buffer_bytes": buffer,

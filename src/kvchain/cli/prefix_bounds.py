@@ -15,11 +15,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from kvchain.cli import app
-from kvchain.cli.common import load_spec
+from kvchain.cli.common import fail, load_spec
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.sim.prefix_bounds import HitBound, hit_bound
 from kvchain.sim.traces import load_trace
@@ -71,12 +70,9 @@ def prefix_bounds_command(
             bounds.append(hit_bound(loaded.requests, page_size, capacity_pages=capacity_pages,
                                     block_tokens=block_tokens))
     except KVChainError as exc:  # bad options, traces, block ids: typed, exit 2
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from exc
+        fail(exc)
     if bounds[0].requests == 0:
-        console.print(f"[red]error:[/red] trace {escape(repr(loaded.name))} has no content "
-                      f"block ids")
-        raise typer.Exit(2)
+        fail(f"trace {loaded.name!r} has no content block ids")
     rows = [{"cache": "infinite" if b.capacity_pages is None else f"LRU {b.capacity_pages:,} p",
              "capacity_pages": b.capacity_pages, "requests": b.requests,
              "prompt_tokens": b.prompt_tokens, "hit_tokens": b.hit_tokens,

@@ -18,11 +18,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from kvchain.cli import app
-from kvchain.cli.common import check_flags
+from kvchain.cli.common import check_flags, fail
 from kvchain.errors import ConfigError
 from kvchain.testing.geometry import SHAPES
 from kvchain.testing.replay import generate_section, replay_stream, write_stream
@@ -62,8 +61,7 @@ def replay_command(
             raise ConfigError("give a stream file to replay, or --generate SHAPE -o FILE")
         reports = replay_stream(stream, fail_fast=fail_fast)
     except ConfigError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from exc
+        fail(exc)
     if as_json:
         print(json.dumps([asdict(r) | {"ok": r.ok} for r in reports], indent=2))
     else:

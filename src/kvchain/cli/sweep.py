@@ -16,11 +16,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.cli import app
-from kvchain.cli.common import prepare_out_dir
+from kvchain.cli.common import fail, note, prepare_out_dir
+from kvchain.cli.run_options import GivenOptions, run_options
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.report.sweep import (
     append_row,
@@ -32,6 +32,7 @@ from kvchain.report.sweep import (
     write_table,
 )
 from kvchain.sim.sweep import (
+    AXES,
     SweepGrid,
     gpus_needed,
     load_grid_file,
@@ -69,7 +70,22 @@ def _range(text: str) -> tuple[float, float]:
     return lo, hi
 
 
+def sweep_defaults_note(data: dict[str, Any], grid: SweepGrid, slo: bool) -> str | None:
+    """What the sweep took by default that neither the grid file nor an option set, one
+    line (``note:`` on stderr; ``None`` when everything was set): the axes at their
+    defaults (with ``--slo`` the rate scales are searched, so not listed), and all requests
+    of each trace when ``requests`` and ``end_s`` are unset. E.g. ``chosen for this sweep:
+    models gpt-oss-120b, traces azure-conv, ..., all requests of each trace (--requests)``.
+    """
+    items = [f"{axis} {','.join(str(v) for v in getattr(grid, axis))}" for axis in AXES
+             if axis not in data and not (slo and axis == "rate_scales")]
+    if data.get("requests") is None and data.get("end_s") is None:
+        items.append("all requests of each trace (--requests)")
+    return "chosen for this sweep: " + ", ".join(items) if items else None
+
+
 @app.command("sweep")
+@run_options(sweep=True)
 def sweep_command(
     out: Annotated[Path, typer.Option(help="Output folder (sweep.jsonl, sweep.csv, "
                                            "sweep.parquet, plots; slo.csv with --slo).")],
@@ -87,10 +103,6 @@ def sweep_command(
              "comma-separated.")] = None,
     managers: Annotated[str | None, typer.Option(
         help="Managers: kvchain,fixed-pools,equal-page,ideal.")] = None,
-    requests: Annotated[int | None, typer.Option(help="First N requests of each trace.")]
-    = None,
-    end_s: Annotated[float | None, typer.Option(help="Keep arrivals before this second.")]
-    = None,
     workers: Annotated[int | None, typer.Option(help="Local worker processes (default: all "
                                                      "cores).")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="Run the points as Ray tasks.")] = False,
@@ -110,9 +122,16 @@ def sweep_command(
     slo_tol: Annotated[float, typer.Option(help="With --slo: relative tolerance of the "
                                                 "bisection.")] = 0.02,
     plots: Annotated[bool, typer.Option(help="Write plots against rate.")] = True,
+    *,
+    given: GivenOptions,
 ) -> None:
     """Run a grid of simulations, or with --slo find the highest rate meeting latency
-    targets per configuration and manager."""
+    targets per configuration and manager.
+
+    Every run option of simulate (but the axes: --rate-scales, --mem-fractions,
+    --prefix-caches) applies to every point, with simulate's defaults; a grid file takes
+    the same names as keys (reserve = "full"), and an option given here overrides it.
+    """
     console = Console()
     try:
         data: dict[str, Any] = load_grid_file(grid) if grid is not None else {}
@@ -121,9 +140,9 @@ def sweep_command(
                "rate_scales": _split(rate_scales, "rate_scales"),
                "mem_fractions": _split(mem_fractions, "mem_fractions"),
                "prefix_caches": _split(prefix_caches, "prefix_caches"),
-               "managers": _split(managers, "managers"), "requests": requests,
-               "end_s": end_s}
+               "managers": _split(managers, "managers")}
         data.update({k: v for k, v in cli.items() if v is not None})
+        data.update(given.typed_values())
         sweep_grid = SweepGrid.from_mapping(data)
         points = sweep_grid.points()
         n_workers = default_workers() if workers is None else workers
@@ -141,8 +160,10 @@ def sweep_command(
             config.check_cache(config.layout())  # e.g. the cache on for a keyless trace
         prepare_out_dir(out)
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        fail(exc)
+    chosen = sweep_defaults_note(data, sweep_grid, slo_spec is not None)
+    if chosen:
+        note(chosen)
 
     use_ray = ray or ray_address is not None
     if slo_spec is not None:
@@ -158,8 +179,7 @@ def sweep_command(
         done_rows = ({r.get("key"): upgrade_row(r) for r in read_rows(jsonl)}
                      if resume else {})
     except KVChainError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        fail(exc)
     if not resume and jsonl.exists():
         jsonl.unlink()
     todo = [i for i, k in enumerate(keys) if k not in done_rows]
@@ -183,8 +203,7 @@ def sweep_command(
             else:
                 new = run_local(fn, todo_tasks, n_workers, on_done)
         except KVChainError as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
-            raise typer.Exit(2) from None
+            fail(exc)
     wall = time.perf_counter() - started
     by_key = dict(done_rows)
     by_key.update(zip([keys[i] for i in todo], new, strict=True))

@@ -18,6 +18,7 @@ import csv
 import io
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvchain.errors import ConfigError
+from kvchain.sim.run_options import RunOptions
 
 Row = Mapping[str, Any]
 
@@ -147,9 +149,10 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
     Configuration settings every row shares (model, GPU, tp, trace, memory fraction, prefix
     cache) go to the title; the rest are columns. A rate found at the top of the searched
     range shows as ``>=`` (the SLO may hold higher); a configuration whose lowest rate fails
-    shows ``not met``. Cells are never cut or folded: two managers with GPUs fit 80 columns
-    (print with :func:`print_whole`: a wider table, e.g. with a prefix-cache column, is
-    then printed whole at its own width).
+    shows ``not met`` and ``<`` that rate scale, and the caption says what was measured
+    there (:func:`not_met_lines`). Cells are never cut or folded: two managers with GPUs
+    fit 80 columns (print with :func:`print_whole`: a wider table, e.g. with a
+    prefix-cache column, is then printed whole at its own width).
 
     Args:
         rows: result rows as :func:`kvchain.sim.sweep.run_slo_search` returns them.
@@ -163,8 +166,9 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
     varying = [i for i, k in enumerate(config_keys)
                if len({repr(c[i]) for c in configs}) > 1]
     first = next(iter(configs), ())
-    shared = ", ".join(f"{k}={first[i]}" for i, k in enumerate(config_keys)
-                       if i not in varying and first and first[i] is not None)
+    shared = ", ".join([f"{k}={first[i]}" for i, k in enumerate(config_keys)
+                        if i not in varying and first and first[i] not in (None, "auto")]
+                       + [f"{k}={rows[0][k]}" for k in _changed_options(rows)])
     slo = rows[0]["slo"] if rows else ""
     title = f"highest rate meeting {slo}"
     if target_rps is not None:
@@ -182,7 +186,8 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
         for m in managers:
             got = by_manager.get(m)
             if got is None or got.get("max_rate_scale") is None:
-                cells += ["not met", "-"]
+                low = got.get("fail_rate_scale") if got is not None else None
+                cells += ["not met", "-" if low is None else f"<{low:.3g}"]
             else:
                 rps = got.get("max_rate_rps")
                 more = ">=" if got.get("fail_rate_scale") is None else ""
@@ -192,7 +197,36 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
                 gpus = got.get("gpus_needed") if got is not None else None
                 cells.append("-" if gpus is None else f"{gpus:,}")
         body.append(cells)
-    return _whole_cells_table(title, names, body, len(varying))
+    caption = "\n".join(not_met_lines(rows)) or None
+    return _whole_cells_table(title, names, body, len(varying), caption)
+
+
+def _seconds(value: float) -> str:
+    """A latency for a caption: ``2.31 s`` from one second up, else ``45.7 ms``."""
+    return f"{value:,.2f} s" if value >= 1 else f"{value * 1e3:,.1f} ms"
+
+
+def not_met_lines(rows: Sequence[Row]) -> list[str]:
+    """One line per SLO search that no rate met: the manager and the configuration's
+    settings, the rate scale and offered rate where the targets already failed (the lowest
+    searched), and every target metric measured there, e.g. ``kvchain, h100, azure-conv:
+    at rate scale 0.25 (1.31 req/s) ttft_p99 3.20 s, tpot_p99 41.0 ms`` (targets in the
+    title). Rows without ``at_fail_`` values (written before they existed) say so."""
+    out = []
+    for r in rows:
+        if r.get("max_rate_scale") is not None:
+            continue
+        who = ", ".join(str(r[k]) for k in ("manager", "model", "gpu", "trace")
+                        if r.get(k) is not None)
+        measured = [f"{k[len('at_fail_'):-2]} {_seconds(v)}" for k, v in r.items()
+                    if k.startswith("at_fail_") and v is not None]
+        scale, rps = r.get("fail_rate_scale"), r.get("fail_rate_rps")
+        where = f"at rate scale {scale:g}" if scale is not None else "at the lowest rate"
+        if rps:
+            where += f" ({rps:,.2f} req/s)"
+        out.append(f"not met, {who}: {where} " + (", ".join(measured) if measured
+                                                  else "(no measurements in this row)"))
+    return out
 
 
 def _whole_cells_table(title: str, names: Sequence[str], body: Sequence[Sequence[str]],
@@ -211,6 +245,15 @@ def _whole_cells_table(title: str, names: Sequence[str], body: Sequence[Sequence
     for cells in body:
         table.add_row(*cells)
     return table
+
+
+def _changed_options(rows: Sequence[Row]) -> list[str]:
+    """Run options the rows carry beyond the grid's columns: a row has one only when it
+    differs from its default (``SweepPoint.params``), e.g. ``reserve``; they go to a table's
+    title (every point of a sweep shares them)."""
+    known = [f.name for f in fields(RunOptions)]
+    return [k for k in known if k not in _AXES and k not in ("rate_scale", "mem_fraction")
+            and rows and k in rows[0]]
 
 
 # Grid parameters a sweep row carries, in the order a results table shows them.
@@ -234,7 +277,8 @@ def sweep_table(rows: Sequence[Row]) -> Table:
         rows: result rows as :func:`kvchain.sim.sweep.run_point` returns them.
     """
     varying = [a for a in _AXES if len({repr(r.get(a)) for r in rows}) > 1]
-    shared = [a for a in ("model", "gpu", "tp", "trace", "manager", "prefix_cache")
+    shared = [a for a in ("model", "gpu", "tp", "trace", "manager", "prefix_cache",
+                          *_changed_options(rows))
               if a not in varying and rows and rows[0].get(a) not in (None, "auto")]
     title = "sweep" + (": " + ", ".join(f"{a}={rows[0][a]}" for a in shared) if shared else "")
     with_hits = any(r.get("prefix_hit_rate_pct") is not None for r in rows)

@@ -147,7 +147,7 @@ EXTRA_SHORT = {
     "bytes_copied": "bytes copied",
     "u_star_pct": "U* (%)",
     "u_star_mem_pct": "mem-blocked U* (%)",
-    "alloc_efficiency_pct": "eff (%)",
+    "alloc_efficiency_pct": "eff (% hi=better)",
     "requests_rejected_context": "past context",
     "requests_truncated": "truncated",
     "prefix_hit_rate_pct": "hit rate (%)",
@@ -158,6 +158,7 @@ EXTRA_SHORT = {
 :data:`METRIC_DEFINITIONS`)."""
 
 METRIC_DEFINITIONS = (
+    "Better: lower latencies and retractions; higher throughput, U*, eff and hit rate. "
     "U* = mean of bytes needed / buffer over steps with requests waiting; "
     "mem-blocked U* = the same over steps whose head waiting request memory refused; "
     "eff = bytes needed / bytes held (prefix-cache pages included); bytes needed = "

@@ -12,8 +12,11 @@ Grid axes (every combination is one point)::
 ``prefix_caches``: ``auto`` (the default: the prefix cache on when the trace's requests carry
 content keys, as ``kvchain simulate`` does), ``on`` or ``off``.
 
-Fixed per sweep: ``requests`` (first N of each trace), ``end_s``, ``page_size``,
-``max_running``, ``chunk_size``, ``seed``.
+Fixed per sweep: every other run option (:class:`kvchain.sim.run_options.RunOptions`:
+``requests`` (first N of each trace), ``end_s``, ``page_size``, ``max_running``,
+``chunk_size``, ``seed``, ``reserve``, ``policy``, ``clock``, ``buffer_bytes``, ...), the
+same options with the same defaults as ``kvchain simulate`` (strict included: off, see
+that module), so a point gives the numbers ``simulate`` gives for the same settings.
 
 SLO search (one per configuration = a point without its rate scale): the rate scale ``x``
 multiplies the trace's own arrival rate (arrival times divided by ``x``). Assuming the
@@ -33,7 +36,7 @@ import math
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +44,12 @@ from kvchain.baselines import ManagerKind
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
-from kvchain.sched.scheduler import SchedulerConfig
 from kvchain.sim.compare import run_manager
 from kvchain.sim.engine import SimConfig
 from kvchain.sim.metrics import Percentiles, SimSummary
-from kvchain.sim.traces import Trace, load_trace
+from kvchain.sim.run_options import RunOptions
+from kvchain.sim.traces import Trace
+from kvchain.spec.layers import CacheDtype
 from kvchain.spec.model import ModelSpec
 
 
@@ -65,13 +69,10 @@ class SweepPoint:
         rate_scale: arrival-rate multiplier (> 0).
         mem_fraction: GPU memory fraction for weights + KV (0..1].
         manager: memory manager (``kvchain``, ``fixed-pools``, ``equal-page``, ``ideal``).
-        requests: keep the first N requests of the trace (None: all).
-        end_s: keep arrivals before this second (None: all).
-        page_size: tokens per page.
-        max_running: most running requests.
-        chunk_size: prefill chunk tokens.
-        seed: seed of Poisson arrivals (length-only traces).
         prefix_cache: ``auto``, ``on`` or ``off`` (:data:`PREFIX_CACHE_MODES`).
+        options: the other run options, shared by every point of a sweep (its fields that
+            are axes here, ``rate_scale``, ``mem_fraction`` and ``prefix_cache``, are
+            ignored: :meth:`run_options`).
     """
 
     model: str
@@ -81,23 +82,42 @@ class SweepPoint:
     rate_scale: float
     mem_fraction: float
     manager: str
-    requests: int | None = None
-    end_s: float | None = None
-    page_size: int = 16
-    max_running: int = 256
-    chunk_size: int = 8192
-    seed: int = 0
     prefix_cache: str = "auto"
+    options: RunOptions = field(default_factory=RunOptions)
+
+    def run_options(self) -> RunOptions:
+        """:attr:`options` with this point's axis values.
+
+        Raises:
+            SweepConfigError: a ``prefix_cache`` outside :data:`PREFIX_CACHE_MODES`.
+        """
+        if self.prefix_cache not in PREFIX_CACHE_MODES:
+            raise SweepConfigError(f"prefix_cache must be one of {list(PREFIX_CACHE_MODES)}, "
+                                   f"got {self.prefix_cache!r}")
+        return replace(self.options, rate_scale=self.rate_scale,
+                       mem_fraction=self.mem_fraction,
+                       prefix_cache=PREFIX_CACHE_MODES[self.prefix_cache])
 
     def params(self) -> dict[str, Any]:
-        """The point's parameters as a flat dict (field name -> value)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The point's parameters as a flat dict: the axes, then :data:`ROW_OPTIONS` of its
+        options (always, the columns rows have always had), ``prefix_cache``, then any other
+        option that differs from its default (e.g. ``reserve``), in field order."""
+        out: dict[str, Any] = {name: getattr(self, name)
+                               for name in ("model", "gpu", "tp", "trace", "rate_scale",
+                                            "mem_fraction", "manager")}
+        out.update({name: getattr(self.options, name) for name in ROW_OPTIONS})
+        out["prefix_cache"] = self.prefix_cache
+        changed = self.options.changed()
+        out.update({k: v for k, v in changed.items()
+                    if k not in ROW_OPTIONS and k not in AXIS_OPTIONS})
+        return out
 
     def key(self) -> str:
         """A stable text key of every parameter (``name=value|...``; floats by ``repr``):
         equal keys mean the same simulation (``--resume`` matches rows on it). The prefix
-        cache is left out at its default ``auto``, so rows written before that axis existed
-        keep their keys."""
+        cache is left out at its default ``auto``, and options at their defaults are left
+        out beyond :data:`ROW_OPTIONS`, so rows written before an option existed keep their
+        keys."""
         params = self.params()
         if params["prefix_cache"] == "auto":
             del params["prefix_cache"]
@@ -113,7 +133,16 @@ AXES: tuple[str, ...] = ("models", "gpus", "tp", "traces", "rate_scales", "mem_f
 #: Values of the ``prefix_caches`` axis -> ``SimConfig.prefix_cache`` (None: on when the
 #: trace carries content keys).
 PREFIX_CACHE_MODES: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
-FIXED: tuple[str, ...] = ("requests", "end_s", "page_size", "max_running", "chunk_size", "seed")
+#: Run options a sweep replaces by its axes (``rate_scales``, ``mem_fractions``,
+#: ``prefix_caches``).
+AXIS_OPTIONS: tuple[str, ...] = ("rate_scale", "mem_fraction", "prefix_cache")
+#: Run options every row carries as columns, whatever their value (the fixed settings rows
+#: had before every run option was a sweep option).
+ROW_OPTIONS: tuple[str, ...] = ("requests", "end_s", "page_size", "max_running",
+                                "chunk_size", "seed")
+#: Grid keys that are not axes: every run option but the axis ones.
+FIXED: tuple[str, ...] = tuple(f.name for f in fields(RunOptions)
+                               if f.name not in AXIS_OPTIONS)
 
 
 def upgrade_row(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -140,14 +169,14 @@ def upgrade_row(row: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class SweepGrid:
-    """The axes of a sweep and its fixed settings (see the module doc).
+    """The axes of a sweep and its fixed run options (see the module doc).
 
     Every axis is a non-empty tuple of distinct values; :meth:`points` is their product in
     axis order (models outermost, managers innermost).
 
     Raises:
         SweepConfigError: an empty axis, a value repeated on an axis, an unknown manager,
-            or a setting out of range.
+            or a value out of range.
     """
 
     models: tuple[str, ...] = ("gpt-oss-120b",)
@@ -158,12 +187,7 @@ class SweepGrid:
     mem_fractions: tuple[float, ...] = (0.9,)
     prefix_caches: tuple[str, ...] = ("auto",)
     managers: tuple[str, ...] = tuple(str(k) for k in ManagerKind)
-    requests: int | None = None
-    end_s: float | None = None
-    page_size: int = 16
-    max_running: int = 256
-    chunk_size: int = 8192
-    seed: int = 0
+    options: RunOptions = field(default_factory=RunOptions)
 
     def __post_init__(self) -> None:
         for axis in AXES:
@@ -191,21 +215,11 @@ class SweepGrid:
         if any(not 0 < f <= 1 for f in self.mem_fractions):
             raise SweepConfigError(f"memory fractions must be in (0, 1], got "
                                    f"{list(self.mem_fractions)}")
-        if self.requests is not None and self.requests < 1:
-            raise SweepConfigError(f"requests must be >= 1, got {self.requests}")
-        for name in ("page_size", "max_running", "chunk_size"):
-            if getattr(self, name) < 1:
-                raise SweepConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.chunk_size < self.page_size:
-            # Admission cuts prefill chunks to whole pages: every point would stop at start.
-            raise SweepConfigError(f"chunk_size ({self.chunk_size}) must be at least "
-                                   f"page_size ({self.page_size} tokens)")
 
     def points(self) -> list[SweepPoint]:
         """Every combination of the axes, one :class:`SweepPoint` each (product order)."""
-        fixed = {name: getattr(self, name) for name in FIXED}
-        return [SweepPoint(model, gpu, tp, trace, float(scale), float(mem), manager, **fixed,
-                           prefix_cache=cache)
+        return [SweepPoint(model, gpu, tp, trace, float(scale), float(mem), manager,
+                           prefix_cache=cache, options=self.options)
                 for model, gpu, tp, trace, scale, mem, cache, manager in itertools.product(
                     self.models, self.gpus, self.tp, self.traces, self.rate_scales,
                     self.mem_fractions, self.prefix_caches, self.managers)]
@@ -213,12 +227,13 @@ class SweepGrid:
     @staticmethod
     def from_mapping(data: Mapping[str, Any]) -> SweepGrid:
         """A grid from a mapping (a parsed grid file or CLI options): axis keys take a list
-        or a single value; fixed keys take a single value; ``None`` values are ignored.
-        ``prefix_caches`` also takes booleans (``True`` -> ``on``, ``False`` -> ``off``:
-        what YAML makes of unquoted ``on`` / ``off``).
+        or a single value; the other keys are run options (:data:`FIXED`, as
+        :meth:`RunOptions.from_mapping`: ``reserve = "full"``) and take a single value;
+        ``None`` values are ignored. ``prefix_caches`` also takes booleans (``True`` ->
+        ``on``, ``False`` -> ``off``: what YAML makes of unquoted ``on`` / ``off``).
 
         Raises:
-            SweepConfigError: an unknown key or a value of the wrong type.
+            SweepConfigError: an unknown key or a value of the wrong type or out of range.
         """
         unknown = set(data) - set(AXES) - set(FIXED)
         if unknown:
@@ -226,15 +241,12 @@ class SweepGrid:
                                    f"{sorted(AXES + FIXED)}")
         kinds: dict[str, type] = {"models": str, "gpus": str, "tp": int, "traces": str,
                                   "rate_scales": float, "mem_fractions": float,
-                                  "prefix_caches": str, "managers": str, "requests": int,
-                                  "end_s": float,
-                                  "page_size": int, "max_running": int, "chunk_size": int,
-                                  "seed": int}
+                                  "prefix_caches": str, "managers": str}
         values: dict[str, Any] = {}
+        fixed: dict[str, Any] = {}
         for key, raw in data.items():
             if raw is None:
                 continue
-            kind = kinds[key]
             if key in AXES:
                 items = list(raw) if isinstance(raw, list | tuple) else [raw]
                 if key == "prefix_caches":
@@ -243,12 +255,18 @@ class SweepGrid:
                     # the modes, not a type error
                     items = [("on" if v else "off") if isinstance(v, bool) else v
                              for v in items]
-                values[key] = tuple(_typed(key, v, kind) for v in items)
+                values[key] = tuple(_typed(key, v, kinds[key]) for v in items)
             else:
                 if isinstance(raw, list | tuple):
                     raise SweepConfigError(f"grid key {key!r} takes one value, got {raw!r}")
-                values[key] = _typed(key, raw, kind)
-        return SweepGrid(**values)
+                fixed[key] = raw
+        try:
+            options = RunOptions.from_mapping(fixed)
+        except SweepConfigError:
+            raise
+        except ConfigError as exc:
+            raise SweepConfigError(f"grid: {exc}") from None
+        return SweepGrid(**values, options=options)
 
 
 def _typed(key: str, value: Any, kind: type) -> Any:
@@ -299,23 +317,26 @@ def load_grid_file(path: Path) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=16)
-def _base_trace(trace: str, requests: int | None, end_s: float | None, seed: int) -> Trace:
-    return load_trace(trace, first=requests, end_s=end_s, seed=seed)
+def _base_trace(trace: str, options: RunOptions) -> Trace:
+    return options.load_trace(trace)
 
 
 @functools.lru_cache(maxsize=16)
-def _model(model: str, tp: int) -> ModelSpec:
+def _model(model: str, tp: int, kv_dtype: CacheDtype | None,
+           state_dtype: CacheDtype | None) -> ModelSpec:
     if model.endswith(".json"):
         from kvchain.spec.hf import load_hf_config
 
-        return load_hf_config(Path(model), tp=tp)
-    return load_model(model, tp=tp)
+        return load_hf_config(Path(model), tp=tp, kv_dtype=kv_dtype, state_dtype=state_dtype)
+    return load_model(model, tp=tp, kv_dtype=kv_dtype, state_dtype=state_dtype)
 
 
 def point_trace(point: SweepPoint) -> Trace:
     """The point's trace: its cut of the trace with arrival times divided by the rate scale
-    (the same arrivals as ``load_trace(..., rate_scale=...)``)."""
-    base = _base_trace(point.trace, point.requests, point.end_s, point.seed)
+    (the same arrivals as ``load_trace(..., rate_scale=...)``; the cut at rate 1 is loaded
+    once per sweep process and shared by the rate scales)."""
+    base = _base_trace(point.trace, replace(point.run_options(), rate_scale=1.0,
+                                            mem_fraction=1.0, prefix_cache=None))
     if point.rate_scale == 1.0:
         return base
     scale = point.rate_scale
@@ -324,20 +345,16 @@ def point_trace(point: SweepPoint) -> Trace:
 
 
 def point_config(point: SweepPoint) -> SimConfig:
-    """The :class:`SimConfig` of a point (``kvchain simulate``'s scheduler defaults).
+    """The :class:`SimConfig` of a point: :meth:`RunOptions.sim_config` of its options
+    (``kvchain simulate``'s, so the same settings give the same run).
 
     Raises:
         ConfigError and subclasses: unknown model or GPU, bad trace, a layout that does not
             fit.
     """
-    scheduler = SchedulerConfig(max_running=point.max_running, chunk_size=point.chunk_size,
-                                max_prefill_tokens=max(point.chunk_size, 8192))
-    if point.prefix_cache not in PREFIX_CACHE_MODES:
-        raise SweepConfigError(f"prefix_cache must be one of {list(PREFIX_CACHE_MODES)}, "
-                               f"got {point.prefix_cache!r}")
-    return SimConfig(_model(point.model, point.tp), get_gpu(point.gpu), point_trace(point),
-                     mem_fraction=point.mem_fraction, page_size=point.page_size,
-                     scheduler=scheduler, prefix_cache=PREFIX_CACHE_MODES[point.prefix_cache])
+    run = point.run_options()
+    return run.sim_config(_model(point.model, point.tp, run.kv_dtype, run.state_dtype),
+                          get_gpu(point.gpu), point_trace(point))
 
 
 def summary_row(summary: SimSummary) -> dict[str, Any]:
@@ -444,12 +461,15 @@ class RateSearch:
             answer is then "at least ``hi``").
         evaluations: simulations run.
         best_row: the result row at ``best_scale`` (None with it).
+        fail_row: the result row at ``fail_scale`` (None with it): what was measured where
+            the targets failed (at ``lo`` when even ``lo`` misses them).
     """
 
     best_scale: float | None
     fail_scale: float | None
     evaluations: int
     best_row: Mapping[str, Any] | None
+    fail_row: Mapping[str, Any] | None = None
 
 
 def bisect_rate(evaluate: Callable[[float], Mapping[str, Any]], slo: SLO, lo: float, hi: float,
@@ -476,12 +496,12 @@ def bisect_rate(evaluate: Callable[[float], Mapping[str, Any]], slo: SLO, lo: fl
                                f"hi={hi}, rel_tol={rel_tol}")
     row = evaluate(lo)
     if not slo.met_by(row):
-        return RateSearch(None, lo, 1, None)
+        return RateSearch(None, lo, 1, None, row)
     best, best_row = lo, row
     row = evaluate(hi)
     if slo.met_by(row):
         return RateSearch(hi, None, 2, row)
-    fail, count = hi, 2
+    fail, fail_row, count = hi, row, 2
     while fail / best > 1 + rel_tol:
         mid = math.sqrt(best * fail)
         row = evaluate(mid)
@@ -489,8 +509,8 @@ def bisect_rate(evaluate: Callable[[float], Mapping[str, Any]], slo: SLO, lo: fl
         if slo.met_by(row):
             best, best_row = mid, row
         else:
-            fail = mid
-    return RateSearch(best, fail, count, best_row)
+            fail, fail_row = mid, row
+    return RateSearch(best, fail, count, best_row, fail_row)
 
 
 def gpus_needed(target_rps: float, rate_rps: float | None, tp: int) -> int | None:
@@ -525,7 +545,10 @@ def run_slo_search(task: SLOTask,
     """Bisect one configuration's rate scale (:func:`bisect_rate` over ``evaluate``) into a
     flat row: the configuration's parameters, ``max_rate_scale``, ``fail_rate_scale``,
     ``max_rate_rps`` (offered request rate at the best scale), ``evaluations``, the SLO
-    text, and the metrics at the best scale prefixed ``at_best_``."""
+    text, the target metrics at the best scale prefixed ``at_best_``, and at the lowest
+    failing scale ``fail_rate_rps`` and the target metrics prefixed ``at_fail_``: where the
+    targets fail even at the range's low end ("not met"), these are what was measured
+    there (``at_best_`` is then empty)."""
     result = bisect_rate(lambda s: evaluate(replace(task.point, rate_scale=s)), task.slo,
                          task.lo, task.hi, task.rel_tol)
     params = task.point.params()
@@ -538,6 +561,10 @@ def run_slo_search(task: SLOTask,
     row["max_rate_rps"] = best.get("offered_rate_rps") if best is not None else None
     for metric, _ in task.slo.targets:
         row[f"at_best_{metric}_s"] = best.get(f"{metric}_s") if best is not None else None
+    fail = result.fail_row
+    row["fail_rate_rps"] = fail.get("offered_rate_rps") if fail is not None else None
+    for metric, _ in task.slo.targets:
+        row[f"at_fail_{metric}_s"] = fail.get(f"{metric}_s") if fail is not None else None
     return row
 
 

@@ -1,0 +1,156 @@
+"""The run options of ``simulate``, ``compare`` and ``sweep``, declared once.
+
+:func:`run_options` adds one typer option per :class:`kvchain.sim.run_options.RunOptions`
+field to a command, from the field's type, default and help (its metadata); the command
+receives a :class:`GivenOptions` instead (the values and which of them the user typed).
+Adding an option to all three commands is therefore a change to ``RunOptions`` only (see
+its module doc). The commands' shared *what to run* options (model, config, spec, GPU,
+tensor parallelism, trace) are declared once here too, as ``Annotated`` aliases.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Annotated, Any, get_type_hints
+
+import typer
+
+from kvchain.cache.radix import CacheGeometry, ResumePolicy
+from kvchain.layout import ChainLayout
+from kvchain.sim.prefix import has_content_keys
+from kvchain.sim.run_options import ResolvedRun, RunOptions
+from kvchain.sim.traces import BUNDLED_TRACES, Trace
+
+DEFAULT_MODEL = "gpt-oss-120b"
+DEFAULT_GPU = "h200"
+
+ModelOption = Annotated[str, typer.Option(help="Bundled model name (see `kvchain models`).")]
+ConfigOption = Annotated[Path | None, typer.Option(
+    help="A Hugging Face config.json instead of --model.")]
+SpecOption = Annotated[Path | None, typer.Option(
+    help="A JSON file declaring classes by bytes (as for `kvchain plan`).")]
+GpuOption = Annotated[str, typer.Option(help="GPU: a100, h100, h200, b200.")]
+TpOption = Annotated[int, typer.Option(
+    help="Tensor-parallel size (the simulated GPU is one rank).")]
+TraceOption = Annotated[str | None, typer.Option(
+    help=f"Bundled trace ({', '.join(sorted(BUNDLED_TRACES))}) or a trace file (formats "
+         "below). Without it: the demo, the first 600 mooncake requests at 0.3x their "
+         "rate; a trace you name runs whole at its own rate unless --requests / "
+         "--rate-scale say otherwise.")]
+
+# Options whose command-line default is "not given" (None) rather than the field's default:
+# the demo fills them in when no trace is named (kvchain.sim.run_options.resolve_run).
+_UNSET_BY_DEFAULT = frozenset({"requests", "rate_scale"})
+
+
+@dataclass(frozen=True, slots=True)
+class GivenOptions:
+    """A command's run options as parsed.
+
+    Attributes:
+        values: field name -> value (``None`` for ``requests`` / ``rate_scale`` when not
+            given; other fields their defaults when not given).
+        typed: the fields the user gave on the command line (or by environment).
+    """
+
+    values: dict[str, Any]
+    typed: frozenset[str]
+
+    def typed_values(self) -> dict[str, Any]:
+        """The values of the fields the user gave."""
+        return {k: v for k, v in self.values.items() if k in self.typed}
+
+
+def _parameters(exclude_axes: bool) -> list[inspect.Parameter]:
+    hints = get_type_hints(RunOptions)
+    out = []
+    for f in fields(RunOptions):
+        meta = f.metadata
+        if exclude_axes and meta.get("axis"):
+            continue
+        kind = hints[f.name]
+        default = f.default
+        if f.name in _UNSET_BY_DEFAULT:
+            kind, default = kind | None, None
+        flags = (meta["flags"],) if meta.get("flags") else ()
+        info = typer.Option(*flags, help=meta["help"])
+        out.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
+                                     default=default, annotation=Annotated[kind, info]))
+    return out
+
+
+_CTX = "_run_options_context"
+
+
+def _source(ctx: typer.Context, name: str) -> str:
+    """Where parameter ``name``'s value came from (``COMMANDLINE``, ``ENVIRONMENT``,
+    ``DEFAULT``, ...), by name: typer carries its own copy of click's enum."""
+    source = ctx.get_parameter_source(name)
+    return source.name if source is not None else "DEFAULT"
+
+
+def run_options(*, sweep: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a typer command so it takes every :class:`RunOptions` option (for
+    ``sweep=True`` all but the ones a sweep has as axes) and receives them as its
+    keyword argument ``given`` (:class:`GivenOptions`).
+
+    The command's own parameters come first in ``--help``, then the run options.
+    """
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values()
+               if p.name != "given"]
+        extra = _parameters(exclude_axes=sweep)
+        names = [p.name for p in extra]
+
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            ctx = kwargs.pop(_CTX)
+            values = {name: kwargs.pop(name) for name in names}
+            typed = frozenset(name for name in names
+                              if _source(ctx, name) in ("COMMANDLINE", "ENVIRONMENT"))
+            return fn(given=GivenOptions(values, typed), **kwargs)
+
+        # typer passes its context to a parameter annotated typer.Context
+        context = inspect.Parameter(_CTX, inspect.Parameter.KEYWORD_ONLY,
+                                    annotation=typer.Context)
+        params = own + extra + [context]
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate
+
+
+def chosen_note(resolved: ResolvedRun, given: GivenOptions, trace: Trace,
+                layout: ChainLayout) -> str | None:
+    """What the run chose that the user did not say, one line (``note:`` on stderr;
+    ``None`` when the user said everything that matters): the
+    demo's trace and cut, or for a named trace its whole length and own rate; the KV
+    buffer from the GPU memory model; the prefix cache's ``auto`` and the cache points
+    ``auto`` resolves to. E.g. ``trace mooncake (the demo: --trace names yours), its first
+    600 requests (--requests), 0.3x its arrival rate (--rate-scale), KV buffer
+    58,510,595,328 B from the GPU memory model (--mem-fraction 0.9, --buffer-bytes), prefix
+    cache auto: on when the trace has content keys (this one has), cache points auto:
+    blocks``."""
+    run = resolved.options
+    items = list(resolved.chosen)
+    if not resolved.demo:
+        if "requests" not in given.typed and "end_s" not in given.typed:
+            items.append(f"all {len(trace):,} requests of the trace (--requests)")
+        if "rate_scale" not in given.typed:
+            items.append("its own arrival rate (--rate-scale 1)")
+    if run.buffer_bytes is None:
+        items.append(f"KV buffer {layout.buffer_bytes:,} B from the GPU memory model "
+                     f"(--mem-fraction {run.mem_fraction:g}, --buffer-bytes)")
+    if run.prefix_cache is None:
+        keys = "has" if has_content_keys(trace) else "has none"
+        items.append(f"prefix cache auto: on when the trace has content keys (this one "
+                     f"{keys}; --prefix-cache/--no-prefix-cache)")
+    if run.cache_points is ResumePolicy.AUTO and run.prefix_cache is not False:
+        resolved_points = run.cache_points.resolve(CacheGeometry.of(layout)).value
+        items.append(f"cache points auto: {resolved_points}")
+    return "chosen for this run: " + ", ".join(items) if items else None

@@ -1,0 +1,53 @@
+"""Every command's error path: the message on stderr, nothing on stdout, exit 2.
+
+Results go to stdout and messages to stderr (``kvchain.cli.common``), so ``--json`` output
+piped to a JSON reader is JSON or nothing. Before, ``plan --json``, ``simulate``,
+``compare``, ``replay``, ``sweep`` and ``prefix-bounds`` printed ``error: ...`` on stdout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvchain.cli import _load_commands, app
+
+_load_commands()
+runner = CliRunner()
+
+# One bad input per command (and the --json form where the command has one); each is refused
+# before anything runs.
+CASES: list[tuple[str, list[str], str]] = [
+    ("plan", ["plan", "--model", "no-such-model"], "no-such-model"),
+    ("plan --json", ["plan", "--model", "no-such-model", "--json"], "no-such-model"),
+    ("models", ["models", "--tp", "0"], "--tp"),
+    ("simulate", ["simulate", "--model", "no-such-model"], "no-such-model"),
+    ("simulate --json", ["simulate", "--requests", "0", "--json"], "--requests"),
+    ("compare", ["compare", "--model", "no-such-model"], "no-such-model"),
+    ("compare --json", ["compare", "--rate-scale", "0", "--json"], "--rate-scale"),
+    ("compare --managers", ["compare", "--managers", "nope"], "nope"),
+    ("replay", ["replay"], "stream"),
+    ("replay --json", ["replay", "missing-stream.jsonl", "--json"], "missing-stream"),
+    ("sweep", ["sweep", "--out", "OUT", "--models", "no-such-model"], "no-such-model"),
+    ("sweep --slo", ["sweep", "--out", "OUT", "--slo", "ttft_p99=2parsecs"], "ttft_p99"),
+    ("prefix-bounds", ["prefix-bounds", "--trace", "missing-trace.jsonl"], "missing-trace"),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "named"), CASES, ids=[c[0] for c in CASES])
+def test_error_goes_to_stderr_with_exit_2(name: str, args: list[str], named: str,
+                                          tmp_path: Path) -> None:
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, (name, result.output)
+    assert result.stdout == "", f"{name}: stdout must be empty, got {result.stdout!r}"
+    assert "error" in result.stderr.lower() or "invalid" in result.stderr.lower(), name
+    assert named in result.stderr, (name, result.stderr)
+
+
+def test_every_command_has_an_error_case() -> None:
+    """A new command gets a case here (the list above covers every registered one)."""
+    commands = {c.name for c in app.registered_commands}
+    assert commands == {name.split()[0] for name, _, _ in CASES}
