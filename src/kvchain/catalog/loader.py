@@ -1,7 +1,7 @@
 """The bundled model catalog: names and aliases -> :class:`~kvchain.spec.model.ModelSpec`.
 
 Package data under ``kvchain/catalog/data/`` (sources and licenses in ``SOURCES.md``):
-``models.json`` (19 models), ``model_configs/*.json`` (12 verbatim Hugging Face configs)
+``models.json`` (19 models), ``model_configs/*.json`` (13 verbatim Hugging Face configs)
 and ``catalog.json`` (the index: names, aliases, which file describes each model).
 
 A model with a verbatim config is built from it (:func:`~kvchain.spec.hf.load_hf_config`);
