@@ -624,7 +624,7 @@ def _sambay_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
     layer ``n/2`` is a last Mamba layer (when ``n/2`` is a Mamba index).
     """
     period = cfg.positive_int("mb_per_layer")  # default 2: kvchain.spec.hf_family_defaults
-    cross_from = n // 2 + 2
+    cross_from = sambay_cross_from(n)
     out: list[tuple[Mixer, ...]] = []
     for i in range(n):
         if i >= cross_from:
@@ -634,6 +634,14 @@ def _sambay_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
         else:
             out.append((Mixer.WINDOW,) if i < n // 2 else (Mixer.FULL,))
     return out
+
+
+def sambay_cross_from(n: int) -> int:
+    """First layer of SambaY's cross-decoder (``yoco_cross``) in a model of ``n`` layers:
+    ``n // 2 + 2`` (microsoft/Phi-4-mini-flash-reasoning ``modeling_phi4flash.py``). Its
+    layers keep no cache: gated memory units at ``i % mb_per_layer == 0``, attention that
+    reads layer ``n // 2 + 1``'s KV otherwise."""
+    return n // 2 + 2
 
 
 def _kimi_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
