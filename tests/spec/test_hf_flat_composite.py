@@ -6,19 +6,24 @@ A composite class (``Step3p7Config``, ``Qwen3_5Config``, ``Qwen3_5MoeConfig``,
 fix a flat config read through it became the text class's defaults (a 4-layer flat
 ``step3p7`` loaded as ``Step3p7TextConfig``'s 45 full layers with its 128,000-token
 context). Each family here is read flat and nested, through transformers and as the raw
-dict: all four readings give the bytes derived by hand.
+dict: all four readings give the bytes derived by hand. On c9a1289 the flat transformers reading fails for
+step3p7, qwen3_5, qwen3_5_moe, gemma4 and gemma3; llama4 read right there already (kept as
+a case of the same kind).
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from importlib import resources
 
 import pytest
 
 from kvchain.spec import LifetimeClass, load_hf_config
 from kvchain.spec.hf_layers import read_config
 
-FULL, WINDOW, STATE = LifetimeClass.FULL, LifetimeClass.WINDOW, LifetimeClass.STATE
+FULL, WINDOW, LOCAL, STATE = (LifetimeClass.FULL, LifetimeClass.WINDOW, LifetimeClass.LOCAL,
+                              LifetimeClass.STATE)
 
 
 @pytest.fixture(params=["transformers", "raw-dict"])
@@ -53,6 +58,16 @@ GEMMA4 = {
     "intermediate_size": 2112, "vocab_size": 262144, "max_position_embeddings": 131072,
 }
 
+GEMMA3 = {
+    "num_hidden_layers": 6, "hidden_size": 256, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 64, "sliding_window": 512, "vocab_size": 1000,
+    "intermediate_size": 512, "max_position_embeddings": 8192,
+}
+# Llama 4 Scout's text model: the bundled published config's text_config
+LLAMA4 = {k: v for k, v in json.loads(resources.files("kvchain.catalog").joinpath(
+    "data", "model_configs", "meta-llama--Llama-4-Scout-17B-16E-Instruct.json").read_text())[
+        "text_config"].items() if k != "model_type"}
+
 # model_type -> (text fields, layers, {lifetime: bytes per token or per slot}, window, context)
 CASES = {
     # 2 window + 2 full layers, each 2 KV heads x (64 + 64) x 2 B = 512 B
@@ -65,6 +80,11 @@ CASES = {
     # Gemma4TextConfig: layers 0-4 window (8 KV heads x (256 + 256) x 2 B = 8,192 B each),
     # layer 5 full with global_head_dim 512 and 2 global KV heads: 2 x 1,024 x 2 B
     "gemma4": (GEMMA4, 6, {WINDOW: 5 * 8_192, FULL: 4_096}, 1024, 131072),
+    # the same kind, two more composite classes: Gemma3Config (layers 0-4 window, 5 full,
+    # 2 KV heads x (64 + 64) x 2 B = 512 B each) and Llama4Config (36 chunked-local and
+    # 12 NoPE full layers of 8 KV heads x (128 + 128) x 2 B = 4,096 B; chunk 8,192)
+    "gemma3": (GEMMA3, 6, {WINDOW: 5 * 512, FULL: 512}, 512, 8192),
+    "llama4": (LLAMA4, 48, {LOCAL: 36 * 4_096, FULL: 12 * 4_096}, None, 10_485_760),
 }
 
 
