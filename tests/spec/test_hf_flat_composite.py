@@ -6,9 +6,9 @@ A composite class (``Step3p7Config``, ``Qwen3_5Config``, ``Qwen3_5MoeConfig``,
 fix a flat config read through it became the text class's defaults (a 4-layer flat
 ``step3p7`` loaded as ``Step3p7TextConfig``'s 45 full layers with its 128,000-token
 context). Each family here is read flat and nested, through transformers and as the raw
-dict: all four readings give the bytes derived by hand. On c9a1289 the flat transformers reading fails for
-step3p7, qwen3_5, qwen3_5_moe, gemma4 and gemma3; llama4 read right there already (kept as
-a case of the same kind).
+dict: all four readings give the bytes derived by hand. On c9a1289 the flat transformers
+reading fails for step3p7, qwen3_5, qwen3_5_moe, gemma4 and gemma3; llama4 read right
+there already (kept as a case of the same kind).
 """
 
 from __future__ import annotations
