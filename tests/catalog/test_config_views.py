@@ -33,6 +33,16 @@ def test_bundled_bytes_come_from_transformers_view_without_importing_it():
     assert mimo.cache_classes(LifetimeClass.WINDOW)[0].window == 129
 
 
+def test_a_bundled_model_reports_the_class_defaults_its_bytes_rest_on():
+    """Nemotron-H-56B's config.json sets no mamba_ssm_cache_dtype: the fp32 state above is
+    NemotronHConfig's default, and the model says so (from the frozen view, without
+    transformers); Qwen3-8B's file sets every field read and its report is empty."""
+    noted = {d.field: d for d in load_model("Nemotron-H-56B-Base-8K").defaulted}
+    assert noted["mamba_ssm_cache_dtype"].value == "float32"
+    assert noted["mamba_ssm_cache_dtype"].by == "transformers 5.24.0 NemotronHConfig"
+    assert load_model("Qwen3-8B").defaulted == ()
+
+
 def test_reading_a_bundled_model_imports_neither_transformers_nor_torch():
     """A fresh process: loading every bundled model leaves transformers and torch
     unimported (with the hf extra installed they cost seconds on the first config read)."""
@@ -55,7 +65,8 @@ def test_frozen_view_reads_like_transformers_today(name, relative):
             spec = read(tp)
         except ConfigError as exc:
             return str(exc)
-        return spec.classes, spec.layers, spec.total_params, spec.max_context_tokens
+        return (spec.classes, spec.layers, spec.total_params, spec.max_context_tokens,
+                spec.defaulted)
 
     for tp in (1, 2, 4, 8):
         live = outcome(lambda tp: load_hf_config(raw, name=name, tp=tp), tp)
@@ -83,10 +94,10 @@ def test_an_edited_view_does_not_change_later_reads():
     # bundled_fields serves the views from a per-process cache; before it returned a copy,
     # a caller editing the returned mapping (or a nested one) changed every later read.
     relative = "model_configs/nvidia--Nemotron-H-56B-Base-8K.json"
-    fields, _ = views.bundled_fields(relative, read_bundled_config(relative))
+    fields = views.bundled_fields(relative, read_bundled_config(relative)).fields
     want = json.dumps(fields, sort_keys=True)
     fields["mamba_ssm_cache_dtype"] = "bfloat16"  # type: ignore[index]
     fields.clear()  # type: ignore[attr-defined]
-    again, _ = views.bundled_fields(relative, read_bundled_config(relative))
+    again = views.bundled_fields(relative, read_bundled_config(relative)).fields
     assert json.dumps(again, sort_keys=True) == want
     assert again["mamba_ssm_cache_dtype"] == "float32"  # transformers' default, frozen

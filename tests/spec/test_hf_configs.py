@@ -77,6 +77,16 @@ EXPECTED = {
         WINDOW: (39, 39 * 8 * (192 + 128) * 2, 129),
         FULL: (9, 9 * 4 * (192 + 128) * 2, None),
     },
+    "microsoft--Phi-4-mini-flash-reasoning": {
+        # SambaY, 32 layers (Phi4FlashDecoderLayer): Mamba-1 at 0, 2, ..., 16 (9 layers),
+        # window attention at 1, 3, ..., 15 (8), full attention at 17 = n/2 + 1; 18..31
+        # keep no cache. The file sets no mamba_* field: Phi4FlashConfig's defaults
+        # d_state 16, d_conv 4, expand 2 -> d_inner 2 x 2560 = 5120; conv (3, 5120) +
+        # ssm (5120, 16), bf16. 20 KV heads x head_dim 2560 / 40 = 64.
+        STATE: (9, 9 * (3 * 5120 + 5120 * 16) * 2, None),
+        WINDOW: (8, 8 * 20 * (64 + 64) * 2, 512),
+        FULL: (1, 20 * (64 + 64) * 2, None),
+    },
     "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8": {
         # conv (3, 8192 + 2*8*128) bf16 + ssm (128, 64, 128) fp32 (mamba_ssm_cache_dtype)
         STATE: (40, 40 * (3 * 10240 * 2 + 128 * 64 * 128 * 4), None),

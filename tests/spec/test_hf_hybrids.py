@@ -247,17 +247,37 @@ def test_sambay_has_three_classes(reader):
     assert spec.max_context_tokens == 4096
 
 
-def test_phi4_mini_flash_full_size():
-    # the published config (32 layers, 2560 wide, 40 heads, 20 KV heads, window 512):
-    # 9 Mamba layers x (3 x 5120 + 5120 x 16) x 2 B; 8 window layers x 20 x 128 x 2 B;
-    # one full layer
-    spec = load_hf_config({**SAMBAY, "num_hidden_layers": 32, "hidden_size": 2560,
-                           "num_attention_heads": 40, "num_key_value_heads": 20,
-                           "sliding_window": 512, "intermediate_size": 10240,
-                           "vocab_size": 200064})
+PHI4_FLASH = "microsoft--Phi-4-mini-flash-reasoning.json"
+
+
+def test_phi4_mini_flash_reads_the_published_file_unedited(reader):
+    """The published config.json, read as bundled (no key added): 32 layers, 2560 wide,
+    40 heads, 20 KV heads, window 512, and no mamba_* field (c9a1289 refused it: "lacks
+    'mamba_expand'"). Phi4FlashConfig's defaults apply (d_state 16, d_conv 4, expand 2):
+    9 Mamba layers x (3 x 5120 + 5120 x 16) x 2 B; 8 window layers x 20 x 128 x 2 B; one
+    full layer. The defaults used are reported with their source."""
+    from importlib import resources
+
+    path = resources.files("kvchain.catalog").joinpath("data", "model_configs", PHI4_FLASH)
+    spec = load_hf_config(str(path))
     assert spec.state_bytes == 9 * (3 * 5120 + 5120 * 16) * 2 == 1_751_040
     assert spec.bytes_per_token(WINDOW) == 8 * 20 * 128 * 2 == 40_960
     assert spec.bytes_per_token(FULL) == 20 * 128 * 2 == 5_120
+    assert spec.max_context_tokens == 262_144  # the file's own max_position_embeddings
+    noted = {d.field: d.value for d in spec.defaulted}
+    assert {k: noted.get(k) for k in ("mamba_d_state", "mamba_d_conv", "mamba_expand")} == {
+        "mamba_d_state": "16", "mamba_d_conv": "4", "mamba_expand": "2"}
+    assert all("configuration_phi4flash.py" in d.by for d in spec.defaulted)
+    # sibling: fields the file sets (window, KV heads) are not listed as defaults
+    assert not {"sliding_window", "num_key_value_heads", "num_hidden_layers"} & set(noted)
+
+
+def test_phi4_flash_file_values_beat_the_class_defaults(reader):
+    """A field the file sets wins over the table (mamba_d_state 32 doubles the ssm part:
+    (3 x 512 + 512 x 32) x 2 B per Mamba layer of the 8-layer toy)."""
+    spec = load_hf_config({**SAMBAY, "mamba_d_state": 32})
+    assert spec.state_bytes == 3 * (3 * 512 + 512 * 32) * 2
+    assert "mamba_d_state" not in {d.field for d in spec.defaulted}
 
 
 KIMI = {

@@ -77,6 +77,26 @@ def test_published_totals(name):
         assert spec.active_params == pytest.approx(active, rel=active_tol)
 
 
+def test_phi4_mini_flash_counts_its_cross_decoder():
+    """Phi-4-mini-flash-reasoning (the bundled published config): h = 2560, vocab 200,064
+    (tied), 32 gated MLPs of 3 x 2560 x 10240; 9 Mamba-1 layers (d_inner 5120, d_state 16,
+    dt_rank 160, kernel 4) of 2hd + dK + d(r + 2n) + rd + dn + dh = 41,226,240; 9
+    self-decoder attention layers of 3 x 2560 x 2560 (q, k+v of 20 x 64 x 2, out) =
+    19,660,800. The cross-decoder (layers 18..31) keeps no cache but has weights (c9a1289
+    counted none of them): 7 GMUs of 2 x 2560 x 5120 = 26,214,400 and 7 cross-attention
+    layers of q + out = 2 x 2560 x 2560 = 13,107,200. Total 3,851,980,800; the checkpoint
+    index's total_size is 7,706,608,640 B = 3,853,304,320 bf16 parameters (the rest are
+    vectors, 0.03 %)."""
+    spec = load_model("Phi-4-mini-flash-reasoning")
+    self_decoder = (200_064 * 2560 + 32 * 3 * 2560 * 10240 + 9 * 41_226_240
+                    + 9 * 19_660_800)
+    assert self_decoder == 3_576_729_600
+    assert spec.total_params == self_decoder + 7 * 26_214_400 + 7 * 13_107_200
+    assert spec.total_params == 3_851_980_800
+    assert spec.weight_bytes == 2 * 3_851_980_800  # bf16, no quantization_config
+    assert 0 < 7_706_608_640 - spec.weight_bytes < 0.001 * 7_706_608_640
+
+
 def test_mxfp4_experts_weight_bytes():
     c = counts_of("openai--gpt-oss-120b")
     expected = 2 * (c.total - c.routed_experts) + (c.routed_experts * 17 + 31) // 32

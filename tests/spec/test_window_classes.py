@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kvchain.cli.common import load_declared
 from kvchain.errors import ConfigError, LayoutError
 from kvchain.layout import Anchor, plan_layout
 from kvchain.spec.declared import declare_model, declared_class, declared_layer
 from kvchain.spec.layers import LifetimeClass as LC
 from kvchain.spec.layers import group_classes
+from kvchain.spec.spec_file import load_spec_file
 
 
 def test_group_classes_splits_windows_by_size_with_unique_labels() -> None:
@@ -64,7 +64,7 @@ def test_spec_file_with_several_window_classes(tmp_path: Path) -> None:
     path = tmp_path / "two.json"
     path.write_text(json.dumps({"full": 30, "windows": [{"bytes": 20, "tokens": 128},
                                                          {"bytes": 8, "tokens": 11}]}))
-    m = load_declared(path)
+    m = load_spec_file(path)
     assert [c.label for c in m.classes] == ["window11", "window128", "full"]
     for bad in ({"full": 1, "windows": {"bytes": 1, "tokens": 2}},
                 {"full": 1, "windows": [{"bytes": 1}]},
@@ -72,4 +72,4 @@ def test_spec_file_with_several_window_classes(tmp_path: Path) -> None:
                 {"full": 1, "windows": [{"bytes": 1, "tokens": 2, "x": 0}]}):
         path.write_text(json.dumps(bad))
         with pytest.raises(ConfigError, match="spec file"):
-            load_declared(path)
+            load_spec_file(path)

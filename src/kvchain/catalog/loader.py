@@ -1,7 +1,7 @@
 """The bundled model catalog: names and aliases -> :class:`~kvchain.spec.model.ModelSpec`.
 
 Package data under ``kvchain/catalog/data/`` (sources and licenses in ``SOURCES.md``):
-``models.json`` (19 models), ``model_configs/*.json`` (12 verbatim Hugging Face configs)
+``models.json`` (19 models), ``model_configs/*.json`` (13 verbatim Hugging Face configs)
 and ``catalog.json`` (the index: names, aliases, which file describes each model).
 
 A model with a verbatim config is built from it (:func:`~kvchain.spec.hf.load_hf_config`);
@@ -25,6 +25,7 @@ from kvchain.catalog.views import bundled_fields
 from kvchain.errors import ConfigError, UnknownModelError
 from kvchain.spec.hf import load_hf_config
 from kvchain.spec.hf_layers import read_config
+from kvchain.spec.hf_transformers import ReadThrough
 from kvchain.spec.layers import CacheDtype, LifetimeClass
 from kvchain.spec.model import ModelSpec
 from kvchain.spec.params import WeightFormat
@@ -213,23 +214,23 @@ def _build(
     state_dtype: CacheDtype | None,
     from_entry: bool,
 ) -> ModelSpec:
-    def load(config: Mapping[str, object]) -> ModelSpec:
+    def load(config: Mapping[str, object], read: ReadThrough | None = None) -> ModelSpec:
         # Bundled configs are read from their frozen transformers view (catalog/views.py):
         # the same bytes with or without transformers installed, and no import of it.
         return load_hf_config(config, name=record.name, kv_dtype=kv_dtype, tp=tp,
                               state_dtype=state_dtype, weight_format=record.weight_format,
-                              source=record.source, use_transformers=False)
+                              source=record.source, use_transformers=False, read_as=read)
 
-    fields: Mapping[str, object] | None = None
-    if record.config_file:
-        fields, _ = bundled_fields(record.config_file, read_bundled_config(record.config_file))
-    if fields is not None and not from_entry:
-        return load(fields)
+    if record.config_file and not from_entry:
+        raw = read_bundled_config(record.config_file)
+        return load(raw, bundled_fields(record.config_file, raw))
     if record.entry is None:
         raise UnknownModelError(f"{record.name!r} has no models.json entry")
     params: Mapping[str, object] = record.params_fields
-    if fields is not None:
-        params = dict(read_config(fields, use_transformers=False).fields)
+    if record.config_file:
+        raw = read_bundled_config(record.config_file)
+        read = bundled_fields(record.config_file, raw)
+        params = dict(read_config(raw, use_transformers=False, read_as=read).fields)
     return load(entry_config(record.entry, params))
 
 

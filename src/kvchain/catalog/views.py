@@ -14,13 +14,15 @@ Reading bundled models raw when transformers is absent would give other bytes th
 it, and reading them through transformers costs seconds on the first read of a process
 (transformers imports torch). So the view of every bundled config whose ``model_type``
 transformers knows is frozen in ``catalog/data/config_views.json`` together with the
-SHA-256 of the config it was taken from and the reader (``"transformers 5.24.0
-NemotronHConfig"``); :func:`bundled_fields` serves it, and a bundled model reads the same
-bytes in every environment without importing transformers. ``tests/catalog/
-test_config_views.py`` (run in CI, where transformers is installed) re-reads every bundled
-config through transformers and checks the frozen view gives the same :class:`ModelSpec`
-at every tensor-parallel degree, so a transformers release that reads a config otherwise
-is caught; ``python -m kvchain.catalog.views`` writes the file anew.
+SHA-256 of the config it was taken from, the reader (``"transformers 5.24.0
+NemotronHConfig"``) and the fields the class supplied because the file did not set them
+(``defaulted``, reported on the model as ``ModelSpec.defaulted``); :func:`bundled_fields`
+serves it, and a bundled model reads the same bytes in every environment without importing
+transformers. ``tests/catalog/test_config_views.py`` (run in CI, where transformers is
+installed) re-reads every bundled config through transformers and checks the frozen view
+gives the same :class:`ModelSpec` at every tensor-parallel degree, so a transformers
+release that reads a config otherwise is caught; ``python -m kvchain.catalog.views``
+writes the file anew.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from importlib import resources
 from pathlib import Path
 
 from kvchain.errors import ConfigError
+from kvchain.spec.hf_transformers import ReadThrough
 
 VIEWS_FILE = "config_views.json"
 
@@ -65,18 +68,19 @@ def config_sha256(relative: str) -> str:
         raise ConfigError(f"no bundled file {relative!r}") from exc
 
 
-def bundled_fields(relative: str, raw: Mapping[str, object]) -> tuple[Mapping[str, object], str]:
-    """The fields to read a bundled config from, and who produced them.
+def bundled_fields(relative: str, raw: Mapping[str, object]) -> ReadThrough:
+    """The reading of a bundled config: its fields, who produced them, and which fields
+    the configuration class supplied (the file did not set them).
 
     Args:
         relative: the config's path under ``catalog/data``.
         raw: its parsed ``config.json``.
 
     Returns:
-        ``(fields, reader)``: the frozen transformers view (a fresh copy on every call, so
-        a caller that edits it cannot change what later reads get) and its reader name
-        when one is recorded for this config, else ``(raw, "raw dict")`` (transformers
-        does not know the ``model_type``).
+        The frozen transformers view (its fields a fresh copy on every call, so a caller
+        that edits them cannot change what later reads get), its reader name and its
+        ``defaulted`` fields when a view is recorded for this config, else the raw dict
+        read as ``"raw dict"`` (transformers does not know the ``model_type``).
 
     Raises:
         ConfigError: a view is recorded for another version of the file (its SHA-256
@@ -84,7 +88,7 @@ def bundled_fields(relative: str, raw: Mapping[str, object]) -> tuple[Mapping[st
     """
     view = _views().get(relative)
     if view is None:
-        return raw, "raw dict"
+        return ReadThrough(dict(raw), "raw dict")
     digest = config_sha256(relative)
     if view.get("sha256") != digest:
         raise ConfigError(f"the frozen transformers view of {relative} was taken from "
@@ -92,9 +96,12 @@ def bundled_fields(relative: str, raw: Mapping[str, object]) -> tuple[Mapping[st
                           "run `python -m kvchain.catalog.views`")
     fields = view.get("fields")
     reader = view.get("reader")
-    if not isinstance(fields, dict) or not isinstance(reader, str):
+    defaulted = view.get("defaulted", [])
+    if (not isinstance(fields, dict) or not isinstance(reader, str)
+            or not isinstance(defaulted, list)):
         raise ConfigError(f"the frozen view of {relative} is malformed")
-    return copy.deepcopy(fields), reader  # the views are cached per process: never shared
+    # the views are cached per process: never shared
+    return ReadThrough(copy.deepcopy(fields), reader, frozenset(map(str, defaulted)))
 
 
 def freeze_views(configs: list[str]) -> dict[str, object]:
@@ -121,7 +128,8 @@ def freeze_views(configs: list[str]) -> dict[str, object]:
         if read.reader == "raw dict":
             continue
         views[relative] = {"sha256": config_sha256(relative), "reader": read.reader,
-                           "fields": json.loads(json.dumps(read.fields, sort_keys=True))}
+                           "fields": json.loads(json.dumps(read.fields, sort_keys=True)),
+                           "defaulted": sorted(read.defaulted)}
     return {"transformers": transformers.__version__, "views": views}
 
 

@@ -10,12 +10,14 @@ from kvchain.spec.layers import (
     TensorDecl,
     group_classes,
 )
-from kvchain.spec.model import ModelSpec
+from kvchain.spec.model import DefaultedField, ModelSpec
 from kvchain.spec.params import ParamCounts, WeightFormat, count_params, weight_bytes
+from kvchain.spec.spec_file import load_spec_file
 
 __all__ = [
     "CacheClass",
     "CacheDtype",
+    "DefaultedField",
     "LayerCache",
     "LifetimeClass",
     "ModelSpec",
@@ -28,5 +30,6 @@ __all__ = [
     "declared_layer",
     "group_classes",
     "load_hf_config",
+    "load_spec_file",
     "weight_bytes",
 ]

@@ -22,20 +22,46 @@ from kvchain.spec.layers import CacheClass, CacheDtype, LayerCache, LifetimeClas
 from kvchain.spec.model import ModelSpec
 
 
+def declared_count(label: str, value: object, *, positive: bool = False) -> int:
+    """``value`` as a byte or token count: an ``int`` (``bool`` and ``float`` refused, even
+    ``1000.0``: a fractional byte count would build fractional page sizes), ``>= 0``, or
+    ``> 0`` with ``positive``.
+
+    The one check of every number a declared model takes, whether it comes from
+    :func:`declare_model` or from a spec file (:mod:`kvchain.spec.spec_file`).
+
+    Raises:
+        ConfigError: not an int, a bool, negative, or zero where ``positive`` (names
+            ``label`` and the value).
+    """
+    if type(value) is not int:
+        raise ConfigError(f"declared {label} must be an integer, got {value!r} "
+                          f"({type(value).__name__})")
+    if value < 0 or (positive and value == 0):
+        raise ConfigError(f"declared {label} must be {'> 0' if positive else '>= 0'}, "
+                          f"got {value}")
+    return value
+
+
 def declared_layer(
     index: int, lifetime: LifetimeClass, nbytes: int, window: int | None = None
 ) -> LayerCache:
     """One opaque layer of ``nbytes`` per token (token classes) or per request (state).
 
     Raises:
-        ConfigError: ``nbytes <= 0``; a window given for full/state or missing (or not
-            positive) for window/local.
+        ConfigError: ``nbytes`` not a positive int; a window given for full/state or
+            missing (or not a positive int) for window/local.
     """
-    if nbytes <= 0:
-        raise ConfigError(f"declared {lifetime} bytes must be positive, got {nbytes}")
+    declared_count(f"{lifetime} bytes", nbytes, positive=True)
     needs_window = lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)
-    if needs_window and (window is None or window <= 0):
+    if needs_window and window is None:
         raise ConfigError(f"a declared {lifetime} class needs a positive window, got {window}")
+    if needs_window:
+        try:
+            declared_count(f"{lifetime} window", window, positive=True)
+        except ConfigError:
+            raise ConfigError(f"a declared {lifetime} class needs a positive window, "
+                              f"got {window!r}") from None
     if not needs_window and window is not None:
         raise ConfigError(f"a declared {lifetime} class takes no window, got {window}")
     tensor = TensorDecl("bytes", (nbytes,), CacheDtype.FP8)
@@ -89,11 +115,18 @@ def declare_model(
         source: provenance text.
 
     Raises:
-        ConfigError: a negative byte count; window bytes without ``window_tokens`` (or
-            local bytes without ``chunk_tokens``) or the reverse; an entry of ``windows``
-            or ``locals_`` without positive bytes and tokens; two window (or two local)
-            classes of one size; no class at all.
+        ConfigError: a count that is not an int (a float such as ``1000.0``, a bool) or
+            is negative (:func:`declared_count`, names the argument); a ``window_tokens``
+            or ``chunk_tokens`` that is not a positive int; window bytes without
+            ``window_tokens`` (or local bytes without ``chunk_tokens``) or the reverse; an
+            entry of ``windows`` or ``locals_`` without positive int bytes and tokens; two
+            window (or two local) classes of one size; no class at all; a ``name`` or
+            ``source`` that is not a string.
     """
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"declared model name must be a non-empty string, got {name!r}")
+    if not isinstance(source, str):
+        raise ConfigError(f"declared model source must be a string, got {source!r}")
     for label, value in (
         ("full", full),
         ("window", window),
@@ -105,12 +138,18 @@ def declare_model(
         ("active_params", active_params),
         ("weight_bytes", weight_bytes),
     ):
-        if value < 0:
-            raise ConfigError(f"declared {label} must be >= 0, got {value}")
+        declared_count(label, value)
+    for label, tokens in (("window_tokens", window_tokens), ("chunk_tokens", chunk_tokens)):
+        if tokens is not None:
+            declared_count(label, tokens, positive=True)
     if (window > 0) != (window_tokens is not None):
-        raise ConfigError("declare window bytes and window_tokens together (or neither)")
+        missing = "window_tokens" if window > 0 else "window"
+        raise ConfigError(f"declared model {name!r} lacks {missing!r}: declare window bytes "
+                          "and window_tokens together (or neither)")
     if (local > 0) != (chunk_tokens is not None):
-        raise ConfigError("declare local bytes and chunk_tokens together (or neither)")
+        missing = "chunk_tokens" if local > 0 else "local"
+        raise ConfigError(f"declared model {name!r} lacks {missing!r}: declare local bytes "
+                          "and chunk_tokens together (or neither)")
     specs = [
         (LifetimeClass.STATE, state, None),
         (LifetimeClass.WINDOW, window, window_tokens),
@@ -119,10 +158,13 @@ def declare_model(
     ]
     for lifetime, extra in ((LifetimeClass.WINDOW, windows), (LifetimeClass.LOCAL, locals_)):
         for entry in extra:
-            nbytes, tokens = entry
-            if type(nbytes) is not int or type(tokens) is not int or nbytes <= 0 or tokens <= 0:
+            try:
+                nbytes, tokens = entry
+                declared_count(f"{lifetime} bytes", nbytes, positive=True)
+                declared_count(f"{lifetime} tokens", tokens, positive=True)
+            except (ConfigError, TypeError, ValueError):
                 raise ConfigError(f"a declared {lifetime} class needs positive int bytes and "
-                                  f"tokens, got {entry!r}")
+                                  f"tokens, got {entry!r}") from None
             specs.append((lifetime, nbytes, tokens))
     sizes = [(lt, w) for lt, b, w in specs if b > 0 and w is not None]
     if len(set(sizes)) != len(sizes):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from kvchain.errors import ConfigError
 from kvchain.spec import cache_tensors as ct
-from kvchain.spec.hf_dtypes import config_dtypes
+from kvchain.spec.hf_dtypes import config_dtypes, parse_dtype
 from kvchain.spec.hf_geometry import (
     attention_geometry,
     compressed_geometry,
@@ -46,6 +46,7 @@ from kvchain.spec.hf_geometry import (
     mamba2_geometry,
 )
 from kvchain.spec.hf_layers import HFConfig, LayerPlan, Mixer, layer_plans, read_config
+from kvchain.spec.hf_transformers import ReadThrough
 from kvchain.spec.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl
 from kvchain.spec.model import ModelSpec
 from kvchain.spec.params import WeightFormat, count_params, weight_bytes, weight_format_of
@@ -77,6 +78,34 @@ def _state_dtypes(cfg: HFConfig, state_dtype: CacheDtype | None) -> ct.StateDtyp
     return ct.StateDtypes(
         conv=declared.conv or CacheDtype.BF16, temporal=declared.temporal or CacheDtype.BF16
     )
+
+
+_DTYPE_RULE = ("kvchain default: 2-byte bf16, as vLLM's 'auto' cache dtype gives a model "
+               "without a 16-bit torch_dtype")
+
+
+def _note_dtype_defaults(cfg: HFConfig, layers: tuple[LayerCache, ...],
+                         kv_dtype: CacheDtype | None, state_dtype: CacheDtype | None) -> None:
+    """Record the cache dtypes taken as bf16 because neither the caller nor the config
+    chose one; a config whose ``torch_dtype`` (``dtype``) is 16-bit sets them itself (the
+    cache follows the model's dtype, 2 bytes either way)."""
+    for key in ("torch_dtype", "dtype"):
+        try:
+            model = parse_dtype(cfg.get(key), key)
+        except ConfigError:
+            model = None
+        if model in (CacheDtype.BF16, CacheDtype.FP16):
+            return
+    declared = config_dtypes(cfg)
+    has_state = any(layer.lifetime is LifetimeClass.STATE for layer in layers)
+    if kv_dtype is None and declared.kv is None and not all(
+            layer.lifetime is LifetimeClass.STATE for layer in layers):
+        cfg.note_default("kv_cache_dtype", CacheDtype.BF16.value, _DTYPE_RULE)
+    if state_dtype is None and has_state:
+        if declared.temporal is None:
+            cfg.note_default("mamba_ssm_cache_dtype", CacheDtype.BF16.value, _DTYPE_RULE)
+        if declared.conv is None:
+            cfg.note_default("mamba_conv_dtype", CacheDtype.BF16.value, _DTYPE_RULE)
 
 
 def _attention_cache(
@@ -186,6 +215,7 @@ def load_hf_config(
     weight_format: WeightFormat | None = None,
     source: str | None = None,
     use_transformers: bool = True,
+    read_as: ReadThrough | None = None,
 ) -> ModelSpec:
     """Build the :class:`ModelSpec` of one tensor-parallel rank from a ``config.json``.
 
@@ -208,11 +238,15 @@ def load_hf_config(
         use_transformers: read the config through transformers' configuration class
             when transformers is installed and knows the ``model_type`` (see
             :mod:`~kvchain.spec.hf_transformers`); ``False`` reads the raw dict only.
+        read_as: a reading of ``config`` made before (a bundled model's frozen
+            transformers view), used instead of reading it now.
 
     Returns:
         The model's cache layers (grouped into lifetime classes by ``ModelSpec``), its
         layer count, width, query heads per rank, parameters and weight bytes per rank, and
-        its context length (``max_position_embeddings``, ``None`` if absent).
+        its context length (``max_position_embeddings``, ``None`` if absent), and
+        ``defaulted``: every field read that the file did not set, with its value and
+        who supplied it (see :class:`~kvchain.spec.model.DefaultedField`).
 
     Raises:
         UnknownFamilyError: nothing maps the config's layers (names ``model_type`` and
@@ -226,14 +260,16 @@ def load_hf_config(
     """
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"tp must be a positive integer, got {tp!r}")
-    cfg = read_config(config, use_transformers=use_transformers)
+    cfg = read_config(config, use_transformers=use_transformers, read_as=read_as)
     plans = layer_plans(cfg)
     layers = layer_caches(cfg, plans, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
     if not layers:
         raise ConfigError(f"config ({cfg.family}) declares no cache-keeping layer")
+    _note_dtype_defaults(cfg, layers, kv_dtype, state_dtype)
     counts = count_params(cfg, plans)
     fmt = weight_format if weight_format is not None else weight_format_of(cfg)
     heads = cfg.optional_int("num_attention_heads", default=0, minimum=0)
+    context = context_tokens(cfg)
     return ModelSpec(
         name=name or _default_name(cfg),
         layers=layers,
@@ -245,7 +281,8 @@ def load_hf_config(
         weight_bytes=weight_bytes(counts, fmt, tp),
         tp=tp,
         source=cfg.origin if source is None else source,
-        max_context_tokens=context_tokens(cfg),
+        max_context_tokens=context,
+        defaulted=cfg.noted(),
     )
 
 

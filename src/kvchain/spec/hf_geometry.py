@@ -198,7 +198,7 @@ def window_tokens(cfg: HFConfig, mixer: Mixer, layer: int | None = None) -> int 
     if swa is not None and swa.get("window_size") is not None:
         return _positive(swa["window_size"], "efficient_attention_config.swa.window_size")
     for key in ("sliding_window", "sliding_window_size"):
-        value = cfg.fields.get(key)
+        value = cfg.get(key)
         if isinstance(value, list | tuple):
             if layer is None or not 0 <= layer < len(value) or value[layer] is None:
                 raise MissingFieldError(
@@ -238,6 +238,8 @@ def layer_overrides(cfg: HFConfig, mixer: Mixer, layer: int | None) -> tuple[tup
             if entry.get(key) is not None
         )
     if cfg.is_family("gemma4", "gemma4_text") and mixer is Mixer.FULL:
+        if not cfg.has("global_head_dim"):
+            cfg.note_default("global_head_dim", 512, "kvchain rule (Gemma4TextConfig default)")
         out = [("head_dim", _positive(cfg.get("global_head_dim", 512), "global_head_dim"))]
         if cfg.get("attention_k_eq_v") is True and cfg.has("num_global_key_value_heads"):
             out.append(("num_key_value_heads", cfg.positive_int("num_global_key_value_heads")))
@@ -273,7 +275,10 @@ def attention_geometry(cfg: HFConfig, mixer: Mixer, layer: int | None = None) ->
     k_dim = _head_dim(cfg, prefix)
     v_dim = cfg.optional_int(f"{prefix}v_head_dim", "v_head_dim", default=k_dim)
     kv_heads = cfg.int_or_none(f"{prefix}num_key_value_heads", "num_key_value_heads")
-    kv_heads = q_heads if kv_heads is None else kv_heads
+    if kv_heads is None:
+        cfg.note_default("num_key_value_heads", q_heads,
+                         "kvchain rule: = num_attention_heads (multi-head attention)")
+        kv_heads = q_heads
     if kv_heads <= 0:
         raise ConfigError(f"config field 'num_key_value_heads' must be positive, got {kv_heads}")
     over = dict(layer_overrides(cfg, mixer, layer))
@@ -298,11 +303,15 @@ def compressed_geometry(cfg: HFConfig, mixer: Mixer) -> CompressedGeometry:
     if isinstance(rates, Mapping):
         rate = rates.get(name)
     if rate is None:
-        rate = cfg.get(legacy, 4 if mixer is Mixer.CSA else 128)
+        rate = cfg.get(legacy)
+    if rate is None:
+        rate = 4 if mixer is Mixer.CSA else 128
+        cfg.note_default(f"compress_rates.{name}", rate, "kvchain rule (DeepseekV4Config default)")
     group = _positive(rate, f"compress_rates.{name}")
     head = cfg.positive_int("head_dim")
     if mixer is Mixer.CSA:
-        index = cfg.optional_int("index_head_dim", default=128)
+        index = cfg.optional_int("index_head_dim", default=128,
+                                 default_by="kvchain rule (DeepseekV4Config default)")
         return CompressedGeometry(group, (head, index))
     return CompressedGeometry(group, (head,))
 
@@ -375,7 +384,8 @@ def mamba2_geometry(cfg: HFConfig) -> Mamba2Geometry:
         heads=heads,
         head_dim=head_dim,
         d_inner=cfg.optional_int("mamba_d_ssm", default=heads * head_dim),
-        n_groups=cfg.optional_int("n_groups", "mamba_n_groups", "mamba_ngroups", default=1),
+        n_groups=cfg.optional_int("n_groups", "mamba_n_groups", "mamba_ngroups", default=1,
+                                  default_by="kvchain rule: one group (Mamba-2 default)"),
         d_state=cfg.positive_int("ssm_state_size", "mamba_d_state", "state_size"),
         conv_kernel=cfg.positive_int("conv_kernel", "mamba_d_conv"),
     )

@@ -52,12 +52,15 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 
 from kvchain.errors import ConfigError, MissingFieldError, UnknownFamilyError
-from kvchain.spec.hf_transformers import read_through_transformers
+from kvchain.spec.hf_family_defaults import family_defaults
+from kvchain.spec.hf_transformers import ReadThrough, read_through_transformers
+from kvchain.spec.model import DefaultedField
 
 
 class Mixer(StrEnum):
@@ -144,12 +147,32 @@ def whole_number(value: object, field: str) -> int:
     return int(value)
 
 
+def _shown(value: object) -> str:
+    """A short text of a field's value for :class:`DefaultedField` (lists by length)."""
+    if isinstance(value, list | tuple):
+        kinds = sorted({str(v) for v in value})
+        if len(kinds) == 1:
+            return f"[{kinds[0]}] x {len(value)}"
+        return f"{len(value)} entries"
+    if isinstance(value, Mapping):
+        return f"{{{len(value)} keys}}"
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 @dataclass(frozen=True, slots=True)
 class HFConfig:
     """A read-only view of a ``config.json``: the text model's fields plus family names.
 
     Multimodal configs (Llama 4, Gemma 3) keep the language model under ``text_config``;
     its fields are laid over the top-level ones, so ``fields`` is the text model.
+
+    Every field the loader reads is checked against ``supplied``: a field present only
+    because a configuration class (or kvchain's table of a custom-code family's defaults,
+    :mod:`~kvchain.spec.hf_family_defaults`) supplied it is recorded, as is every kvchain
+    rule default a reader applies (:meth:`note_default`); :meth:`noted` lists them. They
+    become ``ModelSpec.defaulted``: the values the model's bytes rest on that the file did
+    not set.
 
     Attributes:
         fields: the merged fields (read-only mapping).
@@ -158,6 +181,8 @@ class HFConfig:
         origin: where the config came from (a path, ``_name_or_path``, or ``""``).
         reader: who read the fields: ``"transformers <version> <ConfigClass>"`` or
             ``"raw dict"`` (see :mod:`~kvchain.spec.hf_transformers`).
+        supplied: field name -> who supplied its value (the reader's class, or the
+            source of a family's defaults) for fields the file did not set.
     """
 
     fields: Mapping[str, object]
@@ -165,6 +190,9 @@ class HFConfig:
     architectures: tuple[str, ...]
     origin: str
     reader: str = "raw dict"
+    supplied: Mapping[str, str] = dc_field(default_factory=dict)
+    _noted: dict[str, DefaultedField] = dc_field(default_factory=dict, compare=False,
+                                                  repr=False)
 
     @property
     def family(self) -> str:
@@ -172,13 +200,27 @@ class HFConfig:
         types = "/".join(self.model_types) or "?"
         return f"model_type={types} architectures={list(self.architectures)}"
 
+    def _value(self, key: str) -> object:
+        value = self.fields.get(key)
+        if value is not None and key in self.supplied and key not in self._noted:
+            self._noted[key] = DefaultedField(key, _shown(value), self.supplied[key])
+        return value
+
+    def note_default(self, key: str, value: object, by: str) -> None:
+        """Record that ``value`` stands for the absent field ``key`` (first note wins)."""
+        self._noted.setdefault(key, DefaultedField(key, _shown(value), by))
+
+    def noted(self) -> tuple[DefaultedField, ...]:
+        """Every supplied or defaulted field read so far, by field name."""
+        return tuple(sorted(self._noted.values(), key=lambda d: d.field))
+
     def has(self, key: str) -> bool:
         """True when the field is present and not ``null``."""
-        return self.fields.get(key) is not None
+        return self._value(key) is not None
 
     def get(self, key: str, default: object = None) -> object:
         """The raw field value (``default`` when absent or ``null``)."""
-        value = self.fields.get(key)
+        value = self._value(key)
         return default if value is None else value
 
     def int_or_none(self, *keys: str) -> int | None:
@@ -189,16 +231,19 @@ class HFConfig:
                 magnitude exceeds :data:`MAX_FIELD_VALUE` (names the field and the value).
         """
         for key in keys:
-            value = self.fields.get(key)
+            value = self._value(key)
             if value is None:
                 continue
             return whole_number(value, key)
         return None
 
-    def optional_int(self, *keys: str, default: int, minimum: int = 1) -> int:
+    def optional_int(self, *keys: str, default: int, minimum: int = 1,
+                     default_by: str | None = None) -> int:
         """The first present field of ``keys`` as an int >= ``minimum``, else ``default``.
 
         Replaces ``int_or_none(...) or default``, which silently turned a 0 into the default.
+        ``default_by``: when given and the default is used, it is recorded as a defaulted
+        field (``keys[0]``) with that source (for defaults that decide bytes).
 
         Raises:
             ConfigError: the field is present but not a whole number, or below ``minimum``
@@ -210,6 +255,8 @@ class HFConfig:
                 if value < minimum:
                     raise ConfigError(f"config field {key!r} must be >= {minimum}, got {value}")
                 return value
+        if default_by is not None:
+            self.note_default(keys[0], default, default_by)
         return default
 
     def require_int(self, *keys: str) -> int:
@@ -278,14 +325,22 @@ def _architectures(raw: Mapping[str, object]) -> tuple[str, ...]:
 
 
 def read_config(
-    config: str | Path | Mapping[str, object], *, use_transformers: bool = True
+    config: str | Path | Mapping[str, object], *, use_transformers: bool = True,
+    read_as: ReadThrough | None = None,
 ) -> HFConfig:
     """Read a config from a path (``config.json``) or an already parsed mapping.
 
     With ``use_transformers`` (the default) the fields are those of transformers'
     configuration class for the ``model_type`` when transformers is installed and knows it
     (defaults, derived per-layer lists, aliases), else the raw dict
-    (:func:`~kvchain.spec.hf_transformers.read_through_transformers`).
+    (:func:`~kvchain.spec.hf_transformers.read_through_transformers`). ``read_as``: a
+    reading of ``config`` made before (a bundled model's frozen transformers view,
+    :mod:`kvchain.catalog.views`), used instead of reading it now.
+
+    A raw-dict reading of a custom-code family that transformers lacks gets the defaults
+    of that family's configuration class (:mod:`~kvchain.spec.hf_family_defaults`) for the
+    fields the file does not set. Fields supplied by a class or that table are named in
+    ``HFConfig.supplied``.
 
     Raises:
         ConfigError: the file is missing, unreadable (a directory, no permission), not
@@ -303,21 +358,33 @@ def read_config(
     if not isinstance(raw, Mapping):
         raise ConfigError(f"a config must be a JSON object, got {type(raw).__name__}")
     archs = _architectures(raw)
-    read = read_through_transformers(raw) if use_transformers else None
-    view: Mapping[str, object] = read.fields if read is not None else raw
+    read = read_as
+    if read is None:
+        read = read_through_transformers(raw) if use_transformers else ReadThrough(
+            dict(raw), "raw dict")
+    view: Mapping[str, object] = read.fields
     merged: dict[str, object] = dict(view)
     text = view.get("text_config")
     types = [str(raw.get("model_type", "")).lower()]
     if isinstance(text, Mapping):
         merged.update(text)
         types.append(str(text.get("model_type", "")).lower())
+    model_types = tuple(t for t in types if t)
+    supplied = {k: read.reader for k in read.defaulted}
+    table = family_defaults(model_types) if read.reader == "raw dict" else None
+    if table is not None:
+        for key, value in table.values.items():
+            if merged.get(key) is None:
+                merged[key] = value
+                supplied[key] = table.source
     origin = origin or str(raw.get("_name_or_path", "") or "")
     return HFConfig(
         fields=MappingProxyType(merged),
-        model_types=tuple(t for t in types if t),
+        model_types=model_types,
         architectures=archs,
         origin=origin,
-        reader=read.reader if read is not None else "raw dict",
+        reader=read.reader,
+        supplied=MappingProxyType(supplied),
     )
 
 
@@ -497,11 +564,13 @@ def _from_int_list(
 def _family_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
     fam = cfg.is_family
     if fam("gemma3", "gemma3_text"):
-        period = cfg.optional_int("sliding_window_pattern", default=6)
+        period = cfg.optional_int("sliding_window_pattern", default=6,
+                                  default_by="kvchain rule (Gemma3TextConfig default)")
         return [(Mixer.FULL,) if (i + 1) % period == 0 else (Mixer.WINDOW,) for i in range(n)]
     if fam("gemma4", "gemma4_text"):
         # transformers' Gemma4TextConfig: 5 window layers then 1 full, last layer full
-        period = cfg.optional_int("sliding_window_pattern", default=6)
+        period = cfg.optional_int("sliding_window_pattern", default=6,
+                                  default_by="kvchain rule (Gemma4TextConfig default)")
         return [
             (Mixer.FULL,) if (i + 1) % period == 0 or i == n - 1 else (Mixer.WINDOW,)
             for i in range(n)
@@ -554,8 +623,8 @@ def _sambay_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
     ``n/2 + 1`` is the one full-attention layer (its KV is what the cross-decoder reads);
     layer ``n/2`` is a last Mamba layer (when ``n/2`` is a Mamba index).
     """
-    period = cfg.optional_int("mb_per_layer", default=2)
-    cross_from = n // 2 + 2
+    period = cfg.positive_int("mb_per_layer")  # default 2: kvchain.spec.hf_family_defaults
+    cross_from = sambay_cross_from(n)
     out: list[tuple[Mixer, ...]] = []
     for i in range(n):
         if i >= cross_from:
@@ -565,6 +634,14 @@ def _sambay_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
         else:
             out.append((Mixer.WINDOW,) if i < n // 2 else (Mixer.FULL,))
     return out
+
+
+def sambay_cross_from(n: int) -> int:
+    """First layer of SambaY's cross-decoder (``yoco_cross``) in a model of ``n`` layers:
+    ``n // 2 + 2`` (microsoft/Phi-4-mini-flash-reasoning ``modeling_phi4flash.py``). Its
+    layers keep no cache: gated memory units at ``i % mb_per_layer == 0``, attention that
+    reads layer ``n // 2 + 1``'s KV otherwise."""
+    return n // 2 + 2
 
 
 def _kimi_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
@@ -597,17 +674,21 @@ def _llama4_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
         if any(v not in (0, 1) for v in no_rope):
             raise ConfigError(f"no_rope_layers must hold 0 or 1, got {list(no_rope)}")
         return [(chunked,) if v else (Mixer.FULL,) for v in no_rope]
-    interval = cfg.optional_int("no_rope_layer_interval", default=4)
+    interval = cfg.optional_int("no_rope_layer_interval", default=4,
+                                default_by="kvchain rule (Llama4TextConfig default)")
     return [(Mixer.FULL,) if (i + 1) % interval == 0 else (chunked,) for i in range(n)]
 
 
 def _dense_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
-    window_on = cfg.has("sliding_window") and cfg.get("use_sliding_window", True) is not False
-    if not window_on:
+    if not cfg.has("sliding_window") or cfg.get("use_sliding_window", True) is False:
         return [(Mixer.FULL,)] * n
+    if not cfg.has("use_sliding_window"):
+        cfg.note_default("use_sliding_window", True,
+                         "kvchain rule: a sliding_window turns window layers on")
     first_window = 0
     if cfg.is_family("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
-        first_window = cfg.optional_int("max_window_layers", default=0, minimum=0)
+        first_window = cfg.optional_int("max_window_layers", default=0, minimum=0,
+                                        default_by="kvchain rule: windows from layer 0")
     return [(Mixer.WINDOW,) if i >= first_window else (Mixer.FULL,) for i in range(n)]
 
 

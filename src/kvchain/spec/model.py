@@ -8,6 +8,28 @@ from kvchain.spec.layers import CacheClass, LayerCache, LifetimeClass, group_cla
 
 
 @dataclass(frozen=True, slots=True)
+class DefaultedField:
+    """A value a model's bytes rest on that its ``config.json`` did not set.
+
+    Attributes:
+        field: the config field (e.g. ``"max_position_embeddings"``, ``"mamba_expand"``).
+        value: the value used, as short text (a list as ``"[full_attention] x 45"`` or
+            ``"45 entries"``).
+        by: who supplied it: ``"transformers 5.24.0 Qwen3_5TextConfig"`` (the class's
+            default), a custom-code family's configuration class
+            (:mod:`~kvchain.spec.hf_family_defaults`), or a kvchain rule (e.g.
+            ``"kvchain default: bf16, as vLLM's kv_cache_dtype auto"``).
+    """
+
+    field: str
+    value: str
+    by: str
+
+    def __str__(self) -> str:
+        return f"{self.field} = {self.value} ({self.by})"
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSpec:
     """Everything kvchain needs to know about one model (one tensor-parallel rank).
 
@@ -28,6 +50,10 @@ class ModelSpec:
             models). The KV cache of a model without full attention never bounds a
             request's length; this does: ``plan`` caps the longest request at it and
             ``simulate`` refuses (or truncates) requests past it.
+        defaulted: the fields the bytes, weights and context rest on that the config did
+            not set, each with its value and who supplied it (a configuration class's
+            default, a custom-code family's defaults, a kvchain rule), by field name;
+            empty for declared models and for configs that set everything read.
     """
 
     name: str
@@ -41,6 +67,7 @@ class ModelSpec:
     tp: int = 1
     source: str = ""
     max_context_tokens: int | None = None
+    defaulted: tuple[DefaultedField, ...] = ()
     classes: tuple[CacheClass, ...] = field(init=False)
 
     def __post_init__(self) -> None:

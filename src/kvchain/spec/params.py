@@ -30,6 +30,8 @@ Per layer (h = hidden size)::
                    output gates, low rank) + h*H         (transformers' KimiDeltaAttention)
     DeepSeek-V4    h*q_lora + q_lora*H*hd + h*hd (shared K=V) + o_lora*H*hd + groups*o_lora*h
     attention      (transformers' DeepseekV4Attention: grouped low-rank output projection)
+    SambaY cross   GMU 2*h*d_inner; cross-attention h*q*dk + q*dv*h (query and output
+    decoder        only: the KV comes from layer n/2 + 1)   (Phi-4-mini-flash)
     HCA compressor 2*h*hd                                  (kv and gate projections)
     CSA compressor 4*h*hd + 4*h*ihd + q_lora*nih*ihd + h*nih   (two overlapping series;
                    the Lightning Indexer's projections and head weights)
@@ -53,7 +55,15 @@ from kvchain.spec.hf_geometry import (
     mamba1_geometry,
     mamba2_geometry,
 )
-from kvchain.spec.hf_layers import EXPERT_FIELDS, Ffn, HFConfig, LayerPlan, Mixer, num_experts
+from kvchain.spec.hf_layers import (
+    EXPERT_FIELDS,
+    Ffn,
+    HFConfig,
+    LayerPlan,
+    Mixer,
+    num_experts,
+    sambay_cross_from,
+)
 
 # MXFP4 (OCP Microscaling Formats v1.0): blocks of 32 FP4 (4-bit) values share one 8-bit
 # E8M0 scale: 32 * 4 + 8 = 136 bits per 32 parameters = 4.25 bits = 17/32 byte.
@@ -184,6 +194,26 @@ def _mixer_params(cfg: HFConfig, mixer: Mixer, h: int, layer: int) -> int:
     return 2 * h * key + h * value + 2 * h * jet.heads + dconv + h * value + value * h
 
 
+def _sambay_cross_params(cfg: HFConfig, h: int, layer: int, n: int) -> int:
+    """Matrices of a SambaY cross-decoder layer (no cache, so no mixer in its plan).
+
+    microsoft/Phi-4-mini-flash-reasoning ``modeling_phi4flash.py``: a gated memory unit
+    (``i % mb_per_layer == 0``) projects ``h -> d_inner`` and back (``in_proj``,
+    ``out_proj``; ``d_inner = mamba_expand x h``); a cross-attention layer keeps only the
+    query part of ``Wqkv`` (``h -> heads x head_dim``) and ``out_proj``, reading the KV of
+    layer ``n / 2 + 1``. Check: Phi-4-mini-flash-reasoning's checkpoint index
+    (``model.safetensors.index.json``) lists only ``in_proj``/``out_proj`` weights for
+    layer 18 and ``total_size`` = 7,706,608,640 B, i.e. 3,853,304,320 bf16 parameters:
+    the 3,851,980,800 counted here plus 1,323,520 in vectors (norms, biases, ``D``).
+    """
+    if not cfg.is_family("phi4flash", "sambay") or layer < sambay_cross_from(n):
+        return 0
+    if layer % cfg.positive_int("mb_per_layer") == 0:
+        return 2 * h * mamba1_geometry(cfg).d_inner
+    g = attention_geometry(cfg, Mixer.FULL)
+    return h * g.q_heads * g.k_head_dim + g.q_heads * g.v_head_dim * h
+
+
 def _mlp_matrices(cfg: HFConfig) -> int:
     """3 for gated MLPs (SwiGLU/GeGLU), 2 for Nemotron-H's squared-ReLU MLP."""
     act = str(cfg.get("mlp_hidden_act", "")).lower()
@@ -290,6 +320,8 @@ def count_params(cfg: HFConfig, plans: Sequence[LayerPlan]) -> ParamCounts:
             if key not in per_mixer:
                 per_mixer[key] = _mixer_params(cfg, mixer, h, plan.index)
             mixers += per_mixer[key]
+        if not plan.mixers:
+            mixers += _sambay_cross_params(cfg, h, plan.index, len(plans))
         if plan.ffn is Ffn.DENSE:
             inter = cfg.positive_int("intermediate_size_mlp", "intermediate_size")
             dense += _mlp_matrices(cfg) * h * inter
