@@ -115,7 +115,7 @@ def test_unpinning_a_page_of_a_prompt_locked_path_is_a_new_epoch() -> None:
 
 
 def test_touching_a_hit_locked_path_bumps_nothing_until_it_is_unlocked() -> None:
-    chain, cache = window_chain()
+    _, cache = window_chain()
     handle = cache.lock(cache.match([1, 2, 3, 9], 16))
     version = cache.version
     cache.touch(handle, 0)  # new LRU times on nodes that offer no unit
