@@ -125,3 +125,42 @@ def test_the_audit_default_comes_from_the_environment(monkeypatch: pytest.Monkey
         resolve_audit(None)
     with pytest.raises(ConfigError, match="audit must be"):
         resolve_audit(1)  # type: ignore[arg-type]
+
+
+# --- the lazy order value object ------------------------------------------------------------
+
+
+def lazy(rows: list[tuple[int, ...]], units: int, total: tuple[int, ...]) -> EvictionOrder:
+    """A lazy order whose source hands out ``rows`` (cumulative, after row 0) one by one."""
+    feed = iter(rows)
+
+    def grow(known: list[tuple[int, ...]]) -> None:
+        known.append(next(feed))
+
+    return EvictionOrder.lazy(units, total, grow)
+
+
+def test_a_lazy_order_equals_the_whole_one_and_grows_only_what_is_asked() -> None:
+    whole = EvictionOrder.from_units([(0, 5), (10, 0), (0, 20)], 2)
+    order = lazy([(0, 5), (10, 5), (10, 25)], 3, (10, 25))
+    assert order.units == 3 and order.freed(3) == (10, 25)  # the counters, no row grown
+    assert order._core.rows == [(0, 0)]
+    # 32-byte pages; 200 B: (0, 5) frees 160 B, (10, 5) 480 B -> 2 units, 2 rows grown.
+    assert order.least_units_freeing((32, 32), 200) == 2 and len(order._core.rows) == 3
+    assert order == whole and hash(order) == hash(whole)
+    assert order.after(1).cumulative == ((0, 0), (10, 0), (10, 20))
+
+
+def test_a_lazy_order_refuses_bad_counters_and_bad_rows() -> None:
+    from kvchain.errors import InvalidDemandError
+
+    with pytest.raises(InvalidDemandError):
+        EvictionOrder.lazy(-1, (0,), lambda rows: None)
+    with pytest.raises(InvalidDemandError):
+        EvictionOrder.lazy(0, (3,), lambda rows: None)  # no units cannot free pages
+    assert EvictionOrder.lazy(0, (0, 0), lambda rows: None) == EvictionOrder()
+    with pytest.raises(PlanMismatchError, match="bad row"):
+        lazy([(0, 5), (0, 4)], 3, (10, 25)).freed(2)  # a decreasing row
+    # Planted: a walk that frees other pages than its counters said (total (10, 25)).
+    with pytest.raises(PlanMismatchError, match="counters said"):
+        lazy([(0, 5), (10, 5), (10, 24)], 3, (10, 25)).materialize()
