@@ -124,3 +124,22 @@ def test_touching_a_hit_locked_path_bumps_nothing_until_it_is_unlocked() -> None
     assert cache.version != version
     assert cache.eviction_order().cumulative == ((0, 0), (2, 3))
     cache.check_order()
+
+
+def test_a_refused_unlock_changes_nothing() -> None:
+    """Regression: unlock checked each node while it decremented, so an unlock refused at
+    an ancestor had already unlocked the nodes below it (their share of the order moved
+    with no version bump). Now every node is checked first."""
+    from kvchain.errors import AuditError
+
+    c = PrefixCache(WF, interval_tokens=8)
+    c.insert([1, 2, 3], 0, [11, 12, 13], {1: 101, 2: 102}, {})
+    upper = c.lock(c.match([1, 2, 9], 12))  # splits at page 2: [0, 2) locked
+    lower = c.lock(c.match([1, 2, 3, 9], 16))  # [0, 2) twice, [2, 3) once
+    assert upper is not None and lower is not None and lower.parent is upper
+    c.unlock(upper)
+    c.unlock(upper)  # one unlock too many: [0, 2) is no longer locked by lower's path
+    version = c.version
+    with pytest.raises(AuditError, match="not locked"):
+        c.unlock(lower)
+    assert (lower.lock, lower.tlock, upper.lock) == (1, 1, 0) and c.version == version
