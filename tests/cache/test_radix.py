@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy, resume_points
+from kvchain.cache.radix import (
+    IN_USE,
+    TAILS,
+    CacheGeometry,
+    PrefixCache,
+    ResumePolicy,
+    resume_points,
+)
 from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
 
 # Band 0 window (W = 5 tokens), band 1 full; P = 4. The tail of point q (pages) is
@@ -133,16 +140,12 @@ def test_bad_interval_is_refused():
         PrefixCache(WF, interval_tokens=6)
 
 
-@settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(1, 3), min_size=1,
-                                                          max_size=7), st.integers(1, 4)),
-                    max_size=25))
-def test_evict_leaves_exactly_the_suffix_order(ops):
+def suffix_property(ops, cache_cls: type = PrefixCache, audit: bool | None = None) -> None:
     """Random inserts, locks (pinning the hit's window tail and checkpoint), unlocks and
     evictions: evict(k) frees exactly freed(k) per band and leaves order.after(k); no id is
     held twice; pinned pages are never evicted (the audit's pin counts hold)."""
     for geom in (WF, SF):
-        c = PrefixCache(geom, interval_tokens=8)
+        c = cache_cls(geom, interval_tokens=8, audit=audit)
         next_id, handles, hits = 1000, [], []
         for kind, keys, k in ops:
             chain_keys = [hash((tuple(keys[:i + 1]),)) for i in range(len(keys))]
@@ -173,6 +176,7 @@ def test_evict_leaves_exactly_the_suffix_order(ops):
                 order = c.eviction_order()
                 if order.units:
                     k = min(k, order.units)
+                    order.materialize()  # comparable once the cache moves on
                     freed = c.evict(k)
                     assert tuple(len(f) for f in freed) == order.freed(k)
                     assert c.eviction_order() == order.after(k)
@@ -183,6 +187,83 @@ def test_evict_leaves_exactly_the_suffix_order(ops):
                               [hit.checkpoint for hit in hits if hit.checkpoint >= 0]))
         assert all(isinstance(f, np.ndarray) for f in c.evict(c.eviction_order().units)) \
             if c.eviction_order().units else True
+
+
+OPS = st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(1, 3), min_size=1,
+                                                     max_size=7), st.integers(1, 4)),
+               max_size=25)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=OPS)
+def test_evict_leaves_exactly_the_suffix_order(ops):
+    suffix_property(ops)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ops=OPS)
+def test_evict_leaves_exactly_the_suffix_order_without_the_audit(ops):
+    """The same property on the cheap path alone (no whole-tree walk before an eviction;
+    the per-operation ``audit`` call still compares with one)."""
+    suffix_property(ops, audit=False)
+
+
+# Three prompts, a hit lock on the first, two evictions of one unit each.
+PLANTED_OPS = [(0, [1, 2, 3], 1), (0, [2, 3], 1), (0, [3, 1, 2], 1), (1, [1, 2, 3], 1),
+               (3, [1], 1), (3, [1], 1)]
+
+
+class EvictsTheNewest(PrefixCache):
+    """Planted defect: publishes its LRU walk but evicts the units from the other end."""
+
+    def evict(self, units):  # type: ignore[no-untyped-def]
+        self.eviction_order().materialize()
+        assert self._published is not None
+        self._published[2].reverse()
+        return super().evict(units)
+
+
+class LocksForgetInUse(PrefixCache):
+    """Planted defect in the kept order: a prompt-locked node's tails are keyed by their
+    tail time alone (the IN_USE offset forgotten), so they sort among the unlocked units;
+    evict follows the same wrong walk, so only the rebuild-and-compare can see it."""
+
+    def _refresh(self, node):  # type: ignore[no-untyped-def]
+        changed = super()._refresh(node)
+        sig = node.sig
+        if changed and sig is not None and sig[1] >= IN_USE:
+            node.sig = (sig[0], sig[1] - IN_USE, *sig[2:])
+            node.tser = self._push(sig[1] - IN_USE, TAILS, node, True)
+        return changed
+
+
+def test_the_suffix_property_passes_on_the_planted_ops():
+    suffix_property(PLANTED_OPS)
+
+
+def test_the_suffix_property_catches_a_cache_evicting_other_units():
+    with pytest.raises(AssertionError):
+        suffix_property(PLANTED_OPS, EvictsTheNewest, audit=False)
+
+
+def test_the_order_audit_catches_a_wrongly_kept_order():
+    c = LocksForgetInUse(WF, interval_tokens=8)
+    # X (t=1) prompt-locked with an unpinned tail 101; Y (t=2) unlocked: the right walk
+    # takes LEAF(Y) first (X is in use), the planted one TAILS(X) (t=1 < 2).
+    c.insert([1, 2, 3], 0, [11, 12, 13], {1: 101, 2: 102}, {})
+    handle = c.lock(c.match([1, 2, 3, 9], 16), tails=False)
+    c.pin_window(handle, [2])
+    c.insert([5, 6], 0, [21, 22], {1: 201}, {})
+    assert c.eviction_order().cumulative == ((0, 0), (1, 0), (2, 2))  # wrong, as planted
+    with pytest.raises(AuditError, match="row 1"):
+        c.check_order()
+    right = PrefixCache(WF, interval_tokens=8)
+    right.insert([1, 2, 3], 0, [11, 12, 13], {1: 101, 2: 102}, {})
+    h = right.lock(right.match([1, 2, 3, 9], 16), tails=False)
+    right.pin_window(h, [2])
+    right.insert([5, 6], 0, [21, 22], {1: 201}, {})
+    right.check_order()
+    assert right.eviction_order().cumulative == ((0, 0), (1, 2), (2, 2))
 
 
 def test_held_counts_follow_insert_and_evict_by_hand():

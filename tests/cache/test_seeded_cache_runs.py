@@ -49,10 +49,12 @@ def prompts(rng: random.Random, n: int) -> list[list[int]]:
 
 
 def run(shape: str, seed: int, buffer: int = 2_400_000, cache_cls: type = PrefixCache,
-        n: int = 300, policy: ResumePolicy = ResumePolicy.BLOCKS) -> Scheduler:
+        n: int = 300, policy: ResumePolicy = ResumePolicy.BLOCKS,
+        audit: bool | None = None) -> Scheduler:
     layout = plan_layout(SHAPES[shape], buffer, PAGE)
-    chain = Chain(layout)
-    cache = cache_cls(CacheGeometry.of(layout), interval_tokens=64, policy=policy)
+    chain = Chain(layout, audit=audit)
+    cache = cache_cls(CacheGeometry.of(layout), interval_tokens=64, policy=policy,
+                      audit=audit)
     sched = Scheduler(KVManager(chain, cache),
                       SchedulerConfig(max_prefill_tokens=512, chunk_size=256, max_running=64))
     rng = random.Random(seed)
@@ -108,9 +110,11 @@ class ForgetfulCache(PrefixCache):
 class MisorderedCache(PrefixCache):
     """Planted defect: publishes its LRU walk but evicts the most recent units instead."""
 
-    def _walk(self):  # type: ignore[no-untyped-def]
-        order, walk = super()._walk()
-        return order, walk[::-1]
+    def evict(self, units):  # type: ignore[no-untyped-def]
+        self.eviction_order().materialize()  # the whole walk, then turned around
+        assert self._published is not None
+        self._published[2].reverse()
+        return super().evict(units)
 
 
 def test_a_cache_that_forgets_its_duplicates_is_caught_as_a_leak():
@@ -121,10 +125,21 @@ def test_a_cache_that_forgets_its_duplicates_is_caught_as_a_leak():
 
 
 def test_a_cache_evicting_out_of_order_is_caught_as_a_divergence():
+    """With the audit flag off, the take's O(bands) check (pages freed per band against
+    the order's prediction) still catches it."""
     from kvchain.errors import PlanMismatchError
 
     with pytest.raises(PlanMismatchError):
-        run("state|window|full", seed=5, cache_cls=MisorderedCache, n=120)
+        run("state|window|full", seed=5, cache_cls=MisorderedCache, n=120, audit=False)
+
+
+def test_the_audit_catches_a_cache_evicting_out_of_order_before_it_evicts():
+    """With the audit flag on, the cache's rebuild-and-compare (its kept walk against a
+    whole-tree walk) names it before anything is evicted."""
+    from kvchain.errors import AuditError
+
+    with pytest.raises(AuditError, match="other units"):
+        run("state|window|full", seed=5, cache_cls=MisorderedCache, n=120, audit=True)
 
 
 def test_admission_without_the_recheck_after_locking_diverges(monkeypatch):

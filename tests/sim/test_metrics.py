@@ -171,7 +171,9 @@ def test_down_sampling_keeps_exact_totals_and_extremes() -> None:
         sampled.on_step(sample)
     assert len(full.step_samples) == 10_001
     kept = sampled.step_samples
-    assert 50 <= len(kept) <= 104
+    # At most 96 evenly spaced (100 less the 4 extremes), at least half of that, plus
+    # the extremes that are not among them.
+    assert 48 <= len(kept) <= 100
     assert sampled.step_totals == full.step_totals
     assert summarize(sampled) == summarize(full)
     assert full.step_totals.needed_duration_s == full.step_totals.duration_s
@@ -180,11 +182,65 @@ def test_down_sampling_keeps_exact_totals_and_extremes() -> None:
     assert max(s.waiting for s in kept) == 500
     assert kept[-1] == full.step_samples[-1]
     assert kept[0] == full.step_samples[0]
-    # evenly spaced: strided samples are every 128th step (stride doubled 7 times)
+    # evenly spaced over time: the first step of every bucket of d seconds, d the same
+    # for all (every bucket up to the last step has its sample)
     times = [s.t_s for s in kept]
     assert times == sorted(times)
-    strided = [s for s in full.step_samples[::128]]
-    assert all(s in kept for s in strided)
+    d = sampled._bucket_s
+    t0 = full.step_samples[0].t_s
+    firsts: dict[int, float] = {}
+    for s in full.step_samples:
+        firsts.setdefault(int((s.t_s - t0) / d), s.t_s)
+    assert set(firsts.values()) <= set(times)
+    assert len(firsts) <= 96
+
+
+def test_down_sampling_is_even_in_time_not_in_steps() -> None:
+    """1,000 steps of 1 ms, then 1,000 steps of 1 s: a step stride would keep about as many
+    samples of the first second as of the next 1,000 s; time buckets keep at most two of the
+    first second (buckets of at least 1,001 s / 46 = 21.8 s after the first coarsening)."""
+    rec = MetricsRecorder(max_step_samples=100)
+    t = 0.0
+    for i in range(2_000):
+        d = 0.001 if i < 1_000 else 1.0
+        t += d
+        rec.on_step(step(t, d, 20 + (i % 3)))
+    kept = [s for s in rec.step_samples if s.t_s <= 1.0]
+    assert len(kept) <= 3  # its bucket's first step, the peak (i = 2) and step 0
+    assert len(rec.step_samples) <= 100
+
+
+def test_record_step_builds_bands_only_for_kept_steps() -> None:
+    """The lazy path keeps the same samples as ``on_step`` and calls ``bands()`` once per
+    kept step; ``finish_steps`` keeps the last one."""
+    eager = MetricsRecorder(max_step_samples=50)
+    lazy = MetricsRecorder(max_step_samples=50)
+    calls = 0
+    t = 0.0
+    for i in range(5_000):
+        t += 0.01
+        sample = step(t, 0.01, 10 + (i * 37) % 91, running=1 + i % 13, waiting=i % 5)
+
+        def bands(sample: StepSample = sample) -> tuple[BandSample, ...]:
+            nonlocal calls
+            calls += 1
+            return sample.bands
+
+        eager.on_step(sample)
+        lazy.record_step(t_s=sample.t_s, duration_s=sample.duration_s,
+                         prefill_tokens=sample.prefill_tokens,
+                         decode_tokens=sample.decode_tokens, running=sample.running,
+                         waiting=sample.waiting, buffer_bytes=sample.buffer_bytes,
+                         used_bytes=sample.used_bytes, bands=bands)
+    lazy.finish_steps(lambda: sample.bands)
+    assert lazy.step_samples == eager.step_samples
+    assert lazy.step_totals == eager.step_totals
+    assert calls < 5_000 // 10  # built for the kept steps only (a few peaks early on)
+    with pytest.raises(MetricsError, match="used_bytes"):
+        lazy.record_step(t_s=t + 1, duration_s=0.0, prefill_tokens=0, decode_tokens=0,
+                         running=0, waiting=0, buffer_bytes=BUFFER, used_bytes=BUFFER + 1,
+                         bands=lambda: ())
+    assert lazy.step_totals.steps == 5_000
 
 
 def test_event_errors_leave_recorder_unchanged() -> None:
@@ -221,7 +277,7 @@ def test_event_errors_leave_recorder_unchanged() -> None:
         rec.on_step(step(4.0, 1.0, 30))
     assert rec.step_totals.steps == 1
     with pytest.raises(ConfigError):
-        MetricsRecorder(max_step_samples=1)
+        MetricsRecorder(max_step_samples=5)  # fewer than the 4 extremes and 2 more
 
 
 def test_sample_validation() -> None:

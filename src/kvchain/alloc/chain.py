@@ -53,6 +53,7 @@ from kvchain.alloc.snapshot import (
     UseHoles,
     WaitFence,
 )
+from kvchain.audit import resolve_audit
 from kvchain.buffer import BufferBackend, Fence, NullBuffer
 from kvchain.errors import (
     AuditError,
@@ -221,6 +222,11 @@ class Chain:
         buffer: the bytes (``kvchain.buffer`` backend: ``NumpyBuffer``, ``TorchBuffer``);
             default a ``NullBuffer`` of ``layout.buffer_bytes`` (bookkeeping only).
         debug_audit: run :meth:`audit` after every public mutating call.
+        audit: after every action of a take, rebuild the snapshot and compare it with the
+            prediction (eviction order included, row by row), instead of comparing the
+            bands' counters and the evictable supply's unit count and total (O(bands));
+            ``None``: the default of :func:`kvchain.audit.resolve_audit` (on in the test
+            suite and in ``kvchain replay``).
 
     ENDs start empty at their anchors; the floats start empty where
     :func:`float_starts` puts them (one float: the grid page nearest the middle of the
@@ -230,10 +236,11 @@ class Chain:
 
     Raises:
         CapacityError: the layout's null pages do not fit (a validated layout always fits).
+        ConfigError: a bad ``audit`` flag.
     """
 
     def __init__(self, layout: ChainLayout, buffer: BufferBackend | None = None, *,
-                 debug_audit: bool = False) -> None:
+                 debug_audit: bool = False, audit: bool | None = None) -> None:
         if buffer is None:
             buffer = NullBuffer(layout.buffer_bytes)
         elif buffer.nbytes < layout.buffer_bytes:
@@ -242,6 +249,7 @@ class Chain:
         self.layout = layout
         self.buffer = buffer
         self.debug_audit = debug_audit
+        self.audit_takes = resolve_audit(audit)
         self._bands = [Band(bl, start) for bl, start in zip(layout.bands,
                                                            float_starts(layout), strict=True)]
         self._epoch = 0
@@ -475,22 +483,61 @@ class Chain:
             dry.snap = step.after
         if tuple(dry.bound) != demand.pages:
             raise PlanMismatchError(f"plan binds {dry.bound} pages for demand {demand.pages}")
-        # Phase 2: apply; a snapshot off the prediction now is a bug of the executor.
+        # Phase 2: apply; a chain off the prediction now is a bug of the executor.
         taken: list[list[np.ndarray]] = [[] for _ in self._bands]
+        audit = self.audit_takes
         for n, step in enumerate(steps):
             action = step.action
+            if audit and isinstance(action, Evict) and self._evictor is not None:
+                self._evictor.eviction_order().materialize()  # comparable after it moves
             vids = self._apply(action)
             if vids is not None and isinstance(action, UseHoles | Extend):
                 taken[action.band].append(vids)
-            fresh = self._build_snapshot()
-            if fresh != step.after:
-                raise PlanMismatchError(f"step {n} {action}: chain {fresh} != predicted "
-                                        f"{step.after}")
+            if audit:
+                fresh = self._build_snapshot()
+                if fresh != step.after:
+                    raise PlanMismatchError(f"step {n} {action}: chain {fresh} != predicted "
+                                            f"{step.after}")
+            else:
+                self._check_counters(n, action, step.after)
         pages = tuple(tuple(np.concatenate(parts).tolist()) if parts else ()
                       for parts in taken)
         self._takes += 1
         self._after_public_call()
         return Grant(quote, pages)
+
+    def _check_counters(self, n: int, action: Action, after: ChainSnapshot) -> None:
+        """The O(bands) check after action ``n`` of a take: every band's frontiers, counts,
+        gate and fence flags equal the predicted ones, and the evictable supply's unit
+        count and total pages per band equal the predicted order's (the full rebuild and
+        row-by-row comparison runs under the audit flag).
+
+        Raises:
+            PlanMismatchError: naming the first field off the prediction.
+        """
+        movable, pending = self._gate_open, self._fence is not None
+        for i, (b, want) in enumerate(zip(self._bands, after.bands, strict=True)):
+            if (b.lo != want.lo or b.hi != want.hi or b.live != want.live
+                    or b.holes != want.holes or want.movable is not movable
+                    or want.fence_pending is not pending):
+                have = b.snapshot(movable, pending)
+                raise PlanMismatchError(f"step {n} {action}: band {i} is {have}, predicted "
+                                        f"{want}")
+        evictor = self._evictor
+        predicted = after.evictable
+        if evictor is None:
+            if predicted.units:
+                raise PlanMismatchError(f"step {n} {action}: no evictor, predicted "
+                                        f"{predicted}")
+            return
+        if evictor.version == self._evictor_version and not isinstance(action, Evict):
+            return  # the evictor did not move: its order is the snapshot's, as predicted
+        order = self._checked_order()
+        units = order.units
+        if units != predicted.units or (units and order.freed(units)
+                                        != predicted.freed(predicted.units)):
+            raise PlanMismatchError(f"step {n} {action}: the evictor offers {order}, "
+                                    f"predicted {predicted}")
 
     # --- per-action pre-checks (phase 1 of a take; nothing changes) --------------------
 
@@ -865,7 +912,7 @@ class Chain:
         if not isinstance(order, EvictionOrder):
             raise PlanMismatchError(f"the evictor's eviction_order() returned "
                                     f"{type(order).__name__}, not an EvictionOrder")
-        width = len(order.cumulative[0])
+        width = order.width
         if order.units and width != len(self._bands):
             raise PlanMismatchError(f"the evictor's order has {width} bands, the chain "
                                     f"{len(self._bands)}")

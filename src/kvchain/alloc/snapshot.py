@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import overload
 
-from kvchain.errors import InvalidDemandError
+from kvchain.errors import InvalidDemandError, PlanMismatchError
 from kvchain.layout import Anchor
 
 
@@ -94,6 +94,73 @@ class BandSnapshot:
         return self.cap - self.span
 
 
+class _OrderRows:
+    """The rows of one published eviction order, shared by the order and its suffix views:
+    the rows known so far, the unit count and the last row (known from the start), and
+    the source of the rest (``None`` once every row is known).
+
+    ``grow(rows)`` appends the next cumulative row to ``rows`` or raises
+    :class:`~kvchain.errors.PlanMismatchError` (a source whose state moved on since it
+    published the order: a stale order's unknown rows are gone for good).
+    """
+
+    __slots__ = ("grow", "rows", "total", "units", "weights")
+
+    def __init__(self, rows: list[tuple[int, ...]], units: int, total: tuple[int, ...],
+                 grow: Callable[[list[tuple[int, ...]]], None] | None) -> None:
+        self.rows = rows
+        self.units = units
+        self.total = total
+        self.grow = grow
+        self.weights: dict[tuple[int, ...], list[int]] = {}
+
+    def row(self, j: int) -> tuple[int, ...]:
+        """Cumulative row ``j`` (``0 <= j <= units``), growing the known rows to it.
+
+        Raises:
+            PlanMismatchError: the source cannot produce it (stale), or it produced a row
+                that decreases, has another width, or ends off the published last row.
+        """
+        rows = self.rows
+        if j < len(rows):
+            return rows[j]
+        if j == self.units:
+            return self.total
+        return self._grow_to(j)
+
+    def fill(self) -> None:
+        """Grow every row (O(units) once; nothing for a complete order)."""
+        if self.grow is not None:
+            self._grow_to(self.units)
+
+    def _grow_to(self, j: int) -> tuple[int, ...]:
+        rows = self.rows
+        grow = self.grow
+        if grow is None:  # pragma: no cover - a complete order knows every row
+            raise PlanMismatchError(f"row {j} of an order of {self.units} units")
+        while len(rows) <= j:
+            prev = rows[-1]
+            grow(rows)
+            new = rows[-1]
+            if len(rows) > self.units + 1 or len(new) != len(prev) or any(
+                    b < a for a, b in zip(prev, new, strict=True)):
+                raise PlanMismatchError(f"the evictor's order grew a bad row {new} after "
+                                        f"{prev} (row {len(rows) - 1} of {self.units})")
+        if len(rows) == self.units + 1:
+            self.grow = None
+            if rows[-1] != self.total:
+                raise PlanMismatchError(f"the evictor's walk frees {rows[-1]} in "
+                                        f"{self.units} units, its counters said {self.total}")
+        return rows[j]
+
+    def known(self, j: int) -> tuple[int, ...] | None:
+        """Row ``j`` if it is known or can still be grown, else ``None`` (stale)."""
+        try:
+            return self.row(j)
+        except PlanMismatchError:
+            return None
+
+
 class EvictionOrder:
     """What a prefix cache can free, in the order it would free it: the evictable supply.
 
@@ -109,17 +176,28 @@ class EvictionOrder:
 
     Evicting the first ``k`` units leaves the suffix order (:meth:`after`): the cache's
     walk goes on where it stopped, which is what makes the planner's prediction exact.
-    Internally an order is a view (the published rows and a start row), so :meth:`after`
-    and :meth:`freed` cost O(bands), not O(units): the planner's binary search over the
-    least eviction prefix stays cheap on orders of thousands of units. Immutable; equal
-    when the rebased rows are equal.
+    Internally an order is a view (shared rows and a start row), so :meth:`after`,
+    :attr:`units` and ``freed(units)`` cost O(bands), not O(units).
+
+    An order is either given whole (the constructor, :meth:`from_units`) or *lazy*
+    (:meth:`lazy`): the source publishes its unit count and last row (counters it keeps)
+    and produces the rows one by one as they are asked for, so the planner's question
+    "the least prefix that frees ``n`` bytes" (:meth:`least_units_freeing`) walks only
+    that prefix. A lazy order is valid while its source has not changed; rows asked for
+    after that raise :class:`~kvchain.errors.PlanMismatchError`.
+
+    Equality: equal unit counts and equal rows. Two views of the same published rows and
+    start are equal at once; otherwise units and last rows are compared first (O(bands))
+    and then the rows one by one. A comparison that needs a row a stale lazy order can no
+    longer produce answers *unequal* (the price memo then misses and prices again: never
+    a wrong hit). Hash: the unit count and the last row (O(bands)).
 
     Raises:
         InvalidDemandError: rows of different lengths, a first row that is not zero, a
             negative or decreasing count, or a non-int entry.
     """
 
-    __slots__ = ("_memo", "_rebased", "_rows", "_start")
+    __slots__ = ("_core", "_rebased", "_start")
 
     def __init__(self, cumulative: tuple[tuple[int, ...], ...] = ((),)) -> None:
         rows = cumulative
@@ -137,29 +215,85 @@ class EvictionOrder:
                     raise InvalidDemandError(
                         f"eviction order counts must be non-decreasing ints, got {row}")
             prev = row
-        self._rows = rows
+        self._core = _OrderRows(list(rows), len(rows) - 1, rows[-1], None)
         self._start = 0
         self._rebased: tuple[tuple[int, ...], ...] | None = rows
-        self._memo: dict[tuple[int, ...], list[int]] = {}  # shared with every view
 
     @classmethod
-    def _view(cls, rows: tuple[tuple[int, ...], ...], start: int,
-              memo: dict[tuple[int, ...], list[int]]) -> EvictionOrder:
+    def lazy(cls, units: int, total: tuple[int, ...],
+             grow: Callable[[list[tuple[int, ...]]], None]) -> EvictionOrder:
+        """An order of ``units`` units freeing ``total`` pages per band in all, whose rows
+        ``grow(rows)`` appends one at a time (row 0 is zeros) when they are first asked
+        for; no units gives the canonical empty order.
+
+        Raises:
+            InvalidDemandError: a negative unit count, or a total that is not
+                non-negative ints (zeros for no units).
+        """
+        if type(units) is not int or units < 0 or type(total) is not tuple or any(
+                type(v) is not int or v < 0 for v in total):
+            raise InvalidDemandError(f"a lazy order needs units >= 0 and a total of "
+                                     f"non-negative ints, got {units!r}, {total!r}")
+        if not units:
+            if any(total):
+                raise InvalidDemandError(f"no eviction units cannot free {total}")
+            return _NO_EVICTION
         view = cls.__new__(cls)
-        view._rows, view._start, view._rebased = rows, start, None
-        view._memo = memo
+        view._core = _OrderRows([(0,) * len(total)], units, total, grow)
+        view._start, view._rebased = 0, None
+        return view
+
+    @classmethod
+    def _view(cls, core: _OrderRows, start: int) -> EvictionOrder:
+        view = cls.__new__(cls)
+        view._core, view._start, view._rebased = core, start, None
         return view
 
     @property
+    def width(self) -> int:
+        """Bands of the order's rows (0 for the canonical empty order ``((),)``)."""
+        return len(self._core.total)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every row is known (a lazy order that walked to its end, or a whole
+        one): then the order stays comparable after its source changes."""
+        return self._core.grow is None
+
+    @property
     def cumulative(self) -> tuple[tuple[int, ...], ...]:
-        """The rebased rows (row 0 all zeros), materialized on first use."""
+        """The rebased rows (row 0 all zeros), materialized on first use (a lazy order
+        walks to its end: O(units))."""
         rebased = self._rebased
         if rebased is None:
-            base = self._rows[self._start]
+            core = self._core
+            core.fill()
+            base = core.rows[self._start]
             rebased = tuple(tuple(v - b for v, b in zip(row, base, strict=True))
-                            for row in self._rows[self._start:])
+                            for row in core.rows[self._start:])
             self._rebased = rebased
         return rebased
+
+    def walk_to(self, k: int) -> None:
+        """Make rows ``0..k`` known (``0 <= k <= units``): a lazy order's source walks its
+        first ``k`` units now (the cache calls this before it evicts them).
+
+        Raises:
+            IndexError: ``k`` outside ``[0, units]``.
+            PlanMismatchError: a stale lazy order.
+        """
+        if not 0 <= k <= self.units:
+            raise IndexError(f"walk_to({k}) of an order of {self.units} units")
+        core = self._core
+        j = self._start + k
+        if j >= len(core.rows) and core.grow is not None:
+            core._grow_to(j)
+
+    def materialize(self) -> EvictionOrder:
+        """Grow every row now (so the order stays comparable after its source changes);
+        returns ``self``. O(units) for a lazy order, O(1) for a complete one."""
+        self._core.fill()
+        return self
 
     @staticmethod
     def from_units(units: Sequence[Sequence[int]], num_bands: int) -> EvictionOrder:
@@ -175,16 +309,22 @@ class EvictionOrder:
     @property
     def units(self) -> int:
         """Eviction units available (0: nothing evictable)."""
-        return len(self._rows) - 1 - self._start
+        return self._core.units - self._start
 
     def freed(self, k: int) -> tuple[int, ...]:
-        """Pages per band freed by the first ``k`` units (``0 <= k <= units``)."""
+        """Pages per band freed by the first ``k`` units (``0 <= k <= units``).
+
+        Raises:
+            IndexError: ``k`` outside ``[0, units]``.
+            PlanMismatchError: a stale lazy order asked for a row it never grew.
+        """
         if not 0 <= k <= self.units:
             raise IndexError(f"freed({k}) of an order of {self.units} units")
+        core = self._core
         if not self._start:
-            return self._rows[k]
-        base = self._rows[self._start]
-        return tuple(v - b for v, b in zip(self._rows[self._start + k], base, strict=True))
+            return core.row(k)
+        base = core.rows[self._start]
+        return tuple(v - b for v, b in zip(core.row(self._start + k), base, strict=True))
 
     def after(self, k: int) -> EvictionOrder:
         """The order left once the first ``k`` units are evicted (the suffix, rebased)."""
@@ -192,41 +332,76 @@ class EvictionOrder:
             return self
         if k >= self.units:
             return _NO_EVICTION
-        return EvictionOrder._view(self._rows, self._start + k, self._memo)
+        self._core.row(self._start + k)  # the base row of the view is known from now on
+        return EvictionOrder._view(self._core, self._start + k)
 
     def least_units_freeing(self, page_bytes: tuple[int, ...], nbytes: int) -> int:
         """The fewest units ``k >= 1`` whose freed pages weigh at least ``nbytes`` bytes
         (``sum_i freed(k)[i] * page_bytes[i]``), or ``units`` if none do (``units >= 1``).
-        A bisection over byte sums computed once per published order (shared by its
-        suffixes)."""
-        weights = self._memo.get(page_bytes)
+
+        A lazy order walks only the rows up to the answer (none when even every unit
+        frees too few bytes: the last row is known); the byte sums of the known rows are
+        kept per ``page_bytes`` and shared by the order's suffixes, and a bisection
+        answers over what is known.
+        """
+        core = self._core
+        units = self.units
+        start = self._start
+        weights = core.weights.get(page_bytes)
         if weights is None:
-            weights = [sum(n * pb for n, pb in zip(row, page_bytes, strict=True))
-                       for row in self._rows]
-            self._memo[page_bytes] = weights
-        k = bisect_left(weights, weights[self._start] + nbytes, self._start + 1) - self._start
-        return min(max(k, 1), self.units)
+            weights = []
+            core.weights[page_bytes] = weights
+        rows = core.rows
+        while len(weights) < min(len(rows), start + 1):
+            weights.append(sum(n * pb for n, pb in zip(rows[len(weights)], page_bytes,
+                                                       strict=True)))
+        target = weights[start] + nbytes
+        total = sum(n * pb for n, pb in zip(core.total, page_bytes, strict=True))
+        if total < target:
+            return units
+        k = bisect_left(weights, target, start + 1)
+        while k == len(weights) and k < start + units:
+            row = core.row(k)  # grow one row (or it was known already)
+            weights.append(sum(n * pb for n, pb in zip(row, page_bytes, strict=True)))
+            if weights[-1] >= target:
+                break
+            k += 1
+        return min(max(k - start, 1), units)
+
+    def _row_rebased(self, j: int) -> tuple[int, ...] | None:
+        core = self._core
+        row = core.known(self._start + j)
+        if row is None or not self._start:
+            return row
+        base = core.rows[self._start]
+        return tuple(v - b for v, b in zip(row, base, strict=True))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, EvictionOrder):
             return NotImplemented
-        if self._rows is other._rows and self._start == other._start:
+        if self._core is other._core and self._start == other._start:
             return True
-        if self.units != other.units:
+        units = self.units
+        if units != other.units:
             return False
-        if self.units == 0:
+        if units == 0:
             return True  # every empty order is the canonical one, whatever its width
-        return self.cumulative == other.cumulative
+        if self.freed(units) != other.freed(units):
+            return False
+        for j in range(1, units):
+            mine, theirs = self._row_rebased(j), other._row_rebased(j)
+            if mine is None or theirs is None or mine != theirs:
+                return False  # unequal, or undecidable (a stale lazy order): unequal
+        return True
 
     def __hash__(self) -> int:
-        # O(bands), not O(units): the price memo hashes every snapshot it is asked about,
-        # and an order of thousands of units made that hash cost more than the planner.
-        # Equal orders have equal unit counts and equal rebased rows, hence equal hashes;
-        # orders that differ only between the sampled rows collide, and __eq__ decides.
+        # O(bands), not O(units): the price memo hashes every snapshot it is asked about.
+        # Equal orders have equal unit counts and equal last rows, hence equal hashes;
+        # orders that differ only before the last row collide, and __eq__ decides.
         units = self.units
         if not units:
             return 0
-        return hash((units, self.freed(units), self.freed(units // 2)))
+        return hash((units, self.freed(units)))
 
     def __repr__(self) -> str:
         return f"EvictionOrder(units={self.units}, freed={self.freed(self.units)})"

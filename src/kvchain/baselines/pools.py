@@ -421,8 +421,8 @@ class PoolAllocator:
         if not isinstance(order, EvictionOrder):
             raise PlanMismatchError(f"the evictor's eviction_order() returned "
                                     f"{type(order).__name__}, not an EvictionOrder")
-        if order.units and len(order.cumulative[0]) != len(self._bound):
-            raise PlanMismatchError(f"the evictor's order has {len(order.cumulative[0])} "
+        if order.units and order.width != len(self._bound):
+            raise PlanMismatchError(f"the evictor's order has {order.width} "
                                     f"bands, the allocator {len(self._bound)}")
         return order
 

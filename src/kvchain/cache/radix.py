@@ -60,6 +60,7 @@ from enum import StrEnum
 import numpy as np
 
 from kvchain.alloc.snapshot import EvictionOrder
+from kvchain.audit import resolve_audit
 from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
 from kvchain.layout import ChainLayout
 from kvchain.spec.layers import LifetimeClass
@@ -156,6 +157,10 @@ class Node:
         tail_time: logical time of the last hit that ended here (or insert).
         wpin: window pages of this node pinned by running requests (never evicted).
         cpin: checkpoints of this node pinned by running requests (never evicted).
+        sig: the node's share of the eviction order as last counted (``None``: none):
+            its LEAF key, TAILS key, time when unlocked, units, full, window and state
+            pages (:meth:`PrefixCache._refresh`).
+        lser, tser: serials of its live entries in the cache's ready heap (0: none).
     """
 
     __slots__ = (
@@ -165,12 +170,15 @@ class Node:
         "full",
         "keys",
         "lock",
+        "lser",
         "nid",
         "parent",
+        "sig",
         "start",
         "tail_time",
         "time",
         "tlock",
+        "tser",
         "win",
         "win_live",
         "wpin",
@@ -193,6 +201,9 @@ class Node:
         self.tail_time = time
         self.wpin = 0
         self.cpin = 0
+        self.sig: tuple[int, int, int, int, int, int, int] | None = None  # order share
+        self.lser = 0  # serial of its live LEAF entry in the ready heap (0: none)
+        self.tser = 0  # serial of its live TAILS entry (0: none)
 
     @property
     def end(self) -> int:
@@ -284,13 +295,22 @@ class PrefixCache:
             default 512, the Mooncake content block).
         policy: which resume points a prompt keeps (:class:`ResumePolicy`; ``AUTO`` is
             resolved for ``geom`` here, so ``self.policy`` is ``BLOCKS`` or ``ENDS``).
+        audit: rebuild the eviction order by a whole-tree walk before every eviction and
+            compare it with the incrementally kept one (O(nodes log nodes) each; ``None``:
+            :func:`kvchain.audit.resolve_audit`'s default, on in the test suite).
+            :meth:`audit` always does it.
+
+    Attributes:
+        full_walks: whole-tree walks that rebuilt the eviction order (audits only).
 
     Raises:
         InvalidRequestError: an interval that is not a positive multiple of the page size.
+        ConfigError: a bad ``audit`` flag.
     """
 
     def __init__(self, geom: CacheGeometry, interval_tokens: int = 512,
-                 policy: ResumePolicy = ResumePolicy.BLOCKS) -> None:
+                 policy: ResumePolicy = ResumePolicy.BLOCKS, *,
+                 audit: bool | None = None) -> None:
         p = geom.page_size
         if type(interval_tokens) is not int or interval_tokens < p or interval_tokens % p:
             raise InvalidRequestError(f"interval_tokens must be a positive multiple of the page "
@@ -302,7 +322,15 @@ class PrefixCache:
         self.root = Node(0, None, 0, [], [], [], {}, 0)
         self._clock = 0
         self._version = 0
-        self._order_cache: tuple[int, EvictionOrder, list[tuple[int, Node]]] | None = None
+        self.audit_walks = resolve_audit(audit)
+        self.full_walks = 0
+        # The incremental eviction order (see "Eviction order, kept incrementally" below).
+        self._ready: list[tuple[int, int, int, int, Node]] = []  # heap: (key, kind, nid, ser)
+        self._serial = 0
+        self._entries = 0  # live entries of the ready heap (the rest are stale)
+        self._units = 0  # eviction units of the whole walk
+        self._total = [0] * geom.num_bands  # pages per band the whole walk frees
+        self._published: tuple[int, EvictionOrder, list[tuple[int, Node]]] | None = None
         self.evicted_pages = [0] * geom.num_bands
         self.evictions = 0
         self._held = [0] * geom.num_bands  # pages / slots held per band (held_counts)
@@ -313,26 +341,66 @@ class PrefixCache:
 
     @property
     def version(self) -> int:
-        """Bumped by every change of the tree, its locks or its LRU times."""
+        """Bumped by every change that may change the eviction order: a change of the
+        tree, and a lock, unlock, touch or pin that changes some node's share of the order
+        (a touch of a path only running hits lock, say, changes none and bumps nothing)."""
         return self._version
 
     def eviction_order(self) -> EvictionOrder:
-        """The simulated LRU walk as cumulative pages per band (cached by version)."""
-        return self._walk()[0]
+        """The simulated LRU walk as cumulative pages per band: a lazy
+        :class:`EvictionOrder` (cached by version) whose unit count and last row are the
+        kept counters and whose rows are walked from the ready units only as far as they
+        are asked for (O(k log nodes) for the first ``k``)."""
+        published = self._published
+        if published is not None and published[0] == self._version:
+            return published[1]
+        version = self._version
+        walk: list[tuple[int, Node]] = []
+        units = self._walk_iter()
+
+        def grow(rows: list[tuple[int, ...]]) -> None:
+            if self._version != version:
+                raise PlanMismatchError(f"eviction order of cache version {version} asked for "
+                                        f"row {len(rows)} at version {self._version}")
+            step = next(units, None)
+            if step is None:
+                raise PlanMismatchError(f"the ready units ran out after {len(walk)} units, "
+                                        f"the counters say {self._units}")
+            kind, node, row = step
+            walk.append((kind, node))
+            rows.append(tuple([a + b for a, b in zip(rows[-1], row, strict=True)]))
+
+        if self._units < 0 or any(v < 0 for v in self._total):
+            raise PlanMismatchError(f"eviction counters below zero: {self._units} units, "
+                                    f"{self._total}")
+        order = EvictionOrder.lazy(self._units, tuple(self._total), grow)
+        self._published = (version, order, walk)
+        return order
 
     def evict(self, units: int) -> tuple[np.ndarray, ...]:
         """Evict the first ``units`` units of the walk; return the freed ids per band.
 
+        With the audit flag, the order is first rebuilt by a whole-tree walk and compared
+        (:meth:`check_order`).
+
         Raises:
             PlanMismatchError: ``units`` outside ``[1, eviction_order().units]``.
+            AuditError: (audit flag) the kept order differs from the rebuilt one.
         """
-        order, walk = self._walk()
+        order = self.eviction_order()
         if not 0 < units <= order.units:
             raise PlanMismatchError(f"evict({units}) with {order.units} eviction units")
+        if self.audit_walks:
+            self.check_order()
+        order.walk_to(units)
+        published = self._published
+        assert published is not None and published[1] is order
         g = self.geom
         freed: list[list[int]] = [[] for _ in range(g.num_bands)]
-        for kind, node in walk[:units]:
+        changed: list[Node] = []
+        for kind, node in published[2][:units]:
             self._free_tails(node, freed)
+            changed.append(node)
             if kind == LEAF:
                 if g.full is not None:
                     freed[g.full].extend(node.full)
@@ -340,6 +408,9 @@ class PrefixCache:
                 assert parent is not None
                 del parent.children[node.keys[0]]
                 node.parent = None
+                changed.append(parent)
+        for node in changed:
+            self._refresh(node)
         for b, ids in enumerate(freed):
             self.evicted_pages[b] += len(ids)
             self._held[b] -= len(ids)
@@ -379,10 +450,11 @@ class PrefixCache:
             row[g.full] = len(node.full)
         return row
 
-    def _walk(self) -> tuple[EvictionOrder, list[tuple[int, Node]]]:
-        cached = self._order_cache
-        if cached is not None and cached[0] == self._version:
-            return cached[1], cached[2]
+    def _walk_from_scratch(self) -> tuple[EvictionOrder, list[tuple[int, Node]]]:
+        """The eviction order rebuilt by a whole-tree walk (the audit's reference: what
+        the cache computed on every version change before the order was kept
+        incrementally). O(nodes log nodes); counted in :attr:`full_walks`."""
+        self.full_walks += 1
         heap: list[tuple[int, int, int, Node]] = []
         left: dict[int, int] = {}
         for node in self.nodes():
@@ -424,8 +496,174 @@ class PrefixCache:
             order = EvictionOrder(((0,) * self.geom.num_bands, *tuple(map(tuple, cum.tolist()))))
         else:
             order = EvictionOrder()
-        self._order_cache = (self._version, order, walk)
         return order, walk
+
+    def check_order(self) -> None:
+        """Rebuild the eviction order by a whole-tree walk and compare it with the kept one
+        (unit count, pages freed in all, every row, and the units' nodes in order).
+
+        Raises:
+            AuditError: naming what differs.
+        """
+        ref, ref_walk = self._walk_from_scratch()
+        order = self.eviction_order()
+        if (order.units, order.freed(order.units)) != (ref.units, ref.freed(ref.units)):
+            raise AuditError(f"eviction counters: {order.units} units freeing "
+                             f"{order.freed(order.units)}, the tree walk gives {ref.units} "
+                             f"freeing {ref.freed(ref.units)}")
+        try:
+            rows = order.cumulative
+        except PlanMismatchError as exc:
+            raise AuditError(f"the kept eviction order cannot be walked: {exc}") from exc
+        if rows != ref.cumulative:
+            first = next(j for j, (a, b) in enumerate(zip(rows, ref.cumulative, strict=True))
+                         if a != b)
+            raise AuditError(f"eviction order row {first}: kept {rows[first]}, the tree walk "
+                             f"gives {ref.cumulative[first]}")
+        published = self._published
+        assert published is not None
+        kept = [(kind, node.nid) for kind, node in published[2]]
+        if kept != [(kind, node.nid) for kind, node in ref_walk]:
+            raise AuditError("the kept eviction order walks other units than the tree walk")
+
+    # --- eviction order, kept incrementally ------------------------------------------------
+    #
+    # A unit is *ready* when the whole-tree walk would put it in its heap at the start: a
+    # LEAF of an unlocked node without children, keyed by its time; a TAILS unit of a
+    # node with tails to free that is either locked by prompt locks only (keyed
+    # IN_USE + tail time) or unlocked with a tail time older than its time (an unlocked
+    # node whose tail time equals its time never frees its tails before its LEAF: every
+    # node of its subtree is no newer and its LEAF sorts first at equal times; and the
+    # tail time is never newer than the time: every update of it sets both). The ready
+    # units live in one heap with lazy deletion (an entry is live while its serial is the
+    # node's); a node's share of the order (its signature: keys, time when unlocked,
+    # units and pages) is recounted by _refresh whenever its locks, times, pages, pins or
+    # children change, which moves the kept totals and bumps the version only when the
+    # share changed. The published order walks the heap in sorted order without changing
+    # it (a second heap over its indices) and merges the parents that become leaves on
+    # the way (the cascade), exactly as the whole-tree walk pops them.
+
+    def _refresh(self, node: Node) -> bool:
+        """Recount ``node``'s share of the eviction order; returns whether it changed (then
+        the totals and ready entries move and the version is bumped)."""
+        if not node.nid:
+            return False
+        sig: tuple[int, int, int, int, int, int, int] | None
+        if node.parent is None:  # evicted
+            sig = None
+        else:
+            tw = node.win_live - node.wpin
+            tc = len(node.ckpts) - node.cpin
+            tails = tw > 0 or tc > 0
+            if not node.lock:
+                tk = node.tail_time if tails and node.tail_time < node.time else -1
+                sig = (-1 if node.children else node.time, tk, node.time, 2 if tk >= 0 else 1,
+                       len(node.full), tw, tc)
+            elif not node.tlock and tails:
+                sig = (-1, IN_USE + node.tail_time, -1, 1, 0, tw, tc)
+            else:
+                sig = None
+        old = node.sig
+        if sig == old:
+            return False
+        node.sig = sig
+        g = self.geom
+        total = self._total
+        for share, sign in ((old, -1), (sig, 1)):
+            if share is None:
+                continue
+            self._units += sign * share[3]
+            if g.full is not None:
+                total[g.full] += sign * share[4]
+            if g.window is not None:
+                total[g.window] += sign * share[5]
+            if g.state is not None:
+                total[g.state] += sign * share[6]
+        old_leaf = old[0] if old is not None else -1
+        old_tails = old[1] if old is not None else -1
+        new_leaf = sig[0] if sig is not None else -1
+        new_tails = sig[1] if sig is not None else -1
+        if new_leaf != old_leaf:
+            node.lser = self._push(new_leaf, LEAF, node, old_leaf >= 0)
+        if new_tails != old_tails:
+            node.tser = self._push(new_tails, TAILS, node, old_tails >= 0)
+        self._version += 1
+        return True
+
+    def _push(self, key: int, kind: int, node: Node, replaces: bool) -> int:
+        """Enter a ready unit (``key >= 0``) or none (``key < 0``) for ``node``, replacing
+        its live entry of that kind if ``replaces``; returns the new serial (0: none).
+        Compacts the heap when stale entries outnumber the live ones."""
+        ready = self._ready
+        if replaces:
+            self._entries -= 1
+        serial = 0
+        if key >= 0:
+            self._serial += 1
+            serial = self._serial
+            heapq.heappush(ready, (key, kind, node.nid, serial, node))
+            self._entries += 1
+        if len(ready) > 2 * self._entries + 64:
+            if kind == LEAF:
+                node.lser = serial  # the compaction below reads the new serial
+            else:
+                node.tser = serial
+            live = [e for e in ready
+                    if (e[4].lser if e[1] == LEAF else e[4].tser) == e[3]]
+            heapq.heapify(live)
+            ready[:] = live
+        return serial
+
+    def _walk_iter(self) -> Iterator[tuple[int, Node, list[int]]]:
+        """The walk of the published order: ``(kind, node, pages per band)`` unit by unit,
+        the ready heap read in sorted order (not changed) merged with the parents that
+        become leaves as their last child goes (their LEAF joins with their own time)."""
+        ready = self._ready
+        size = len(ready)
+        heappush, heappop = heapq.heappush, heapq.heappop
+        scan: list[tuple[tuple[int, int, int, int, Node], int]] = [(ready[0], 0)] if ready \
+            else []
+        joined: list[tuple[int, int, int, int, Node]] = []
+        left: dict[int, int] = {}
+        dropped: set[int] = set()
+        gone: set[int] = set()
+        while True:
+            while scan:  # skip stale entries, reading their children in the heap
+                e = scan[0][0]
+                if (e[4].lser if e[1] == LEAF else e[4].tser) == e[3]:
+                    break
+                _, i = heappop(scan)
+                j = 2 * i + 1
+                if j < size:
+                    heappush(scan, (ready[j], j))
+                    if j + 1 < size:
+                        heappush(scan, (ready[j + 1], j + 1))
+            if scan and (not joined or scan[0][0] < joined[0]):
+                e, i = heappop(scan)
+                j = 2 * i + 1
+                if j < size:
+                    heappush(scan, (ready[j], j))
+                    if j + 1 < size:
+                        heappush(scan, (ready[j + 1], j + 1))
+            elif joined:
+                e = heappop(joined)
+            else:
+                return
+            kind, nid, node = e[1], e[2], e[4]
+            if kind == TAILS:
+                if nid in gone or nid in dropped:  # pragma: no cover - never ready so
+                    continue
+                dropped.add(nid)
+                yield TAILS, node, self._unit_pages(node, TAILS, False)
+                continue
+            yield LEAF, node, self._unit_pages(node, LEAF, nid in dropped)
+            gone.add(nid)
+            parent = node.parent
+            if parent is not None and parent.nid and not parent.lock:
+                n = left.get(parent.nid, len(parent.children)) - 1
+                left[parent.nid] = n
+                if n == 0:
+                    heappush(joined, (parent.time, LEAF, parent.nid, -1, parent))
 
     # --- tree walks ----------------------------------------------------------------------
 
@@ -466,6 +704,8 @@ class PrefixCache:
         node.start = at
         node.parent = upper
         upper.children[node.keys[0]] = node
+        self._refresh(upper)
+        self._refresh(node)
         self._bump()
         return upper
 
@@ -564,8 +804,8 @@ class PrefixCache:
         while n is not None and n.nid:
             n.lock += 1
             n.tlock += t
+            self._refresh(n)
             n = n.parent
-        self._bump()
         return node
 
     def unlock(self, handle: Node | None, tails: bool = True) -> None:
@@ -581,10 +821,13 @@ class PrefixCache:
         while n is not None and n.nid:
             if n.lock <= 0 or n.tlock < t:
                 raise AuditError(f"unlock of node {n.nid} that is not locked")
+            n = n.parent
+        n = handle
+        while n is not None and n.nid:
             n.lock -= 1
             n.tlock -= t
+            self._refresh(n)
             n = n.parent
-        self._bump()
 
     def touch(self, handle: Node | None, window_first: int) -> None:
         """LRU touch of a used hit: every node of the path (``time``), and the nodes whose
@@ -599,8 +842,8 @@ class PrefixCache:
             n.time = now
             if n.end > window_first:
                 n.tail_time = now
+            self._refresh(n)
             n = n.parent
-        self._bump()
 
     # --- pins (what a running request still reads) --------------------------------------
 
@@ -640,7 +883,8 @@ class PrefixCache:
             if not c:
                 node.wpin += 1
             pins[v] = c + 1
-        self._bump()
+        for node, _ in found:
+            self._refresh(node)
 
     def unpin_window(self, handle: Node, pages: Iterable[int]) -> None:
         """Undo :meth:`pin_window` for page indices ``pages`` (the request's window moved
@@ -667,7 +911,8 @@ class PrefixCache:
                 node.wpin -= 1
             else:
                 pins[v] = c - 1
-        self._bump()
+        for node, _ in found:
+            self._refresh(node)
 
     def pin_checkpoint(self, handle: Node, point: int) -> None:
         """Pin the checkpoint after ``point`` pages on ``handle``'s path (a hit resumes
@@ -684,7 +929,7 @@ class PrefixCache:
         if not c:
             node.cpin += 1
         self._cpins[v] = c + 1
-        self._bump()
+        self._refresh(node)
 
     def unpin_checkpoint(self, handle: Node, point: int) -> None:
         """Undo :meth:`pin_checkpoint`.
@@ -702,7 +947,7 @@ class PrefixCache:
             node.cpin -= 1
         else:
             self._cpins[v] = c - 1
-        self._bump()
+        self._refresh(node)
 
     def pinned(self) -> tuple[dict[int, int], dict[int, int]]:
         """Copies of the pin counts: window page id -> readers, checkpoint id -> readers."""
@@ -731,6 +976,7 @@ class PrefixCache:
         window = dict(window)
         ckpts = dict(ckpts)
         node, pos = self.root, 0
+        changed: list[Node] = []
         while pos < n:
             child = node.children.get(keys[pos])
             if child is None:
@@ -741,6 +987,7 @@ class PrefixCache:
                 j += 1
             if j < len(run):
                 child = self._split(child, pos + j)
+            changed.append(child)
             child.time = now
             if g.full is not None:
                 dups[g.full].extend(full[max(pos, shared):pos + j])
@@ -772,6 +1019,7 @@ class PrefixCache:
                        list(full[pos:n]) if g.full is not None else [], win,
                        {p: ckpts.pop(p) for p in [p for p in ckpts if pos < p <= n]}, now)
             node.children[keys[pos]] = new
+            changed.append(new)
             if g.full is not None:
                 kept[g.full] += len(new.full)
             if g.window is not None:
@@ -784,6 +1032,8 @@ class PrefixCache:
             dups[g.window].extend(window.values())
         if g.state is not None:
             dups[g.state].extend(ckpts.values())
+        for c in changed:  # the path and the new node, its parent (now with a child) too
+            self._refresh(c)
         self._bump()
         return dups
 
@@ -854,7 +1104,8 @@ class PrefixCache:
         """Tree invariants, lock counts equal to the paths of ``handles`` (the hit locks
         of running requests) and ``prompt_handles`` (their prompt locks), and pin counts
         equal to ``pins`` (the window page ids and checkpoint ids running requests read;
-        not checked when ``None``).
+        not checked when ``None``), and the kept eviction order equal to the one a
+        whole-tree walk rebuilds (:meth:`check_order`).
 
         Raises:
             AuditError: naming the first thing found wrong.
@@ -909,6 +1160,9 @@ class PrefixCache:
                                  f"({texpected.get(node.nid, 0)} hits)")
             if node.time < max((c.time for c in node.children.values()), default=0):
                 raise AuditError(f"node {node.nid}: older than a child")
+            if node.tail_time > node.time:
+                raise AuditError(f"node {node.nid}: tail time {node.tail_time} after its time "
+                                 f"{node.time}")
             wp = sum(1 for v in node.win if v >= 0 and v in self._wpins)
             cp = sum(1 for v in node.ckpts.values() if v in self._cpins)
             if (wp, cp) != (node.wpin, node.cpin):
@@ -921,3 +1175,4 @@ class PrefixCache:
         if (wpins, cpins) != (len(self._wpins), len(self._cpins)):
             raise AuditError(f"{len(self._wpins)} window pages and {len(self._cpins)} checkpoints "
                              f"pinned, {wpins} and {cpins} found in the tree")
+        self.check_order()

@@ -39,7 +39,7 @@ import csv
 import enum
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -411,8 +411,11 @@ class StepTotals:
 
 # --- the recorder -----------------------------------------------------------------------
 
-DEFAULT_MAX_STEP_SAMPLES = 20_000
-"""Default cap on kept step samples: 20,000 samples of ~3 bands is a few MB."""
+DEFAULT_MAX_STEP_SAMPLES = 2_000
+"""Default cap on kept step samples, extremes included: about one per pixel column of the
+band chart (11 inches at 100-200 dpi), a few hundred kB whatever the run's length."""
+
+_EXTREMES = 4  # peak utilization, peak running, peak waiting, last step
 
 
 class MetricsRecorder:
@@ -425,31 +428,42 @@ class MetricsRecorder:
     admission and finish (the request goes back to waiting; a later ``on_admitted`` keeps
     the first admission time); ``on_rejected`` ends a request that will never run.
 
-    Step samples: ``on_step`` once per scheduling step, in time order. With
-    ``max_step_samples=N`` at most ~N evenly spaced samples are kept (every k-th step,
-    k doubling whenever N is exceeded) plus the extremes (peak utilization, peak running,
-    peak waiting, last step); the totals behind the summary are exact over all steps.
+    Step samples: ``on_step`` (or :meth:`record_step`, which builds the bands only for a
+    step it keeps) once per scheduling step, in time order. With ``max_step_samples=N``
+    at most ``N`` samples are kept: evenly spaced over simulated time (the first step of
+    every bucket of ``d`` seconds; ``d`` is set from the run so far when ``N - 4`` is
+    first exceeded and doubles whenever it is exceeded again, so ``(N - 4) / 2`` to
+    ``N - 4`` of them) plus the extremes (the step of peak utilization, of peak running,
+    of peak waiting, the last step). The totals behind the summary are exact over all
+    steps; memory is O(N) whatever the run's length.
 
     Args:
-        max_step_samples: cap on kept evenly spaced samples (>= 2), or None to keep all.
+        max_step_samples: cap on kept samples, extremes included (>= 6), or None to keep
+            all.
 
     Raises:
-        ConfigError: ``max_step_samples`` below 2.
+        ConfigError: ``max_step_samples`` below 6.
         MetricsError: (from the event methods) an unknown or repeated id, an event out of
             order, a time before the arrival or going backwards; the recorder is unchanged.
     """
 
     def __init__(self, *, max_step_samples: int | None = DEFAULT_MAX_STEP_SAMPLES) -> None:
-        if max_step_samples is not None and max_step_samples < 2:
-            raise ConfigError(f"max_step_samples must be >= 2 or None, got {max_step_samples}")
+        if max_step_samples is not None and (type(max_step_samples) is not int
+                                             or max_step_samples < 2 + _EXTREMES):
+            raise ConfigError(f"max_step_samples must be an int >= {2 + _EXTREMES} or None, "
+                              f"got {max_step_samples!r}")
         self._max_samples = max_step_samples
         self._records: dict[int, RequestRecord] = {}
         self._first_arrival_s: float | None = None
         self._last_time_s: float | None = None
-        # step samples: (step index, sample), strided every `_stride` steps
-        self._stride = 1
-        self._strided: list[tuple[int, StepSample]] = []
+        # step samples: (step index, sample), the first of every `_bucket_s` seconds since
+        # `_t0_s` (0.0: every step, until the cap is first exceeded)
+        self._bucket_s = 0.0
+        self._t0_s: float | None = None
+        self._last_bucket = -1
+        self._even: list[tuple[int, StepSample]] = []
         self._extremes: dict[str, tuple[int, StepSample]] = {}
+        self._last_scalars: tuple[Any, ...] | None = None  # record_step's last step
         self._last_step_t_s = -math.inf
         self._steps = 0
         self._duration_s = 0.0
@@ -601,38 +615,134 @@ class MetricsRecorder:
         Raises:
             MetricsError: ``sample.t_s`` earlier than the previous step's.
         """
-        if not sample.t_s >= self._last_step_t_s:
-            raise MetricsError(f"on_step: t_s={sample.t_s} s is before the previous step "
+        self._step(sample.t_s, sample.duration_s, sample.prefill_tokens, sample.decode_tokens,
+                   sample.running, sample.waiting, sample.buffer_bytes, sample.used_bytes,
+                   sample.needed_bytes, lambda: sample, True)
+
+    def record_step(self, *, t_s: float, duration_s: float, prefill_tokens: int,
+                    decode_tokens: int, running: int, waiting: int, buffer_bytes: int,
+                    used_bytes: int, bands: Callable[[], tuple[BandSample, ...]],
+                    needed_bytes: float | None = None) -> bool:
+        """Record one scheduling step given its numbers (as :class:`StepSample`'s fields),
+        calling ``bands()`` (the chain's bands now, e.g. :func:`band_samples`) only if the
+        step is kept: a new peak, or the first step of its time bucket. The last step's
+        numbers are remembered; :meth:`finish_steps` keeps it with its bands.
+
+        Returns:
+            Whether the step was kept (``bands()`` was called).
+
+        Raises:
+            MetricsError: as :meth:`on_step`, or numbers :class:`StepSample` refuses
+                (checked on every step, kept or not; the recorder is unchanged).
+        """
+        if not (math.isfinite(t_s) and math.isfinite(duration_s) and duration_s >= 0
+                and min(prefill_tokens, decode_tokens, running, waiting) >= 0
+                and 0 <= used_bytes <= buffer_bytes and buffer_bytes > 0
+                and (needed_bytes is None
+                     or (math.isfinite(needed_bytes) and needed_bytes >= 0))):
+            StepSample(t_s, duration_s, prefill_tokens, decode_tokens, running, waiting, (),
+                       buffer_bytes, used_bytes, needed_bytes)  # raises with the message
+        scalars = (t_s, duration_s, prefill_tokens, decode_tokens, running, waiting,
+                   buffer_bytes, used_bytes, needed_bytes)
+
+        def build() -> StepSample:
+            return StepSample(t_s, duration_s, prefill_tokens, decode_tokens, running,
+                              waiting, bands(), buffer_bytes, used_bytes, needed_bytes)
+
+        kept = self._step(*scalars, build, False)
+        self._last_scalars = scalars if not kept else None
+        return kept
+
+    def finish_steps(self, bands: Callable[[], tuple[BandSample, ...]]) -> None:
+        """Keep the last step recorded by :meth:`record_step` (if it was not kept), with
+        ``bands()`` now: call it once the run is over, while the chain is as that step
+        left it. Nothing to do after :meth:`on_step` (it keeps the last step itself)."""
+        scalars = self._last_scalars
+        if scalars is None:
+            return
+        self._last_scalars = None
+        (t_s, duration_s, prefill_tokens, decode_tokens, running, waiting, buffer_bytes,
+         used_bytes, needed_bytes) = scalars
+        self._extremes["last"] = (self._steps - 1, StepSample(
+            t_s, duration_s, prefill_tokens, decode_tokens, running, waiting, bands(),
+            buffer_bytes, used_bytes, needed_bytes))
+
+    def _step(self, t_s: float, duration_s: float, prefill_tokens: int, decode_tokens: int,
+              running: int, waiting: int, buffer_bytes: int, used_bytes: int,
+              needed_bytes: float | None, make: Callable[[], StepSample],
+              keep_last: bool) -> bool:
+        """The totals of one step, and whether (and where) its sample is kept; ``make()``
+        builds the sample, called at most once and only when it is kept."""
+        if not t_s >= self._last_step_t_s:
+            raise MetricsError(f"on_step: t_s={t_s} s is before the previous step "
                                f"({self._last_step_t_s} s)")
         index = self._steps
-        self._last_step_t_s = sample.t_s
-        self._saw(sample.t_s)
-        utilization = sample.utilization
+        self._last_step_t_s = t_s
+        self._saw(t_s)
+        utilization = used_bytes / buffer_bytes
         self._steps += 1
-        self._duration_s += sample.duration_s
-        self._util_seconds += utilization * sample.duration_s
+        self._duration_s += duration_s
+        self._util_seconds += utilization * duration_s
         self._util_sum += utilization
-        self._prefill_tokens += sample.prefill_tokens
-        self._decode_tokens += sample.decode_tokens
-        if sample.needed_bytes is not None:
-            fraction = sample.needed_bytes / sample.buffer_bytes
-            self._needed_fraction_seconds += fraction * sample.duration_s
-            self._needed_duration_s += sample.duration_s
+        self._prefill_tokens += prefill_tokens
+        self._decode_tokens += decode_tokens
+        if needed_bytes is not None:
+            fraction = needed_bytes / buffer_bytes
+            self._needed_fraction_seconds += fraction * duration_s
+            self._needed_duration_s += duration_s
+        sample: StepSample | None = None
         if self._peak_util is None or utilization > self._peak_util:
             self._peak_util = utilization
+            sample = make()
             self._extremes["peak_utilization"] = (index, sample)
-        if sample.running > self._peak_running or index == 0:
-            self._peak_running = max(self._peak_running, sample.running)
+        if running > self._peak_running or index == 0:
+            self._peak_running = max(self._peak_running, running)
+            sample = sample or make()
             self._extremes["peak_running"] = (index, sample)
-        if sample.waiting > self._peak_waiting or index == 0:
-            self._peak_waiting = max(self._peak_waiting, sample.waiting)
+        if waiting > self._peak_waiting or index == 0:
+            self._peak_waiting = max(self._peak_waiting, waiting)
+            sample = sample or make()
             self._extremes["peak_waiting"] = (index, sample)
-        self._extremes["last"] = (index, sample)
-        if index % self._stride == 0:
-            self._strided.append((index, sample))
-            if self._max_samples is not None and len(self._strided) > self._max_samples:
-                self._stride *= 2
-                self._strided = [(i, s) for i, s in self._strided if i % self._stride == 0]
+        if self._t0_s is None:
+            self._t0_s = t_s
+        bucket = int((t_s - self._t0_s) / self._bucket_s) if self._bucket_s else index
+        if bucket > self._last_bucket:
+            self._last_bucket = bucket
+            sample = sample or make()
+            self._even.append((index, sample))
+            cap = self._max_samples
+            if cap is not None and len(self._even) > cap - _EXTREMES:
+                self._coarsen(t_s, cap - _EXTREMES)
+        if keep_last:
+            self._extremes["last"] = (index, sample or make())
+        elif sample is not None:
+            self._extremes.pop("last", None)
+        return sample is not None
+
+    def _coarsen(self, t_s: float, cap: int) -> None:
+        """Widen the time buckets until at most ``cap`` evenly spaced samples are left:
+        first to ``span / (cap / 2)`` seconds (``span``: the run so far), then doubling;
+        each bucket keeps its first sample (the buckets nest, so the spacing stays even)."""
+        t0 = self._t0_s
+        assert t0 is not None
+        span = t_s - t0
+        if not self._bucket_s:
+            self._bucket_s = max(span / max(cap // 2, 1), 1e-9)
+        even = self._even
+        while True:
+            width = self._bucket_s
+            kept: list[tuple[int, StepSample]] = []
+            last = -1
+            for i, smp in even:
+                b = int((smp.t_s - t0) / width)
+                if b > last:
+                    kept.append((i, smp))
+                    last = b
+            if len(kept) <= cap:
+                break
+            self._bucket_s *= 2
+        self._even = kept
+        self._last_bucket = last
 
     # -- read access --
 
@@ -656,7 +766,7 @@ class MetricsRecorder:
     def step_samples(self) -> tuple[StepSample, ...]:
         """Kept step samples in time order: all of them, or the evenly spaced ones plus the
         extremes when down-sampled."""
-        merged = dict(self._strided)
+        merged = dict(self._even)
         merged.update(self._extremes.values())
         return tuple(sample for _, sample in sorted(merged.items(), key=lambda kv: kv[0]))
 

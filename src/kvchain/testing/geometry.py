@@ -84,13 +84,14 @@ class ChainGeometry:
         return plan_layout(classes, self.buffer_bytes, self.page_size,
                            null_pages=self.null_pages)
 
-    def chain(self, buffer: BufferBackend | None = None) -> Chain:
-        """A fresh chain of this geometry (default a ``NullBuffer``).
+    def chain(self, buffer: BufferBackend | None = None, *, audit: bool | None = None) -> Chain:
+        """A fresh chain of this geometry (default a ``NullBuffer``); ``audit`` is the
+        chain's audit flag (``None``: :func:`kvchain.audit.resolve_audit`'s default).
 
         Raises:
-            ConfigError: as :meth:`layout`.
+            ConfigError: as :meth:`layout`, or a bad ``audit`` flag.
         """
-        return Chain(self.layout(), buffer)
+        return Chain(self.layout(), buffer, audit=audit)
 
     @property
     def shape(self) -> str:

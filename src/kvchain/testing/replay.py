@@ -158,7 +158,7 @@ def replay_section(section: StreamSection, *, fail_fast: bool = False,
     """
     import time
 
-    rec = ChainRecorder(section.geometry.chain())
+    rec = ChainRecorder(section.geometry.chain(audit=True))  # every rebuild-and-compare
     rec.cache_defect = cache_defect
     t0 = time.perf_counter()
     for op in section.ops:
