@@ -115,6 +115,10 @@ def simulate_command(
     = False,
     prefix_cache: PrefixCacheOption = None,
     cache_points: CachePointsOption = ResumePolicy.AUTO,
+    fast_forward: Annotated[bool, typer.Option(
+        help="Advance runs of decode-only steps between events in one update (same "
+             "results); --no-fast-forward runs every step through the per-step loop.")]
+    = True,
 ) -> None:
     """Simulate serving a request trace with the kvchain memory manager.
 
@@ -140,7 +144,8 @@ def simulate_command(
                                       policy=policy, strict=strict,
                                       reserve=reserve_config(reserve, new_token_ratio)),
             buffer_bytes=buffer_bytes, clock=clock, step_ms=step_ms,
-            truncate_to_context=truncate, prefix_cache=prefix_cache, cache_points=cache_points)
+            truncate_to_context=truncate, prefix_cache=prefix_cache, cache_points=cache_points,
+            fast_forward=fast_forward)
         layout = sim_config.layout()
         sim_config.check_cache(layout)
         if clock is ClockKind.ROOFLINE:
