@@ -14,7 +14,7 @@ from kvchain.alloc.chain import Chain
 from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError, UnknownRequestError
 from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
-from kvchain.sched.request import Request, StepOutcome
+from kvchain.sched.request import EventKind, Request, RequestStatus, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.spec.declared import declared_class
 from kvchain.spec.layers import LifetimeClass as LC
@@ -123,20 +123,27 @@ def test_plan_decode_run_bounds_and_refusals():
     batch = sched.step(0.0)
     assert len(batch.prefills) == 2
     sched.complete(batch, StepOutcome(0.01), 0.01)
-    # Both decode now, 1 of 30 and 1 of 9 output tokens done: the step in which request 2
-    # ends (its 9th token) is left to the per-step loop, so a run covers 9 - 1 - 1 = 7.
+    # Both decode now, 1 of 30 and 1 of 9 output tokens done: request 2 generates its
+    # last token in the 8th step, where the run ends (it finishes in it).
     run = sched.plan_decode_run(100)
-    assert run is not None and run.steps == 7 and run.starts == (100, 50)
+    assert run is not None and run.steps == 8 and run.starts == (100, 50)
+    assert run.shortest == 8
     assert sched.plan_decode_run(3).steps == 3
-    assert sched.run_decodes(run, 7) == 7
+    sched.drain_events()
+    times = [0.01 + 0.01 * (j + 1) for j in range(8)]
+    assert sched.run_decodes(run, 8, times) == 8
     r1, r2 = sched.requests[1], sched.requests[2]
-    assert (r1.computed, r1.output_done, r2.computed, r2.output_done) == (107, 8, 57, 8)
-    assert sched.counters.steps == 8
+    assert (r1.computed, r1.output_done, r2.output_done) == (108, 9, 9)
+    assert r2.status is RequestStatus.FINISHED and list(sched.running) == [1]
+    assert [(e.kind, e.rid, e.time_s) for e in sched.drain_events()] == [
+        (EventKind.FINISHED, 2, times[7])]
+    assert sched.counters.steps == 9 and sched.counters.finished == 1
+    assert 2 not in sched.kv
     sched.audit()
-    assert sched.plan_decode_run(100) is None  # request 2 is one step from its end
     with pytest.raises(InvalidRequestError):
-        sched.run_decodes(run, 1)  # planned before those steps: stale, nothing changes
-    assert r1.computed == 107
+        sched.run_decodes(run, 1, times)  # planned before those steps: stale
+    assert r1.computed == 108  # nothing changed
+    assert sched.plan_decode_run(100).steps == 30 - 9  # request 1 alone, to its end
 
 
 def test_run_decodes_checks_its_arguments():
@@ -147,9 +154,12 @@ def test_run_decodes_checks_its_arguments():
     assert run is not None
     for bad in (0, 6):
         with pytest.raises(InvalidRequestError):
-            sched.run_decodes(run, bad)
+            sched.run_decodes(run, bad, [1.0] * 6)
+    with pytest.raises(InvalidRequestError):
+        sched.run_decodes(run, 5, [1.0] * 4)  # a time for each step
     seen: list[tuple[int, bool]] = []
-    assert sched.run_decodes(run, 5, lambda j, changed: seen.append((j, changed))) == 5
+    assert sched.run_decodes(run, 5, [1.0] * 5,
+                             lambda j, changed: seen.append((j, changed))) == 5
     # Positions 100..104: page 6 (tokens 96..111) is held, so no step takes a page; the
     # window releases page 0 once the next token's window starts at 16 (token 143): none.
     assert seen == [(j, False) for j in range(5)]

@@ -23,7 +23,7 @@ Policies (stated and tested):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,12 +136,15 @@ class DecodeRun:
         demand: int64 ``[steps, len(rids), num_bands]``: pages each request adds in each
             step (:meth:`kvchain.kv_manager.KVManager.decode_run`).
         released: bool ``[steps]``: the step's commit releases window pages.
+        shortest: output tokens the first request to end has left (it ends in step
+            ``shortest - 1``, if the run gets that far).
     """
 
     rids: tuple[int, ...]
     starts: tuple[int, ...]
     demand: np.ndarray
     released: np.ndarray
+    shortest: int
 
     @property
     def steps(self) -> int:
@@ -563,16 +566,16 @@ class Scheduler:
 
     def plan_decode_run(self, max_steps: int) -> DecodeRun | None:
         """The next steps, up to ``max_steps``, if they are a *decode run*: nothing waits,
-        every running request decodes, and none finishes before the run's end (the step in
-        which one reaches its output length is left to :meth:`step`). Every step of a run
-        is a step :meth:`step` would plan the same way (no admission to decide, no prefill,
-        no finish), except where memory binds, which :meth:`run_decodes` checks step by
-        step.
+        every running request decodes, and the run ends at the latest with the step in
+        which the first of them generates its last token (those finish in it, as
+        :meth:`complete` finishes them). Every step of a run is a step :meth:`step` would
+        plan the same way (no admission to decide, no prefill), except where memory binds,
+        which :meth:`run_decodes` checks step by step.
 
         Returns:
             The run's demands (:meth:`KVManager.decode_run`), or ``None``: no run here
-            (waiting or prefilling requests, nothing running, a request one step from its
-            end, or pages the closed form does not cover).
+            (waiting or prefilling requests, nothing running, or pages the closed form does
+            not cover).
 
         Raises:
             ConfigError: ``max_steps < 1``.
@@ -581,22 +584,20 @@ class Scheduler:
             raise ConfigError(f"max_steps must be an int >= 1, got {max_steps!r}")
         if self.waiting or not self.running:
             return None
-        steps = max_steps
+        shortest = max_steps + 1
         for r in self.running.values():
             if r.computed < r.prefill_target:
                 return None
-            steps = min(steps, r.output_tokens - r.output_done - 1)
-        if steps < 1:
-            return None
+            shortest = min(shortest, r.output_tokens - r.output_done)
         rids = tuple(self.running)
-        found = self.kv.decode_run(rids, steps)
+        found = self.kv.decode_run(rids, min(max_steps, shortest))
         if found is None:
             return None
         demand, released = found
         return DecodeRun(rids, tuple(self.running[rid].computed for rid in rids), demand,
-                         released)
+                         released, shortest)
 
-    def run_decodes(self, run: DecodeRun, steps: int,
+    def run_decodes(self, run: DecodeRun, steps: int, times: Sequence[float],
                     after_step: Callable[[int, bool], None] | None = None) -> int:
         """Run the first ``steps`` steps of ``run`` (from :meth:`plan_decode_run`, nothing
         changed since) as :meth:`step` + :meth:`complete` would, stopping before the first
@@ -607,24 +608,29 @@ class Scheduler:
         the decode check's) and takes them in one take; a step whose commit releases window
         pages commits the batch (:meth:`KVManager.commit_decodes`); the quiet steps in
         between only move the token counts (:meth:`KVManager.skip_decodes`). The chain sees
-        exactly the takes and releases of the per-step loop.
+        exactly the takes and releases of the per-step loop. In the step in which requests
+        generate their last token, they finish (``FINISHED`` events at that step's time).
 
         Args:
             run: the run.
             steps: steps to run, ``1 <= steps <= run.steps``.
+            times: the clock after each step (seconds), at least ``steps`` of them: the
+                ``now`` :meth:`complete` would get.
             after_step: called as ``after_step(j, changed)`` after step ``j`` (0-based)
-                completed; ``changed``: pages were taken or released in it.
+                completed; ``changed``: pages were taken or released in it, or requests
+                finished.
 
         Returns:
             Steps run (``0 .. steps``).
 
         Raises:
             InvalidRequestError: ``run`` does not match the running requests (one finished,
-                was retracted or moved since), or ``steps`` outside ``[1, run.steps]``;
-                nothing changed.
+                was retracted or moved since), ``steps`` outside ``[1, run.steps]`` or fewer
+                ``times``; nothing changed.
         """
-        if not 1 <= steps <= run.steps:
-            raise InvalidRequestError(f"steps must be in [1, {run.steps}], got {steps}")
+        if not 1 <= steps <= run.steps or len(times) < steps:
+            raise InvalidRequestError(f"steps must be in [1, {run.steps}] with a time each, "
+                                      f"got {steps} and {len(times)} times")
         running = self.running
         if (len(run.rids) != len(running) or any(
                 running.get(rid) is None or running[rid].computed != start
@@ -635,6 +641,7 @@ class Scheduler:
         taking = totals.any(axis=1)
         pending = 0  # quiet steps whose tokens are not committed yet
         done = 0
+        counted = False  # requests' counts already moved by ``done`` steps
         try:
             for j in range(steps):
                 take, release = bool(taking[j]), bool(run.released[j])
@@ -655,19 +662,34 @@ class Scheduler:
                 else:
                     pending += 1
                 done += 1
+                finishing = done == run.shortest
+                if finishing:  # as complete(): counts move, the ones at their end finish
+                    kv.skip_decodes(rids, pending)
+                    pending = 0
+                    self._advance(rids, done)
+                    counted = True
+                    for rid in rids:
+                        r = running[rid]
+                        if r.output_done >= r.output_tokens:
+                            self._finish(r, times[j])
                 self.reserve.on_step()
                 self.counters.steps += 1
-                if self.config.audit_every_step and (take or release):
+                if self.config.audit_every_step and (take or release or finishing):
                     self.audit()
                 if after_step is not None:
-                    after_step(j, take or release)
+                    after_step(j, take or release or finishing)
         finally:
-            kv.skip_decodes(rids, pending)
-            for rid in rids:
-                r = running[rid]
-                r.computed += done
-                r.output_done += done
+            if not counted:
+                kv.skip_decodes(rids, pending)
+                self._advance(rids, done)
         return done
+
+    def _advance(self, rids: Iterable[int], steps: int) -> None:
+        """Count ``steps`` decode steps of running ``rids`` (computed and output tokens)."""
+        for rid in rids:
+            r = self.running[rid]
+            r.computed += steps
+            r.output_done += steps
 
     # --- queries --------------------------------------------------------------------------
 

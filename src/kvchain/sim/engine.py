@@ -255,11 +255,15 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         if sched.idle:
             now = max(now, requests[i].arrival_s)
         if fast and (i >= total or requests[i].arrival_s > now):
-            ran, now = _decode_run(sched, clock, recorder, now,
-                                   requests[i].arrival_s if i < total else math.inf,
-                                   lambda: _sample_bands(chain, kv, sched, cache, null_pages))
+            ran, now, ended = _decode_run(
+                sched, clock, recorder, now, requests[i].arrival_s if i < total else math.inf,
+                lambda: _sample_bands(chain, kv, sched, cache, null_pages))
             if ran:
                 fast_steps += ran
+                if ended:
+                    done += ended
+                    if progress is not None:
+                        progress(done, total)
                 continue
         while i < total and requests[i].arrival_s <= now:
             tr = requests[i]
@@ -370,44 +374,51 @@ def _sample_bands(chain: Allocator, kv: KVManager, sched: Scheduler,
 def _decode_run(sched: Scheduler, clock: GPUCostModel | StepClock,
                 recorder: MetricsRecorder, now: float, next_arrival: float,
                 sample: Callable[[], tuple[tuple[BandSample, ...], int]],
-                ) -> tuple[int, float]:
+                ) -> tuple[int, float, int]:
     """Advance a run of decode-only steps from ``now`` in one update, if the next steps
     are one (:meth:`Scheduler.plan_decode_run`): the steps' times as array arithmetic over
     the cost model (:meth:`GPUCostModel.run_times`; each step's own batch and context
     lengths), cut before the first step that would start at or after ``next_arrival``
     (the per-step loop adds an arrival due by a step's start before planning it), then
-    :meth:`Scheduler.run_decodes` (which stops where memory could bind) and one step
-    sample per step (the band samples read again only after a step that took or released
-    pages). No page copies: a step that would move pages ends the run.
+    :meth:`Scheduler.run_decodes` (which stops where memory could bind, and finishes the
+    requests that end in the run's last step) and one step sample per step (the band
+    samples read again only after a step that took or released pages or ended requests;
+    lifecycle events recorded before the step's sample, as in the per-step loop). No page
+    copies: a step that would move pages ends the run.
 
     Returns:
-        ``(steps run, the clock after them)``; ``(0, now)`` when no run starts here.
+        ``(steps run, the clock after them, requests ended)``; ``(0, now, 0)`` when no run
+        starts here.
     """
     run = sched.plan_decode_run(FAST_FORWARD_MAX_STEPS)
     if run is None:
-        return 0, now
+        return 0, now, 0
     starts = np.asarray(run.starts, dtype=np.int64)
     work = _builder_of(clock).decode_run(starts, run.steps)
     durations = clock.run_times(work)
     times = np.add.accumulate(np.concatenate(([now], durations)))  # as `now += d`, in order
     steps = int(np.searchsorted(times[:run.steps], next_arrival, side="left"))
     if steps < 1:
-        return 0, now
+        return 0, now, 0
     d_list, t_list = durations.tolist(), times.tolist()
     n = len(run.rids)
     buffer_bytes = sched.chain.layout.buffer_bytes
     bands, used = sample()
+    ended = 0
 
     def after_step(j: int, changed: bool) -> None:
-        nonlocal bands, used
+        nonlocal bands, used, ended
         if changed:
+            ended += _record_events(sched, recorder)
             bands, used = sample()
+        running = len(sched.running)
         recorder.on_step(StepSample(
             t_s=t_list[j + 1], duration_s=d_list[j], prefill_tokens=0, decode_tokens=n,
-            running=n, waiting=0, bands=bands, buffer_bytes=buffer_bytes, used_bytes=used))
+            running=running, waiting=0, bands=bands, buffer_bytes=buffer_bytes,
+            used_bytes=used))
 
-    ran = sched.run_decodes(run, steps, after_step)
-    return ran, t_list[ran]
+    ran = sched.run_decodes(run, steps, t_list[1:], after_step)
+    return ran, t_list[ran], ended
 
 
 def _builder_of(clock: GPUCostModel | StepClock) -> StepWorkBuilder:
