@@ -12,6 +12,16 @@ Loop::
 
 When nothing runs and nothing can be scheduled, the clock jumps to the next arrival. Only
 the model's math is replaced; the memory manager runs exactly as in an engine.
+
+Fast-forward (``SimConfig.fast_forward``, on by default): between events - an arrival due,
+a waiting request, a prefill chunk, a point where memory could bind (a take that would not
+fit, move pages or evict) - the steps only decode, and the loop advances them as one *decode
+run* (:func:`_decode_run`): their page-boundary crossings and window releases in closed form
+(:meth:`Scheduler.plan_decode_run`), their times as array arithmetic over the cost model,
+the chain's takes and releases of exactly the steps that have them, the quiet steps as a
+token-count update, one step sample per step, and the finishes of its last step. Every
+number comes out as the per-step loop gives it (``--no-fast-forward``, the oracle;
+``tests/sim/test_fast_forward.py``).
 """
 
 from __future__ import annotations
