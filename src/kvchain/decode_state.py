@@ -243,3 +243,58 @@ class DecodeState:
         if state is not None:
             need[rowlen[state][slots] == 0] = 0
         self.need_at[slots] = need
+
+    # --- a run of decode steps (the simulator's fast-forward) ---------------------------
+
+    def run_columns(self, slots: np.ndarray, steps: int, page_size: int, full: int | None,
+                    state: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """The pages each request at ``slots`` adds in each of the next ``steps`` decode
+        steps, and which steps release window pages, if every one of them decodes in all
+        of them: what :meth:`decode_columns` and the commit's window-tail release would
+        give step after step, in closed form.
+
+        A request is *plain* when every window band holds a contiguous run of pages
+        ``[first, end)`` with ``first <= f <= end`` for the first page ``f`` of its next
+        token's window (and ``first == f`` if the run is empty), and it holds its state
+        slots. For a plain request at ``L`` tokens, step ``j`` computes position
+        ``t = L + j``; it stays plain (window pages are appended at ``end``, released from
+        ``first``), so (``P`` tokens per page, ``last(t) = t // P + 1``):
+
+        * full band: pages held after step ``j`` are ``max(held, last(t))``, so step ``j``
+          adds ``max(0, last(t) - held) - max(0, last(t - 1) - held)``;
+        * window band: the same with ``end`` for ``held`` (``have`` of
+          :meth:`decode_columns` is ``min(end, last) - f`` for a plain request);
+        * the commit after step ``j`` releases pages ``[first, f(t + 1))`` not released
+          before (``f(t + 1) <= last(t)``, so never past what is held): step ``j``
+          releases iff ``f(t + 1) > max(first, f(t))``;
+        * state band: nothing (its slots are held).
+
+        Returns:
+            ``(demand, released)``: ``demand`` int64 ``[steps, len(slots), num_bands]``
+            (pages per band per request per step; bands of other kinds 0), ``released``
+            bool ``[steps]`` (some window page leaves some request's window in that step's
+            commit); ``None`` when a request is not plain (a step of the run would take
+            the general formulas: the caller runs the steps one by one).
+        """
+        n = int(slots.size)
+        t0 = self.tokens[slots]
+        t = t0[None, :] + np.arange(steps, dtype=np.int64)[:, None]  # [steps, n]
+        last = t // page_size + 1
+        demand = np.zeros((steps, n, self.num_bands), dtype=np.int64)
+        released = np.zeros(steps, dtype=bool)
+        rowlen = self.rowlen
+        if state is not None and not rowlen[state][slots].all():
+            return None
+        if full is not None:
+            cum = np.maximum(last - rowlen[full][slots][None, :], 0)
+            demand[:, :, full] = np.diff(cum, axis=0, prepend=0)
+        for k, (band, _, _) in enumerate(self.windows):
+            first, end = self.first[k][slots], rowlen[band][slots]
+            f0 = self.window_first_page(k, t0, page_size)
+            if not ((first <= f0) & (f0 <= end) & ((end > first) | (first == f0))).all():
+                return None
+            cum = np.maximum(last - end[None, :], 0)
+            demand[:, :, band] = np.diff(cum, axis=0, prepend=0)
+            gone = np.maximum(self.window_first_page(k, t + 1, page_size) - first[None, :], 0)
+            released |= (np.diff(gone, axis=0, prepend=0) > 0).any(axis=1)
+        return demand, released

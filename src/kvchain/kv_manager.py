@@ -1367,6 +1367,86 @@ class KVManager:
         retracts anyone). Returns pages released."""
         return sum(self.release_window_tail(rid) for rid in rids if rid in self._requests)
 
+    # --- runs of decode steps (the simulator's fast-forward) -------------------------------
+
+    def decode_run(self, rids: Sequence[int], steps: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The pages each of ``rids`` adds in each of the next ``steps`` decode steps if all
+        of them decode in every one, and which steps' commits release window pages
+        (:meth:`DecodeState.run_columns`: the values :meth:`decode_demands` and
+        :meth:`commit_decodes` would give step after step).
+
+        ``None`` when the run cannot be priced in closed form: a request that is not plain
+        (see ``run_columns``), or, with a prefix cache, one whose prompt is not in the cache
+        yet or whose resume points are still ahead of it (its commits and demands take the
+        cache's paths).
+
+        Returns:
+            ``(demand, released)``: int64 ``[steps, len(rids), num_bands]`` pages and bool
+            ``[steps]``.
+
+        Raises:
+            UnknownRequestError: a request that holds no pages; InvalidDemandError: a
+                request named twice or ``steps < 1``.
+        """
+        ids = tuple(rids)
+        if type(steps) is not int or steps < 1:
+            raise InvalidDemandError(f"a decode run needs steps >= 1, got {steps!r}")
+        slots = self._checked_slots(ids)
+        if self.cache is not None:
+            p = self.geom.page_size
+            for rid in ids:
+                req = self._requests[rid]
+                keys = req.keys
+                if (keys and req.shared < len(keys)) or (
+                        req.points and req.points[-1] * p > req.tokens):
+                    return None
+        g = self.geom
+        return self._state.run_columns(slots, steps, g.page_size, g.full, g.state)
+
+    def skip_decodes(self, rids: Sequence[int], steps: int) -> None:
+        """Commit ``steps`` decode tokens for each of ``rids`` in steps that need no page and
+        release none (the quiet steps of a decode run): only the token counts move.
+
+        Raises:
+            UnknownRequestError: a request that holds no pages.
+            InvalidDemandError: a request named twice, ``steps < 0``, or a request whose
+                pages do not cover its next ``steps`` tokens in the full or a window band,
+                or whose window would release a page on the way (those steps are not
+                quiet: commit them with :meth:`commit_decodes`). Nothing changes then.
+        """
+        if type(steps) is not int or steps < 0:
+            raise InvalidDemandError(f"steps must be an int >= 0, got {steps!r}")
+        ids = tuple(rids)
+        slots = self._checked_slots(ids)
+        if not steps or not ids:
+            return
+        g = self.geom
+        p = g.page_size
+        st = self._state
+        n = st.tokens[slots] + steps
+        bad = np.zeros(slots.size, dtype=bool)
+        if g.full is not None:
+            bad |= st.rowlen[g.full][slots] * p < n
+        for k, w in enumerate(g.windows):
+            first, end = st.first[k][slots], st.rowlen[w.band][slots]
+            bad |= end * p < n  # the last token's page is not held
+            bad |= (st.window_first_page(k, n, p) > first) & (end > first)  # a release due
+        if bad.any():
+            rid = ids[int(bad.nonzero()[0][0])]
+            raise InvalidDemandError(f"request {rid}: {steps} decode steps are not quiet (a "
+                                     f"page is needed or released on the way)")
+        st.tokens[slots] = n
+
+    def _checked_slots(self, ids: tuple[int, ...]) -> np.ndarray:
+        """Slots of ``ids``, every one registered and named once (else the typed error)."""
+        slots = self._slots_of(ids)
+        if not self._slots_memo_known():
+            rid = ids[int((slots == 0).nonzero()[0][0])]
+            raise UnknownRequestError(f"request {rid} holds no pages")
+        if not self._slots_memo_unique():
+            raise InvalidDemandError("a request appears twice in one decode run")
+        return slots
+
     def free(self, rid: int, insert: bool = True) -> int:
         """Release every page of ``rid`` (finished or retracted). Returns pages released.
 

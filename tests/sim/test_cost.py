@@ -219,3 +219,45 @@ def test_bad_input():
 def test_stepwork_sum():
     a = StepWork(1, 1, 11, 4, 0, 11, 4, 0)
     assert a + a == StepWork(2, 2, 22, 8, 0, 22, 8, 0)
+
+
+@pytest.mark.parametrize(("model", "tp"), [("gpt-oss-120b", 1), ("llama-4-scout", 4),
+                                           ("jet-nemotron-2b", 1), ("qwen3-8b", 1)])
+@given(contexts=st.lists(st.integers(0, 200_000), min_size=1, max_size=40),
+       steps=st.integers(1, 300))
+def test_decode_run_times_equal_the_per_step_formula_bit_for_bit(model, tp, contexts, steps):
+    """The fast-forward's clock (``decode_run`` + ``run_times``) gives each step exactly
+    the float the per-step loop computes from a builder fed one ``add_decode`` per
+    request: same integers, same float operations in the same order."""
+    from kvchain.catalog.loader import load_model
+    cost = GPUCostModel(load_model(model, tp=tp), get_gpu("h200"))
+    run = cost.builder().decode_run(np.asarray(contexts), steps)
+    times = cost.run_times(run)
+    b = cost.builder()
+    for j in range(steps):
+        b.reset()
+        for c in contexts:
+            b.add_decode(c + j)
+        assert run.step(j) == b.build()
+        assert times[j] == cost.step_time(b.build())  # exact, not approximately
+
+
+def test_decode_run_work_by_hand_and_refusals():
+    # W = 4: contexts 2 and 9, two steps. Step 0: full pairs (2 + 1) + (9 + 1) = 13, window
+    # min(3, 4) + min(10, 4) = 7; step 1: 15 and min(4, 4) + 4 = 8.
+    run = StepWorkBuilder(window=4).decode_run(np.asarray([2, 9]), 2)
+    assert run.full_pairs.tolist() == [13, 15] and run.window_pairs.tolist() == [7, 8]
+    assert run.local_pairs.tolist() == [0, 0]
+    # C = 4 (local): step 0 (2 mod 4) + 1 + (9 mod 4) + 1 = 3 + 2; step 1 at 3 and 10: 4 + 3.
+    loc = StepWorkBuilder(local_chunk=4).decode_run(np.asarray([2, 9]), 2)
+    assert loc.local_pairs.tolist() == [3 + 2, 4 + 3]
+    with pytest.raises(CostModelError):
+        StepWorkBuilder().decode_run(np.asarray([-1]), 1)
+    with pytest.raises(CostModelError):
+        StepWorkBuilder().decode_run(np.asarray([1]), 0)
+    cost = GPUCostModel(TINY, SLOW_GPU, **EXACT)
+    # a decode at context 10 costs 2,960 FLOPs (1 MFLOP/s: 2.96 ms) and moves 2,544 B
+    # (10 kB/s: 0.2544 s, the bound) - the worked example above; at 11 one more full key:
+    # 2,544 + 32 = 2,576 B.
+    times = cost.run_times(cost.builder().decode_run(np.asarray([10]), 2))
+    assert times.tolist() == [2_544 / 1e4, 2_576 / 1e4]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kvchain.errors import ConfigError
@@ -61,3 +62,13 @@ def test_step_clock_ticks_only_steps_with_tokens():
     assert clock.step_time(StepWork(tokens=7)) == 0.03
     with pytest.raises(ConfigError, match="tick"):
         StepClock(0.0)
+
+
+def test_step_clock_prices_a_decode_run_one_tick_a_step():
+    from kvchain.sim.cost import StepWorkBuilder
+    clock = StepClock(0.03)
+    run = StepWorkBuilder().decode_run(np.asarray([5, 70]), 3)
+    assert clock.run_times(run).tolist() == [0.03] * 3 == [clock.step_time(run.step(j))
+                                                           for j in range(3)]
+    empty = StepWorkBuilder().decode_run(np.asarray([], dtype=np.int64), 2)
+    assert clock.run_times(empty).tolist() == [0.0, 0.0]

@@ -23,8 +23,10 @@ Policies (stated and tested):
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from kvchain.admission import (
     AdmissionRules,
@@ -122,6 +124,32 @@ class ScheduledStep:
     quote: Quote | None = None  # the price of the step's whole take
     pin: MoveHold | None = None
     memory_blocked: bool = False  # a waiting request got no chunk for lack of memory
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DecodeRun:
+    """The next steps of a batch that only decodes (:meth:`Scheduler.plan_decode_run`).
+
+    Attributes:
+        rids: the running requests, in running order (every step's decode batch).
+        starts: their token counts (``computed``) before the run.
+        demand: int64 ``[steps, len(rids), num_bands]``: pages each request adds in each
+            step (:meth:`kvchain.kv_manager.KVManager.decode_run`).
+        released: bool ``[steps]``: the step's commit releases window pages.
+        shortest: output tokens the first request to end has left (it ends in step
+            ``shortest - 1``, if the run gets that far).
+    """
+
+    rids: tuple[int, ...]
+    starts: tuple[int, ...]
+    demand: np.ndarray
+    released: np.ndarray
+    shortest: int
+
+    @property
+    def steps(self) -> int:
+        """Steps the run covers."""
+        return int(self.demand.shape[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,6 +561,135 @@ class Scheduler:
         self.counters.steps += 1
         if self.config.audit_every_step:
             self.audit()
+
+    # --- runs of decode steps (the simulator's fast-forward) -----------------------------
+
+    def plan_decode_run(self, max_steps: int) -> DecodeRun | None:
+        """The next steps, up to ``max_steps``, if they are a *decode run*: nothing waits,
+        every running request decodes, and the run ends at the latest with the step in
+        which the first of them generates its last token (those finish in it, as
+        :meth:`complete` finishes them). Every step of a run is a step :meth:`step` would
+        plan the same way (no admission to decide, no prefill), except where memory binds,
+        which :meth:`run_decodes` checks step by step.
+
+        Returns:
+            The run's demands (:meth:`KVManager.decode_run`), or ``None``: no run here
+            (waiting or prefilling requests, nothing running, or pages the closed form does
+            not cover).
+
+        Raises:
+            ConfigError: ``max_steps < 1``.
+        """
+        if type(max_steps) is not int or max_steps < 1:
+            raise ConfigError(f"max_steps must be an int >= 1, got {max_steps!r}")
+        if self.waiting or not self.running:
+            return None
+        shortest = max_steps + 1
+        for r in self.running.values():
+            if r.computed < r.prefill_target:
+                return None
+            shortest = min(shortest, r.output_tokens - r.output_done)
+        rids = tuple(self.running)
+        found = self.kv.decode_run(rids, min(max_steps, shortest))
+        if found is None:
+            return None
+        demand, released = found
+        return DecodeRun(rids, tuple(self.running[rid].computed for rid in rids), demand,
+                         released, shortest)
+
+    def run_decodes(self, run: DecodeRun, steps: int, times: Sequence[float],
+                    after_step: Callable[[int, bool], None] | None = None) -> int:
+        """Run the first ``steps`` steps of ``run`` (from :meth:`plan_decode_run`, nothing
+        changed since) as :meth:`step` + :meth:`complete` would, stopping before the first
+        step whose pages need page moves or evictions or do not fit (that step is left to
+        :meth:`step`, which copies, evicts or retracts as it decides).
+
+        A step that takes pages prices them on the chain (the planner's answer decides, as
+        the decode check's) and takes them in one take; a step whose commit releases window
+        pages commits the batch (:meth:`KVManager.commit_decodes`); the quiet steps in
+        between only move the token counts (:meth:`KVManager.skip_decodes`). The chain sees
+        exactly the takes and releases of the per-step loop. In the step in which requests
+        generate their last token, they finish (``FINISHED`` events at that step's time).
+
+        Args:
+            run: the run.
+            steps: steps to run, ``1 <= steps <= run.steps``.
+            times: the clock after each step (seconds), at least ``steps`` of them: the
+                ``now`` :meth:`complete` would get.
+            after_step: called as ``after_step(j, changed)`` after step ``j`` (0-based)
+                completed; ``changed``: pages were taken or released in it, or requests
+                finished.
+
+        Returns:
+            Steps run (``0 .. steps``).
+
+        Raises:
+            InvalidRequestError: ``run`` does not match the running requests (one finished,
+                was retracted or moved since), ``steps`` outside ``[1, run.steps]`` or fewer
+                ``times``; nothing changed.
+        """
+        if not 1 <= steps <= run.steps or len(times) < steps:
+            raise InvalidRequestError(f"steps must be in [1, {run.steps}] with a time each, "
+                                      f"got {steps} and {len(times)} times")
+        running = self.running
+        if (len(run.rids) != len(running) or any(
+                running.get(rid) is None or running[rid].computed != start
+                for rid, start in zip(run.rids, run.starts, strict=True))):
+            raise InvalidRequestError("the decode run does not match the running requests")
+        kv, rids = self.kv, list(run.rids)
+        totals = run.demand.sum(axis=1)  # [steps, bands]
+        taking = totals.any(axis=1)
+        pending = 0  # quiet steps whose tokens are not committed yet
+        done = 0
+        counted = False  # requests' counts already moved by ``done`` steps
+        try:
+            for j in range(steps):
+                take, release = bool(taking[j]), bool(run.released[j])
+                if take:
+                    quote = self.chain.price(Demand(tuple(totals[j].tolist())))
+                    if not quote.fits or quote.needs_moves or quote.evicted_units:
+                        break
+                    kv.skip_decodes(rids, pending)
+                    pending = 0
+                    at = run.demand[j].any(axis=1).nonzero()[0].tolist()
+                    kv.allocate([(rids[i], 1) for i in at],
+                                [Demand(tuple(row)) for row in run.demand[j][at].tolist()],
+                                quote)
+                if take or release:
+                    kv.skip_decodes(rids, pending)
+                    pending = 0
+                    kv.commit_decodes(rids)
+                else:
+                    pending += 1
+                done += 1
+                finishing = done == run.shortest
+                if finishing:  # as complete(): counts move, the ones at their end finish
+                    kv.skip_decodes(rids, pending)
+                    pending = 0
+                    self._advance(rids, done)
+                    counted = True
+                    for rid in rids:
+                        r = running[rid]
+                        if r.output_done >= r.output_tokens:
+                            self._finish(r, times[j])
+                self.reserve.on_step()
+                self.counters.steps += 1
+                if self.config.audit_every_step and (take or release or finishing):
+                    self.audit()
+                if after_step is not None:
+                    after_step(j, take or release or finishing)
+        finally:
+            if not counted:
+                kv.skip_decodes(rids, pending)
+                self._advance(rids, done)
+        return done
+
+    def _advance(self, rids: Iterable[int], steps: int) -> None:
+        """Count ``steps`` decode steps of running ``rids`` (computed and output tokens)."""
+        for rid in rids:
+            r = self.running[rid]
+            r.computed += steps
+            r.output_done += steps
 
     # --- queries --------------------------------------------------------------------------
 

@@ -130,6 +130,11 @@ class StepClock:
         """``step_s`` for a step with tokens, 0 for an empty one (as the roofline)."""
         return self.step_s if work.tokens else 0.0
 
+    def run_times(self, work: DecodeRunWork) -> np.ndarray:
+        """Seconds of each step of a decode run: ``step_s`` each (0 for an empty batch),
+        float64 ``[steps]``."""
+        return np.full(work.steps, self.step_s if work.sequences else 0.0)
+
     def copy_time(self, copied_bytes: int) -> float:
         """0: the step clock models instant compute, page copies included (copied bytes
         are still counted in the summary).
@@ -215,6 +220,41 @@ class SequenceWork:
     def decode(context: int) -> SequenceWork:
         """A decode step at ``context`` tokens."""
         return SequenceWork(1, context)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DecodeRunWork:
+    """The work of ``steps`` consecutive decode steps of one batch (a decode run of the
+    simulator's fast-forward): ``sequences`` requests decode in every step; in step ``j``
+    the request with ``L`` cached tokens before the run decodes at context ``L + j``.
+
+    Per step the fields are those :class:`StepWorkBuilder` sums with one
+    :meth:`~StepWorkBuilder.add_decode` per request (``tokens = sequences``; each pairs
+    field equals its KV-tokens field for a decode).
+
+    Attributes:
+        sequences: requests in the batch (``n``).
+        full_pairs: int64 ``[steps]``: ``sum (L + j + 1)``.
+        window_pairs: int64 ``[steps]``: ``sum min(L + j + 1, W)`` (0 without a window).
+        local_pairs: int64 ``[steps]``: ``sum ((L + j) mod C + 1)`` (0 without a chunk).
+    """
+
+    sequences: int
+    full_pairs: np.ndarray
+    window_pairs: np.ndarray
+    local_pairs: np.ndarray
+
+    @property
+    def steps(self) -> int:
+        """Steps of the run."""
+        return int(self.full_pairs.shape[0])
+
+    def step(self, j: int) -> StepWork:
+        """Step ``j``'s :class:`StepWork` (what the per-step loop builds)."""
+        n = self.sequences
+        full, win, loc = (int(self.full_pairs[j]), int(self.window_pairs[j]),
+                          int(self.local_pairs[j]))
+        return StepWork(n, n, full, win, loc, full, win, loc)
 
 
 def _window_prefix(n: int, w: int) -> int:
@@ -327,6 +367,32 @@ class StepWorkBuilder:
             keys = int((ctx % self._local_chunk).sum()) + n
             self._local += keys
             self._local_kv += keys
+
+    def decode_run(self, contexts: np.ndarray, steps: int) -> DecodeRunWork:
+        """The work of ``steps`` decode steps of the batch whose context lengths before the
+        first step are ``contexts`` (each grows by one token a step), as arrays over the
+        steps: step ``j`` equals :meth:`add_decode` of every ``contexts + j`` after a
+        :meth:`reset` (the builder's own sums are not touched).
+
+        Raises:
+            CostModelError: a negative context, or ``steps < 1``.
+        """
+        ctx = np.asarray(contexts, dtype=np.int64)
+        if steps < 1 or (ctx.size and int(ctx.min()) < 0):
+            raise CostModelError(f"a decode run needs steps >= 1 and contexts >= 0, got "
+                                 f"steps {steps}")
+        n = int(ctx.size)
+        j = np.arange(steps, dtype=np.int64)
+        full = int(ctx.sum()) + n + n * j
+        zero = np.zeros(steps, dtype=np.int64)
+        win = loc = zero
+        if n and (self._window is not None or self._local_chunk is not None):
+            pos = ctx[None, :] + j[:, None]  # [steps, n]: each step's contexts
+            if self._window is not None:
+                win = np.minimum(pos + 1, self._window).sum(axis=1)
+            if self._local_chunk is not None:
+                loc = (pos % self._local_chunk).sum(axis=1) + n
+        return DecodeRunWork(n, full, win, loc)
 
     def add(self, seq: SequenceWork) -> None:
         """Add one :class:`SequenceWork` (a decode when ``tokens == 1`` and ``context``
@@ -491,6 +557,31 @@ class GPUCostModel:
                  + self._e_loc * work.local_kv_tokens + self._e_written * tokens
                  + self._state_rw * work.sequences)
         return max(flops / self._flop_rate, moved / self._byte_rate) + self.step_overhead_s
+
+    def run_times(self, work: DecodeRunWork) -> np.ndarray:
+        """Seconds of each step of a decode run, float64 ``[steps]``: :meth:`step_time` of
+        each step's work as array arithmetic over the steps, with the same operations in
+        the same order (integer FLOPs exact in int64, each term converted to float where
+        the scalar formula converts it), so each entry equals ``step_time(work.step(j))``
+        bit for bit (tested). Falls back to the scalar formula per step if a FLOP count
+        could leave the range where int64 is exact.
+        """
+        n = work.sequences
+        if n == 0:
+            return np.zeros(work.steps)
+        bound = (abs(self.flops_per_token) * n + abs(self._f_full) * int(work.full_pairs[-1])
+                 + abs(self._f_win) * int(work.window_pairs.max())
+                 + abs(self._f_loc) * int(work.local_pairs.max()))
+        if bound >= 2 ** 62:
+            return np.array([self.step_time(work.step(j)) for j in range(work.steps)])
+        flops = (self.flops_per_token * n + self._f_full * work.full_pairs
+                 + self._f_win * work.window_pairs + self._f_loc * work.local_pairs)
+        moved = (self._weights * (1.0 - self._untouched ** n)
+                 + self._e_full * work.full_pairs + self._e_win * work.window_pairs
+                 + self._e_loc * work.local_pairs + self._e_written * n
+                 + self._state_rw * n)
+        return np.maximum(flops / self._flop_rate, moved / self._byte_rate) \
+            + self.step_overhead_s
 
     def copy_time(self, copied_bytes: int) -> float:
         """Seconds to copy ``copied_bytes`` bytes of pages within HBM (compaction or

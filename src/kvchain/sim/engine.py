@@ -12,12 +12,25 @@ Loop::
 
 When nothing runs and nothing can be scheduled, the clock jumps to the next arrival. Only
 the model's math is replaced; the memory manager runs exactly as in an engine.
+
+Fast-forward (``SimConfig.fast_forward``, on by default): between events - an arrival due,
+a waiting request, a prefill chunk, a point where memory could bind (a take that would not
+fit, move pages or evict) - the steps only decode, and the loop advances them as one *decode
+run* (:func:`_decode_run`): their page-boundary crossings and window releases in closed form
+(:meth:`Scheduler.plan_decode_run`), their times as array arithmetic over the cost model,
+the chain's takes and releases of exactly the steps that have them, the quiet steps as a
+token-count update, one step sample per step, and the finishes of its last step. Every
+number comes out as the per-step loop gives it (``--no-fast-forward``, the oracle;
+``tests/sim/test_fast_forward.py``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain, ChainStats
@@ -36,6 +49,7 @@ from kvchain.sim.cost import (
     StepWorkBuilder,
 )
 from kvchain.sim.metrics import (
+    BandSample,
     MetricsRecorder,
     SimSummary,
     StepSample,
@@ -85,6 +99,9 @@ class SimConfig:
             when the trace carries content keys (``prefix_block_ids``).
         cache_points: where cached prompts keep window tails and state checkpoints
             (``AUTO``: ``ENDS`` for a chain with a state band, ``BLOCKS`` otherwise).
+        fast_forward: advance runs of decode-only steps between events in one update
+            (:func:`_decode_run`); ``False`` runs every step through the per-step loop (the
+            oracle: both give the same steps, times and per-request numbers).
     """
 
     model: ModelSpec
@@ -100,6 +117,7 @@ class SimConfig:
     truncate_to_context: bool = False
     prefix_cache: bool | None = None
     cache_points: ResumePolicy = ResumePolicy.AUTO
+    fast_forward: bool = True
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -151,6 +169,8 @@ class SimResult:
             demand, snapshot, shortfall); their count is
             ``summary.admitted_but_unallocatable``.
         prefix_cache: the prefix cache's figures, or ``None`` when it was off.
+        fast_forward_steps: steps advanced in decode runs (``SimConfig.fast_forward``), of
+            ``summary.steps`` in all; 0 with it off.
     """
 
     summary: SimSummary
@@ -160,6 +180,7 @@ class SimResult:
     admission_decisions: int
     unallocatable: tuple[UnallocatableEvent, ...] = ()
     prefix_cache: PrefixCacheStats | None = None
+    fast_forward_steps: int = 0
 
 
 def simulate(config: SimConfig, *, allocator: Allocator | None = None,
@@ -178,7 +199,8 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             bytes needed against bytes held.
         progress: called as ``progress(done, total)`` (requests finished or rejected) after
             each step that changed it.
-        audit_every_step: run the chain and KV-manager audits after every step (slow; tests).
+        audit_every_step: run the chain and KV-manager audits after every step (slow; tests;
+            in a fast-forwarded decode run, after every step that takes or releases pages).
 
     Returns:
         The :class:`SimResult`; ``summary.admitted_but_unallocatable`` (events recorded when
@@ -229,7 +251,6 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         builder = StepWorkBuilder(max((w for w in windows if w), default=None),
                                   max((c for c in locals_ if c), default=None))
     recorder = MetricsRecorder(max_step_samples=config.max_step_samples)
-    reserved = layout.reserved_bytes
     null_pages = tuple(b.reserved_pages for b in layout.bands)
     requests = sorted(config.trace.requests, key=lambda r: (r.arrival_s, r.request_id))
     total, done, i, now = len(requests), 0, 0, 0.0
@@ -237,10 +258,23 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     copy_s = 0.0  # seconds of page copies charged to step times
     copy_steps = 0  # steps that copied (each waits for the previous forward's fence)
     truncated = 0
+    fast = config.fast_forward and on_allocated is None
+    fast_steps = 0
 
     while i < total or not sched.idle:
         if sched.idle:
             now = max(now, requests[i].arrival_s)
+        if fast and (i >= total or requests[i].arrival_s > now):
+            ran, now, ended = _decode_run(
+                sched, clock, recorder, now, requests[i].arrival_s if i < total else math.inf,
+                lambda: _sample_bands(chain, kv, sched, cache, null_pages))
+            if ran:
+                fast_steps += ran
+                if ended:
+                    done += ended
+                    if progress is not None:
+                        progress(done, total)
+                continue
         while i < total and requests[i].arrival_s <= now:
             tr = requests[i]
             prompt = tr.prompt_tokens
@@ -284,15 +318,12 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         sched.complete(batch, StepOutcome(duration), now)
         before = done
         done += _record_events(sched, recorder)
-        snap = chain.snapshot()
-        bands = band_samples(  # owners of the live pages: O(bands + running) per step
-            snap, reserved_pages=null_pages, request_pages=request_owned_pages(kv, sched.running),
-            cached_pages=cache.held_counts if cache is not None else None)
+        bands, used = _sample_bands(chain, kv, sched, cache, null_pages)
         recorder.on_step(StepSample(
             t_s=now, duration_s=duration, prefill_tokens=batch.prefill_tokens,
             decode_tokens=len(batch.decodes), running=len(sched.running),
             waiting=len(sched.waiting), bands=bands,
-            buffer_bytes=layout.buffer_bytes, used_bytes=snap.live_bytes - reserved))
+            buffer_bytes=layout.buffer_bytes, used_bytes=used))
         if progress is not None and done != before:
             progress(done, total)
         if stats is not None and sched.counters.prompt_tokens != (
@@ -331,7 +362,79 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                       "cow_state_copies": kv.cow_state_copies})
     summary = summarize(recorder, extra=extra)
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
-                     tuple(sched.unallocatable), stats)
+                     tuple(sched.unallocatable), stats, fast_steps)
+
+
+#: Most steps one decode run covers (bounds its arrays: ``steps x running x bands``).
+FAST_FORWARD_MAX_STEPS = 256
+
+
+def _sample_bands(chain: Allocator, kv: KVManager, sched: Scheduler,
+                  cache: PrefixCache | None, null_pages: tuple[int, ...],
+                  ) -> tuple[tuple[BandSample, ...], int]:
+    """The band samples and used bytes (live bytes less the null pages) of the chain now:
+    owners of the live pages, O(bands + running)."""
+    snap = chain.snapshot()
+    bands = band_samples(
+        snap, reserved_pages=null_pages, request_pages=request_owned_pages(kv, sched.running),
+        cached_pages=cache.held_counts if cache is not None else None)
+    return bands, snap.live_bytes - chain.layout.reserved_bytes
+
+
+def _decode_run(sched: Scheduler, clock: GPUCostModel | StepClock,
+                recorder: MetricsRecorder, now: float, next_arrival: float,
+                sample: Callable[[], tuple[tuple[BandSample, ...], int]],
+                ) -> tuple[int, float, int]:
+    """Advance a run of decode-only steps from ``now`` in one update, if the next steps
+    are one (:meth:`Scheduler.plan_decode_run`): the steps' times as array arithmetic over
+    the cost model (:meth:`GPUCostModel.run_times`; each step's own batch and context
+    lengths), cut before the first step that would start at or after ``next_arrival``
+    (the per-step loop adds an arrival due by a step's start before planning it), then
+    :meth:`Scheduler.run_decodes` (which stops where memory could bind, and finishes the
+    requests that end in the run's last step) and one step sample per step (the band
+    samples read again only after a step that took or released pages or ended requests;
+    lifecycle events recorded before the step's sample, as in the per-step loop). No page
+    copies: a step that would move pages ends the run.
+
+    Returns:
+        ``(steps run, the clock after them, requests ended)``; ``(0, now, 0)`` when no run
+        starts here.
+    """
+    run = sched.plan_decode_run(FAST_FORWARD_MAX_STEPS)
+    if run is None:
+        return 0, now, 0
+    starts = np.asarray(run.starts, dtype=np.int64)
+    work = _builder_of(clock).decode_run(starts, run.steps)
+    durations = clock.run_times(work)
+    times = np.add.accumulate(np.concatenate(([now], durations)))  # as `now += d`, in order
+    steps = int(np.searchsorted(times[:run.steps], next_arrival, side="left"))
+    if steps < 1:
+        return 0, now, 0
+    d_list, t_list = durations.tolist(), times.tolist()
+    n = len(run.rids)
+    buffer_bytes = sched.chain.layout.buffer_bytes
+    bands, used = sample()
+    ended = 0
+
+    def after_step(j: int, changed: bool) -> None:
+        nonlocal bands, used, ended
+        if changed:
+            ended += _record_events(sched, recorder)
+            bands, used = sample()
+        running = len(sched.running)
+        recorder.on_step(StepSample(
+            t_s=t_list[j + 1], duration_s=d_list[j], prefill_tokens=0, decode_tokens=n,
+            running=running, waiting=0, bands=bands, buffer_bytes=buffer_bytes,
+            used_bytes=used))
+
+    ran = sched.run_decodes(run, steps, t_list[1:], after_step)
+    return ran, t_list[ran], ended
+
+
+def _builder_of(clock: GPUCostModel | StepClock) -> StepWorkBuilder:
+    """The work builder whose windows the clock prices (the step clock's are irrelevant:
+    it charges a fixed tick)."""
+    return clock.builder() if isinstance(clock, GPUCostModel) else StepWorkBuilder()
 
 
 def _record_events(sched: Scheduler, recorder: MetricsRecorder) -> int:

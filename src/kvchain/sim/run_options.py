@@ -152,6 +152,10 @@ class RunOptions:
         "ends for models with a recurrent state, blocks otherwise. Ignored while the "
         "cache is off; blocks or ends on a model with two or more window bands is "
         "refused (exit 2)."))
+    fast_forward: bool = field(default=True, metadata=option(
+        "Advance runs of decode-only steps between events in one update (the same results "
+        "as the per-step loop); --no-fast-forward runs every step through the per-step "
+        "loop.", flags="--fast-forward/--no-fast-forward"))
 
     def __post_init__(self) -> None:
         check_values(**{f.name: getattr(self, f.name) for f in fields(self)
@@ -202,7 +206,8 @@ class RunOptions:
                          page_size=self.page_size, scheduler=self.scheduler_config(),
                          buffer_bytes=self.buffer_bytes, clock=self.clock,
                          step_ms=self.step_ms, truncate_to_context=self.truncate,
-                         prefix_cache=self.prefix_cache, cache_points=self.cache_points)
+                         prefix_cache=self.prefix_cache, cache_points=self.cache_points,
+                         fast_forward=self.fast_forward)
 
     # --- as data -------------------------------------------------------------------------
 
