@@ -4,6 +4,7 @@ show)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,3 +79,63 @@ def request_page_keys(request: TraceRequest, block_tokens: int,
         return page_keys_from_blocks(ids, block_tokens, request.prompt_tokens, page_tokens)
     except ValueError as exc:
         raise TraceError(f"request {request.request_id}: {exc}") from None
+
+
+def warm_cold_trace(requests: int = 400, *, documents: int = 8, document_tokens: int = 8192,
+                    query_tokens: int = 256, cold_tokens: int = 8192, output_tokens: int = 64,
+                    rate_per_s: float = 4.0, seed: int = 0,
+                    block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
+    """A warm/cold interleaved trace: even requests are *warm* (one of ``documents``
+    shared documents, round robin, plus a query of their own), odd ones *cold* (a prompt
+    of their own, sharing nothing). Arrivals are Poisson at ``rate_per_s`` (seeded).
+    What a cache-aware admission order is measured on: a cold request admitted ahead of
+    warm ones may evict the documents they would hit.
+
+    Args:
+        requests: requests (>= 1).
+        documents: shared documents (>= 1).
+        document_tokens, query_tokens, cold_tokens: prompt parts in tokens (document and
+            query: warm prompt ``document_tokens + query_tokens``; cold: ``cold_tokens``);
+            ``document_tokens`` a multiple of ``block_tokens`` so documents end on a
+            content-block boundary.
+        output_tokens: output tokens of every request.
+        rate_per_s: mean arrival rate (requests per second, > 0).
+        seed: seeds the arrival times.
+        block_tokens: tokens per content block id (512, as the Mooncake traces).
+
+    Raises:
+        TraceError: a size below 1, a non-positive rate, or a document length that is not
+            a multiple of ``block_tokens``.
+    """
+    sizes = {"requests": requests, "documents": documents, "document_tokens": document_tokens,
+             "query_tokens": query_tokens, "cold_tokens": cold_tokens,
+             "output_tokens": output_tokens, "block_tokens": block_tokens}
+    for name, value in sizes.items():
+        if type(value) is not int or value < 1:
+            raise TraceError(f"{name} must be an int >= 1, got {value!r}")
+    if not rate_per_s > 0:
+        raise TraceError(f"rate_per_s must be > 0, got {rate_per_s!r}")
+    if document_tokens % block_tokens:
+        raise TraceError(f"document_tokens ({document_tokens}) must be a multiple of "
+                         f"block_tokens ({block_tokens})")
+    rng = random.Random(seed)
+    doc_blocks = document_tokens // block_tokens
+    next_id = documents * doc_blocks + 1  # ids 1.. are the documents' blocks
+    out: list[TraceRequest] = []
+    t = 0.0
+    for i in range(requests):
+        t += rng.expovariate(rate_per_s)
+        if i % 2 == 0:
+            d = (i // 2) % documents
+            own = -(-query_tokens // block_tokens)
+            ids = tuple(range(1 + d * doc_blocks, 1 + (d + 1) * doc_blocks))
+            prompt = document_tokens + query_tokens
+        else:
+            own = -(-cold_tokens // block_tokens)
+            ids = ()
+            prompt = cold_tokens
+        ids = ids + tuple(range(next_id, next_id + own))
+        next_id += own
+        out.append(TraceRequest(i, t, prompt, output_tokens, prefix_block_ids=ids))
+    return Trace(f"warm-cold-{requests}", tuple(out), "generated: kvchain.sim.prefix."
+                 "warm_cold_trace", "-", block_tokens=block_tokens)
