@@ -120,10 +120,13 @@ class WaitingQueue:
         requests, those passed over ``max_passes`` times or more in queue order, then the
         others by ``hit_tokens`` (prefix-cache hit now, tokens) descending, ties in queue
         order; then the rest of the queue in order. Calls ``hit_tokens`` once per
-        look-ahead request (not for starved ones).
+        look-ahead request (not for starved ones, nor for a queue of one).
         """
         fifo = self._fifo
         head = list(itertools.islice(fifo, self.lookahead))
+        if len(head) < 2:  # nothing to reorder: no match needed
+            yield from fifo
+            return
         limit = self.max_passes
         starved = [r for r in head if self.passes.get(r.rid, 0) >= limit]
         ranked = sorted(((-hit_tokens(r), i, r) for i, r in enumerate(head)
