@@ -15,7 +15,9 @@ keyed by their first page's key. Per lifetime class a node holds (see
 
 Resume points of a prompt of ``n`` whole pages (:func:`resume_points`): every
 ``interval`` tokens (a content-block boundary: 512 tokens in the Mooncake traces, where
-later turns resume) and the prompt's last whole-page boundary ``nP``. A hit ends at the
+later turns resume) and the prompt's last whole-page boundary ``nP``; plus, by default,
+a *junction* where the prompt leaves a cached path past its hit (:func:`junction_point`,
+found by the match: ``Hit.matched``). A hit ends at the
 longest prefix every class can resume from: full pages present (always, on the path);
 the window tail present; a checkpoint there (state). On a chain with no window or state
 band, every page boundary is a resume point.
