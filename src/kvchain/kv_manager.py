@@ -31,7 +31,7 @@ import numpy as np
 from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand, Quote
-from kvchain.cache.radix import Hit, Node, PrefixCache, resume_points
+from kvchain.cache.radix import Hit, Node, PrefixCache, junction_point, resume_points
 from kvchain.decode_state import DecodeState
 from kvchain.errors import (
     ConfigError,
@@ -375,6 +375,9 @@ class RequestPages:
         kept: window pages moved out of the window but kept (page index -> id).
         ckpts: state checkpoint slots saved (point -> id).
         cow_src: the cache's checkpoint to copy into the working slot once it is taken.
+        cut: the junction checkpoint's token position (0: none): a prefill chunk that
+            would pass it ends there instead (:meth:`KVManager.chunk_cut`), so the state
+            after it is a chunk's end state.
     """
 
     _tokens: int = 0  # while unregistered; a registered request's count is in the arrays
@@ -394,6 +397,7 @@ class RequestPages:
     kept: dict[int, int] = field(default_factory=dict)
     ckpts: dict[int, int] = field(default_factory=dict)
     cow_src: int = -1
+    cut: int = 0
     _state: DecodeState | None = field(default=None, repr=False, compare=False)
     _slot: int = field(default=0, repr=False, compare=False)
 
@@ -678,6 +682,7 @@ class KVManager:
         self.cow_state_copies = 0
         self.cow_bytes = 0
         self.checkpoints_saved = 0
+        self.junctions_saved = 0  # prefills that computed their junction point (``cut``)
         self.prompts_inserted = 0
         self._hits: dict[int, int] = {}  # rid -> hit pages at attach (the cache's before it)
         # rid -> its hit lock, for requests whose prompt is inserted (``handle`` is then
@@ -725,14 +730,31 @@ class KVManager:
 
     # --- prefix cache ----------------------------------------------------------------------
 
-    def points_for(self, keys: Sequence[int] | None, after: int = 0) -> tuple[int, ...]:
-        """Resume points (page counts > ``after``) a request with these page keys saves
-        for the cache; empty without a cache or keys."""
+    def points_for(self, keys: Sequence[int] | None, after: int = 0,
+                   junction: int = 0) -> tuple[int, ...]:
+        """Resume points (page counts > ``after``, sorted) a request with these page keys
+        saves for the cache, with its ``junction`` point (0: none) among them; empty
+        without a cache or keys."""
         if self.cache is None or not keys:
             return ()
-        return tuple(q for q in resume_points(self.cache.geom, len(keys),
-                                              self.cache.interval_pages, self.cache.policy)
-                     if q > after)
+        pts = resume_points(self.cache.geom, len(keys), self.cache.interval_pages,
+                            self.cache.policy)
+        if junction and junction not in pts:
+            pts = tuple(sorted((*pts, junction)))
+        return tuple(q for q in pts if q > after)
+
+    def cached_tokens(self, keys: Sequence[int], prompt_tokens: int) -> int:
+        """Tokens a prompt with these page keys would hit now (a pure match: nothing is
+        locked; 0 without a cache). What the cache-aware waiting order ranks by."""
+        if self.cache is None or not keys:
+            return 0
+        return self.cache.match(keys, prompt_tokens).pages * self.geom.page_size
+
+    def chunk_cut(self, rid: int) -> int:
+        """Token position a prefill chunk of ``rid`` must not run past: its junction
+        checkpoint (saved at a chunk's end), or 0 for none (or not attached)."""
+        req = self._requests.get(rid)
+        return req.cut if req is not None else 0
 
     def attach(self, rid: int, keys: Sequence[int], prompt_tokens: int,
                save_points: bool = True) -> int:
@@ -741,7 +763,9 @@ class KVManager:
         only the rest. Undo with :meth:`detach` if it is not admitted. With
         ``save_points`` it keeps window tails and state checkpoints at its resume points
         for the cache (the scheduler turns it off for a request whose lifetime would not
-        fit the empty chain with them).
+        fit the empty chain with them), and a *junction* point where its prompt leaves the
+        cached path past its hit (:func:`kvchain.cache.radix.junction_point`; its chunks
+        are cut there, :meth:`chunk_cut`).
 
         Returns:
             Hit tokens (0 for a miss or without a cache).
@@ -776,7 +800,14 @@ class KVManager:
                 self.cache.pin_window(handle, range(hit.window_first, h))
             if hit.checkpoint >= 0:
                 self.cache.pin_checkpoint(handle, h)
-        req.points = self.points_for(keys, h) if save_points else ()
+        if save_points:
+            cache = self.cache
+            junction = 0
+            if cache.junctions:
+                junction = junction_point(cache.geom, h, hit.matched, len(keys),
+                                          self.points_for(keys), cache.junction_min_pages)
+            req.points = self.points_for(keys, h, junction)
+            req.cut = junction * g.page_size
         req.tails = tail_spans(g, req.points, h)
         req.retain = frozenset(i for lo, hi in req.tails for i in range(lo, hi))
         return req.tokens
@@ -1192,6 +1223,8 @@ class KVManager:
         covered = len(req.full) * self.geom.page_size if self.geom.full is not None else new_tokens
         if tokens < 0 or covered < new_tokens:
             raise InvalidDemandError(f"request {rid}: {tokens} tokens not covered by its pages")
+        if req.cut and req.tokens < req.cut <= new_tokens:
+            self.junctions_saved += 1  # its tail and checkpoint are computed now
         req.tokens = new_tokens
         released = self.release_window_tail(rid)
         keys = req.keys

@@ -87,12 +87,38 @@ def test_cached_runs_are_exact_and_leak_nothing(shape):
     assert c.finished + c.rejected == 200
     assert c.hit_tokens > 0
     assert sched.kv.cache is not None and sched.kv.cache.evictions > 0
+    if shape == "full":  # every page boundary resumes: no junction is ever needed
+        assert sched.kv.junctions_saved == 0
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s != "full"])
+def test_cached_runs_with_junction_checkpoints(shape):
+    # ``ends`` keeps a prompt's points near its end only, so later prompts leave cached
+    # paths between points (conversations branch, system prompts of 64-200 tokens):
+    # junction checkpoints and tails are saved, hit and evicted under the same audits.
+    sched = run(shape, seed=7, n=150, policy=ResumePolicy.ENDS)
+    c = sched.counters
+    assert c.divergences == 0 and c.finished + c.rejected == 150
+    assert sched.kv.junctions_saved > 0 and c.hit_tokens > 0
+    assert sched.kv.cache is not None and sched.kv.cache.evictions > 0
 
 
 def test_ends_policy_on_the_three_band_shape():
     sched = run("state|window|full", seed=9, n=150, policy=ResumePolicy.ENDS)
     c = sched.counters
     assert c.divergences == 0 and c.finished + c.rejected == 150 and c.hit_tokens > 0
+    assert sched.kv.junctions_saved > 0
+
+
+def test_junctions_add_hits_on_the_state_shape_under_eviction():
+    # Same seeded stream, junctions off vs on (ends): the junctions' checkpoints are where
+    # the system prompts branch, so more prompt tokens hit; both exact.
+    on = run("state|full", seed=9, n=150, policy=ResumePolicy.ENDS)
+    off = run("state|full", seed=9, n=150, policy=ResumePolicy.ENDS,
+              cache_cls=lambda *a, **k: PrefixCache(*a, junctions=False, **k))
+    assert on.counters.divergences == off.counters.divergences == 0
+    assert off.kv.junctions_saved == 0 < on.kv.junctions_saved
+    assert on.counters.hit_tokens > off.counters.hit_tokens
 
 
 # --- planted defects: each "must be 0" figure made non-zero -----------------------------

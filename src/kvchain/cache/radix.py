@@ -15,7 +15,9 @@ keyed by their first page's key. Per lifetime class a node holds (see
 
 Resume points of a prompt of ``n`` whole pages (:func:`resume_points`): every
 ``interval`` tokens (a content-block boundary: 512 tokens in the Mooncake traces, where
-later turns resume) and the prompt's last whole-page boundary ``nP``. A hit ends at the
+later turns resume) and the prompt's last whole-page boundary ``nP``; plus, by default,
+a *junction* where the prompt leaves a cached path past its hit (:func:`junction_point`,
+found by the match: ``Hit.matched``). A hit ends at the
 longest prefix every class can resume from: full pages present (always, on the path);
 the window tail present; a checkpoint there (state). On a chain with no window or state
 band, every page boundary is a resume point.
@@ -228,6 +230,10 @@ class Hit:
         window: window-band ids of the tail pages ``[window_first, pages)``.
         window_first: first window page index the request needs to resume.
         checkpoint: the state slot to copy into the request's own slot (-1: none).
+        matched: pages the prompt's keys share with a cached path (full attention), at
+            least ``pages``: where the prompt leaves the cached path, or where the path
+            ends; the *junction* a request saves a checkpoint at when it lies past the
+            hit (:func:`junction_point`).
     """
 
     pages: int
@@ -236,6 +242,7 @@ class Hit:
     window: tuple[int, ...] = ()
     window_first: int = 0
     checkpoint: int = -1
+    matched: int = 0
 
 
 MISS = Hit(0, None)
@@ -278,6 +285,44 @@ def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
     return tuple(pts)
 
 
+def junction_point(geom: CacheGeometry, hit: int, matched: int, whole_pages: int,
+                   points: Sequence[int], min_gain_pages: int) -> int:
+    """The junction checkpoint a request saves for the cache, in pages (0: none).
+
+    A prompt whose full-attention keys share ``matched`` pages with a cached path but can
+    resume only after ``hit`` pages (no checkpoint or window tail deeper on that path)
+    recomputes pages ``[hit, matched)``; so would every later prompt sharing that prefix.
+    The request therefore keeps a resume point (state checkpoint and window tail) at
+    ``matched``, where its prompt leaves the cached path (or where the cached path ends),
+    and later prompts that share the prefix resume there. (Marconi-style admission in vLLM
+    PRs #37898 and #47782 saves the state at the shared-prefix junction the same way;
+    SGLang's unified radix tree records a branch-checkpoint target, sglang #22935.)
+
+    Not worth it, so 0, when the point adds fewer than ``min_gain_pages`` pages of
+    resumable prefix beyond the deepest point at or below it (the hit, or one of the
+    request's own ``points``), when it is the prompt's own last whole page (already a
+    point), or when nothing matched past the hit.
+
+    Args:
+        geom: the chain's geometry (a chain without window or state band resumes at every
+            page: no junction needed).
+        hit: pages the request resumes from (its hit).
+        matched: pages its keys share with a cached path (``Hit.matched``).
+        whole_pages: ``n``, the prompt's whole pages.
+        points: the request's own resume points (page counts, any order).
+        min_gain_pages: least pages of extra resumable prefix worth a checkpoint (>= 1).
+    """
+    if geom.window is None and geom.state is None:
+        return 0
+    q = min(matched, whole_pages)
+    if q >= whole_pages or q <= hit:
+        return 0
+    below = max((p for p in points if p <= q), default=0)
+    if q - max(below, hit) < max(1, min_gain_pages):
+        return 0
+    return q
+
+
 def tail_pages(geom: CacheGeometry, point: int) -> range:
     """Window page indices a request needs to resume after ``point`` pages:
     ``[window_start(point * P) // P, point)`` (empty without a window band)."""
@@ -295,6 +340,12 @@ class PrefixCache:
             default 512, the Mooncake content block).
         policy: which resume points a prompt keeps (:class:`ResumePolicy`; ``AUTO`` is
             resolved for ``geom`` here, so ``self.policy`` is ``BLOCKS`` or ``ENDS``).
+        junctions: whether a request also keeps a resume point where its prompt leaves a
+            cached path past its hit (:func:`junction_point`; on by default; off gives the
+            placement of ``policy`` alone).
+        junction_min_tokens: least tokens of extra resumable prefix a junction must add
+            (default: ``interval_tokens``, the granularity ``BLOCKS`` already keeps;
+            docs/prefix-cache.md, "Junction checkpoints").
         audit: rebuild the eviction order by a whole-tree walk before every eviction and
             compare it with the incrementally kept one (O(nodes log nodes) each; ``None``:
             :func:`kvchain.audit.resolve_audit`'s default, on in the test suite).
@@ -304,20 +355,29 @@ class PrefixCache:
         full_walks: whole-tree walks that rebuilt the eviction order (audits only).
 
     Raises:
-        InvalidRequestError: an interval that is not a positive multiple of the page size.
+        InvalidRequestError: an interval that is not a positive multiple of the page size,
+            or a ``junction_min_tokens`` below 1.
         ConfigError: a bad ``audit`` flag.
     """
 
     def __init__(self, geom: CacheGeometry, interval_tokens: int = 512,
-                 policy: ResumePolicy = ResumePolicy.BLOCKS, *,
+                 policy: ResumePolicy = ResumePolicy.BLOCKS, junctions: bool = True,
+                 junction_min_tokens: int | None = None, *,
                  audit: bool | None = None) -> None:
         p = geom.page_size
         if type(interval_tokens) is not int or interval_tokens < p or interval_tokens % p:
             raise InvalidRequestError(f"interval_tokens must be a positive multiple of the page "
                                       f"size {p}, got {interval_tokens!r}")
+        if junction_min_tokens is None:
+            junction_min_tokens = interval_tokens
+        if type(junction_min_tokens) is not int or junction_min_tokens < 1:
+            raise InvalidRequestError(f"junction_min_tokens must be an int >= 1, got "
+                                      f"{junction_min_tokens!r}")
         self.geom = geom
         self.interval_pages = interval_tokens // p
         self.policy = ResumePolicy(policy).resolve(geom)
+        self.junctions = bool(junctions)
+        self.junction_min_pages = -(-junction_min_tokens // p)
         self._next_id = 1
         self.root = Node(0, None, 0, [], [], [], {}, 0)
         self._clock = 0
@@ -723,10 +783,13 @@ class PrefixCache:
             if child is None:
                 break
             run = child.keys
-            j = 1
             m = min(len(run), n - pos)
-            while j < m and run[j] == keys[pos + j]:
-                j += 1
+            if run[:m] == list(keys[pos:pos + m]):  # the common case, compared in C
+                j = m
+            else:
+                j = 1
+                while j < m and run[j] == keys[pos + j]:
+                    j += 1
             path.append((child, j))
             pos += j
             if j < len(run):
@@ -748,7 +811,7 @@ class PrefixCache:
         path, m = self._path(keys)
         cap = min(m, (prompt_tokens - 1) // g.page_size)
         if cap <= 0:
-            return MISS
+            return Hit(0, None, matched=m) if m else MISS
         full: list[int] = []
         win: list[int] = []
         ckpt_at: dict[int, int] = {}
@@ -779,8 +842,8 @@ class PrefixCache:
             node = self._node_at(path, t)
             return Hit(t, node, tuple(full[:t]),
                        tuple(win[first:t]) if g.window is not None else (), first,
-                       ckpt_at.get(t, -1))
-        return MISS
+                       ckpt_at.get(t, -1), m)
+        return Hit(0, None, matched=m)
 
     @staticmethod
     def _node_at(path: list[tuple[Node, int]], t: int) -> Node:

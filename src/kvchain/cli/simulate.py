@@ -130,7 +130,8 @@ def simulate_command(
         write_outputs(out, result.recorder, summary, config=settings, sections=cache_json)
         plots = write_all_plots(result.recorder, out)
         if result.prefix_cache is not None:
-            plots.append(hit_rate_chart(result.prefix_cache.timeline, out / "hit_rate.png"))
+            plots.append(hit_rate_chart(result.prefix_cache.timeline, out / "hit_rate.png",
+                                        result.prefix_cache.bounds()))
     if as_json:
         print(json.dumps({"config": settings, "summary": summary.to_json(), **cache_json},
                          indent=2))
@@ -149,7 +150,8 @@ def simulate_command(
             console.print(f"prefix cache: {pc.hit_tokens:,} of {pc.prompt_tokens:,} prompt "
                           f"tokens hit ({100 * pc.hit_rate:.2f}%); pages evicted per band: "
                           f"{evicted}; state checkpoints copied on hits: "
-                          f"{pc.cow_state_copies:,}")
+                          f"{pc.cow_state_copies:,}; bounds of these requests: "
+                          + ", ".join(f"{k} {100 * v:.2f}%" for k, v in pc.bounds().items()))
         console.print(f"simulated {summary.duration_s:,.1f} s of serving in {wall:,.1f} s "
                       f"of wall time; pages copied by moves: "
                       f"{summary.extra.get('pages_copied', 0):,} (copy time "

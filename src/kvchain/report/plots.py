@@ -16,7 +16,7 @@ are drawn as steps that hold each sample's value back to the previous sample.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -367,14 +367,17 @@ def write_all_plots(recorder: MetricsRecorder, out_dir: str | Path) -> list[Path
     return written
 
 
-def hit_rate_chart(timeline: Sequence[tuple[float, int, int]], path: str | Path) -> Path:
+def hit_rate_chart(timeline: Sequence[tuple[float, int, int]], path: str | Path,
+                   bounds: Mapping[str, float] | None = None) -> Path:
     """The prefix cache's hit rate over time: cumulative hit tokens / prompt tokens of the
-    requests admitted so far (%), against simulated seconds.
+    requests admitted so far (%), against simulated seconds, with the run's bounds as
+    dashed lines (``PrefixCacheStats.bounds``: infinite cache, LRU of the buffer).
 
     Args:
         timeline: ``(t_s, prompt_tokens, hit_tokens)`` cumulative samples
             (:class:`kvchain.sim.prefix.PrefixCacheStats`).
         path: the PNG to write.
+        bounds: name -> hit rate (a fraction) of each bound to draw.
     """
     figure, (axes,) = _new_figure(8.0, 3.2)
     if not timeline:
@@ -383,8 +386,14 @@ def hit_rate_chart(timeline: Sequence[tuple[float, int, int]], path: str | Path)
         t = np.asarray([s[0] for s in timeline])
         prompt = np.asarray([s[1] for s in timeline], dtype=float)
         hit = np.asarray([s[2] for s in timeline], dtype=float)
-        axes.step(t, 100 * hit / np.maximum(prompt, 1), where="post", color="#e76f51")
+        axes.step(t, 100 * hit / np.maximum(prompt, 1), where="post", color="#e76f51",
+                  label=f"this run ({100 * hit[-1] / max(prompt[-1], 1):.2f}% at the end)")
+        for (name, rate), color in zip((bounds or {}).items(), ("#264653", "#2a9d8f"),
+                                       strict=False):
+            axes.axhline(100 * rate, linestyle="--", color=color,
+                         label=f"{name} bound ({100 * rate:.2f}%)")
         axes.set_ylim(bottom=0)
+        axes.legend(loc="best", fontsize="small")
     axes.set_xlabel("simulated time (s)")
     axes.set_ylabel("hit rate (% of prompt tokens)")
     axes.set_title("prefix-cache hit rate, cumulative")

@@ -10,9 +10,12 @@ One step::
     complete(batch, out)   commit tokens, window-tail release, first tokens, finishes
 
 Policies (stated and tested):
-* waiting order: ``fcfs`` (arrival; retracted requests go back to the front) or ``spf``
-  (shortest remaining prefill first, ties by arrival). The walk stops at the first request
-  that does not fit (no overtaking, so nothing starves behind smaller requests).
+* waiting order: ``fcfs`` (arrival; retracted requests go back to the front), ``spf``
+  (shortest remaining prefill first, ties by arrival) or ``cache-aware`` (longest
+  prefix-cache hit first within a look-ahead of the queue's head, a request passed over
+  ``cache_max_passes`` times goes first: :mod:`kvchain.sched.queue`). The walk stops at
+  the first request that does not fit (no overtaking, so nothing starves behind smaller
+  requests).
 * retraction victim: the running request that arrived last (ties: larger id), as in
   vLLM's recompute preemption; it frees everything and is recomputed from its prompt plus
   the tokens it had generated.
@@ -57,7 +60,7 @@ from kvchain.kv_manager import (
     sum_demands,
 )
 from kvchain.layout import smallest_request_pages
-from kvchain.sched.queue import QueuePolicy, WaitingQueue
+from kvchain.sched.queue import CACHE_LOOKAHEAD, CACHE_MAX_PASSES, QueuePolicy, WaitingQueue
 from kvchain.sched.request import (
     DecodeSeq,
     Event,
@@ -89,9 +92,13 @@ class SchedulerConfig:
         max_context_tokens: the model's context length (tokens); a request whose prompt
             plus output exceeds it is rejected at arrival with a reason starting with
             ``"context:"`` (``None``: no limit).
+        cache_lookahead: ``cache-aware`` order: waiting requests from the head it may
+            reorder (>= 1).
+        cache_max_passes: ``cache-aware`` order: times a waiting request may be passed
+            over before it goes first (>= 0; the starvation bound).
 
     Raises:
-        ConfigError: a limit below 1.
+        ConfigError: a limit below 1 (``cache_max_passes`` below 0).
     """
 
     max_running: int = 256
@@ -103,11 +110,15 @@ class SchedulerConfig:
     strict: bool = True
     reserve: ReserveConfig = field(default_factory=ReserveConfig)
     max_context_tokens: int | None = None
+    cache_lookahead: int = CACHE_LOOKAHEAD
+    cache_max_passes: int = CACHE_MAX_PASSES
 
     def __post_init__(self) -> None:
-        for name in ("max_running", "max_prefill_tokens", "chunk_size"):
+        for name in ("max_running", "max_prefill_tokens", "chunk_size", "cache_lookahead"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cache_max_passes < 0:
+            raise ConfigError(f"cache_max_passes must be >= 0, got {self.cache_max_passes}")
         if self.max_context_tokens is not None and self.max_context_tokens < 1:
             raise ConfigError(f"max_context_tokens must be >= 1, got {self.max_context_tokens}")
 
@@ -217,7 +228,8 @@ class Scheduler:
             reserve = SGLangReserve(ratio) if ratio is not None else self.config.reserve.build()
         self.reserve = reserve
         self.rules = AdmissionRules.for_layout(self.chain.layout, self.config.window_admission)
-        self.waiting = WaitingQueue(self.config.policy)
+        self.waiting = WaitingQueue(self.config.policy, self.config.cache_lookahead,
+                                    self.config.cache_max_passes)
         self.running: dict[int, Request] = {}
         self.requests: dict[int, Request] = {}
         self.counters = SchedulerCounters()
@@ -293,8 +305,13 @@ class Scheduler:
         """The largest chunk ``r`` may take now: its whole remaining prefill if that fits the
         caps, else the caps cut down to whole pages - so every chunk but a prompt's tail
         starts and ends on a page boundary (what :meth:`RequestGeometry.later_peak_pages`
-        relies on)."""
+        relies on). A chunk that would pass the request's junction checkpoint (a page
+        boundary, :meth:`KVManager.chunk_cut`) ends there: the state saved for the cache
+        is that chunk's end state, and the rest of the prompt is a next chunk."""
         cap = min(self.config.chunk_size, tokens_left)
+        cut = self.kv.chunk_cut(r.rid) - r.computed
+        if 0 < cut < min(cap, r.remaining_prefill):
+            return cut
         if r.remaining_prefill <= cap:
             return r.remaining_prefill
         page = self.kv.geom.page_size
@@ -801,8 +818,18 @@ class Scheduler:
     def _waiting_order(self) -> Iterable[Request]:
         """Waiting requests in policy order, read lazily from the queue (no copy, no sort:
         the walk stops at the first request that does not fit, and nothing changes the
-        queue during it; :mod:`kvchain.sched.queue`)."""
+        queue during it; :mod:`kvchain.sched.queue`). ``cache-aware`` ranks the look-ahead
+        by the hit each request would get now (a pure match; FCFS without a cache)."""
+        if self.waiting.policy is QueuePolicy.CACHE_AWARE and self.kv.cache is not None:
+            return self.waiting.cache_aware_order(self._cached_tokens)
         return iter(self.waiting)
+
+    def _cached_tokens(self, r: Request) -> int:
+        """Prompt tokens of waiting ``r`` the prefix cache would serve now (0 without
+        page keys)."""
+        if r.page_keys is None:
+            return 0
+        return self.kv.cached_tokens(r.page_keys, r.prompt_tokens)
 
     def _retract(self, r: Request, now: float) -> None:
         self.kv.free(r.rid, insert=False)

@@ -59,6 +59,7 @@ from kvchain.sim.metrics import (
 )
 from kvchain.sim.prefix import (
     PrefixCacheStats,
+    cache_off_extra,
     has_content_keys,
     request_page_keys,
     trace_block_tokens,
@@ -356,10 +357,13 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         stats.cow_state_copies = kv.cow_state_copies
         stats.cow_bytes = kv.cow_bytes
         stats.checkpoints_saved = kv.checkpoints_saved
+        stats.junctions_saved = kv.junctions_saved
         extra.update({"prefix_hit_rate_pct": round(100 * stats.hit_rate, 2),
                       "prefix_hit_tokens": stats.hit_tokens,
                       "prefix_evicted_pages": sum(cache.evicted_pages),
-                      "cow_state_copies": kv.cow_state_copies})
+                      "cow_state_copies": kv.cow_state_copies,
+                      **stats.add_bounds(config.trace, layout)})
+    extra.update(cache_off_extra(config.prefix_cache, config.trace, layout))
     summary = summarize(recorder, extra=extra)
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
                      tuple(sched.unallocatable), stats, fast_steps)

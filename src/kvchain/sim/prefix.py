@@ -4,13 +4,17 @@ show)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvchain.cache.keys import page_keys_from_blocks
 from kvchain.errors import TraceError
+from kvchain.layout import ChainLayout
+from kvchain.sim.prefix_bounds import hit_bound, lru_capacity_pages
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
+from kvchain.spec.layers import LifetimeClass
 
 
 @dataclass(slots=True)
@@ -25,6 +29,13 @@ class PrefixCacheStats:
         cow_bytes: bytes those copies moved (slot bytes each).
         checkpoints_saved: state checkpoint slots written by prefills for the cache.
         interval_tokens: tokens between resume points.
+        junctions_saved: prefills that saved a junction checkpoint (and window tail) where
+            their prompt left a cached path (``KVManager.junctions_saved``).
+        infinite_bound: the infinite-cache hit rate of the same requests at the same page
+            size (:func:`kvchain.sim.prefix_bounds.hit_bound`), or ``None`` if not computed.
+        lru_bound: the LRU bound's hit rate with the run's whole buffer as full-attention
+            pages (``lru_capacity_pages``), or ``None`` (not computed, or no full band).
+        lru_capacity_pages: that LRU's capacity in pages, or ``None``.
         timeline: ``(t_s, prompt_tokens, hit_tokens)`` cumulative, after each step that
             admitted a request.
     """
@@ -36,6 +47,10 @@ class PrefixCacheStats:
     cow_bytes: int = 0
     checkpoints_saved: int = 0
     interval_tokens: int = 0
+    junctions_saved: int = 0
+    infinite_bound: float | None = None
+    lru_bound: float | None = None
+    lru_capacity_pages: int | None = None
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
 
     @property
@@ -49,7 +64,55 @@ class PrefixCacheStats:
                 "hit_rate": round(self.hit_rate, 6), "evicted_pages": dict(self.evicted_pages),
                 "cow_state_copies": self.cow_state_copies, "cow_bytes": self.cow_bytes,
                 "checkpoints_saved": self.checkpoints_saved,
-                "interval_tokens": self.interval_tokens}
+                "junctions_saved": self.junctions_saved,
+                "interval_tokens": self.interval_tokens,
+                "infinite_cache_bound": _rounded(self.infinite_bound),
+                "lru_bound": _rounded(self.lru_bound),
+                "lru_capacity_pages": self.lru_capacity_pages}
+
+    def bounds(self) -> dict[str, float]:
+        """The bounds computed, as hit rates by name (``infinite cache``, ``LRU``): what
+        :func:`kvchain.report.plots.hit_rate_chart` draws against the run's rate."""
+        out: dict[str, float] = {}
+        if self.infinite_bound is not None:
+            out["infinite cache"] = self.infinite_bound
+        if self.lru_bound is not None:
+            out[f"LRU of the buffer ({self.lru_capacity_pages:,} pages)"] = self.lru_bound
+        return out
+
+    def add_bounds(self, trace: Trace, layout: ChainLayout) -> dict[str, float]:
+        """Compute the infinite-cache and LRU bounds of ``trace``'s prompts at the run's
+        page size (the LRU holding ``layout.buffer_bytes`` of full-attention pages) into
+        this record; return them as ``extra`` counters in percent
+        (``prefix_infinite_bound_pct``, ``prefix_lru_bound_pct``)."""
+        page, block = layout.page_size, trace_block_tokens(trace)
+        self.infinite_bound = hit_bound(trace.requests, page, block_tokens=block).hit_rate
+        extra = {"prefix_infinite_bound_pct": round(100 * self.infinite_bound, 2)}
+        full = layout.index_of(LifetimeClass.FULL)
+        if full is not None:
+            per_token = layout.bands[full].page_bytes // page
+            self.lru_capacity_pages = lru_capacity_pages(layout.buffer_bytes, per_token, page)
+            self.lru_bound = hit_bound(trace.requests, page, block_tokens=block,
+                                       capacity_pages=self.lru_capacity_pages).hit_rate
+            extra["prefix_lru_bound_pct"] = round(100 * self.lru_bound, 2)
+        return extra
+
+
+def _rounded(rate: float | None) -> float | None:
+    return None if rate is None else round(rate, 6)
+
+
+def cache_off_extra(asked: bool | None, trace: Trace, layout: ChainLayout) -> dict[str, int]:
+    """The ``extra`` counter that says a default turned the prefix cache off (never a
+    silent 0): ``{"prefix_cache_off_window_bands": k}`` when the cache was not asked for
+    either way (``asked is None``), the trace carries content keys (it would be on) and
+    the chain has ``k >= 2`` window or chunked-local bands (the cache supports one);
+    else ``{}``. (Asked for on such a chain, ``SimConfig.check_cache`` refuses it.)"""
+    k = sum(1 for b in layout.bands if b.lifetime in (LifetimeClass.WINDOW,
+                                                      LifetimeClass.LOCAL))
+    if asked is None and k > 1 and has_content_keys(trace):
+        return {"prefix_cache_off_window_bands": k}
+    return {}
 
 
 def trace_block_tokens(trace: Trace) -> int:
@@ -78,3 +141,63 @@ def request_page_keys(request: TraceRequest, block_tokens: int,
         return page_keys_from_blocks(ids, block_tokens, request.prompt_tokens, page_tokens)
     except ValueError as exc:
         raise TraceError(f"request {request.request_id}: {exc}") from None
+
+
+def warm_cold_trace(requests: int = 400, *, documents: int = 8, document_tokens: int = 8192,
+                    query_tokens: int = 256, cold_tokens: int = 8192, output_tokens: int = 64,
+                    rate_per_s: float = 4.0, seed: int = 0,
+                    block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
+    """A warm/cold interleaved trace: even requests are *warm* (one of ``documents``
+    shared documents, round robin, plus a query of their own), odd ones *cold* (a prompt
+    of their own, sharing nothing). Arrivals are Poisson at ``rate_per_s`` (seeded).
+    What a cache-aware admission order is measured on: a cold request admitted ahead of
+    warm ones may evict the documents they would hit.
+
+    Args:
+        requests: requests (>= 1).
+        documents: shared documents (>= 1).
+        document_tokens, query_tokens, cold_tokens: prompt parts in tokens (document and
+            query: warm prompt ``document_tokens + query_tokens``; cold: ``cold_tokens``);
+            ``document_tokens`` a multiple of ``block_tokens`` so documents end on a
+            content-block boundary.
+        output_tokens: output tokens of every request.
+        rate_per_s: mean arrival rate (requests per second, > 0).
+        seed: seeds the arrival times.
+        block_tokens: tokens per content block id (512, as the Mooncake traces).
+
+    Raises:
+        TraceError: a size below 1, a non-positive rate, or a document length that is not
+            a multiple of ``block_tokens``.
+    """
+    sizes = {"requests": requests, "documents": documents, "document_tokens": document_tokens,
+             "query_tokens": query_tokens, "cold_tokens": cold_tokens,
+             "output_tokens": output_tokens, "block_tokens": block_tokens}
+    for name, value in sizes.items():
+        if type(value) is not int or value < 1:
+            raise TraceError(f"{name} must be an int >= 1, got {value!r}")
+    if not rate_per_s > 0:
+        raise TraceError(f"rate_per_s must be > 0, got {rate_per_s!r}")
+    if document_tokens % block_tokens:
+        raise TraceError(f"document_tokens ({document_tokens}) must be a multiple of "
+                         f"block_tokens ({block_tokens})")
+    rng = random.Random(seed)
+    doc_blocks = document_tokens // block_tokens
+    next_id = documents * doc_blocks + 1  # ids 1.. are the documents' blocks
+    out: list[TraceRequest] = []
+    t = 0.0
+    for i in range(requests):
+        t += rng.expovariate(rate_per_s)
+        if i % 2 == 0:
+            d = (i // 2) % documents
+            own = -(-query_tokens // block_tokens)
+            ids = tuple(range(1 + d * doc_blocks, 1 + (d + 1) * doc_blocks))
+            prompt = document_tokens + query_tokens
+        else:
+            own = -(-cold_tokens // block_tokens)
+            ids = ()
+            prompt = cold_tokens
+        ids = ids + tuple(range(next_id, next_id + own))
+        next_id += own
+        out.append(TraceRequest(i, t, prompt, output_tokens, prefix_block_ids=ids))
+    return Trace(f"warm-cold-{requests}", tuple(out), "generated: kvchain.sim.prefix."
+                 "warm_cold_trace", "-", block_tokens=block_tokens)

@@ -53,6 +53,22 @@ class HitBound:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+def lru_capacity_pages(capacity_bytes: int, full_bytes_per_token: int, page_tokens: int) -> int:
+    """Pages of full-attention KV that ``capacity_bytes`` hold: the LRU bound's ``C``
+    (``max(floor(bytes / (bytes per token x P)), 1)``; 29,127 pages for 16 GiB of
+    gpt-oss-120b at 36,864 B per token and 16 tokens a page).
+
+    Raises:
+        ConfigError: a size below 1.
+    """
+    for name, value in (("capacity_bytes", capacity_bytes),
+                        ("full_bytes_per_token", full_bytes_per_token),
+                        ("page_tokens", page_tokens)):
+        if type(value) is not int or value < 1:
+            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+    return max(capacity_bytes // (full_bytes_per_token * page_tokens), 1)
+
+
 def _keyed(requests: Iterable[TraceRequest], page_tokens: int,
            block_tokens: int) -> Iterable[tuple[int, tuple[int, ...]]]:
     for r in requests:
