@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvchain.errors import ConfigError
@@ -105,3 +106,67 @@ def test_band_chart_keys_only_the_owners_it_draws(monkeypatch, tmp_path: Path) -
     texts = _legend_of_band_chart(cached, monkeypatch, tmp_path)
     assert any(t.startswith("prefix cache, evictable") for t in texts)
     assert not any(t.startswith("prefix cache, locked") for t in texts)
+
+
+def _utilization_figure(monkeypatch: pytest.MonkeyPatch, draw):  # type: ignore[no-untyped-def]
+    import kvchain.report.plots as plots
+
+    seen = {}
+    real = plots._save
+
+    def keep(figure, path):  # type: ignore[no-untyped-def]
+        seen["figure"] = figure
+        return real(figure, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    draw()
+    return seen["figure"]
+
+
+def owner_steps(cached: bool) -> MetricsRecorder:
+    """Two steps in a 100 B buffer: requests 10 B + cache 40 B (30 evictable) for 1 s, then
+    requests 30 B + cache 20 B (locked) for 3 s; without the cache every held byte is the
+    requests'. Exact shares (time-weighted): requests (10 + 90) / 400 = 25 %, locked
+    (10 + 60) / 400 = 17.5 %, evictable 30 / 400 = 7.5 %, held 50 %."""
+    rec = MetricsRecorder(prefix_cache=cached)
+    for t, d, request, held, evictable in ((1.0, 1.0, 10, 50, 30), (4.0, 3.0, 30, 50, 0)):
+        own = request if cached else held
+        band = BandSample("full", 50, 100, held, 0, Anchor.HIGH, request_bytes=own,
+                          cached_bytes=held - own, evictable_bytes=evictable if cached else 0)
+        rec.on_step(StepSample(t, d, 0, 1, 1, 0, (band,), 100, held))
+    return rec
+
+
+def test_utilization_chart_stacks_requests_apart_from_the_cache(monkeypatch,
+                                                                tmp_path: Path) -> None:
+    from kvchain.report.plots import utilization_chart
+
+    rec = owner_steps(cached=True)
+    figure = _utilization_figure(monkeypatch, lambda: utilization_chart(
+        rec.step_samples, tmp_path / "u.png", totals=rec.step_totals))
+    top = figure.axes[0]
+    texts = [t.get_text() for t in top.get_legend().get_texts()]
+    assert texts == [
+        "requests' own pages: mean 25.0 %, peak 30.0 %",
+        "prefix cache, locked by running requests: mean 17.5 %, peak 20.0 %",
+        "prefix cache, evictable (eviction frees it): mean 7.5 %, peak 30.0 %",
+        "held (requests + cache): mean 50.0 %, peak 50.0 %",
+    ]
+    assert top.get_ylabel() == "KV buffer held (% of its bytes)"
+    # the stack's layers end at requests, requests + locked, requests + locked + evictable:
+    # the second step (its value held over (1, 4] s) reaches 30, 50 and 50 %
+    tops = [float(np.max(c.get_paths()[0].vertices[:, 1])) for c in top.collections]
+    assert tops == pytest.approx([30.0, 50.0, 50.0])
+
+
+def test_utilization_chart_without_a_cache_says_so(monkeypatch, tmp_path: Path) -> None:
+    from kvchain.report.plots import utilization_chart
+
+    rec = owner_steps(cached=False)
+    figure = _utilization_figure(monkeypatch, lambda: utilization_chart(
+        rec.step_samples, tmp_path / "u.png", totals=rec.step_totals))
+    top = figure.axes[0]
+    texts = [t.get_text() for t in top.get_legend().get_texts()]
+    assert texts == ["requests' own pages: mean 50.0 %, peak 50.0 %",
+                     "held (requests only): mean 50.0 %, peak 50.0 %"]
+    assert any("no prefix cache in this run" in t.get_text() for t in top.texts)

@@ -30,6 +30,12 @@ SUMMARY = SimSummary(
     peak_waiting=40,
     mean_kv_utilization=0.8125,
     peak_kv_utilization=0.99,
+    mean_kv_requests=0.0625,
+    peak_kv_requests=0.25,
+    mean_kv_cache_locked=0.125,
+    peak_kv_cache_locked=0.5,
+    mean_kv_cache_evictable=0.625,
+    peak_kv_cache_evictable=0.875,
     retractions=12,
     retracted_requests=9,
     admitted_but_unallocatable=0,
@@ -64,14 +70,20 @@ def test_summary_table_cells() -> None:
     assert cells(text, "TPOT p90 (ms)") == ["20.0"]
     assert cells(text, "TPOT p99 (ms)") == ["45.1"]
     assert cells(text, "peak running requests") == ["256"]
-    assert cells(text, "mean KV utilization (%, time-weighted)") == ["81.2"]
-    assert cells(text, "peak KV utilization (%)") == ["99.0"]
+    # KV by owner, mean / peak in % (0.0625 -> 6.2: Python rounds the tie 6.25 to even)
+    assert cells(text, "KV used by requests (%, time-weighted mean / peak)") == ["6.2 / 25.0"]
+    assert cells(text, "KV cached, locked by running requests (%, mean / peak)") == [
+        "12.5 / 50.0"]
+    assert cells(text, "KV cached, evictable (%, mean / peak)") == ["62.5 / 87.5"]
+    assert cells(text, "KV held: requests + cache (%, mean / peak)") == ["81.2 / 99.0"]
+    assert not any("utilization" in label for label in metric_labels())
+    assert "requests = pages running requests hold as their own" in " ".join(text.split())
     assert cells(text, "retractions (requests retracted)") == ["12 (9)"]
     assert cells(text, "rejected") == ["3"]
     assert cells(text, "admitted but unallocatable") == ["0"]
     assert cells(text, "leaked pages") == ["n/a"]
     assert cells(text, "relocations") == ["5"]
-    assert len(metric_labels()) == 20
+    assert len(metric_labels()) == 22
 
 
 def test_comparison_table_columns_and_missing_values() -> None:
@@ -82,6 +94,10 @@ def test_comparison_table_columns_and_missing_values() -> None:
         tpot=None,
         input_tokens_per_s=None,
         mean_kv_utilization=None,
+        mean_kv_cache_locked=None,
+        peak_kv_cache_locked=None,
+        mean_kv_cache_evictable=None,
+        peak_kv_cache_evictable=None,
         leaked_pages=4,
         extra=MappingProxyType({}),
     )
@@ -91,7 +107,9 @@ def test_comparison_table_columns_and_missing_values() -> None:
     assert header.index("kvchain") < header.index("fixed pools")
     assert cells(text, "TTFT p50 (ms)") == ["62.5", "n/a"]
     assert cells(text, "input throughput (tok/s)") == ["12,345.7", "n/a"]
-    assert cells(text, "mean KV utilization (%, time-weighted)") == ["81.2", "n/a"]
+    assert cells(text, "KV held: requests + cache (%, mean / peak)") == ["81.2 / 99.0", "n/a"]
+    # a run with steps but no prefix cache: its cache rows say so, not 0
+    assert cells(text, "KV cached, evictable (%, mean / peak)") == ["62.5 / 87.5", "no cache"]
     assert cells(text, "leaked pages") == ["n/a", "4"]
     assert cells(text, "relocations") == ["5", "n/a"]
     with pytest.raises(ConfigError):
@@ -135,3 +153,32 @@ def test_band_table_lists_every_band_of_a_five_band_chain() -> None:
               if line.startswith("│") and line.split()[1] != "band"]
     assert labels == ["state", "window128", "local", "window11", "full"]  # bytes/request
     assert "float" in text and text.count("float") == 3
+
+
+def test_kv_rows_at_full_buffer_still_fit_80_columns() -> None:
+    """The widest KV cells ("100.0 / 100.0" in four columns) fit the narrow table, and the
+    short labels name the owner of each row."""
+    full = replace(SUMMARY, **{f"{w}_kv_{share}": 1.0 for w in ("mean", "peak")
+                               for share in ("requests", "cache_locked", "cache_evictable",
+                                             "utilization")})
+    runs = {name: full for name in ("kvchain", "fixed-pools", "equal-page", "ideal")}
+    console = Console(record=True, width=80, color_system=None)
+    console.print(comparison_table(runs))
+    text = console.export_text()
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    assert "…" not in text
+    for short in ("KV requests (%)", "KV locked (%)", "KV evictable (%)",
+                  "KV held (%)"):
+        row = next(line for line in text.splitlines() if line.lstrip().startswith(short))
+        assert row[len(row) - len(row.lstrip()) + len(short):].split() == [
+            "100.0", "/", "100.0"] * 4
+
+
+def test_kv_rows_of_a_run_without_steps_are_not_available() -> None:
+    """No step: every KV row is n/a (not "no cache": nothing says the cache was off)."""
+    empty = replace(SUMMARY, steps=0, **{f"{w}_kv_{share}": None for w in ("mean", "peak")
+                                         for share in ("requests", "cache_locked",
+                                                       "cache_evictable", "utilization")})
+    text = render(summary_table(empty, title="t"))
+    assert cells(text, "KV used by requests (%, time-weighted mean / peak)") == ["n/a"]
+    assert cells(text, "KV cached, evictable (%, mean / peak)") == ["n/a"]

@@ -135,6 +135,9 @@ def test_summary_exact_values() -> None:
     # utilization: 0.25 for 2 s, 0.5 for 4 s -> (0.5 + 2.0) / 6 (time-weighted, not 0.375)
     assert summary.mean_kv_utilization == pytest.approx(2.5 / 6.0, abs=1e-15)
     assert summary.peak_kv_utilization == 0.5
+    # nothing cached: requests own every held byte, the (present) cache holds 0
+    assert summary.mean_kv_requests == summary.mean_kv_utilization
+    assert (summary.mean_kv_cache_locked, summary.peak_kv_cache_evictable) == (0.0, 0.0)
     assert (summary.steps, summary.peak_running, summary.peak_waiting) == (2, 2, 3)
     assert (summary.retractions, summary.retracted_requests) == (1, 1)
     assert (summary.admitted_but_unallocatable, summary.leaked_pages) == (0, 2)
@@ -147,6 +150,7 @@ def test_summary_of_empty_run_and_unreported_counters() -> None:
     assert summary.duration_s == 0.0
     assert summary.input_tokens_per_s is None and summary.ttft is None
     assert summary.mean_kv_utilization is None and summary.peak_kv_utilization is None
+    assert summary.mean_kv_requests is None and summary.peak_kv_cache_locked is None
     assert summary.admitted_but_unallocatable is None and summary.leaked_pages is None
 
 
@@ -344,3 +348,179 @@ def test_band_samples_from_chain_snapshot() -> None:
     state, full = band_samples(snapshot)
     assert state == BandSample("state", 0, 300, 200, 100, Anchor.LOW)
     assert full == BandSample("full", 800, 1_000, 160, 40, Anchor.HIGH)
+
+
+# --- KV shares by owner: requests' own bytes apart from the prefix cache's ---------------
+
+E_FULL = 1_000  # bytes per token of the declared full-attention class
+PAGE = 16  # tokens per page: a page is 16 x 1,000 = 16,000 B
+TINY_BUFFER = 1_600_000  # 100 pages
+
+
+def two_request_run(*, prefix_cache: bool):  # type: ignore[no-untyped-def]
+    """Two requests on a full-attention-only model (step clock: every step 30 ms).
+
+    A (t = 0 s): 40 tokens, content blocks [1, 2, 3] (2 whole pages keyed), 4 output
+    tokens; B (t = 10 s, after A finished): 40 tokens, blocks [1, 2, 9], 4 output tokens.
+    """
+    from kvchain.gpu import get_gpu
+    from kvchain.sim.cost import ClockKind
+    from kvchain.sim.engine import SimConfig, simulate
+    from kvchain.sim.traces import Trace, TraceRequest
+    from kvchain.spec.declared import declare_model
+
+    trace = Trace("tiny", (TraceRequest(0, 0.0, 40, 4, (1, 2, 3)),
+                           TraceRequest(1, 10.0, 40, 4, (1, 2, 9))),
+                  "hand-made", "n/a", block_tokens=PAGE)
+    return simulate(SimConfig(declare_model("tiny-full", full=E_FULL), get_gpu("h200"), trace,
+                              buffer_bytes=TINY_BUFFER, page_size=PAGE, clock=ClockKind.STEPS,
+                              prefix_cache=prefix_cache), audit_every_step=True)
+
+
+def assert_cached_shares_by_hand(summary: SimSummary) -> None:
+    """The shares of the cached two-request run, derived by hand.
+
+    Each request runs 4 steps of 30 ms (a 40-token prefill that emits token 1, then 3
+    decodes; the 4th step finishes it), 8 equal steps in all, so the time-weighted mean of
+    a share is its plain mean over the 8 steps. A page is 16,000 B = 1 % of the buffer.
+
+    - A's first 3 steps: its prefill computes 3 pages; at its end the 2 keyed pages go to
+      the cache, locked by A: A owns 1 page (1 %), the cache 2 locked pages (2 %).
+    - A's last step frees its own page and unlocks: 0 % own, 2 % cached, all evictable.
+    - B hits the 2 cached pages (locked, 2 %) and owns 1 page for tokens 32-47 (1 %) on its
+      first 3 steps; its last step again leaves 2 % evictable.
+
+    requests: 6 x 1 % / 8 = 0.75 %, peak 1 %; locked: 6 x 2 % / 8 = 1.5 %, peak 2 %;
+    evictable: 2 x 2 % / 8 = 0.5 %, peak 2 %; held = their sum: 2.75 %, peak 3 %.
+    """
+    assert summary.steps == 8
+    assert summary.mean_kv_requests == pytest.approx(0.0075, abs=1e-12)
+    assert summary.peak_kv_requests == pytest.approx(0.01, abs=1e-12)
+    assert summary.mean_kv_cache_locked == pytest.approx(0.015, abs=1e-12)
+    assert summary.peak_kv_cache_locked == pytest.approx(0.02, abs=1e-12)
+    assert summary.mean_kv_cache_evictable == pytest.approx(0.005, abs=1e-12)
+    assert summary.peak_kv_cache_evictable == pytest.approx(0.02, abs=1e-12)
+    assert summary.mean_kv_utilization == pytest.approx(0.0275, abs=1e-12)
+    assert summary.peak_kv_utilization == pytest.approx(0.03, abs=1e-12)
+
+
+def test_kv_shares_of_a_two_request_run_by_hand(tmp_path: Path) -> None:
+    result = two_request_run(prefix_cache=True)
+    assert result.prefix_cache is not None and result.prefix_cache.hit_tokens == 32
+    assert_cached_shares_by_hand(result.summary)
+    # The per-step split agrees with the bands' independent request counts (requests'
+    # page lists), and the three owners add up to the held bytes on every step.
+    for s in result.recorder.step_samples:
+        assert s.request_bytes == sum(b.request_bytes or 0 for b in s.bands)
+        assert s.request_bytes + s.locked_bytes + s.evictable_bytes == s.used_bytes
+    data = json.loads(write_outputs(tmp_path, result.recorder, result.summary)
+                      .metrics_json.read_text())
+    assert data["summary"]["mean_kv_requests"] == result.summary.mean_kv_requests
+    assert data["summary"]["peak_kv_cache_evictable"] == pytest.approx(0.02, abs=1e-12)
+
+
+def test_cached_bytes_counted_as_request_bytes_fail_the_hand_values(monkeypatch) -> None:
+    """Sibling: a recorder that counts the cache's bytes as requests' (the old "KV
+    utilization" read as requests' memory) reports requests at the held share, 2.75 %,
+    and the hand-derived check above fails."""
+    import kvchain.sim.metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "_own_bytes", lambda used, cached: used)
+    summary = two_request_run(prefix_cache=True).summary
+    assert summary.mean_kv_requests == pytest.approx(0.0275, abs=1e-12)
+    with pytest.raises(AssertionError):
+        assert_cached_shares_by_hand(summary)
+
+
+def test_kv_shares_without_the_cache_by_hand() -> None:
+    """The same two requests without a prefix cache: each owns its 3 pages (3 %) on its
+    first 3 steps and 0 on its finishing step: requests = held = 6 x 3 % / 8 = 2.25 %,
+    peak 3 %; the cache's shares are None ("no cache"), not 0."""
+    summary = two_request_run(prefix_cache=False).summary
+    assert summary.mean_kv_requests == pytest.approx(0.0225, abs=1e-12)
+    assert summary.mean_kv_utilization == pytest.approx(0.0225, abs=1e-12)
+    assert summary.peak_kv_requests == pytest.approx(0.03, abs=1e-12)
+    assert (summary.mean_kv_cache_locked, summary.peak_kv_cache_locked,
+            summary.mean_kv_cache_evictable, summary.peak_kv_cache_evictable) == (
+        None, None, None, None)
+
+
+def cached_step(t_s: float, duration_s: float, *, request: int, cached: int,
+                evictable: int) -> StepSample:
+    """A step whose one full band holds ``request`` own bytes and ``cached`` bytes of the
+    prefix cache (``evictable`` of them unlocked), out of BUFFER = 100 B."""
+    live = request + cached
+    band = BandSample("full", BUFFER - live, BUFFER, live, 0, request_bytes=request,
+                      cached_bytes=cached, evictable_bytes=evictable)
+    return StepSample(t_s, duration_s, 0, 1, 1, 0, (band,), BUFFER, live)
+
+
+def test_shares_are_time_weighted_over_every_step_not_the_kept_samples() -> None:
+    """Requests 10 B + cache 40 B (30 evictable) for 1 s, then requests 30 B + cache 20 B
+    (0 evictable) for 3 s: requests (10 x 1 + 30 x 3) / 4 / 100 = 25 %, locked
+    (10 x 1 + 20 x 3) / 400 = 17.5 %, evictable 30 / 400 = 7.5 %, held 50 %; then 10,000
+    steps of 1 ms with requests 60 B and nothing cached, kept as at most 20 samples: the
+    totals stay exact."""
+    full = MetricsRecorder(max_step_samples=None)
+    sampled = MetricsRecorder(max_step_samples=20)
+    for rec in (full, sampled):
+        rec.on_step(cached_step(1.0, 1.0, request=10, cached=40, evictable=30))
+        rec.on_step(cached_step(4.0, 3.0, request=30, cached=20, evictable=0))
+    summary = summarize(full)
+    assert summary.mean_kv_requests == pytest.approx(0.25, abs=1e-15)
+    assert summary.mean_kv_cache_locked == pytest.approx(0.175, abs=1e-15)
+    assert summary.mean_kv_cache_evictable == pytest.approx(0.075, abs=1e-15)
+    assert summary.mean_kv_utilization == pytest.approx(0.5, abs=1e-15)
+    assert (summary.peak_kv_requests, summary.peak_kv_cache_locked,
+            summary.peak_kv_cache_evictable) == (0.3, 0.2, 0.3)
+    t = 4.0
+    for _ in range(10_000):
+        t += 0.001
+        for rec in (full, sampled):
+            rec.on_step(cached_step(t, 0.001, request=60, cached=0, evictable=0))
+    assert len(sampled.step_samples) <= 20
+    assert sampled.step_totals == full.step_totals
+    # requests: (100 B s + 60 B x 10 s) / 14 s / 100 B = 50 %
+    assert summarize(sampled).mean_kv_requests == pytest.approx(0.5, abs=1e-12)
+
+
+def test_zero_duration_steps_use_plain_mean_of_shares() -> None:
+    rec = MetricsRecorder()
+    rec.on_step(cached_step(0.0, 0.0, request=10, cached=30, evictable=30))
+    rec.on_step(cached_step(0.0, 0.0, request=30, cached=10, evictable=0))
+    summary = summarize(rec)
+    assert summary.mean_kv_requests == pytest.approx(0.2, abs=1e-15)  # (10 + 30) / 2 / 100
+    assert summary.mean_kv_cache_locked == pytest.approx(0.05, abs=1e-15)  # (0 + 10) / 200
+    assert summary.mean_kv_cache_evictable == pytest.approx(0.15, abs=1e-15)  # 30 / 200
+
+
+def test_record_step_takes_the_cache_totals_as_numbers() -> None:
+    """The lazy path gives the totals ``on_step`` sums from the bands (bands built only
+    for kept steps); negative cache bytes are refused and change nothing."""
+    eager, lazy = MetricsRecorder(max_step_samples=10), MetricsRecorder(max_step_samples=10)
+    for i in range(200):
+        sample = cached_step(0.01 * (i + 1), 0.01, request=i % 7, cached=20 + i % 5,
+                             evictable=i % 3)
+        eager.on_step(sample)
+        lazy.record_step(t_s=sample.t_s, duration_s=sample.duration_s, prefill_tokens=0,
+                         decode_tokens=1, running=1, waiting=0, buffer_bytes=BUFFER,
+                         used_bytes=sample.used_bytes, bands=lambda s=sample: s.bands,
+                         cached_bytes=sample.cached_bytes,
+                         evictable_bytes=sample.evictable_bytes)
+    assert lazy.step_totals == eager.step_totals
+    with pytest.raises(MetricsError, match="cached_bytes and evictable_bytes"):
+        lazy.record_step(t_s=3.0, duration_s=0.0, prefill_tokens=0, decode_tokens=0,
+                         running=0, waiting=0, buffer_bytes=BUFFER, used_bytes=0,
+                         bands=lambda: (), cached_bytes=-1)
+    assert lazy.step_totals == eager.step_totals
+
+
+def test_recorder_without_a_cache_refuses_cached_bytes() -> None:
+    rec = MetricsRecorder(prefix_cache=False)
+    rec.on_step(cached_step(1.0, 1.0, request=10, cached=0, evictable=0))
+    with pytest.raises(MetricsError, match="without one"):
+        rec.on_step(cached_step(2.0, 1.0, request=10, cached=5, evictable=5))
+    assert rec.step_totals.steps == 1  # unchanged
+    assert not rec.prefix_cache and summarize(rec).mean_kv_cache_locked is None
+    with pytest.raises(ConfigError, match="prefix_cache"):
+        MetricsRecorder(prefix_cache=1)  # type: ignore[arg-type]

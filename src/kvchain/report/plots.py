@@ -6,7 +6,9 @@
   the low edge for the FLOAT band) and split by owner: requests' pages (solid), prefix-
   cache pages locked by a running hit (cross-hatched) and evictable (hatched); white =
   free gaps.
-- :func:`utilization_chart`: KV utilization (%) and the running / waiting queues over time.
+- :func:`utilization_chart`: the KV buffer by owner over time (% of its bytes, stacked:
+  requests' own pages, prefix-cache pages locked by running requests, evictable cached
+  pages; the top of the stack is everything held) and the running / waiting queues.
 - :func:`latency_cdfs`: empirical CDFs of TTFT and TPOT (ms, log x) of finished requests.
 - :func:`write_all_plots`: the three of them for a recorder, into a folder.
 
@@ -27,10 +29,11 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
+from numpy.typing import ArrayLike
 
 from kvchain.errors import ConfigError
 from kvchain.layout import Anchor
-from kvchain.sim.metrics import MetricsRecorder, RequestRecord, StepSample
+from kvchain.sim.metrics import MetricsRecorder, RequestRecord, StepSample, StepTotals
 
 _BAND_COLORS = {
     "state": "#7b5ea7",
@@ -233,31 +236,90 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
     return _save(figure, path)
 
 
-def utilization_chart(samples: Sequence[StepSample], path: str | Path) -> Path:
-    """Draw KV utilization and queue lengths over time (two panels) and save a PNG.
+def _mean_peak_text(mean: float, peak: float) -> str:
+    """``"mean 5.1 %, peak 12.0 %"`` of two fractions of the buffer."""
+    return f"mean {100 * mean:.1f} %, peak {100 * peak:.1f} %"
 
-    Top: used / buffer bytes (%), and needed / buffer bytes (%) when the samples carry
-    ``needed_bytes``. Bottom: running and waiting requests.
+
+# The owners of the held bytes, stacked from 0 % upward in this order: (StepSample
+# attribute, color, hatch, legend text, the StepTotals share behind its mean and peak).
+_SHARES = (
+    ("request_bytes", "#e76f51", None, "requests' own pages", "requests"),
+    ("locked_bytes", "#2a9d8f", "xx", "prefix cache, locked by running requests",
+     "cache_locked"),
+    ("evictable_bytes", "#8ecae6", "///", "prefix cache, evictable (eviction frees it)",
+     "cache_evictable"),
+)
+
+
+def utilization_chart(samples: Sequence[StepSample], path: str | Path, *,
+                      totals: StepTotals | None = None) -> Path:
+    """Draw the KV buffer by owner and the queue lengths over time (two panels), save a PNG.
+
+    Top: stacked areas in % of the buffer's bytes (left axis; the right axis in bytes):
+    requests' own pages (``StepSample.request_bytes``), the prefix cache's pages locked by
+    running requests (``locked_bytes``) and its evictable pages (``evictable_bytes``); the
+    top of the stack is every held byte (``used_bytes``, the summary's "KV held"). A run
+    without a prefix cache draws the requests' area only and says so. The needed bytes
+    (% of the buffer) are a dashed line when the samples carry them. Bottom: running and
+    waiting requests.
 
     Args:
-        samples: step samples in time order.
+        samples: step samples in time order (the kept ones: they draw the curves).
         path: the PNG file to write.
+        totals: the recorder's exact totals over every step: when given, each legend entry
+            quotes its share's time-weighted mean and peak (the summary's numbers), and
+            ``totals.prefix_cache`` says whether the run had a cache; without them a run
+            is drawn as cached when a sample holds cached bytes.
 
     Returns:
         ``path`` as a Path.
     """
     figure, (top, bottom) = _new_figure(11, 6, rows=2)
-    top.set_title("KV utilization and queues over time")
-    top.set_ylabel("KV utilization (% of buffer bytes)")
+    top.set_title("KV buffer by owner, and queues, over time")
+    top.set_ylabel("KV buffer held (% of its bytes)")
     bottom.set_ylabel("requests")
     bottom.set_xlabel("simulated time (s)")
     top.set_ylim(0, 105)
     if not samples:
         _empty_note(top, "no steps recorded")
         return _save(figure, path)
+    buffer_bytes = samples[-1].buffer_bytes
+    divisor, unit = _byte_unit(buffer_bytes)
+    scale = buffer_bytes / divisor / 100  # % of the buffer -> the byte unit
+
+    def to_bytes(percent: ArrayLike) -> ArrayLike:
+        return np.asarray(percent, dtype=np.float64) * scale
+
+    def to_percent(size: ArrayLike) -> ArrayLike:
+        return np.asarray(size, dtype=np.float64) / scale
+
+    right = top.secondary_yaxis("right", functions=(to_bytes, to_percent))
+    right.set_ylabel(f"{unit} (buffer {buffer_bytes / divisor:,.2f} {unit})")
+    cached_run = (totals.prefix_cache if totals is not None
+                  else any(s.cached_bytes for s in samples))
     times = _step_times(samples)
-    used = _held(np.array([100 * s.utilization for s in samples]))
-    top.step(times, used, where="pre", color="#e76f51", label="used (live bytes of requests)")
+    base = np.zeros(len(times))
+    for attribute, color, hatch, text, share in _SHARES:
+        if not cached_run and attribute != "request_bytes":
+            continue
+        part = _held(np.array([100 * getattr(s, attribute) / s.buffer_bytes
+                               for s in samples]))
+        if totals is not None:
+            summary = getattr(totals, share)
+            mean = summary.mean(totals)
+            if mean is not None and summary.peak is not None:
+                text = f"{text}: {_mean_peak_text(mean, summary.peak)}"
+        top.fill_between(times, base, base + part, step="pre", facecolor=to_rgba(color, 0.8),
+                         edgecolor=to_rgba("white", 0.7), hatch=hatch, linewidth=0,
+                         label=text)
+        base = base + part
+    held = "held (requests + cache)" if cached_run else "held (requests only)"
+    if totals is not None and totals.mean_utilization is not None \
+            and totals.peak_utilization is not None:
+        held = f"{held}: {_mean_peak_text(totals.mean_utilization, totals.peak_utilization)}"
+    top.step(times, _held(np.array([100 * s.utilization for s in samples])), where="pre",
+             color="black", linewidth=0.8, label=held)
     if any(s.needed_bytes is not None for s in samples):
         needed = _held(
             np.array(
@@ -271,7 +333,10 @@ def utilization_chart(samples: Sequence[StepSample], path: str | Path) -> Path:
             times, needed, where="pre", color="#264653", linestyle="--",
             label="needed (bytes the live requests need)",
         )  # fmt: skip
-    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    top.legend(loc="upper left", bbox_to_anchor=(1.08, 1.0), fontsize="small", frameon=False)
+    if not cached_run:
+        top.text(1.08, 0.0, "no prefix cache in this run:\nevery held page is a request's",
+                 transform=top.transAxes, fontsize="small", color="gray", va="bottom")
     top.grid(alpha=0.25)
     running = _held(np.array([s.running for s in samples]))
     waiting = _held(np.array([s.waiting for s in samples]))
@@ -279,7 +344,8 @@ def utilization_chart(samples: Sequence[StepSample], path: str | Path) -> Path:
     bottom.step(times, waiting, where="pre", color="#7b5ea7", label="waiting (queued)")
     bottom.set_ylim(0, 1.1 * max(1, int(running.max()), int(waiting.max())))
     bottom.yaxis.set_major_locator(MaxNLocator(integer=True))  # request counts
-    bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.08, 1.0), fontsize="small",
+                  frameon=False)
     bottom.grid(alpha=0.25)
     return _save(figure, path)
 
@@ -362,7 +428,8 @@ def write_all_plots(recorder: MetricsRecorder, out_dir: str | Path) -> list[Path
     written: list[Path] = []
     if samples:
         written.append(band_chart(samples, samples[-1].buffer_bytes, directory / PLOT_FILES[0]))
-        written.append(utilization_chart(samples, directory / PLOT_FILES[1]))
+        written.append(utilization_chart(samples, directory / PLOT_FILES[1],
+                                         totals=recorder.step_totals))
     written.append(latency_cdfs(recorder.records, directory / PLOT_FILES[2]))
     return written
 

@@ -1,9 +1,11 @@
 """Rich tables: simulation summaries (one run, or several memory managers side by side),
 and a chain's bands.
 
-Units in the tables: throughput in tokens per second, latencies in milliseconds,
-utilization in percent of the KV buffer's bytes; ``n/a`` marks a value that is undefined
-for the run (no finished request, no step, a counter the loop did not report).
+Units in the tables: throughput in tokens per second, latencies in milliseconds, KV
+memory in percent of the KV buffer's bytes, split by owner (:data:`KV_DEFINITIONS`, the
+tables' caption); ``n/a`` marks a value that is undefined for the run (no finished
+request, no step, a counter the loop did not report), ``no cache`` a prefix-cache share
+of a run without a prefix cache.
 Counters that must be zero for a correct memory manager (admitted but unallocatable,
 leaked pages) are shown in bold red when they are not.
 """
@@ -55,8 +57,19 @@ def _rate(value: float | None) -> Text:
     return _plain(NOT_AVAILABLE if value is None else f"{value:,.1f}")
 
 
-def _percent(fraction: float | None) -> Text:
-    return _plain(NOT_AVAILABLE if fraction is None else f"{100 * fraction:.1f}")
+NO_CACHE = "no cache"
+"""Cell text of a prefix-cache share on a run without a prefix cache."""
+
+
+def _mean_peak(summary: SimSummary, share: str) -> Text:
+    """``"mean / peak"`` in percent of the buffer (``mean_kv_<share>``,
+    ``peak_kv_<share>``); ``n/a`` without steps, ``no cache`` for a cache share of a run
+    without a prefix cache."""
+    mean, peak = (getattr(summary, f"{which}_kv_{share}") for which in ("mean", "peak"))
+    if mean is None or peak is None:
+        return _plain(NO_CACHE if summary.steps and share.startswith("cache")
+                      else NOT_AVAILABLE)
+    return _plain(f"{100 * mean:.1f} / {100 * peak:.1f}")
 
 
 def _ms(percentiles: Percentiles | None, attribute: str) -> Text:
@@ -81,6 +94,17 @@ def _latency_rows(name: str, attribute: str) -> list[_Row]:
     ]
 
 
+KV_DEFINITIONS = (
+    "KV rows: % of the KV buffer's bytes, time-weighted mean (weights = step times) / "
+    "peak step. requests = pages running requests hold as their own (a prefix-cache hit "
+    "is the cache's); locked = prefix-cache pages a running request reads (its hit) or "
+    "has just cached (its prompt); evictable = unlocked prefix-cache pages, which "
+    "eviction frees for new work; held = requests + locked + evictable = every live page "
+    "but the null pages."
+)
+"""Definitions of the KV rows (:mod:`kvchain.sim.metrics` defines the shares), printed as
+the caption of :func:`summary_table` and :func:`comparison_table`."""
+
 _ROWS: tuple[_Row, ...] = (
     _Row(
         "requests (finished / total)",
@@ -101,10 +125,15 @@ _ROWS: tuple[_Row, ...] = (
          short="queue p50 (ms)", narrow=False),
     _Row("peak running requests", lambda s: _count(s.peak_running), short="peak running"),
     _Row("peak waiting requests", lambda s: _count(s.peak_waiting), short="peak waiting"),
-    _Row("mean KV utilization (%, time-weighted)", lambda s: _percent(s.mean_kv_utilization),
-         short="mean KV util (%)"),
-    _Row("peak KV utilization (%)", lambda s: _percent(s.peak_kv_utilization),
-         short="peak KV util (%)"),
+    _Row("KV used by requests (%, time-weighted mean / peak)",
+         functools.partial(_mean_peak, share="requests"), short="KV requests (%)"),
+    _Row("KV cached, locked by running requests (%, mean / peak)",
+         functools.partial(_mean_peak, share="cache_locked"), short="KV locked (%)"),
+    _Row("KV cached, evictable (%, mean / peak)",
+         functools.partial(_mean_peak, share="cache_evictable"),
+         short="KV evictable (%)"),
+    _Row("KV held: requests + cache (%, mean / peak)",
+         functools.partial(_mean_peak, share="utilization"), short="KV held (%)"),
     _Row(
         "retractions (requests retracted)",
         lambda s: _plain(f"{s.retractions:,} ({s.retracted_requests:,})"),
@@ -182,15 +211,18 @@ def summary_table(summary: SimSummary, *, title: str) -> Table:
 
     Rows (see :func:`metric_labels`): requests finished / total, rejected, simulated time,
     input and output throughput (tok/s), TTFT and TPOT p50/p90/p99 (ms), end-to-end and
-    queueing p50 (ms), peak running / waiting requests, mean (time-weighted) and peak KV
-    utilization (%), retractions, admitted-but-unallocatable, leaked pages; then any
-    ``extra`` counters of the summary, by name.
+    queueing p50 (ms), peak running / waiting requests, the KV buffer by owner (% of its
+    bytes, time-weighted mean / peak: requests' own pages, prefix-cache pages locked by
+    running requests, evictable cached pages, and held = requests + cache), retractions,
+    admitted-but-unallocatable, leaked pages; then any ``extra`` counters of the summary,
+    by name. The caption is :data:`KV_DEFINITIONS`.
 
     Args:
         summary: the run's :class:`~kvchain.sim.metrics.SimSummary`.
         title: the table's title (e.g. the model, trace and memory manager).
     """
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", caption=KV_DEFINITIONS,
+                  caption_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for row in _ROWS:
@@ -211,7 +243,8 @@ def comparison_table(
 ) -> Table:
     """Several runs side by side: one column per run (e.g. per memory manager).
 
-    Narrow (default): short labels and the main rows, so four runs fit 80 columns;
+    Narrow (default): short labels and the main rows, so four runs fit 80 columns (the
+    caption is :data:`KV_DEFINITIONS`);
     ``wide``: every row of :func:`summary_table` with its full label, and every ``extra``
     counter any run has (``n/a`` for runs without).
 
@@ -225,8 +258,9 @@ def comparison_table(
     """
     if not rows:
         raise ConfigError("comparison_table needs at least one summary")
-    table = Table(title=title, title_justify="left",
-                  box=None if not wide else box.HEAVY_HEAD, padding=(0, 1))
+    table = Table(title=title, title_justify="left", caption=KV_DEFINITIONS,
+                  caption_justify="left", box=None if not wide else box.HEAVY_HEAD,
+                  padding=(0, 1))
     table.add_column("metric", no_wrap=True)
     for name in rows:
         table.add_column(name, justify="right", no_wrap=True)

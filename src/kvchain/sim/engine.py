@@ -251,7 +251,8 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         locals_ = [c.window for c in config.model.cache_classes(LifetimeClass.LOCAL)]
         builder = StepWorkBuilder(max((w for w in windows if w), default=None),
                                   max((c for c in locals_ if c), default=None))
-    recorder = MetricsRecorder(max_step_samples=config.max_step_samples)
+    recorder = MetricsRecorder(max_step_samples=config.max_step_samples,
+                               prefix_cache=cache is not None)
     null_pages = tuple(b.reserved_pages for b in layout.bands)
     requests = sorted(config.trace.requests, key=lambda r: (r.arrival_s, r.request_id))
     total, done, i, now = len(requests), 0, 0, 0.0

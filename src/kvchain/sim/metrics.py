@@ -21,8 +21,24 @@ Definitions (the same as vLLM's and SGLang's serving benchmarks, over *finished*
 - throughput = prompt (input) or generated (output) tokens of finished requests / duration_s,
   where duration_s runs from the earliest arrival to the last recorded time (step end or
   request event).
-- KV utilization of a step = used_bytes / buffer_bytes; its mean is weighted by step
-  duration (idle time between steps is not counted); the peak is over steps.
+- KV memory of a step, as fractions of the KV buffer's bytes (``buffer_bytes``), split by
+  owner (the same owners as the band samples' columns, summed over the bands):
+
+  - *held* (``mean_kv_utilization`` / ``peak_kv_utilization``) = ``used_bytes``: every
+    live page but the null pages, i.e. requests' own pages **plus** the prefix cache's;
+  - *requests* (``*_kv_requests``) = ``used_bytes - cached_bytes``: pages running requests
+    hold as their own (a request's prefix-cache hit is the cache's, not the request's);
+  - *cache locked* (``*_kv_cache_locked``) = ``cached_bytes - evictable_bytes``: prefix-
+    cache pages a running request locks (its hit, or its own prompt cached at its prefill
+    end);
+  - *cache evictable* (``*_kv_cache_evictable``) = ``evictable_bytes``: unlocked cached
+    pages, which eviction frees when an admission needs the bytes;
+
+  so requests + cache locked + cache evictable = held. Each mean is weighted by step
+  duration (idle time between steps is not counted; the plain mean over steps when every
+  step lasted 0 s); each peak is the largest value of one step (peaks of the parts need not
+  add up to the peak of the whole). A run without a prefix cache reports its two cache
+  shares as None ("no cache"), not 0.
 
 Percentiles use ``numpy.percentile`` with its default linear interpolation between the two
 nearest ranks (method ``"linear"``, Hyndman & Fan type 7): e.g. the p90 of
@@ -303,8 +319,9 @@ class StepSample:
         waiting: requests in the waiting queue.
         bands: the chain's bands, ordered low -> high bytes.
         buffer_bytes: bytes of the whole KV buffer (> 0).
-        used_bytes: live bytes held by requests (reserved pages such as null pages
-            excluded), ``0 <= used_bytes <= buffer_bytes``.
+        used_bytes: live bytes held (reserved pages such as null pages excluded):
+            requests' own pages plus the prefix cache's, ``0 <= used_bytes <=
+            buffer_bytes`` (:attr:`request_bytes` and :attr:`cached_bytes` split it).
         needed_bytes: bytes the live requests strictly need (e.g. without page rounding), for
             comparisons between memory managers; None when the loop does not compute it.
 
@@ -363,8 +380,79 @@ class StepSample:
 
     @property
     def utilization(self) -> float:
-        """KV utilization of the step: ``used_bytes / buffer_bytes`` (0..1)."""
+        """Held share of the step: ``used_bytes / buffer_bytes`` (0..1): requests' own
+        pages plus the prefix cache's (every live page but the null pages)."""
         return self.used_bytes / self.buffer_bytes
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes the prefix cache holds, locked or not: the bands' ``cached_bytes`` summed
+        (0 without a cache)."""
+        return sum(band.cached_bytes for band in self.bands)
+
+    @property
+    def evictable_bytes(self) -> int:
+        """Bytes of the prefix cache's unlocked pages: the bands' ``evictable_bytes``
+        summed."""
+        return sum(band.evictable_bytes for band in self.bands)
+
+    @property
+    def request_bytes(self) -> int:
+        """Bytes running requests hold as their own: ``used_bytes - cached_bytes`` (the
+        held bytes less the prefix cache's). On a correct chain it is the bands'
+        ``request_bytes`` summed (``unowned_bytes == 0``); it is derived from the cache's
+        counters so that the recorder pays O(bands), not O(requests), per step."""
+        return _own_bytes(self.used_bytes, self.cached_bytes)
+
+    @property
+    def locked_bytes(self) -> int:
+        """Bytes of the prefix cache's locked pages (a running request's hit, or its own
+        prompt cached at its prefill end): ``cached_bytes - evictable_bytes``."""
+        return _locked_bytes(self.cached_bytes, self.evictable_bytes)
+
+
+def _own_bytes(used_bytes: int, cached_bytes: int) -> int:
+    """Requests' own bytes of a step: the held bytes less the prefix cache's."""
+    return used_bytes - cached_bytes
+
+
+def _locked_bytes(cached_bytes: int, evictable_bytes: int) -> int:
+    """The prefix cache's locked bytes of a step: its bytes less the evictable ones."""
+    return cached_bytes - evictable_bytes
+
+
+def _time_weighted_mean(seconds: float, duration_s: float, plain_sum: float,
+                        steps: int) -> float | None:
+    """``seconds / duration_s`` (a per-step value weighted by step durations); the plain
+    mean ``plain_sum / steps`` when every step lasted 0 s; None without steps."""
+    if steps == 0:
+        return None
+    if duration_s > 0:
+        return seconds / duration_s
+    return plain_sum / steps
+
+
+@dataclass(frozen=True, slots=True)
+class ShareTotals:
+    """Exact totals of one per-step share of the KV buffer (a fraction of its bytes) over
+    every recorded step: what the summary's time-weighted mean and peak are computed from.
+
+    Attributes:
+        fraction_seconds: sum of ``fraction * duration_s`` over steps (fraction x seconds).
+        fraction_sum: sum of the fractions over steps (the mean of an all-zero-duration
+            run).
+        peak: the largest fraction of one step; None without steps.
+    """
+
+    fraction_seconds: float = 0.0
+    fraction_sum: float = 0.0
+    peak: float | None = None
+
+    def mean(self, totals: StepTotals) -> float | None:
+        """Time-weighted mean over the steps of ``totals`` (weights = step durations, the
+        plain mean when every step lasted 0 s); None without steps."""
+        return _time_weighted_mean(self.fraction_seconds, totals.duration_s,
+                                   self.fraction_sum, totals.steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +472,10 @@ class StepTotals:
         needed_fraction_seconds: sum of ``needed_bytes / buffer_bytes * duration_s`` over
             steps that report ``needed_bytes``.
         needed_duration_s: duration of the steps that report ``needed_bytes``.
+        requests: share of requests' own bytes (``StepSample.request_bytes``).
+        cache_locked: share of the prefix cache's locked bytes (cached - evictable).
+        cache_evictable: share of the prefix cache's evictable bytes.
+        prefix_cache: whether the run had a prefix cache (the recorder's setting).
     """
 
     steps: int
@@ -397,16 +489,17 @@ class StepTotals:
     decode_tokens: int
     needed_fraction_seconds: float
     needed_duration_s: float
+    requests: ShareTotals
+    cache_locked: ShareTotals
+    cache_evictable: ShareTotals
+    prefix_cache: bool
 
     @property
     def mean_utilization(self) -> float | None:
-        """Time-weighted mean utilization (weights = step durations); the plain mean when
-        every step lasted 0 s; None without steps."""
-        if self.steps == 0:
-            return None
-        if self.duration_s > 0:
-            return self.utilization_seconds / self.duration_s
-        return self.utilization_sum / self.steps
+        """Time-weighted mean held share (used / buffer bytes; weights = step durations);
+        the plain mean when every step lasted 0 s; None without steps."""
+        return _time_weighted_mean(self.utilization_seconds, self.duration_s,
+                                   self.utilization_sum, self.steps)
 
 
 # --- the recorder -----------------------------------------------------------------------
@@ -416,6 +509,26 @@ DEFAULT_MAX_STEP_SAMPLES = 2_000
 band chart (11 inches at 100-200 dpi), a few hundred kB whatever the run's length."""
 
 _EXTREMES = 4  # peak utilization, peak running, peak waiting, last step
+
+
+class _ShareSum:
+    """Running totals of one share (:class:`ShareTotals`), O(1) per step."""
+
+    __slots__ = ("peak", "seconds", "total")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.total = 0.0
+        self.peak: float | None = None
+
+    def add(self, fraction: float, duration_s: float) -> None:
+        self.seconds += fraction * duration_s
+        self.total += fraction
+        if self.peak is None or fraction > self.peak:
+            self.peak = fraction
+
+    def totals(self) -> ShareTotals:
+        return ShareTotals(self.seconds, self.total, self.peak)
 
 
 class MetricsRecorder:
@@ -437,9 +550,18 @@ class MetricsRecorder:
     of peak waiting, the last step). The totals behind the summary are exact over all
     steps; memory is O(N) whatever the run's length.
 
+    Every step also adds its KV shares by owner to exact totals (see the module doc):
+    requests' own bytes (``used_bytes - cached_bytes``), the prefix cache's locked bytes
+    (``cached_bytes - evictable_bytes``) and its evictable bytes, each / ``buffer_bytes``;
+    ``on_step`` sums them from the sample's bands, ``record_step`` takes the two cache
+    totals as numbers (O(1) per step either way, O(bands) to sum).
+
     Args:
         max_step_samples: cap on kept samples, extremes included (>= 6), or None to keep
             all.
+        prefix_cache: whether the run has a prefix cache. Without one (False) the
+            summary's cache shares are None ("no cache", not 0) and a step that reports
+            cached bytes is refused.
 
     Raises:
         ConfigError: ``max_step_samples`` below 6.
@@ -447,12 +569,19 @@ class MetricsRecorder:
             order, a time before the arrival or going backwards; the recorder is unchanged.
     """
 
-    def __init__(self, *, max_step_samples: int | None = DEFAULT_MAX_STEP_SAMPLES) -> None:
+    def __init__(self, *, max_step_samples: int | None = DEFAULT_MAX_STEP_SAMPLES,
+                 prefix_cache: bool = True) -> None:
         if max_step_samples is not None and (type(max_step_samples) is not int
                                              or max_step_samples < 2 + _EXTREMES):
             raise ConfigError(f"max_step_samples must be an int >= {2 + _EXTREMES} or None, "
                               f"got {max_step_samples!r}")
+        if not isinstance(prefix_cache, bool):
+            raise ConfigError(f"prefix_cache must be a bool, got {prefix_cache!r}")
         self._max_samples = max_step_samples
+        self._prefix_cache = prefix_cache
+        self._requests = _ShareSum()
+        self._cache_locked = _ShareSum()
+        self._cache_evictable = _ShareSum()
         self._records: dict[int, RequestRecord] = {}
         self._first_arrival_s: float | None = None
         self._last_time_s: float | None = None
@@ -613,28 +742,40 @@ class MetricsRecorder:
         """Record one scheduling step (totals always; the sample itself if kept).
 
         Raises:
-            MetricsError: ``sample.t_s`` earlier than the previous step's.
+            MetricsError: ``sample.t_s`` earlier than the previous step's, or cached bytes
+                on a recorder without a prefix cache (the recorder is unchanged).
         """
         self._step(sample.t_s, sample.duration_s, sample.prefill_tokens, sample.decode_tokens,
                    sample.running, sample.waiting, sample.buffer_bytes, sample.used_bytes,
-                   sample.needed_bytes, lambda: sample, True)
+                   sample.needed_bytes, sample.cached_bytes, sample.evictable_bytes,
+                   lambda: sample, True)
 
     def record_step(self, *, t_s: float, duration_s: float, prefill_tokens: int,
                     decode_tokens: int, running: int, waiting: int, buffer_bytes: int,
                     used_bytes: int, bands: Callable[[], tuple[BandSample, ...]],
-                    needed_bytes: float | None = None) -> bool:
+                    needed_bytes: float | None = None, cached_bytes: int = 0,
+                    evictable_bytes: int = 0) -> bool:
         """Record one scheduling step given its numbers (as :class:`StepSample`'s fields),
         calling ``bands()`` (the chain's bands now, e.g. :func:`band_samples`) only if the
         step is kept: a new peak, or the first step of its time bucket. The last step's
         numbers are remembered; :meth:`finish_steps` keeps it with its bands.
 
+        ``cached_bytes`` and ``evictable_bytes`` are the step's prefix-cache bytes, all
+        bands together (what ``bands()``'s ``cached_bytes`` / ``evictable_bytes`` sum to:
+        ``PrefixCache.held_counts`` and the snapshot's eviction order, O(bands) to read);
+        the exact KV shares by owner of every step come from them, kept or not.
+
         Returns:
             Whether the step was kept (``bands()`` was called).
 
         Raises:
-            MetricsError: as :meth:`on_step`, or numbers :class:`StepSample` refuses
-                (checked on every step, kept or not; the recorder is unchanged).
+            MetricsError: as :meth:`on_step`, or numbers :class:`StepSample` refuses, or
+                negative cache bytes (checked on every step, kept or not; the recorder is
+                unchanged).
         """
+        _check(cached_bytes >= 0 and evictable_bytes >= 0,
+               f"record_step: cached_bytes and evictable_bytes must be >= 0, got "
+               f"{cached_bytes} and {evictable_bytes}")
         if not (math.isfinite(t_s) and math.isfinite(duration_s) and duration_s >= 0
                 and min(prefill_tokens, decode_tokens, running, waiting) >= 0
                 and 0 <= used_bytes <= buffer_bytes and buffer_bytes > 0
@@ -649,7 +790,7 @@ class MetricsRecorder:
             return StepSample(t_s, duration_s, prefill_tokens, decode_tokens, running,
                               waiting, bands(), buffer_bytes, used_bytes, needed_bytes)
 
-        kept = self._step(*scalars, build, False)
+        kept = self._step(*scalars, cached_bytes, evictable_bytes, build, False)
         self._last_scalars = scalars if not kept else None
         return kept
 
@@ -669,13 +810,16 @@ class MetricsRecorder:
 
     def _step(self, t_s: float, duration_s: float, prefill_tokens: int, decode_tokens: int,
               running: int, waiting: int, buffer_bytes: int, used_bytes: int,
-              needed_bytes: float | None, make: Callable[[], StepSample],
-              keep_last: bool) -> bool:
+              needed_bytes: float | None, cached_bytes: int, evictable_bytes: int,
+              make: Callable[[], StepSample], keep_last: bool) -> bool:
         """The totals of one step, and whether (and where) its sample is kept; ``make()``
         builds the sample, called at most once and only when it is kept."""
         if not t_s >= self._last_step_t_s:
             raise MetricsError(f"on_step: t_s={t_s} s is before the previous step "
                                f"({self._last_step_t_s} s)")
+        if cached_bytes and not self._prefix_cache:
+            raise MetricsError(f"on_step: {cached_bytes} B held by a prefix cache on a "
+                               "recorder without one (prefix_cache=False)")
         index = self._steps
         self._last_step_t_s = t_s
         self._saw(t_s)
@@ -684,6 +828,11 @@ class MetricsRecorder:
         self._duration_s += duration_s
         self._util_seconds += utilization * duration_s
         self._util_sum += utilization
+        self._requests.add(_own_bytes(used_bytes, cached_bytes) / buffer_bytes, duration_s)
+        if self._prefix_cache:
+            self._cache_locked.add(_locked_bytes(cached_bytes, evictable_bytes) / buffer_bytes,
+                                   duration_s)
+            self._cache_evictable.add(evictable_bytes / buffer_bytes, duration_s)
         self._prefill_tokens += prefill_tokens
         self._decode_tokens += decode_tokens
         if needed_bytes is not None:
@@ -785,7 +934,16 @@ class MetricsRecorder:
             decode_tokens=self._decode_tokens,
             needed_fraction_seconds=self._needed_fraction_seconds,
             needed_duration_s=self._needed_duration_s,
+            requests=self._requests.totals(),
+            cache_locked=self._cache_locked.totals(),
+            cache_evictable=self._cache_evictable.totals(),
+            prefix_cache=self._prefix_cache,
         )
+
+    @property
+    def prefix_cache(self) -> bool:
+        """Whether the run has a prefix cache (the ``prefix_cache`` argument)."""
+        return self._prefix_cache
 
     @property
     def duration_s(self) -> float:
@@ -845,9 +1003,21 @@ class SimSummary:
         steps: scheduling steps.
         peak_running: most requests in one batch.
         peak_waiting: longest waiting queue.
-        mean_kv_utilization: time-weighted mean of used / buffer bytes (0..1); None without
+        mean_kv_utilization: time-weighted mean of the held share, used / buffer bytes
+            (0..1): requests' own pages **plus** the prefix cache's, locked and evictable
+            (the split is in the next six fields); None without steps.
+        peak_kv_utilization: largest held share of one step (0..1); None without steps.
+        mean_kv_requests: time-weighted mean of requests' own bytes / buffer bytes (0..1;
+            ``used_bytes - cached_bytes``: a prefix-cache hit is the cache's); None without
             steps.
-        peak_kv_utilization: largest step utilization (0..1); None without steps.
+        peak_kv_requests: largest share of requests' own bytes in one step; None without
+            steps.
+        mean_kv_cache_locked: time-weighted mean of the prefix cache's locked bytes
+            (cached - evictable) / buffer bytes; None without steps or without a cache.
+        peak_kv_cache_locked: its largest value in one step; None likewise.
+        mean_kv_cache_evictable: time-weighted mean of the cache's evictable bytes / buffer
+            bytes; None without steps or without a cache.
+        peak_kv_cache_evictable: its largest value in one step; None likewise.
         retractions: retractions, all requests together.
         retracted_requests: requests retracted at least once.
         admitted_but_unallocatable: admitted requests whose allocation then failed (must be
@@ -871,6 +1041,12 @@ class SimSummary:
     peak_waiting: int
     mean_kv_utilization: float | None
     peak_kv_utilization: float | None
+    mean_kv_requests: float | None
+    peak_kv_requests: float | None
+    mean_kv_cache_locked: float | None
+    peak_kv_cache_locked: float | None
+    mean_kv_cache_evictable: float | None
+    peak_kv_cache_evictable: float | None
     retractions: int
     retracted_requests: int
     admitted_but_unallocatable: int | None
@@ -962,6 +1138,8 @@ def summarize(
         return [v for v in out if v is not None]
 
     known = {key: int(counters.pop(key)) for key in _COUNTER_KEYS if key in counters}
+    cache = totals.prefix_cache
+    locked, evictable = totals.cache_locked, totals.cache_evictable
     return SimSummary(
         requests_total=len(records),
         requests_finished=len(finished),
@@ -978,6 +1156,12 @@ def summarize(
         peak_waiting=totals.peak_waiting,
         mean_kv_utilization=totals.mean_utilization,
         peak_kv_utilization=totals.peak_utilization,
+        mean_kv_requests=totals.requests.mean(totals),
+        peak_kv_requests=totals.requests.peak,
+        mean_kv_cache_locked=locked.mean(totals) if cache else None,
+        peak_kv_cache_locked=locked.peak if cache else None,
+        mean_kv_cache_evictable=evictable.mean(totals) if cache else None,
+        peak_kv_cache_evictable=evictable.peak if cache else None,
         retractions=sum(r.retractions for r in records),
         retracted_requests=sum(r.retractions > 0 for r in records),
         admitted_but_unallocatable=known.get("admitted_but_unallocatable"),
