@@ -34,6 +34,7 @@ import numpy as np
 
 from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain, ChainStats
+from kvchain.alloc.snapshot import ChainSnapshot
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
@@ -49,10 +50,10 @@ from kvchain.sim.cost import (
     StepWorkBuilder,
 )
 from kvchain.sim.metrics import (
+    DEFAULT_MAX_STEP_SAMPLES,
     BandSample,
     MetricsRecorder,
     SimSummary,
-    StepSample,
     band_samples,
     request_owned_pages,
     summarize,
@@ -112,7 +113,7 @@ class SimConfig:
     page_size: int = 16
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     buffer_bytes: int | None = None
-    max_step_samples: int = 4_000
+    max_step_samples: int = DEFAULT_MAX_STEP_SAMPLES
     clock: ClockKind = ClockKind.ROOFLINE
     step_ms: float = DEFAULT_STEP_MS
     truncate_to_context: bool = False
@@ -269,7 +270,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         if fast and (i >= total or requests[i].arrival_s > now):
             ran, now, ended = _decode_run(
                 sched, clock, recorder, now, requests[i].arrival_s if i < total else math.inf,
-                lambda: _sample_bands(chain, kv, sched, cache, null_pages))
+                lambda: _StepBytes.now(chain, kv, sched, cache, null_pages))
             if ran:
                 fast_steps += ran
                 if ended:
@@ -320,12 +321,10 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         sched.complete(batch, StepOutcome(duration), now)
         before = done
         done += _record_events(sched, recorder)
-        bands, used = _sample_bands(chain, kv, sched, cache, null_pages)
-        recorder.on_step(StepSample(
-            t_s=now, duration_s=duration, prefill_tokens=batch.prefill_tokens,
-            decode_tokens=len(batch.decodes), running=len(sched.running),
-            waiting=len(sched.waiting), bands=bands,
-            buffer_bytes=layout.buffer_bytes, used_bytes=used))
+        _record_step(recorder, _StepBytes.now(chain, kv, sched, cache, null_pages),
+                     t_s=now, duration_s=duration, prefill_tokens=batch.prefill_tokens,
+                     decode_tokens=len(batch.decodes), running=len(sched.running),
+                     waiting=len(sched.waiting))
         if progress is not None and done != before:
             progress(done, total)
         if stats is not None and sched.counters.prompt_tokens != (
@@ -333,6 +332,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             stats.timeline.append((now, sched.counters.prompt_tokens,
                                    sched.counters.hit_tokens))
 
+    recorder.finish_steps(_StepBytes.now(chain, kv, sched, cache, null_pages).bands)
     cached = sum(len(ids) for ids in cache.held_pages()) if cache is not None else 0
     leaked = sum(chain.bound_pages(b) for b in range(len(layout.bands))) - sum(
         b.reserved_pages for b in layout.bands) - cached
@@ -374,21 +374,61 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
 FAST_FORWARD_MAX_STEPS = 256
 
 
-def _sample_bands(chain: Allocator, kv: KVManager, sched: Scheduler,
-                  cache: PrefixCache | None, null_pages: tuple[int, ...],
-                  ) -> tuple[tuple[BandSample, ...], int]:
-    """The band samples and used bytes (live bytes less the null pages) of the chain now:
-    owners of the live pages, O(bands + running)."""
-    snap = chain.snapshot()
-    bands = band_samples(
-        snap, reserved_pages=null_pages, request_pages=request_owned_pages(kv, sched.running),
-        cached_pages=cache.held_counts if cache is not None else None)
-    return bands, snap.live_bytes - chain.layout.reserved_bytes
+@dataclass(frozen=True, slots=True)
+class _StepBytes:
+    """What a step's sample needs of the chain after the step, in O(bands): used bytes
+    (live bytes less the null pages), the prefix cache's held and evictable bytes, and
+    :meth:`bands`, the band samples with their owners (O(bands + running)), built only
+    for a step the recorder keeps (:meth:`MetricsRecorder.record_step`)."""
+
+    snap: ChainSnapshot
+    used: int
+    cached: int
+    evictable: int
+    kv: KVManager
+    rids: tuple[int, ...]
+    cache: PrefixCache | None
+    null_pages: tuple[int, ...]
+
+    @staticmethod
+    def now(chain: Allocator, kv: KVManager, sched: Scheduler, cache: PrefixCache | None,
+            null_pages: tuple[int, ...]) -> _StepBytes:
+        """The chain, its requests and its cache as they are now."""
+        snap = chain.snapshot()
+        cached = evictable = 0
+        if cache is not None:
+            page_bytes = [band.page_bytes for band in snap.bands]
+            cached = sum(n * pb for n, pb in zip(cache.held_counts, page_bytes, strict=True))
+            order = snap.evictable
+            if order.units:
+                evictable = sum(n * pb for n, pb in zip(order.freed(order.units), page_bytes,
+                                                        strict=True))
+        return _StepBytes(snap, snap.live_bytes - chain.layout.reserved_bytes, cached,
+                          evictable, kv, tuple(sched.running), cache,
+                          null_pages)
+
+    def bands(self) -> tuple[BandSample, ...]:
+        """The band samples (:func:`band_samples`) of the snapshot, with their owners."""
+        return band_samples(
+            self.snap, reserved_pages=self.null_pages,
+            request_pages=request_owned_pages(self.kv, self.rids),
+            cached_pages=self.cache.held_counts if self.cache is not None else None)
+
+
+def _record_step(recorder: MetricsRecorder, now: _StepBytes, *, t_s: float,
+                 duration_s: float, prefill_tokens: int, decode_tokens: int, running: int,
+                 waiting: int) -> None:
+    """One step to the recorder, its band samples built only if it keeps the step."""
+    recorder.record_step(
+        t_s=t_s, duration_s=duration_s, prefill_tokens=prefill_tokens,
+        decode_tokens=decode_tokens, running=running, waiting=waiting,
+        buffer_bytes=now.snap.buffer_bytes, used_bytes=now.used, bands=now.bands,
+        cached_bytes=now.cached, evictable_bytes=now.evictable)
 
 
 def _decode_run(sched: Scheduler, clock: GPUCostModel | StepClock,
                 recorder: MetricsRecorder, now: float, next_arrival: float,
-                sample: Callable[[], tuple[tuple[BandSample, ...], int]],
+                sample: Callable[[], _StepBytes],
                 ) -> tuple[int, float, int]:
     """Advance a run of decode-only steps from ``now`` in one update, if the next steps
     are one (:meth:`Scheduler.plan_decode_run`): the steps' times as array arithmetic over
@@ -417,20 +457,17 @@ def _decode_run(sched: Scheduler, clock: GPUCostModel | StepClock,
         return 0, now, 0
     d_list, t_list = durations.tolist(), times.tolist()
     n = len(run.rids)
-    buffer_bytes = sched.chain.layout.buffer_bytes
-    bands, used = sample()
+    now_bytes = sample()
     ended = 0
 
     def after_step(j: int, changed: bool) -> None:
-        nonlocal bands, used, ended
+        nonlocal now_bytes, ended
         if changed:
             ended += _record_events(sched, recorder)
-            bands, used = sample()
-        running = len(sched.running)
-        recorder.on_step(StepSample(
-            t_s=t_list[j + 1], duration_s=d_list[j], prefill_tokens=0, decode_tokens=n,
-            running=running, waiting=0, bands=bands, buffer_bytes=buffer_bytes,
-            used_bytes=used))
+            now_bytes = sample()
+        _record_step(recorder, now_bytes, t_s=t_list[j + 1], duration_s=d_list[j],
+                     prefill_tokens=0, decode_tokens=n, running=len(sched.running),
+                     waiting=0)
 
     ran = sched.run_decodes(run, steps, t_list[1:], after_step)
     return ran, t_list[ran], ended
