@@ -209,10 +209,11 @@ class Scheduler:
         smallest = Demand(smallest_request_pages(layout.bands, kv.geom.state_slots))
         if not self._fits_empty(smallest):
             needed = _demand_bytes(self._empty, smallest) + self.chain.layout.reserved_bytes
+            why = ChainPrefillBudget(self._empty, self.rules).refusal(smallest)
             raise BufferTooSmallError(
                 f"the chain ({self.chain.layout.shape_name}, {self._empty.buffer_bytes:,} B) "
-                f"cannot hold the smallest request: it needs {needed:,} B with null pages",
-                needed_bytes=needed, available_bytes=self._empty.buffer_bytes)
+                f"cannot hold the smallest request ({needed:,} B of pages with null pages): "
+                f"{why}", needed_bytes=needed, available_bytes=self._empty.buffer_bytes)
 
     @property
     def ratio(self) -> NewTokenRatio | None:
@@ -256,7 +257,8 @@ class Scheduler:
             self._emit(EventKind.REJECTED, request.rid, now,
                        f"needs {_demand_bytes(self._empty, need):,} B of pages at its peak, "
                        f"which {self.rules.window.value} admission can never fit on the empty "
-                       f"chain ({self._empty.free_bytes:,} B free)")
+                       f"chain ({self._empty.free_bytes:,} B free): "
+                       + ChainPrefillBudget(self._empty, self.rules).refusal(need))
             return False
         self.waiting.append(request)
         return True
