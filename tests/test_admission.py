@@ -82,3 +82,67 @@ def test_largest_chunk_is_page_aligned_with_the_tail():
     assert budget.largest(lambda t: Demand((t, t)), 100, step=8) == 32
     assert budget.largest(lambda t: Demand((t, t)), 30, step=8) == 30  # unaligned tail
     assert budget.largest(lambda t: Demand((t, t)), 0, step=8) == 0
+
+
+# --- a SPLIT refusal names the share that binds -------------------------------------------
+
+def _split_layout(buffer_bytes: int):
+    """window (E = 100 B, W = 40) | full (E = 8 B), P = 16: window pages of 1,600 B (one
+    null page), full pages of 128 B."""
+    return plan_layout([declared_class(LC.WINDOW, 100, 40), declared_class(LC.FULL, 8)],
+                       buffer_bytes, 16)
+
+
+def test_split_refusal_of_the_smallest_request_names_the_window_share():
+    from kvchain.errors import BufferTooSmallError
+    from kvchain.kv_manager import KVManager
+    from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+
+    # 8,784 B: the window band (LOW END) holds its null page (1,600 B), the gap is
+    # 8,784 - 1,600 = 7,184 B. SPLIT gives the window half of it: 3,592 // 1,600 = 2
+    # pages; the smallest request's window spans ceil(39 / 16) + 1 = 4 pages (6,400 B).
+    # Its bytes, 4 x 1,600 + 1 x 128 + the null page 1,600 = 8,128 B, are fewer than the
+    # chain's 8,784 B: the share binds, not the bytes, and the message says so.
+    layout = _split_layout(8_784)
+    config = SchedulerConfig(window_admission=WindowAdmission.SPLIT, chunk_size=16,
+                             max_prefill_tokens=16)
+    with pytest.raises(BufferTooSmallError) as err:
+        Scheduler(KVManager(Chain(layout)), config)
+    message = str(err.value)
+    assert "(8,128 B of pages with null pages)" in message
+    assert ("split admission gives the window band a share of 2 pages (3,200 B" in message
+            and "needs 4 pages (6,400 B); joint admission (the default) fits it" in message)
+    # The default (joint) admission fits it.
+    Scheduler(KVManager(Chain(layout)), SchedulerConfig(chunk_size=16, max_prefill_tokens=16))
+
+
+def test_split_rejection_of_a_request_names_the_band_share():
+    from kvchain.kv_manager import KVManager
+    from kvchain.sched.request import EventKind, Request
+    from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+
+    # window (E = 8 B, W = 40) | full (E = 8 B), P = 16, 6,784 B: pages of 128 B, one
+    # window null page, a gap of 6,784 - 128 = 6,656 B. SPLIT shares: the window half of
+    # it, the full band (HIGH END, no gap above) the other half: 3,328 // 128 = 26 pages
+    # each. A (500, 10) request's full pages, ceil(509 / 16) = 32 (4,096 B), exceed the
+    # full share; with its 4 window pages (ceil(16 / 16) + ceil(39 / 16)) it needs
+    # 36 x 128 = 4,608 B of the 6,656 B free, yet SPLIT can never admit it.
+    layout = plan_layout([declared_class(LC.WINDOW, 8, 40), declared_class(LC.FULL, 8)],
+                         6_784, 16)
+    scheduler = Scheduler(KVManager(Chain(layout)), SchedulerConfig(
+        window_admission=WindowAdmission.SPLIT, chunk_size=16, max_prefill_tokens=16))
+    assert not scheduler.add(Request(0, 500, 10), 0.0)
+    [rejected] = [e for e in scheduler.drain_events() if e.kind is EventKind.REJECTED]
+    assert "needs 4,608 B of pages at its peak" in rejected.detail
+    assert "(6,656 B free)" in rejected.detail
+    assert ("gives the full band a share of 26 pages (3,328 B" in rejected.detail
+            and "needs 32 pages (4,096 B); joint admission (the default) fits it"
+            in rejected.detail)
+
+
+def test_refusal_without_split_names_bytes():
+    chain = two_end_chain()
+    budget = ChainPrefillBudget(chain.snapshot(), AdmissionRules.for_layout(chain.layout))
+    # 64 pages of 32 B free; 40 + 30 pages ask for 2,240 B.
+    assert budget.refusal(Demand((40, 30))) == ("it needs 2,240 B of pages and joint "
+                                                "admission fits at most the 2,048 B free")

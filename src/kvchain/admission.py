@@ -158,6 +158,33 @@ class ChainPrefillBudget:
             return False
         return fits(self.snapshot, total)
 
+    def refusal(self, demand: Demand) -> str:
+        """Why ``ledger + demand`` does not fit, naming the constraint that binds (for
+        refusal messages; pricing only, nothing is reserved).
+
+        Under ``SPLIT``, the first band whose pages exceed its share: e.g. ``"split
+        admission gives the window band a share of 2 pages (3,200 B: its holes, half of
+        each gap it touches, all of a gap at a buffer end) and it needs 4 pages (6,400 B);
+        joint admission (the default) fits it"`` - the refusal is the share, not the
+        chain's bytes, so the bytes needed may be fewer than the chain's. Otherwise the
+        bytes of pages the ledger and ``demand`` need against the snapshot's free bytes
+        (the planner's own refusal: compaction and moves included).
+        """
+        total = self._reserved.plus(demand)
+        bands = self.snapshot.bands
+        if self._remainders is not None:
+            for band, need, share in zip(bands, total.pages, self._remainders, strict=True):
+                if need > share:
+                    joint = ("; joint admission (the default) fits it"
+                             if fits(self.snapshot, total) else "")
+                    return (f"split admission gives the {band.label} band a share of "
+                            f"{share:,} pages ({share * band.page_bytes:,} B: its holes, half "
+                            f"of each gap it touches, all of a gap at a buffer end) and it "
+                            f"needs {need:,} pages ({need * band.page_bytes:,} B){joint}")
+        need_bytes = sum(n * b.page_bytes for n, b in zip(total.pages, bands, strict=True))
+        return (f"it needs {need_bytes:,} B of pages and {self.rules.window.value} admission "
+                f"fits at most the {self.snapshot.free_bytes:,} B free")
+
     def rebase(self, snapshot: ChainSnapshot) -> bool:
         """Price from now on against ``snapshot`` (the chain after a prefix-cache lock or
         unlock) and return whether what is reserved still fits there."""
@@ -308,9 +335,12 @@ class ReservePolicy(StrEnum):
     rule). ``FULL``: every token left to the limit (never retracts while lengths stay
     within their limits; under-fills the batch when outputs end early). ``ADAPTIVE``
     (default): :class:`AdaptiveReserve` - the batch's own future peak, from output lengths
-    learned on finished requests. Why the default: it never storms (a batch that runs to
-    its limits is reserved in full) and on the benchmark slices it matches SGLang's steps
-    and throughput within 1% (``docs/benchmarks.md``, "Reservations for future output").
+    learned on finished requests. Why the default: it never retracts while outputs
+    end by their expected length (a batch that runs to its limits is covered at its page
+    peak), and it fills the batch far better than ``FULL`` when outputs end early. Its
+    cost against SGLang's ratio on the benchmark slices: 0 to 6% more steps, 0 to 4% less
+    throughput, and no retraction where SGLang retracts 1 to 4 times
+    (``docs/benchmarks.md``, "Reservations for future output (round 4)").
     """
 
     SGLANG = "sglang"
@@ -389,22 +419,34 @@ class OutputReserve:
     """A reservation policy for future output (base: reserve everything, ``FULL``).
 
     The scheduler owns the instance and calls, per step: :meth:`begin_step` with the
-    running requests' numbers, :meth:`tokens` for each request's future, :meth:`on_step`
-    after the forward; and :meth:`on_finish` / :meth:`on_retract` as requests end or are
-    retracted. Token counts are KV tokens; ``left`` is ``limit - output_done - 1`` (the
-    last sampled token is never fed back). Pure: no scheduler import.
+    numbers of the requests that decode in this step, :meth:`tokens` and :meth:`horizon`
+    for each running or candidate request's future, :meth:`on_step` after the forward; and
+    :meth:`on_finish` / :meth:`on_retract` as requests end or are retracted. Token counts
+    are KV tokens; ``left`` is ``limit - output_done - 1`` (the last sampled token is never
+    fed back). Pure: no scheduler import.
     """
 
     def begin_step(self, held: Sequence[int], left: Sequence[int],
-                   done: Sequence[int], limits: Sequence[int]) -> None:
+                   done: Sequence[int], limits: Sequence[int], page_size: int = 1) -> None:
         """Called once per scheduling step that reserves futures, with one entry per
-        running request: tokens it will hold after its prefill (``held``), output tokens
-        left to its limit (``left``), output tokens done and its output limit."""
+        request that decodes in this step (running requests still in prefill, and
+        candidates for admission, are not in it): tokens in its cache after this step
+        (``held``), output tokens left to its limit (``left``), output tokens done and its
+        output limit; ``page_size``: tokens per page of the chain."""
 
-    def tokens(self, left: int, done: int, limit: int) -> int:
+    def tokens(self, left: int, done: int, limit: int, held: int | None = None) -> int:
         """KV tokens to reserve for a request with ``left`` output tokens left to its
         ``limit`` after ``done`` (0 if none left, else at least 1: the next decode is
-        always covered)."""
+        always covered). ``held``: its tokens after this step when it is one of the batch
+        :meth:`begin_step` was given; ``None`` when it is not (in prefill, or a candidate
+        for admission)."""
+        return max(0, left)
+
+    def horizon(self, left: int, done: int, limit: int) -> int:
+        """KV tokens the request is expected still to compute (``left`` to its limit
+        here; at least :meth:`tokens`): the window bands' later peak is reserved over them
+        (:func:`kvchain.kv_manager.request_demand`'s ``horizon``), since a window's pages
+        do not shrink with a smaller share of the batch's growth."""
         return max(0, left)
 
     def on_step(self) -> None:
@@ -427,8 +469,12 @@ class SGLangReserve(OutputReserve):
 
     ratio: NewTokenRatio
 
-    def tokens(self, left: int, done: int, limit: int) -> int:
+    def tokens(self, left: int, done: int, limit: int, held: int | None = None) -> int:
         """``ratio.tokens(left)``."""
+        return self.ratio.tokens(left)
+
+    def horizon(self, left: int, done: int, limit: int) -> int:
+        """``ratio.tokens(left)``: SGLang's ratio is its estimate of the output itself."""
         return self.ratio.tokens(left)
 
     def on_step(self) -> None:
@@ -469,8 +515,8 @@ def linear_quantile(ascending: Sequence[float], q: float) -> float:
 
 
 class AdaptiveReserve(OutputReserve):
-    """``ADAPTIVE``: reserve the running batch's future peak, with output lengths learned
-    from finished requests.
+    """``ADAPTIVE``: reserve the decoding batch's future peak in pages, with output lengths
+    learned from finished requests.
 
     1. Expected output of a request with limit ``m``: ``ceil(q x m)`` where ``q`` is the
        ``quantile`` of ``output / limit`` over finished requests (1 during the
@@ -478,19 +524,36 @@ class AdaptiveReserve(OutputReserve):
        ``expected_left = min(left, ceil(q x m) - 1 - done)``, or ``left`` once that is
        below 1. (Without per-request
        ``max_tokens`` the limit is the trace's output length and ``q`` learns 1.)
-    2. The batch's future peak, if the running requests decode in lockstep and each frees
-       everything when it ends: with ``s_i`` held tokens and ``r_i`` expected tokens
-       left, sorted by ``r``, the extra tokens at ``t = r_k`` (just before the k-th ends)
-       are ``r_k x #{i: r_i >= r_k} - sum_{r_i < r_k} s_i``; ``P`` = their max.
-    3. Every request reserves ``ceil(r_i x P / sum r)`` - the same fraction of its
-       expected output, so the ledger's sum is ``P`` (plus page rounding). Identical
-       requests give ``P = sum r`` (full reservation: no storm); requests that end at
-       staggered times give ``P`` far below ``sum r`` (an SGLang-like fill).
+    2. The decoding batch's future peak of full-attention pages, if it decodes in
+       lockstep and each request frees everything when it ends: request ``i`` holds
+       ``n_i`` tokens after this step (``b_i = ceil(n_i / P)`` pages, page size ``P``)
+       and has ``r_i`` expected tokens left, ``R_i = ceil((n_i + r_i) / P) - b_i`` pages
+       to its end. At ``t = r_k`` (just before the k-th shortest ends) the batch holds at
+       most ``ceil(r_k / P) x #{i: r_i >= r_k} - sum_{r_i < r_k} b_i`` pages more than
+       now (``ceil(x + y) <= ceil(x) + ceil(y)`` per request: at most one page per
+       running request above the exact count, never below it); the peak ``E`` is their
+       maximum, clipped to ``[0, sum R]``.
+    3. Every decoding request reserves ``ceil(R_i x E / sum R)`` pages (integer
+       arithmetic), i.e. the most tokens those pages hold, at most ``r_i``: the ledger's
+       sum is at least ``E``. Identical requests give ``E = sum R`` (full reservation);
+       requests that end at staggered times give ``E`` far below ``sum R`` (an
+       SGLang-like fill).
+    4. A request that does not decode in this step - still in prefill, or a candidate
+       for admission - reserves its whole ``expected_left``: it is not in the lockstep
+       batch (it starts decoding later and so ends later than the model would say), and
+       a candidate added to a batch raises the batch's peak by at most its own output.
+       It joins the shared peak from its first decode on.
+    5. A window band's pages do not grow with tokens: every request's window later peak
+       is reserved over its whole ``expected_left`` (:meth:`horizon`), not over its
+       share of the growth.
 
-    ``q`` is taken over the last :attr:`WINDOW` finished requests. Requests admitted this
-    step are priced with the ratio of the running batch (a
-    candidate's own peak is added when it runs). A retraction changes nothing: the
-    estimate comes from lengths, not from a decaying guess.
+    The bound it keeps: while requests run no longer than expected (a batch that runs to
+    its limits; or ``q`` learned on outputs that keep ending by ``ceil(q x m)``), the
+    ledger covers every later step of the batch, so decodes always fit and nothing is
+    retracted (``tests/sched/test_reserve.py``, a W = 11, P = 64 chain with 200
+    requests: 0 retractions, as ``full``). Outputs longer than the estimate can still
+    retract. ``q`` is taken over the last :attr:`WINDOW` finished requests. A retraction
+    changes nothing: the estimate comes from lengths, not from a decaying guess.
 
     Raises:
         ConfigError: ``quantile`` outside ``(0, 1]`` or ``warmup < 1``.
@@ -509,7 +572,10 @@ class AdaptiveReserve(OutputReserve):
         self._fractions: deque[float] = deque(maxlen=self.WINDOW)
         self._sorted: list[float] = []  # the same values, ascending (for the quantile)
         self._q = 1.0
-        self.value = 1.0  # this step's fraction P / sum r
+        self._peak = 0  # E: this step's peak, pages (class docstring, step 2)
+        self._pages = 0  # sum R: pages to every decoding request's expected end
+        self._page_size = 1
+        self.value = 1.0  # this step's fraction E / sum R
 
     @property
     def learned_fraction(self) -> float:
@@ -524,28 +590,56 @@ class AdaptiveReserve(OutputReserve):
         return left if expected < 1 else min(left, expected)  # past it: to the limit
 
     def begin_step(self, held: Sequence[int], left: Sequence[int],
-                   done: Sequence[int], limits: Sequence[int]) -> None:
-        """Compute this step's fraction ``P / sum r`` (class docstring, step 2)."""
+                   done: Sequence[int], limits: Sequence[int], page_size: int = 1) -> None:
+        """Compute this step's peak ``E`` and fraction ``E / sum R`` (class docstring,
+        step 2): ``O(n log n)`` in the decoding requests.
+
+        Raises:
+            ConfigError: ``page_size < 1``.
+        """
+        if page_size < 1:
+            raise ConfigError(f"page_size must be >= 1, got {page_size}")
+        self._page_size = page = page_size
         r = np.array([self.expected_left(a, d, m) for a, d, m in
-                      zip(left, done, limits, strict=True)], dtype=np.float64)
-        total = float(r.sum()) if r.size else 0.0
+                      zip(left, done, limits, strict=True)], dtype=np.int64)
+        n = np.asarray(held, dtype=np.int64).reshape(r.shape)
+        base = -(-n // page)
+        pages = -(-(n + r) // page) - base
+        total = int(pages.sum()) if r.size else 0
         if total <= 0:
+            self._peak = self._pages = 0
             self.value = 1.0
             return
         order = np.argsort(r, kind="stable")
-        r_sorted = r[order]
-        s_sorted = np.asarray(held, dtype=np.float64)[order]
+        grown = -(-r[order] // page)  # ceil(r_k / P)
         still = r.size - np.arange(r.size)
-        freed = np.concatenate(([0.0], np.cumsum(s_sorted)[:-1]))
-        peak = float((r_sorted * still - freed).max())
-        self.value = min(1.0, max(0.0, peak / total))
+        freed = np.concatenate(([0], np.cumsum(base[order])[:-1]))
+        peak = min(total, max(0, int((grown * still - freed).max())))
+        self._peak, self._pages = peak, total
+        self.value = peak / total
 
-    def tokens(self, left: int, done: int, limit: int) -> int:
-        """``ceil(expected_left x P / sum r)``, at least 1 while any are left."""
+    def tokens(self, left: int, done: int, limit: int, held: int | None = None) -> int:
+        """For a request of the decoding batch (``held``: its tokens after this step): the
+        most tokens ``ceil(R_i x E / sum R)`` more pages hold, at most ``expected_left``
+        (step 3); otherwise ``expected_left`` itself (step 4). At least 1 while any are
+        left."""
         expected = self.expected_left(left, done, limit)
         if expected <= 0:
             return 0
-        return max(1, math.ceil(expected * self.value - 1e-9))
+        if held is None:
+            return expected
+        page = self._page_size
+        base = -(-held // page)
+        pages = -(-(held + expected) // page) - base
+        if self._pages <= 0:
+            return expected
+        share = -(-pages * self._peak // self._pages)
+        return max(1, min(expected, (base + share) * page - held))
+
+    def horizon(self, left: int, done: int, limit: int) -> int:
+        """``expected_left``: the request is expected to compute all of it, so its
+        window's later peak is reserved over it (class docstring, step 5)."""
+        return self.expected_left(left, done, limit)
 
     def on_finish(self, output_tokens: int, limit: int) -> None:
         """Learn ``output / limit``; refresh ``q`` once past the warm-up."""

@@ -1,18 +1,27 @@
 """The GPU table: published peaks of the GPUs the simulator models, and the KV budget.
 
 Units: bytes (memory), FLOP/s (dense bf16 Tensor Core rate, no 2:4 sparsity), bytes/s (HBM
-bandwidth). Vendor datasheets state memory in decimal GB (10^9 B) and bandwidth in TB/s
-(10^12 B/s); this table stores exactly those figures as bytes.
+bandwidth). Vendor datasheets state bandwidth in TB/s (10^12 B/s) and rates in TFLOPS; this
+table stores those figures as bytes/s and FLOP/s. Memory is not the datasheet's figure
+(below).
 
-Memory convention: ``memory_bytes`` is the datasheet figure read as decimal bytes, e.g.
-H200 "141 GB" -> ``141 x 10^9 B`` (131.3 GiB). The runtime reports more: an H200 here
-showed 143,771 MiB in ``nvidia-smi`` (150.75e9 B; ``shared`` device notes, KINDS.md) and
-about 139.8 GiB (150.1e9 B) usable to CUDA; vLLM logs ``total_gpu_memory 79.22GiB``
-(85.06e9 B) on an H100 "80 GB" (vllm-project/vllm PR #10511). We adopt the datasheet
-number anyway because (1) every GPU has one, cited; (2) it is conservative: a simulated KV
-buffer is never larger than a real one; (3) all GPUs use the same convention, so results
-compare like with like. For a measured capacity, build a :class:`GPUSpec` with
-``dataclasses.replace(get_gpu("h200"), memory_bytes=...)``.
+Memory convention: ``memory_bytes`` is the memory the device reports, per GPU:
+``nvidia-smi --query-gpu=memory.total`` in MiB x 2^20 (an H100 SXM "80 GB" reports
+81,559 MiB = 85,520,809,984 B; an H200 "141 GB" 143,771 MiB = 150,754,820,096 B), each
+figure cited on its GPU below. The datasheet's decimal GB (80e9, 141e9) understated what an
+engine gets by 6-7%. CUDA's own total (``torch.cuda.mem_get_info()[1]``, what vLLM
+multiplies by ``gpu_memory_utilization``) is a few hundred MiB lower still (vLLM logs
+``total_gpu_memory 79.22GiB`` = 85.06e9 B on an H100, vllm-project/vllm PR #10511): the
+driver's own reservation, not modelled; ``--gpu local`` (:func:`local_gpu`) reads that exact
+figure on the machine it runs on.
+
+What an engine keeps besides weights and the KV cache (:func:`kv_buffer_bytes`): vLLM's
+rule (``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``): KV cache =
+``total x gpu_memory_utilization - (weights + peak activation memory of a profiling
+forward pass at the largest batch + non-torch memory: the CUDA context, NCCL buffers)``.
+CUDA graphs are captured after the KV cache is allocated, so they live in the
+``1 - gpu_memory_utilization`` headroom, as they do here. The reserve for activations and
+non-torch memory defaults to :data:`DEFAULT_ACTIVATION_RESERVE_BYTES`.
 
 Dense vs sparse: NVIDIA's Hopper and Blackwell datasheets print Tensor Core rates "with
 sparsity"; the dense rate is half (the datasheets' own footnote). The A100 datasheet
@@ -28,12 +37,15 @@ from kvchain.errors import ConfigError, UnknownGPUError
 
 GiB = 2**30
 
-#: Bytes ``kv_buffer_bytes`` holds back for activations and non-torch allocations when the
-#: caller gives no reserve: 3 GiB. Source: vLLM's profiling run for Llama-3-8B on an H100
+#: Bytes ``kv_buffer_bytes`` holds back, per rank, for what an engine keeps besides weights
+#: and the KV cache inside its memory fraction - the peak activations of its profiling
+#: forward pass and non-torch memory (CUDA context, NCCL buffers) - when the caller gives no
+#: reserve: 3 GiB. Source: vLLM's profiling run for Llama-3-8B on an H100
 #: (vllm-project/vllm PR #10511, "overhaul memory profiling"): ``non_torch_memory
-#: 1.79GiB`` + ``PyTorch activation peak memory 1.26GiB`` = 3.05 GiB besides weights and
-#: KV cache. A fixed round number keeps the budget simple and stated; pass the number an
-#: engine's profiling run reports for other models.
+#: 1.79GiB`` + ``PyTorch activation peak memory 1.26GiB`` = 3.05 GiB. The same model at
+#: ``-tp 2`` logged ``non_torch_memory 3.58GiB`` (NCCL): under tensor parallelism the real
+#: reserve is larger. CUDA graphs are not in it (module docstring). A fixed round number
+#: keeps the budget simple and stated; pass the number an engine's profiling run reports.
 DEFAULT_ACTIVATION_RESERVE_BYTES = 3 * GiB
 
 
@@ -43,7 +55,8 @@ class GPUSpec:
 
     Attributes:
         name: display name, e.g. ``"H200-SXM-141GB"``.
-        memory_bytes: HBM capacity in bytes (datasheet GB x 10^9; module docstring).
+        memory_bytes: device memory in bytes as the device reports it (nvidia-smi
+            ``memory.total`` MiB x 2^20, or CUDA's total for ``local``; module docstring).
         peak_dense_bf16_flops: dense bf16 Tensor Core rate, FLOP/s (no sparsity).
         hbm_bytes_per_s: peak HBM bandwidth, bytes/s.
         source: the vendor document the figures come from.
@@ -74,46 +87,57 @@ class GPUSpec:
         return self.peak_dense_bf16_flops / self.hbm_bytes_per_s
 
 
+MiB = 2**20
+
 A100_80GB_SXM = GPUSpec(
     name="A100-SXM4-80GB",
-    memory_bytes=80 * 10**9,
+    memory_bytes=81_920 * MiB,
     peak_dense_bf16_flops=312e12,
     hbm_bytes_per_s=2.039e12,
     source=("NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-"
             "r4-web.pdf), A100 80GB SXM: 80GB HBM2e, 2,039 GB/s, BFLOAT16 Tensor Core 312 "
-            "TFLOPS (624 with sparsity)"),
+            "TFLOPS (624 with sparsity). Memory as the device reports it: nvidia-smi "
+            "memory.total 81,920 MiB for an A100 80GB (modal-labs/modal-client PR #2797, "
+            "the totals of their fleet; the same 81,920 MiB on an A800-SXM4-80GB, "
+            "dexmal/dexbotic issue #41, driver 535.86.10)"),
 )
 
 H100_SXM = GPUSpec(
     name="H100-SXM5-80GB",
-    memory_bytes=80 * 10**9,
+    memory_bytes=81_559 * MiB,
     peak_dense_bf16_flops=989.4e12,
     hbm_bytes_per_s=3.35e12,
     source=("NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: 80GB, 3.35TB/s, BFLOAT16 "
             "Tensor Core 1,979 TFLOPS with sparsity (dense: half; NVIDIA Hopper architecture "
-            "whitepaper table: 989.4 TFLOPS dense bf16)"),
+            "whitepaper table: 989.4 TFLOPS dense bf16). Memory as the device reports it: "
+            "nvidia-smi 'NVIDIA H100 80GB HBM3 ... 0MiB / 81559MiB' (NVIDIA/nccl issue "
+            "#1264, driver 550.54.15; also modal-labs/modal-client PR #2797)"),
 )
 
 H200_SXM = GPUSpec(
     name="H200-SXM-141GB",
-    memory_bytes=141 * 10**9,
+    memory_bytes=143_771 * MiB,
     peak_dense_bf16_flops=989.4e12,
     hbm_bytes_per_s=4.8e12,
     source=("NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: 141GB HBM3e, 4.8TB/s, "
             "BFLOAT16 Tensor Core 1,979 TFLOPS with sparsity (dense: half, the H100's "
-            "Hopper Tensor Cores)"),
+            "Hopper Tensor Cores). Memory as the device reports it: nvidia-smi 'NVIDIA "
+            "H200 ... 124585MiB / 143771MiB' (sgl-project/sglang issue #3196, driver "
+            "550.144.03)"),
 )
 
 B200_SXM = GPUSpec(
     name="B200-SXM-180GB",
-    memory_bytes=180 * 10**9,
+    memory_bytes=183_359 * MiB,
     peak_dense_bf16_flops=2.25e15,
     hbm_bytes_per_s=8e12,
     source=("NVIDIA DGX B200 / HGX B200 datasheets: 8 GPUs with 1,440GB HBM3e (180GB each) "
             "and 64TB/s (8TB/s each), FP16/BF16 Tensor Core 4.5 PFLOPS per GPU with "
             "sparsity (2.25 dense) at 1,000 W; MLPerf Inference v6.0 systems list the part "
             "as 'NVIDIA B200-SXM-180GB' (180 GB). Early announcements said 192 GB: the "
-            "shipping HGX/DGX part has 180 GB enabled"),
+            "shipping HGX/DGX part has 180 GB enabled. Memory as the device reports it: "
+            "nvidia-smi 'NVIDIA B200 ... 166593MiB / 183359MiB' (NVIDIA/TensorRT-LLM issue "
+            "#10278, driver 580.95.05)"),
 )
 
 KNOWN_GPUS: tuple[GPUSpec, ...] = (A100_80GB_SXM, H100_SXM, H200_SXM, B200_SXM)
@@ -131,19 +155,58 @@ _ALIASES: dict[str, GPUSpec] = {
 def get_gpu(name: str) -> GPUSpec:
     """Look a GPU up by name, case-insensitively; spaces and underscores count as ``-``.
 
-    Aliases: ``a100`` (80GB SXM), ``h100`` (SXM), ``h200``, ``b200``, and each full name
-    (``"H200-SXM-141GB"``).
+    Aliases: ``a100`` (80GB SXM), ``h100`` (SXM), ``h200``, ``b200``, each full name
+    (``"H200-SXM-141GB"``), and ``local``: this machine's GPU 0 (:func:`local_gpu`).
 
     Raises:
-        UnknownGPUError: no GPU of that name; the message lists the known names.
+        UnknownGPUError: no GPU of that name (the message lists the known names), or
+            ``local`` where torch sees no CUDA device.
     """
     key = "-".join(str(name).strip().lower().replace("_", "-").split())
+    if key == "local":
+        return local_gpu()
     try:
         return _ALIASES[key]
     except KeyError:
-        known = ", ".join(sorted({"a100", "h100", "h200", "b200"}
+        known = ", ".join(sorted({"a100", "h100", "h200", "b200", "local"}
                                  | {g.name for g in KNOWN_GPUS}))
         raise UnknownGPUError(f"unknown GPU {name!r}; known: {known}") from None
+
+
+def local_gpu(device: int = 0) -> GPUSpec:
+    """The GPU torch sees as CUDA device ``device``: its name and the total memory CUDA
+    reports (``torch.cuda.mem_get_info(device)[1]``, bytes: the figure vLLM multiplies by
+    ``gpu_memory_utilization``), with the peak rates of the known GPU of the same kind
+    (matched by ``A100`` / ``H100`` / ``H200`` / ``B200`` in the device name).
+
+    Raises:
+        UnknownGPUError: torch is not installed, or sees no CUDA device ("--gpu local needs
+            a CUDA GPU visible to torch"), or the device is none of the known kinds (its
+            peak rates are unknown).
+    """
+    try:
+        import torch
+    except ImportError:
+        raise UnknownGPUError("--gpu local needs torch with a CUDA GPU; torch is not "
+                              "installed (name a GPU: a100, h100, h200, b200)") from None
+    if not torch.cuda.is_available() or device >= torch.cuda.device_count():
+        raise UnknownGPUError("--gpu local needs a CUDA GPU visible to torch; torch sees "
+                              "none here (name a GPU: a100, h100, h200, b200)")
+    props = torch.cuda.get_device_properties(device)
+    total = int(torch.cuda.mem_get_info(device)[1])
+    name = str(props.name)
+    for kind, known in (("B200", B200_SXM), ("H200", H200_SXM), ("H100", H100_SXM),
+                        ("A100", A100_80GB_SXM)):
+        if kind in name.upper():
+            return GPUSpec(name=f"{name} (local)", memory_bytes=total,
+                           peak_dense_bf16_flops=known.peak_dense_bf16_flops,
+                           hbm_bytes_per_s=known.hbm_bytes_per_s,
+                           source=f"torch.cuda.mem_get_info total of the local {name} "
+                                  f"({total:,} B); peak rates of {known.name}: "
+                                  f"{known.source}")
+    raise UnknownGPUError(f"local GPU {name!r} ({total:,} B) is none of the known kinds "
+                          f"(A100, H100, H200, B200): its peak rates are unknown; name a GPU "
+                          f"or give --buffer-bytes")
 
 
 KV_BUFFER_ALIGN_BYTES = 256
@@ -161,8 +224,11 @@ def kv_buffer_bytes(gpu: GPUSpec, weight_bytes: int, *, mem_fraction: float = 0.
     ``mem_fraction`` plays the role of vLLM's ``gpu_memory_utilization`` (default 0.9 there
     too); the reserve defaults to :data:`DEFAULT_ACTIVATION_RESERVE_BYTES` (3 GiB).
 
-    Example: H200 (141e9 B), 16e9 B of weights, defaults:
-    ``126,900,000,000 - 16,000,000,000 - 3,221,225,472 = 107,678,774,528 B``.
+    Example: H200 (143,771 MiB = 150,754,820,096 B), 16e9 B of weights, defaults:
+    ``floor(150,754,820,096 x 0.9) = 135,679,338,086``; minus 16,000,000,000 and
+    3,221,225,472 is 116,458,112,614, down to a multiple of 256: ``116,458,112,512 B``.
+    All figures are per GPU, i.e. per tensor-parallel rank (``weight_bytes`` is one
+    rank's share).
 
     Raises:
         ConfigError: ``mem_fraction`` outside ``(0, 1]``; negative weights or reserve; or

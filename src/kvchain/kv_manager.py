@@ -219,7 +219,7 @@ def _token_counts(*counts: object) -> tuple[int, ...]:
 def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
                    headroom: int = 0, headroom_chunk: int = 1,
                    points: Sequence[int] = (),
-                   tails: Sequence[tuple[int, int]] = ()) -> Demand:
+                   tails: Sequence[tuple[int, int]] = (), horizon: int = 0) -> Demand:
     """Pages a request must add to compute ``extend`` tokens from position ``start``, plus
     the pages of ``headroom`` later tokens (the one pure demand function).
 
@@ -238,6 +238,15 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
             ``(lo, hi)`` (:func:`tail_spans`); with headroom, every one from
             ``held.window_first`` on is added to the window demand (kept pages are not
             released for reuse: an upper bound).
+        horizon: later tokens the request is expected to compute, when more than
+            ``headroom`` (0: ``headroom``): the window bands' later peak is taken over
+            ``max(headroom, horizon)`` tokens, the full band's pages over ``headroom``.
+            A reservation that reserves a share of a batch's output growth (the adaptive
+            policy's ``P / sum r``) passes the request's whole expected output here: a
+            window's pages do not grow with tokens, so a request that will still decode
+            past its reserved share needs its window's whole later peak (W = 11, P = 64:
+            2 pages whenever the window straddles a page boundary, where a few tokens of
+            headroom inside one page price 1).
 
     Returns:
         Demand per band: full pages to cover ``[0, s + c + headroom)``; window pages for
@@ -255,15 +264,16 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
     window 2 pages (field case F5).
     """
     if not (type(start) is int and type(extend) is int and type(headroom) is int
-            and type(headroom_chunk) is int):
-        start, extend, headroom, headroom_chunk = _token_counts(
-            start, extend, headroom, headroom_chunk)
-    if start < 0 or extend < 0 or headroom < 0 or headroom_chunk < 1:
+            and type(headroom_chunk) is int and type(horizon) is int):
+        start, extend, headroom, headroom_chunk, horizon = _token_counts(
+            start, extend, headroom, headroom_chunk, horizon)
+    if start < 0 or extend < 0 or headroom < 0 or headroom_chunk < 1 or horizon < 0:
         raise InvalidDemandError(f"bad token counts: start={start} extend={extend} "
-                                 f"headroom={headroom} headroom_chunk={headroom_chunk}")
+                                 f"headroom={headroom} headroom_chunk={headroom_chunk} "
+                                 f"horizon={horizon}")
     p = geom.page_size
     end = start + extend
-    if extend and not headroom and (not points or points[-1] * p <= start):
+    if extend and not headroom and not horizon and (not points or points[-1] * p <= start):
         # Fast path, same result: every page the tokens [start, end) touch is held already
         # (most decode steps); the general formulas would give zeros too (tested).
         last = _ceil_div(end, p)
@@ -275,7 +285,8 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
                         and last <= held.window_range(k)[1]
                         for k, w in enumerate(geom.windows) if k)):
             return Demand((0,) * geom.num_bands)
-    return _general_demand(geom, held, start, extend, headroom, headroom_chunk, points, tails)
+    return _general_demand(geom, held, start, extend, headroom, headroom_chunk, points, tails,
+                           horizon)
 
 
 def tail_spans(geom: RequestGeometry, points: Sequence[int], after: int = 0,
@@ -298,27 +309,28 @@ def tail_spans(geom: RequestGeometry, points: Sequence[int], after: int = 0,
 
 def _general_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
                     headroom: int, headroom_chunk: int, points: Sequence[int] = (),
-                    tails: Sequence[tuple[int, int]] = ()) -> Demand:
+                    tails: Sequence[tuple[int, int]] = (), horizon: int = 0) -> Demand:
     """The formulas of :func:`request_demand` (arguments already checked)."""
     p = geom.page_size
     end = start + extend
     pages = [0] * geom.num_bands
     if geom.full is not None:
         pages[geom.full] = max(0, _ceil_div(end + headroom, p) - held.full)
-    if extend or headroom:
+    ahead = max(headroom, horizon)  # the window's later peak is over the expected life
+    if extend or ahead:
         for k, w in enumerate(geom.windows):
             held_first, held_end = held.window_range(k)
             first = geom.window_start(start, k) // p
             end_page = _ceil_div(end, p)
             have = max(0, min(held_end, end_page) - max(held_first, first))
             peak = end_page - first
-            if headroom:
+            if ahead:
                 first_after = geom.window_start(end, k) // p
-                later = _ceil_div(end + headroom, p) - first_after
+                later = _ceil_div(end + ahead, p) - first_after
                 peak = max(peak, min(later,
-                                     geom.later_peak_pages(min(headroom_chunk, headroom), k)))
+                                     geom.later_peak_pages(min(headroom_chunk, ahead), k)))
             pages[w.band] = max(0, peak - have)
-    if geom.state is not None and held.slots == 0 and (extend or headroom):
+    if geom.state is not None and held.slots == 0 and (extend or ahead):
         pages[geom.state] = geom.state_slots
     if points:
         last = end + headroom
@@ -720,13 +732,15 @@ class KVManager:
         req = self._requests.get(rid)
         return req.tokens if req is not None else 0
 
-    def demand(self, rid: int, extend: int, headroom: int = 0, headroom_chunk: int = 1) -> Demand:
+    def demand(self, rid: int, extend: int, headroom: int = 0, headroom_chunk: int = 1,
+               horizon: int = 0) -> Demand:
         """:func:`request_demand` for ``rid`` at its current position."""
         req = self._requests.get(rid)
         if req is None:
-            return request_demand(self.geom, NOTHING_HELD, 0, extend, headroom, headroom_chunk)
+            return request_demand(self.geom, NOTHING_HELD, 0, extend, headroom, headroom_chunk,
+                                  horizon=horizon)
         return request_demand(self.geom, req.held(), req.tokens, extend, headroom,
-                              headroom_chunk, req.points, req.tails)
+                              headroom_chunk, req.points, req.tails, horizon)
 
     # --- prefix cache ----------------------------------------------------------------------
 

@@ -26,8 +26,11 @@ def test_plan_gpt_oss_on_h200_bytes_match_models_json():
     assert bands["full"]["bytes_per_token"] == 36_864
     assert bands["window"]["bytes_per_token"] == 36_864 and bands["window"]["window"] == 128
     assert bands["full"]["page_bytes"] == 16 * 36_864
-    # 141e9 x 0.9 - 65,168,179,200 B of weights - 3 GiB reserve
-    assert d["buffer_bytes"] == 126_900_000_000 - 65_168_179_200 - 3 * 2**30
+    # floor(143,771 MiB = 150,754,820,096 B x 0.9) = 135,679,338,086, - 65,168,179,200 B
+    # of weights - 3 GiB reserve = 67,289,933,414, down to a multiple of 256 (- 102)
+    assert d["buffer_bytes"] == 135_679_338_086 - 65_168_179_200 - 3 * 2**30 - 102
+    assert d["gpu_memory_bytes"] == 143_771 * 2**20 and d["scope"] == "per rank"
+    assert d["tp"] == 1 and d["engine_reserve_bytes"] == 3 * 2**30
 
 
 @pytest.mark.parametrize(("model", "tp", "classes"), [
@@ -193,3 +196,77 @@ def test_simulate_accepts_the_edges_of_those_bounds():
                                  "--chunk-size", "32", "--clock", "steps", "--step-ms",
                                  "3600000", "--json"])
     assert result.exit_code == 0, result.output
+
+
+# --- GPU memory as the device reports it, per rank, --gpu local, --weight-format ---------
+
+
+def test_plan_gpt_oss_on_h100_gets_the_buffer_an_engine_would():
+    # floor(81,559 MiB = 85,520,809,984 B x 0.9) = 76,968,728,985; minus 65,168,179,200 B
+    # of weights and the 3 GiB reserve: 8,579,324,313, down to 256 B: 8,579,324,160.
+    # On c9a1289 the datasheet's 80e9 B gave 72e9 - 65,168,179,200 - 3 GiB = 3.6 GB.
+    d = run_json("plan", "--model", "gpt-oss-120b", "--gpu", "h100")
+    assert d["gpu_memory_bytes"] == 85_520_809_984
+    assert d["buffer_bytes"] == 8_579_324_160
+    text = " ".join(runner.invoke(app, ["plan", "--gpu", "h100"]).output.split())
+    assert ("KV buffer 8,579,324,160 B = floor(85,520,809,984 B reported x 0.9) - weights "
+            "65,168,179,200 - engine reserve 3,221,225,472 (activations, CUDA context, NCCL; "
+            "CUDA graphs in the other 0.1)") in text
+
+
+def test_plan_says_its_figures_are_per_rank_under_tp():
+    d = run_json("plan", "--model", "qwen3-next-80b-a3b", "--tp", "2")
+    assert (d["tp"], d["scope"]) == (2, "per rank")
+    result = runner.invoke(app, ["plan", "--model", "qwen3-next-80b-a3b", "--tp", "2"])
+    text = " ".join(result.output.split())
+    assert "per rank of --tp 2 (every figure below is one GPU's)" in text
+    assert "requests, per rank (tp 2)" in text
+    one = " ".join(runner.invoke(app, ["plan"]).output.split())
+    assert "on H200-SXM-141GB, one GPU:" in one and "per rank" not in one
+    help_text = " ".join(runner.invoke(app, ["plan", "--help"]).output.split())
+    assert "every figure printed is one rank's" in help_text
+    assert "nvidia-smi memory.total" in help_text and "CUDA graphs" in help_text
+
+
+def test_plan_gpu_local_reads_cuda_or_exits_2():
+    torch = pytest.importorskip("torch")
+    result = runner.invoke(app, ["plan", "--gpu", "local", "--json"])
+    if torch.cuda.is_available():
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["gpu_memory_bytes"] == torch.cuda.mem_get_info(0)[1]
+    else:
+        assert result.exit_code == 2 and result.stdout == ""
+        assert "--gpu local needs a CUDA GPU visible to torch" in result.stderr
+
+
+def _compressed_tensors_config(tmp_path):
+    from kvchain.catalog.loader import read_bundled_config
+
+    cfg = read_bundled_config("model_configs/Qwen--Qwen3-8B.json")
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(cfg))
+    quant = tmp_path / "quant.json"
+    quant.write_text(json.dumps({**cfg, "quantization_config": {
+        "quant_method": "compressed-tensors", "format": "pack-quantized"}}))
+    return plain, quant
+
+
+def test_plan_weight_format_reads_a_compressed_tensors_config(tmp_path):
+    plain, quant = _compressed_tensors_config(tmp_path)
+    # Without it the format is unknown: refused, naming the option.
+    result = runner.invoke(app, ["plan", "--config", str(quant), "--json"])
+    assert result.exit_code == 2 and result.stdout == ""
+    message = " ".join(result.stderr.split())
+    assert "quant_method='compressed-tensors' is not supported" in message
+    assert "--weight-format" in message
+    # With it, the weights are those of the same model read as bf16 (the unquantized file).
+    as_bf16 = run_json("plan", "--config", str(quant), "--weight-format", "bf16")
+    assert as_bf16["weight_bytes"] == run_json("plan", "--config", str(plain))["weight_bytes"]
+    fp8 = run_json("plan", "--config", str(quant), "--weight-format", "fp8")
+    assert fp8["weight_bytes"] < as_bf16["weight_bytes"]
+    # Not with a bundled model or a spec file (their weights are given).
+    assert "applies to --config files" in refused("plan", "--weight-format", "fp8")
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({"name": "s", "full": 32_000}))
+    assert "does not apply to --spec" in refused("plan", "--spec", str(spec),
+                                                 "--weight-format", "fp8")

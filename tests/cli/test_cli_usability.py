@@ -78,12 +78,13 @@ def test_no_room_for_a_buffer_suggests_tp_and_buffer_bytes():
 
 
 def test_buffer_larger_than_the_gpu_is_warned():
-    # H200 141,000,000,000 B - gpt-oss-120b's 65,168,179,200 B of weights = 75,831,820,800 B
-    result = run("plan", "--buffer-bytes", "80000000000")
+    # H200 143,771 MiB = 150,754,820,096 B - gpt-oss-120b's 65,168,179,200 B of weights
+    # = 85,586,640,896 B
+    result = run("plan", "--buffer-bytes", "90000000000")
     assert result.exit_code == 0
-    assert "more than H200-SXM-141GB's 141,000,000,000 B minus 65,168,179,200 B of weights " \
-           "(75,831,820,800 B)" in flat(result.output)
-    assert "warning" not in run("plan", "--buffer-bytes", "75000000000").output
+    assert "more than H200-SXM-141GB's 150,754,820,096 B minus 65,168,179,200 B of weights " \
+           "(85,586,640,896 B)" in flat(result.output)
+    assert "warning" not in run("plan", "--buffer-bytes", "85000000000").output
 
 
 def test_spec_file_without_weights_says_so(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -17,12 +19,15 @@ from kvchain.admission import (
     parse_new_token_ratio,
 )
 from kvchain.catalog.loader import load_model
-from kvchain.errors import ConfigError, InvalidRequestError, TraceError
+from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError, TraceError
 from kvchain.gpu import get_gpu
+from kvchain.kv_manager import HeldPages, RequestGeometry, request_demand
 from kvchain.sched.request import Request
 from kvchain.sched.scheduler import SchedulerConfig
-from kvchain.sim.engine import SimConfig, simulate
+from kvchain.sim.engine import ClockKind, SimConfig, simulate
 from kvchain.sim.traces import Trace, TraceRequest
+from kvchain.spec.declared import declare_model
+from kvchain.spec.model import ModelSpec
 
 # --- knobs ---------------------------------------------------------------------------------
 
@@ -71,17 +76,51 @@ def test_full_and_sglang_tokens() -> None:
 
 def test_adaptive_peak_of_staggered_and_identical_batches() -> None:
     adaptive = AdaptiveReserve(quantile=0.9, warmup=20)
-    # Two requests holding 100 tokens, 10 and 30 left. Lockstep: at t = 10 both grew by 10
-    # (extra 20); at t = 30 only the second is there, the first freed its 100 + 10 tokens
-    # (extra 30 - 100 < 0). Peak P = 20 of sum r = 40: fraction 0.5.
+    # Two decoding requests holding 100 tokens, 10 and 30 left (page size 1: pages are
+    # tokens). Lockstep: at t = 10 both grew by 10 (extra 20); at t = 30 only the second is
+    # there, the first freed its 100 tokens (extra 30 - 100 < 0). Peak E = 20 of
+    # sum R = 40: fraction 0.5.
     adaptive.begin_step([100, 100], [10, 30], [0, 0], [11, 31])
     assert adaptive.value == 0.5
-    assert (adaptive.tokens(10, 0, 11), adaptive.tokens(30, 0, 31)) == (5, 15)  # sum = P
-    # Identical requests end together: P = 30 + 30 = sum r, everything is reserved.
+    # ceil(10 x 20 / 40) = 5 and ceil(30 x 20 / 40) = 15 tokens: sum = E.
+    assert (adaptive.tokens(10, 0, 11, held=100), adaptive.tokens(30, 0, 31, held=100)) \
+        == (5, 15)
+    # A request not in the decoding batch (in prefill, or a candidate) reserves its whole
+    # expected output: it is not part of the lockstep peak.
+    assert adaptive.tokens(10, 0, 11) == 10
+    # Identical requests end together: E = 30 + 30 = sum R, everything is reserved.
     adaptive.begin_step([100, 100], [30, 30], [0, 0], [31, 31])
     assert adaptive.value == 1.0
-    assert adaptive.tokens(30, 0, 31) == 30
-    assert adaptive.tokens(0, 31, 31) == 0
+    assert adaptive.tokens(30, 0, 31, held=100) == 30
+    assert adaptive.tokens(0, 31, 31, held=100) == 0
+
+
+def test_adaptive_peak_is_counted_in_pages() -> None:
+    # P = 64. Request a holds 70 tokens (b = 2 pages), 10 left: R = ceil(80 / 64) - 2 = 0.
+    # Request b holds 60 tokens (b = 1 page), 40 left: R = ceil(100 / 64) - 1 = 1.
+    # Bound at t = 10 (a still there): ceil(10 / 64) x 2 = 2 pages; at t = 40: a freed its
+    # 2 pages, 1 x 1 - 2 < 0. E = min(sum R = 1, 2) = 1: b's page is reserved in full.
+    adaptive = AdaptiveReserve()
+    adaptive.begin_step([70, 60], [10, 40], [0, 0], [11, 41], page_size=64)
+    assert (adaptive._peak, adaptive._pages, adaptive.value) == (1, 1, 1.0)
+    # b: ceil(1 x 1 / 1) = 1 page more: (1 + 1) x 64 - 60 = 68 tokens, capped at 40.
+    assert adaptive.tokens(40, 0, 41, held=60) == 40
+    # Two requests at 64 tokens (1 page each), both 64 left: R = 1 each; at t = 64 both
+    # are there: ceil(64 / 64) x 2 = 2 = sum R: both reserved (64 tokens = 1 page each).
+    adaptive.begin_step([64, 64], [64, 64], [0, 0], [65, 65], page_size=64)
+    assert adaptive.value == 1.0
+    assert adaptive.tokens(64, 0, 65, held=64) == 64
+    # Staggered: 100 pages' worth left (6,400 tokens) beside 1 page (64): at t = 64 both
+    # run: 1 x 2 = 2 pages; at t = 6,400 the short one freed its page: 100 - 1 = 99.
+    # E = 99 of sum R = 101. The long one gets ceil(100 x 99 / 101) = 99 pages: the tokens
+    # they hold beyond its 64, (1 + 99) x 64 - 64 = 6,336; the short one
+    # ceil(1 x 99 / 101) = 1 page, (1 + 1) x 64 - 64 = 64 tokens.
+    adaptive.begin_step([64, 64], [6_400, 64], [0, 0], [6_401, 65], page_size=64)
+    assert (adaptive._peak, adaptive._pages) == (99, 101)
+    assert adaptive.tokens(6_400, 0, 6_401, held=64) == 6_336
+    assert adaptive.tokens(64, 0, 65, held=64) == 64
+    with pytest.raises(ConfigError):
+        adaptive.begin_step([1], [1], [0], [2], page_size=0)
 
 
 def test_adaptive_learns_output_over_limit_after_warmup() -> None:
@@ -154,6 +193,98 @@ def test_adaptive_fills_the_batch_when_outputs_end_at_half_their_limit() -> None
         return s.steps
 
     assert steps(ReservePolicy.ADAPTIVE) < steps(ReservePolicy.FULL)
+
+
+# --- a batch that runs to its limits: adaptive never retracts (issue: W = 11, P = 64) ---------
+
+# 200 requests at t = 0, each running exactly to its limit (output == max_tokens, 10..400
+# tokens; prompts 20..200), on 4 MB chains of 64-token pages whose windows are smaller than
+# a page. Why 0 retractions is derived, not measured: AdaptiveReserve reserves, for the
+# requests that decode in lockstep, at least the batch's page peak (an upper bound on it:
+# the class docstring's step 2), every prefill and candidate in full (step 4) and every
+# window's later peak over the whole expected output (step 5); q stays 1 (every output
+# reaches its limit), so no request outgrows what was reserved for it, and admission never
+# lets the ledger exceed the chain - so every decode fits and none is retracted. On
+# c9a1289 (token shares, candidates priced at the batch's ratio, windows priced over the
+# share) the same runs retracted 4 (one window) and 3 (two windows) requests.
+LIMITS = Trace("limits", tuple(
+    TraceRequest(i, 0.0, 20 + (i * 53) % 181, 10 + (i * 37) % 391,
+                 max_tokens=10 + (i * 37) % 391) for i in range(200)), "synthetic", "none")
+
+
+def _limits_run(model: ModelSpec, policy: ReservePolicy = ReservePolicy.ADAPTIVE,
+                buffer_bytes: int = 4_000_000) -> tuple[int, int]:
+    config = SimConfig(model, get_gpu("h200"), LIMITS, buffer_bytes=buffer_bytes, page_size=64,
+                       clock=ClockKind.STEPS,
+                       scheduler=SchedulerConfig(reserve=ReserveConfig(policy), strict=False))
+    s = simulate(config).summary
+    assert s.requests_finished == 200 and s.admitted_but_unallocatable == 0
+    return s.retractions, s.steps
+
+
+W11 = declare_model("w11", full=1_024, window=1_024, window_tokens=11)
+W11_TWO = declare_model("w11x2", full=1_024, windows=[(1_024, 11), (512, 5)])
+
+
+@pytest.mark.parametrize("model", [W11, W11_TWO], ids=["one-window", "two-windows"])
+def test_adaptive_does_not_retract_a_batch_that_runs_to_its_limits(model: ModelSpec) -> None:
+    adaptive, adaptive_steps = _limits_run(model)
+    full, full_steps = _limits_run(model, ReservePolicy.FULL)
+    assert (adaptive, full) == (0, 0)
+    # And it still fills the batch beyond full reservation (staggered ends: E < sum R).
+    assert adaptive_steps < full_steps
+
+
+class _SharedCandidates(AdaptiveReserve):
+    """Planted defect: candidates and prefills priced at the batch's ratio (c9a1289)."""
+
+    def tokens(self, left: int, done: int, limit: int, held: int | None = None) -> int:
+        expected = self.expected_left(left, done, limit)
+        if held is None and expected > 0:
+            return max(1, math.ceil(expected * self.value - 1e-9))
+        return AdaptiveReserve.tokens(self, left, done, limit, held)
+
+
+class _WindowsOverTheShare(AdaptiveReserve):
+    """Planted defect: the window's later peak priced over the share only (c9a1289)."""
+
+    def horizon(self, left: int, done: int, limit: int) -> int:
+        return 0
+
+
+@pytest.mark.parametrize(("planted", "model", "buffer_bytes"), [
+    # Full attention only: a candidate joining a staggered batch raises its peak by up to
+    # its own output, far more than the batch's ratio of it.
+    (_SharedCandidates, declare_model("full-only", full=2_048), 4_000_000),
+    # Window bytes 16x the full bytes, 2 MB: the window page a decode needs when its 11
+    # tokens straddle a page boundary is not covered by the full band's rounding slack.
+    (_WindowsOverTheShare, declare_model("window-heavy", full=256, window=4_096,
+                                         window_tokens=11), 2_000_000),
+], ids=["candidates-at-ratio", "windows-over-share"])
+def test_limits_case_retracts_with_a_planted_defect(
+        planted: type[AdaptiveReserve], model: ModelSpec, buffer_bytes: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sibling of the test above: each part of the fix, undone, retracts again.
+    assert _limits_run(model, buffer_bytes=buffer_bytes)[0] == 0
+    monkeypatch.setattr(ReserveConfig, "build", lambda self: planted())
+    assert _limits_run(model, buffer_bytes=buffer_bytes)[0] > 0
+
+
+def test_window_peak_is_reserved_over_the_horizon() -> None:
+    # W = 11, P = 64, a request at 100 tokens holding window page 1 (tokens 64..127) and
+    # full pages 0..1, one decode token now (positions 100) and 3 tokens of headroom.
+    # Over the headroom alone: window_start(101) = 91 -> page 1; ceil(104 / 64) = 2: 1
+    # page, held - nothing more. Over a horizon of 100 tokens: ceil(201 / 64) - 1 = 3,
+    # capped at the later peak ceil(1 / 64) + ceil(10 / 64) = 2 pages: 1 more (the decode
+    # at 128 needs tokens 118..128, on pages 1 and 2). Full pages follow the headroom
+    # only: ceil(104 / 64) - 2 = 0 either way.
+    geom = RequestGeometry(num_bands=2, page_size=64, full=1, window=0, window_tokens=11,
+                           local=False, state=None, state_slots=1)
+    held = HeldPages(full=2, window_first=1, window_end=2)
+    assert request_demand(geom, held, 100, 1, 3).pages == (0, 0)
+    assert request_demand(geom, held, 100, 1, 3, horizon=100).pages == (1, 0)
+    with pytest.raises(InvalidDemandError):
+        request_demand(geom, held, 100, 1, 3, horizon=-1)
 
 
 def test_linear_quantile_by_hand() -> None:

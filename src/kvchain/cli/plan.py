@@ -1,9 +1,12 @@
-"""``kvchain plan``: capacity of one model's chain on one GPU, beside fixed pools."""
+"""``kvchain plan``: capacity of one model's chain on one GPU, beside fixed pools.
+
+The numbers come from :func:`kvchain.capacity.plan_capacity`; this module parses options
+and prints.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -12,9 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvchain.alloc.chain import Chain
-from kvchain.alloc.pricing import fits, largest_fitting, max_units
-from kvchain.alloc.snapshot import ChainSnapshot, Demand
+from kvchain.capacity import Capacity, CapacityPlan, LongestRequest, longest_request, plan_capacity
+from kvchain.catalog.loader import load_model
 from kvchain.cli import app
 from kvchain.cli.common import (
     KV_DTYPE_HELP,
@@ -25,182 +27,50 @@ from kvchain.cli.common import (
     render_bands,
     warn_buffer,
 )
-from kvchain.errors import KVChainError
-from kvchain.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES, get_gpu, kv_buffer_bytes
-from kvchain.kv_manager import RequestGeometry, lifetime_demand
-from kvchain.layout import ChainLayout, plan_layout
-from kvchain.spec.layers import CacheClass, CacheDtype, LifetimeClass
+from kvchain.errors import ConfigError, KVChainError
+from kvchain.gpu import get_gpu
+from kvchain.spec.hf import load_hf_config
+from kvchain.spec.layers import CacheDtype, LifetimeClass
+from kvchain.spec.model import ModelSpec
+from kvchain.spec.params import WeightFormat
 
-# Fixed-pool defaults as public engines ship them.
-WINDOW_FULL_TOKENS_RATIO = 0.8  # SGLang --swa-full-tokens-ratio default
-STATE_FULL_MEMORY_RATIO = 0.9  # SGLang --mamba-full-memory-ratio default (state : rest)
+__all__ = ["longest_request", "plan_command"]
 
-
-@dataclass(frozen=True, slots=True)
-class Capacity:
-    """What one memory layout can hold.
-
-    Attributes:
-        longest_request_tokens: longest lone request (prompt tokens, 1 output token);
-            ``None`` when the KV cache never bounds it (no full-attention band: window,
-            chunked-local and state bytes are capped per request).
-        concurrent_requests: ``(prompt, output)`` requests that fit at their peak, together.
-        full_tokens: full-attention tokens that fit with ``slots_held`` state slots held
-            (0 without a full band, or if ``slots_held`` slots do not fit).
-        slots_held: state slots held for ``full_tokens``.
-    """
-
-    longest_request_tokens: int | None
-    concurrent_requests: int
-    full_tokens: int
-    slots_held: int
+GPU_HELP = ("a100, h100, h200, b200 (memory as the device reports it: nvidia-smi "
+            "memory.total, e.g. h100 81,559 MiB), or local: this machine's CUDA GPU 0 "
+            "(torch.cuda.mem_get_info total; exit 2 where torch sees none).")
+MEM_FRACTION_HELP = ("Fraction of GPU memory for weights + KV + the engine's reserve "
+                     "(vLLM's gpu_memory_utilization): KV buffer = floor(memory x fraction) "
+                     "- one rank's weights - 3 GiB engine reserve (profiled activations, CUDA "
+                     "context, NCCL: vLLM's Llama-3-8B profile); CUDA graphs live in the "
+                     "remaining 1 - fraction, as in vLLM.")
+WEIGHT_FORMAT_HELP = ("How the checkpoint stores its weights: bf16, fp8, mxfp4-experts "
+                      "(default: the config's quantization_config; a --config whose "
+                      "quant_method is another, e.g. compressed-tensors, needs it).")
 
 
-def chain_capacity(layout: ChainLayout, prompt: int, output: int,
-                   slots_held: int | None) -> Capacity:
-    """Capacity of a chain, from the planner on its empty snapshot (no second formula).
-
-    Args:
-        layout: the chain.
-        prompt, output: tokens of one request of the mix.
-        slots_held: state slots held for the token capacity (``None``: the concurrency).
+def load_plan_model(model: str, config: Path | None, *, spec_file: Path | None,
+                    kv_dtype: CacheDtype | None, tp: int, state_dtype: CacheDtype | None,
+                    weight_format: WeightFormat | None) -> ModelSpec:
+    """:func:`kvchain.cli.common.load_spec`, with a weight format for a ``--config``.
 
     Raises:
-        InvalidDemandError: non-positive prompt/output/chunk.
+        ConfigError: ``weight_format`` with ``--spec`` (it declares ``weight_bytes``) or
+            with a bundled model (its format is the checkpoint's, recorded in the catalog);
+            and whatever :func:`load_spec` raises.
     """
-    return _capacity(_chain_parts(layout), layout.buffer_bytes, prompt, output, slots_held)
-
-
-def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
-    """The same classes as separate pools of fixed bytes (one single-band chain each).
-
-    Split rule (SGLang defaults): the state pool takes ``0.9 / 1.9`` of the buffer
-    (``--mamba-full-memory-ratio 0.9``: state bytes = 0.9 x the rest); each window (or
-    local) pool holds ``0.8 x`` the full pool's tokens (``--swa-full-tokens-ratio 0.8``;
-    SGLang has one window pool, so several window sizes each get that ratio); without a
-    full class the window pools split the rest in proportion to their bytes per token.
-
-    Raises:
-        BufferTooSmallError: a pool too small for one smallest request.
-    """
-    b = layout.buffer_bytes
-    classes = [band.cache_class for band in layout.bands]
-    state = next((c for c in classes if c.lifetime is LifetimeClass.STATE), None)
-    rest = b
-    pools: list[tuple[CacheClass, int]] = []
-    if state is not None:
-        state_bytes = int(b * STATE_FULL_MEMORY_RATIO / (1 + STATE_FULL_MEMORY_RATIO))
-        if len(classes) == 1:
-            state_bytes = b
-        pools.append((state, state_bytes))
-        rest = b - state_bytes
-    full = next((c for c in classes if c.lifetime is LifetimeClass.FULL), None)
-    wins = [c for c in classes if c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
-    if full is not None and wins:
-        # Every window (or local) pool holds 0.8 x the full pool's tokens.
-        e_wins = sum(c.bytes_per_token for c in wins)
-        full_tokens = rest / (full.bytes_per_token + WINDOW_FULL_TOKENS_RATIO * e_wins)
-        full_bytes = int(full_tokens * full.bytes_per_token)
-        pools.append((full, full_bytes))
-        left = rest - full_bytes
-        for i, c in enumerate(wins):
-            share = (left if i == len(wins) - 1
-                     else int(full_tokens * WINDOW_FULL_TOKENS_RATIO * c.bytes_per_token))
-            pools.append((c, share))
-            left -= share
-    elif full is not None or wins:
-        pool_classes = [full] if full is not None else wins
-        total_e = sum(c.bytes_per_token for c in pool_classes)
-        left = rest
-        for i, c in enumerate(pool_classes):
-            share = left if i == len(pool_classes) - 1 else int(rest * c.bytes_per_token / total_e)
-            pools.append((c, share))
-            left -= share
-    return [plan_layout([c], nbytes, layout.page_size,
-                        state_slots_per_request=layout.state_slots_per_request)
-            for c, nbytes in pools]
-
-
-def pools_capacity(layout: ChainLayout, prompt: int, output: int,
-                   slots_held: int | None) -> Capacity:
-    """:func:`chain_capacity` for fixed per-class pools (:func:`fixed_pool_layouts`): a
-    demand fits iff every pool fits its own part."""
-    return _capacity(_pool_parts(layout), layout.buffer_bytes, prompt, output, slots_held)
-
-
-def compare_capacity(layout: ChainLayout, prompt: int, output: int,
-                     slots_held: int | None) -> tuple[Capacity, Capacity]:
-    """The chain and the fixed pools, like with like: the token capacity of both is taken
-    with the *same* number of state slots held.
-
-    Args:
-        slots_held: slots held on both sides; ``None``: the smaller of the two
-            concurrencies (a count both layouts can hold, so neither side is measured
-            holding more slots than the other).
-
-    Returns:
-        ``(chain, pools)``.
-
-    Raises:
-        BufferTooSmallError: a pool too small for one smallest request.
-        InvalidDemandError: non-positive prompt/output.
-    """
-    chain_parts, pool_parts = _chain_parts(layout), _pool_parts(layout)
-    b = layout.buffer_bytes
-    if slots_held is None:
-        slots_held = min(_concurrency(chain_parts, prompt, output),
-                         _concurrency(pool_parts, prompt, output))
-    return (_capacity(chain_parts, b, prompt, output, slots_held),
-            _capacity(pool_parts, b, prompt, output, slots_held))
-
-
-_Parts = list[tuple[RequestGeometry, ChainSnapshot]]
-
-
-def _chain_parts(layout: ChainLayout) -> _Parts:
-    return [(RequestGeometry.of(layout), Chain(layout).snapshot())]
-
-
-def _pool_parts(layout: ChainLayout) -> _Parts:
-    return [(RequestGeometry.of(pl), Chain(pl).snapshot()) for pl in fixed_pool_layouts(layout)]
-
-
-def _concurrency(parts: _Parts, prompt: int, output: int) -> int:
-    unit = [lifetime_demand(g, prompt, output) for g, _ in parts]
-    return min(max_units(snap, u) if not u.is_empty else 1 << 62
-               for (_, snap), u in zip(parts, unit, strict=True))
-
-
-def _capacity(parts: _Parts, buffer_bytes: int, prompt: int, output: int,
-              slots_held: int | None) -> Capacity:
-    def all_fit(demands: list[Demand]) -> bool:
-        return all(fits(snap, d) for (_, snap), d in zip(parts, demands, strict=True))
-
-    def lone(tokens: int) -> list[Demand]:
-        return [lifetime_demand(g, tokens, 1) for g, _ in parts]
-
-    if any(g.full is not None for g, _ in parts):
-        longest: int | None = largest_fitting(lambda n: n == 0 or all_fit(lone(n)),
-                                              buffer_bytes)
-    else:  # window, chunked-local and state bytes are capped per request
-        longest = None
-    concurrent = _concurrency(parts, prompt, output)
-    slots = concurrent if slots_held is None else slots_held
-    held_all: list[Demand] = []
-    for g, _ in parts:
-        slot_pages = [0] * g.num_bands
-        if g.state is not None:
-            slot_pages[g.state] = slots
-        held_all.append(Demand(tuple(slot_pages)))
-    full_tokens = 0
-    if all_fit(held_all):  # every pool holds its share of the slots
-        for (g, snap), held in zip(parts, held_all, strict=True):
-            if g.full is None:
-                continue
-            one_page = [0] * g.num_bands
-            one_page[g.full] = 1
-            full_tokens = max_units(snap, Demand(tuple(one_page)), held) * g.page_size
-    return Capacity(longest, concurrent, full_tokens, slots)
+    if weight_format is None:
+        return load_spec(model, config, spec_file=spec_file, kv_dtype=kv_dtype, tp=tp,
+                         state_dtype=state_dtype)
+    if spec_file is not None:
+        raise ConfigError("--weight-format does not apply to --spec (a spec file declares "
+                          "weight_bytes)")
+    if config is None:
+        load_model(model)  # an unknown name is refused as such first
+        raise ConfigError("--weight-format applies to --config files; a bundled model's "
+                          "format is its checkpoint's (see `kvchain models`)")
+    return load_hf_config(config, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype,
+                          weight_format=weight_format)
 
 
 @app.command("plan", short_help="Bands and capacity of one model's chain.")
@@ -210,14 +80,19 @@ def plan_command(
     spec: Annotated[Path | None, typer.Option(help="A JSON file declaring classes by bytes: "
                                                    "full, window, window_tokens, local, "
                                                    "chunk_tokens, state.")] = None,
-    gpu: Annotated[str, typer.Option(help="a100, h100, h200, b200.")] = "h200",
-    mem_fraction: Annotated[float, typer.Option(help="GPU memory fraction.")] = 0.9,
-    buffer_bytes: Annotated[int | None, typer.Option(help="KV buffer bytes (instead of the "
-                                                          "GPU memory model).")] = None,
+    gpu: Annotated[str, typer.Option(help=GPU_HELP)] = "h200",
+    mem_fraction: Annotated[float, typer.Option(help=MEM_FRACTION_HELP)] = 0.9,
+    buffer_bytes: Annotated[int | None, typer.Option(help="KV buffer bytes of one rank "
+                                                          "(instead of the GPU memory "
+                                                          "model).")] = None,
     kv_dtype: Annotated[CacheDtype | None, typer.Option(help=KV_DTYPE_HELP)] = None,
     state_dtype: Annotated[CacheDtype | None, typer.Option(help=STATE_DTYPE_HELP)] = None,
+    weight_format: Annotated[WeightFormat | None,
+                             typer.Option(help=WEIGHT_FORMAT_HELP)] = None,
     page_size: Annotated[int, typer.Option(help="Tokens per page.")] = 16,
-    tp: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel size: weights and KV bytes are "
+                                         "split over the ranks, and every figure printed "
+                                         "is one rank's.")] = 1,
     prompt: Annotated[int, typer.Option(help="Prompt tokens of the request mix.")] = 2048,
     output: Annotated[int, typer.Option(help="Output tokens of the request mix.")] = 512,
     slots_held: Annotated[int | None, typer.Option(help="State slots held for the token "
@@ -226,52 +101,84 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Plan a model's KV buffer as a chain: bands, page bytes, longest request,
-    concurrency, token capacity - side by side with fixed per-class pools."""
-    console = Console()
+    concurrency, token capacity - side by side with fixed per-class pools. Every figure is
+    per tensor-parallel rank (one GPU); the buffer is the GPU's reported memory x
+    --mem-fraction - one rank's weights - a 3 GiB engine reserve, unless --buffer-bytes
+    gives it."""
     try:
         check_flags(mem_fraction=mem_fraction, buffer_bytes=buffer_bytes, page_size=page_size,
                     tp=tp, prompt=prompt, output=output, slots_held=slots_held)
-        model_spec = load_spec(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp,
-                               state_dtype=state_dtype)
+        model_spec = load_plan_model(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp,
+                                     state_dtype=state_dtype, weight_format=weight_format)
         gpu_spec = get_gpu(gpu)
-        if buffer_bytes is None:
-            buffer = kv_buffer_bytes(gpu_spec, model_spec.weight_bytes, mem_fraction=mem_fraction)
-        else:
-            buffer = buffer_bytes
-        layout = plan_layout(model_spec.classes, buffer, page_size)
-        ours, pools = compare_capacity(layout, prompt, output, slots_held)
-        context = model_spec.max_context_tokens
-        ours_longest = longest_request(ours.longest_request_tokens, context)
-        pools_longest = longest_request(pools.longest_request_tokens, context)
+        result = plan_capacity(model_spec, gpu_spec, tp=tp, mem_fraction=mem_fraction,
+                               buffer_bytes=buffer_bytes, page_size=page_size, prompt=prompt,
+                               output=output, slots_held=slots_held)
     except KVChainError as exc:
         fail(exc)
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
-    report = {
-        "model": model_spec.name, "gpu": gpu_spec.name, "buffer_bytes": buffer,
-        "weight_bytes": model_spec.weight_bytes if buffer_bytes is None else None,
-        "activation_reserve_bytes": DEFAULT_ACTIVATION_RESERVE_BYTES
-        if buffer_bytes is None else None,
-        "page_size": page_size, "chain": layout.shape_name,
+    if as_json:
+        print(json.dumps(plan_report(result), indent=2))
+        return
+    _print_plan(Console(), result)
+
+
+def plan_report(result: CapacityPlan) -> dict[str, object]:
+    """The JSON document of ``plan --json``. Keys (bytes, tokens, requests; all per
+    tensor-parallel rank: ``"scope": "per rank"``, ``"tp"``):
+
+    ``model``, ``gpu``, ``tp``, ``scope``; ``gpu_memory_bytes`` (the device's reported
+    memory), ``mem_fraction``, ``weight_bytes`` (one rank's), ``engine_reserve_bytes``
+    (activations, CUDA context, NCCL) and its former name ``activation_reserve_bytes`` -
+    all ``null`` when ``--buffer-bytes`` gave the buffer; ``buffer_bytes``; ``page_size``,
+    ``chain``, ``bands``; ``request``; ``chain_capacity`` and ``fixed_pools_capacity``
+    (longest request, its bound, concurrency, full-attention tokens with slots held);
+    ``max_context_tokens``.
+    """
+    budget, layout = result.budget, result.layout
+    return {
+        "model": result.model.name, "gpu": result.gpu.name, "tp": result.tp,
+        "scope": "per rank",
+        "gpu_memory_bytes": budget.gpu_memory_bytes, "mem_fraction": budget.mem_fraction,
+        "weight_bytes": budget.weight_bytes,
+        "engine_reserve_bytes": budget.reserve_bytes,
+        "activation_reserve_bytes": budget.reserve_bytes,
+        "buffer_bytes": budget.buffer_bytes,
+        "page_size": layout.page_size, "chain": layout.shape_name,
         "bands": [{"band": b.label, "anchor": b.anchor.value, "page_bytes": b.page_bytes,
                    "bytes_per_token": b.cache_class.bytes_per_token,
                    "bytes_per_slot": b.cache_class.bytes_per_slot,
                    "window": b.cache_class.window, "null_pages": b.reserved_pages}
                   for b in layout.bands],
-        "request": {"prompt": prompt, "output": output},
-        "chain_capacity": _as_dict(ours, ours_longest),
-        "fixed_pools_capacity": _as_dict(pools, pools_longest),
-        "max_context_tokens": context,
+        "request": {"prompt": result.prompt, "output": result.output},
+        "chain_capacity": _as_dict(result.chain, result.chain_longest),
+        "fixed_pools_capacity": _as_dict(result.pools, result.pools_longest),
+        "max_context_tokens": result.model.max_context_tokens,
     }
-    if as_json:
-        print(json.dumps(report, indent=2))
-        return
-    console.print(f"[bold]{escape(model_spec.name)}[/bold] on {gpu_spec.name}: KV buffer "
-                  f"{buffer:,} B" + ("" if buffer_bytes is not None else
-                                      f" = {gpu_spec.memory_bytes:,} x {mem_fraction} - weights "
-                                      f"{model_spec.weight_bytes:,} - reserve "
-                                      f"{DEFAULT_ACTIVATION_RESERVE_BYTES:,}"))
+
+
+def _print_plan(console: Console, result: CapacityPlan) -> None:
+    budget, layout, gpu_spec = result.budget, result.layout, result.gpu
+    ours, pools = result.chain, result.pools
+    ours_longest, pools_longest = result.chain_longest, result.pools_longest
+    context = result.model.max_context_tokens
+    prompt, output = result.prompt, result.output
+    scope = (f"per rank of --tp {result.tp} (every figure below is one GPU's)" if result.tp > 1
+             else "one GPU")
+    if budget.given:
+        source = " (--buffer-bytes)"
+    else:
+        assert budget.gpu_memory_bytes is not None and budget.weight_bytes is not None
+        assert budget.reserve_bytes is not None
+        source = (f" = floor({budget.gpu_memory_bytes:,} B reported x {budget.mem_fraction}) "
+                  f"- weights {budget.weight_bytes:,} - engine reserve "
+                  f"{budget.reserve_bytes:,} (activations, CUDA context, NCCL; CUDA graphs "
+                  f"in the other {1 - (budget.mem_fraction or 0):.2g})")
+    console.print(f"[bold]{escape(result.model.name)}[/bold] on {gpu_spec.name}, {scope}: "
+                  f"KV buffer {budget.buffer_bytes:,} B{source}", soft_wrap=False)
     console.print(render_bands(layout))
-    table = Table(title=f"capacity for ({prompt:,} prompt, {output:,} output) requests")
+    table = Table(title=f"capacity for ({prompt:,} prompt, {output:,} output) requests"
+                        + (f", per rank (tp {result.tp})" if result.tp > 1 else ""))
     table.add_column("")
     table.add_column("chain", justify="right")
     table.add_column("fixed pools", justify="right")
@@ -329,37 +236,6 @@ def _longest_cell(longest: LongestRequest) -> int | str:
 
 def _count(value: int | str) -> str:
     return f"{value:,}" if isinstance(value, int) else value
-
-
-@dataclass(frozen=True, slots=True)
-class LongestRequest:
-    """The longest lone request and what bounds it.
-
-    Attributes:
-        tokens: prompt tokens of the longest lone request with its 1 output token (as
-            :attr:`Capacity.longest_request_tokens`): ``min(KV-bytes bound, context - 1)``,
-            since prompt + output may not exceed the context; ``None`` when neither bounds
-            it (no full-attention layer and no known context).
-        bound: ``"kv_bytes"`` when the buffer binds first (or ties), ``"context"`` when the
-            model's context length does, ``"unbounded"`` when neither does.
-    """
-
-    tokens: int | None
-    bound: str
-
-
-def longest_request(kv_bound_tokens: int | None, context: int | None) -> LongestRequest:
-    """Cap the KV-bytes bound (``None``: unbounded, no full-attention layer) at the model's
-    context length and say which binds.
-
-    Example: a buffer that holds 37.7M prompt tokens of a model with a 32,768-token
-    context: ``LongestRequest(32_767, "context")`` (32,767 prompt + 1 output token).
-    """
-    if context is not None and (kv_bound_tokens is None or context - 1 < kv_bound_tokens):
-        return LongestRequest(context - 1, "context")
-    if kv_bound_tokens is None:
-        return LongestRequest(None, "unbounded")
-    return LongestRequest(kv_bound_tokens, "kv_bytes")
 
 
 def _as_dict(c: Capacity, longest: LongestRequest) -> dict[str, int | str | None]:

@@ -249,10 +249,11 @@ class Scheduler:
         smallest = Demand(smallest_request_pages(layout.bands, kv.geom.state_slots))
         if not self._fits_empty(smallest):
             needed = _demand_bytes(self._empty, smallest) + self.chain.layout.reserved_bytes
+            why = ChainPrefillBudget(self._empty, self.rules).refusal(smallest)
             raise BufferTooSmallError(
                 f"the chain ({self.chain.layout.shape_name}, {self._empty.buffer_bytes:,} B) "
-                f"cannot hold the smallest request: it needs {needed:,} B with null pages",
-                needed_bytes=needed, available_bytes=self._empty.buffer_bytes)
+                f"cannot hold the smallest request ({needed:,} B of pages with null pages): "
+                f"{why}", needed_bytes=needed, available_bytes=self._empty.buffer_bytes)
 
     @property
     def ratio(self) -> NewTokenRatio | None:
@@ -296,7 +297,8 @@ class Scheduler:
             self._emit(EventKind.REJECTED, request.rid, now,
                        f"needs {_demand_bytes(self._empty, need):,} B of pages at its peak, "
                        f"which {self.rules.window.value} admission can never fit on the empty "
-                       f"chain ({self._empty.free_bytes:,} B free)")
+                       f"chain ({self._empty.free_bytes:,} B free): "
+                       + ChainPrefillBudget(self._empty, self.rules).refusal(need))
             return False
         self.waiting.append(request)
         return True
@@ -362,10 +364,13 @@ class Scheduler:
                 step.prefills.append(PrefillChunk(r.rid, r.computed, c))
                 tokens_left -= c
         running = list(self.running.values())
-        self.reserve.begin_step([r.prefill_target for r in running],
-                                [r.output_left - 1 for r in running],
-                                [r.output_done for r in running],
-                                [r.output_limit for r in running])
+        # The decoding batch (admission.AdaptiveReserve: the lockstep peak is theirs;
+        # prefills and candidates reserve their whole expected output).
+        batch = [r for r in running if not r.in_prefill]
+        self.reserve.begin_step([r.computed + 1 for r in batch],
+                                [r.output_left - 1 for r in batch],
+                                [r.output_done for r in batch],
+                                [r.output_limit for r in batch], page)
         budget.reserve(self._refresh_ledger(running, this_step))
         # Waiting requests, in policy order, while the ledger fits. A prefix-cache hit
         # locks its pages first (they stop being evictable supply), so the ledger is
@@ -767,10 +772,11 @@ class Scheduler:
         for r in running:
             now_tokens, demand = this_step.get(r.rid, (0, zero))
             rest_prefill = r.remaining_prefill - (now_tokens if r.in_prefill else 0)
-            headroom = rest_prefill + self._output_reserve(r)
+            output, expected = self._output_reserve(r, not r.in_prefill)
             req = kv.pages(r.rid)
-            key = (req.held(), req.tokens, now_tokens, demand.pages, headroom,
-                   min(page, max(rest_prefill, 1)), req.points, req.tails)
+            key = (req.held(), req.tokens, now_tokens, demand.pages, rest_prefill + output,
+                   rest_prefill + expected, min(page, max(rest_prefill, 1)), req.points,
+                   req.tails)
             ledger.update(r.rid, key, functools.partial(self._future, r, now_tokens, demand))
         total = ledger.total
         if self.config.audit_every_step:
@@ -794,10 +800,11 @@ class Scheduler:
         rest_prefill = r.remaining_prefill - (now_tokens if r.in_prefill else 0)
         # KV still to come after the prefill: remaining_output - 1 (the last sampled token
         # is never fed back); a decode's own token is this step's.
-        headroom = rest_prefill + self._output_reserve(r)
+        output, expected = self._output_reserve(r, not r.in_prefill)
         # Later chunks are reserved at one page: the scheduler cuts them to what fits.
-        full_step = self.kv.demand(r.rid, now_tokens, headroom,
-                                   min(self.kv.geom.page_size, max(rest_prefill, 1)))
+        full_step = self.kv.demand(r.rid, now_tokens, rest_prefill + output,
+                                   min(self.kv.geom.page_size, max(rest_prefill, 1)),
+                                   rest_prefill + expected)
         return Demand(tuple(max(0, a - b) for a, b in
                             zip(full_step.pages, this_step.pages, strict=True)))
 
@@ -805,15 +812,23 @@ class Scheduler:
         """A waiting request's first chunk plus its future (rest of the prefill, expected
         output, window peak, state slots); after a prefix-cache hit, from the hit on."""
         rest = r.prefill_target - r.computed - chunk
-        headroom = rest + self._output_reserve(r)
+        output, expected = self._output_reserve(r, False)
         hc = min(self.kv.geom.page_size, max(rest, 1))
         if r.rid in self.kv:
-            return self.kv.demand(r.rid, chunk, headroom, hc)
-        return request_demand(self.kv.geom, NOTHING_HELD, 0, chunk, headroom, hc)
+            return self.kv.demand(r.rid, chunk, rest + output, hc, rest + expected)
+        return request_demand(self.kv.geom, NOTHING_HELD, 0, chunk, rest + output, hc,
+                              horizon=rest + expected)
 
-    def _output_reserve(self, r: Request) -> int:
-        """KV tokens of future output the policy reserves for ``r`` (up to its limit)."""
-        return self.reserve.tokens(r.output_left - 1, r.output_done, r.output_limit)
+    def _output_reserve(self, r: Request, decoding: bool) -> tuple[int, int]:
+        """``(reserved, expected)``: KV tokens of future output the policy reserves for
+        ``r`` (up to its limit; ``decoding``: ``r`` decodes this step, so it is one of the
+        batch the policy's :meth:`~kvchain.admission.OutputReserve.begin_step` saw, holding
+        ``computed + 1`` tokens after it) and the tokens it expects ``r`` to generate (its
+        window's later peak is reserved over them:
+        :func:`~kvchain.kv_manager.request_demand`'s ``horizon``)."""
+        left, done, limit = r.output_left - 1, r.output_done, r.output_limit
+        return (self.reserve.tokens(left, done, limit, r.computed + 1 if decoding else None),
+                self.reserve.horizon(left, done, limit))
 
     def _waiting_order(self) -> Iterable[Request]:
         """Waiting requests in policy order, read lazily from the queue (no copy, no sort:

@@ -368,7 +368,8 @@ def weight_format_of(cfg: HFConfig) -> WeightFormat:
     if method == "fp8":
         return WeightFormat.FP8
     raise ConfigError(
-        f"quantization_config.quant_method={method!r} is not supported; pass weight_format"
+        f"quantization_config.quant_method={method!r} is not supported; pass weight_format "
+        f"(on the command line --weight-format: bf16, fp8, mxfp4-experts)"
     )
 
 

@@ -1,0 +1,318 @@
+"""Capacity planning: one model's KV buffer on one GPU, as a chain and as fixed pools.
+
+The library side of ``kvchain plan`` (the CLI only parses and prints): :func:`plan_capacity`
+sizes the buffer from the GPU memory model (:func:`kvchain.gpu.kv_buffer_bytes`), lays out
+the chain and prices, on its empty snapshot, the longest lone request, the concurrency of a
+request mix and the token capacity with state slots held - with the planner itself, no
+second formula - beside the same classes in fixed per-class pools (SGLang's default split).
+
+Units: bytes, tokens, requests, state slots. Every figure is **per tensor-parallel rank**:
+the model's weights and cache bytes are one rank's share under ``tp``, and so are the
+buffer, the tokens and the requests (a request's KV is split over the ranks, so the
+concurrency of the group equals one rank's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvchain.alloc.chain import Chain
+from kvchain.alloc.pricing import fits, largest_fitting, max_units
+from kvchain.alloc.snapshot import ChainSnapshot, Demand
+from kvchain.errors import ConfigError
+from kvchain.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES, GPUSpec, kv_buffer_bytes
+from kvchain.kv_manager import RequestGeometry, lifetime_demand
+from kvchain.layout import ChainLayout, plan_layout
+from kvchain.spec.layers import CacheClass, LifetimeClass
+from kvchain.spec.model import ModelSpec
+
+# Fixed-pool defaults as public engines ship them.
+WINDOW_FULL_TOKENS_RATIO = 0.8  # SGLang --swa-full-tokens-ratio default
+STATE_FULL_MEMORY_RATIO = 0.9  # SGLang --mamba-full-memory-ratio default (state : rest)
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What one memory layout can hold.
+
+    Attributes:
+        longest_request_tokens: longest lone request (prompt tokens, 1 output token);
+            ``None`` when the KV cache never bounds it (no full-attention band: window,
+            chunked-local and state bytes are capped per request).
+        concurrent_requests: ``(prompt, output)`` requests that fit at their peak, together.
+        full_tokens: full-attention tokens that fit with ``slots_held`` state slots held
+            (0 without a full band, or if ``slots_held`` slots do not fit).
+        slots_held: state slots held for ``full_tokens``.
+    """
+
+    longest_request_tokens: int | None
+    concurrent_requests: int
+    full_tokens: int
+    slots_held: int
+
+
+def chain_capacity(layout: ChainLayout, prompt: int, output: int,
+                   slots_held: int | None) -> Capacity:
+    """Capacity of a chain, from the planner on its empty snapshot (no second formula).
+
+    Args:
+        layout: the chain.
+        prompt, output: tokens of one request of the mix.
+        slots_held: state slots held for the token capacity (``None``: the concurrency).
+
+    Raises:
+        InvalidDemandError: non-positive prompt/output/chunk.
+    """
+    return _capacity(_chain_parts(layout), layout.buffer_bytes, prompt, output, slots_held)
+
+
+def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
+    """The same classes as separate pools of fixed bytes (one single-band chain each).
+
+    Split rule (SGLang defaults): the state pool takes ``0.9 / 1.9`` of the buffer
+    (``--mamba-full-memory-ratio 0.9``: state bytes = 0.9 x the rest); each window (or
+    local) pool holds ``0.8 x`` the full pool's tokens (``--swa-full-tokens-ratio 0.8``;
+    SGLang has one window pool, so several window sizes each get that ratio); without a
+    full class the window pools split the rest in proportion to their bytes per token.
+
+    Raises:
+        BufferTooSmallError: a pool too small for one smallest request.
+    """
+    b = layout.buffer_bytes
+    classes = [band.cache_class for band in layout.bands]
+    state = next((c for c in classes if c.lifetime is LifetimeClass.STATE), None)
+    rest = b
+    pools: list[tuple[CacheClass, int]] = []
+    if state is not None:
+        state_bytes = int(b * STATE_FULL_MEMORY_RATIO / (1 + STATE_FULL_MEMORY_RATIO))
+        if len(classes) == 1:
+            state_bytes = b
+        pools.append((state, state_bytes))
+        rest = b - state_bytes
+    full = next((c for c in classes if c.lifetime is LifetimeClass.FULL), None)
+    wins = [c for c in classes if c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
+    if full is not None and wins:
+        # Every window (or local) pool holds 0.8 x the full pool's tokens.
+        e_wins = sum(c.bytes_per_token for c in wins)
+        full_tokens = rest / (full.bytes_per_token + WINDOW_FULL_TOKENS_RATIO * e_wins)
+        full_bytes = int(full_tokens * full.bytes_per_token)
+        pools.append((full, full_bytes))
+        left = rest - full_bytes
+        for i, c in enumerate(wins):
+            share = (left if i == len(wins) - 1
+                     else int(full_tokens * WINDOW_FULL_TOKENS_RATIO * c.bytes_per_token))
+            pools.append((c, share))
+            left -= share
+    elif full is not None or wins:
+        pool_classes = [full] if full is not None else wins
+        total_e = sum(c.bytes_per_token for c in pool_classes)
+        left = rest
+        for i, c in enumerate(pool_classes):
+            share = left if i == len(pool_classes) - 1 else int(rest * c.bytes_per_token / total_e)
+            pools.append((c, share))
+            left -= share
+    return [plan_layout([c], nbytes, layout.page_size,
+                        state_slots_per_request=layout.state_slots_per_request)
+            for c, nbytes in pools]
+
+
+def pools_capacity(layout: ChainLayout, prompt: int, output: int,
+                   slots_held: int | None) -> Capacity:
+    """:func:`chain_capacity` for fixed per-class pools (:func:`fixed_pool_layouts`): a
+    demand fits iff every pool fits its own part."""
+    return _capacity(_pool_parts(layout), layout.buffer_bytes, prompt, output, slots_held)
+
+
+def compare_capacity(layout: ChainLayout, prompt: int, output: int,
+                     slots_held: int | None) -> tuple[Capacity, Capacity]:
+    """The chain and the fixed pools, like with like: the token capacity of both is taken
+    with the *same* number of state slots held.
+
+    Args:
+        slots_held: slots held on both sides; ``None``: the smaller of the two
+            concurrencies (a count both layouts can hold, so neither side is measured
+            holding more slots than the other).
+
+    Returns:
+        ``(chain, pools)``.
+
+    Raises:
+        BufferTooSmallError: a pool too small for one smallest request.
+        InvalidDemandError: non-positive prompt/output.
+    """
+    chain_parts, pool_parts = _chain_parts(layout), _pool_parts(layout)
+    b = layout.buffer_bytes
+    if slots_held is None:
+        slots_held = min(_concurrency(chain_parts, prompt, output),
+                         _concurrency(pool_parts, prompt, output))
+    return (_capacity(chain_parts, b, prompt, output, slots_held),
+            _capacity(pool_parts, b, prompt, output, slots_held))
+
+
+_Parts = list[tuple[RequestGeometry, ChainSnapshot]]
+
+
+def _chain_parts(layout: ChainLayout) -> _Parts:
+    return [(RequestGeometry.of(layout), Chain(layout).snapshot())]
+
+
+def _pool_parts(layout: ChainLayout) -> _Parts:
+    return [(RequestGeometry.of(pl), Chain(pl).snapshot()) for pl in fixed_pool_layouts(layout)]
+
+
+def _concurrency(parts: _Parts, prompt: int, output: int) -> int:
+    unit = [lifetime_demand(g, prompt, output) for g, _ in parts]
+    return min(max_units(snap, u) if not u.is_empty else 1 << 62
+               for (_, snap), u in zip(parts, unit, strict=True))
+
+
+def _capacity(parts: _Parts, buffer_bytes: int, prompt: int, output: int,
+              slots_held: int | None) -> Capacity:
+    def all_fit(demands: list[Demand]) -> bool:
+        return all(fits(snap, d) for (_, snap), d in zip(parts, demands, strict=True))
+
+    def lone(tokens: int) -> list[Demand]:
+        return [lifetime_demand(g, tokens, 1) for g, _ in parts]
+
+    if any(g.full is not None for g, _ in parts):
+        longest: int | None = largest_fitting(lambda n: n == 0 or all_fit(lone(n)),
+                                              buffer_bytes)
+    else:  # window, chunked-local and state bytes are capped per request
+        longest = None
+    concurrent = _concurrency(parts, prompt, output)
+    slots = concurrent if slots_held is None else slots_held
+    held_all: list[Demand] = []
+    for g, _ in parts:
+        slot_pages = [0] * g.num_bands
+        if g.state is not None:
+            slot_pages[g.state] = slots
+        held_all.append(Demand(tuple(slot_pages)))
+    full_tokens = 0
+    if all_fit(held_all):  # every pool holds its share of the slots
+        for (g, snap), held in zip(parts, held_all, strict=True):
+            if g.full is None:
+                continue
+            one_page = [0] * g.num_bands
+            one_page[g.full] = 1
+            full_tokens = max_units(snap, Demand(tuple(one_page)), held) * g.page_size
+    return Capacity(longest, concurrent, full_tokens, slots)
+
+
+@dataclass(frozen=True, slots=True)
+class LongestRequest:
+    """The longest lone request and what bounds it.
+
+    Attributes:
+        tokens: prompt tokens of the longest lone request with its 1 output token (as
+            :attr:`Capacity.longest_request_tokens`): ``min(KV-bytes bound, context - 1)``,
+            since prompt + output may not exceed the context; ``None`` when neither bounds
+            it (no full-attention layer and no known context).
+        bound: ``"kv_bytes"`` when the buffer binds first (or ties), ``"context"`` when the
+            model's context length does, ``"unbounded"`` when neither does.
+    """
+
+    tokens: int | None
+    bound: str
+
+
+def longest_request(kv_bound_tokens: int | None, context: int | None) -> LongestRequest:
+    """Cap the KV-bytes bound (``None``: unbounded, no full-attention layer) at the model's
+    context length and say which binds.
+
+    Example: a buffer that holds 37.7M prompt tokens of a model with a 32,768-token
+    context: ``LongestRequest(32_767, "context")`` (32,767 prompt + 1 output token).
+    """
+    if context is not None and (kv_bound_tokens is None or context - 1 < kv_bound_tokens):
+        return LongestRequest(context - 1, "context")
+    if kv_bound_tokens is None:
+        return LongestRequest(None, "unbounded")
+    return LongestRequest(kv_bound_tokens, "kv_bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    """Where the KV buffer's bytes come from, on one GPU (one tensor-parallel rank).
+
+    Attributes:
+        buffer_bytes: the KV buffer.
+        given: True when the caller gave ``buffer_bytes`` (the GPU memory model unused:
+            the other fields are then ``None``).
+        gpu_memory_bytes: the device memory (:attr:`GPUSpec.memory_bytes`).
+        mem_fraction: the fraction of it an engine may use (vLLM's
+            ``gpu_memory_utilization``).
+        weight_bytes: one rank's weights.
+        reserve_bytes: what the engine keeps besides weights and KV inside the fraction
+            (activations, CUDA context, NCCL; :data:`kvchain.gpu.DEFAULT_ACTIVATION_RESERVE_BYTES`).
+    """
+
+    buffer_bytes: int
+    given: bool
+    gpu_memory_bytes: int | None = None
+    mem_fraction: float | None = None
+    weight_bytes: int | None = None
+    reserve_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityPlan:
+    """The numbers ``kvchain plan`` prints, all per tensor-parallel rank.
+
+    Attributes:
+        model: the model (one rank's share of it).
+        gpu: the GPU.
+        tp: tensor-parallel size the model was split over.
+        budget: the buffer and its memory model.
+        layout: the chain.
+        prompt, output: tokens of one request of the mix.
+        chain, pools: the chain's and the fixed pools' capacity (:func:`compare_capacity`).
+        chain_longest, pools_longest: their longest lone request, capped at the context.
+    """
+
+    model: ModelSpec
+    gpu: GPUSpec
+    tp: int
+    budget: MemoryBudget
+    layout: ChainLayout
+    prompt: int
+    output: int
+    chain: Capacity
+    pools: Capacity
+    chain_longest: LongestRequest
+    pools_longest: LongestRequest
+
+
+def plan_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, mem_fraction: float = 0.9,
+                  buffer_bytes: int | None = None, page_size: int = 16, prompt: int = 2048,
+                  output: int = 512, slots_held: int | None = None) -> CapacityPlan:
+    """Plan ``model`` (already split over ``tp`` ranks: its bytes are one rank's) on one
+    ``gpu``: the buffer (``buffer_bytes``, or :func:`kvchain.gpu.kv_buffer_bytes` of the
+    GPU's memory at ``mem_fraction`` minus one rank's weights and the default engine
+    reserve), the chain's layout with ``page_size``-token pages, and the capacity of the
+    chain and of fixed pools for ``(prompt, output)``-token requests
+    (:func:`compare_capacity`; ``slots_held`` as there). Every figure is per rank.
+
+    Example: field case F10 (``docs/field-cases.md``): a declared model with
+    ``E_full = 32,000 B``, ``S = 50,000,000 B``, a 40e9 B buffer, 64 slots held:
+    ``chain.full_tokens == (40e9 - 64 x 50e6) / 32,000 = 1,150,000``.
+
+    Raises:
+        ConfigError: ``tp < 1``; a memory fraction or weights that leave no room
+            (:func:`kvchain.gpu.kv_buffer_bytes`).
+        BufferTooSmallError: a buffer (or a fixed pool) too small for one smallest request.
+        InvalidDemandError: a non-positive prompt or output.
+    """
+    if tp < 1:
+        raise ConfigError(f"tp must be >= 1, got {tp}")
+    if buffer_bytes is None:
+        reserve = DEFAULT_ACTIVATION_RESERVE_BYTES
+        budget = MemoryBudget(kv_buffer_bytes(gpu, model.weight_bytes, mem_fraction=mem_fraction,
+                                              activation_reserve_bytes=reserve), False,
+                              gpu.memory_bytes, mem_fraction, model.weight_bytes, reserve)
+    else:
+        budget = MemoryBudget(buffer_bytes, True)
+    layout = plan_layout(model.classes, budget.buffer_bytes, page_size)
+    ours, pools = compare_capacity(layout, prompt, output, slots_held)
+    context = model.max_context_tokens
+    return CapacityPlan(model, gpu, tp, budget, layout, prompt, output, ours, pools,
+                        longest_request(ours.longest_request_tokens, context),
+                        longest_request(pools.longest_request_tokens, context))
