@@ -270,3 +270,29 @@ def test_plan_weight_format_reads_a_compressed_tensors_config(tmp_path):
     spec.write_text(json.dumps({"name": "s", "full": 32_000}))
     assert "does not apply to --spec" in refused("plan", "--spec", str(spec),
                                                  "--weight-format", "fp8")
+
+
+def test_weight_format_is_one_run_option_of_simulate_compare_and_sweep(tmp_path):
+    # The same option and the same loader as `plan`: a compressed-tensors config is refused
+    # without it (naming the option) and served with it; a bundled model refuses it.
+    from kvchain.sim.run_options import RunOptions
+    from kvchain.sim.sweep import SweepPoint, point_config
+    from kvchain.spec.params import WeightFormat
+
+    plain, quant = _compressed_tensors_config(tmp_path)
+    run = ["--requests", "2", "--clock", "steps", "--json"]
+    for command in ("simulate", "compare"):
+        result = runner.invoke(app, [command, "--config", str(quant), *run])
+        assert result.exit_code == 2 and result.stdout == "", (command, result.output)
+        assert "--weight-format" in " ".join(result.stderr.split())
+        assert "applies to --config files" in refused(command, "--weight-format", "fp8", *run)
+    served = runner.invoke(app, ["simulate", "--config", str(quant), "--weight-format",
+                                 "bf16", *run])
+    assert served.exit_code == 0, served.output
+    # A sweep point with the option gets the model plan reads (bf16 = the unquantized file).
+    fields = {"model": str(quant), "gpu": "h200", "tp": 1, "trace": "azure-conv",
+              "rate_scale": 1.0, "mem_fraction": 0.9, "manager": "kvchain"}
+    point = SweepPoint(**fields, options=RunOptions(requests=2,
+                                                    weight_format=WeightFormat.BF16))
+    assert (point_config(point).model.weight_bytes
+            == run_json("plan", "--config", str(plain))["weight_bytes"])

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
+from pathlib import Path
 
 from kvchain.catalog.models_json import entry_config
 from kvchain.catalog.views import bundled_fields
@@ -29,6 +30,7 @@ from kvchain.spec.hf_transformers import ReadThrough
 from kvchain.spec.layers import CacheDtype, LifetimeClass
 from kvchain.spec.model import ModelSpec
 from kvchain.spec.params import WeightFormat
+from kvchain.spec.spec_file import load_spec_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +256,51 @@ def load_model(
     """
     record = _find(name, _records())
     return _build(record, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype, from_entry=False)
+
+
+def load_model_source(
+    model: str,
+    config: str | Path | None = None,
+    *,
+    spec_file: str | Path | None = None,
+    kv_dtype: CacheDtype | None = None,
+    tp: int = 1,
+    state_dtype: CacheDtype | None = None,
+    weight_format: WeightFormat | None = None,
+) -> ModelSpec:
+    """The model of a run, per tensor-parallel rank: a spec file, a Hugging Face
+    ``config.json``, or a bundled name, in that order of precedence (``kvchain plan``,
+    ``simulate``, ``compare`` and ``sweep`` all load their model here).
+
+    ``kv_dtype`` / ``state_dtype`` override what a config declares (``None``: the config's
+    dtype fields, else bf16; :mod:`kvchain.spec.hf_dtypes`). ``weight_format`` says how a
+    ``config``'s checkpoint stores its weights (:class:`~kvchain.spec.params.WeightFormat`;
+    ``None``: its ``quantization_config``): a spec file declares its weight bytes and a
+    bundled model's format is its checkpoint's, so neither takes one.
+
+    Raises:
+        UnknownModelError: no bundled model has that name (checked before a misplaced
+            ``weight_format`` is reported).
+        ConfigError and subclasses: a bad config or spec file; a dtype override with a
+            spec file (it declares bytes, not tensors); ``weight_format`` with a spec file
+            or a bundled model; a config whose quantization needs ``weight_format``.
+    """
+    if spec_file is not None:
+        if kv_dtype is not None or state_dtype is not None:
+            raise ConfigError("--kv-dtype/--state-dtype do not apply to --spec (a spec file "
+                              "declares bytes, not tensors)")
+        if weight_format is not None:
+            raise ConfigError("--weight-format does not apply to --spec (a spec file "
+                              "declares weight_bytes)")
+        return load_spec_file(spec_file)
+    if config is not None:
+        return load_hf_config(config, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype,
+                              weight_format=weight_format)
+    spec = load_model(model, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
+    if weight_format is not None:
+        raise ConfigError("--weight-format applies to --config files; a bundled model's "
+                          "format is its checkpoint's (see `kvchain models`)")
+    return spec
 
 
 def load_models_json_entry(

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvchain.catalog.loader import load_model
+from kvchain.catalog.loader import load_model_source
 from kvchain.errors import ConfigError
 from kvchain.gpu import GPUSpec
 from kvchain.layout import ChainLayout
@@ -24,10 +24,9 @@ from kvchain.report.tables import band_table
 from kvchain.sim.metrics import SimSummary
 from kvchain.sim.run_options import check_values, option_help
 from kvchain.sim.traces import Trace
-from kvchain.spec.hf import load_hf_config
 from kvchain.spec.layers import CacheDtype
 from kvchain.spec.model import ModelSpec
-from kvchain.spec.spec_file import load_spec_file
+from kvchain.spec.params import WeightFormat
 
 
 def check_flags(**flags: float | int | None) -> None:
@@ -154,30 +153,21 @@ def prepare_out_dir(out: Path | None) -> None:
 
 def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,
               kv_dtype: CacheDtype | None = None, tp: int = 1,
-              state_dtype: CacheDtype | None = None) -> ModelSpec:
-    """The model of a command: a spec file, a Hugging Face config.json, or a catalog name
-    (in that order of precedence).
-
-    ``kv_dtype`` / ``state_dtype`` (``--kv-dtype`` / ``--state-dtype``) override what the
-    config declares (``None``: the config's dtype fields, else bf16; see
-    :mod:`kvchain.spec.hf_dtypes`).
+              state_dtype: CacheDtype | None = None,
+              weight_format: WeightFormat | None = None) -> ModelSpec:
+    """The model of a command: :func:`kvchain.catalog.loader.load_model_source` (a spec
+    file, a Hugging Face config.json, or a catalog name, in that order of precedence).
 
     Raises:
-        ConfigError and subclasses: unknown model, bad config, bad spec file, or a dtype
-            override given with a spec file (its classes are declared in bytes).
+        ConfigError and subclasses: as :func:`~kvchain.catalog.loader.load_model_source`.
     """
-    if spec_file is not None:
-        if kv_dtype is not None or state_dtype is not None:
-            raise ConfigError("--kv-dtype/--state-dtype do not apply to --spec (a spec file "
-                              "declares bytes, not tensors)")
-        return load_spec_file(spec_file)
-    if config is not None:
-        return load_hf_config(config, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
-    return load_model(model, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
+    return load_model_source(model, config, spec_file=spec_file, kv_dtype=kv_dtype, tp=tp,
+                             state_dtype=state_dtype, weight_format=weight_format)
 
 
 KV_DTYPE_HELP = option_help("kv_dtype")
 STATE_DTYPE_HELP = option_help("state_dtype")
+WEIGHT_FORMAT_HELP = option_help("weight_format")
 
 
 def render_bands(layout: ChainLayout) -> Table:

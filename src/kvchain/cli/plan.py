@@ -16,22 +16,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvchain.capacity import Capacity, CapacityPlan, LongestRequest, longest_request, plan_capacity
-from kvchain.catalog.loader import load_model
 from kvchain.cli import app
 from kvchain.cli.common import (
     KV_DTYPE_HELP,
     STATE_DTYPE_HELP,
+    WEIGHT_FORMAT_HELP,
     check_flags,
     fail,
     load_spec,
     render_bands,
     warn_buffer,
 )
-from kvchain.errors import ConfigError, KVChainError
+from kvchain.errors import KVChainError
 from kvchain.gpu import get_gpu
-from kvchain.spec.hf import load_hf_config
 from kvchain.spec.layers import CacheDtype, LifetimeClass
-from kvchain.spec.model import ModelSpec
 from kvchain.spec.params import WeightFormat
 
 __all__ = ["longest_request", "plan_command"]
@@ -44,35 +42,6 @@ MEM_FRACTION_HELP = ("Fraction of GPU memory for weights + KV + the engine's res
                      "- one rank's weights - 3 GiB engine reserve (profiled activations, CUDA "
                      "context, NCCL: vLLM's Llama-3-8B profile); CUDA graphs live in the "
                      "remaining 1 - fraction, as in vLLM.")
-WEIGHT_FORMAT_HELP = ("How the checkpoint stores its weights: bf16, fp8, mxfp4-experts "
-                      "(default: the config's quantization_config; a --config whose "
-                      "quant_method is another, e.g. compressed-tensors, needs it).")
-
-
-def load_plan_model(model: str, config: Path | None, *, spec_file: Path | None,
-                    kv_dtype: CacheDtype | None, tp: int, state_dtype: CacheDtype | None,
-                    weight_format: WeightFormat | None) -> ModelSpec:
-    """:func:`kvchain.cli.common.load_spec`, with a weight format for a ``--config``.
-
-    Raises:
-        ConfigError: ``weight_format`` with ``--spec`` (it declares ``weight_bytes``) or
-            with a bundled model (its format is the checkpoint's, recorded in the catalog);
-            and whatever :func:`load_spec` raises.
-    """
-    if weight_format is None:
-        return load_spec(model, config, spec_file=spec_file, kv_dtype=kv_dtype, tp=tp,
-                         state_dtype=state_dtype)
-    if spec_file is not None:
-        raise ConfigError("--weight-format does not apply to --spec (a spec file declares "
-                          "weight_bytes)")
-    if config is None:
-        load_model(model)  # an unknown name is refused as such first
-        raise ConfigError("--weight-format applies to --config files; a bundled model's "
-                          "format is its checkpoint's (see `kvchain models`)")
-    return load_hf_config(config, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype,
-                          weight_format=weight_format)
-
-
 @app.command("plan", short_help="Bands and capacity of one model's chain.")
 def plan_command(
     model: Annotated[str, typer.Option(help="Bundled model name.")] = "gpt-oss-120b",
@@ -108,8 +77,8 @@ def plan_command(
     try:
         check_flags(mem_fraction=mem_fraction, buffer_bytes=buffer_bytes, page_size=page_size,
                     tp=tp, prompt=prompt, output=output, slots_held=slots_held)
-        model_spec = load_plan_model(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp,
-                                     state_dtype=state_dtype, weight_format=weight_format)
+        model_spec = load_spec(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp,
+                               state_dtype=state_dtype, weight_format=weight_format)
         gpu_spec = get_gpu(gpu)
         result = plan_capacity(model_spec, gpu_spec, tp=tp, mem_fraction=mem_fraction,
                                buffer_bytes=buffer_bytes, page_size=page_size, prompt=prompt,

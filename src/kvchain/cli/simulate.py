@@ -79,7 +79,8 @@ def simulate_command(
         resolved = resolve_run(trace, given.values)
         run = resolved.options
         model_spec = load_spec(model, config, spec_file=spec, tp=tp, kv_dtype=run.kv_dtype,
-                               state_dtype=run.state_dtype)
+                               state_dtype=run.state_dtype,
+                               weight_format=run.weight_format)
         gpu_spec = get_gpu(gpu)
         tr = run.load_trace(resolved.trace)
         sim_config = run.sim_config(model_spec, gpu_spec, tr)

@@ -58,6 +58,7 @@ from kvchain.sim.engine import SimConfig
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, Trace, load_trace
 from kvchain.spec.layers import CacheDtype
 from kvchain.spec.model import ModelSpec
+from kvchain.spec.params import WeightFormat
 
 PREFILL_TOKENS_FLOOR = 8192
 """Prefill tokens per step (all chunks together) are ``max(chunk_size, 8192)``: at least one
@@ -121,6 +122,10 @@ class RunOptions:
     state_dtype: CacheDtype | None = field(default=None, metadata=option(
         "Element type of the recurrent state (default: the config's mamba_ssm_dtype / "
         "mamba_ssm_cache_dtype / mamba_cache_dtype, else bf16)."))
+    weight_format: WeightFormat | None = field(default=None, metadata=option(
+        "How a --config checkpoint stores its weights: bf16, fp8, mxfp4-experts (default: "
+        "the config's quantization_config; a config whose quant_method is another, e.g. "
+        "compressed-tensors, needs it; refused with --spec or a bundled model)."))
     policy: QueuePolicy = field(default=QueuePolicy.FCFS, metadata=option(
         "Waiting-queue order."))
     max_running: int = field(default=256, metadata=option("Most running requests."))

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from kvchain.baselines import ManagerKind
-from kvchain.catalog.loader import load_model
+from kvchain.catalog.loader import load_model_source
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
 from kvchain.sim.compare import run_manager
@@ -51,6 +51,7 @@ from kvchain.sim.run_options import RunOptions
 from kvchain.sim.traces import Trace
 from kvchain.spec.layers import CacheDtype
 from kvchain.spec.model import ModelSpec
+from kvchain.spec.params import WeightFormat
 
 
 class SweepConfigError(ConfigError):
@@ -322,13 +323,11 @@ def _base_trace(trace: str, options: RunOptions) -> Trace:
 
 
 @functools.lru_cache(maxsize=16)
-def _model(model: str, tp: int, kv_dtype: CacheDtype | None,
-           state_dtype: CacheDtype | None) -> ModelSpec:
-    if model.endswith(".json"):
-        from kvchain.spec.hf import load_hf_config
-
-        return load_hf_config(Path(model), tp=tp, kv_dtype=kv_dtype, state_dtype=state_dtype)
-    return load_model(model, tp=tp, kv_dtype=kv_dtype, state_dtype=state_dtype)
+def _model(model: str, tp: int, kv_dtype: CacheDtype | None, state_dtype: CacheDtype | None,
+           weight_format: WeightFormat | None) -> ModelSpec:
+    config = Path(model) if model.endswith(".json") else None
+    return load_model_source(model, config, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype,
+                             weight_format=weight_format)
 
 
 def point_trace(point: SweepPoint) -> Trace:
@@ -353,7 +352,8 @@ def point_config(point: SweepPoint) -> SimConfig:
             fit.
     """
     run = point.run_options()
-    return run.sim_config(_model(point.model, point.tp, run.kv_dtype, run.state_dtype),
+    return run.sim_config(_model(point.model, point.tp, run.kv_dtype, run.state_dtype,
+                                 run.weight_format),
                           get_gpu(point.gpu), point_trace(point))
 
 
