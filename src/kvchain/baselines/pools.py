@@ -62,6 +62,7 @@ from kvchain.alloc.snapshot import (
     LazyPlan,
     Quote,
 )
+from kvchain.audit import resolve_audit
 from kvchain.errors import (
     AuditError,
     CapacityError,
@@ -115,18 +116,25 @@ class PoolAllocator:
         rule: ``FIXED`` or ``SHARED``.
         pool_pages: ``FIXED`` only: each band's pool in its own pages (null page
             included), low -> high.
+        audit: after an ``Evict``, compare the evictor's remaining order with the
+            published one row by row (``None``: :func:`kvchain.audit.resolve_audit`'s
+            default, on in the test suite); without it the check is O(bands): the rest's
+            unit count and pages per band.
 
     Virtual ids of band ``i`` are ``0 .. cap_i - 1``; freed ids are reused lowest first.
     The layout's null pages are bound at construction (as the chain does).
 
     Raises:
         ConfigError: ``pool_pages`` missing for ``FIXED`` or given for ``SHARED``, of the
-            wrong length, below a band's null pages, or whose bytes exceed the buffer.
+            wrong length, below a band's null pages, or whose bytes exceed the buffer; a
+            bad ``audit`` flag.
     """
 
     def __init__(self, layout: ChainLayout, rule: CapacityRule,
-                 pool_pages: Sequence[int] | None = None) -> None:
+                 pool_pages: Sequence[int] | None = None, *,
+                 audit: bool | None = None) -> None:
         self.layout = layout
+        self.audit_takes = resolve_audit(audit)
         self.rule = rule
         n = len(layout.bands)
         if rule is CapacityRule.FIXED:
@@ -370,8 +378,11 @@ class PoolAllocator:
         if not 0 < units <= order.units:
             raise PlanMismatchError(f"Evict({units}) with {order.units} eviction units")
         expected = order.freed(units)
+        total = order.freed(order.units)
         live = [len(b) - e for b, e in zip(self._bound, expected, strict=True)]
         self._check_rule(live, demand, units)
+        if self.audit_takes:
+            order.materialize()  # every row known: the suffix is comparable after it moves
         raw = evictor.evict(units)
         if len(raw) != len(self._bound):
             raise PlanMismatchError(f"Evict({units}): the evictor returned {len(raw)} bands")
@@ -387,7 +398,12 @@ class PoolAllocator:
                                         f"held pages")
             freed.append(ids)
         left = self._checked_order()
-        if left != order.after(units):
+        # O(bands): the rest's unit count and total pages per band (a lazy order that
+        # moved cannot give its rows any more); row by row under the audit flag.
+        rest = order.units - units
+        rest_total = tuple(t - e for t, e in zip(total, expected, strict=True))
+        if (left.units != rest or (rest and left.freed(rest) != rest_total)
+                or (self.audit_takes and left != order.after(units))):
             raise PlanMismatchError(f"Evict({units}): the evictor's order after evicting is "
                                     f"not the rest of the order it published")
         return freed
