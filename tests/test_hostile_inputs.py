@@ -94,7 +94,7 @@ def run_cli(*args: str) -> str:
 def test_cli_refuses_bad_files_with_one_line_errors(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"full": 1.5}))
-    assert "full must be a non-negative integer" in run_cli(
+    assert "declared full must be an integer, got 1.5 (float)" in run_cli(
         "plan", "--spec", str(spec), "--buffer-bytes", "100000000")
     assert "slots-held must be >= 0" in run_cli("plan", "--slots-held", "-1")
     a_file = tmp_path / "file"
