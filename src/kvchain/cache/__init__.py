@@ -1,2 +1,3 @@
-"""The prefix cache: content keys per page and (to come) the radix tree over the chain's
-pages of every lifetime class, with its evictable supply priced by the planner."""
+"""The prefix cache: content keys per page (:mod:`kvchain.cache.keys`) and the radix tree
+over the chain's pages of every band, with its eviction order kept incrementally and
+published to the planner as the evictable supply (:mod:`kvchain.cache.radix`)."""
