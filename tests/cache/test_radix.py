@@ -37,12 +37,14 @@ def test_resume_points_every_interval_and_the_prompt_end():
     assert resume_points(FULL, 5, 2) == ()  # full only: every page boundary resumes
 
 
-def test_auto_keeps_only_the_ends_with_a_state_band():
+def test_auto_is_spaced_with_a_state_band():
     # 5 whole pages, interval 2: blocks -> 2, 4 and the end 5; ends -> the last interval
-    # boundary 4 and the end 5. AUTO: ends with a state band (SF), blocks without (WF).
-    assert resume_points(SF, 5, 2, ResumePolicy.AUTO) == (4, 5)
+    # boundary 4 and the end 5. AUTO: spaced with a state band (SF), blocks without (WF);
+    # SF knows no bytes, so spaced has no budget and keeps every boundary, as blocks.
+    assert resume_points(SF, 5, 2, ResumePolicy.ENDS) == (4, 5)
+    assert resume_points(SF, 5, 2, ResumePolicy.AUTO) == (2, 4, 5)
     assert resume_points(WF, 5, 2, ResumePolicy.AUTO) == (2, 4, 5)
-    assert PrefixCache(SF, 8, ResumePolicy.AUTO).policy is ResumePolicy.ENDS
+    assert PrefixCache(SF, 8, ResumePolicy.AUTO).policy is ResumePolicy.SPACED
     assert PrefixCache(WF, 8, ResumePolicy.AUTO).policy is ResumePolicy.BLOCKS
 
 

@@ -5,6 +5,7 @@ running hits), 0 divergences, 0 leaks; and planted defects that make each figure
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -119,6 +120,27 @@ def test_junctions_add_hits_on_the_state_shape_under_eviction():
     assert on.counters.divergences == off.counters.divergences == 0
     assert off.kv.junctions_saved == 0 < on.kv.junctions_saved
     assert on.counters.hit_tokens > off.counters.hit_tokens
+
+
+def spaced_cache(budget: int):
+    """A spaced cache whose checkpoint budget is ``budget`` points (its geometry's buffer
+    set to ``budget x 64`` slots; the chain's real buffer stays what ``run`` lays out)."""
+    def make(geom: CacheGeometry, **kw) -> PrefixCache:
+        return PrefixCache(replace(geom, buffer_bytes=budget * 64 * geom.slot_bytes), **kw)
+    return make
+
+
+@pytest.mark.parametrize("shape", ["state|full", "state|window|full"])
+def test_cached_runs_with_spaced_checkpoints(shape):
+    # Budget 4: a prompt of up to 900 tokens (L <= 14 boundaries of 64 tokens) keeps
+    # every ceil(L / 3)-th boundary counted back from its last, and its last page: spaced
+    # points (neither blocks nor ends), junctions on top, under eviction and the audits.
+    sched = run(shape, seed=11, n=150, policy=ResumePolicy.SPACED, cache_cls=spaced_cache(4))
+    c = sched.counters
+    cache = sched.kv.cache
+    assert cache is not None and cache.policy is ResumePolicy.SPACED
+    assert c.divergences == 0 and c.finished + c.rejected == 150
+    assert c.hit_tokens > 0 and cache.evictions > 0
 
 
 # --- planted defects: each "must be 0" figure made non-zero -----------------------------

@@ -79,22 +79,43 @@ class ResumePolicy(StrEnum):
     infinite-cache hit rate on the Mooncake trace when memory is unbounded; a running
     request keeps a window tail per block until it finishes). ``ENDS``: only the last
     interval boundary and the last whole page (where a conversation's next turn resumes;
-    two tails per request, so little memory is held back when memory binds). ``AUTO``
-    (the default): ``ENDS`` on a chain with a state band, ``BLOCKS`` otherwise
+    two tails per request, so little memory is held back when memory binds). ``SPACED``:
+    every ``K`` interval boundaries counted back from the last one, ``K`` the least spacing
+    that keeps a prompt within its checkpoint budget (:func:`spaced_budget`: the bytes a
+    checkpoint costs against the buffer); ``BLOCKS`` where the budget holds every boundary.
+    ``AUTO`` (the default): ``SPACED`` on a chain with a state band, ``BLOCKS`` otherwise
     (:meth:`resolve`; why: docs/prefix-cache.md, "Where checkpoints go").
     """
 
     BLOCKS = "blocks"
     ENDS = "ends"
+    SPACED = "spaced"
     AUTO = "auto"
 
     def resolve(self, geom: CacheGeometry) -> ResumePolicy:
-        """The policy a cache on ``geom`` uses: ``AUTO`` -> ``ENDS`` with a state band
-        (a checkpoint is a whole state slot, megabytes, and a prefill holds one per point
-        it passed until its prompt is inserted), else ``BLOCKS``; others as they are."""
+        """The policy a cache on ``geom`` uses: ``AUTO`` -> ``SPACED`` with a state band
+        (a checkpoint is a whole state slot, megabytes, so a prompt keeps as many as the
+        budget allows), else ``BLOCKS``; others as they are."""
         if self is not ResumePolicy.AUTO:
             return self
-        return ResumePolicy.ENDS if geom.state is not None else ResumePolicy.BLOCKS
+        return ResumePolicy.SPACED if geom.state is not None else ResumePolicy.BLOCKS
+
+
+# A prompt's checkpoints may cost at most 1/64 of the buffer (``spaced_budget``): tens of
+# requests prefill at once in a buffer and each holds its checkpoints until its prompt is
+# inserted, so one prompt's share stays a small part of the bytes (docs/prefix-cache.md).
+SPACED_BUFFER_SHARE = 64
+
+
+def spaced_budget(geom: CacheGeometry) -> int | None:
+    """Resume points (state checkpoints) one prompt may keep under ``SPACED``:
+    ``max(2, B // (64 * S))`` for a buffer of ``B`` bytes and state slots of ``S`` bytes
+    (so a prompt's checkpoints cost at most 1/64 of the buffer, and never fewer than the
+    two of ``ENDS``); ``None`` (no bound) without a state band or where the geometry does
+    not know the bytes (``slot_bytes`` or ``buffer_bytes`` 0)."""
+    if geom.state is None or geom.slot_bytes <= 0 or geom.buffer_bytes <= 0:
+        return None
+    return max(2, geom.buffer_bytes // (SPACED_BUFFER_SHARE * geom.slot_bytes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +131,9 @@ class CacheGeometry:
         window_tokens: ``W`` (window) or ``C`` (local chunk) tokens.
         local: True for chunked-local attention.
         state: index of the recurrent-state band, or ``None``.
+        slot_bytes: bytes of one state slot (a checkpoint; 0: unknown or no state band).
+        buffer_bytes: bytes of the whole buffer (0: unknown); with ``slot_bytes`` it sets
+            the ``SPACED`` budget (:func:`spaced_budget`).
     """
 
     num_bands: int
@@ -119,6 +143,8 @@ class CacheGeometry:
     window_tokens: int
     local: bool
     state: int | None
+    slot_bytes: int = 0
+    buffer_bytes: int = 0
 
     @staticmethod
     def of(layout: ChainLayout) -> CacheGeometry:
@@ -128,9 +154,11 @@ class CacheGeometry:
         if local:
             win = layout.index_of(LifetimeClass.LOCAL)
         tokens = (layout.bands[win].cache_class.window or 0) if win is not None else 0
+        state = layout.index_of(LifetimeClass.STATE)
         return CacheGeometry(len(layout.bands), layout.page_size,
                              layout.index_of(LifetimeClass.FULL), win, tokens, local,
-                             layout.index_of(LifetimeClass.STATE))
+                             state, layout.bands[state].page_bytes if state is not None else 0,
+                             layout.buffer_bytes)
 
     def window_start(self, position: int) -> int:
         """First token the window must hold to compute the token at ``position``: sliding
@@ -270,19 +298,37 @@ def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
                   policy: ResumePolicy = ResumePolicy.BLOCKS) -> tuple[int, ...]:
     """Page counts where a cached prompt of ``whole_pages`` pages keeps window tails and
     state checkpoints, sorted: every ``interval_pages`` pages (``BLOCKS``; ``ENDS``: only
-    the last of them; ``AUTO``: as :meth:`ResumePolicy.resolve`) and ``whole_pages``
-    itself.
+    the last of them; ``SPACED``: see below; ``AUTO``: as :meth:`ResumePolicy.resolve`) and
+    ``whole_pages`` itself.
+
+    ``SPACED`` with a budget of ``C`` points (:func:`spaced_budget`) on a prompt with ``L``
+    interval boundaries: all of them when ``L <= C - 1``; otherwise every ``K``-th counted
+    back from the last, ``L, L - K, L - 2K, ... > 0`` with ``K = ceil(L / (C - 1))`` (at
+    most ``C - 1`` boundaries, so at most ``C`` points with the last whole page). E.g. 500
+    pages, interval 32 (``L = 15``), ``C = 6``: ``K = 3``, points 96, 192, 288, 384, 480,
+    500.
 
     Empty on a chain without a window/local or state band (every page boundary resumes).
     """
     if geom.window is None and geom.state is None:
         return ()
-    pts = list(range(interval_pages, whole_pages + 1, interval_pages))
-    if ResumePolicy(policy).resolve(geom) is ResumePolicy.ENDS:
-        pts = pts[-1:]
+    resolved = ResumePolicy(policy).resolve(geom)
+    last = whole_pages // interval_pages
+    if resolved is ResumePolicy.ENDS:
+        pts = [last * interval_pages] if last else []
+    elif resolved is ResumePolicy.SPACED:
+        budget = spaced_budget(geom)
+        step = 1 if budget is None or last <= budget - 1 else -(-last // (budget - 1))
+        pts = [b * interval_pages for b in range(last, 0, -step)][::-1]
+    else:
+        pts = list(range(interval_pages, whole_pages + 1, interval_pages))
     if whole_pages and (not pts or pts[-1] != whole_pages):
         pts.append(whole_pages)
     return tuple(pts)
+
+
+# A junction adding more than 1/20 of its prefix is worth a checkpoint (junction_point).
+JUNCTION_SHARE = 20
 
 
 def junction_point(geom: CacheGeometry, hit: int, matched: int, whole_pages: int,
@@ -298,10 +344,14 @@ def junction_point(geom: CacheGeometry, hit: int, matched: int, whole_pages: int
     PRs #37898 and #47782 saves the state at the shared-prefix junction the same way;
     SGLang's unified radix tree records a branch-checkpoint target, sglang #22935.)
 
-    Not worth it, so 0, when the point adds fewer than ``min_gain_pages`` pages of
-    resumable prefix beyond the deepest point at or below it (the hit, or one of the
-    request's own ``points``), when it is the prompt's own last whole page (already a
-    point), or when nothing matched past the hit.
+    Not worth it, so 0, when the point adds fewer than ``min(min_gain_pages,
+    ceil(matched / 20))`` pages of resumable prefix beyond the deepest point at or below it
+    (the hit, or one of the request's own ``points``): a gain of a whole interval is always
+    worth a checkpoint, and so is one of more than 1/20 of the shared prefix (without it a
+    later hit would miss more than 5 % of that prefix, the 95 % of issue 22's target: a
+    6,000-token prefix with a checkpoint at 5,632 gets its junction at 6,000); also 0 when
+    it is the prompt's own last whole page (already a point), or when nothing matched past
+    the hit.
 
     Args:
         geom: the chain's geometry (a chain without window or state band resumes at every
@@ -318,7 +368,7 @@ def junction_point(geom: CacheGeometry, hit: int, matched: int, whole_pages: int
     if q >= whole_pages or q <= hit:
         return 0
     below = max((p for p in points if p <= q), default=0)
-    if q - max(below, hit) < max(1, min_gain_pages):
+    if q - max(below, hit) < max(1, min(min_gain_pages, -(-q // JUNCTION_SHARE))):
         return 0
     return q
 
@@ -339,7 +389,8 @@ class PrefixCache:
         interval_tokens: tokens between resume points (a multiple of the page size;
             default 512, the Mooncake content block).
         policy: which resume points a prompt keeps (:class:`ResumePolicy`; ``AUTO`` is
-            resolved for ``geom`` here, so ``self.policy`` is ``BLOCKS`` or ``ENDS``).
+            resolved for ``geom`` here, so ``self.policy`` is ``BLOCKS``, ``ENDS`` or
+            ``SPACED``).
         junctions: whether a request also keeps a resume point where its prompt leaves a
             cached path past its hit (:func:`junction_point`; on by default; off gives the
             placement of ``policy`` alone).
