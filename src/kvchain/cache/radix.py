@@ -46,10 +46,17 @@ order of a logical clock (ties: leaf before tails, then node id):
   Its time is the last time a hit *ended* in it (or it was inserted), which is older than
   its LRU time when later hits only pass through it.
 
+On a chain with a state band an unlocked leaf with nothing to resume from (no checkpoint,
+no window page) is *dead*: no hit can use its full pages, so its ``LEAF`` goes before every
+unit that can still hit (key: its time; every other unlocked unit is keyed ``LIVE`` + its
+time). The walk applies it as it goes: a leaf whose ``TAILS`` unit drops its checkpoints
+turns dead and its ``LEAF`` follows at once; a parent left without children and without
+checkpoints joins dead.
+
 The published :class:`~kvchain.alloc.snapshot.EvictionOrder` is this simulated walk, so
 ``evict(k)`` frees exactly its first ``k`` units and the walk over what is left is the
-suffix (the walk is a monotone priority queue: a parent joins with a time no older than
-its child's).
+suffix (the walk is a priority queue whose keys change only as the walk itself changes
+the tree: a parent joins as its last child goes, a leaf turns dead as its tails go).
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ from kvchain.spec.layers import LifetimeClass
 LEAF = 0
 TAILS = 1
 IN_USE = 1 << 62  # walk time offset of a locked node's tails: after every unlocked unit
+LIVE = 1 << 61  # walk time offset of every unit that can still hit: after every dead leaf
 
 
 class ResumePolicy(StrEnum):
@@ -576,22 +584,27 @@ class PrefixCache:
             if node.children:
                 left[node.nid] = len(node.children)
             else:
-                heap.append((node.time, LEAF, node.nid, node))
+                heap.append((self._leaf_key(node, False), LEAF, node.nid, node))
             if node.has_tails():
-                heap.append((node.tail_time, TAILS, node.nid, node))
+                heap.append((LIVE + node.tail_time, TAILS, node.nid, node))
         heapq.heapify(heap)
         dropped: set[int] = set()
         gone: set[int] = set()
+        leaves: set[int] = set()  # unlocked nodes that became leaves during the walk
         walk: list[tuple[int, Node]] = []
         rows: list[list[int]] = []
         while heap:
             _, kind, nid, node = heapq.heappop(heap)
+            if nid in gone:  # a LEAF entry superseded by its dead one, or tails after it
+                continue
             if kind == TAILS:
-                if nid in gone or nid in dropped:
+                if nid in dropped:
                     continue
                 dropped.add(nid)
                 walk.append((TAILS, node))
                 rows.append(self._unit_pages(node, TAILS, False))
+                if self._dies(node, nid in leaves):  # its pages can no longer hit
+                    heapq.heappush(heap, (node.time, LEAF, nid, node))
                 continue
             walk.append((LEAF, node))
             rows.append(self._unit_pages(node, LEAF, nid in dropped))
@@ -601,7 +614,9 @@ class PrefixCache:
                 n = left[parent.nid] - 1
                 left[parent.nid] = n
                 if n == 0:
-                    heapq.heappush(heap, (parent.time, LEAF, parent.nid, parent))
+                    leaves.add(parent.nid)
+                    heapq.heappush(heap, (self._leaf_key(parent, parent.nid in dropped), LEAF,
+                                          parent.nid, parent))
         if rows:
             cum = np.cumsum(np.asarray(rows, dtype=np.int64), axis=0)
             order = EvictionOrder(((0,) * self.geom.num_bands, *tuple(map(tuple, cum.tolist()))))
@@ -654,6 +669,23 @@ class PrefixCache:
     # it (a second heap over its indices) and merges the parents that become leaves on
     # the way (the cascade), exactly as the whole-tree walk pops them.
 
+    def _leaf_key(self, node: Node, tails_gone: bool) -> int:
+        """The walk key of an unlocked leaf's ``LEAF`` unit: on a state chain a *dead* leaf
+        (nothing left to resume from: no checkpoint and no window page, or its tails
+        already dropped in the walk, ``tails_gone``) can never hit, so it goes before every
+        unit that can (key = its time); every other leaf at ``LIVE`` + its time."""
+        if self.geom.state is not None and (tails_gone or not node.has_tails()):
+            return node.time
+        return LIVE + node.time
+
+    def _dies(self, node: Node, joined: bool) -> bool:
+        """Whether ``node``'s ``LEAF`` turns dead when the walk drops its tails: an unlocked
+        node on a state chain that is a leaf (at the start, or ``joined`` as one in the
+        walk), so its full pages, no checkpoint left at or below them, follow their
+        checkpoint at once (its dead ``LEAF`` is entered; the live one is skipped)."""
+        return (self.geom.state is not None and not node.lock
+                and (joined or not node.children))
+
     def _refresh(self, node: Node) -> bool:
         """Recount ``node``'s share of the eviction order; returns whether it changed (then
         the totals and ready entries move and the version is bumped)."""
@@ -667,9 +699,9 @@ class PrefixCache:
             tc = len(node.ckpts) - node.cpin
             tails = tw > 0 or tc > 0
             if not node.lock:
-                tk = node.tail_time if tails and node.tail_time < node.time else -1
-                sig = (-1 if node.children else node.time, tk, node.time, 2 if tk >= 0 else 1,
-                       len(node.full), tw, tc)
+                tk = LIVE + node.tail_time if tails and node.tail_time < node.time else -1
+                sig = (-1 if node.children else self._leaf_key(node, False), tk, node.time,
+                       2 if tk >= 0 else 1, len(node.full), tw, tc)
             elif not node.tlock and tails:
                 sig = (-1, IN_USE + node.tail_time, -1, 1, 0, tw, tc)
             else:
@@ -738,6 +770,7 @@ class PrefixCache:
         left: dict[int, int] = {}
         dropped: set[int] = set()
         gone: set[int] = set()
+        leaves: set[int] = set()  # unlocked nodes that became leaves during the walk
         while True:
             while scan:  # skip stale entries, reading their children in the heap
                 e = scan[0][0]
@@ -761,11 +794,15 @@ class PrefixCache:
             else:
                 return
             kind, nid, node = e[1], e[2], e[4]
+            if nid in gone:  # a LEAF entry superseded by its dead one
+                continue
             if kind == TAILS:
-                if nid in gone or nid in dropped:  # pragma: no cover - never ready so
+                if nid in dropped:  # pragma: no cover - never ready so
                     continue
                 dropped.add(nid)
                 yield TAILS, node, self._unit_pages(node, TAILS, False)
+                if self._dies(node, nid in leaves):  # its pages can no longer hit
+                    heappush(joined, (node.time, LEAF, nid, -1, node))
                 continue
             yield LEAF, node, self._unit_pages(node, LEAF, nid in dropped)
             gone.add(nid)
@@ -774,7 +811,9 @@ class PrefixCache:
                 n = left.get(parent.nid, len(parent.children)) - 1
                 left[parent.nid] = n
                 if n == 0:
-                    heappush(joined, (parent.time, LEAF, parent.nid, -1, parent))
+                    leaves.add(parent.nid)
+                    heappush(joined, (self._leaf_key(parent, parent.nid in dropped), LEAF,
+                                      parent.nid, -1, parent))
 
     # --- tree walks ----------------------------------------------------------------------
 
@@ -1211,6 +1250,32 @@ class PrefixCache:
             if g.state is not None:
                 out[g.state].extend(node.ckpts.values())
         return out
+
+    def dead_full_pages(self, unlocked_only: bool = False) -> tuple[int, int]:
+        """``(dead, cached)`` full-band pages: of the ``cached`` full pages the cache holds,
+        the ``dead`` ones no hit can use on a state chain, since no checkpoint lies at or
+        below them on their path (page ``j`` of a node is live iff a checkpoint after
+        ``p > j`` pages exists in that node or in its subtree; a hit needs one to resume).
+        With ``unlocked_only`` both count only nodes no running request locks (the pages
+        eviction may take; locked ones are in use). ``dead`` is 0 without a state band
+        (every page boundary, or every window tail, resumes there); both are 0 without a
+        full band. O(nodes); a measurement (``benchmarks/bench_dead_pages.py``), not used by
+        the cache itself."""
+        g = self.geom
+        if g.full is None:
+            return 0, 0
+        dead = cached = 0
+        below: dict[int, bool] = {}  # nid -> a checkpoint in its subtree (itself included)
+        order = list(self.nodes())  # depth first: every child after its parent
+        for node in reversed(order):
+            deeper = any(below[c.nid] for c in node.children.values())
+            below[node.nid] = deeper or bool(node.ckpts)
+            if unlocked_only and node.lock:
+                continue
+            cached += len(node.full)
+            if g.state is not None and not deeper:
+                dead += node.end - max(node.ckpts, default=node.start)
+        return dead, cached
 
     def audit(self, handles: Sequence[Node],
               pins: tuple[Sequence[int], Sequence[int]] | None = None,
