@@ -34,20 +34,22 @@ from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.traces import load_trace
 
 
-def measure():  # the measurement function, from this tree where the loaded one lacks it
-    if hasattr(PrefixCache, "dead_full_pages"):
-        return PrefixCache.dead_full_pages
+def measure() -> None:
+    """Give the loaded ``PrefixCache`` this tree's measurement where it lacks it."""
+    if hasattr(PrefixCache, "dead_full_page_ids"):
+        return
     path = Path(__file__).resolve().parents[1] / "src" / "kvchain" / "cache" / "radix.py"
     spec = importlib.util.spec_from_file_location("radix_measure", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["radix_measure"] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
-    return module.PrefixCache.dead_full_pages
+    for name in ("_dead_full", "dead_full_pages", "dead_full_page_ids"):
+        setattr(PrefixCache, name, getattr(module.PrefixCache, name))
 
 
 def main(n: int = 300, buffer_bytes: int = 6_000_000_000, points: str = "auto") -> None:
-    dead_of = measure()
+    measure()
     config = SimConfig(load_model("qwen3-next-80b-a3b"), get_gpu("h200"),
                        load_trace("mooncake", first=n), buffer_bytes=buffer_bytes,
                        cache_points=ResumePolicy(points))
@@ -59,12 +61,12 @@ def main(n: int = 300, buffer_bytes: int = 6_000_000_000, points: str = "auto") 
         evict = cache.evict
 
         def measured(units: int):  # type: ignore[no-untyped-def]
-            dead, cached = dead_of(cache, True)
+            dead = set(cache.dead_full_page_ids(True))
             freed = evict(units)
-            dead2, cached2 = dead_of(cache, True)
-            live = (cached - dead) - (cached2 - dead2)
-            live_lost[0] += min(live, dead2)
-            live_lost[1] += cached - cached2
+            assert cache.geom.full is not None
+            gone = set(freed[cache.geom.full].tolist())
+            live_lost[0] += min(len(gone - dead), len(dead - gone))
+            live_lost[1] += len(gone)
             return freed
 
         cache.evict = measured  # type: ignore[method-assign]
@@ -76,7 +78,7 @@ def main(n: int = 300, buffer_bytes: int = 6_000_000_000, points: str = "auto") 
         if "evict" not in vars(cache):
             wrap(cache)
         for unlocked in (False, True):
-            dead, cached = dead_of(cache, unlocked)
+            dead, cached = cache.dead_full_pages(unlocked)
             if cached:
                 samples[unlocked].append(dead / cached)
 

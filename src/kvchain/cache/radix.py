@@ -586,7 +586,7 @@ class PrefixCache:
             else:
                 heap.append((self._leaf_key(node, False), LEAF, node.nid, node))
             if node.has_tails():
-                heap.append((LIVE + node.tail_time, TAILS, node.nid, node))
+                heap.append((self._tails_key(node, not node.children), TAILS, node.nid, node))
         heapq.heapify(heap)
         dropped: set[int] = set()
         gone: set[int] = set()
@@ -615,8 +615,12 @@ class PrefixCache:
                 left[parent.nid] = n
                 if n == 0:
                     leaves.add(parent.nid)
-                    heapq.heappush(heap, (self._leaf_key(parent, parent.nid in dropped), LEAF,
+                    tails_gone = parent.nid in dropped
+                    heapq.heappush(heap, (self._leaf_key(parent, tails_gone), LEAF,
                                           parent.nid, parent))
+                    if not tails_gone and parent.has_tails():  # its tails' key as a leaf
+                        heapq.heappush(heap, (self._tails_key(parent, True), TAILS,
+                                              parent.nid, parent))
         if rows:
             cum = np.cumsum(np.asarray(rows, dtype=np.int64), axis=0)
             order = EvictionOrder(((0,) * self.geom.num_bands, *tuple(map(tuple, cum.tolist()))))
@@ -669,14 +673,23 @@ class PrefixCache:
     # it (a second heap over its indices) and merges the parents that become leaves on
     # the way (the cascade), exactly as the whole-tree walk pops them.
 
+    def _dead(self, node: Node, tails_gone: bool) -> bool:
+        """Whether an unlocked leaf is *dead*: on a state chain, no checkpoint left (none,
+        or its tails already dropped in the walk, ``tails_gone``), so no hit can resume in
+        it and its full pages (and window pages) can never be used."""
+        return self.geom.state is not None and (tails_gone or not node.ckpts)
+
     def _leaf_key(self, node: Node, tails_gone: bool) -> int:
-        """The walk key of an unlocked leaf's ``LEAF`` unit: on a state chain a *dead* leaf
-        (nothing left to resume from: no checkpoint and no window page, or its tails
-        already dropped in the walk, ``tails_gone``) can never hit, so it goes before every
-        unit that can (key = its time); every other leaf at ``LIVE`` + its time."""
-        if self.geom.state is not None and (tails_gone or not node.has_tails()):
-            return node.time
-        return LIVE + node.time
+        """The walk key of an unlocked leaf's ``LEAF`` unit: a dead leaf (:meth:`_dead`)
+        goes before every unit that can hit (key = its time); every other one at ``LIVE``
+        + its time."""
+        return node.time if self._dead(node, tails_gone) else LIVE + node.time
+
+    def _tails_key(self, node: Node, leaf: bool) -> int:
+        """The walk key of an unlocked node's ``TAILS`` unit: its tail time, after ``LIVE``
+        unless the node is a dead ``leaf`` (its window pages, with no checkpoint, cannot be
+        resumed from either: they go with the dead units, just before its ``LEAF``)."""
+        return node.tail_time if leaf and self._dead(node, False) else LIVE + node.tail_time
 
     def _dies(self, node: Node, joined: bool) -> bool:
         """Whether ``node``'s ``LEAF`` turns dead when the walk drops its tails: an unlocked
@@ -699,7 +712,8 @@ class PrefixCache:
             tc = len(node.ckpts) - node.cpin
             tails = tw > 0 or tc > 0
             if not node.lock:
-                tk = LIVE + node.tail_time if tails and node.tail_time < node.time else -1
+                tk = (self._tails_key(node, not node.children)
+                      if tails and node.tail_time < node.time else -1)
                 sig = (-1 if node.children else self._leaf_key(node, False), tk, node.time,
                        2 if tk >= 0 else 1, len(node.full), tw, tc)
             elif not node.tlock and tails:
@@ -797,7 +811,7 @@ class PrefixCache:
             if nid in gone:  # a LEAF entry superseded by its dead one
                 continue
             if kind == TAILS:
-                if nid in dropped:  # pragma: no cover - never ready so
+                if nid in dropped:  # an entry superseded by its key as a leaf
                     continue
                 dropped.add(nid)
                 yield TAILS, node, self._unit_pages(node, TAILS, False)
@@ -812,8 +826,13 @@ class PrefixCache:
                 left[parent.nid] = n
                 if n == 0:
                     leaves.add(parent.nid)
-                    heappush(joined, (self._leaf_key(parent, parent.nid in dropped), LEAF,
-                                      parent.nid, -1, parent))
+                    tails_gone = parent.nid in dropped
+                    heappush(joined, (self._leaf_key(parent, tails_gone), LEAF, parent.nid, -1,
+                                      parent))
+                    if (not tails_gone and parent.has_tails()
+                            and parent.tail_time < parent.time):  # its tails' key as a leaf
+                        heappush(joined, (self._tails_key(parent, True), TAILS, parent.nid,
+                                          -1, parent))
 
     # --- tree walks ----------------------------------------------------------------------
 
@@ -1253,18 +1272,28 @@ class PrefixCache:
 
     def dead_full_pages(self, unlocked_only: bool = False) -> tuple[int, int]:
         """``(dead, cached)`` full-band pages: of the ``cached`` full pages the cache holds,
-        the ``dead`` ones no hit can use on a state chain, since no checkpoint lies at or
-        below them on their path (page ``j`` of a node is live iff a checkpoint after
-        ``p > j`` pages exists in that node or in its subtree; a hit needs one to resume).
+        the ``dead`` ones no hit can use on a state chain (:meth:`dead_full_page_ids`).
         With ``unlocked_only`` both count only nodes no running request locks (the pages
-        eviction may take; locked ones are in use). ``dead`` is 0 without a state band
-        (every page boundary, or every window tail, resumes there); both are 0 without a
-        full band. O(nodes); a measurement (``benchmarks/bench_dead_pages.py``), not used by
-        the cache itself."""
+        eviction may take; locked ones are in use). O(nodes); a measurement
+        (``benchmarks/bench_dead_pages.py``), not used by the cache itself."""
+        dead, cached = self._dead_full(unlocked_only)
+        return len(dead), cached
+
+    def dead_full_page_ids(self, unlocked_only: bool = False) -> list[int]:
+        """Full-band ids of the cached pages no hit can use: on a state chain, page ``j``
+        of a node is live iff a checkpoint after ``p > j`` pages exists in that node or in
+        its subtree (a hit resumes only at a checkpoint, and uses pages ``[0, p)``); the
+        others are dead. Empty without a state band (every page boundary, or every window
+        tail, resumes there) or without a full band; ``unlocked_only`` as
+        :meth:`dead_full_pages`."""
+        return self._dead_full(unlocked_only)[0]
+
+    def _dead_full(self, unlocked_only: bool) -> tuple[list[int], int]:
         g = self.geom
+        dead: list[int] = []
+        cached = 0
         if g.full is None:
-            return 0, 0
-        dead = cached = 0
+            return dead, 0
         below: dict[int, bool] = {}  # nid -> a checkpoint in its subtree (itself included)
         order = list(self.nodes())  # depth first: every child after its parent
         for node in reversed(order):
@@ -1274,7 +1303,8 @@ class PrefixCache:
                 continue
             cached += len(node.full)
             if g.state is not None and not deeper:
-                dead += node.end - max(node.ckpts, default=node.start)
+                last = max(node.ckpts, default=node.start)
+                dead.extend(node.full[last - node.start:])
         return dead, cached
 
     def audit(self, handles: Sequence[Node],
