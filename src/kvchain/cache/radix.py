@@ -46,8 +46,8 @@ order of a logical clock (ties: leaf before tails, then node id):
   Its time is the last time a hit *ended* in it (or it was inserted), which is older than
   its LRU time when later hits only pass through it.
 
-On a chain with a state band an unlocked leaf with nothing to resume from (no checkpoint,
-no window page) is *dead*: no hit can use its full pages, so its ``LEAF`` goes before every
+On a chain with a state band an unlocked leaf with no checkpoint is *dead* (its window
+pages, if any, go just before it): no hit can use its full pages, so its ``LEAF`` goes before every
 unit that can still hit (key: its time; every other unlocked unit is keyed ``LIVE`` + its
 time). The walk applies it as it goes: a leaf whose ``TAILS`` unit drops its checkpoints
 turns dead and its ``LEAF`` follows at once; a parent left without children and without
