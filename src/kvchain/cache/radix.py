@@ -90,7 +90,7 @@ class ResumePolicy(StrEnum):
     two tails per request, so little memory is held back when memory binds). ``SPACED``:
     every ``K`` interval boundaries counted back from the last one, ``K`` the least spacing
     that keeps a prompt within its checkpoint budget (:func:`spaced_budget`: the bytes a
-    checkpoint costs against the buffer); ``BLOCKS`` where the budget holds every boundary.
+    checkpoint costs against the buffer and against the prompt's own pages); ``BLOCKS`` where the budget holds every boundary.
     ``AUTO`` (the default): ``SPACED`` on a chain with a state band, ``BLOCKS`` otherwise
     (:meth:`resolve`; why: docs/prefix-cache.md, "Where checkpoints go").
     """
@@ -115,15 +115,29 @@ class ResumePolicy(StrEnum):
 SPACED_BUFFER_SHARE = 64
 
 
-def spaced_budget(geom: CacheGeometry) -> int | None:
-    """Resume points (state checkpoints) one prompt may keep under ``SPACED``:
-    ``max(2, B // (64 * S))`` for a buffer of ``B`` bytes and state slots of ``S`` bytes
-    (so a prompt's checkpoints cost at most 1/64 of the buffer, and never fewer than the
-    two of ``ENDS``); ``None`` (no bound) without a state band or where the geometry does
-    not know the bytes (``slot_bytes`` or ``buffer_bytes`` 0)."""
-    if geom.state is None or geom.slot_bytes <= 0 or geom.buffer_bytes <= 0:
+def spaced_budget(geom: CacheGeometry, whole_pages: int | None = None) -> int | None:
+    """Resume points (state checkpoints) a prompt of ``whole_pages`` pages may keep under
+    ``SPACED``: ``max(2, min(B // (64 * S), n * E // S))`` for a buffer of ``B`` bytes,
+    state slots of ``S`` bytes and full-attention pages of ``E`` bytes: a prompt's
+    checkpoints cost at most 1/64 of the buffer and at most what the ``n`` full pages they
+    make resumable cost (no more memory to resume a prompt than to hold the KV a hit
+    reuses), and never fewer than the two of ``ENDS``. A bound whose bytes the geometry does not know
+    (``buffer_bytes`` or ``page_bytes`` 0; ``whole_pages`` ``None``) is left out; ``None``
+    (no bound) without a state band, without ``slot_bytes``, or when both are left out.
+
+    Raises:
+        InvalidRequestError: a negative ``whole_pages``.
+    """
+    if whole_pages is not None and whole_pages < 0:
+        raise InvalidRequestError(f"whole_pages must be >= 0, got {whole_pages}")
+    if geom.state is None or geom.slot_bytes <= 0:
         return None
-    return max(2, geom.buffer_bytes // (SPACED_BUFFER_SHARE * geom.slot_bytes))
+    bounds = []
+    if geom.buffer_bytes > 0:
+        bounds.append(geom.buffer_bytes // (SPACED_BUFFER_SHARE * geom.slot_bytes))
+    if geom.page_bytes > 0 and whole_pages is not None:
+        bounds.append(whole_pages * geom.page_bytes // geom.slot_bytes)
+    return max(2, min(bounds)) if bounds else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +156,8 @@ class CacheGeometry:
         slot_bytes: bytes of one state slot (a checkpoint; 0: unknown or no state band).
         buffer_bytes: bytes of the whole buffer (0: unknown); with ``slot_bytes`` it sets
             the ``SPACED`` budget (:func:`spaced_budget`).
+        page_bytes: bytes of one full-attention page (0: unknown or no full band): the
+            other bound of the ``SPACED`` budget.
     """
 
     num_bands: int
@@ -153,6 +169,7 @@ class CacheGeometry:
     state: int | None
     slot_bytes: int = 0
     buffer_bytes: int = 0
+    page_bytes: int = 0
 
     @staticmethod
     def of(layout: ChainLayout) -> CacheGeometry:
@@ -163,10 +180,11 @@ class CacheGeometry:
             win = layout.index_of(LifetimeClass.LOCAL)
         tokens = (layout.bands[win].cache_class.window or 0) if win is not None else 0
         state = layout.index_of(LifetimeClass.STATE)
-        return CacheGeometry(len(layout.bands), layout.page_size,
-                             layout.index_of(LifetimeClass.FULL), win, tokens, local,
+        full = layout.index_of(LifetimeClass.FULL)
+        return CacheGeometry(len(layout.bands), layout.page_size, full, win, tokens, local,
                              state, layout.bands[state].page_bytes if state is not None else 0,
-                             layout.buffer_bytes)
+                             layout.buffer_bytes,
+                             layout.bands[full].page_bytes if full is not None else 0)
 
     def window_start(self, position: int) -> int:
         """First token the window must hold to compute the token at ``position``: sliding
@@ -309,7 +327,7 @@ def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
     the last of them; ``SPACED``: see below; ``AUTO``: as :meth:`ResumePolicy.resolve`) and
     ``whole_pages`` itself.
 
-    ``SPACED`` with a budget of ``C`` points (:func:`spaced_budget`) on a prompt with ``L``
+    ``SPACED`` with a budget of ``C`` points (:func:`spaced_budget` of the prompt) with ``L``
     interval boundaries: all of them when ``L <= C - 1``; otherwise every ``K``-th counted
     back from the last, ``L, L - K, L - 2K, ... > 0`` with ``K = ceil(L / (C - 1))`` (at
     most ``C - 1`` boundaries, so at most ``C`` points with the last whole page). E.g. 500
@@ -325,7 +343,7 @@ def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
     if resolved is ResumePolicy.ENDS:
         pts = [last * interval_pages] if last else []
     elif resolved is ResumePolicy.SPACED:
-        budget = spaced_budget(geom)
+        budget = spaced_budget(geom, whole_pages)
         step = 1 if budget is None or last <= budget - 1 else -(-last // (budget - 1))
         pts = [b * interval_pages for b in range(last, 0, -step)][::-1]
     else:

@@ -150,8 +150,9 @@ class RunOptions:
         "Where cached prompts keep window tails and state checkpoints: every content "
         "block (blocks), only the last block boundary and the prompt end (ends), every "
         "K-th block boundary counted back from the last (spaced: a prompt keeps at most "
-        "max(2, buffer bytes // (64 x checkpoint bytes)) checkpoints, K the least spacing "
-        "within that; every block where it allows), or auto: spaced for models with a "
+        "max(2, min(buffer bytes // 64, its own pages' bytes) // checkpoint bytes) "
+        "checkpoints, K the least spacing within that; every block where it allows), or "
+        "auto: spaced for models with a "
         "recurrent state, blocks otherwise. Ignored while the cache is off; an explicit "
         "value on a model with two or more window bands is refused (exit 2)."))
     fast_forward: bool = field(default=True, metadata=option(
