@@ -90,7 +90,8 @@ class ResumePolicy(StrEnum):
     two tails per request, so little memory is held back when memory binds). ``SPACED``:
     every ``K`` interval boundaries counted back from the last one, ``K`` the least spacing
     that keeps a prompt within its checkpoint budget (:func:`spaced_budget`: the bytes a
-    checkpoint costs against the buffer and against the prompt's own pages); ``BLOCKS`` where the budget holds every boundary.
+    checkpoint costs against the buffer and against the prompt's own full pages);
+    ``BLOCKS`` where the budget holds every boundary.
     ``AUTO`` (the default): ``SPACED`` on a chain with a state band, ``BLOCKS`` otherwise
     (:meth:`resolve`; why: docs/prefix-cache.md, "Where checkpoints go").
     """
@@ -121,8 +122,9 @@ def spaced_budget(geom: CacheGeometry, whole_pages: int | None = None) -> int | 
     state slots of ``S`` bytes and full-attention pages of ``E`` bytes: a prompt's
     checkpoints cost at most 1/64 of the buffer and at most what the ``n`` full pages they
     make resumable cost (no more memory to resume a prompt than to hold the KV a hit
-    reuses), and never fewer than the two of ``ENDS``. A bound whose bytes the geometry does not know
-    (``buffer_bytes`` or ``page_bytes`` 0; ``whole_pages`` ``None``) is left out; ``None``
+    reuses), and never fewer than the two of ``ENDS``. A bound whose bytes the geometry
+    does not know (``buffer_bytes`` or ``page_bytes`` 0; ``whole_pages`` ``None``) is
+    left out; ``None``
     (no bound) without a state band, without ``slot_bytes``, or when both are left out.
 
     Raises:
