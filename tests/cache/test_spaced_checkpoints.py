@@ -22,6 +22,7 @@ from kvchain.cache.radix import (
     spaced_budget,
 )
 from kvchain.catalog.loader import load_model
+from kvchain.errors import InvalidRequestError
 from kvchain.layout import plan_layout
 
 from .test_junction_checkpoints import scheduler, serve_one_by_one, tokens
@@ -51,6 +52,11 @@ def geom(model: str, buffer_bytes: int) -> CacheGeometry:
 ])
 def test_budget_from_the_bytes(model, buffer_bytes, pages, want):
     assert spaced_budget(geom(model, buffer_bytes), pages) == want
+
+
+def test_a_negative_page_count_is_refused():
+    with pytest.raises(InvalidRequestError):
+        spaced_budget(geom("qwen3-next-80b-a3b", 16 * GIB), -1)
 
 
 def test_no_budget_without_state_or_bytes():
