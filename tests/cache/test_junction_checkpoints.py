@@ -2,7 +2,8 @@
 resume point (state checkpoint, window tail) there, its prefill chunk is cut there, and
 later prompts sharing the prefix resume from it. Each reuse pattern runs on the real
 layouts of the state hybrids (qwen3-next-80b-a3b: state | full; jet-nemotron-2b:
-state | window | full) with the default placement (``auto`` = ``ends`` on a state chain)
+state | window | full) with the ``ends`` placement plus junctions (the default before
+spaced checkpoints; the default ``spaced`` placement: tests/cache/test_spaced_checkpoints.py)
 and, as a sibling, with the old placement (``ends`` without junctions), which misses.
 
 Requests arrive one after the other (each once the previous one has finished), memory to
@@ -31,10 +32,11 @@ P = 16
 MODELS = ("qwen3-next-80b-a3b", "jet-nemotron-2b")
 
 
-def scheduler(model: str, junctions: bool = True) -> Scheduler:
-    layout = plan_layout(load_model(model).classes, 40 << 30, P)
+def scheduler(model: str, junctions: bool = True, policy: ResumePolicy = ResumePolicy.ENDS,
+              buffer_bytes: int = 40 << 30) -> Scheduler:
+    layout = plan_layout(load_model(model).classes, buffer_bytes, P)
     cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=512,
-                        policy=ResumePolicy.AUTO, junctions=junctions)
+                        policy=policy, junctions=junctions)
     return Scheduler(KVManager(Chain(layout), cache),
                      SchedulerConfig(max_prefill_tokens=8192, chunk_size=8192))
 
@@ -162,8 +164,11 @@ GEOM_FULL = CacheGeometry(1, P, full=0, window=None, window_tokens=0, local=Fals
 
 @pytest.mark.parametrize(("hit", "matched", "n", "points", "gain", "want"), [
     (0, 375, 500, (480, 500), 32, 375),   # the shared-prompt junction
-    (0, 375, 500, (480, 500), 376, 0),    # adds 375 < 376 pages: not worth it
-    (352, 375, 500, (480, 500), 32, 0),   # 23 pages past the hit < 32: not worth it
+    (0, 375, 500, (480, 500), 376, 375),  # 375 < 376 pages, but >= ceil(375 / 20) = 19
+    (372, 375, 500, (480, 500), 4, 0),    # adds 3 < min(4, 19) pages: not worth it
+    (371, 375, 500, (480, 500), 4, 375),  # adds 4 = min(4, 19)
+    (352, 375, 500, (480, 500), 32, 375),  # 23 >= ceil(375 / 20) = 19: over 5 % of it
+    (360, 375, 500, (480, 500), 32, 0),   # 15 < 19 and < 32: not worth it
     (320, 375, 500, (480, 500), 32, 375),  # 55 pages past the hit
     (0, 375, 500, (360, 500), 32, 0),     # own point 360 lies 15 pages below
     (0, 500, 500, (480, 500), 32, 0),     # the whole prompt matches: its own last page

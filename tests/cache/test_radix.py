@@ -13,6 +13,7 @@ from kvchain.cache.radix import (
     IN_USE,
     TAILS,
     CacheGeometry,
+    Hit,
     PrefixCache,
     ResumePolicy,
     resume_points,
@@ -37,12 +38,14 @@ def test_resume_points_every_interval_and_the_prompt_end():
     assert resume_points(FULL, 5, 2) == ()  # full only: every page boundary resumes
 
 
-def test_auto_keeps_only_the_ends_with_a_state_band():
+def test_auto_is_spaced_with_a_state_band():
     # 5 whole pages, interval 2: blocks -> 2, 4 and the end 5; ends -> the last interval
-    # boundary 4 and the end 5. AUTO: ends with a state band (SF), blocks without (WF).
-    assert resume_points(SF, 5, 2, ResumePolicy.AUTO) == (4, 5)
+    # boundary 4 and the end 5. AUTO: spaced with a state band (SF), blocks without (WF);
+    # SF knows no bytes, so spaced has no budget and keeps every boundary, as blocks.
+    assert resume_points(SF, 5, 2, ResumePolicy.ENDS) == (4, 5)
+    assert resume_points(SF, 5, 2, ResumePolicy.AUTO) == (2, 4, 5)
     assert resume_points(WF, 5, 2, ResumePolicy.AUTO) == (2, 4, 5)
-    assert PrefixCache(SF, 8, ResumePolicy.AUTO).policy is ResumePolicy.ENDS
+    assert PrefixCache(SF, 8, ResumePolicy.AUTO).policy is ResumePolicy.SPACED
     assert PrefixCache(WF, 8, ResumePolicy.AUTO).policy is ResumePolicy.BLOCKS
 
 
@@ -328,3 +331,82 @@ def test_window_pin_and_unpin_change_nothing_when_a_page_is_bad():
     c.audit([], ([], []), [handle])
     c.unlock(handle, tails=False)
     c.audit([])
+
+
+# --- eviction that keeps what can hit (state chains) ------------------------------------
+#
+# SF: band 0 state, band 1 full; rows of the order are cumulative (state, full). A full page
+# with no checkpoint at or below it on its path can never hit: such a *dead* leaf goes
+# before every unit that can hit, and a leaf's checkpoint, once dropped, is followed at
+# once by the full pages only it made reusable.
+
+
+def sf_cache_with_old_tails() -> PrefixCache:
+    c = cache(SF)
+    c.insert([1, 2], 0, [11, 12], {}, {2: 101})  # node A at time 1, checkpoint after 2 pages
+    c.insert([3, 4], 0, [13, 14], {}, {2: 102})  # node B at time 2
+    # A's prompt again: its pages and checkpoint are duplicates; A's time becomes 3 while
+    # its tail time stays 1 (its checkpoint is older than the rest of it).
+    dups = c.insert([1, 2], 0, [21, 22], {}, {2: 201})
+    assert dups == [[201], [21, 22]]
+    return c
+
+
+def test_a_dropped_checkpoint_takes_its_pages_with_it():
+    # Units: TAILS(A) key 1, LEAF(B) key 2, LEAF(A) key 3 (LRU). Old order: TAILS(A), LEAF(B),
+    # LEAF(A): A's pages, dead once its checkpoint is gone, would outlive B. Now: TAILS(A)
+    # (1 slot), then A's pages at once (2 full pages: dead), then LEAF(B) (2 full + 1 slot).
+    c = sf_cache_with_old_tails()
+    order = c.eviction_order()
+    assert order.units == 3
+    assert order.cumulative == ((0, 0), (1, 0), (1, 2), (2, 4))
+    assert c.dead_full_pages() == (0, 4)
+    freed = c.evict(2)
+    assert [f.tolist() for f in freed] == [[101], [11, 12]]
+    assert c.eviction_order().cumulative == ((0, 0), (1, 2))  # the suffix: LEAF(B)
+    assert c.dead_full_pages() == (0, 2)
+
+
+def test_a_dead_leaf_goes_first_however_new():
+    # B (time 1, checkpoint) and then C (time 2, no checkpoint: its pages can never hit).
+    # LRU would evict B first; C goes first, B's pages and checkpoint after.
+    c = cache(SF)
+    c.insert([3, 4], 0, [13, 14], {}, {2: 102})
+    c.insert([5, 6], 0, [15, 16], {}, {})
+    assert c.dead_full_pages() == (2, 4)
+    assert c.eviction_order().cumulative == ((0, 0), (0, 2), (1, 4))
+    assert [f.tolist() for f in c.evict(1)] == [[], [15, 16]]
+    assert c.dead_full_pages() == (0, 2)
+
+
+def test_a_parent_left_without_checkpoints_follows_its_last_child():
+    # X = [1, 2] (no checkpoint) with children Y = [3] (checkpoint 3, time 1) and Z = [4]
+    # (checkpoint 3, time 2); D = [9] (checkpoint 1, time 3). Walk: LEAF(Y) (1 slot + 1),
+    # LEAF(Z) (1 + 1), then X joins as a leaf with no checkpoint: dead, before D although
+    # D is no newer than X (X's time is 2): X (2 full), then D (1 slot + 1).
+    c = cache(SF)
+    c.insert([1, 2, 3], 0, [11, 12, 13], {}, {3: 103})
+    c.insert([1, 2, 4], 0, [11, 12, 14], {}, {3: 104})
+    c.insert([9], 0, [19], {}, {1: 109})
+    assert c.dead_full_pages() == (0, 5)
+    order = c.eviction_order()
+    assert order.cumulative == ((0, 0), (1, 1), (2, 2), (2, 4), (3, 5))
+    c.evict(2)
+    assert c.dead_full_pages() == (2, 3)  # X's 2 pages: nothing below them any more
+    assert c.eviction_order().cumulative == ((0, 0), (0, 2), (1, 3))
+
+
+def test_dead_pages_count_only_unlocked_nodes_when_asked():
+    # B = [3, 4] with a checkpoint, C = [5, 6] without (dead); a running request's prompt
+    # lock on C: all cached 4 pages, 2 dead; unlocked only: B's 2 pages, none dead. A
+    # locked dead node is no unit at all: the order holds B alone.
+    c = cache(SF)
+    c.insert([3, 4], 0, [13, 14], {}, {2: 102})
+    c.insert([5, 6], 0, [15, 16], {}, {})
+    handle = c.lock(Hit(2, c.root.children[5]), tails=False)
+    assert c.dead_full_pages() == (2, 4)
+    assert c.dead_full_pages(unlocked_only=True) == (0, 2)
+    assert c.eviction_order().cumulative == ((0, 0), (1, 2))
+    c.unlock(handle, tails=False)
+    assert c.eviction_order().cumulative == ((0, 0), (0, 2), (1, 4))  # C first: dead
+    assert cache(WF).dead_full_pages() == (0, 0)  # empty; no state band: never dead

@@ -5,7 +5,9 @@ running hits), 0 divergences, 0 leaks; and planted defects that make each figure
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from kvchain.alloc.chain import Chain
@@ -119,6 +121,69 @@ def test_junctions_add_hits_on_the_state_shape_under_eviction():
     assert on.counters.divergences == off.counters.divergences == 0
     assert off.kv.junctions_saved == 0 < on.kv.junctions_saved
     assert on.counters.hit_tokens > off.counters.hit_tokens
+
+
+def spaced_cache(budget: int):
+    """A spaced cache whose checkpoint budget is ``budget`` points (its geometry's buffer
+    set to ``budget x 64`` slots; the chain's real buffer stays what ``run`` lays out)."""
+    def make(geom: CacheGeometry, **kw) -> PrefixCache:
+        return PrefixCache(replace(geom, buffer_bytes=budget * 64 * geom.slot_bytes), **kw)
+    return make
+
+
+@pytest.mark.parametrize("shape", ["state|full", "state|window|full"])
+def test_cached_runs_with_spaced_checkpoints(shape):
+    # Budget 4: a prompt of up to 900 tokens (L <= 14 boundaries of 64 tokens) keeps
+    # every ceil(L / 3)-th boundary counted back from its last, and its last page: spaced
+    # points (neither blocks nor ends), junctions on top, under eviction and the audits.
+    sched = run(shape, seed=11, n=150, policy=ResumePolicy.SPACED, cache_cls=spaced_cache(4))
+    c = sched.counters
+    cache = sched.kv.cache
+    assert cache is not None and cache.policy is ResumePolicy.SPACED
+    assert c.divergences == 0 and c.finished + c.rejected == 150
+    assert c.hit_tokens > 0 and cache.evictions > 0
+
+
+class CountingCache(PrefixCache):
+    """Counts, around every eviction, the live unlocked full pages evicted while dead ones
+    (no checkpoint at or below them: :meth:`PrefixCache.dead_full_page_ids`, taken before
+    the eviction) stayed cached."""
+
+    live_while_dead = 0
+
+    def evict(self, units: int) -> tuple[np.ndarray, ...]:
+        dead = set(self.dead_full_page_ids(unlocked_only=True))
+        freed = super().evict(units)
+        assert self.geom.full is not None
+        gone = set(freed[self.geom.full].tolist())
+        self.live_while_dead += min(len(gone - dead), len(dead - gone))
+        return freed
+
+
+class LruOnlyCache(CountingCache):
+    """Planted defect: the old order (plain LRU, dead leaves not first), kept consistently
+    in both walks, so the run stays exact but evicts pages that can hit before dead ones."""
+
+    def _dead(self, node, tails_gone):  # type: ignore[no-untyped-def]
+        return False
+
+    def _dies(self, node, joined):  # type: ignore[no-untyped-def]
+        return False
+
+
+@pytest.mark.parametrize("shape", ["state|full", "state|window|full"])
+def test_no_page_that_can_hit_is_evicted_before_a_dead_one(shape):
+    # ends: every prompt keeps 2 checkpoints, so under eviction many cached pages have no
+    # checkpoint below them. The order never takes a live page while a dead one stays; the
+    # planted old order does (same stream: the figure is not 0 by construction).
+    sched = run(shape, seed=5, n=200, policy=ResumePolicy.ENDS, cache_cls=CountingCache)
+    cache = sched.kv.cache
+    assert isinstance(cache, CountingCache) and cache.evictions > 0
+    assert sched.counters.divergences == 0
+    assert cache.live_while_dead == 0
+    old = run(shape, seed=5, n=200, policy=ResumePolicy.ENDS, cache_cls=LruOnlyCache)
+    assert isinstance(old.kv.cache, LruOnlyCache) and old.counters.divergences == 0
+    assert old.kv.cache.live_while_dead > 0
 
 
 # --- planted defects: each "must be 0" figure made non-zero -----------------------------

@@ -28,7 +28,7 @@ def _trace(second_blocks: tuple[int, ...]) -> Trace:
 
 def _runs(model: str, second: tuple[int, ...]) -> dict[ManagerKind, object]:
     # Resume points on every content block (BLOCKS), so a 512-token shared first block is a
-    # resume point on the state hybrid too (AUTO would keep only the prompt's ends there).
+    # resume point on the state hybrid too (AUTO's spaced points need not fall on it).
     config = SimConfig(load_model(model), get_gpu("h200"), _trace(second),
                        buffer_bytes=4_000_000_000, cache_points=ResumePolicy.BLOCKS)
     return compare_managers(config, audit_every_step=True)  # type: ignore[return-value]

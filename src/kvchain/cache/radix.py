@@ -46,10 +46,17 @@ order of a logical clock (ties: leaf before tails, then node id):
   Its time is the last time a hit *ended* in it (or it was inserted), which is older than
   its LRU time when later hits only pass through it.
 
+On a chain with a state band an unlocked leaf with no checkpoint is *dead* (its window
+pages, if any, go just before it): no hit can use its full pages, so its ``LEAF`` goes before every
+unit that can still hit (key: its time; every other unlocked unit is keyed ``LIVE`` + its
+time). The walk applies it as it goes: a leaf whose ``TAILS`` unit drops its checkpoints
+turns dead and its ``LEAF`` follows at once; a parent left without children and without
+checkpoints joins dead.
+
 The published :class:`~kvchain.alloc.snapshot.EvictionOrder` is this simulated walk, so
 ``evict(k)`` frees exactly its first ``k`` units and the walk over what is left is the
-suffix (the walk is a monotone priority queue: a parent joins with a time no older than
-its child's).
+suffix (the walk is a priority queue whose keys change only as the walk itself changes
+the tree: a parent joins as its last child goes, a leaf turns dead as its tails go).
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ from kvchain.spec.layers import LifetimeClass
 LEAF = 0
 TAILS = 1
 IN_USE = 1 << 62  # walk time offset of a locked node's tails: after every unlocked unit
+LIVE = 1 << 61  # walk time offset of every unit that can still hit: after every dead leaf
 
 
 class ResumePolicy(StrEnum):
@@ -79,22 +87,59 @@ class ResumePolicy(StrEnum):
     infinite-cache hit rate on the Mooncake trace when memory is unbounded; a running
     request keeps a window tail per block until it finishes). ``ENDS``: only the last
     interval boundary and the last whole page (where a conversation's next turn resumes;
-    two tails per request, so little memory is held back when memory binds). ``AUTO``
-    (the default): ``ENDS`` on a chain with a state band, ``BLOCKS`` otherwise
+    two tails per request, so little memory is held back when memory binds). ``SPACED``:
+    every ``K`` interval boundaries counted back from the last one, ``K`` the least spacing
+    that keeps a prompt within its checkpoint budget (:func:`spaced_budget`: the bytes a
+    checkpoint costs against the buffer and against the prompt's own full pages);
+    ``BLOCKS`` where the budget holds every boundary.
+    ``AUTO`` (the default): ``SPACED`` on a chain with a state band, ``BLOCKS`` otherwise
     (:meth:`resolve`; why: docs/prefix-cache.md, "Where checkpoints go").
     """
 
     BLOCKS = "blocks"
     ENDS = "ends"
+    SPACED = "spaced"
     AUTO = "auto"
 
     def resolve(self, geom: CacheGeometry) -> ResumePolicy:
-        """The policy a cache on ``geom`` uses: ``AUTO`` -> ``ENDS`` with a state band
-        (a checkpoint is a whole state slot, megabytes, and a prefill holds one per point
-        it passed until its prompt is inserted), else ``BLOCKS``; others as they are."""
+        """The policy a cache on ``geom`` uses: ``AUTO`` -> ``SPACED`` with a state band
+        (a checkpoint is a whole state slot, megabytes, so a prompt keeps as many as the
+        budget allows), else ``BLOCKS``; others as they are."""
         if self is not ResumePolicy.AUTO:
             return self
-        return ResumePolicy.ENDS if geom.state is not None else ResumePolicy.BLOCKS
+        return ResumePolicy.SPACED if geom.state is not None else ResumePolicy.BLOCKS
+
+
+# A prompt's checkpoints may cost at most 1/64 of the buffer (``spaced_budget``): tens of
+# requests prefill at once in a buffer and each holds its checkpoints until its prompt is
+# inserted, so one prompt's share stays a small part of the bytes (docs/prefix-cache.md).
+SPACED_BUFFER_SHARE = 64
+
+
+def spaced_budget(geom: CacheGeometry, whole_pages: int | None = None) -> int | None:
+    """Resume points (state checkpoints) a prompt of ``whole_pages`` pages may keep under
+    ``SPACED``: ``max(2, min(B // (64 * S), n * E // S))`` for a buffer of ``B`` bytes,
+    state slots of ``S`` bytes and full-attention pages of ``E`` bytes: a prompt's
+    checkpoints cost at most 1/64 of the buffer and at most what the ``n`` full pages they
+    make resumable cost (no more memory to resume a prompt than to hold the KV a hit
+    reuses), and never fewer than the two of ``ENDS``. A bound whose bytes the geometry
+    does not know (``buffer_bytes`` or ``page_bytes`` 0; ``whole_pages`` ``None``) is
+    left out; ``None``
+    (no bound) without a state band, without ``slot_bytes``, or when both are left out.
+
+    Raises:
+        InvalidRequestError: a negative ``whole_pages``.
+    """
+    if whole_pages is not None and whole_pages < 0:
+        raise InvalidRequestError(f"whole_pages must be >= 0, got {whole_pages}")
+    if geom.state is None or geom.slot_bytes <= 0:
+        return None
+    bounds = []
+    if geom.buffer_bytes > 0:
+        bounds.append(geom.buffer_bytes // (SPACED_BUFFER_SHARE * geom.slot_bytes))
+    if geom.page_bytes > 0 and whole_pages is not None:
+        bounds.append(whole_pages * geom.page_bytes // geom.slot_bytes)
+    return max(2, min(bounds)) if bounds else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +155,11 @@ class CacheGeometry:
         window_tokens: ``W`` (window) or ``C`` (local chunk) tokens.
         local: True for chunked-local attention.
         state: index of the recurrent-state band, or ``None``.
+        slot_bytes: bytes of one state slot (a checkpoint; 0: unknown or no state band).
+        buffer_bytes: bytes of the whole buffer (0: unknown); with ``slot_bytes`` it sets
+            the ``SPACED`` budget (:func:`spaced_budget`).
+        page_bytes: bytes of one full-attention page (0: unknown or no full band): the
+            other bound of the ``SPACED`` budget.
     """
 
     num_bands: int
@@ -119,6 +169,9 @@ class CacheGeometry:
     window_tokens: int
     local: bool
     state: int | None
+    slot_bytes: int = 0
+    buffer_bytes: int = 0
+    page_bytes: int = 0
 
     @staticmethod
     def of(layout: ChainLayout) -> CacheGeometry:
@@ -128,9 +181,12 @@ class CacheGeometry:
         if local:
             win = layout.index_of(LifetimeClass.LOCAL)
         tokens = (layout.bands[win].cache_class.window or 0) if win is not None else 0
-        return CacheGeometry(len(layout.bands), layout.page_size,
-                             layout.index_of(LifetimeClass.FULL), win, tokens, local,
-                             layout.index_of(LifetimeClass.STATE))
+        state = layout.index_of(LifetimeClass.STATE)
+        full = layout.index_of(LifetimeClass.FULL)
+        return CacheGeometry(len(layout.bands), layout.page_size, full, win, tokens, local,
+                             state, layout.bands[state].page_bytes if state is not None else 0,
+                             layout.buffer_bytes,
+                             layout.bands[full].page_bytes if full is not None else 0)
 
     def window_start(self, position: int) -> int:
         """First token the window must hold to compute the token at ``position``: sliding
@@ -270,19 +326,37 @@ def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
                   policy: ResumePolicy = ResumePolicy.BLOCKS) -> tuple[int, ...]:
     """Page counts where a cached prompt of ``whole_pages`` pages keeps window tails and
     state checkpoints, sorted: every ``interval_pages`` pages (``BLOCKS``; ``ENDS``: only
-    the last of them; ``AUTO``: as :meth:`ResumePolicy.resolve`) and ``whole_pages``
-    itself.
+    the last of them; ``SPACED``: see below; ``AUTO``: as :meth:`ResumePolicy.resolve`) and
+    ``whole_pages`` itself.
+
+    ``SPACED`` with a budget of ``C`` points (:func:`spaced_budget` of the prompt) with ``L``
+    interval boundaries: all of them when ``L <= C - 1``; otherwise every ``K``-th counted
+    back from the last, ``L, L - K, L - 2K, ... > 0`` with ``K = ceil(L / (C - 1))`` (at
+    most ``C - 1`` boundaries, so at most ``C`` points with the last whole page). E.g. 500
+    pages, interval 32 (``L = 15``), ``C = 6``: ``K = 3``, points 96, 192, 288, 384, 480,
+    500.
 
     Empty on a chain without a window/local or state band (every page boundary resumes).
     """
     if geom.window is None and geom.state is None:
         return ()
-    pts = list(range(interval_pages, whole_pages + 1, interval_pages))
-    if ResumePolicy(policy).resolve(geom) is ResumePolicy.ENDS:
-        pts = pts[-1:]
+    resolved = ResumePolicy(policy).resolve(geom)
+    last = whole_pages // interval_pages
+    if resolved is ResumePolicy.ENDS:
+        pts = [last * interval_pages] if last else []
+    elif resolved is ResumePolicy.SPACED:
+        budget = spaced_budget(geom, whole_pages)
+        step = 1 if budget is None or last <= budget - 1 else -(-last // (budget - 1))
+        pts = [b * interval_pages for b in range(last, 0, -step)][::-1]
+    else:
+        pts = list(range(interval_pages, whole_pages + 1, interval_pages))
     if whole_pages and (not pts or pts[-1] != whole_pages):
         pts.append(whole_pages)
     return tuple(pts)
+
+
+# A junction adding more than 1/20 of its prefix is worth a checkpoint (junction_point).
+JUNCTION_SHARE = 20
 
 
 def junction_point(geom: CacheGeometry, hit: int, matched: int, whole_pages: int,
@@ -298,10 +372,14 @@ def junction_point(geom: CacheGeometry, hit: int, matched: int, whole_pages: int
     PRs #37898 and #47782 saves the state at the shared-prefix junction the same way;
     SGLang's unified radix tree records a branch-checkpoint target, sglang #22935.)
 
-    Not worth it, so 0, when the point adds fewer than ``min_gain_pages`` pages of
-    resumable prefix beyond the deepest point at or below it (the hit, or one of the
-    request's own ``points``), when it is the prompt's own last whole page (already a
-    point), or when nothing matched past the hit.
+    Not worth it, so 0, when the point adds fewer than ``min(min_gain_pages,
+    ceil(matched / 20))`` pages of resumable prefix beyond the deepest point at or below it
+    (the hit, or one of the request's own ``points``): a gain of a whole interval is always
+    worth a checkpoint, and so is one of more than 1/20 of the shared prefix (without it a
+    later hit would miss more than 5 % of that prefix, the 95 % of issue 22's target: a
+    6,000-token prefix with a checkpoint at 5,632 gets its junction at 6,000); also 0 when
+    it is the prompt's own last whole page (already a point), or when nothing matched past
+    the hit.
 
     Args:
         geom: the chain's geometry (a chain without window or state band resumes at every
@@ -318,7 +396,7 @@ def junction_point(geom: CacheGeometry, hit: int, matched: int, whole_pages: int
     if q >= whole_pages or q <= hit:
         return 0
     below = max((p for p in points if p <= q), default=0)
-    if q - max(below, hit) < max(1, min_gain_pages):
+    if q - max(below, hit) < max(1, min(min_gain_pages, -(-q // JUNCTION_SHARE))):
         return 0
     return q
 
@@ -339,7 +417,8 @@ class PrefixCache:
         interval_tokens: tokens between resume points (a multiple of the page size;
             default 512, the Mooncake content block).
         policy: which resume points a prompt keeps (:class:`ResumePolicy`; ``AUTO`` is
-            resolved for ``geom`` here, so ``self.policy`` is ``BLOCKS`` or ``ENDS``).
+            resolved for ``geom`` here, so ``self.policy`` is ``BLOCKS``, ``ENDS`` or
+            ``SPACED``).
         junctions: whether a request also keeps a resume point where its prompt leaves a
             cached path past its hit (:func:`junction_point`; on by default; off gives the
             placement of ``policy`` alone).
@@ -525,22 +604,27 @@ class PrefixCache:
             if node.children:
                 left[node.nid] = len(node.children)
             else:
-                heap.append((node.time, LEAF, node.nid, node))
+                heap.append((self._leaf_key(node, False), LEAF, node.nid, node))
             if node.has_tails():
-                heap.append((node.tail_time, TAILS, node.nid, node))
+                heap.append((self._tails_key(node, not node.children), TAILS, node.nid, node))
         heapq.heapify(heap)
         dropped: set[int] = set()
         gone: set[int] = set()
+        leaves: set[int] = set()  # unlocked nodes that became leaves during the walk
         walk: list[tuple[int, Node]] = []
         rows: list[list[int]] = []
         while heap:
             _, kind, nid, node = heapq.heappop(heap)
+            if nid in gone:  # a LEAF entry superseded by its dead one, or tails after it
+                continue
             if kind == TAILS:
-                if nid in gone or nid in dropped:
+                if nid in dropped:
                     continue
                 dropped.add(nid)
                 walk.append((TAILS, node))
                 rows.append(self._unit_pages(node, TAILS, False))
+                if self._dies(node, nid in leaves):  # its pages can no longer hit
+                    heapq.heappush(heap, (node.time, LEAF, nid, node))
                 continue
             walk.append((LEAF, node))
             rows.append(self._unit_pages(node, LEAF, nid in dropped))
@@ -550,7 +634,13 @@ class PrefixCache:
                 n = left[parent.nid] - 1
                 left[parent.nid] = n
                 if n == 0:
-                    heapq.heappush(heap, (parent.time, LEAF, parent.nid, parent))
+                    leaves.add(parent.nid)
+                    tails_gone = parent.nid in dropped
+                    heapq.heappush(heap, (self._leaf_key(parent, tails_gone), LEAF,
+                                          parent.nid, parent))
+                    if not tails_gone and parent.has_tails():  # its tails' key as a leaf
+                        heapq.heappush(heap, (self._tails_key(parent, True), TAILS,
+                                              parent.nid, parent))
         if rows:
             cum = np.cumsum(np.asarray(rows, dtype=np.int64), axis=0)
             order = EvictionOrder(((0,) * self.geom.num_bands, *tuple(map(tuple, cum.tolist()))))
@@ -603,6 +693,32 @@ class PrefixCache:
     # it (a second heap over its indices) and merges the parents that become leaves on
     # the way (the cascade), exactly as the whole-tree walk pops them.
 
+    def _dead(self, node: Node, tails_gone: bool) -> bool:
+        """Whether an unlocked leaf is *dead*: on a state chain, no checkpoint left (none,
+        or its tails already dropped in the walk, ``tails_gone``), so no hit can resume in
+        it and its full pages (and window pages) can never be used."""
+        return self.geom.state is not None and (tails_gone or not node.ckpts)
+
+    def _leaf_key(self, node: Node, tails_gone: bool) -> int:
+        """The walk key of an unlocked leaf's ``LEAF`` unit: a dead leaf (:meth:`_dead`)
+        goes before every unit that can hit (key = its time); every other one at ``LIVE``
+        + its time."""
+        return node.time if self._dead(node, tails_gone) else LIVE + node.time
+
+    def _tails_key(self, node: Node, leaf: bool) -> int:
+        """The walk key of an unlocked node's ``TAILS`` unit: its tail time, after ``LIVE``
+        unless the node is a dead ``leaf`` (its window pages, with no checkpoint, cannot be
+        resumed from either: they go with the dead units, just before its ``LEAF``)."""
+        return node.tail_time if leaf and self._dead(node, False) else LIVE + node.tail_time
+
+    def _dies(self, node: Node, joined: bool) -> bool:
+        """Whether ``node``'s ``LEAF`` turns dead when the walk drops its tails: an unlocked
+        node on a state chain that is a leaf (at the start, or ``joined`` as one in the
+        walk), so its full pages, no checkpoint left at or below them, follow their
+        checkpoint at once (its dead ``LEAF`` is entered; the live one is skipped)."""
+        return (self.geom.state is not None and not node.lock
+                and (joined or not node.children))
+
     def _refresh(self, node: Node) -> bool:
         """Recount ``node``'s share of the eviction order; returns whether it changed (then
         the totals and ready entries move and the version is bumped)."""
@@ -616,9 +732,10 @@ class PrefixCache:
             tc = len(node.ckpts) - node.cpin
             tails = tw > 0 or tc > 0
             if not node.lock:
-                tk = node.tail_time if tails and node.tail_time < node.time else -1
-                sig = (-1 if node.children else node.time, tk, node.time, 2 if tk >= 0 else 1,
-                       len(node.full), tw, tc)
+                tk = (self._tails_key(node, not node.children)
+                      if tails and node.tail_time < node.time else -1)
+                sig = (-1 if node.children else self._leaf_key(node, False), tk, node.time,
+                       2 if tk >= 0 else 1, len(node.full), tw, tc)
             elif not node.tlock and tails:
                 sig = (-1, IN_USE + node.tail_time, -1, 1, 0, tw, tc)
             else:
@@ -687,6 +804,7 @@ class PrefixCache:
         left: dict[int, int] = {}
         dropped: set[int] = set()
         gone: set[int] = set()
+        leaves: set[int] = set()  # unlocked nodes that became leaves during the walk
         while True:
             while scan:  # skip stale entries, reading their children in the heap
                 e = scan[0][0]
@@ -710,11 +828,15 @@ class PrefixCache:
             else:
                 return
             kind, nid, node = e[1], e[2], e[4]
+            if nid in gone:  # a LEAF entry superseded by its dead one
+                continue
             if kind == TAILS:
-                if nid in gone or nid in dropped:  # pragma: no cover - never ready so
+                if nid in dropped:  # an entry superseded by its key as a leaf
                     continue
                 dropped.add(nid)
                 yield TAILS, node, self._unit_pages(node, TAILS, False)
+                if self._dies(node, nid in leaves):  # its pages can no longer hit
+                    heappush(joined, (node.time, LEAF, nid, -1, node))
                 continue
             yield LEAF, node, self._unit_pages(node, LEAF, nid in dropped)
             gone.add(nid)
@@ -723,7 +845,14 @@ class PrefixCache:
                 n = left.get(parent.nid, len(parent.children)) - 1
                 left[parent.nid] = n
                 if n == 0:
-                    heappush(joined, (parent.time, LEAF, parent.nid, -1, parent))
+                    leaves.add(parent.nid)
+                    tails_gone = parent.nid in dropped
+                    heappush(joined, (self._leaf_key(parent, tails_gone), LEAF, parent.nid, -1,
+                                      parent))
+                    if (not tails_gone and parent.has_tails()
+                            and parent.tail_time < parent.time):  # its tails' key as a leaf
+                        heappush(joined, (self._tails_key(parent, True), TAILS, parent.nid,
+                                          -1, parent))
 
     # --- tree walks ----------------------------------------------------------------------
 
@@ -1160,6 +1289,43 @@ class PrefixCache:
             if g.state is not None:
                 out[g.state].extend(node.ckpts.values())
         return out
+
+    def dead_full_pages(self, unlocked_only: bool = False) -> tuple[int, int]:
+        """``(dead, cached)`` full-band pages: of the ``cached`` full pages the cache holds,
+        the ``dead`` ones no hit can use on a state chain (:meth:`dead_full_page_ids`).
+        With ``unlocked_only`` both count only nodes no running request locks (the pages
+        eviction may take; locked ones are in use). O(nodes); a measurement
+        (``benchmarks/bench_dead_pages.py``), not used by the cache itself."""
+        dead, cached = self._dead_full(unlocked_only)
+        return len(dead), cached
+
+    def dead_full_page_ids(self, unlocked_only: bool = False) -> list[int]:
+        """Full-band ids of the cached pages no hit can use: on a state chain, page ``j``
+        of a node is live iff a checkpoint after ``p > j`` pages exists in that node or in
+        its subtree (a hit resumes only at a checkpoint, and uses pages ``[0, p)``); the
+        others are dead. Empty without a state band (every page boundary, or every window
+        tail, resumes there) or without a full band; ``unlocked_only`` as
+        :meth:`dead_full_pages`."""
+        return self._dead_full(unlocked_only)[0]
+
+    def _dead_full(self, unlocked_only: bool) -> tuple[list[int], int]:
+        g = self.geom
+        dead: list[int] = []
+        cached = 0
+        if g.full is None:
+            return dead, 0
+        below: dict[int, bool] = {}  # nid -> a checkpoint in its subtree (itself included)
+        order = list(self.nodes())  # depth first: every child after its parent
+        for node in reversed(order):
+            deeper = any(below[c.nid] for c in node.children.values())
+            below[node.nid] = deeper or bool(node.ckpts)
+            if unlocked_only and node.lock:
+                continue
+            cached += len(node.full)
+            if g.state is not None and not deeper:
+                last = max(node.ckpts, default=node.start)
+                dead.extend(node.full[last - node.start:])
+        return dead, cached
 
     def audit(self, handles: Sequence[Node],
               pins: tuple[Sequence[int], Sequence[int]] | None = None,

@@ -100,7 +100,7 @@ class SimConfig:
         prefix_cache: serve prompts' cached prefixes (:mod:`kvchain.cache`); ``None``: on
             when the trace carries content keys (``prefix_block_ids``).
         cache_points: where cached prompts keep window tails and state checkpoints
-            (``AUTO``: ``ENDS`` for a chain with a state band, ``BLOCKS`` otherwise).
+            (``AUTO``: ``SPACED`` for a chain with a state band, ``BLOCKS`` otherwise).
         fast_forward: advance runs of decode-only steps between events in one update
             (:func:`_decode_run`); ``False`` runs every step through the per-step loop (the
             oracle: both give the same steps, times and per-request numbers).

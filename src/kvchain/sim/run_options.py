@@ -153,10 +153,13 @@ class RunOptions:
         flags="--prefix-cache/--no-prefix-cache", axis=True))
     cache_points: ResumePolicy = field(default=ResumePolicy.AUTO, metadata=option(
         "Where cached prompts keep window tails and state checkpoints: every content "
-        "block (blocks), only the last block boundary and the prompt end (ends), or auto: "
-        "ends for models with a recurrent state, blocks otherwise. Ignored while the "
-        "cache is off; blocks or ends on a model with two or more window bands is "
-        "refused (exit 2)."))
+        "block (blocks), only the last block boundary and the prompt end (ends), every "
+        "K-th block boundary counted back from the last (spaced: a prompt keeps at most "
+        "max(2, min(buffer bytes // 64, its own pages' bytes) // checkpoint bytes) "
+        "checkpoints, K the least spacing within that; every block where it allows), or "
+        "auto: spaced for models with a "
+        "recurrent state, blocks otherwise. Ignored while the cache is off; an explicit "
+        "value on a model with two or more window bands is refused (exit 2)."))
     fast_forward: bool = field(default=True, metadata=option(
         "Advance runs of decode-only steps between events in one update (the same results "
         "as the per-step loop); --no-fast-forward runs every step through the per-step "
