@@ -30,6 +30,7 @@ from kvchain.cli.common import (
     hint,
     load_spec,
     note,
+    note_rejections,
     overload_hint,
     prepare_out_dir,
     warn_buffer,
@@ -153,6 +154,8 @@ def compare(
         console.print(METRIC_DEFINITIONS, soft_wrap=False)
         for k, r in runs.items():
             console.print(f"[bold]{k}[/bold]: {r.rule}")
+    for k, r in runs.items():
+        note_rejections(r.rejected, who=str(k))
     if as_json:
         return  # stdout is the JSON alone; the files are where --out said
     if written:
