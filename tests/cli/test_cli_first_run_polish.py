@@ -75,3 +75,21 @@ def test_rejection_notes_group_reasons_by_kind():
     assert rejection_notes([(1, "needs 10 B"), (2, "needs 10 B")]) == [
         "2 requests rejected: needs 10 B (first: request 1)"]
     assert rejection_notes([]) == []
+
+
+def test_compare_wide_prints_whole_cells(tmp_path):
+    """``compare --wide`` at 80 columns: four value columns and long labels need more than 80,
+    and rich used to cut every value to "…"; now the table is printed at its own width (a
+    terminal wraps it) with every cell whole. The narrow table still fits 80 columns."""
+    args = ("compare", "--spec", str(spec_file(tmp_path)), "--trace",
+            str(rejecting_trace(tmp_path)), "--clock", "steps", "--buffer-bytes", "2000000")
+    wide = run(*args, "--wide")
+    assert wide.exit_code == 0, wide.output
+    assert "…" not in wide.stdout, wide.stdout
+    assert "requests (finished / total)" in wide.stdout
+    # 3 of the 6 requests finish (the three 100-token ones), for each of the four managers
+    row = next(line for line in wide.stdout.splitlines() if "finished / total" in line)
+    assert row.count("3 / 6") == 4, row
+    narrow = run(*args)
+    assert narrow.exit_code == 0 and "…" not in narrow.stdout
+    assert max(len(line.rstrip()) for line in narrow.stdout.splitlines()) <= 80

@@ -51,6 +51,7 @@ from kvchain.cli.run_options import (
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import get_gpu
 from kvchain.report.compare import compare_plot
+from kvchain.report.sweep import print_whole
 from kvchain.report.tables import METRIC_DEFINITIONS, comparison_table
 from kvchain.sim.compare import ManagerRun, compare_managers
 from kvchain.sim.cost import ClockKind, GPUCostModel
@@ -88,7 +89,8 @@ def compare(
         "kvchain,fixed-pools,equal-page,ideal",
     out: Annotated[Path | None, typer.Option(help="Write compare.json and compare.png "
                                                   "here.")] = None,
-    wide: Annotated[bool, typer.Option("--wide", help="Every metric, full labels.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Every metric, full labels, cells "
+                                       "never cut (wider than 80 columns).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
         = False,
     *,
@@ -149,8 +151,12 @@ def compare(
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
-        console.print(comparison_table({str(k): r.summary for k, r in runs.items()},
-                                       title=title, wide=wide))
+        table = comparison_table({str(k): r.summary for k, r in runs.items()}, title=title,
+                                 wide=wide)
+        if wide:
+            print_whole(console, table)  # every cell whole, past the terminal's width
+        else:
+            console.print(table)
         console.print(METRIC_DEFINITIONS, soft_wrap=False)
         for k, r in runs.items():
             console.print(f"[bold]{k}[/bold]: {r.rule}")

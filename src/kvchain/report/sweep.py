@@ -317,5 +317,14 @@ def table_width(table: Table) -> int:
 def print_whole(console: Console, table: Table) -> None:
     """Print ``table`` on ``console`` with every column whole: a table wider than the
     console (many settings vary) is printed at its own width, uncropped (a terminal then
-    wraps its lines), instead of rich cutting off the columns past the console's edge."""
-    console.print(table, width=max(console.width, table_width(table)), crop=False)
+    wraps its lines), instead of rich cutting off the columns past the console's edge.
+
+    (``console.print(width=...)`` cannot widen: rich caps it at the console's width, which
+    cut every cell of ``compare --wide`` to "…" at 80 columns; the console is widened for
+    the one print instead.)"""
+    width = console.width
+    console.width = max(width, table_width(table))
+    try:
+        console.print(table, crop=False)
+    finally:
+        console.width = width
