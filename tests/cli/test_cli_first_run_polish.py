@@ -93,3 +93,37 @@ def test_compare_wide_prints_whole_cells(tmp_path):
     narrow = run(*args)
     assert narrow.exit_code == 0 and "…" not in narrow.stdout
     assert max(len(line.rstrip()) for line in narrow.stdout.splitlines()) <= 80
+
+
+def test_chosen_note_names_the_poisson_rate_and_seed(tmp_path):
+    """sharegpt has no arrival times: they are a Poisson process at 5.53 requests/s
+    (traces.DEFAULT_POISSON_RATE_RPS) x --rate-scale, with --seed. Before, the note said
+    "its own arrival rate (--rate-scale 1)", which names neither."""
+    base = ("simulate", "--spec", str(spec_file(tmp_path)), "--trace", "sharegpt",
+            "--requests", "3", "--clock", "steps", "--buffer-bytes", "50000000")
+    err = flat(run(*base).stderr)
+    assert ("Poisson arrivals at 5.53 requests/s, seed 0 (the trace has no arrival times; "
+            "--rate-scale, --seed)") in err, err
+    assert "its own arrival rate" not in err
+    # 5.53 x 2 = 11.06 requests/s; the seed as given
+    err = flat(run(*base, "--rate-scale", "2", "--seed", "7").stderr)
+    assert "Poisson arrivals" not in err  # both said: nothing chosen
+    err = flat(run(*base, "--seed", "7").stderr)
+    assert "Poisson arrivals at 5.53 requests/s, seed 7" in err
+    err = flat(run(*base, "--rate-scale", "2").stderr)
+    assert "Poisson arrivals at 11.06 requests/s, seed 0" in err
+
+
+def test_chosen_note_says_the_cache_is_off_plainly(tmp_path):
+    """A trace without content keys: the auto prefix cache is off, said plainly, and no
+    cache points are named for a cache that does not run; with keys (mooncake) it is on
+    and its cache points follow."""
+    err = flat(run("simulate", "--spec", str(spec_file(tmp_path)), "--trace",
+                   str(rejecting_trace(tmp_path)), "--clock", "steps",
+                   "--buffer-bytes", "2000000").stderr)
+    assert "prefix cache off (auto: this trace has no content keys)" in err, err
+    assert "cache points" not in err and "on when the trace has content keys" not in err
+    err = flat(run("simulate", "--spec", str(spec_file(tmp_path)), "--trace", "mooncake",
+                   "--requests", "2", "--clock", "steps", "--buffer-bytes", "50000000").stderr)
+    assert ("prefix cache on (auto: this trace has content keys; --no-prefix-cache), "
+            "cache points auto:") in err, err
