@@ -127,3 +127,38 @@ def test_chosen_note_says_the_cache_is_off_plainly(tmp_path):
                    "--requests", "2", "--clock", "steps", "--buffer-bytes", "50000000").stderr)
     assert ("prefix cache on (auto: this trace has content keys; --no-prefix-cache), "
             "cache points auto:") in err, err
+
+
+def test_errors_use_the_flags_and_trace_columns_users_know(tmp_path):
+    """Before: ``prefix_cache=True: ... (prefix_block_ids)`` (the library's names), Python
+    tuple and list reprs of the known names, and ``bound by: kv_bytes``."""
+    cached = run("simulate", "--spec", str(spec_file(tmp_path)), "--trace", "azure-code",
+                 "--requests", "3", "--clock", "steps", "--prefix-cache")
+    assert cached.exit_code == 2
+    err = flat(cached.stderr)
+    assert ("error: --prefix-cache: trace 'azure-code' carries no content keys (no request "
+            "has hash_ids), so no prompt could hit; run it without --prefix-cache") in err, err
+    assert "prefix_cache=True" not in err and "prefix_block_ids" not in err
+    slo = flat(run("sweep", "--out", str(tmp_path / "s"), "--slo", "nope=1s").stderr)
+    assert ("SLO metric 'nope' unknown; known: ttft_p50, ttft_p90, ttft_p99, tpot_p50, "
+            "tpot_p90, tpot_p99, e2e_p50, e2e_p90, e2e_p99, queueing_p50, queueing_p90, "
+            "queueing_p99") in slo, slo
+    managers = flat(run("sweep", "--out", str(tmp_path / "s"), "--managers", "nope").stderr)
+    assert "unknown managers nope; known: equal-page, fixed-pools, ideal, kvchain" in managers
+    scales = flat(run("sweep", "--out", str(tmp_path / "s"), "--rate-scales", "0").stderr)
+    assert "rate scales must be > 0, got 0" in scales and "[" not in scales, scales
+    compared = flat(run("compare", "--managers", "nope", columns=200).stderr)
+    assert "managers must be among kvchain, fixed-pools, equal-page, ideal; got 'nope'" \
+        in compared, compared
+
+
+def test_plan_says_what_bounds_the_longest_request_in_words():
+    """gpt-oss-20b on an H100 with a 2,000,000,000 B buffer: its full-attention layers
+    (12 of 24, 8 KV heads x 64 dims, K and V in bf16: 12 x 2 x 8 x 64 x 2 = 24,576 B/token)
+    alone fill 2e9 B within 2e9 / 24,576 = 81,380 tokens, under its 131,072-token context,
+    so the buffer binds for both layouts."""
+    out = flat(run("plan", "--model", "gpt-oss-20b", "--gpu", "h100", "--buffer-bytes",
+                   "2000000000").stdout)
+    assert ("longest lone request bound by: the KV buffer (chain), the KV buffer (fixed "
+            "pools)") in out, out
+    assert "kv_bytes" not in out

@@ -106,8 +106,9 @@ def compare(
     try:
         kinds = [ManagerKind(m.strip()) for m in managers.split(",") if m.strip()]
     except ValueError:
-        raise typer.BadParameter(f"managers must be among {[str(k) for k in ManagerKind]}, "
-                                 f"got {managers!r}") from None
+        raise typer.BadParameter(f"managers must be among "
+                                 f"{', '.join(str(k) for k in ManagerKind)}; got {managers!r}"
+                                 ) from None
     try:
         if not kinds:
             raise ConfigError("--managers names no manager")
