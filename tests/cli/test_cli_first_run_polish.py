@@ -162,3 +162,23 @@ def test_plan_says_what_bounds_the_longest_request_in_words():
     assert ("longest lone request bound by: the KV buffer (chain), the KV buffer (fixed "
             "pools)") in out, out
     assert "kv_bytes" not in out
+
+
+def test_readme_and_help_say_what_max_tokens_and_a_weightless_spec_need(tmp_path):
+    """``max_tokens`` below ``output_tokens`` is refused, so it is not an output cap: it is
+    the client's output limit, which admission reserves against while the request stops
+    at ``output_tokens``; a spec without weights is refused unless ``--clock steps``
+    (the README read as if that clock were chosen for it)."""
+    from pathlib import Path
+
+    readme = flat((Path(__file__).parents[2] / "README.md").read_text())
+    assert "per-request output cap" not in readme
+    assert ("optional `max_tokens` (the output limit the client asked for, tokens, >= "
+            "`output_tokens`: admission reserves pages up to it, the request stops after "
+            "`output_tokens`)") in readme
+    assert "a spec without weights needs `--clock steps`" in readme
+    help_text = flat(run("simulate", "--help", columns=120).stdout)
+    assert "per-request output cap" not in help_text
+    assert "max_tokens: optional output limit the client asked for" in help_text
+    refused = run("simulate", "--spec", str(spec_file(tmp_path)), "--requests", "2")
+    assert refused.exit_code == 2 and "--clock steps" in flat(refused.stderr)
