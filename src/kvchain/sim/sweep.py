@@ -211,13 +211,12 @@ class SweepGrid:
             raise SweepConfigError(f"unknown prefix_caches {', '.join(map(str, odd))}; known: "
                                    f"{', '.join(PREFIX_CACHE_MODES)}")
         if any(t < 1 for t in self.tp):
-            raise SweepConfigError(f"tp must be >= 1, got {', '.join(map(str, self.tp))}")
+            raise SweepConfigError(f"tp must be >= 1, got {list(self.tp)}")
         if any(not (s > 0 and math.isfinite(s)) for s in self.rate_scales):
-            raise SweepConfigError(f"rate scales must be > 0, got "
-                                   f"{', '.join(f'{s:g}' for s in self.rate_scales)}")
+            raise SweepConfigError(f"rate scales must be > 0, got {list(self.rate_scales)}")
         if any(not 0 < f <= 1 for f in self.mem_fractions):
             raise SweepConfigError(f"memory fractions must be in (0, 1], got "
-                                   f"{', '.join(f'{f:g}' for f in self.mem_fractions)}")
+                                   f"{list(self.mem_fractions)}")
 
     def points(self) -> list[SweepPoint]:
         """Every combination of the axes, one :class:`SweepPoint` each (product order)."""
