@@ -170,3 +170,37 @@ def test_utilization_chart_without_a_cache_says_so(monkeypatch, tmp_path: Path) 
     assert texts == ["requests' own pages: mean 50.0 %, peak 50.0 %",
                      "held (requests only): mean 50.0 %, peak 50.0 %"]
     assert any("no prefix cache in this run" in t.get_text() for t in top.texts)
+
+
+def _value_at(line, x: float) -> float:  # type: ignore[no-untyped-def]
+    """The value a step line (``where="post"``) draws at ``x``."""
+    assert line.get_drawstyle() == "steps-post"
+    xs, ys = np.asarray(line.get_xdata()), np.asarray(line.get_ydata())
+    return float(ys[np.searchsorted(xs, x, side="right") - 1])
+
+
+def test_idle_gaps_are_drawn_idle(monkeypatch, tmp_path: Path) -> None:
+    """A step (0.2536, 0.2636] s that ends with nothing running (its request finished), the
+    GPU idle until the next arrival, then a step (0.5104, 0.5204] s that ends with one
+    running. Each sample is the state at the end of its step, and that state lasts until the
+    next step starts: running is 0 over the idle gap (0.2636, 0.5104) and 1 over the second
+    step. Before, each value was held back to the previous sample's end, drawing one running
+    request (and its 40 % of the buffer) across the whole gap."""
+    from kvchain.report.plots import utilization_chart
+
+    rec = MetricsRecorder()
+    for t, running, held in ((0.2636, 0, 0), (0.5204, 1, 40)):
+        band = BandSample("full", 0, 100, held, 0, Anchor.LOW, request_bytes=held)
+        rec.on_step(StepSample(t, 0.01, 0, running, running, 0, (band,), 100, held))
+    figure = _utilization_figure(monkeypatch, lambda: utilization_chart(
+        rec.step_samples, tmp_path / "u.png", totals=rec.step_totals))
+    top, bottom = figure.axes[0], figure.axes[1]
+    running_line = next(line for line in bottom.get_lines()
+                        if line.get_label().startswith("running"))
+    assert _value_at(running_line, 0.26) == 0   # the first step
+    assert _value_at(running_line, 0.40) == 0   # the idle gap
+    assert _value_at(running_line, 0.515) == 1  # the second step
+    held_line = next(line for line in top.get_lines() if line.get_label().startswith("held"))
+    assert _value_at(held_line, 0.40) == 0 and _value_at(held_line, 0.515) == 40
+    assert float(running_line.get_xdata()[0]) == pytest.approx(0.2536)  # the first start
+    assert float(running_line.get_xdata()[-1]) == pytest.approx(0.5204)  # the last end

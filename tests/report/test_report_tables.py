@@ -182,3 +182,18 @@ def test_kv_rows_of_a_run_without_steps_are_not_available() -> None:
     text = render(summary_table(empty, title="t"))
     assert cells(text, "KV used by requests (%, time-weighted mean / peak)") == ["n/a"]
     assert cells(text, "KV cached, evictable (%, mean / peak)") == ["n/a"]
+
+
+def test_hit_rate_percentages_show_two_decimals() -> None:
+    """The summary's extra percentages are rounded to 2 decimals where made; a value whose
+    second decimal is 0 (12.5) used to print as "12.5" beside "5.93". Counters stay as
+    they are."""
+    run = replace(SUMMARY, extra=MappingProxyType({
+        "prefix_hit_rate_pct": 3.92, "prefix_infinite_bound_pct": 5.93,
+        "prefix_lru_bound_pct": 12.5, "prefix_hit_tokens": 100_352}))
+    text = render(summary_table(run, title="t"))
+    assert cells(text, "LRU hit-rate bound (%, the buffer as cache)") == ["12.50"]
+    assert cells(text, "infinite-cache hit-rate bound (%, same requests)") == ["5.93"]
+    assert cells(text, "prefix-cache hit tokens") == ["100,352"]
+    wide = render(comparison_table({"a": run, "b": SUMMARY}, wide=True))
+    assert cells(wide, "LRU hit-rate bound (%, the buffer as cache)") == ["12.50", "n/a"]

@@ -8,6 +8,8 @@ and notes go to stderr, always through :func:`fail`, :func:`warn`, :func:`hint` 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NoReturn
 
@@ -103,6 +105,42 @@ def hint(message: str) -> None:
 def note(message: str) -> None:
     """Print ``note: <message>`` on stderr: a setting the run chose for the user."""
     stderr_console().print(f"[cyan]note:[/cyan] {escape(message)}")
+
+
+_FIGURE = re.compile(r"\d[\d,.]*")
+
+
+def rejection_notes(rejected: Iterable[tuple[int, str]]) -> list[str]:
+    """One line per distinct rejection reason: ``N request(s) rejected: <reason> (first:
+    request <id>)``, in order of first occurrence (empty when nothing was rejected).
+
+    Reasons that differ only in their figures (bytes, tokens) are one kind: the line quotes
+    the first request's reason and says the others' figures differ. E.g. two requests that
+    each need more pages than the empty chain holds -> ``2 requests rejected: needs
+    4,473,815,040 B of pages at its peak, ... (first: request 97; the others' figures
+    differ)``.
+
+    Args:
+        rejected: ``(request id, reason)`` of each rejected request, in arrival order.
+    """
+    kinds: dict[str, list[tuple[int, str]]] = {}
+    for rid, reason in rejected:
+        kinds.setdefault(_FIGURE.sub("#", reason), []).append((rid, reason))
+    lines = []
+    for group in kinds.values():
+        rid, reason = group[0]
+        varied = len({r for _, r in group}) > 1
+        lines.append(f"{len(group):,} request{'s' if len(group) != 1 else ''} rejected: "
+                     f"{reason} (first: request {rid}"
+                     + ("; the others' figures differ)" if varied else ")"))
+    return lines
+
+
+def note_rejections(rejected: Iterable[tuple[int, str]], *, who: str = "") -> None:
+    """Print :func:`rejection_notes` on stderr, one ``note:`` line each; ``who`` (a manager
+    name) prefixes each line when given."""
+    for line in rejection_notes(rejected):
+        note(f"{who}: {line}" if who else line)
 
 
 OVERLOAD_FACTOR = 2.0

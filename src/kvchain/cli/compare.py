@@ -30,6 +30,7 @@ from kvchain.cli.common import (
     hint,
     load_spec,
     note,
+    note_rejections,
     overload_hint,
     prepare_out_dir,
     warn_buffer,
@@ -50,6 +51,7 @@ from kvchain.cli.run_options import (
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import get_gpu
 from kvchain.report.compare import compare_plot
+from kvchain.report.sweep import print_whole
 from kvchain.report.tables import METRIC_DEFINITIONS, comparison_table
 from kvchain.sim.compare import ManagerRun, compare_managers
 from kvchain.sim.cost import ClockKind, GPUCostModel
@@ -87,7 +89,8 @@ def compare(
         "kvchain,fixed-pools,equal-page,ideal",
     out: Annotated[Path | None, typer.Option(help="Write compare.json and compare.png "
                                                   "here.")] = None,
-    wide: Annotated[bool, typer.Option("--wide", help="Every metric, full labels.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Every metric, full labels, cells "
+                                       "never cut (wider than 80 columns).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
         = False,
     *,
@@ -103,8 +106,9 @@ def compare(
     try:
         kinds = [ManagerKind(m.strip()) for m in managers.split(",") if m.strip()]
     except ValueError:
-        raise typer.BadParameter(f"managers must be among {[str(k) for k in ManagerKind]}, "
-                                 f"got {managers!r}") from None
+        raise typer.BadParameter(f"managers must be among "
+                                 f"{', '.join(str(k) for k in ManagerKind)}; got {managers!r}"
+                                 ) from None
     try:
         if not kinds:
             raise ConfigError("--managers names no manager")
@@ -148,11 +152,17 @@ def compare(
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
-        console.print(comparison_table({str(k): r.summary for k, r in runs.items()},
-                                       title=title, wide=wide))
+        table = comparison_table({str(k): r.summary for k, r in runs.items()}, title=title,
+                                 wide=wide)
+        if wide:
+            print_whole(console, table)  # every cell whole, past the terminal's width
+        else:
+            console.print(table)
         console.print(METRIC_DEFINITIONS, soft_wrap=False)
         for k, r in runs.items():
             console.print(f"[bold]{k}[/bold]: {r.rule}")
+    for k, r in runs.items():
+        note_rejections(r.rejected, who=str(k))
     if as_json:
         return  # stdout is the JSON alone; the files are where --out said
     if written:

@@ -166,8 +166,9 @@ def _print_plan(console: Console, result: CapacityPlan) -> None:
                          "the model's context length (not given by this config)"))
     else:
         assert pools.longest_request_tokens is not None
-        console.print(f"longest lone request bound by: {ours_longest.bound} (chain), "
-                      f"{pools_longest.bound} (fixed pools); KV bytes allow "
+        console.print(f"longest lone request bound by: {_BOUND_WORDS[ours_longest.bound]} "
+                      f"(chain), {_BOUND_WORDS[pools_longest.bound]} (fixed pools); KV "
+                      f"bytes allow "
                       f"{ours.longest_request_tokens:,} / {pools.longest_request_tokens:,} "
                       "tokens, the model's context "
                       + (f"{context:,} tokens (max_position_embeddings)" if context is not None
@@ -195,6 +196,10 @@ def _capacity_rows(ours: Capacity, pools: Capacity, ours_longest: LongestRequest
                  else "full-attention tokens")
         rows.append((label, ours.full_tokens, pools.full_tokens))
     return rows
+
+
+_BOUND_WORDS = {"kv_bytes": "the KV buffer", "context": "the context length"}
+"""``LongestRequest.bound`` in words, for the plan's text (its JSON keeps the key)."""
 
 
 def _longest_cell(longest: LongestRequest) -> int | str:

@@ -23,7 +23,13 @@ from kvchain.cache.radix import CacheGeometry, ResumePolicy
 from kvchain.layout import ChainLayout
 from kvchain.sim.prefix import has_content_keys
 from kvchain.sim.run_options import ResolvedRun, RunOptions
-from kvchain.sim.traces import BUNDLED_TRACES, Trace
+from kvchain.sim.traces import (
+    BUNDLED_TRACES,
+    DEFAULT_POISSON_RATE_RPS,
+    Trace,
+    TraceFormat,
+    detect_format,
+)
 
 DEFAULT_MODEL = "gpt-oss-120b"
 DEFAULT_GPU = "h200"
@@ -129,28 +135,45 @@ def chosen_note(resolved: ResolvedRun, given: GivenOptions, trace: Trace,
                 layout: ChainLayout) -> str | None:
     """What the run chose that the user did not say, one line (``note:`` on stderr;
     ``None`` when the user said everything that matters): the
-    demo's trace and cut, or for a named trace its whole length and own rate; the KV
-    buffer from the GPU memory model; the prefix cache's ``auto`` and the cache points
+    demo's trace and cut, or for a named trace its whole length and own rate (for a trace
+    without arrival times, the Poisson rate and seed drawn); the KV buffer from the GPU
+    memory model; the prefix cache's ``auto`` and, with the cache on, the cache points
     ``auto`` resolves to. E.g. ``trace mooncake (the demo: --trace names yours), its first
     600 requests (--requests), 0.3x its arrival rate (--rate-scale), KV buffer
     58,510,595,328 B from the GPU memory model (--mem-fraction 0.9, --buffer-bytes), prefix
-    cache auto: on when the trace has content keys (this one has), cache points auto:
-    blocks``."""
+    cache on (auto: this trace has content keys; --no-prefix-cache), cache points auto:
+    blocks``; for sharegpt ``Poisson arrivals at 5.53 requests/s, seed 0 (the trace has no
+    arrival times; --rate-scale, --seed)`` and ``prefix cache off (auto: this trace has no
+    content keys)``."""
     run = resolved.options
     items = list(resolved.chosen)
     if not resolved.demo:
         if "requests" not in given.typed and "end_s" not in given.typed:
             items.append(f"all {len(trace):,} requests of the trace (--requests)")
-        if "rate_scale" not in given.typed:
+        if _poisson_arrivals(resolved.trace):
+            if "rate_scale" not in given.typed or "seed" not in given.typed:
+                rate = DEFAULT_POISSON_RATE_RPS * run.rate_scale
+                items.append(f"Poisson arrivals at {rate:,.2f} requests/s, seed {run.seed} "
+                             "(the trace has no arrival times; --rate-scale, --seed)")
+        elif "rate_scale" not in given.typed:
             items.append("its own arrival rate (--rate-scale 1)")
     if run.buffer_bytes is None:
         items.append(f"KV buffer {layout.buffer_bytes:,} B from the GPU memory model "
                      f"(--mem-fraction {run.mem_fraction:g}, --buffer-bytes)")
-    if run.prefix_cache is None:
-        keys = "has" if has_content_keys(trace) else "has none"
-        items.append(f"prefix cache auto: on when the trace has content keys (this one "
-                     f"{keys}; --prefix-cache/--no-prefix-cache)")
-    if run.cache_points is ResumePolicy.AUTO and run.prefix_cache is not False:
+    cache_on = run.prefix_cache
+    if cache_on is None:
+        cache_on = has_content_keys(trace)
+        items.append("prefix cache on (auto: this trace has content keys; --no-prefix-cache)"
+                     if cache_on else "prefix cache off (auto: this trace has no content keys)")
+    if run.cache_points is ResumePolicy.AUTO and cache_on:
         resolved_points = run.cache_points.resolve(CacheGeometry.of(layout)).value
         items.append(f"cache points auto: {resolved_points}")
     return "chosen for this run: " + ", ".join(items) if items else None
+
+
+def _poisson_arrivals(trace: str) -> bool:
+    """Whether ``trace`` (a bundled name or a file already loaded) has no arrival times, so
+    its arrivals are a Poisson process (:func:`kvchain.sim.traces.load_trace`)."""
+    bundled = BUNDLED_TRACES.get(trace)
+    fmt = bundled.format if bundled is not None else detect_format(Path(trace))
+    return fmt is TraceFormat.SHAREGPT_LENGTHS

@@ -20,6 +20,7 @@ from kvchain.cli.common import (
     hint,
     load_spec,
     note,
+    note_rejections,
     overload_hint,
     prepare_out_dir,
     render_bands,
@@ -162,6 +163,8 @@ def simulate_command(
         if out is not None:
             console.print(f"wrote {out}/metrics.json, {out}/requests.csv and "
                           + ", ".join(p.name for p in plots))
+    note_rejections((r.request_id, r.rejected_reason) for r in result.recorder.records
+                    if r.rejected_reason is not None)
     hint_text = overload_hint(summary, tr)
     if hint_text is not None:
         hint(hint_text)

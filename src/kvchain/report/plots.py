@@ -12,8 +12,11 @@
 - :func:`latency_cdfs`: empirical CDFs of TTFT and TPOT (ms, log x) of finished requests.
 - :func:`write_all_plots`: the three of them for a recorder, into a folder.
 
-Every step sample describes the interval ``(t_s - duration_s, t_s]``, so areas and lines
-are drawn as steps that hold each sample's value back to the previous sample.
+Every step sample is the state at the end of its step, the interval ``(t_s - duration_s,
+t_s]``, so areas and lines are steps drawn ``where="post"`` from each step's start: a
+sample's value holds over its own step and then over the idle gap up to the next step's
+start (the state a step leaves lasts until the next step runs), never back over the gap
+before it.
 """
 
 from __future__ import annotations
@@ -73,15 +76,17 @@ def _empty_note(axes: Axes, text: str) -> None:
 
 
 def _step_times(samples: Sequence[StepSample]) -> np.ndarray:
-    """Sample end times, preceded by the start of the first step, for ``step="pre"``
-    drawing (each value then holds over its own step interval, the first one included)."""
-    times = np.array([s.t_s for s in samples], dtype=np.float64)
-    return np.concatenate(([times[0] - samples[0].duration_s], times))
+    """Each step's start (``t_s - duration_s``), then the last step's end, for ``"post"``
+    drawing: a value holds from its step's start to the next step's start (its step, then
+    the idle gap after it, when the step left the GPU idle). E.g. steps ending at 0.2636 s
+    (running 0) and 0.5204 s (running 1, 0.01 s long): running is 0 up to 0.5104 s."""
+    starts = np.array([s.t_s - s.duration_s for s in samples], dtype=np.float64)
+    return np.concatenate((starts, [samples[-1].t_s]))
 
 
 def _held(values: np.ndarray) -> np.ndarray:
-    """``values`` with the first one repeated, to match :func:`_step_times`."""
-    return np.concatenate((values[:1], values))
+    """``values`` with the last one repeated, to match :func:`_step_times`."""
+    return np.concatenate((values, values[-1:]))
 
 
 _BAND_FIELDS = ("lo", "hi", "live", "request", "locked", "evictable")
@@ -189,7 +194,7 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
         lo, hi = arrays["lo"], arrays["hi"]
         present = ~np.isnan(lo)
         axes.fill_between(
-            times, lo / divisor, hi / divisor, where=present, step="pre",
+            times, lo / divisor, hi / divisor, where=present, step="post",
             color=color, alpha=_HOLE_ALPHA, linewidth=0,
         )  # fmt: skip
         done = np.zeros_like(lo)  # bytes stacked so far from the anchor
@@ -204,12 +209,12 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
                 continue
             drawn.add(key)
             axes.fill_between(
-                times, y0 / divisor, y1 / divisor, where=present, step="pre",
+                times, y0 / divisor, y1 / divisor, where=present, step="post",
                 facecolor=to_rgba(color, alpha), edgecolor=to_rgba("white", 0.7),
                 hatch=hatch, linewidth=0,
             )  # fmt: skip
         for edge in (lo, hi):  # frontiers as thin lines, so touching bands stay apart
-            axes.step(times, edge / divisor, where="pre", color=color, linewidth=0.7)
+            axes.step(times, edge / divisor, where="post", color=color, linewidth=0.7)
         handles.append(Patch(facecolor=to_rgba(color, 0.92),
                              label=f"{label} band ({anchor.value} anchored)"))
     gray = "#555555"  # the owner keys are shades of gray: each band draws them in its color
@@ -310,7 +315,7 @@ def utilization_chart(samples: Sequence[StepSample], path: str | Path, *,
             mean = summary.mean(totals)
             if mean is not None and summary.peak is not None:
                 text = f"{text}: {_mean_peak_text(mean, summary.peak)}"
-        top.fill_between(times, base, base + part, step="pre", facecolor=to_rgba(color, 0.8),
+        top.fill_between(times, base, base + part, step="post", facecolor=to_rgba(color, 0.8),
                          edgecolor=to_rgba("white", 0.7), hatch=hatch, linewidth=0,
                          label=text)
         base = base + part
@@ -318,7 +323,7 @@ def utilization_chart(samples: Sequence[StepSample], path: str | Path, *,
     if totals is not None and totals.mean_utilization is not None \
             and totals.peak_utilization is not None:
         held = f"{held}: {_mean_peak_text(totals.mean_utilization, totals.peak_utilization)}"
-    top.step(times, _held(np.array([100 * s.utilization for s in samples])), where="pre",
+    top.step(times, _held(np.array([100 * s.utilization for s in samples])), where="post",
              color="black", linewidth=0.8, label=held)
     if any(s.needed_bytes is not None for s in samples):
         needed = _held(
@@ -330,7 +335,7 @@ def utilization_chart(samples: Sequence[StepSample], path: str | Path, *,
             )
         )
         top.step(
-            times, needed, where="pre", color="#264653", linestyle="--",
+            times, needed, where="post", color="#264653", linestyle="--",
             label="needed (bytes the live requests need)",
         )  # fmt: skip
     top.legend(loc="upper left", bbox_to_anchor=(1.08, 1.0), fontsize="small", frameon=False)
@@ -340,8 +345,8 @@ def utilization_chart(samples: Sequence[StepSample], path: str | Path, *,
     top.grid(alpha=0.25)
     running = _held(np.array([s.running for s in samples]))
     waiting = _held(np.array([s.waiting for s in samples]))
-    bottom.step(times, running, where="pre", color="#2a9d8f", label="running (in the batch)")
-    bottom.step(times, waiting, where="pre", color="#7b5ea7", label="waiting (queued)")
+    bottom.step(times, running, where="post", color="#2a9d8f", label="running (in the batch)")
+    bottom.step(times, waiting, where="post", color="#7b5ea7", label="waiting (queued)")
     bottom.set_ylim(0, 1.1 * max(1, int(running.max()), int(waiting.max())))
     bottom.yaxis.set_major_locator(MaxNLocator(integer=True))  # request counts
     bottom.legend(loc="upper left", bbox_to_anchor=(1.08, 1.0), fontsize="small",

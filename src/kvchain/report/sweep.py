@@ -98,10 +98,18 @@ _GROUP = ("model", "gpu", "tp", "trace", "mem_fraction", "prefix_cache", "reques
           "page_size", "max_running", "chunk_size", "seed")
 
 
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_DASHES = ("-", "--", "-.", ":")
+"""Per manager (in order of first appearance across the sweep, the same in every PNG): a
+marker and a dash style, so equal lines drawn over each other stay visible."""
+
+
 def plot_rows(rows: Sequence[Row], out: Path) -> list[Path]:
     """Per configuration (rows equal on everything but rate scale and manager): a PNG of
-    output throughput (tok/s), TTFT p99 and TPOT p99 (ms) against offered request rate
-    (requests/s), one line per manager. Returns the paths written."""
+    output throughput (tok/s, higher is better), TTFT p99 and TPOT p99 (ms, lower is
+    better) against offered request rate (requests/s), one line per manager, each with its
+    own marker and dash style (:data:`_MARKERS`, :data:`_DASHES`). Returns the paths
+    written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,22 +118,26 @@ def plot_rows(rows: Sequence[Row], out: Path) -> list[Path]:
     groups: dict[tuple[Any, ...], list[Row]] = {}
     for row in rows:
         groups.setdefault(tuple(row.get(k) for k in _GROUP), []).append(row)
+    order = list(dict.fromkeys(str(row.get("manager")) for row in rows))
     paths: list[Path] = []
     for n, (group, members) in enumerate(groups.items(), 1):
         fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
         managers: dict[str, list[Row]] = {}
         for row in members:
             managers.setdefault(str(row.get("manager")), []).append(row)
-        panels = (("output_tokens_per_s", 1.0, "output tokens / s", "throughput"),
-                  ("ttft_p99_s", 1e3, "ms", "TTFT p99"),
-                  ("tpot_p99_s", 1e3, "ms", "TPOT p99"))
+        panels = (("output_tokens_per_s", 1.0, "output tokens / s (higher is better)",
+                   "throughput"),
+                  ("ttft_p99_s", 1e3, "ms (lower is better)", "TTFT p99"),
+                  ("tpot_p99_s", 1e3, "ms (lower is better)", "TPOT p99"))
         for ax, (col, factor, unit, title) in zip(axes, panels, strict=True):
             for manager, mrows in managers.items():
                 pts = sorted((r["offered_rate_rps"], r[col] * factor) for r in mrows
                              if r.get("offered_rate_rps") is not None and r.get(col) is not None)
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", lw=1.2,
-                            label=manager)
+                    i = order.index(manager)
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2, label=manager,
+                            marker=_MARKERS[i % len(_MARKERS)],
+                            linestyle=_DASHES[i % len(_DASHES)], markerfacecolor="none")
             ax.set_title(title)
             ax.set_xlabel("offered rate (requests / s)")
             ax.set_ylabel(unit)
@@ -317,5 +329,14 @@ def table_width(table: Table) -> int:
 def print_whole(console: Console, table: Table) -> None:
     """Print ``table`` on ``console`` with every column whole: a table wider than the
     console (many settings vary) is printed at its own width, uncropped (a terminal then
-    wraps its lines), instead of rich cutting off the columns past the console's edge."""
-    console.print(table, width=max(console.width, table_width(table)), crop=False)
+    wraps its lines), instead of rich cutting off the columns past the console's edge.
+
+    (``console.print(width=...)`` cannot widen: rich caps it at the console's width, which
+    cut every cell of ``compare --wide`` to "…" at 80 columns; the console is widened for
+    the one print instead.)"""
+    width = console.width
+    console.width = max(width, table_width(table))
+    try:
+        console.print(table, crop=False)
+    finally:
+        console.width = width

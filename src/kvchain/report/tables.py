@@ -206,6 +206,18 @@ METRIC_DEFINITIONS = (
 """One-paragraph definitions printed under side-by-side tables."""
 
 
+PERCENT_EXTRAS = ("u_star_pct", "u_star_mem_pct", "alloc_efficiency_pct",
+                  "prefix_hit_rate_pct", "prefix_infinite_bound_pct", "prefix_lru_bound_pct")
+"""``extra`` percentages rounded to 2 decimals where they are made: shown with exactly 2,
+so 12.5 reads ``12.50`` beside a ``5.93`` (``f"{12.5:,}"`` dropped the trailing zero)."""
+
+
+def _extra_cell(key: str, value: int | float) -> str:
+    """An ``extra`` counter as a table cell: thousands separators; 2 decimals for
+    :data:`PERCENT_EXTRAS`."""
+    return f"{value:,.2f}" if key in PERCENT_EXTRAS else f"{value:,}"
+
+
 def summary_table(summary: SimSummary, *, title: str) -> Table:
     """One run's summary as a two-column table (metric, value).
 
@@ -228,7 +240,7 @@ def summary_table(summary: SimSummary, *, title: str) -> Table:
     for row in _ROWS:
         table.add_row(row.label, row.render(summary))
     for key, value in summary.extra.items():
-        table.add_row(EXTRA_LABELS.get(key, key), f"{value:,}")
+        table.add_row(EXTRA_LABELS.get(key, key), _extra_cell(key, value))
     return table
 
 
@@ -274,7 +286,8 @@ def comparison_table(
             continue
         table.add_row(
             EXTRA_LABELS.get(key, key) if wide else EXTRA_SHORT.get(key, key),
-            *(f"{s.extra[key]:,}" if key in s.extra else NOT_AVAILABLE for s in rows.values()),
+            *(_extra_cell(key, s.extra[key]) if key in s.extra else NOT_AVAILABLE
+              for s in rows.values()),
         )
     return table
 

@@ -128,6 +128,7 @@ class ManagerRun:
         prefix_cache: the prefix cache's figures (hit tokens and rate, pages evicted per
             band), or ``None`` when the cache was off; ``summary.extra`` then also has
             ``prefix_hit_rate_pct``, ``prefix_hit_tokens`` and ``prefix_evicted_pages``.
+        rejected: ``(request id, reason)`` of every rejected request, in arrival order.
     """
 
     kind: ManagerKind
@@ -139,6 +140,7 @@ class ManagerRun:
     buffer_bytes: int
     u_star_mem: float | None = None
     prefix_cache: PrefixCacheStats | None = None
+    rejected: tuple[tuple[int, str], ...] = ()
 
 
 class _BytesObserver:
@@ -225,7 +227,10 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
     points = observer.points
     stride = max(1, -(-len(points) // max_points))
     return ManagerRun(kind, setup.rule, summary, u_star, efficiency,
-                      tuple(points[::stride]), buffer, u_mem, result.prefix_cache)
+                      tuple(points[::stride]), buffer, u_mem, result.prefix_cache,
+                      tuple((r.request_id, r.rejected_reason)
+                            for r in result.recorder.records
+                            if r.rejected_reason is not None))
 
 
 def compare_managers(config: SimConfig, kinds: Sequence[ManagerKind] = tuple(ManagerKind), *,

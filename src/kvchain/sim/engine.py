@@ -147,14 +147,15 @@ class SimConfig:
         windows = sum(1 for b in layout.bands
                       if b.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL))
         if windows > 1 and (self.prefix_cache or self.cache_points is not ResumePolicy.AUTO):
-            asked = ("prefix_cache=True" if self.prefix_cache
-                     else f"cache_points={self.cache_points.value!r}")
+            asked = ("--prefix-cache" if self.prefix_cache
+                     else f"--cache-points {self.cache_points.value}")
             raise ConfigError(f"{asked}: the prefix cache supports chains with at most one "
                               f"window or chunked-local band; chain {layout.shape_name} has "
                               f"{windows}")
         if self.prefix_cache and not has_content_keys(self.trace):
-            raise ConfigError(f"prefix_cache=True: trace {self.trace.name!r} carries no "
-                              "content keys (prefix_block_ids), so no prompt could hit")
+            raise ConfigError(f"--prefix-cache: trace {self.trace.name!r} carries no content "
+                              "keys (no request has hash_ids), so no prompt could hit; run "
+                              "it without --prefix-cache")
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,11 +204,12 @@ class SweepGrid:
         known = {str(k) for k in ManagerKind}
         bad = [m for m in self.managers if m not in known]
         if bad:
-            raise SweepConfigError(f"unknown managers {bad}; known: {sorted(known)}")
+            raise SweepConfigError(f"unknown managers {', '.join(bad)}; known: "
+                                   f"{', '.join(sorted(known))}")
         odd = [m for m in self.prefix_caches if m not in PREFIX_CACHE_MODES]
         if odd:
-            raise SweepConfigError(f"unknown prefix_caches {odd}; known: "
-                                   f"{list(PREFIX_CACHE_MODES)}")
+            raise SweepConfigError(f"unknown prefix_caches {', '.join(map(str, odd))}; known: "
+                                   f"{', '.join(PREFIX_CACHE_MODES)}")
         if any(t < 1 for t in self.tp):
             raise SweepConfigError(f"tp must be >= 1, got {list(self.tp)}")
         if any(not (s > 0 and math.isfinite(s)) for s in self.rate_scales):
@@ -238,8 +239,8 @@ class SweepGrid:
         """
         unknown = set(data) - set(AXES) - set(FIXED)
         if unknown:
-            raise SweepConfigError(f"unknown grid keys {sorted(unknown)}; known: "
-                                   f"{sorted(AXES + FIXED)}")
+            raise SweepConfigError(f"unknown grid keys {', '.join(sorted(unknown))}; known: "
+                                   f"{', '.join(sorted(AXES + FIXED))}")
         kinds: dict[str, type] = {"models": str, "gpus": str, "tp": int, "traces": str,
                                   "rate_scales": float, "mem_fractions": float,
                                   "prefix_caches": str, "managers": str}
@@ -438,7 +439,8 @@ def parse_slo(text: str) -> SLO:
                                    "ttft_p99=2s")
         metric, value, unit = m.group(1), float(m.group(2)), m.group(3)
         if metric not in SLO_METRICS:
-            raise SweepConfigError(f"SLO metric {metric!r} unknown; known: {SLO_METRICS}")
+            raise SweepConfigError(f"SLO metric {metric!r} unknown; known: "
+                                   f"{', '.join(SLO_METRICS)}")
         if unit not in _UNITS:
             raise SweepConfigError(f"SLO {part!r}: unit must be s, ms or us")
         if value <= 0:

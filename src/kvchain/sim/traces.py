@@ -97,7 +97,8 @@ Trace formats (a bundled name, or a file detected by its header / first line):
   output_tokens >= 0 (0 counts as 1); hash_ids: optional ids of the prompt's
   blocks of --block-tokens tokens (default 512), ceil(prompt / block) of them,
   equal leading ids = shared prefix; in CSV space- or semicolon-separated;
-  max_tokens: optional per-request output cap (tokens).
+  max_tokens: optional output limit the client asked for (tokens, >=
+  output_tokens; admission reserves up to it, the request stops at output_tokens).
   Azure 2023 CSV (azure-conv, azure-code):
     TIMESTAMP,ContextTokens,GeneratedTokens
     2023-11-16 18:15:46.6805900,374,44
