@@ -51,3 +51,18 @@ def test_every_command_has_an_error_case() -> None:
     """A new command gets a case here (the list above covers every registered one)."""
     commands = {c.name for c in app.registered_commands}
     assert commands == {name.split()[0] for name, _, _ in CASES}
+
+
+@pytest.mark.parametrize("args", [["simulate", "--trace", "azure-conv", "--requests", "2"],
+                                  ["plan"], ["models"]], ids=["simulate", "plan", "models"])
+def test_bad_audit_switch_is_bad_input(args: list[str], monkeypatch: pytest.MonkeyPatch
+                                       ) -> None:
+    """``KVCHAIN_AUDIT=maybe`` is refused before anything runs, by every command: exit 2,
+    the variable named on stderr, nothing on stdout. Before, ``simulate`` printed its
+    header and band table, ran until the first chain was built, and stopped with exit 1
+    ("stopped: ConfigError")."""
+    monkeypatch.setenv("KVCHAIN_AUDIT", "maybe")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert "KVCHAIN_AUDIT" in result.stderr
