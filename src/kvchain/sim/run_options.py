@@ -42,7 +42,6 @@ given. A trace the user names runs whole and at its own arrival rate unless
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -52,6 +51,7 @@ from typing import Any, get_type_hints
 from kvchain.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
 from kvchain.cache.radix import ResumePolicy
 from kvchain.errors import ConfigError
+from kvchain.field_types import check_field_types
 from kvchain.gpu import GPUSpec
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind
@@ -161,12 +161,7 @@ class RunOptions:
         "loop.", flags="--fast-forward/--no-fast-forward"))
 
     def __post_init__(self) -> None:
-        kinds = _field_types()
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None and f.default is None:
-                continue
-            _check_type(f.name, value, kinds[f.name])
+        check_field_types(self)
         check_values(**{f.name: getattr(self, f.name) for f in fields(self)
                         if f.name in _RULES})
         if self.chunk_size < self.page_size:
@@ -269,7 +264,6 @@ def option_help(name: str) -> str:
     raise KeyError(name)
 
 
-@functools.cache
 def _field_types() -> dict[str, Any]:
     """Field name -> its type with ``None`` removed (``int | None`` -> ``int``)."""
     out: dict[str, Any] = {}
@@ -277,29 +271,6 @@ def _field_types() -> dict[str, Any]:
         args = [a for a in getattr(hint, "__args__", (hint,)) if a is not type(None)]
         out[name] = args[0] if len(args) == 1 else hint
     return out
-
-
-def _check_type(key: str, value: Any, kind: Any) -> None:
-    """Refuse a :class:`RunOptions` field value that is not of the field's type (an enum
-    field takes its member, not the member's string: :meth:`RunOptions.from_mapping`
-    converts; a count takes an int, never a bool or a float; a float field takes an int
-    too).
-
-    Raises:
-        ConfigError: names the field, the value and the type it needs.
-    """
-    if isinstance(kind, type) and issubclass(kind, Enum):
-        ok = isinstance(value, kind)
-        want = f"a {kind.__name__} (one of {[m.value for m in kind]})"
-    elif kind is bool:
-        ok, want = type(value) is bool, "True or False"
-    elif kind is float:
-        ok, want = type(value) in (int, float), "a number"
-    else:
-        ok, want = type(value) is kind, f"of type {kind.__name__}"
-    if not ok:
-        raise ConfigError(f"{key} must be {want}, got {value!r} "
-                          f"({type(value).__name__})")
 
 
 def _coerce(key: str, value: Any, kind: Any) -> Any:

@@ -1,0 +1,55 @@
+"""SimConfig refuses fields of the wrong type where it is built (kvchain.field_types).
+
+Before, ``SimConfig(page_size=16.5)`` and ``buffer_bytes=1.5e10`` ran until the layout's
+array code raised a bare ``TypeError``; ``fast_forward="no"`` (a truthy string) ran the
+fast-forward; ``cache_points="ends"`` and ``clock="steps"`` (strings where the engine
+compares enum members) were accepted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvchain.cache.radix import ResumePolicy
+from kvchain.catalog.loader import load_model
+from kvchain.errors import ConfigError
+from kvchain.gpu import get_gpu
+from kvchain.sim.cost import ClockKind
+from kvchain.sim.engine import SimConfig
+from kvchain.sim.traces import load_trace
+
+MODEL = load_model("gpt-oss-120b")
+GPU = get_gpu("h200")
+TRACE = load_trace("azure-conv", first=2)
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"page_size": 16.5}, "page_size must be of type int, got 16.5 (float)"),
+    ({"page_size": True}, "page_size must be of type int, got True (bool)"),
+    ({"buffer_bytes": 1.5e10}, "buffer_bytes must be of type int"),
+    ({"mem_fraction": "0.9"}, "mem_fraction must be a number"),
+    ({"clock": "steps"}, "clock must be a ClockKind"),
+    ({"cache_points": "ends"}, "cache_points must be a ResumePolicy"),
+    ({"fast_forward": "no"}, "fast_forward must be True or False, got 'no'"),
+    ({"prefix_cache": 1}, "prefix_cache must be True or False"),
+    ({"truncate_to_context": "yes"}, "truncate_to_context must be True or False"),
+])
+def test_wrong_types_are_refused_at_construction(kwargs, needle):
+    with pytest.raises(ConfigError) as info:
+        SimConfig(MODEL, GPU, TRACE, **kwargs)
+    assert needle in str(info.value), str(info.value)
+
+
+def test_the_model_must_be_a_model_spec():
+    with pytest.raises(ConfigError, match="model must be of type ModelSpec"):
+        SimConfig("gpt-oss-120b", GPU, TRACE)  # type: ignore[arg-type]
+
+
+def test_right_types_pass():
+    # NumPy integers are integers; an int is a valid float (1 = the whole GPU); None is a
+    # valid optional buffer / cache switch.
+    cfg = SimConfig(MODEL, GPU, TRACE, page_size=np.int64(32), mem_fraction=1,
+                    buffer_bytes=None, prefix_cache=None, clock=ClockKind.STEPS,
+                    cache_points=ResumePolicy.ENDS, fast_forward=False)
+    assert cfg.page_size == 32 and cfg.mem_fraction == 1
