@@ -101,3 +101,34 @@ def test_no_note_when_the_user_said_everything(tmp_path):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "note:" not in result.stderr
+
+
+def _warnings(args: list[str]) -> list[str]:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stderr.split())  # the console wraps long lines
+    return ["warning:" + w.split(" note:")[0] for w in text.split("warning:")[1:]]
+
+
+def test_options_the_run_cannot_act_on_are_warned_about():
+    """An option given that changes nothing is said on stderr, not dropped silently.
+    Before, ``--policy cache-aware`` on a trace without content keys ran FCFS (the queue
+    falls back without a cache) and ``--step-ms`` under the roofline clock was ignored,
+    both without a word. azure-conv has no content keys, so the auto cache is off."""
+    cold = ["simulate", "--trace", "azure-conv", "--requests", "2", "--json"]
+    said = " ".join(_warnings([*cold, "--policy", "cache-aware", "--step-ms", "10",
+                               "--cache-points", "ends"]))
+    assert "--policy cache-aware" in said and "order is FCFS" in said
+    assert "--step-ms 10 has no effect" in said
+    assert "--cache-points ends has no effect" in said
+    compare = " ".join(_warnings(["compare", "--trace", "azure-conv", "--requests", "2",
+                                  "--managers", "kvchain", "--policy", "cache-aware"]))
+    assert "--policy cache-aware" in compare
+
+
+def test_options_the_run_acts_on_are_not_warned_about():
+    # mooncake carries hash_ids (the cache is on), and the step clock uses --step-ms.
+    assert _warnings(["simulate", "--trace", "mooncake", "--requests", "2", "--json",
+                      "--policy", "cache-aware", "--cache-points", "ends"]) == []
+    assert _warnings(["simulate", "--trace", "azure-conv", "--requests", "2", "--json",
+                      "--clock", "steps", "--step-ms", "10"]) == []

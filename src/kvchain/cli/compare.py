@@ -32,6 +32,7 @@ from kvchain.cli.common import (
     note,
     overload_hint,
     prepare_out_dir,
+    warn,
     warn_buffer,
 )
 from kvchain.cli.run_options import (
@@ -45,6 +46,7 @@ from kvchain.cli.run_options import (
     TpOption,
     TraceOption,
     chosen_note,
+    inert_warnings,
     run_options,
 )
 from kvchain.errors import ConfigError, KVChainError
@@ -128,6 +130,8 @@ def compare(
     if chosen is not None:
         note(chosen)
     warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec)
+    for message in inert_warnings(run, given, cfg.cache_on(cfg_layout)):
+        warn(message)
     title = f"{model_spec.name} on {gpu_spec.name}, {tr.name} x{len(tr):,}, buffer {buffer:,} B"
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(),

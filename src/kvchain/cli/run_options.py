@@ -21,6 +21,8 @@ import typer
 
 from kvchain.cache.radix import CacheGeometry, ResumePolicy
 from kvchain.layout import ChainLayout
+from kvchain.sched.queue import QueuePolicy
+from kvchain.sim.cost import ClockKind
 from kvchain.sim.prefix import has_content_keys
 from kvchain.sim.run_options import ResolvedRun, RunOptions
 from kvchain.sim.traces import BUNDLED_TRACES, Trace
@@ -154,3 +156,22 @@ def chosen_note(resolved: ResolvedRun, given: GivenOptions, trace: Trace,
         resolved_points = run.cache_points.resolve(CacheGeometry.of(layout)).value
         items.append(f"cache points auto: {resolved_points}")
     return "chosen for this run: " + ", ".join(items) if items else None
+
+
+def inert_warnings(run: RunOptions, given: GivenOptions, cache_on: bool) -> list[str]:
+    """Options the user gave that this run cannot act on, one warning each (``warning:``
+    on stderr; the run goes on as it would without them): ``--policy cache-aware`` while
+    the prefix cache is off (``cache_on`` False: the order is FCFS), ``--cache-points``
+    while the cache is off, ``--step-ms`` with ``--clock roofline`` (step times come from
+    the cost model)."""
+    out = []
+    if run.policy is QueuePolicy.CACHE_AWARE and not cache_on:
+        out.append("--policy cache-aware ranks waiting requests by their cached prefix, "
+                   "but the prefix cache is off in this run: the order is FCFS")
+    if "cache_points" in given.typed and not cache_on:
+        out.append(f"--cache-points {run.cache_points.value} has no effect: the prefix "
+                   f"cache is off in this run")
+    if "step_ms" in given.typed and run.clock is ClockKind.ROOFLINE:
+        out.append(f"--step-ms {run.step_ms:g} has no effect with --clock roofline (step "
+                   f"times come from the GPU cost model; --clock steps uses the tick)")
+    return out

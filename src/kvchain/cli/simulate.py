@@ -22,6 +22,7 @@ from kvchain.cli.common import (
     note,
     overload_hint,
     prepare_out_dir,
+    warn,
     render_bands,
     warn_buffer,
 )
@@ -36,6 +37,7 @@ from kvchain.cli.run_options import (
     TpOption,
     TraceOption,
     chosen_note,
+    inert_warnings,
     run_options,
 )
 from kvchain.errors import KVChainError
@@ -94,6 +96,8 @@ def simulate_command(
     if chosen is not None:
         note(chosen)
     warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec)
+    for message in inert_warnings(run, given, sim_config.cache_on(layout)):
+        warn(message)
     if not as_json:
         console.print(f"[bold]{escape(model_spec.name)}[/bold] on {gpu_spec.name}, trace "
                       f"[bold]{escape(tr.name)}[/bold] ({len(tr):,} requests, "

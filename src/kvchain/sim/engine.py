@@ -36,6 +36,7 @@ from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain, ChainStats
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
 from kvchain.errors import ConfigError, KVChainError
+from kvchain.field_types import check_field_types
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
@@ -120,6 +121,15 @@ class SimConfig:
     cache_points: ResumePolicy = ResumePolicy.AUTO
     fast_forward: bool = True
 
+    def __post_init__(self) -> None:
+        """Refuse a field of the wrong type (:func:`kvchain.field_types.check_field_types`:
+        a float page size or buffer, an enum's string, a non-bool flag).
+
+        Raises:
+            ConfigError: names the field.
+        """
+        check_field_types(self)
+
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
 
@@ -132,6 +142,17 @@ class SimConfig:
             buffer = kv_buffer_bytes(self.gpu, self.model.weight_bytes,
                                      mem_fraction=self.mem_fraction)
         return plan_layout(self.model.classes, buffer, self.page_size)
+
+    def cache_on(self, layout: ChainLayout) -> bool:
+        """Whether the run serves cached prefixes on ``layout``: ``prefix_cache`` when
+        given, else on when the trace carries content keys and the chain has at most one
+        window or chunked-local band (with a memory manager that can evict:
+        :func:`simulate` keeps it off for one that cannot)."""
+        if self.prefix_cache is not None:
+            return self.prefix_cache
+        return has_content_keys(self.trace) and sum(
+            1 for b in layout.bands
+            if b.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)) <= 1
 
     def check_cache(self, layout: ChainLayout) -> None:
         """Refuse prefix-cache settings that cannot take effect on ``layout`` and this
@@ -221,11 +242,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     chain: Allocator = allocator if allocator is not None else Chain(config.layout())
     layout = chain.layout
     config.check_cache(layout)
-    use_cache = config.prefix_cache
-    if use_cache is None:
-        use_cache = has_content_keys(config.trace) and len(
-            [b for b in layout.bands if b.lifetime in (LifetimeClass.WINDOW,
-                                                       LifetimeClass.LOCAL)]) <= 1
+    use_cache = config.cache_on(layout)
     cache: PrefixCache | None = None
     stats: PrefixCacheStats | None = None
     block = trace_block_tokens(config.trace)
