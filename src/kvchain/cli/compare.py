@@ -30,6 +30,7 @@ from kvchain.cli.common import (
     hint,
     load_spec,
     note,
+    note_defaults,
     overload_hint,
     prepare_out_dir,
     warn,
@@ -130,6 +131,7 @@ def compare(
     if chosen is not None:
         note(chosen)
     warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec)
+    note_defaults(model_spec, config)
     for message in inert_warnings(run, given, cfg.cache_on(cfg_layout)):
         warn(message)
     title = f"{model_spec.name} on {gpu_spec.name}, {tr.name} x{len(tr):,}, buffer {buffer:,} B"

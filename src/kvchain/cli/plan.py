@@ -22,6 +22,7 @@ from kvchain.cli.common import (
     check_flags,
     fail,
     load_spec,
+    note_defaults,
     render_bands,
     warn_buffer,
 )
@@ -246,12 +247,15 @@ def plan_command(
     except KVChainError as exc:
         fail(exc)
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
+    note_defaults(model_spec, config)
     report = {
         "model": model_spec.name, "gpu": gpu_spec.name, "buffer_bytes": buffer,
         "weight_bytes": model_spec.weight_bytes if buffer_bytes is None else None,
         "activation_reserve_bytes": DEFAULT_ACTIVATION_RESERVE_BYTES
         if buffer_bytes is None else None,
         "page_size": page_size, "chain": layout.shape_name,
+        "defaulted": [{"field": d.field, "value": d.value, "by": d.by}
+                      for d in model_spec.defaulted],
         "bands": [{"band": b.label, "anchor": b.anchor.value, "page_bytes": b.page_bytes,
                    "bytes_per_token": b.cache_class.bytes_per_token,
                    "bytes_per_slot": b.cache_class.bytes_per_slot,

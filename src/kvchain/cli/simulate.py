@@ -20,6 +20,7 @@ from kvchain.cli.common import (
     hint,
     load_spec,
     note,
+    note_defaults,
     overload_hint,
     prepare_out_dir,
     warn,
@@ -96,6 +97,7 @@ def simulate_command(
     if chosen is not None:
         note(chosen)
     warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec)
+    note_defaults(model_spec, config)
     for message in inert_warnings(run, given, sim_config.cache_on(layout)):
         warn(message)
     if not as_json:
