@@ -28,6 +28,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("compare", ["compare", "--model", "no-such-model"], "no-such-model"),
     ("compare --json", ["compare", "--rate-scale", "0", "--json"], "--rate-scale"),
     ("compare --managers", ["compare", "--managers", "nope"], "nope"),
+    ("compare --managers twice", ["compare", "--managers", "kvchain,kvchain"],
+     "kvchain named twice"),
     ("replay", ["replay"], "stream"),
     ("replay --json", ["replay", "missing-stream.jsonl", "--json"], "missing-stream"),
     ("sweep", ["sweep", "--out", "OUT", "--models", "no-such-model"], "no-such-model"),

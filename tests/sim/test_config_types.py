@@ -11,10 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvchain.baselines import ManagerKind
 from kvchain.cache.radix import ResumePolicy
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
+from kvchain.sim.compare import compare_managers
 from kvchain.sim.cost import ClockKind
 from kvchain.sim.engine import SimConfig
 from kvchain.sim.traces import load_trace
@@ -53,3 +55,16 @@ def test_right_types_pass():
                     buffer_bytes=None, prefix_cache=None, clock=ClockKind.STEPS,
                     cache_points=ResumePolicy.ENDS, fast_forward=False)
     assert cfg.page_size == 32 and cfg.mem_fraction == 1
+
+
+@pytest.mark.parametrize(("kinds", "needle"), [
+    ((), "names no manager"),
+    (("kvchain",), "'kvchain' is not a ManagerKind"),
+    ((ManagerKind.KVCHAIN, ManagerKind.IDEAL, ManagerKind.KVCHAIN), "kvchain named twice"),
+])
+def test_compare_managers_refuses_a_bad_list_before_running(kinds, needle):
+    """Before, a repeated manager ran the same simulation twice and reported it once
+    (``kvchain compare --managers kvchain,kvchain`` exited 0), while ``sweep`` refuses a
+    repeated axis value; an empty list returned ``{}``."""
+    with pytest.raises(ConfigError, match=needle):
+        compare_managers(SimConfig(MODEL, GPU, TRACE), kinds)

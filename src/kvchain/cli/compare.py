@@ -50,11 +50,11 @@ from kvchain.cli.run_options import (
     inert_warnings,
     run_options,
 )
-from kvchain.errors import ConfigError, KVChainError
+from kvchain.errors import KVChainError
 from kvchain.gpu import get_gpu
 from kvchain.report.compare import compare_plot
 from kvchain.report.tables import METRIC_DEFINITIONS, comparison_table
-from kvchain.sim.compare import ManagerRun, compare_managers
+from kvchain.sim.compare import ManagerRun, check_kinds, compare_managers
 from kvchain.sim.cost import ClockKind, GPUCostModel
 from kvchain.sim.run_options import resolve_run
 from kvchain.sim.traces import TRACE_FORMATS_HELP
@@ -109,8 +109,7 @@ def compare(
         raise typer.BadParameter(f"managers must be among {[str(k) for k in ManagerKind]}, "
                                  f"got {managers!r}") from None
     try:
-        if not kinds:
-            raise ConfigError("--managers names no manager")
+        check_kinds(kinds)
         check_flags(tp=tp)
         resolved = resolve_run(trace, given.values)
         run = resolved.options
