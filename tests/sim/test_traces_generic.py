@@ -122,3 +122,24 @@ def test_a_cap_below_the_output_names_the_file_line_and_field(tmp_path, suffix, 
     path.write_text(text)
     with pytest.raises(TraceError, match=r"line \d, field 'max_tokens': 5 is below"):
         load_trace(path)
+
+
+@pytest.mark.parametrize(("name", "body", "field"), [
+    # A misspelt max_tokens column / key was dropped: the requests ran uncapped.
+    ("typo.csv", "arrival_s,prompt_tokens,output_tokens,max_token\n0,10,3,8\n", "max_token"),
+    ("typo.jsonl", '{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 3, '
+                   '"hashids": [1]}\n', "hashids"),
+])
+def test_unknown_fields_are_refused(tmp_path, name, body, field):
+    path = tmp_path / name
+    path.write_text(body)
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    assert f"field {field!r}: unknown field" in str(info.value)
+    assert "max_tokens" in str(info.value)  # the known fields are listed
+
+
+def test_a_trailing_comma_in_the_header_is_not_a_field(tmp_path):
+    path = tmp_path / "sheet.csv"  # a spreadsheet export: an empty last column
+    path.write_text("arrival_s,prompt_tokens,output_tokens,\n0,10,3,\n")
+    assert load_trace(path).requests[0].prompt_tokens == 10

@@ -36,7 +36,7 @@ import enum
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -97,7 +97,7 @@ Trace formats (a bundled name, or a file detected by its header / first line):
   output_tokens >= 0 (0 counts as 1); hash_ids: optional ids of the prompt's
   blocks of --block-tokens tokens (default 512), ceil(prompt / block) of them,
   equal leading ids = shared prefix; in CSV space- or semicolon-separated;
-  max_tokens: optional per-request output cap (tokens).
+  max_tokens: optional per-request output cap (tokens). Other fields: refused.
   Azure 2023 CSV (azure-conv, azure-code):
     TIMESTAMP,ContextTokens,GeneratedTokens
     2023-11-16 18:15:46.6805900,374,44
@@ -525,6 +525,25 @@ GENERIC_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 ``max_tokens``."""
 
 
+GENERIC_OPTIONAL = ("hash_ids", "max_tokens")
+"""Optional columns (CSV) or keys (JSONL) of the generic format."""
+
+
+def _refuse_unknown(names: Iterable[str], path: Path, line: int) -> None:
+    """Refuse a generic trace's column or key that is not in the format (a misspelt
+    ``max_tokens`` would otherwise be dropped and the requests run uncapped). An empty
+    CSV header name (a spreadsheet's trailing comma) is not a field.
+
+    Raises:
+        TraceError: names the first unknown field and the known ones.
+    """
+    known = GENERIC_COLUMNS + GENERIC_OPTIONAL
+    unknown = sorted(n for n in names if n and n not in known)  # "": a trailing comma
+    if unknown:
+        raise _error(path, line, unknown[0],
+                     f"unknown field (the generic format has {', '.join(known)})")
+
+
 def _arrival_ns(value: object, path: Path, line: int) -> int:
     """``arrival_s`` (seconds, a number or its text) to integer nanoseconds."""
     if isinstance(value, str):
@@ -578,17 +597,18 @@ def _read_generic(path: Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS
             for field in GENERIC_COLUMNS:
                 if field not in obj:
                     raise _error(path, line, field, "missing field")
+            _refuse_unknown(obj, path, line)
             row, was = _generic_row(len(rows), obj, path, line, block_tokens, text=False)
             rows.append(row)
             clamped += was
         return rows, clamped
-    optional = ("hash_ids", "max_tokens")
     with path.open(encoding="utf-8-sig") as handle:
         try:
             header = {c.strip() for c in handle.readline().split(",")}
         except UnicodeDecodeError:
             raise _utf8_error(path) from None
-    columns = GENERIC_COLUMNS + tuple(c for c in optional if c in header)
+    _refuse_unknown(header, path, 1)
+    columns = GENERIC_COLUMNS + tuple(c for c in GENERIC_OPTIONAL if c in header)
     for line, fields in _csv_rows(path, columns):
         row, was = _generic_row(len(rows), fields, path, line, block_tokens, text=True)
         rows.append(row)
