@@ -143,3 +143,20 @@ def test_a_trailing_comma_in_the_header_is_not_a_field(tmp_path):
     path = tmp_path / "sheet.csv"  # a spreadsheet export: an empty last column
     path.write_text("arrival_s,prompt_tokens,output_tokens,\n0,10,3,\n")
     assert load_trace(path).requests[0].prompt_tokens == 10
+
+
+def test_csv_block_ids_follow_the_json_rule(tmp_path):
+    """A block id is a name, not a token count: CSV and JSONL accept the same ids. Before,
+    the CSV reader parsed ids as token counts: -1 was "negative token count -1" and an id
+    above the token-count cap (a hash, say) was refused in CSV but taken in JSONL."""
+    big = 10**15  # above any token count, a plausible hash
+    csv_path, jsonl_path = tmp_path / "ids.csv", tmp_path / "ids.jsonl"
+    csv_path.write_text(f"arrival_s,prompt_tokens,output_tokens,hash_ids\n0,600,3,{big} 7\n")
+    jsonl_path.write_text(json.dumps({"arrival_s": 0, "prompt_tokens": 600,
+                                      "output_tokens": 3, "hash_ids": [big, 7]}) + "\n")
+    # 600 tokens in blocks of 512: ceil(600 / 512) = 2 ids
+    assert load_trace(csv_path).requests[0].prefix_block_ids == (big, 7)
+    assert load_trace(jsonl_path).requests[0].prefix_block_ids == (big, 7)
+    csv_path.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids\n0,600,3,-1 7\n")
+    with pytest.raises(TraceError, match="must be a list of non-negative integers, got '-1'"):
+        load_trace(csv_path)

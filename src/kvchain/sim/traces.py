@@ -483,6 +483,16 @@ def _json_time_ns(value: object, path: Path, line: int) -> int:
     return round(value * _NS_PER_MS)
 
 
+def _parse_block_id(text: str, path: Path, line: int) -> int:
+    """A block id of a CSV ``hash_ids`` field: a non-negative integer, the rule of a JSON
+    list's ids (:func:`_json_block_ids`; ids are names, not token counts, so no cap)."""
+    # int() of a > 4,300-digit string raises ValueError: 4,000 digits are ids enough.
+    if not _INT_RE.fullmatch(text) or len(text) > 4_000 or text.startswith("-"):
+        raise _error(path, line, "hash_ids", "must be a list of non-negative integers, got "
+                     f"{text[:40]!r}")
+    return int(text)
+
+
 def _json_block_ids(value: object, prompt: int, path: Path, line: int,
                     block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> tuple[int, ...]:
     if not isinstance(value, list) or any(
@@ -574,7 +584,7 @@ def _generic_row(index: int, fields: Mapping[str, object], path: Path, line: int
             if not text:  # JSONL: a JSON list, as documented (a string is not parsed)
                 raise _error(path, line, "hash_ids", "must be a list of non-negative integers")
             parts = raw_blocks.replace(";", " ").split()
-            raw_blocks = [_parse_count(p, path, line, "hash_ids") for p in parts]
+            raw_blocks = [_parse_block_id(p, path, line) for p in parts]
         blocks = _json_block_ids(raw_blocks, prompt, path, line, block_tokens)
     cap = fields.get("max_tokens")
     max_tokens = None
