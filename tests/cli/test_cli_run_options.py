@@ -132,3 +132,29 @@ def test_options_the_run_acts_on_are_not_warned_about():
                       "--policy", "cache-aware", "--cache-points", "ends"]) == []
     assert _warnings(["simulate", "--trace", "azure-conv", "--requests", "2", "--json",
                       "--clock", "steps", "--step-ms", "10"]) == []
+
+
+def _note(args: list[str]) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return " ".join(result.stderr.split())
+
+
+def test_the_note_says_what_the_auto_cache_resolved_to(tmp_path):
+    """Two window bands turn the auto prefix cache off even on a trace with content keys.
+    Before, the note read "prefix cache auto: on when the trace has content keys (this one
+    has)" and "cache points auto: blocks" for a run whose cache was off."""
+    spec = tmp_path / "two.json"
+    spec.write_text(json.dumps({"full": 1000, "windows": [{"bytes": 1000, "tokens": 11},
+                                                          {"bytes": 700, "tokens": 200}]}))
+    common = ["simulate", "--trace", "mooncake", "--requests", "2", "--clock", "steps",
+              "--json"]
+    two = _note([*common, "--spec", str(spec), "--buffer-bytes", "100000000"])
+    assert "prefix cache auto, off: the chain has 2 window bands" in two
+    assert "cache points auto" not in two  # no cache, no points
+    one = _note(common)  # gpt-oss: one window band, mooncake's hash_ids
+    assert "prefix cache auto, on: the trace has content keys" in one
+    assert "cache points auto: blocks" in one
+    cold = _note(["simulate", "--trace", "azure-conv", "--requests", "2", "--json"])
+    assert "prefix cache auto, off: the trace has no content keys" in cold
+    assert "cache points auto" not in cold

@@ -23,7 +23,7 @@ from kvchain.cache.radix import CacheGeometry, ResumePolicy
 from kvchain.layout import ChainLayout
 from kvchain.sched.queue import QueuePolicy
 from kvchain.sim.cost import ClockKind
-from kvchain.sim.prefix import has_content_keys
+from kvchain.sim.prefix import default_cache_off_reason
 from kvchain.sim.run_options import ResolvedRun, RunOptions
 from kvchain.sim.traces import BUNDLED_TRACES, Trace
 
@@ -132,12 +132,13 @@ def chosen_note(resolved: ResolvedRun, given: GivenOptions, trace: Trace,
     """What the run chose that the user did not say, one line (``note:`` on stderr;
     ``None`` when the user said everything that matters): the
     demo's trace and cut, or for a named trace its whole length and own rate; the KV
-    buffer from the GPU memory model; the prefix cache's ``auto`` and the cache points
-    ``auto`` resolves to. E.g. ``trace mooncake (the demo: --trace names yours), its first
-    600 requests (--requests), 0.3x its arrival rate (--rate-scale), KV buffer
-    58,510,595,328 B from the GPU memory model (--mem-fraction 0.9, --buffer-bytes), prefix
-    cache auto: on when the trace has content keys (this one has), cache points auto:
-    blocks``."""
+    buffer from the GPU memory model; what the prefix cache's ``auto`` resolves to and why
+    (:func:`kvchain.sim.prefix.default_cache_off_reason`), and, while the cache is on, the
+    cache points ``auto`` resolves to. E.g. ``trace mooncake (the demo: --trace names
+    yours), its first 600 requests (--requests), 0.3x its arrival rate (--rate-scale), KV
+    buffer 58,510,595,328 B from the GPU memory model (--mem-fraction 0.9, --buffer-bytes),
+    prefix cache auto, on: the trace has content keys (--prefix-cache/--no-prefix-cache),
+    cache points auto: blocks``."""
     run = resolved.options
     items = list(resolved.chosen)
     if not resolved.demo:
@@ -148,11 +149,12 @@ def chosen_note(resolved: ResolvedRun, given: GivenOptions, trace: Trace,
     if run.buffer_bytes is None:
         items.append(f"KV buffer {layout.buffer_bytes:,} B from the GPU memory model "
                      f"(--mem-fraction {run.mem_fraction:g}, --buffer-bytes)")
+    off = default_cache_off_reason(trace, layout)
     if run.prefix_cache is None:
-        keys = "has" if has_content_keys(trace) else "has none"
-        items.append(f"prefix cache auto: on when the trace has content keys (this one "
-                     f"{keys}; --prefix-cache/--no-prefix-cache)")
-    if run.cache_points is ResumePolicy.AUTO and run.prefix_cache is not False:
+        state = "on: the trace has content keys" if off is None else f"off: {off}"
+        items.append(f"prefix cache auto, {state} (--prefix-cache/--no-prefix-cache)")
+    cache_on = run.prefix_cache if run.prefix_cache is not None else off is None
+    if run.cache_points is ResumePolicy.AUTO and cache_on:
         resolved_points = run.cache_points.resolve(CacheGeometry.of(layout)).value
         items.append(f"cache points auto: {resolved_points}")
     return "chosen for this run: " + ", ".join(items) if items else None

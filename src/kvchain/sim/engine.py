@@ -61,9 +61,11 @@ from kvchain.sim.metrics import (
 from kvchain.sim.prefix import (
     PrefixCacheStats,
     cache_off_extra,
+    default_cache_off_reason,
     has_content_keys,
     request_page_keys,
     trace_block_tokens,
+    window_bands,
 )
 from kvchain.sim.traces import Trace
 from kvchain.spec.layers import LifetimeClass
@@ -150,7 +152,7 @@ class SimConfig:
         :func:`simulate` keeps it off for one that cannot)."""
         if self.prefix_cache is not None:
             return self.prefix_cache
-        return has_content_keys(self.trace) and _window_bands(layout) <= 1
+        return default_cache_off_reason(self.trace, layout) is None
 
     def check_cache(self, layout: ChainLayout) -> None:
         """Refuse prefix-cache settings that cannot take effect on ``layout`` and this
@@ -162,7 +164,7 @@ class SimConfig:
                 or a ``cache_points`` other than ``AUTO`` on a chain with more than one
                 window or chunked-local band (the prefix cache supports at most one).
         """
-        windows = _window_bands(layout)
+        windows = window_bands(layout)
         if windows > 1 and (self.prefix_cache or self.cache_points is not ResumePolicy.AUTO):
             asked = ("prefix_cache=True" if self.prefix_cache
                      else f"cache_points={self.cache_points.value!r}")
@@ -172,13 +174,6 @@ class SimConfig:
         if self.prefix_cache and not has_content_keys(self.trace):
             raise ConfigError(f"prefix_cache=True: trace {self.trace.name!r} carries no "
                               "content keys (prefix_block_ids), so no prompt could hit")
-
-
-def _window_bands(layout: ChainLayout) -> int:
-    """Window and chunked-local bands of ``layout`` (the prefix cache supports at most
-    one)."""
-    return sum(1 for b in layout.bands
-               if b.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL))
 
 
 @dataclass(frozen=True, slots=True)
