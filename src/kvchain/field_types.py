@@ -66,7 +66,7 @@ def check_field_types(obj: Any) -> None:
         ConfigError: ``"<field> must be <what>, got <value> (<type>)"`` for the first field
             whose value is not of its type.
     """
-    kinds = _field_kinds(type(obj))
+    kinds = _field_kinds(type(obj))  # type: ignore[arg-type]
     for f in fields(obj):
         kind, optional = kinds[f.name]
         value = getattr(obj, f.name)

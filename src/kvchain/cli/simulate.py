@@ -23,8 +23,8 @@ from kvchain.cli.common import (
     note_defaults,
     overload_hint,
     prepare_out_dir,
-    warn,
     render_bands,
+    warn,
     warn_buffer,
 )
 from kvchain.cli.run_options import (
