@@ -7,8 +7,9 @@ refuses it where the value is built, naming the field.
 
 Rules, by the annotation with ``None`` removed (``int | None`` -> ``int``; ``None`` passes
 only for such optional fields): an enum takes its members (not their values); ``bool``
-takes ``True``/``False`` only; ``int`` takes integers (Python or NumPy), never a bool or a
-float; ``float`` takes integers and floats, never a bool; ``str`` takes strings; any other
+takes ``True``/``False`` only; ``int`` takes Python ints only (never a bool, a float or a
+NumPy integer, which the planner's int-only demands refuse deep in a run, as ``Request``
+refuses them); ``float`` takes ints and floats, never a bool; ``str`` takes strings; any other
 class takes its instances. Annotations this does not understand (other unions, generics)
 are not checked.
 """
@@ -16,7 +17,6 @@ are not checked.
 from __future__ import annotations
 
 import functools
-import numbers
 import types
 from dataclasses import fields
 from enum import Enum
@@ -52,10 +52,10 @@ def type_problem(value: Any, kind: type) -> str | None:
         return None if type(value) is bool else "True or False"
     if isinstance(value, bool):
         return "a number" if kind is float else f"of type {kind.__name__}"
-    if kind is int:
-        return None if isinstance(value, numbers.Integral) else "of type int"
+    if kind is int:  # a NumPy integer would reach the planner's int-only demands
+        return None if type(value) is int else "of type int"
     if kind is float:
-        return None if isinstance(value, (numbers.Integral, float)) else "a number"
+        return None if isinstance(value, int | float) else "a number"
     return None if isinstance(value, kind) else f"of type {kind.__name__}"
 
 

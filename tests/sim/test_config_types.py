@@ -48,10 +48,19 @@ def test_the_model_must_be_a_model_spec():
         SimConfig("gpt-oss-120b", GPU, TRACE)  # type: ignore[arg-type]
 
 
+def test_numpy_integers_are_refused_where_built():
+    # Before: accepted, then the planner refused the run's first demand of np.int64 pages
+    # with an InvalidDemandError mid-run.
+    with pytest.raises(ConfigError, match="page_size must be of type int"):
+        SimConfig(MODEL, GPU, TRACE, page_size=np.int64(32))
+    with pytest.raises(ConfigError, match="buffer_bytes must be of type int"):
+        SimConfig(MODEL, GPU, TRACE, buffer_bytes=np.int64(10**10))
+
+
 def test_right_types_pass():
-    # NumPy integers are integers; an int is a valid float (1 = the whole GPU); None is a
-    # valid optional buffer / cache switch.
-    cfg = SimConfig(MODEL, GPU, TRACE, page_size=np.int64(32), mem_fraction=1,
+    # An int is a valid float (1 = the whole GPU); None is a valid optional buffer / cache
+    # switch.
+    cfg = SimConfig(MODEL, GPU, TRACE, page_size=32, mem_fraction=1,
                     buffer_bytes=None, prefix_cache=None, clock=ClockKind.STEPS,
                     cache_points=ResumePolicy.ENDS, fast_forward=False)
     assert cfg.page_size == 32 and cfg.mem_fraction == 1
