@@ -11,11 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvchain.admission import ReserveConfig
 from kvchain.baselines import ManagerKind
 from kvchain.cache.radix import ResumePolicy
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
+from kvchain.sched.scheduler import SchedulerConfig
 from kvchain.sim.compare import compare_managers
 from kvchain.sim.cost import ClockKind
 from kvchain.sim.engine import SimConfig
@@ -77,3 +79,18 @@ def test_compare_managers_refuses_a_bad_list_before_running(kinds, needle):
     repeated axis value; an empty list returned ``{}``."""
     with pytest.raises(ConfigError, match=needle):
         compare_managers(SimConfig(MODEL, GPU, TRACE), kinds)
+
+
+@pytest.mark.parametrize(("build", "needle"), [
+    # Before, all accepted: the string policy never equals a QueuePolicy member, so
+    # "cache-aware" given as text ran FCFS; "no" for strict is truthy.
+    (lambda: SchedulerConfig(policy="cache-aware"), "policy must be a QueuePolicy"),
+    (lambda: SchedulerConfig(max_running=2.5), "max_running must be of type int"),
+    (lambda: SchedulerConfig(strict="no"), "strict must be True or False"),
+    (lambda: SchedulerConfig(reserve="full"), "reserve must be of type ReserveConfig"),
+    (lambda: ReserveConfig(policy="full"), "policy must be a ReservePolicy"),
+    (lambda: ReserveConfig(warmup=2.0), "warmup must be of type int"),
+])
+def test_scheduler_and_reserve_configs_check_their_types(build, needle):
+    with pytest.raises(ConfigError, match=needle):
+        build()
