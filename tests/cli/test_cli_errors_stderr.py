@@ -32,6 +32,13 @@ CASES: list[tuple[str, list[str], str]] = [
      "kvchain named twice"),
     ("replay", ["replay"], "stream"),
     ("replay --json", ["replay", "missing-stream.jsonl", "--json"], "missing-stream"),
+    # Generator options given to a replay were ignored; a stream given with --generate too.
+    ("replay --ops", ["replay", "recorded.jsonl", "--ops", "5", "--seed", "3"],
+     "--ops, --seed apply only with --generate"),
+    ("replay --cache", ["replay", "recorded.jsonl", "--cache"],
+     "--cache applies only with --generate"),
+    ("replay --generate and a stream", ["replay", "recorded.jsonl", "--generate", "full",
+                                        "-o", "OUT"], "give one or the other"),
     ("sweep", ["sweep", "--out", "OUT", "--models", "no-such-model"], "no-such-model"),
     ("sweep --slo", ["sweep", "--out", "OUT", "--slo", "ttft_p99=2parsecs"], "ttft_p99"),
     ("prefix-bounds", ["prefix-bounds", "--trace", "missing-trace.jsonl"], "missing-trace"),
