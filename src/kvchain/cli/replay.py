@@ -26,7 +26,6 @@ from kvchain.errors import ConfigError
 from kvchain.testing.geometry import SHAPES
 from kvchain.testing.replay import generate_section, replay_stream, write_stream
 
-
 GENERATE_OPS = 10_000
 """``--ops`` when not given: operations per generated shape."""
 GENERATE_PAGE_SIZE = 4
