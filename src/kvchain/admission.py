@@ -27,6 +27,7 @@ import numpy as np
 from kvchain.alloc.pricing import fits, largest_fitting
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.errors import ConfigError, LedgerMismatchError
+from kvchain.field_types import check_field_types
 from kvchain.layout import ChainLayout
 from kvchain.spec.layers import LifetimeClass
 
@@ -374,6 +375,7 @@ class ReserveConfig:
     warmup: int = 20
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # e.g. policy="full" (a string, not the member)
         if self.ratio is not None:
             if self.policy is not ReservePolicy.SGLANG:
                 raise ConfigError(f"a new-token ratio only applies to the sglang reservation "

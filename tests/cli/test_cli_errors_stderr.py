@@ -28,8 +28,17 @@ CASES: list[tuple[str, list[str], str]] = [
     ("compare", ["compare", "--model", "no-such-model"], "no-such-model"),
     ("compare --json", ["compare", "--rate-scale", "0", "--json"], "--rate-scale"),
     ("compare --managers", ["compare", "--managers", "nope"], "nope"),
+    ("compare --managers twice", ["compare", "--managers", "kvchain,kvchain"],
+     "kvchain named twice"),
     ("replay", ["replay"], "stream"),
     ("replay --json", ["replay", "missing-stream.jsonl", "--json"], "missing-stream"),
+    # Generator options given to a replay were ignored; a stream given with --generate too.
+    ("replay --ops", ["replay", "recorded.jsonl", "--ops", "5", "--seed", "3"],
+     "--ops, --seed apply only with --generate"),
+    ("replay --cache", ["replay", "recorded.jsonl", "--cache"],
+     "--cache applies only with --generate"),
+    ("replay --generate and a stream", ["replay", "recorded.jsonl", "--generate", "full",
+                                        "-o", "OUT"], "give one or the other"),
     ("sweep", ["sweep", "--out", "OUT", "--models", "no-such-model"], "no-such-model"),
     ("sweep --slo", ["sweep", "--out", "OUT", "--slo", "ttft_p99=2parsecs"], "ttft_p99"),
     ("prefix-bounds", ["prefix-bounds", "--trace", "missing-trace.jsonl"], "missing-trace"),
@@ -51,3 +60,18 @@ def test_every_command_has_an_error_case() -> None:
     """A new command gets a case here (the list above covers every registered one)."""
     commands = {c.name for c in app.registered_commands}
     assert commands == {name.split()[0] for name, _, _ in CASES}
+
+
+@pytest.mark.parametrize("args", [["simulate", "--trace", "azure-conv", "--requests", "2"],
+                                  ["plan"], ["models"]], ids=["simulate", "plan", "models"])
+def test_bad_audit_switch_is_bad_input(args: list[str], monkeypatch: pytest.MonkeyPatch
+                                       ) -> None:
+    """``KVCHAIN_AUDIT=maybe`` is refused before anything runs, by every command: exit 2,
+    the variable named on stderr, nothing on stdout. Before, ``simulate`` printed its
+    header and band table, ran until the first chain was built, and stopped with exit 1
+    ("stopped: ConfigError")."""
+    monkeypatch.setenv("KVCHAIN_AUDIT", "maybe")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert "KVCHAIN_AUDIT" in result.stderr

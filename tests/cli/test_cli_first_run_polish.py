@@ -121,11 +121,11 @@ def test_chosen_note_says_the_cache_is_off_plainly(tmp_path):
     err = flat(run("simulate", "--spec", str(spec_file(tmp_path)), "--trace",
                    str(rejecting_trace(tmp_path)), "--clock", "steps",
                    "--buffer-bytes", "2000000").stderr)
-    assert "prefix cache off (auto: this trace has no content keys)" in err, err
+    assert "prefix cache off (auto: the trace has no content keys)" in err, err
     assert "cache points" not in err and "on when the trace has content keys" not in err
     err = flat(run("simulate", "--spec", str(spec_file(tmp_path)), "--trace", "mooncake",
                    "--requests", "2", "--clock", "steps", "--buffer-bytes", "50000000").stderr)
-    assert ("prefix cache on (auto: this trace has content keys; --no-prefix-cache), "
+    assert ("prefix cache on (auto: the trace has content keys; --no-prefix-cache), "
             "cache points auto:") in err, err
 
 

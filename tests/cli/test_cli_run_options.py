@@ -101,3 +101,60 @@ def test_no_note_when_the_user_said_everything(tmp_path):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "note:" not in result.stderr
+
+
+def _warnings(args: list[str]) -> list[str]:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stderr.split())  # the console wraps long lines
+    return ["warning:" + w.split(" note:")[0] for w in text.split("warning:")[1:]]
+
+
+def test_options_the_run_cannot_act_on_are_warned_about():
+    """An option given that changes nothing is said on stderr, not dropped silently.
+    Before, ``--policy cache-aware`` on a trace without content keys ran FCFS (the queue
+    falls back without a cache) and ``--step-ms`` under the roofline clock was ignored,
+    both without a word. azure-conv has no content keys, so the auto cache is off."""
+    cold = ["simulate", "--trace", "azure-conv", "--requests", "2", "--json"]
+    said = " ".join(_warnings([*cold, "--policy", "cache-aware", "--step-ms", "10",
+                               "--cache-points", "ends"]))
+    assert "--policy cache-aware" in said and "order is FCFS" in said
+    assert "--step-ms 10 has no effect" in said
+    assert "--cache-points ends has no effect" in said
+    compare = " ".join(_warnings(["compare", "--trace", "azure-conv", "--requests", "2",
+                                  "--managers", "kvchain", "--policy", "cache-aware"]))
+    assert "--policy cache-aware" in compare
+
+
+def test_options_the_run_acts_on_are_not_warned_about():
+    # mooncake carries hash_ids (the cache is on), and the step clock uses --step-ms.
+    assert _warnings(["simulate", "--trace", "mooncake", "--requests", "2", "--json",
+                      "--policy", "cache-aware", "--cache-points", "ends"]) == []
+    assert _warnings(["simulate", "--trace", "azure-conv", "--requests", "2", "--json",
+                      "--clock", "steps", "--step-ms", "10"]) == []
+
+
+def _note(args: list[str]) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return " ".join(result.stderr.split())
+
+
+def test_the_note_says_what_the_auto_cache_resolved_to(tmp_path):
+    """Two window bands turn the auto prefix cache off even on a trace with content keys.
+    Before, the note read "prefix cache auto: on when the trace has content keys (this one
+    has)" and "cache points auto: blocks" for a run whose cache was off."""
+    spec = tmp_path / "two.json"
+    spec.write_text(json.dumps({"full": 1000, "windows": [{"bytes": 1000, "tokens": 11},
+                                                          {"bytes": 700, "tokens": 200}]}))
+    common = ["simulate", "--trace", "mooncake", "--requests", "2", "--clock", "steps",
+              "--json"]
+    two = _note([*common, "--spec", str(spec), "--buffer-bytes", "100000000"])
+    assert "prefix cache off (auto: the chain has 2 window bands" in two
+    assert "cache points auto" not in two  # no cache, no points
+    one = _note(common)  # gpt-oss: one window band, mooncake's hash_ids
+    assert "prefix cache on (auto: the trace has content keys" in one
+    assert "cache points auto: blocks" in one
+    cold = _note(["simulate", "--trace", "azure-conv", "--requests", "2", "--json"])
+    assert "prefix cache off (auto: the trace has no content keys" in cold
+    assert "cache points auto" not in cold

@@ -102,10 +102,18 @@ def test_sweep_bad_input_exits_2_and_writes_nothing(tmp_path):
                          (["--workers", "0"], "workers"),
                          (["--prefix-caches", "maybe"], "unknown prefix_caches"),
                          # the default trace (azure-conv) has no content keys to cache by
-                         (["--prefix-caches", "on"], "content keys")]:
+                         (["--prefix-caches", "on"], "content keys"),
+                         # Before: the search bounds were checked in the first search, after
+                         # the out folder was made and "1 searches, 1 to run" was printed;
+                         # --slo-tol / --slo-range without --slo were ignored (exit 0).
+                         (["--slo", "ttft_p99=2s", "--slo-tol", "0"], "rel_tol > 0"),
+                         (["--slo", "ttft_p99=2s", "--slo-range", "5,1"], "0 < lo < hi"),
+                         (["--slo-tol", "0.5"], "--slo-tol needs --slo"),
+                         (["--slo-range", "1,4"], "--slo-range needs --slo")]:
         result = runner.invoke(app, ["sweep", "--out", str(out), "--requests", "5", *args])
         assert result.exit_code == 2, (args, result.output)
         assert needle in result.output, (args, result.output)
+        assert result.stdout == "", (args, result.stdout)
         assert not out.exists()
 
 

@@ -59,6 +59,33 @@ def test_bad_values_are_refused_naming_the_flag():
         assert needle in str(info.value), (kwargs, str(info.value))
 
 
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    # A float page size reached the layout (page arithmetic on 16.5 tokens); a bool passed
+    # as a count (True = 1 page); the string "no" for a flag is truthy (fast-forward ON);
+    # an enum's string reached the scheduler, which compares members; a string count
+    # raised a bare TypeError from the range check.
+    ({"page_size": 16.5}, "page_size must be of type int, got 16.5 (float)"),
+    ({"buffer_bytes": 1e9}, "buffer_bytes must be of type int"),
+    ({"page_size": True}, "page_size must be of type int, got True (bool)"),
+    ({"requests": "5"}, "requests must be of type int, got '5' (str)"),
+    ({"rate_scale": "2"}, "rate_scale must be a number"),
+    ({"fast_forward": "no"}, "fast_forward must be True or False, got 'no'"),
+    ({"truncate": 1}, "truncate must be True or False"),
+    ({"policy": "fcfs"}, "policy must be a QueuePolicy"),
+    ({"reserve": "full"}, "reserve must be a ReservePolicy"),
+    ({"clock": "steps"}, "clock must be a ClockKind"),
+    ({"new_token_ratio": 0.5}, "new_token_ratio must be of type str"),
+])
+def test_values_of_the_wrong_type_are_refused_typed(kwargs, needle):
+    with pytest.raises(ConfigError) as info:
+        RunOptions(**kwargs)
+    assert needle in str(info.value), str(info.value)
+
+
+def test_numbers_of_a_float_field_may_be_ints():
+    assert RunOptions(rate_scale=2, end_s=5).rate_scale == 2  # 2 x the rate, 5 s: valid
+
+
 def test_strict_is_the_same_everywhere():
     """simulate, compare and every sweep point run non-strict unless told (before, sweep
     points ran strict while simulate did not)."""

@@ -122,3 +122,41 @@ def test_a_cap_below_the_output_names_the_file_line_and_field(tmp_path, suffix, 
     path.write_text(text)
     with pytest.raises(TraceError, match=r"line \d, field 'max_tokens': 5 is below"):
         load_trace(path)
+
+
+@pytest.mark.parametrize(("name", "body", "field"), [
+    # A misspelt max_tokens column / key was dropped: the requests ran uncapped.
+    ("typo.csv", "arrival_s,prompt_tokens,output_tokens,max_token\n0,10,3,8\n", "max_token"),
+    ("typo.jsonl", '{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 3, '
+                   '"hashids": [1]}\n', "hashids"),
+])
+def test_unknown_fields_are_refused(tmp_path, name, body, field):
+    path = tmp_path / name
+    path.write_text(body)
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    assert f"field {field!r}: unknown field" in str(info.value)
+    assert "max_tokens" in str(info.value)  # the known fields are listed
+
+
+def test_a_trailing_comma_in_the_header_is_not_a_field(tmp_path):
+    path = tmp_path / "sheet.csv"  # a spreadsheet export: an empty last column
+    path.write_text("arrival_s,prompt_tokens,output_tokens,\n0,10,3,\n")
+    assert load_trace(path).requests[0].prompt_tokens == 10
+
+
+def test_csv_block_ids_follow_the_json_rule(tmp_path):
+    """A block id is a name, not a token count: CSV and JSONL accept the same ids. Before,
+    the CSV reader parsed ids as token counts: -1 was "negative token count -1" and an id
+    above the token-count cap (a hash, say) was refused in CSV but taken in JSONL."""
+    big = 10**15  # above any token count, a plausible hash
+    csv_path, jsonl_path = tmp_path / "ids.csv", tmp_path / "ids.jsonl"
+    csv_path.write_text(f"arrival_s,prompt_tokens,output_tokens,hash_ids\n0,600,3,{big} 7\n")
+    jsonl_path.write_text(json.dumps({"arrival_s": 0, "prompt_tokens": 600,
+                                      "output_tokens": 3, "hash_ids": [big, 7]}) + "\n")
+    # 600 tokens in blocks of 512: ceil(600 / 512) = 2 ids
+    assert load_trace(csv_path).requests[0].prefix_block_ids == (big, 7)
+    assert load_trace(jsonl_path).requests[0].prefix_block_ids == (big, 7)
+    csv_path.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids\n0,600,3,-1 7\n")
+    with pytest.raises(TraceError, match="must be a list of non-negative integers, got '-1'"):
+        load_trace(csv_path)

@@ -165,3 +165,17 @@ def test_the_cli_refuses_a_float_spec_file_with_exit_2(tmp_path):
                                       "1000000000"])
     assert result.exit_code == 2, result.output
     assert "declared full must be an integer, got 1000.5" in result.output
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"windows": None}, "declared windows must be a sequence of (bytes, tokens) pairs, "
+                        "got None"),
+    ({"windows": 5}, "declared windows must be a sequence"),
+    ({"locals_": "8,11"}, "declared locals_ must be a sequence"),
+])
+def test_class_lists_that_are_not_sequences_are_refused_typed(kwargs, needle):
+    # Before: a bare TypeError ("'NoneType' object is not iterable"); a string was walked
+    # character by character ("got '8'").
+    with pytest.raises(ConfigError) as info:
+        declare_model("m", full=1000, **kwargs)
+    assert needle in str(info.value)

@@ -11,6 +11,10 @@ from typing import Annotated
 
 import typer
 
+from kvchain.audit import resolve_audit
+from kvchain.cli.common import fail
+from kvchain.errors import ConfigError
+
 app = typer.Typer(
     name="kvchain",
     help="KV-cache memory manager for hybrid LLMs: plan, simulate, compare, replay.",
@@ -41,6 +45,13 @@ def _root(
                                                help="Print the version and exit.")] = False,
 ) -> None:
     """KV-cache memory manager for hybrid LLMs: plan, simulate, compare, replay."""
+    # The audit switch is read from the environment when a chain or cache is built, deep
+    # inside a run: a bad value would stop the run half-printed (exit 1). Every command
+    # reads it here first, so it is refused as bad input (exit 2, nothing run).
+    try:
+        resolve_audit(None)
+    except ConfigError as exc:
+        fail(exc)
 
 
 # Modules that register commands on `app` (one command per module).

@@ -72,6 +72,24 @@ def warn_buffer(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
         warn(line)
 
 
+def defaults_note(model: ModelSpec, config: Path | None) -> str | None:
+    """What a ``--config`` file did not set that the model's bytes, weights or context rest
+    on (``ModelSpec.defaulted``: field, the value used, who supplied it), as one note; or
+    ``None`` (no ``--config``, or the file set everything). A bundled model's defaults are
+    recorded in the catalog and listed by ``kvchain models``, so they are not repeated."""
+    if config is None or not model.defaulted:
+        return None
+    items = "; ".join(f"{d.field} = {d.value} ({d.by})" for d in model.defaulted)
+    return f"{config.name} does not set: {items}. The model's bytes rest on these defaults"
+
+
+def note_defaults(model: ModelSpec, config: Path | None) -> None:
+    """Print :func:`defaults_note` on stderr (``note:``), if any."""
+    text = defaults_note(model, config)
+    if text is not None:
+        note(text)
+
+
 def stderr_console() -> Console:
     """A rich console on stderr (messages; never results)."""
     return Console(stderr=True)

@@ -30,9 +30,11 @@ from kvchain.cli.common import (
     hint,
     load_spec,
     note,
+    note_defaults,
     note_rejections,
     overload_hint,
     prepare_out_dir,
+    warn,
     warn_buffer,
 )
 from kvchain.cli.run_options import (
@@ -46,14 +48,15 @@ from kvchain.cli.run_options import (
     TpOption,
     TraceOption,
     chosen_note,
+    inert_warnings,
     run_options,
 )
-from kvchain.errors import ConfigError, KVChainError
+from kvchain.errors import KVChainError
 from kvchain.gpu import get_gpu
 from kvchain.report.compare import compare_plot
 from kvchain.report.sweep import print_whole
 from kvchain.report.tables import METRIC_DEFINITIONS, comparison_table
-from kvchain.sim.compare import ManagerRun, compare_managers
+from kvchain.sim.compare import ManagerRun, check_kinds, compare_managers
 from kvchain.sim.cost import ClockKind, GPUCostModel
 from kvchain.sim.run_options import resolve_run
 from kvchain.sim.traces import TRACE_FORMATS_HELP
@@ -110,8 +113,7 @@ def compare(
                                  f"{', '.join(str(k) for k in ManagerKind)}; got {managers!r}"
                                  ) from None
     try:
-        if not kinds:
-            raise ConfigError("--managers names no manager")
+        check_kinds(kinds)
         check_flags(tp=tp)
         resolved = resolve_run(trace, given.values)
         run = resolved.options
@@ -133,6 +135,9 @@ def compare(
     if chosen is not None:
         note(chosen)
     warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec)
+    note_defaults(model_spec, config)
+    for message in inert_warnings(run, given, cfg.cache_on(cfg_layout)):
+        warn(message)
     title = f"{model_spec.name} on {gpu_spec.name}, {tr.name} x{len(tr):,}, buffer {buffer:,} B"
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(),

@@ -24,6 +24,7 @@ from kvchain.cli.common import (
     check_flags,
     fail,
     load_spec,
+    note_defaults,
     render_bands,
     warn_buffer,
 )
@@ -86,6 +87,7 @@ def plan_command(
     except KVChainError as exc:
         fail(exc)
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
+    note_defaults(model_spec, config)
     if as_json:
         print(json.dumps(plan_report(result), indent=2))
         return
@@ -114,6 +116,8 @@ def plan_report(result: CapacityPlan) -> dict[str, object]:
         "activation_reserve_bytes": budget.reserve_bytes,
         "buffer_bytes": budget.buffer_bytes,
         "page_size": layout.page_size, "chain": layout.shape_name,
+        "defaulted": [{"field": d.field, "value": d.value, "by": d.by}
+                      for d in result.model.defaulted],
         "bands": [{"band": b.label, "anchor": b.anchor.value, "page_bytes": b.page_bytes,
                    "bytes_per_token": b.cache_class.bytes_per_token,
                    "bytes_per_slot": b.cache_class.bytes_per_slot,

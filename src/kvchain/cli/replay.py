@@ -26,6 +26,11 @@ from kvchain.errors import ConfigError
 from kvchain.testing.geometry import SHAPES
 from kvchain.testing.replay import generate_section, replay_stream, write_stream
 
+GENERATE_OPS = 10_000
+"""``--ops`` when not given: operations per generated shape."""
+GENERATE_PAGE_SIZE = 4
+"""``--page-size`` when not given: tokens per page of a generated stream."""
+
 
 @app.command("replay", short_help="Replay (or generate) an operation stream.")
 def replay_command(
@@ -36,9 +41,13 @@ def replay_command(
     generate: Annotated[str | None, typer.Option("--generate", help="Write a seeded stream "
                                                  f"of this shape ({', '.join(SHAPES)}, all) "
                                                  "instead of replaying.")] = None,
-    ops: Annotated[int, typer.Option("--ops", help="Operations per shape.")] = 10_000,
-    seed: Annotated[int, typer.Option("--seed", help="Generator seed.")] = 0,
-    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per page.")] = 4,
+    ops: Annotated[int | None, typer.Option("--ops", help="With --generate: operations per "
+                                            f"shape (default {GENERATE_OPS:,}).")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="With --generate: generator seed "
+                                             "(default 0).")] = None,
+    page_size: Annotated[int | None, typer.Option("--page-size", help="With --generate: "
+                                                  f"tokens per page (default "
+                                                  f"{GENERATE_PAGE_SIZE}).")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Stream file to "
                                                 "write with --generate.")] = None,
     cache: Annotated[bool, typer.Option("--cache", help="With --generate: add prefix-cache "
@@ -48,6 +57,12 @@ def replay_command(
     console = Console()
     try:
         if generate is not None:
+            if stream is not None:
+                raise ConfigError(f"--generate writes a stream (to -o); it does not replay "
+                                  f"{stream}: give one or the other")
+            ops = GENERATE_OPS if ops is None else ops
+            seed = 0 if seed is None else seed
+            page_size = GENERATE_PAGE_SIZE if page_size is None else page_size
             check_flags(ops=ops, seed=seed, page_size=page_size)
             if output is None:
                 raise ConfigError("--generate needs -o FILE")
@@ -59,6 +74,15 @@ def replay_command(
             return
         if stream is None:
             raise ConfigError("give a stream file to replay, or --generate SHAPE -o FILE")
+        # A recorded stream carries its own shapes, seeds and page sizes: the generator's
+        # options would be ignored, silently.
+        unused = [flag for flag, value in (("--ops", ops), ("--seed", seed),
+                                           ("--page-size", page_size), ("-o", output),
+                                           ("--cache", cache or None)) if value is not None]
+        if unused:
+            verb = "applies" if len(unused) == 1 else "apply"
+            raise ConfigError(f"{', '.join(unused)} {verb} only with --generate (a recorded "
+                              f"stream carries its own)")
         reports = replay_stream(stream, fail_fast=fail_fast)
     except ConfigError as exc:
         fail(exc)

@@ -21,7 +21,9 @@ import typer
 
 from kvchain.cache.radix import CacheGeometry, ResumePolicy
 from kvchain.layout import ChainLayout
-from kvchain.sim.prefix import has_content_keys
+from kvchain.sched.queue import QueuePolicy
+from kvchain.sim.cost import ClockKind
+from kvchain.sim.prefix import default_cache_off_reason
 from kvchain.sim.run_options import ResolvedRun, RunOptions
 from kvchain.sim.traces import (
     BUNDLED_TRACES,
@@ -137,13 +139,14 @@ def chosen_note(resolved: ResolvedRun, given: GivenOptions, trace: Trace,
     ``None`` when the user said everything that matters): the
     demo's trace and cut, or for a named trace its whole length and own rate (for a trace
     without arrival times, the Poisson rate and seed drawn); the KV buffer from the GPU
-    memory model; the prefix cache's ``auto`` and, with the cache on, the cache points
+    memory model; what the prefix cache's ``auto`` resolves to and why
+    (:func:`kvchain.sim.prefix.default_cache_off_reason`), and, with the cache on, the cache points
     ``auto`` resolves to. E.g. ``trace mooncake (the demo: --trace names yours), its first
     600 requests (--requests), 0.3x its arrival rate (--rate-scale), KV buffer
     58,510,595,328 B from the GPU memory model (--mem-fraction 0.9, --buffer-bytes), prefix
-    cache on (auto: this trace has content keys; --no-prefix-cache), cache points auto:
+    cache on (auto: the trace has content keys; --no-prefix-cache), cache points auto:
     blocks``; for sharegpt ``Poisson arrivals at 5.53 requests/s, seed 0 (the trace has no
-    arrival times; --rate-scale, --seed)`` and ``prefix cache off (auto: this trace has no
+    arrival times; --rate-scale, --seed)`` and ``prefix cache off (auto: the trace has no
     content keys)``."""
     run = resolved.options
     items = list(resolved.chosen)
@@ -160,11 +163,11 @@ def chosen_note(resolved: ResolvedRun, given: GivenOptions, trace: Trace,
     if run.buffer_bytes is None:
         items.append(f"KV buffer {layout.buffer_bytes:,} B from the GPU memory model "
                      f"(--mem-fraction {run.mem_fraction:g}, --buffer-bytes)")
-    cache_on = run.prefix_cache
-    if cache_on is None:
-        cache_on = has_content_keys(trace)
-        items.append("prefix cache on (auto: this trace has content keys; --no-prefix-cache)"
-                     if cache_on else "prefix cache off (auto: this trace has no content keys)")
+    off = default_cache_off_reason(trace, layout)
+    if run.prefix_cache is None:
+        items.append("prefix cache on (auto: the trace has content keys; --no-prefix-cache)"
+                     if off is None else f"prefix cache off (auto: {off})")
+    cache_on = run.prefix_cache if run.prefix_cache is not None else off is None
     if run.cache_points is ResumePolicy.AUTO and cache_on:
         resolved_points = run.cache_points.resolve(CacheGeometry.of(layout)).value
         items.append(f"cache points auto: {resolved_points}")
@@ -177,3 +180,22 @@ def _poisson_arrivals(trace: str) -> bool:
     bundled = BUNDLED_TRACES.get(trace)
     fmt = bundled.format if bundled is not None else detect_format(Path(trace))
     return fmt is TraceFormat.SHAREGPT_LENGTHS
+
+
+def inert_warnings(run: RunOptions, given: GivenOptions, cache_on: bool) -> list[str]:
+    """Options the user gave that this run cannot act on, one warning each (``warning:``
+    on stderr; the run goes on as it would without them): ``--policy cache-aware`` while
+    the prefix cache is off (``cache_on`` False: the order is FCFS), ``--cache-points``
+    while the cache is off, ``--step-ms`` with ``--clock roofline`` (step times come from
+    the cost model)."""
+    out = []
+    if run.policy is QueuePolicy.CACHE_AWARE and not cache_on:
+        out.append("--policy cache-aware ranks waiting requests by their cached prefix, "
+                   "but the prefix cache is off in this run: the order is FCFS")
+    if "cache_points" in given.typed and not cache_on:
+        out.append(f"--cache-points {run.cache_points.value} has no effect: the prefix "
+                   f"cache is off in this run")
+    if "step_ms" in given.typed and run.clock is ClockKind.ROOFLINE:
+        out.append(f"--step-ms {run.step_ms:g} has no effect with --clock roofline (step "
+                   f"times come from the GPU cost model; --clock steps uses the tick)")
+    return out

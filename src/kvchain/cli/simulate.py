@@ -20,10 +20,12 @@ from kvchain.cli.common import (
     hint,
     load_spec,
     note,
+    note_defaults,
     note_rejections,
     overload_hint,
     prepare_out_dir,
     render_bands,
+    warn,
     warn_buffer,
 )
 from kvchain.cli.run_options import (
@@ -37,6 +39,7 @@ from kvchain.cli.run_options import (
     TpOption,
     TraceOption,
     chosen_note,
+    inert_warnings,
     run_options,
 )
 from kvchain.errors import KVChainError
@@ -96,6 +99,9 @@ def simulate_command(
     if chosen is not None:
         note(chosen)
     warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec)
+    note_defaults(model_spec, config)
+    for message in inert_warnings(run, given, sim_config.cache_on(layout)):
+        warn(message)
     if not as_json:
         console.print(f"[bold]{escape(model_spec.name)}[/bold] on {gpu_spec.name}, trace "
                       f"[bold]{escape(tr.name)}[/bold] ({len(tr):,} requests, "

@@ -34,6 +34,7 @@ from kvchain.report.sweep import (
 from kvchain.sim.sweep import (
     AXES,
     SweepGrid,
+    check_search_bounds,
     gpus_needed,
     load_grid_file,
     parse_slo,
@@ -60,6 +61,12 @@ def _split(text: str | None, key: str) -> list[Any] | None:
         except ValueError:
             raise ConfigError(f"--{key.replace('_', '-')}: {item!r} is not a number") from None
     return out
+
+
+SLO_RANGE = "0.25,64"
+"""``--slo-range`` when not given: rate scales 0.25x to 64x searched."""
+SLO_TOL = 0.02
+"""``--slo-tol`` when not given: the bisection stops at 2 % relative width."""
 
 
 def _range(text: str) -> tuple[float, float]:
@@ -117,10 +124,11 @@ def sweep_command(
     = None,
     target_rate: Annotated[float | None, typer.Option(help="With --slo: GPUs needed for "
                                                            "this many requests/s.")] = None,
-    slo_range: Annotated[str, typer.Option(help="With --slo: rate scales searched, LO,HI.")]
-    = "0.25,64",
-    slo_tol: Annotated[float, typer.Option(help="With --slo: relative tolerance of the "
-                                                "bisection.")] = 0.02,
+    slo_range: Annotated[str | None, typer.Option(
+        help=f"With --slo: rate scales searched, LO,HI (default {SLO_RANGE}).")] = None,
+    slo_tol: Annotated[float | None, typer.Option(
+        help=f"With --slo: relative tolerance of the bisection (default {SLO_TOL:g}).")]
+    = None,
     plots: Annotated[bool, typer.Option(help="Write plots against rate.")] = True,
     *,
     given: GivenOptions,
@@ -149,11 +157,15 @@ def sweep_command(
         if n_workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {n_workers}")
         slo_spec = parse_slo(slo) if slo is not None else None
-        if target_rate is not None and slo_spec is None:
-            raise ConfigError("--target-rate needs --slo")
+        for flag, value in (("--target-rate", target_rate), ("--slo-range", slo_range),
+                            ("--slo-tol", slo_tol)):
+            if value is not None and slo_spec is None:
+                raise ConfigError(f"{flag} needs --slo")
         if target_rate is not None:
             gpus_needed(target_rate, None, 1)  # validates the target
-        lo, hi = _range(slo_range)
+        lo, hi = _range(SLO_RANGE if slo_range is None else slo_range)
+        tol = SLO_TOL if slo_tol is None else slo_tol
+        check_search_bounds(lo, hi, tol)  # before the out folder or any line of output
         # Validate every configuration here (unknown model/GPU/trace) before any run.
         for p in {p.config_key(): p for p in points}.values():
             config = point_config(p)
@@ -167,7 +179,7 @@ def sweep_command(
 
     use_ray = ray or ray_address is not None
     if slo_spec is not None:
-        tasks: list[Any] = slo_tasks(points, slo_spec, lo, hi, slo_tol)
+        tasks: list[Any] = slo_tasks(points, slo_spec, lo, hi, tol)
         fn: Any = run_slo_search
         jsonl = out / "slo.jsonl"
     else:
@@ -216,7 +228,7 @@ def sweep_command(
                                                  int(row["tp"]))
         written = write_table(rows, out / "slo.csv")
         print_whole(console, slo_table(rows, target_rate))
-        console.print(f"bisection to {slo_tol:.1%} relative on rate scales "
+        console.print(f"bisection to {tol:.1%} relative on rate scales "
                       f"[{lo:g}, {hi:g}]")
     else:
         written = write_table(rows, out / "sweep.csv")

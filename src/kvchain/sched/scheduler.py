@@ -52,6 +52,7 @@ from kvchain.errors import (
     InvalidRequestError,
     UnknownRequestError,
 )
+from kvchain.field_types import check_field_types
 from kvchain.kv_manager import (
     NOTHING_HELD,
     KVManager,
@@ -114,6 +115,7 @@ class SchedulerConfig:
     cache_max_passes: int = CACHE_MAX_PASSES
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # e.g. policy="fcfs", max_running=2.5, strict="no"
         for name in ("max_running", "max_prefill_tokens", "chunk_size", "cache_lookahead"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from kvchain.baselines import ManagerKind, build_manager
+from kvchain.errors import ConfigError
 from kvchain.sched.request import StepBatch
 from kvchain.sched.scheduler import Scheduler
 from kvchain.sim.engine import SimConfig, simulate
@@ -233,12 +234,37 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
                             if r.rejected_reason is not None))
 
 
+def check_kinds(kinds: Sequence[ManagerKind]) -> None:
+    """Refuse a list of managers to compare that is empty, names something that is not a
+    :class:`ManagerKind`, or names one twice (it would run the same simulation twice and
+    report it once).
+
+    Raises:
+        ConfigError: says which.
+    """
+    if not kinds:
+        raise ConfigError("managers: names no manager")
+    bad = [k for k in kinds if not isinstance(k, ManagerKind)]
+    if bad:
+        raise ConfigError(f"managers: {bad[0]!r} is not a ManagerKind (one of "
+                          f"{[str(m) for m in ManagerKind]})")
+    repeated = sorted({str(k) for k in kinds if list(kinds).count(k) > 1})
+    if repeated:
+        raise ConfigError(f"managers: {', '.join(repeated)} named twice")
+
+
 def compare_managers(config: SimConfig, kinds: Sequence[ManagerKind] = tuple(ManagerKind), *,
                      audit_every_step: bool = False,
                      progress: Callable[[ManagerKind, int, int], None] | None = None
                      ) -> dict[ManagerKind, ManagerRun]:
     """:func:`run_manager` for every kind, same config (insertion order = ``kinds``);
-    ``progress(kind, done, total)`` reports each run's requests ended."""
+    ``progress(kind, done, total)`` reports each run's requests ended.
+
+    Raises:
+        ConfigError: ``kinds`` empty, not managers, or with a repeat (:func:`check_kinds`);
+            and what :func:`run_manager` raises.
+    """
+    check_kinds(kinds)
     runs = {}
     for k in kinds:
         step = None if progress is None else (

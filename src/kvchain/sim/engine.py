@@ -37,6 +37,7 @@ from kvchain.alloc.chain import Chain, ChainStats
 from kvchain.alloc.snapshot import ChainSnapshot
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
 from kvchain.errors import ConfigError, KVChainError
+from kvchain.field_types import check_field_types
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
@@ -61,9 +62,11 @@ from kvchain.sim.metrics import (
 from kvchain.sim.prefix import (
     PrefixCacheStats,
     cache_off_extra,
+    default_cache_off_reason,
     has_content_keys,
     request_page_keys,
     trace_block_tokens,
+    window_bands,
 )
 from kvchain.sim.traces import Trace
 from kvchain.spec.layers import LifetimeClass
@@ -121,6 +124,15 @@ class SimConfig:
     cache_points: ResumePolicy = ResumePolicy.AUTO
     fast_forward: bool = True
 
+    def __post_init__(self) -> None:
+        """Refuse a field of the wrong type (:func:`kvchain.field_types.check_field_types`:
+        a float page size or buffer, an enum's string, a non-bool flag).
+
+        Raises:
+            ConfigError: names the field.
+        """
+        check_field_types(self)
+
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
 
@@ -134,6 +146,15 @@ class SimConfig:
                                      mem_fraction=self.mem_fraction)
         return plan_layout(self.model.classes, buffer, self.page_size)
 
+    def cache_on(self, layout: ChainLayout) -> bool:
+        """Whether the run serves cached prefixes on ``layout``: ``prefix_cache`` when
+        given, else on when the trace carries content keys and the chain has at most one
+        window or chunked-local band (with a memory manager that can evict:
+        :func:`simulate` keeps it off for one that cannot)."""
+        if self.prefix_cache is not None:
+            return self.prefix_cache
+        return default_cache_off_reason(self.trace, layout) is None
+
     def check_cache(self, layout: ChainLayout) -> None:
         """Refuse prefix-cache settings that cannot take effect on ``layout`` and this
         trace, instead of running without the cache the caller asked for.
@@ -144,8 +165,7 @@ class SimConfig:
                 or a ``cache_points`` other than ``AUTO`` on a chain with more than one
                 window or chunked-local band (the prefix cache supports at most one).
         """
-        windows = sum(1 for b in layout.bands
-                      if b.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL))
+        windows = window_bands(layout)
         if windows > 1 and (self.prefix_cache or self.cache_points is not ResumePolicy.AUTO):
             asked = ("--prefix-cache" if self.prefix_cache
                      else f"--cache-points {self.cache_points.value}")
@@ -223,11 +243,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     chain: Allocator = allocator if allocator is not None else Chain(config.layout())
     layout = chain.layout
     config.check_cache(layout)
-    use_cache = config.prefix_cache
-    if use_cache is None:
-        use_cache = has_content_keys(config.trace) and len(
-            [b for b in layout.bands if b.lifetime in (LifetimeClass.WINDOW,
-                                                       LifetimeClass.LOCAL)]) <= 1
+    use_cache = config.cache_on(layout)
     cache: PrefixCache | None = None
     stats: PrefixCacheStats | None = None
     block = trace_block_tokens(config.trace)

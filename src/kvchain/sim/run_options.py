@@ -51,6 +51,7 @@ from typing import Any, get_type_hints
 from kvchain.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
 from kvchain.cache.radix import ResumePolicy
 from kvchain.errors import ConfigError
+from kvchain.field_types import check_field_types
 from kvchain.gpu import GPUSpec
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind
@@ -89,7 +90,9 @@ class RunOptions:
     arrival rate.
 
     Raises:
-        ConfigError: a value out of range (names the flag), a ``new_token_ratio`` that does
+        ConfigError: a value of the wrong type (an enum field given its string, a count
+            given a float or a bool: names the field), a value out of range (names the
+            flag), a ``new_token_ratio`` that does
             not parse or is given with a reservation other than ``sglang``, or a
             ``chunk_size`` smaller than ``page_size``.
     """
@@ -166,6 +169,7 @@ class RunOptions:
         "loop.", flags="--fast-forward/--no-fast-forward"))
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         check_values(**{f.name: getattr(self, f.name) for f in fields(self)
                         if f.name in _RULES})
         if self.chunk_size < self.page_size:

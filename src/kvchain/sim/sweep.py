@@ -474,6 +474,20 @@ class RateSearch:
     fail_row: Mapping[str, Any] | None = None
 
 
+
+def check_search_bounds(lo: float, hi: float, rel_tol: float) -> None:
+    """Refuse an SLO search bracket ``[lo, hi]`` (rate scales) or relative tolerance that
+    cannot be searched: the rule of the search, checked by the CLI before anything runs.
+
+    Raises:
+        SweepConfigError: ``lo <= 0``, ``hi <= lo``, ``hi`` not finite, or ``rel_tol`` not
+            > 0 (NaN included).
+    """
+    if not (0 < lo < hi and math.isfinite(hi)) or not rel_tol > 0:
+        raise SweepConfigError(f"SLO search needs 0 < lo < hi and rel_tol > 0, got lo={lo}, "
+                               f"hi={hi}, rel_tol={rel_tol}")
+
+
 def bisect_rate(evaluate: Callable[[float], Mapping[str, Any]], slo: SLO, lo: float, hi: float,
                 rel_tol: float = 0.02) -> RateSearch:
     """The highest rate scale in ``[lo, hi]`` whose row meets ``slo``, by geometric bisection.
@@ -493,9 +507,7 @@ def bisect_rate(evaluate: Callable[[float], Mapping[str, Any]], slo: SLO, lo: fl
     Raises:
         SweepConfigError: ``lo <= 0``, ``hi <= lo`` or ``rel_tol <= 0``.
     """
-    if not (0 < lo < hi and math.isfinite(hi)) or not rel_tol > 0:
-        raise SweepConfigError(f"SLO search needs 0 < lo < hi and rel_tol > 0, got lo={lo}, "
-                               f"hi={hi}, rel_tol={rel_tol}")
+    check_search_bounds(lo, hi, rel_tol)
     row = evaluate(lo)
     if not slo.met_by(row):
         return RateSearch(None, lo, 1, None, row)

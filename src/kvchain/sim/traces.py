@@ -36,7 +36,7 @@ import enum
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -99,6 +99,7 @@ Trace formats (a bundled name, or a file detected by its header / first line):
   equal leading ids = shared prefix; in CSV space- or semicolon-separated;
   max_tokens: optional output limit the client asked for (tokens, >=
   output_tokens; admission reserves up to it, the request stops at output_tokens).
+  Other fields: refused.
   Azure 2023 CSV (azure-conv, azure-code):
     TIMESTAMP,ContextTokens,GeneratedTokens
     2023-11-16 18:15:46.6805900,374,44
@@ -484,6 +485,16 @@ def _json_time_ns(value: object, path: Path, line: int) -> int:
     return round(value * _NS_PER_MS)
 
 
+def _parse_block_id(text: str, path: Path, line: int) -> int:
+    """A block id of a CSV ``hash_ids`` field: a non-negative integer, the rule of a JSON
+    list's ids (:func:`_json_block_ids`; ids are names, not token counts, so no cap)."""
+    # int() of a > 4,300-digit string raises ValueError: 4,000 digits are ids enough.
+    if not _INT_RE.fullmatch(text) or len(text) > 4_000 or text.startswith("-"):
+        raise _error(path, line, "hash_ids", "must be a list of non-negative integers, got "
+                     f"{text[:40]!r}")
+    return int(text)
+
+
 def _json_block_ids(value: object, prompt: int, path: Path, line: int,
                     block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> tuple[int, ...]:
     if not isinstance(value, list) or any(
@@ -526,6 +537,25 @@ GENERIC_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 ``max_tokens``."""
 
 
+GENERIC_OPTIONAL = ("hash_ids", "max_tokens")
+"""Optional columns (CSV) or keys (JSONL) of the generic format."""
+
+
+def _refuse_unknown(names: Iterable[str], path: Path, line: int) -> None:
+    """Refuse a generic trace's column or key that is not in the format (a misspelt
+    ``max_tokens`` would otherwise be dropped and the requests run uncapped). An empty
+    CSV header name (a spreadsheet's trailing comma) is not a field.
+
+    Raises:
+        TraceError: names the first unknown field and the known ones.
+    """
+    known = GENERIC_COLUMNS + GENERIC_OPTIONAL
+    unknown = sorted(n for n in names if n and n not in known)  # "": a trailing comma
+    if unknown:
+        raise _error(path, line, unknown[0],
+                     f"unknown field (the generic format has {', '.join(known)})")
+
+
 def _arrival_ns(value: object, path: Path, line: int) -> int:
     """``arrival_s`` (seconds, a number or its text) to integer nanoseconds."""
     if isinstance(value, str):
@@ -556,7 +586,7 @@ def _generic_row(index: int, fields: Mapping[str, object], path: Path, line: int
             if not text:  # JSONL: a JSON list, as documented (a string is not parsed)
                 raise _error(path, line, "hash_ids", "must be a list of non-negative integers")
             parts = raw_blocks.replace(";", " ").split()
-            raw_blocks = [_parse_count(p, path, line, "hash_ids") for p in parts]
+            raw_blocks = [_parse_block_id(p, path, line) for p in parts]
         blocks = _json_block_ids(raw_blocks, prompt, path, line, block_tokens)
     cap = fields.get("max_tokens")
     max_tokens = None
@@ -579,17 +609,18 @@ def _read_generic(path: Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS
             for field in GENERIC_COLUMNS:
                 if field not in obj:
                     raise _error(path, line, field, "missing field")
+            _refuse_unknown(obj, path, line)
             row, was = _generic_row(len(rows), obj, path, line, block_tokens, text=False)
             rows.append(row)
             clamped += was
         return rows, clamped
-    optional = ("hash_ids", "max_tokens")
     with path.open(encoding="utf-8-sig") as handle:
         try:
             header = {c.strip() for c in handle.readline().split(",")}
         except UnicodeDecodeError:
             raise _utf8_error(path) from None
-    columns = GENERIC_COLUMNS + tuple(c for c in optional if c in header)
+    _refuse_unknown(header, path, 1)
+    columns = GENERIC_COLUMNS + tuple(c for c in GENERIC_OPTIONAL if c in header)
     for line, fields in _csv_rows(path, columns):
         row, was = _generic_row(len(rows), fields, path, line, block_tokens, text=True)
         rows.append(row)

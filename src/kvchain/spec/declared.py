@@ -118,7 +118,8 @@ def declare_model(
         ConfigError: a count that is not an int (a float such as ``1000.0``, a bool) or
             is negative (:func:`declared_count`, names the argument); a ``window_tokens``
             or ``chunk_tokens`` that is not a positive int; window bytes without
-            ``window_tokens`` (or local bytes without ``chunk_tokens``) or the reverse; an
+            ``window_tokens`` (or local bytes without ``chunk_tokens``) or the reverse;
+            ``windows`` or ``locals_`` not a sequence (``None``, a number, a string); an
             entry of ``windows`` or ``locals_`` without positive int bytes and tokens; two
             window (or two local) classes of one size; no class at all; a ``name`` or
             ``source`` that is not a string.
@@ -157,6 +158,10 @@ def declare_model(
         (LifetimeClass.FULL, full, None),
     ]
     for lifetime, extra in ((LifetimeClass.WINDOW, windows), (LifetimeClass.LOCAL, locals_)):
+        if isinstance(extra, str | bytes) or not isinstance(extra, Sequence):
+            field_name = "windows" if lifetime is LifetimeClass.WINDOW else "locals_"
+            raise ConfigError(f"declared {field_name} must be a sequence of (bytes, tokens) "
+                              f"pairs, got {extra!r}"[:300])
         for entry in extra:
             try:
                 nbytes, tokens = entry
