@@ -143,7 +143,7 @@ def chosen_note(resolved: ResolvedRun, given: GivenOptions, trace: Trace,
     (:func:`kvchain.sim.prefix.default_cache_off_reason`), and, with the cache on, the cache points
     ``auto`` resolves to. E.g. ``trace mooncake (the demo: --trace names yours), its first
     600 requests (--requests), 0.3x its arrival rate (--rate-scale), KV buffer
-    58,510,595,328 B from the GPU memory model (--mem-fraction 0.9, --buffer-bytes), prefix
+    67,289,933,312 B from the GPU memory model (--mem-fraction 0.9, --buffer-bytes), prefix
     cache on (auto: the trace has content keys; --no-prefix-cache), cache points auto:
     blocks``; for sharegpt ``Poisson arrivals at 5.53 requests/s, seed 0 (the trace has no
     arrival times; --rate-scale, --seed)`` and ``prefix cache off (auto: the trace has no

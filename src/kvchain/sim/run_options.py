@@ -359,7 +359,7 @@ class DemoRun:
     ``requests`` of ``trace`` at ``rate_scale`` x its arrival rate.
 
     Why these: Mooncake's requests carry content keys, so the prefix cache is on; their
-    long prompts fill the 58.5 GB buffer within the first 100 simulated seconds, so memory
+    long prompts fill the 67.3 GB buffer within the first 120 simulated seconds, so memory
     binds and the planner evicts; at 0.3x one GPU keeps up (TTFT p50 under 2 s, a short
     queue), and 600 requests take 15-30 s on one core.
     """
