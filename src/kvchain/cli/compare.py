@@ -25,18 +25,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from kvchain.baselines import ManagerKind
 from kvchain.cli import app
 from kvchain.cli.common import (
-    check_flags,
     fail,
     hint,
-    load_spec,
-    note,
-    note_defaults,
     note_rejections,
     overload_hint,
-    prepare_out_dir,
-    warn,
-    warn_buffer,
 )
+from kvchain.cli.prepare import prepare_run
 from kvchain.cli.run_options import (
     DEFAULT_GPU,
     DEFAULT_MODEL,
@@ -47,18 +41,13 @@ from kvchain.cli.run_options import (
     SpecOption,
     TpOption,
     TraceOption,
-    chosen_note,
-    inert_warnings,
     run_options,
 )
 from kvchain.errors import KVChainError
-from kvchain.gpu import get_gpu
 from kvchain.report.compare import compare_plot
 from kvchain.report.sweep import print_whole
 from kvchain.report.tables import METRIC_DEFINITIONS, comparison_table
 from kvchain.sim.compare import ManagerRun, check_kinds, compare_managers
-from kvchain.sim.cost import ClockKind, GPUCostModel
-from kvchain.sim.run_options import resolve_run
 from kvchain.sim.traces import TRACE_FORMATS_HELP
 
 
@@ -114,30 +103,13 @@ def compare(
                                  ) from None
     try:
         check_kinds(kinds)
-        check_flags(tp=tp)
-        resolved = resolve_run(trace, given.values)
-        run = resolved.options
-        model_spec = load_spec(model, config, spec_file=spec, tp=tp, kv_dtype=run.kv_dtype,
-                               state_dtype=run.state_dtype,
-                               weight_format=run.weight_format)
-        gpu_spec = get_gpu(gpu)
-        tr = run.load_trace(resolved.trace)
-        cfg = run.sim_config(model_spec, gpu_spec, tr)
-        cfg_layout = cfg.layout()
-        cfg.check_cache(cfg_layout)
-        buffer = cfg_layout.buffer_bytes
-        if run.clock is ClockKind.ROOFLINE:
-            GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed
-        prepare_out_dir(out)
     except KVChainError as exc:
         fail(exc)
-    chosen = chosen_note(resolved, given, tr, cfg_layout)
-    if chosen is not None:
-        note(chosen)
-    warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec)
-    note_defaults(model_spec, config)
-    for message in inert_warnings(run, given, cfg.cache_on(cfg_layout)):
-        warn(message)
+    prep = prepare_run(model=model, config=config, spec=spec, gpu=gpu, tp=tp, trace=trace,
+                       given=given, out=out)
+    model_spec, gpu_spec = prep.model, prep.gpu
+    tr, cfg, cfg_layout = prep.trace, prep.config, prep.layout
+    buffer = cfg_layout.buffer_bytes
     title = f"{model_spec.name} on {gpu_spec.name}, {tr.name} x{len(tr):,}, buffer {buffer:,} B"
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(),

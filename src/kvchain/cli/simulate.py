@@ -15,19 +15,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from kvchain.cache.radix import CacheGeometry
 from kvchain.cli import app
 from kvchain.cli.common import (
-    check_flags,
     fail,
     hint,
-    load_spec,
-    note,
-    note_defaults,
     note_rejections,
     overload_hint,
-    prepare_out_dir,
     render_bands,
-    warn,
-    warn_buffer,
 )
+from kvchain.cli.prepare import prepare_run
 from kvchain.cli.run_options import (
     DEFAULT_GPU,
     DEFAULT_MODEL,
@@ -38,18 +32,14 @@ from kvchain.cli.run_options import (
     SpecOption,
     TpOption,
     TraceOption,
-    chosen_note,
-    inert_warnings,
     run_options,
 )
 from kvchain.errors import KVChainError
-from kvchain.gpu import get_gpu
 from kvchain.report.plots import hit_rate_chart, write_all_plots
 from kvchain.report.tables import summary_table
-from kvchain.sim.cost import ClockKind, GPUCostModel
+from kvchain.sim.cost import ClockKind
 from kvchain.sim.engine import simulate
 from kvchain.sim.metrics import write_outputs
-from kvchain.sim.run_options import resolve_run
 from kvchain.sim.traces import TRACE_FORMATS_HELP
 
 
@@ -78,30 +68,10 @@ def simulate_command(
     rate unless told otherwise. What the run chose for you is printed on stderr (note:).
     """
     console = Console(stderr=as_json)
-    try:
-        check_flags(tp=tp)
-        resolved = resolve_run(trace, given.values)
-        run = resolved.options
-        model_spec = load_spec(model, config, spec_file=spec, tp=tp, kv_dtype=run.kv_dtype,
-                               state_dtype=run.state_dtype,
-                               weight_format=run.weight_format)
-        gpu_spec = get_gpu(gpu)
-        tr = run.load_trace(resolved.trace)
-        sim_config = run.sim_config(model_spec, gpu_spec, tr)
-        layout = sim_config.layout()
-        sim_config.check_cache(layout)
-        if run.clock is ClockKind.ROOFLINE:
-            GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed
-        prepare_out_dir(out)
-    except KVChainError as exc:
-        fail(exc)
-    chosen = chosen_note(resolved, given, tr, layout)
-    if chosen is not None:
-        note(chosen)
-    warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec)
-    note_defaults(model_spec, config)
-    for message in inert_warnings(run, given, sim_config.cache_on(layout)):
-        warn(message)
+    prep = prepare_run(model=model, config=config, spec=spec, gpu=gpu, tp=tp, trace=trace,
+                       given=given, out=out)
+    resolved, run, model_spec, gpu_spec = prep.resolved, prep.options, prep.model, prep.gpu
+    tr, sim_config, layout = prep.trace, prep.config, prep.layout
     if not as_json:
         console.print(f"[bold]{escape(model_spec.name)}[/bold] on {gpu_spec.name}, trace "
                       f"[bold]{escape(tr.name)}[/bold] ({len(tr):,} requests, "
