@@ -805,24 +805,25 @@ class PrefixCache:
         dropped: set[int] = set()
         gone: set[int] = set()
         leaves: set[int] = set()  # unlocked nodes that became leaves during the walk
+
+        def pop_scan() -> tuple[int, int, int, int, Node]:
+            """The least entry of the heap read in order; its heap children join the scan."""
+            entry, i = heappop(scan)
+            j = 2 * i + 1
+            if j < size:
+                heappush(scan, (ready[j], j))
+                if j + 1 < size:
+                    heappush(scan, (ready[j + 1], j + 1))
+            return entry
+
         while True:
             while scan:  # skip stale entries, reading their children in the heap
                 e = scan[0][0]
                 if (e[4].lser if e[1] == LEAF else e[4].tser) == e[3]:
                     break
-                _, i = heappop(scan)
-                j = 2 * i + 1
-                if j < size:
-                    heappush(scan, (ready[j], j))
-                    if j + 1 < size:
-                        heappush(scan, (ready[j + 1], j + 1))
+                pop_scan()
             if scan and (not joined or scan[0][0] < joined[0]):
-                e, i = heappop(scan)
-                j = 2 * i + 1
-                if j < size:
-                    heappush(scan, (ready[j], j))
-                    if j + 1 < size:
-                        heappush(scan, (ready[j + 1], j + 1))
+                e = pop_scan()
             elif joined:
                 e = heappop(joined)
             else:
