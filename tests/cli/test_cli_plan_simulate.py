@@ -71,7 +71,7 @@ def test_plan_errors_are_typed_and_exit_2(tmp_path):
     assert "cannot hold one smallest request" in refused("plan", "--buffer-bytes", "1000")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"fulll": 1}))
-    assert "unknown keys ['fulll']" in refused("plan", "--spec", str(bad), "--buffer-bytes",
+    assert "unknown field 'fulll' (did you mean 'full'?)" in refused("plan", "--spec", str(bad), "--buffer-bytes",
                                                "10000000")
 
 

@@ -23,9 +23,10 @@ field, a class entry of the wrong shape, a name or source that is not a string.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kvchain.errors import ConfigError
@@ -56,6 +57,17 @@ def _class_list(field: str, value: object) -> list[tuple[object, object]]:
     return out
 
 
+def _unknown_fields(unknown: Sequence[str]) -> str:
+    """The refusal text for unknown spec-file fields: each named, with the closest known
+    field when one is close (``'fulll' (did you mean 'full'?)``), then the known ones."""
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, SPEC_FILE_FIELDS, n=1)
+        named.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    word = "field" if len(unknown) == 1 else "fields"
+    return f"unknown {word} {', '.join(named)}; known: {', '.join(sorted(SPEC_FILE_FIELDS))}"
+
+
 def spec_from_mapping(data: object, *, default_name: str, default_source: str) -> ModelSpec:
     """The declared model of a parsed spec file.
 
@@ -75,7 +87,7 @@ def spec_from_mapping(data: object, *, default_name: str, default_source: str) -
         raise ConfigError(f"expected a JSON object, got {type(data).__name__}")
     unknown = sorted(set(data) - set(SPEC_FILE_FIELDS))
     if unknown:
-        raise ConfigError(f"unknown keys {unknown}; known: {sorted(SPEC_FILE_FIELDS)}")
+        raise ConfigError(_unknown_fields(unknown))
     given = {k: v for k, v in data.items() if v is not None}
     for key in _STRINGS:
         if key in given and not isinstance(given[key], str):
