@@ -71,8 +71,8 @@ def test_plan_errors_are_typed_and_exit_2(tmp_path):
     assert "cannot hold one smallest request" in refused("plan", "--buffer-bytes", "1000")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"fulll": 1}))
-    assert "unknown field 'fulll' (did you mean 'full'?)" in refused("plan", "--spec", str(bad), "--buffer-bytes",
-                                               "10000000")
+    assert "unknown field 'fulll' (did you mean 'full'?)" in refused(
+        "plan", "--spec", str(bad), "--buffer-bytes", "10000000")
 
 
 def test_simulate_json_and_outputs(tmp_path):

@@ -349,3 +349,24 @@ def test_sweep_takes_simulates_run_options_and_says_what_it_chose(tmp_path):
     assert "note: chosen for this sweep: models gpt-oss-120b, gpus h200, tp 1," in note
     assert "traces azure-conv" in note and "managers" not in note
     assert "all requests of each trace" not in note
+
+
+def test_sweep_warns_of_cache_aware_order_where_the_cache_is_off(tmp_path):
+    """simulate warned that --policy cache-aware has no effect with the prefix cache off;
+    sweep ran it silently. Now each inert option is warned once, naming the configurations
+    it is inert on: here the default trace, azure-conv, has no content keys, so the cache is
+    off (auto) on gpt-oss-120b and the order is FCFS."""
+    out = tmp_path / "s"
+    result = runner.invoke(app, ["sweep", "--out", str(out), "--requests", "4",
+                                 "--managers", "kvchain", "--policy", "cache-aware",
+                                 "--rate-scales", "1,2", "--workers", "1", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    err = " ".join(result.stderr.split())
+    assert err.count("warning: --policy cache-aware") == 1  # once for both rate scales
+    assert "the order is FCFS (gpt-oss-120b/azure-conv)" in err
+    # the sibling: with a cache that is on (mooncake has keys), no warning
+    result = runner.invoke(app, ["sweep", "--out", str(tmp_path / "m"), "--requests", "4",
+                                 "--managers", "kvchain", "--policy", "cache-aware",
+                                 "--traces", "mooncake", "--workers", "1", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert "cache-aware" not in result.stderr

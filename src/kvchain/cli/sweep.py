@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.cli import app
-from kvchain.cli.common import fail, note, prepare_out_dir
-from kvchain.cli.run_options import GivenOptions, run_options
+from kvchain.cli.common import fail, note, prepare_out_dir, warn
+from kvchain.cli.run_options import GivenOptions, inert_warnings, run_options
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.report.sweep import (
     append_row,
@@ -166,13 +166,20 @@ def sweep_command(
         lo, hi = _range(SLO_RANGE if slo_range is None else slo_range)
         tol = SLO_TOL if slo_tol is None else slo_tol
         check_search_bounds(lo, hi, tol)  # before the out folder or any line of output
-        # Validate every configuration here (unknown model/GPU/trace) before any run.
+        # Validate every configuration here (unknown model/GPU/trace) before any run, and
+        # collect the options a configuration cannot act on (the cache off on its chain).
+        inert: dict[str, list[str]] = {}
         for p in {p.config_key(): p for p in points}.values():
             config = point_config(p)
-            config.check_cache(config.layout())  # e.g. the cache on for a keyless trace
+            layout = config.layout()
+            config.check_cache(layout)  # e.g. the cache on for a keyless trace
+            for message in inert_warnings(p.run_options(), given, config.cache_on(layout)):
+                inert.setdefault(message, []).append(f"{p.model}/{p.trace}")
         prepare_out_dir(out)
     except KVChainError as exc:
         fail(exc)
+    for message, where in inert.items():
+        warn(f"{message} ({', '.join(dict.fromkeys(where))})")
     chosen = sweep_defaults_note(data, sweep_grid, slo_spec is not None)
     if chosen:
         note(chosen)
