@@ -4,30 +4,7 @@ errors naming the flags and trace columns a user knows."""
 
 from __future__ import annotations
 
-import json
-
-from typer.testing import CliRunner
-
-from kvchain.cli import _load_commands, app
-
-_load_commands()
-runner = CliRunner()
-
-
-def run(*args: str, columns: int = 80):
-    return runner.invoke(app, list(args), env={"COLUMNS": str(columns)})
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
-
-
-def spec_file(tmp_path):
-    """1,000 B per token in the full band and in the 64-token sliding-window band."""
-    path = tmp_path / "m.json"
-    path.write_text(json.dumps({"name": "m", "full": 1_000, "window": 1_000,
-                                "window_tokens": 64}))
-    return path
+from .helpers import flat, run, spec_file
 
 
 def rejecting_trace(tmp_path):

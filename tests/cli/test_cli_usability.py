@@ -3,22 +3,7 @@ warnings, and tables that fit 80 columns without cutting names."""
 
 from __future__ import annotations
 
-import json
-
-from typer.testing import CliRunner
-
-from kvchain.cli import _load_commands, app
-
-_load_commands()
-runner = CliRunner()
-
-
-def run(*args: str, columns: int = 80):
-    return runner.invoke(app, list(args), env={"COLUMNS": str(columns)})
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
+from .helpers import flat, run, spec_file
 
 
 def fits_80(text: str) -> None:
@@ -33,12 +18,6 @@ def generic_trace(tmp_path, count: int, output: int):
         f"{i / 100},100,{output}\n" for i in range(count)))
     return path
 
-
-def spec_file(tmp_path, **extra):
-    path = tmp_path / "m.json"
-    path.write_text(json.dumps({"name": "m", "full": 1_000, "window": 1_000,
-                                "window_tokens": 64, **extra}))
-    return path
 
 
 def test_flags_are_plain_flags():
