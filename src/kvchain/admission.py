@@ -161,30 +161,40 @@ class ChainPrefillBudget:
 
     def refusal(self, demand: Demand) -> str:
         """Why ``ledger + demand`` does not fit, naming the constraint that binds (for
-        refusal messages; pricing only, nothing is reserved).
-
-        Under ``SPLIT``, the first band whose pages exceed its share: e.g. ``"split
-        admission gives the window band a share of 2 pages (3,200 B: its holes, half of
-        each gap it touches, all of a gap at a buffer end) and it needs 4 pages (6,400 B);
-        joint admission (the default) fits it"`` - the refusal is the share, not the
-        chain's bytes, so the bytes needed may be fewer than the chain's. Otherwise the
-        bytes of pages the ledger and ``demand`` need against the snapshot's free bytes
-        (the planner's own refusal: compaction and moves included).
+        refusal messages; pricing only, nothing is reserved): the split share of
+        :meth:`share_refusal` when one binds, otherwise the bytes of pages the ledger and
+        ``demand`` need against the snapshot's free bytes (the planner's own refusal:
+        compaction and moves included).
         """
+        share = self.share_refusal(demand)
+        if share is not None:
+            return share
         total = self._reserved.plus(demand)
-        bands = self.snapshot.bands
-        if self._remainders is not None:
-            for band, need, share in zip(bands, total.pages, self._remainders, strict=True):
-                if need > share:
-                    joint = ("; joint admission (the default) fits it"
-                             if fits(self.snapshot, total) else "")
-                    return (f"split admission gives the {band.label} band a share of "
-                            f"{share:,} pages ({share * band.page_bytes:,} B: its holes, half "
-                            f"of each gap it touches, all of a gap at a buffer end) and it "
-                            f"needs {need:,} pages ({need * band.page_bytes:,} B){joint}")
-        need_bytes = sum(n * b.page_bytes for n, b in zip(total.pages, bands, strict=True))
+        need_bytes = sum(n * b.page_bytes
+                         for n, b in zip(total.pages, self.snapshot.bands, strict=True))
         return (f"it needs {need_bytes:,} B of pages and {self.rules.window.value} admission "
                 f"fits at most the {self.snapshot.free_bytes:,} B free")
+
+    def share_refusal(self, demand: Demand) -> str | None:
+        """Under ``SPLIT``, the first band whose pages of ``ledger + demand`` exceed its
+        share, e.g. ``"split admission gives the window band a share of 2 pages (3,200 B:
+        its holes, half of each gap it touches, all of a gap at a buffer end) and it needs 4
+        pages (6,400 B); joint admission (the default) fits it"`` - the refusal is the
+        share, not the chain's bytes, so the bytes needed may be fewer than the chain's.
+        ``None`` under ``JOINT``, or when no share binds."""
+        if self._remainders is None:
+            return None
+        total = self._reserved.plus(demand)
+        for band, need, share in zip(self.snapshot.bands, total.pages, self._remainders,
+                                     strict=True):
+            if need > share:
+                joint = ("; joint admission (the default) fits it"
+                         if fits(self.snapshot, total) else "")
+                return (f"split admission gives the {band.label} band a share of "
+                        f"{share:,} pages ({share * band.page_bytes:,} B: its holes, half "
+                        f"of each gap it touches, all of a gap at a buffer end) and it "
+                        f"needs {need:,} pages ({need * band.page_bytes:,} B){joint}")
+        return None
 
     def rebase(self, snapshot: ChainSnapshot) -> bool:
         """Price from now on against ``snapshot`` (the chain after a prefix-cache lock or

@@ -296,11 +296,12 @@ class Scheduler:
         if not self._fits_empty(need):
             request.status = RequestStatus.REJECTED
             self.counters.rejected += 1
+            share = ChainPrefillBudget(self._empty, self.rules).share_refusal(need)
             self._emit(EventKind.REJECTED, request.rid, now,
                        f"needs {_demand_bytes(self._empty, need):,} B of pages at its peak, "
                        f"which {self.rules.window.value} admission can never fit on the empty "
-                       f"chain ({self._empty.free_bytes:,} B free): "
-                       + ChainPrefillBudget(self._empty, self.rules).refusal(need))
+                       f"chain ({self._empty.free_bytes:,} B free)"
+                       + (f": {share}" if share else ""))
             return False
         self.waiting.append(request)
         return True
