@@ -38,6 +38,7 @@ load-back uses one direction, so the table stores half. What a copy achieves is 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from kvchain.errors import ConfigError, UnknownGPUError
@@ -278,6 +279,25 @@ def local_gpu(device: int = 0) -> GPUSpec:
     raise UnknownGPUError(f"local GPU {name!r} ({total:,} B) is none of the known kinds "
                           f"(A100, H100, H200, B200): its peak rates are unknown; name a GPU "
                           f"or give --buffer-bytes")
+
+
+def local_host_memory_bytes() -> int:
+    """This machine's physical memory in bytes: ``sysconf(SC_PHYS_PAGES) x
+    sysconf(SC_PAGE_SIZE)`` (what ``free -b`` reports as total), the base of a host tier
+    sized as a fraction of host memory.
+
+    Raises:
+        ConfigError: the platform does not report its physical memory (no ``sysconf``
+            names; give the host tier's bytes instead).
+    """
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        pages = size = -1
+    if pages <= 0 or size <= 0:
+        raise ConfigError("this platform does not report its physical memory; give the host "
+                          "tier's size in bytes (--host-bytes)")
+    return int(pages) * int(size)
 
 
 KV_BUFFER_ALIGN_BYTES = 256
