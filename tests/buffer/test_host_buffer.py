@@ -141,6 +141,12 @@ def test_refusals_are_typed_and_change_nothing(make_device):
     assert (info.value.label, info.value.wanted, info.value.free) == ("full", 3, 2)
 
 
+def test_auto_backend_is_torch_when_installed():
+    assert HostBuffer(LAYOUT, SLOTS, backend="auto").backend == ("torch" if HAS_TORCH
+                                                                 else "numpy")
+    assert "numpy" in HostBuffer(LAYOUT, SLOTS).pin_note
+
+
 def test_constructor_refusals():
     with pytest.raises(BufferArgumentError, match="no cache class 'local'"):
         HostBuffer(LAYOUT, {"local": 1})

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from kvchain.buffer import HostBuffer, HostPool, NumpyBuffer
 from kvchain.errors import AuditError, HostPoolFullError
 
+from .conftest import HAS_TORCH, NO_TORCH_REASON
 from .host_fixtures import DEVICE_BYTES, FULL_BAND, LAYOUT, STATE_BAND, WIN_BAND, fill
 
 BANDS = {"full": FULL_BAND, "window": WIN_BAND, "state": STATE_BAND}
@@ -32,11 +33,11 @@ class Driver:
     """Runs ops on a HostBuffer beside a model: the held slots per class and the bytes each
     held slot must hold."""
 
-    def __init__(self, pool_type: type[HostPool] = HostPool) -> None:
+    def __init__(self, pool_type: type[HostPool] = HostPool, backend: str = "numpy") -> None:
         self.device = NumpyBuffer(DEVICE_BYTES)
         for i, band in enumerate(BANDS.values()):
             fill(self.device, band, DEVICE_PAGES, seed=i)
-        self.host = HostBuffer(LAYOUT, SLOTS)
+        self.host = HostBuffer(LAYOUT, SLOTS, backend=backend)
         if pool_type is not HostPool:  # the planted defect replaces the pools' class
             for pool in self.host._pools.values():
                 pool.__class__ = pool_type
@@ -88,10 +89,13 @@ class Driver:
             assert self.host.read_slot(label, s).tobytes() == data
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.parametrize("backend", [
+    "numpy", pytest.param("torch", marks=pytest.mark.skipif(not HAS_TORCH,
+                                                              reason=NO_TORCH_REASON))])
+@settings(max_examples=40, deadline=None)
 @given(ops=st.lists(op, max_size=30))
-def test_random_sequences_keep_every_slot_in_one_place(ops):
-    d = Driver()
+def test_random_sequences_keep_every_slot_in_one_place(backend, ops):
+    d = Driver(backend=backend)
     for o in ops:
         d.run(o)
         d.check()

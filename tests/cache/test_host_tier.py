@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvchain.buffer import HostBuffer
 from kvchain.cache.host_tier import (
     DEFAULT_HOST_INTERVAL_TOKENS,
+    HostClassShare,
     hit_load_bytes,
     host_tier_plan,
     per_interval_slots,
@@ -97,3 +102,31 @@ def test_refusals():
         host_tier_plan(LAYOUT, 1_000, 0)
     with pytest.raises(ConfigError):
         host_tier_plan(LAYOUT, 1.5)  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None)
+@given(host=st.integers(0, 200_000), interval=st.integers(1, 64),
+       state_bytes=st.integers(1, 5_000), full_bytes=st.integers(1, 64))
+def test_no_split_strands_full_pages(host, interval, state_bytes, full_bytes):
+    full = LayerCache(0, LifetimeClass.FULL, "gqa", (TensorDecl("k", (full_bytes,), FP8),))
+    state = LayerCache(1, LifetimeClass.STATE, "mamba2", (TensorDecl("s", (state_bytes,), FP8),))
+    layout = plan_layout(group_classes((full, state)), 10**7, page_size=4)
+    plan = host_tier_plan(layout, host, interval)
+    assert plan.stranded_full_pages == 0
+    assert plan.used_bytes <= host
+    # One more interval would not fit (the split is as large as the bytes allow).
+    per = {c.label: c.per_interval for c in plan.classes}
+    more = {label: plan.slots[label] + per[label] for label in per}
+    assert HostBuffer(layout, more).nbytes > host
+
+
+def test_a_byte_proportional_split_strands_pages():
+    # The planted sibling: the same bytes split by another rule, about 90 % to full pages
+    # (562 x 16 = 8,992 B) and 960 B to state (20 checkpoints): 20 checkpoints make
+    # 20 x 4 = 80 full pages resumable, so 562 - 80 = 482 are stranded.
+    plan = host_tier_plan(LAYOUT, 10_000, 16)
+    by = {c.label: c for c in plan.classes}
+    bad = replace(plan, classes=(replace(by["state"], slots=20, nbytes=960),
+                                 by["window"],
+                                 HostClassShare("full", 16, 4, 562, 8_992)))
+    assert bad.stranded_full_pages == 562 - 20 * 4 == 482

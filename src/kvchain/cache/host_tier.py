@@ -96,6 +96,19 @@ class HostTierPlan:
         """Slots per band label (what :class:`kvchain.buffer.HostBuffer` takes)."""
         return {c.label: c.slots for c in self.classes}
 
+    @property
+    def stranded_full_pages(self) -> int:
+        """Full-attention slots no state checkpoint can make resumable: ``full slots -
+        state slots x full pages per interval`` (at least 0; 0 without a state or a full
+        class). The split gives every class the same number of intervals, so this is 0 for
+        every plan :func:`host_tier_plan` returns; a split by any other rule (e.g. bytes in
+        proportion to bytes per token) strands pages (tests/cache/test_host_tier.py)."""
+        by = {c.label: c for c in self.classes}
+        full, state = by.get(LifetimeClass.FULL.value), by.get(LifetimeClass.STATE.value)
+        if full is None or state is None:
+            return 0
+        return max(0, full.slots - state.slots * full.per_interval)
+
 
 def _band_geometry(layout: ChainLayout, i: int) -> CacheGeometry:
     """The cache geometry with band ``i`` as its window (the device cache reads one window
