@@ -13,6 +13,7 @@ from kvchain.cache.host_tier import (
     DEFAULT_HOST_INTERVAL_TOKENS,
     HostClassShare,
     hit_load_bytes,
+    host_buffer,
     host_tier_plan,
     per_interval_slots,
 )
@@ -54,6 +55,8 @@ def test_plan_by_hand():
     assert not plan.every_page_resumes
     # The split builds a host buffer of exactly the bytes it says.
     assert HostBuffer(LAYOUT, plan.slots).nbytes == plan.used_bytes
+    buf = host_buffer(LAYOUT, 10_000, 16)
+    assert buf.nbytes == 9_984 and buf.pool("full").slots == 304
     # 10,048 B is exactly enough for 77.
     assert host_tier_plan(LAYOUT, 10_048, 16).intervals == 77
     assert host_tier_plan(LAYOUT, 127, 16).intervals == 0

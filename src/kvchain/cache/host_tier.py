@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from kvchain.buffer.host import HOST_ALIGN_BYTES, host_regions
+from kvchain.buffer.host import HOST_ALIGN_BYTES, HostBuffer, host_regions
 from kvchain.cache.radix import CacheGeometry, tail_pages
 from kvchain.errors import ConfigError, InvalidRequestError
 from kvchain.layout import BandLayout, ChainLayout
@@ -205,6 +205,21 @@ def host_tier_plan(layout: ChainLayout, host_bytes: int,
                     for b, n in zip(layout.bands, per, strict=True))
     return HostTierPlan(host_bytes, k, interval_bytes, m, m * k,
                         _used_bytes(layout, per, m), classes, every_page)
+
+
+def host_buffer(layout: ChainLayout, host_bytes: int,
+                interval_tokens: int = DEFAULT_HOST_INTERVAL_TOKENS, *,
+                backend: str = "numpy") -> HostBuffer:
+    """A :class:`~kvchain.buffer.HostBuffer` of at most ``host_bytes`` for ``layout``, its
+    slots split by :func:`host_tier_plan` (``nbytes == plan.used_bytes``).
+
+    Raises:
+        ConfigError: as :func:`host_tier_plan`.
+        BufferArgumentError, BufferUnsupportedError: as :class:`~kvchain.buffer.HostBuffer`
+            (an unknown backend; torch missing).
+    """
+    return HostBuffer(layout, host_tier_plan(layout, host_bytes, interval_tokens).slots,
+                      backend=backend)
 
 
 def hit_load_bytes(layout: ChainLayout, hit_tokens: int) -> int:
