@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from kvchain.buffer import HostBuffer
 from kvchain.cache.host_tier import (
-    DEFAULT_HOST_INTERVAL_TOKENS,
     HostClassShare,
     hit_load_bytes,
     host_buffer,
@@ -71,11 +70,10 @@ def test_small_interval_bytes_still_fit_with_padding():
 
 def test_full_attention_only_resumes_at_every_page():
     layout = plan_layout(group_classes((FULL,)), 1_000, page_size=4)
-    plan = host_tier_plan(layout, 1_000)
+    plan = host_tier_plan(layout, 1_000, 512)
     # 1,000 // 16 = 62 pages of 4 tokens, whatever the interval.
     assert plan.every_page_resumes
     assert (plan.interval_tokens, plan.intervals, plan.resumable_tokens) == (4, 62, 248)
-    assert DEFAULT_HOST_INTERVAL_TOKENS == 512
 
 
 def test_chunked_local_tail_is_the_longest_over_a_period():
@@ -100,11 +98,11 @@ def test_hit_load_bytes_by_hand():
 
 def test_refusals():
     with pytest.raises(ConfigError):
-        host_tier_plan(LAYOUT, -1)
+        host_tier_plan(LAYOUT, -1, 16)
     with pytest.raises(ConfigError):
         host_tier_plan(LAYOUT, 1_000, 0)
     with pytest.raises(ConfigError):
-        host_tier_plan(LAYOUT, 1.5)  # type: ignore[arg-type]
+        host_tier_plan(LAYOUT, 1.5, 16)  # type: ignore[arg-type]
 
 
 @settings(max_examples=60, deadline=None)

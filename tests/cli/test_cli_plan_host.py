@@ -34,7 +34,8 @@ def spec(tmp_path):
 def test_host_tier_of_a_state_hybrid_by_hand(spec):
     d = json.loads(run("plan", "--spec", spec, "--buffer-bytes", "1000000000",
                        "--host-bytes", "10000000", "--json"))["host_tier"]
-    # Interval 512 tokens = 32 full pages (512,000 B) + 1 checkpoint (100,000 B) = 612,000 B.
+    # Interval 512 tokens (the default: Mooncake's content block) = 32 full pages
+    # (512,000 B) + 1 checkpoint (100,000 B) = 612,000 B.
     # m = 16: state [0, 1,600,000), full [1,600,000, 1,600,000 + 16 x 512,000 = 9,792,000);
     # m = 17: full would start at 1,700,096 and end at 10,404,096 > 10,000,000.
     assert (d["interval_tokens"], d["interval_bytes"], d["intervals"]) == (512, 612_000, 16)

@@ -40,11 +40,6 @@ from kvchain.errors import ConfigError, InvalidRequestError
 from kvchain.layout import BandLayout, ChainLayout
 from kvchain.spec.layers import LifetimeClass
 
-#: Tokens between resume points when the caller gives none: 512, the content-block size of
-#: the bundled Mooncake traces, where the simulator's prefix cache keeps its resume points
-#: (``kvchain.sim.engine``: the trace's block rounded up to whole pages).
-DEFAULT_HOST_INTERVAL_TOKENS = 512
-
 
 @dataclass(frozen=True, slots=True)
 class HostClassShare:
@@ -173,8 +168,8 @@ def _used_bytes(layout: ChainLayout, per: tuple[int, ...], m: int) -> int:
     return max((r.base + r.nbytes for r in regions), default=0)
 
 
-def host_tier_plan(layout: ChainLayout, host_bytes: int,
-                   interval_tokens: int = DEFAULT_HOST_INTERVAL_TOKENS) -> HostTierPlan:
+def host_tier_plan(layout: ChainLayout, host_bytes: int, interval_tokens: int
+                   ) -> HostTierPlan:
     """Split ``host_bytes`` of host memory between the chain's classes by resume interval
     and say how many tokens of resumable prefix it holds (module docstring).
 
@@ -207,8 +202,7 @@ def host_tier_plan(layout: ChainLayout, host_bytes: int,
                         _used_bytes(layout, per, m), classes, every_page)
 
 
-def host_buffer(layout: ChainLayout, host_bytes: int,
-                interval_tokens: int = DEFAULT_HOST_INTERVAL_TOKENS, *,
+def host_buffer(layout: ChainLayout, host_bytes: int, interval_tokens: int, *,
                 backend: str = "numpy") -> HostBuffer:
     """A :class:`~kvchain.buffer.HostBuffer` of at most ``host_bytes`` for ``layout``, its
     slots split by :func:`host_tier_plan` (``nbytes == plan.used_bytes``).

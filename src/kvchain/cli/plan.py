@@ -17,7 +17,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvchain.cache.host_tier import (
-    DEFAULT_HOST_INTERVAL_TOKENS,
     HostTierPlan,
     hit_load_bytes,
     host_tier_plan,
@@ -44,6 +43,7 @@ from kvchain.sim.cost import (
     LoadOverlap,
     host_hit_ttft,
 )
+from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS
 from kvchain.spec.layers import CacheDtype, LifetimeClass
 from kvchain.spec.params import WeightFormat
 
@@ -97,7 +97,7 @@ def plan_command(
     host_bytes: Annotated[int | None, typer.Option(help=HOST_BYTES_HELP)] = None,
     host_fraction: Annotated[float | None, typer.Option(help=HOST_FRACTION_HELP)] = None,
     host_interval: Annotated[int, typer.Option(help=HOST_INTERVAL_HELP)]
-    = DEFAULT_HOST_INTERVAL_TOKENS,
+    = MOONCAKE_BLOCK_TOKENS,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Plan a model's KV buffer as a chain: bands, page bytes, longest request,
