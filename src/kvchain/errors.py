@@ -168,6 +168,23 @@ class BufferUnsupportedError(KVBufferError):
     a torch backend without torch installed, or a dtype view at a misaligned byte offset."""
 
 
+class HostPoolFullError(KVBufferError):
+    """A host buffer's pool of one cache class has fewer free slots than asked for
+    (``kvchain.buffer.HostBuffer``); nothing was allocated.
+
+    Attributes:
+        label: the class's band label (``"full"``, ``"window"``, ``"state"``...).
+        wanted: slots asked for.
+        free: slots free in that pool.
+    """
+
+    def __init__(self, message: str, *, label: str, wanted: int, free: int) -> None:
+        super().__init__(message)
+        self.label = label
+        self.wanted = wanted
+        self.free = free
+
+
 # --- GPU cost model -------------------------------------------------------------------------
 
 

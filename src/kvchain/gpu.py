@@ -26,11 +26,19 @@ non-torch memory defaults to :data:`DEFAULT_ACTIVATION_RESERVE_BYTES`.
 Dense vs sparse: NVIDIA's Hopper and Blackwell datasheets print Tensor Core rates "with
 sparsity"; the dense rate is half (the datasheets' own footnote). The A100 datasheet
 prints both.
+
+Host link (:class:`HostLink`, :attr:`GPUSpec.host_link`): the path between a GPU and host
+memory that a host KV tier copies over, as a **nominal per-direction** rate. NVIDIA's
+datasheets print both directions together ("PCIe Gen5: 128GB/s", "NVLink-C2C 900GB/s"); a
+load-back uses one direction, so the table stores half. What a copy achieves is lower
+(protocol overhead, DMA engines): the cost model applies an efficiency
+(``kvchain.sim.cost.DEFAULT_HOST_LINK_EFFICIENCY``, with the measurements behind it).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from kvchain.errors import ConfigError, UnknownGPUError
@@ -50,6 +58,59 @@ DEFAULT_ACTIVATION_RESERVE_BYTES = 3 * GiB
 
 
 @dataclass(frozen=True, slots=True)
+class HostLink:
+    """The link between one GPU and host memory (module docstring, "Host link").
+
+    Attributes:
+        name: e.g. ``"PCIe 5.0 x16"``, ``"NVLink-C2C"``.
+        bytes_per_s: nominal rate of **one direction**, bytes/s (half of the datasheets'
+            bidirectional figure).
+        source: where the figure comes from.
+
+    Raises:
+        ConfigError: an empty name or a rate that is not a positive finite number.
+    """
+
+    name: str
+    bytes_per_s: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("a host link needs a name")
+        if not (self.bytes_per_s > 0 and math.isfinite(self.bytes_per_s)):
+            raise ConfigError(f"host link {self.name}: bytes_per_s must be positive, got "
+                              f"{self.bytes_per_s}")
+
+
+#: PCIe 4.0 x16 (A100 SXM to its host): 16 GT/s x 16 lanes = 32 GB/s per direction before
+#: the 128b/130b line code (31.5 GB/s after).
+PCIE4_X16 = HostLink(
+    "PCIe 4.0 x16", 32e9,
+    "NVIDIA A100 datasheet, A100 80GB SXM interconnect 'PCIe Gen4: 64GB/s' (both directions); "
+    "PCIe 4.0: 16 GT/s per lane, x16")
+
+#: PCIe 5.0 x16 (H100 / H200 SXM, and the B200 in HGX/DGX B200, to their x86 hosts):
+#: 32 GT/s x 16 lanes = 64 GB/s per direction before the 128b/130b line code (63.0 GB/s
+#: after).
+PCIE5_X16 = HostLink(
+    "PCIe 5.0 x16", 64e9,
+    "NVIDIA H100 and H200 datasheets, SXM interconnect 'PCIe Gen5: 128GB/s' (both "
+    "directions); PCIe 5.0: 32 GT/s per lane, x16. The DGX B200's hosts are Intel Xeon "
+    "Platinum 8570 (PCIe 5.0), so a B200 reaches host memory over PCIe 5.0 x16 too")
+
+#: NVLink-C2C (GH200 Grace Hopper, GB200 Grace Blackwell): 900 GB/s both directions per
+#: GPU link, 450 GB/s each way. None of those GPUs is in :data:`KNOWN_GPUS` yet (their
+#: reported memory is not sourced here); a ``GPUSpec`` built for one takes this link, and
+#: :func:`local_gpu` gives it to a local GH200 / GB200.
+NVLINK_C2C = HostLink(
+    "NVLink-C2C", 450e9,
+    "NVIDIA GH200 Grace Hopper Superchip datasheet: NVLink-C2C 900GB/s bidirectional "
+    "CPU-GPU; GB200: 900 GB/s bidirectional per NVLink-C2C link, one link per Blackwell GPU "
+    "(NVIDIA Transformer Engine docs, CPU offloading, 'PCIe vs NVLink-C2C' figure)")
+
+
+@dataclass(frozen=True, slots=True)
 class GPUSpec:
     """Published figures of one GPU.
 
@@ -60,6 +121,8 @@ class GPUSpec:
         peak_dense_bf16_flops: dense bf16 Tensor Core rate, FLOP/s (no sparsity).
         hbm_bytes_per_s: peak HBM bandwidth, bytes/s.
         source: the vendor document the figures come from.
+        host_link: the GPU's link to host memory (``None``: unknown; a host tier's copy
+            time then cannot be priced).
 
     Raises:
         ConfigError: a non-positive figure or an empty name.
@@ -70,6 +133,7 @@ class GPUSpec:
     peak_dense_bf16_flops: float
     hbm_bytes_per_s: float
     source: str
+    host_link: HostLink | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -100,6 +164,7 @@ A100_80GB_SXM = GPUSpec(
             "memory.total 81,920 MiB for an A100 80GB (modal-labs/modal-client PR #2797, "
             "the totals of their fleet; the same 81,920 MiB on an A800-SXM4-80GB, "
             "dexmal/dexbotic issue #41, driver 535.86.10)"),
+    host_link=PCIE4_X16,
 )
 
 H100_SXM = GPUSpec(
@@ -112,6 +177,7 @@ H100_SXM = GPUSpec(
             "whitepaper table: 989.4 TFLOPS dense bf16). Memory as the device reports it: "
             "nvidia-smi 'NVIDIA H100 80GB HBM3 ... 0MiB / 81559MiB' (NVIDIA/nccl issue "
             "#1264, driver 550.54.15; also modal-labs/modal-client PR #2797)"),
+    host_link=PCIE5_X16,
 )
 
 H200_SXM = GPUSpec(
@@ -124,6 +190,7 @@ H200_SXM = GPUSpec(
             "Hopper Tensor Cores). Memory as the device reports it: nvidia-smi 'NVIDIA "
             "H200 ... 124585MiB / 143771MiB' (sgl-project/sglang issue #3196, driver "
             "550.144.03)"),
+    host_link=PCIE5_X16,
 )
 
 B200_SXM = GPUSpec(
@@ -138,6 +205,7 @@ B200_SXM = GPUSpec(
             "shipping HGX/DGX part has 180 GB enabled. Memory as the device reports it: "
             "nvidia-smi 'NVIDIA B200 ... 166593MiB / 183359MiB' (NVIDIA/TensorRT-LLM issue "
             "#10278, driver 580.95.05)"),
+    host_link=PCIE5_X16,
 )
 
 KNOWN_GPUS: tuple[GPUSpec, ...] = (A100_80GB_SXM, H100_SXM, H200_SXM, B200_SXM)
@@ -177,7 +245,9 @@ def local_gpu(device: int = 0) -> GPUSpec:
     """The GPU torch sees as CUDA device ``device``: its name and the total memory CUDA
     reports (``torch.cuda.mem_get_info(device)[1]``, bytes: the figure vLLM multiplies by
     ``gpu_memory_utilization``), with the peak rates of the known GPU of the same kind
-    (matched by ``A100`` / ``H100`` / ``H200`` / ``B200`` in the device name).
+    (matched by ``A100`` / ``H100`` / ``H200`` / ``B200`` in the device name), and its host
+    link: :data:`NVLINK_C2C` on a Grace superchip (``GH200`` / ``GB200`` in the name), else
+    that GPU's.
 
     Raises:
         UnknownGPUError: torch is not installed, or sees no CUDA device ("--gpu local needs
@@ -195,6 +265,7 @@ def local_gpu(device: int = 0) -> GPUSpec:
     props = torch.cuda.get_device_properties(device)
     total = int(torch.cuda.mem_get_info(device)[1])
     name = str(props.name)
+    superchip = any(kind in name.upper() for kind in ("GH200", "GB200"))
     for kind, known in (("B200", B200_SXM), ("H200", H200_SXM), ("H100", H100_SXM),
                         ("A100", A100_80GB_SXM)):
         if kind in name.upper():
@@ -203,10 +274,30 @@ def local_gpu(device: int = 0) -> GPUSpec:
                            hbm_bytes_per_s=known.hbm_bytes_per_s,
                            source=f"torch.cuda.mem_get_info total of the local {name} "
                                   f"({total:,} B); peak rates of {known.name}: "
-                                  f"{known.source}")
+                                  f"{known.source}",
+                           host_link=NVLINK_C2C if superchip else known.host_link)
     raise UnknownGPUError(f"local GPU {name!r} ({total:,} B) is none of the known kinds "
                           f"(A100, H100, H200, B200): its peak rates are unknown; name a GPU "
                           f"or give --buffer-bytes")
+
+
+def local_host_memory_bytes() -> int:
+    """This machine's physical memory in bytes: ``sysconf(SC_PHYS_PAGES) x
+    sysconf(SC_PAGE_SIZE)`` (what ``free -b`` reports as total), the base of a host tier
+    sized as a fraction of host memory.
+
+    Raises:
+        ConfigError: the platform does not report its physical memory (no ``sysconf``
+            names; give the host tier's bytes instead).
+    """
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        pages = size = -1
+    if pages <= 0 or size <= 0:
+        raise ConfigError("this platform does not report its physical memory; give the host "
+                          "tier's size in bytes (--host-bytes)")
+    return int(pages) * int(size)
 
 
 KV_BUFFER_ALIGN_BYTES = 256

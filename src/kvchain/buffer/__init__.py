@@ -12,6 +12,11 @@ backend            bytes                         fence
 ``TorchBuffer``    uint8 torch tensor, CPU/CUDA  CUDA event on the current stream (CUDA)
 ``NullBuffer``     none (counts only)            always complete
 =================  ============================  ==========================================
+
+The host tier's store is :class:`HostBuffer` (``buffer/host.py``): host memory (numpy, or a
+torch tensor pinned when CUDA is available) laid out as one pool of fixed-size slots per
+cache class, each with its own free-list allocator (:class:`HostPool`), and page copies
+device <-> host through the backends above.
 """
 
 from kvchain.buffer.base import (
@@ -23,6 +28,15 @@ from kvchain.buffer.base import (
     grid_pages,
 )
 from kvchain.buffer.copy_plan import CopyChunk, CopyPlan, plan_copy
+from kvchain.buffer.host import (
+    HOST_ALIGN_BYTES,
+    HostBuffer,
+    HostRegion,
+    HostStats,
+    copy_runs,
+    host_regions,
+)
+from kvchain.buffer.host_pool import HostPool
 from kvchain.buffer.null_buffer import NullBuffer
 from kvchain.buffer.numpy_buffer import DEFAULT_CHUNK_BYTES, NumpyBuffer
 from kvchain.buffer.page_layout import TensorPlacement, layer_placements
@@ -30,6 +44,7 @@ from kvchain.buffer.torch_buffer import CudaFence, TorchBuffer
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "HOST_ALIGN_BYTES",
     "BufferBackend",
     "BufferStats",
     "CompletedFence",
@@ -37,12 +52,18 @@ __all__ = [
     "CopyPlan",
     "CudaFence",
     "Fence",
+    "HostBuffer",
+    "HostPool",
+    "HostRegion",
+    "HostStats",
     "ManualFence",
     "NullBuffer",
     "NumpyBuffer",
     "TensorPlacement",
     "TorchBuffer",
+    "copy_runs",
     "grid_pages",
+    "host_regions",
     "layer_placements",
     "plan_copy",
 ]

@@ -7,6 +7,7 @@ and prints.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +16,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kvchain.cache.host_tier import (
+    HostTierPlan,
+    hit_load_bytes,
+    host_tier_plan,
+)
 from kvchain.capacity import Capacity, CapacityPlan, LongestRequest, longest_request, plan_capacity
 from kvchain.cli import app
 from kvchain.cli.common import (
@@ -28,8 +34,16 @@ from kvchain.cli.common import (
     render_bands,
     warn_buffer,
 )
-from kvchain.errors import KVChainError
-from kvchain.gpu import get_gpu
+from kvchain.errors import ConfigError, KVChainError
+from kvchain.gpu import get_gpu, local_host_memory_bytes
+from kvchain.sim.cost import (
+    DEFAULT_HOST_LINK_EFFICIENCY,
+    GPUCostModel,
+    HostHitTiming,
+    LoadOverlap,
+    host_hit_ttft,
+)
+from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS
 from kvchain.spec.layers import CacheDtype, LifetimeClass
 from kvchain.spec.params import WeightFormat
 
@@ -43,6 +57,18 @@ MEM_FRACTION_HELP = ("Fraction of GPU memory for weights + KV + the engine's res
                      "- one rank's weights - 3 GiB engine reserve (profiled activations, CUDA "
                      "context, NCCL: vLLM's Llama-3-8B profile); CUDA graphs live in the "
                      "remaining 1 - fraction, as in vLLM.")
+HOST_BYTES_HELP = ("Bytes of a host-memory tier for evicted prefixes: report how many tokens "
+                   "of resumable prefix it holds (full pages, window tails and a state "
+                   "checkpoint per resume point, split between the classes so that all run "
+                   "out together). Planning only: the simulator has no host tier yet.")
+HOST_FRACTION_HELP = ("The host tier as a fraction of this machine's physical memory "
+                      "(instead of --host-bytes).")
+HOST_INTERVAL_HELP = ("Tokens between a cached prefix's resume points in the host tier "
+                      "(rounded up to whole pages; 512: the Mooncake traces' content "
+                      "blocks). On a state hybrid each resume point costs a state "
+                      "checkpoint.")
+
+
 @app.command("plan", short_help="Bands and capacity of one model's chain.")
 def plan_command(
     model: Annotated[str, typer.Option(help="Bundled model name.")] = "gpt-oss-120b",
@@ -68,6 +94,10 @@ def plan_command(
     slots_held: Annotated[int | None, typer.Option(help="State slots held for the token "
                                                         "capacity (default: the concurrency).")]
     = None,
+    host_bytes: Annotated[int | None, typer.Option(help=HOST_BYTES_HELP)] = None,
+    host_fraction: Annotated[float | None, typer.Option(help=HOST_FRACTION_HELP)] = None,
+    host_interval: Annotated[int, typer.Option(help=HOST_INTERVAL_HELP)]
+    = MOONCAKE_BLOCK_TOKENS,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Plan a model's KV buffer as a chain: bands, page bytes, longest request,
@@ -77,24 +107,95 @@ def plan_command(
     gives it."""
     try:
         check_flags(mem_fraction=mem_fraction, buffer_bytes=buffer_bytes, page_size=page_size,
-                    tp=tp, prompt=prompt, output=output, slots_held=slots_held)
+                    tp=tp, prompt=prompt, output=output, slots_held=slots_held,
+                    host_bytes=host_bytes, host_fraction=host_fraction,
+                    host_interval=host_interval)
+        if host_bytes is not None and host_fraction is not None:
+            raise ConfigError("give --host-bytes or --host-fraction, not both")
         model_spec = load_spec(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp,
                                state_dtype=state_dtype, weight_format=weight_format)
         gpu_spec = get_gpu(gpu)
         result = plan_capacity(model_spec, gpu_spec, tp=tp, mem_fraction=mem_fraction,
                                buffer_bytes=buffer_bytes, page_size=page_size, prompt=prompt,
                                output=output, slots_held=slots_held)
+        host = None
+        if host_bytes is not None or host_fraction is not None:
+            host = host_report(result, host_bytes, host_fraction, host_interval)
     except KVChainError as exc:
         fail(exc)
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
     note_defaults(model_spec, config)
     if as_json:
-        print(json.dumps(plan_report(result), indent=2))
+        print(json.dumps(plan_report(result, host), indent=2))
         return
-    _print_plan(Console(), result)
+    console = Console()
+    _print_plan(console, result)
+    if host is not None:
+        _print_host(console, host)
 
 
-def plan_report(result: CapacityPlan) -> dict[str, object]:
+@dataclass(frozen=True, slots=True)
+class HostReport:
+    """The host tier part of ``plan`` (``--host-bytes`` / ``--host-fraction``).
+
+    Attributes:
+        tier: the split and the prefix it holds
+            (:func:`kvchain.cache.host_tier.host_tier_plan`).
+        given: how the bytes were given, in words (``"--host-bytes"``, or the fraction of
+            this machine's memory).
+        hit_tokens: the host hit priced for the request mix's prompt: its last resume point
+            before the prompt's last token (0: the prompt is shorter than one interval).
+        hit_bytes: bytes that hit loads back (:func:`kvchain.cache.host_tier.hit_load_bytes`).
+        timing: what the hit saves the prompt's TTFT (``None`` when it cannot be priced:
+            no hit, a model without weights, or a GPU without a host link figure).
+        why_unpriced: why ``timing`` is ``None`` (empty otherwise).
+    """
+
+    tier: HostTierPlan
+    given: str
+    hit_tokens: int
+    hit_bytes: int
+    timing: HostHitTiming | None
+    why_unpriced: str
+
+
+def host_report(result: CapacityPlan, host_bytes: int | None, host_fraction: float | None,
+                interval_tokens: int) -> HostReport:
+    """The host tier of a plan: ``host_bytes``, or ``host_fraction`` of this machine's
+    memory (:func:`kvchain.gpu.local_host_memory_bytes`), split by resume interval; and the
+    TTFT a host hit saves a prompt of the request mix against recompute
+    (:func:`kvchain.sim.cost.host_hit_ttft`, layer-wise overlap, the default cost model).
+
+    Raises:
+        ConfigError: neither size given, bad values, or no physical-memory figure.
+    """
+    if host_bytes is None:
+        if host_fraction is None:
+            raise ConfigError("a host tier needs --host-bytes or --host-fraction")
+        total = local_host_memory_bytes()
+        host_bytes = int(total * host_fraction)
+        given = f"--host-fraction {host_fraction:g} of this machine's {total:,} B"
+    else:
+        given = "--host-bytes"
+    tier = host_tier_plan(result.layout, host_bytes, interval_tokens)
+    k = tier.interval_tokens
+    hit = (result.prompt - 1) // k * k
+    hit_bytes = hit_load_bytes(result.layout, hit)
+    timing, why = None, ""
+    if hit == 0:
+        why = f"a {result.prompt:,}-token prompt is shorter than one resume interval"
+    elif result.gpu.host_link is None:
+        why = f"{result.gpu.name} has no host link figure"
+    else:
+        try:
+            timing = host_hit_ttft(GPUCostModel(result.model, result.gpu), result.prompt, hit,
+                                   hit_bytes)
+        except KVChainError as exc:  # e.g. a spec file without weights
+            why = str(exc)
+    return HostReport(tier, given, hit, hit_bytes, timing, why)
+
+
+def plan_report(result: CapacityPlan, host: HostReport | None = None) -> dict[str, object]:
     """The JSON document of ``plan --json``. Keys (bytes, tokens, requests; all per
     tensor-parallel rank: ``"scope": "per rank"``, ``"tp"``):
 
@@ -104,7 +205,8 @@ def plan_report(result: CapacityPlan) -> dict[str, object]:
     all ``null`` when ``--buffer-bytes`` gave the buffer; ``buffer_bytes``; ``page_size``,
     ``chain``, ``bands``; ``request``; ``chain_capacity`` and ``fixed_pools_capacity``
     (longest request, its bound, concurrency, full-attention tokens with slots held);
-    ``max_context_tokens``.
+    ``max_context_tokens``; ``host_tier`` (``null`` without ``--host-bytes`` /
+    ``--host-fraction``; :func:`_host_dict`).
     """
     budget, layout = result.budget, result.layout
     return {
@@ -127,7 +229,68 @@ def plan_report(result: CapacityPlan) -> dict[str, object]:
         "chain_capacity": _as_dict(result.chain, result.chain_longest),
         "fixed_pools_capacity": _as_dict(result.pools, result.pools_longest),
         "max_context_tokens": result.model.max_context_tokens,
+        "host_tier": None if host is None else _host_dict(host),
     }
+
+
+def _host_dict(host: HostReport) -> dict[str, object]:
+    """``host_tier`` of ``plan --json``: ``host_bytes``, ``given``, ``interval_tokens``,
+    ``interval_bytes``, ``intervals``, ``resumable_tokens``, ``used_bytes``,
+    ``every_page_resumes``, ``classes`` (per band: ``band``, ``page_bytes``,
+    ``per_interval``, ``slots``, ``bytes``), and ``hit``: the priced host hit of the request
+    mix's prompt (``tokens``, ``load_bytes``, and in seconds ``load_s``, ``with_hit_s``,
+    ``recompute_s``, ``saved_s``, ``null`` with ``why_unpriced`` when it cannot be
+    priced)."""
+    tier, t = host.tier, host.timing
+    return {
+        "host_bytes": tier.host_bytes, "given": host.given,
+        "interval_tokens": tier.interval_tokens, "interval_bytes": tier.interval_bytes,
+        "intervals": tier.intervals, "resumable_tokens": tier.resumable_tokens,
+        "used_bytes": tier.used_bytes, "every_page_resumes": tier.every_page_resumes,
+        "classes": [{"band": c.label, "page_bytes": c.page_bytes,
+                     "per_interval": c.per_interval, "slots": c.slots, "bytes": c.nbytes}
+                    for c in tier.classes],
+        "hit": {"tokens": host.hit_tokens, "load_bytes": host.hit_bytes,
+                "load_s": None if t is None else t.load_s,
+                "with_hit_s": None if t is None else t.with_hit_s,
+                "recompute_s": None if t is None else t.recompute_s,
+                "saved_s": None if t is None else t.saved_s,
+                "overlap": LoadOverlap.LAYERWISE.value,
+                "link_efficiency": DEFAULT_HOST_LINK_EFFICIENCY,
+                "why_unpriced": host.why_unpriced or None},
+    }
+
+
+def _print_host(console: Console, host: HostReport) -> None:
+    tier = host.tier
+    spacing = ("every page boundary resumes (no window or state class)"
+               if tier.every_page_resumes else
+               f"a resume point every {tier.interval_tokens:,} tokens (--host-interval)")
+    parts = ", ".join(f"{c.label} {c.per_interval} x {c.page_bytes:,} B"
+                      for c in tier.classes)
+    console.print(f"host tier {tier.host_bytes:,} B ({escape(host.given)}), {spacing}: "
+                  f"[bold]{tier.resumable_tokens:,}[/bold] tokens of resumable prefix "
+                  f"({tier.intervals:,} intervals of {tier.interval_bytes:,} B: {parts})",
+                  soft_wrap=True)
+    table = Table(title="host tier by class (planning only: not simulated yet)")
+    for col in ("class", "page bytes", "per interval", "slots", "bytes"):
+        table.add_column(col, justify="left" if col == "class" else "right")
+    for c in tier.classes:
+        table.add_row(c.label, f"{c.page_bytes:,}", f"{c.per_interval:,}", f"{c.slots:,}",
+                      f"{c.nbytes:,}")
+    console.print(table)
+    t = host.timing
+    if t is None:
+        console.print(f"host hit not priced: {escape(host.why_unpriced)}", soft_wrap=True)
+        return
+    verdict = (f"saves {t.saved_s * 1e3:,.1f} ms" if t.saved_s >= 0
+               else f"costs {-t.saved_s * 1e3:,.1f} ms more than recomputing")
+    console.print(f"a host hit of {host.hit_tokens:,} tokens loads {host.hit_bytes:,} B in "
+                  f"{t.load_s * 1e3:,.1f} ms (at {DEFAULT_HOST_LINK_EFFICIENCY:g} of the host "
+                  f"link's rate); with the load overlapped layer by layer the prompt's first "
+                  f"forward takes {t.with_hit_s * 1e3:,.1f} ms against "
+                  f"{t.recompute_s * 1e3:,.1f} ms to recompute it: {verdict} of TTFT",
+                  soft_wrap=True)
 
 
 def _print_plan(console: Console, result: CapacityPlan) -> None:

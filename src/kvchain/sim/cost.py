@@ -613,3 +613,136 @@ class GPUCostModel:
     def __repr__(self) -> str:
         return (f"GPUCostModel({self.model.name!r} on {self.gpu.name}, mfu={self.mfu}, "
                 f"mbu={self.mbu}, overhead={self.step_overhead_s} s)")
+
+
+# --- host <-> device transfers (the host KV tier) -------------------------------------------
+
+#: Fraction of a host link's nominal per-direction rate a large pinned-memory copy achieves:
+#: 0.8. Measured by NVIDIA's nvbandwidth tool: an A100 SXM (PCIe 4.0 x16, 32 GB/s nominal)
+#: copied host -> device at 25.13 GB/s = 0.79 (NVIDIA/nvbandwidth issue #42); an H100 (PCIe
+#: 5.0 x16, 64 GB/s) device -> host at 52.77 GB/s = 0.82 (issue #24); a GH200 (NVLink-C2C,
+#: 450 GB/s) host -> device at 346 GB/s with its copy engines = 0.77 (issue #23). We take
+#: 0.8 for every link.
+DEFAULT_HOST_LINK_EFFICIENCY = 0.8
+
+
+class LoadOverlap(enum.StrEnum):
+    """How a load-back of host KV overlaps the forward that uses it.
+
+    ``LAYERWISE``: the engine copies layer ``i``'s pages while it computes earlier layers,
+    and layer ``i``'s attention waits only for its own pages: SGLang HiCache's load-back
+    (``python/sglang/srt/managers/cache_controller.py``: a ``LayerDoneCounter`` that the
+    attention of each layer waits on, ``wait_until(layer_id)``), and vLLM-Ascend's layerwise
+    KV pool (``wait_for_layer_load``: layer ``i + 1``'s transfer overlaps layer ``i``'s
+    attention). ``NONE``: the whole load ends before the forward starts (a bulk copy, as a
+    connector that loads before scheduling the request does; the request's TTFT pays all of
+    it).
+    """
+
+    LAYERWISE = "layerwise"
+    NONE = "none"
+
+
+def host_transfer_time(nbytes: int, gpu: GPUSpec, *,
+                       efficiency: float = DEFAULT_HOST_LINK_EFFICIENCY) -> float:
+    """Seconds to copy ``nbytes`` bytes one way between host memory and ``gpu``:
+    ``nbytes / (host_link.bytes_per_s x efficiency)``.
+
+    Example: 1 GiB (1,073,741,824 B) over PCIe 5.0 x16 (64e9 B/s) at 0.8 takes
+    ``1,073,741,824 / 51.2e9 = 20.97 ms``; over NVLink-C2C (450e9 B/s): 2.98 ms.
+
+    Raises:
+        CostModelError: negative ``nbytes``.
+        ConfigError: ``efficiency`` outside ``(0, 1]``, or a GPU without a host link.
+    """
+    if nbytes < 0:
+        raise CostModelError(f"transfer bytes must be >= 0, got {nbytes}")
+    if not (0.0 < efficiency <= 1.0):
+        raise ConfigError(f"host link efficiency must be in (0, 1], got {efficiency}")
+    if gpu.host_link is None:
+        raise ConfigError(f"GPU {gpu.name} has no host link figure (GPUSpec.host_link): a "
+                          f"host tier's copies cannot be priced on it")
+    return nbytes / (gpu.host_link.bytes_per_s * efficiency)
+
+
+def overlapped_time(load_s: float, forward_s: float, layers: int,
+                    overlap: LoadOverlap = LoadOverlap.LAYERWISE) -> float:
+    """Seconds from the start of a load-back of ``load_s`` to the end of the forward of
+    ``forward_s`` that reads it.
+
+    ``LAYERWISE`` over ``L`` layers, each layer's load ``a = load_s / L`` and compute
+    ``c = forward_s / L`` (loads back to back on the copy stream, layer ``i``'s compute
+    after its own load and layer ``i - 1``'s compute): ``a + (L - 1) x max(a, c) + c`` -
+    the forward plus ``a`` when loads are faster than compute, the load plus ``c`` when
+    slower. ``NONE``: ``load_s + forward_s``.
+
+    Example: ``load_s = 8 ms``, ``forward_s = 4 ms``, 4 layers: ``a = 2``, ``c = 1``:
+    ``2 + 3 x 2 + 1 = 9 ms`` (``NONE``: 12 ms).
+
+    Raises:
+        CostModelError: a negative time, or ``layers < 1``.
+    """
+    if load_s < 0 or forward_s < 0 or layers < 1:
+        raise CostModelError(f"need load_s, forward_s >= 0 and layers >= 1, got {load_s}, "
+                             f"{forward_s}, {layers}")
+    if LoadOverlap(overlap) is LoadOverlap.NONE:
+        return load_s + forward_s
+    a, c = load_s / layers, forward_s / layers
+    return a + (layers - 1) * max(a, c) + c
+
+
+@dataclass(frozen=True, slots=True)
+class HostHitTiming:
+    """What a host hit saves a lone request's first token (:func:`host_hit_ttft`).
+
+    Attributes:
+        recompute_s: the forward over the whole prompt (no hit).
+        load_s: the load-back of the hit's bytes.
+        with_hit_s: the load-back and the forward over the rest of the prompt, overlapped
+            as the engine does.
+        saved_s: ``recompute_s - with_hit_s`` (negative: recomputing is faster).
+    """
+
+    recompute_s: float
+    load_s: float
+    with_hit_s: float
+    saved_s: float
+
+
+def host_hit_ttft(cost: GPUCostModel, prompt_tokens: int, hit_tokens: int, load_bytes: int,
+                  *, efficiency: float = DEFAULT_HOST_LINK_EFFICIENCY,
+                  overlap: LoadOverlap = LoadOverlap.LAYERWISE) -> HostHitTiming:
+    """The TTFT a host hit of ``hit_tokens`` saves a lone request of ``prompt_tokens``
+    against recomputing them, when the hit loads ``load_bytes`` from host memory.
+
+    Model: the request's prompt runs in one forward (no chunked prefill, no other requests
+    in the step). Without the hit that forward computes all ``n`` prompt tokens:
+    ``recompute_s = step_time(prefill n at context 0)``. With it the forward computes the
+    ``n - T`` tokens after the hit (``step_time(prefill n - T at context T)``) while the
+    hit's ``load_bytes`` load over the GPU's host link (:func:`host_transfer_time`), the two
+    overlapped by :func:`overlapped_time` over the model's ``num_layers``; the step's fixed
+    overhead is not overlapped (it is the host's scheduling work):
+    ``with_hit_s = overhead + overlapped_time(load_s, forward_s - overhead, L)``.
+
+    Example (tests/sim/test_cost.py): what the hit skips is compute the copy replaces, so a
+    hit saves TTFT while its load is shorter than the compute of its tokens.
+
+    Raises:
+        CostModelError: ``hit_tokens`` outside ``[1, prompt_tokens - 1]`` (the last prompt
+            token is always computed), or negative ``load_bytes``.
+        ConfigError: as :func:`host_transfer_time`.
+    """
+    if not (1 <= hit_tokens < prompt_tokens):
+        raise CostModelError(f"a host hit covers 1 .. prompt - 1 tokens (the last prompt "
+                             f"token is computed), got {hit_tokens} of {prompt_tokens}")
+    load_s = host_transfer_time(load_bytes, cost.gpu, efficiency=efficiency)
+    b = cost.builder()
+    b.add_prefill(prompt_tokens, 0)
+    recompute_s = cost.step_time(b.build())
+    b.reset()
+    b.add_prefill(prompt_tokens - hit_tokens, hit_tokens)
+    suffix_s = cost.step_time(b.build())
+    overhead = cost.step_overhead_s
+    with_hit_s = overhead + overlapped_time(load_s, suffix_s - overhead,
+                                            cost.model.num_layers, overlap)
+    return HostHitTiming(recompute_s, load_s, with_hit_s, recompute_s - with_hit_s)

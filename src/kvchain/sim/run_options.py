@@ -303,10 +303,10 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
 # Value rules, by the option's name (``check_values``): one copy, used by RunOptions and by
 # the CLI's other commands (``kvchain.cli.common.check_flags``).
 _POSITIVE_REAL = ("rate_scale", "end_s", "step_ms")
-_FRACTION = ("mem_fraction",)
+_FRACTION = ("mem_fraction", "host_fraction")
 _NON_NEGATIVE = ("seed", "slots_held", "ops")
 _AT_LEAST_ONE = ("requests", "page_size", "tp", "max_running", "chunk_size", "prompt",
-                 "output", "buffer_bytes", "block_tokens")
+                 "output", "buffer_bytes", "block_tokens", "host_bytes", "host_interval")
 _RULES = frozenset(_POSITIVE_REAL + _FRACTION + _NON_NEGATIVE + _AT_LEAST_ONE)
 
 
@@ -315,9 +315,10 @@ def check_values(**values: Any) -> None:
     ``--rate-scale``); ``None`` (not given) passes.
 
     Rules: ``rate_scale``, ``end_s``, ``step_ms``: finite and > 0, ``step_ms`` at most
-    :data:`MAX_STEP_MS`; ``mem_fraction``: in (0, 1]; ``seed``, ``slots_held``, ``ops``:
-    >= 0; ``requests``, ``page_size``, ``tp``, ``max_running``, ``chunk_size``, ``prompt``,
-    ``output``, ``buffer_bytes``, ``block_tokens``, and any other name (a count): >= 1;
+    :data:`MAX_STEP_MS`; ``mem_fraction``, ``host_fraction``: in (0, 1]; ``seed``,
+    ``slots_held``, ``ops``: >= 0; ``requests``, ``page_size``, ``tp``, ``max_running``,
+    ``chunk_size``, ``prompt``, ``output``, ``buffer_bytes``, ``block_tokens``,
+    ``host_bytes``, ``host_interval``, and any other name (a count): >= 1;
     ``chunk_size`` >= ``page_size`` when both are given.
 
     Raises:

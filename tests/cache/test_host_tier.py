@@ -1,0 +1,133 @@
+"""The host tier's split by resume interval and the prefix it holds: hand-derived values."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvchain.buffer import HostBuffer
+from kvchain.cache.host_tier import (
+    HostClassShare,
+    hit_load_bytes,
+    host_buffer,
+    host_tier_plan,
+    per_interval_slots,
+)
+from kvchain.errors import ConfigError, InvalidRequestError
+from kvchain.layout import plan_layout
+from kvchain.spec.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl, group_classes
+
+FP8 = CacheDtype.FP8
+# P = 4: full pages 16 B (E = 4), window W = 8 pages 8 B (E = 2), state S = 48 B.
+FULL = LayerCache(0, LifetimeClass.FULL, "gqa",
+                  (TensorDecl("k", (2,), FP8), TensorDecl("v", (2,), FP8)))
+WIN = LayerCache(1, LifetimeClass.WINDOW, "gqa",
+                 (TensorDecl("k", (1,), FP8), TensorDecl("v", (1,), FP8)), window=8)
+STATE = LayerCache(2, LifetimeClass.STATE, "mamba2",
+                   (TensorDecl("ssm", (12,), CacheDtype.FP32),))
+LAYOUT = plan_layout(group_classes((FULL, WIN, STATE)), 1_000, page_size=4)
+
+
+def test_per_interval_by_hand():
+    # K = 16 tokens = 4 pages: state 1 checkpoint; window tail ceil((8 - 1) / 4) = 2 pages
+    # (fewer than 4); full 4 pages.
+    assert per_interval_slots(LAYOUT, 16) == (1, 2, 4)
+    # K = 4 (one page): the 2-page tails of consecutive points overlap, so one page each.
+    assert per_interval_slots(LAYOUT, 4) == (1, 1, 1)
+    # K = 10 rounds up to 3 pages: window min(3, 2) = 2.
+    assert per_interval_slots(LAYOUT, 10) == (1, 2, 3)
+
+
+def test_plan_by_hand():
+    # One interval: 48 + 2 x 8 + 4 x 16 = 128 B. m = 76: state [0, 3,648), window from
+    # ceil(3,648 / 256) x 256 = 3,840 to 3,840 + 152 x 8 = 5,056, full from 5,120 to
+    # 5,120 + 304 x 16 = 9,984 <= 10,000; m = 77 ends at 10,048 > 10,000.
+    plan = host_tier_plan(LAYOUT, 10_000, 16)
+    assert (plan.interval_tokens, plan.interval_bytes, plan.intervals) == (16, 128, 76)
+    assert plan.resumable_tokens == 76 * 16 == 1_216
+    assert plan.used_bytes == 9_984
+    assert plan.slots == {"state": 76, "window": 152, "full": 304}
+    assert [c.nbytes for c in plan.classes] == [3_648, 1_216, 4_864]
+    assert not plan.every_page_resumes
+    # The split builds a host buffer of exactly the bytes it says.
+    assert HostBuffer(LAYOUT, plan.slots).nbytes == plan.used_bytes
+    buf = host_buffer(LAYOUT, 10_000, 16)
+    assert buf.nbytes == 9_984 and buf.pool("full").slots == 304
+    # 10,048 B is exactly enough for 77.
+    assert host_tier_plan(LAYOUT, 10_048, 16).intervals == 77
+    assert host_tier_plan(LAYOUT, 127, 16).intervals == 0
+
+
+def test_small_interval_bytes_still_fit_with_padding():
+    # K = 4: interval 48 + 8 + 16 = 72 B. H = 600: m = 5 -> state 240, window 256 + 40 =
+    # 296, full 512 + 80 = 592 <= 600; m = 6 -> full 512 + 96 = 608 > 600.
+    plan = host_tier_plan(LAYOUT, 600, 4)
+    assert (plan.interval_bytes, plan.intervals, plan.used_bytes) == (72, 5, 592)
+
+
+def test_full_attention_only_resumes_at_every_page():
+    layout = plan_layout(group_classes((FULL,)), 1_000, page_size=4)
+    plan = host_tier_plan(layout, 1_000, 512)
+    # 1,000 // 16 = 62 pages of 4 tokens, whatever the interval.
+    assert plan.every_page_resumes
+    assert (plan.interval_tokens, plan.intervals, plan.resumable_tokens) == (4, 62, 248)
+
+
+def test_chunked_local_tail_is_the_longest_over_a_period():
+    # Local chunk C = 8 tokens (2 pages), K = 12 tokens (3 pages): points at 12, 24, 36 ...;
+    # (12 m) mod 8 = 4, 0, 4, 0: the longest tail is 4 tokens = 1 page.
+    local = LayerCache(1, LifetimeClass.LOCAL, "gqa",
+                       (TensorDecl("k", (1,), FP8), TensorDecl("v", (1,), FP8)), window=8)
+    layout = plan_layout(group_classes((FULL, local)), 1_000, page_size=4)
+    assert [b.label for b in layout.bands] == ["local", "full"]
+    assert per_interval_slots(layout, 12) == (1, 3)
+
+
+def test_hit_load_bytes_by_hand():
+    # 16 tokens = 4 pages: 4 x 16 + tail pages [ (16 - 8 + 1) // 4 = 2, 4 ) = 2 x 8 + 48.
+    assert hit_load_bytes(LAYOUT, 16) == 64 + 16 + 48 == 128
+    # 4 tokens: the window tail is clipped at the prompt's start: pages [0, 1).
+    assert hit_load_bytes(LAYOUT, 4) == 16 + 8 + 48
+    assert hit_load_bytes(LAYOUT, 0) == 0
+    with pytest.raises(InvalidRequestError, match="whole pages"):
+        hit_load_bytes(LAYOUT, 6)
+
+
+def test_refusals():
+    with pytest.raises(ConfigError):
+        host_tier_plan(LAYOUT, -1, 16)
+    with pytest.raises(ConfigError):
+        host_tier_plan(LAYOUT, 1_000, 0)
+    with pytest.raises(ConfigError):
+        host_tier_plan(LAYOUT, 1.5, 16)  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None)
+@given(host=st.integers(0, 200_000), interval=st.integers(1, 64),
+       state_bytes=st.integers(1, 5_000), full_bytes=st.integers(1, 64))
+def test_no_split_strands_full_pages(host, interval, state_bytes, full_bytes):
+    full = LayerCache(0, LifetimeClass.FULL, "gqa", (TensorDecl("k", (full_bytes,), FP8),))
+    state = LayerCache(1, LifetimeClass.STATE, "mamba2", (TensorDecl("s", (state_bytes,), FP8),))
+    layout = plan_layout(group_classes((full, state)), 10**7, page_size=4)
+    plan = host_tier_plan(layout, host, interval)
+    assert plan.stranded_full_pages == 0
+    assert plan.used_bytes <= host
+    # One more interval would not fit (the split is as large as the bytes allow).
+    per = {c.label: c.per_interval for c in plan.classes}
+    more = {label: plan.slots[label] + per[label] for label in per}
+    assert HostBuffer(layout, more).nbytes > host
+
+
+def test_a_byte_proportional_split_strands_pages():
+    # The planted sibling: the same bytes split by another rule, about 90 % to full pages
+    # (562 x 16 = 8,992 B) and 960 B to state (20 checkpoints): 20 checkpoints make
+    # 20 x 4 = 80 full pages resumable, so 562 - 80 = 482 are stranded.
+    plan = host_tier_plan(LAYOUT, 10_000, 16)
+    by = {c.label: c for c in plan.classes}
+    bad = replace(plan, classes=(replace(by["state"], slots=20, nbytes=960),
+                                 by["window"],
+                                 HostClassShare("full", 16, 4, 562, 8_992)))
+    assert bad.stranded_full_pages == 562 - 20 * 4 == 482
