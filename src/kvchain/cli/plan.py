@@ -270,8 +270,7 @@ def _print_host(console: Console, host: HostReport) -> None:
                       for c in tier.classes)
     console.print(f"host tier {tier.host_bytes:,} B ({escape(host.given)}), {spacing}: "
                   f"[bold]{tier.resumable_tokens:,}[/bold] tokens of resumable prefix "
-                  f"({tier.intervals:,} intervals of {tier.interval_bytes:,} B: {parts})",
-                  soft_wrap=True)
+                  f"({tier.intervals:,} intervals of {tier.interval_bytes:,} B: {parts})")
     table = Table(title="host tier by class (planning only: not simulated yet)")
     for col in ("class", "page bytes", "per interval", "slots", "bytes"):
         table.add_column(col, justify="left" if col == "class" else "right")
@@ -281,7 +280,7 @@ def _print_host(console: Console, host: HostReport) -> None:
     console.print(table)
     t = host.timing
     if t is None:
-        console.print(f"host hit not priced: {escape(host.why_unpriced)}", soft_wrap=True)
+        console.print(f"host hit not priced: {escape(host.why_unpriced)}")
         return
     verdict = (f"saves {t.saved_s * 1e3:,.1f} ms" if t.saved_s >= 0
                else f"costs {-t.saved_s * 1e3:,.1f} ms more than recomputing")
@@ -289,8 +288,7 @@ def _print_host(console: Console, host: HostReport) -> None:
                   f"{t.load_s * 1e3:,.1f} ms (at {DEFAULT_HOST_LINK_EFFICIENCY:g} of the host "
                   f"link's rate); with the load overlapped layer by layer the prompt's first "
                   f"forward takes {t.with_hit_s * 1e3:,.1f} ms against "
-                  f"{t.recompute_s * 1e3:,.1f} ms to recompute it: {verdict} of TTFT",
-                  soft_wrap=True)
+                  f"{t.recompute_s * 1e3:,.1f} ms to recompute it: {verdict} of TTFT")
 
 
 def _print_plan(console: Console, result: CapacityPlan) -> None:
