@@ -51,7 +51,7 @@ import numpy as np
 
 from kvchain.alloc.chain import ChainStats, Grant
 from kvchain.alloc.evictor import Evictor
-from kvchain.alloc.pricing import price, validate_demand
+from kvchain.alloc.pricing import GENERAL_PLANNER, validate_demand
 from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import (
     BandSnapshot,
@@ -246,8 +246,12 @@ class PoolAllocator:
         Raises:
             InvalidDemandError: wrong length or negative pages.
         """
-        validate_demand(self.snapshot(), demand)
-        return self._quotes.issue(price(self.snapshot(), demand))
+        snap = self.snapshot()
+        validate_demand(snap, demand)
+        quote = self._quotes.issued_for(snap, demand)  # a repeat: the quote issued before
+        if quote is None:
+            quote = self._quotes.issue(GENERAL_PLANNER.quote(snap, demand))
+        return quote
 
     def bound_pages(self, band: int) -> int:
         """Ids bound in ``band`` (null page included)."""
@@ -300,9 +304,11 @@ class PoolAllocator:
         snap = self.snapshot()
         validate_demand(snap, demand)
         if quote is None:
-            quote = price(snap, demand)
+            quote = self._quotes.issued_for(snap, demand)
+        if quote is None:
+            quote = GENERAL_PLANNER.quote(snap, demand)
         else:
-            self._quotes.check(quote, demand, self._epoch)
+            self._quotes.check(quote, demand, self._epoch)  # a memo hit is checked as well
         if not quote.fits:
             reason = quote.reason.value if quote.reason is not None else "bytes"
             raise CapacityError(
