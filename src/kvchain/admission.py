@@ -24,7 +24,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from kvchain.alloc.pricing import fits, largest_fitting
+from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, largest_fitting
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.errors import ConfigError
 from kvchain.field_types import check_field_types
@@ -128,6 +128,9 @@ class ChainPrefillBudget:
     Args:
         snapshot: the chain's snapshot at the start of the step.
         rules: the chain's admission rules.
+        planner: the pricing strategy (the allocator's own, ``Allocator.planner``, so that
+            what admission fits the allocator's quote fits); default
+            :data:`~kvchain.alloc.pricing.GENERAL_PLANNER`.
 
     The ledger holds one summed :class:`Demand`; ``admit`` adds a candidate iff the
     planner fits ``ledger + candidate`` on the snapshot (``SPLIT`` also requires each band
@@ -136,9 +139,11 @@ class ChainPrefillBudget:
     supply, so the scheduler :meth:`rebase` s the ledger on the new snapshot.
     """
 
-    def __init__(self, snapshot: ChainSnapshot, rules: AdmissionRules) -> None:
+    def __init__(self, snapshot: ChainSnapshot, rules: AdmissionRules,
+                 planner: Planner = GENERAL_PLANNER) -> None:
         self.snapshot = snapshot
         self.rules = rules
+        self.planner = planner
         self._reserved = Demand.zeros(len(snapshot.bands))
         self._remainders = (_split_remainders(snapshot)
                             if rules.window is WindowAdmission.SPLIT else None)
@@ -157,7 +162,7 @@ class ChainPrefillBudget:
             t > r for t, r in zip(total.pages, self._remainders, strict=True)
         ):
             return False
-        return fits(self.snapshot, total)
+        return self.planner.fits(self.snapshot, total)
 
     def refusal(self, demand: Demand) -> str:
         """Why ``ledger + demand`` does not fit, naming the constraint that binds (for
@@ -177,7 +182,7 @@ class ChainPrefillBudget:
             for band, need, share in zip(bands, total.pages, self._remainders, strict=True):
                 if need > share:
                     joint = ("; joint admission (the default) fits it"
-                             if fits(self.snapshot, total) else "")
+                             if self.planner.fits(self.snapshot, total) else "")
                     return (f"split admission gives the {band.label} band a share of "
                             f"{share:,} pages ({share * band.page_bytes:,} B: its holes, half "
                             f"of each gap it touches, all of a gap at a buffer end) and it "

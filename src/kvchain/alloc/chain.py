@@ -37,7 +37,7 @@ import numpy as np
 
 from kvchain.alloc.band import Band, PageMoves
 from kvchain.alloc.evictor import Evictor
-from kvchain.alloc.pricing import GENERAL_PLANNER, Planner
+from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, validate_pages
 from kvchain.alloc.pricing import apply_action as plan_apply_action
 from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import (
@@ -944,14 +944,7 @@ class Chain:
     def _check_demand(self, demand: Demand) -> None:
         if not isinstance(demand, Demand):
             raise InvalidDemandError(f"expected a Demand, got {type(demand).__name__}")
-        pages = demand.pages
-        if len(pages) != len(self._bands):
-            raise InvalidDemandError(f"demand has {len(pages)} bands, the chain "
-                                     f"{len(self._bands)}")
-        for p in pages:
-            if type(p) is not int or p < 0:  # bools and numpy ints refused, as the planner
-                raise InvalidDemandError(f"demand pages must be non-negative ints, got "
-                                         f"{pages}")
+        validate_pages(demand.pages, len(self._bands))
 
     def _after_public_call(self) -> None:
         if self.debug_audit:

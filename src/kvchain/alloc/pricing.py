@@ -229,18 +229,28 @@ class _Refusal:
 
 
 def validate_demand(snapshot: ChainSnapshot, demand: Demand) -> None:
-    """Check a demand's shape against a snapshot.
+    """Check a demand's shape against a snapshot (:func:`validate_pages`).
+
+    Raises:
+        InvalidDemandError: as :func:`validate_pages`.
+    """
+    validate_pages(demand.pages, len(snapshot.bands))
+
+
+def validate_pages(pages: object, num_bands: int) -> None:
+    """Check a demand's pages against a chain of ``num_bands`` bands (the one check every
+    allocator and the planner run before pricing or a memo lookup).
 
     Raises:
         InvalidDemandError: pages not a tuple, the wrong number of bands, or a page count
-            that is not a non-negative int.
+            that is not a non-negative int (bools and numpy ints are refused: ``True == 1``
+            would otherwise hash and compare as a page count).
     """
-    pages = demand.pages
     if type(pages) is not tuple:
         raise InvalidDemandError(f"demand pages must be a tuple of ints, got {pages!r}")
-    if len(pages) != len(snapshot.bands):
+    if len(pages) != num_bands:
         raise InvalidDemandError(
-            f"demand has {len(pages)} entries, the chain has {len(snapshot.bands)} bands"
+            f"demand has {len(pages)} entries, the chain has {num_bands} bands"
         )
     for d in pages:
         if type(d) is not int or d < 0:  # bool and numpy ints are refused on purpose

@@ -159,6 +159,7 @@ class PoolAllocator:
         self._next = [0] * n  # lowest id never handed out
         self._epoch = 0
         self._quotes = QuoteRegistry("pool allocator")
+        self.planner = GENERAL_PLANNER  # the rule is in the snapshot; the planner is general
         self._snap: ChainSnapshot | None = None
         self._takes = self._releases = 0
         self._evictor: Evictor | None = None
@@ -250,7 +251,7 @@ class PoolAllocator:
         validate_demand(snap, demand)
         quote = self._quotes.issued_for(snap, demand)  # a repeat: the quote issued before
         if quote is None:
-            quote = self._quotes.issue(GENERAL_PLANNER.quote(snap, demand))
+            quote = self._quotes.issue(self.planner.quote(snap, demand))
         return quote
 
     def bound_pages(self, band: int) -> int:
@@ -306,7 +307,7 @@ class PoolAllocator:
         if quote is None:
             quote = self._quotes.issued_for(snap, demand)
         if quote is None:
-            quote = GENERAL_PLANNER.quote(snap, demand)
+            quote = self.planner.quote(snap, demand)
         else:
             self._quotes.check(quote, demand, self._epoch)  # a memo hit is checked as well
         if not quote.fits:

@@ -41,7 +41,6 @@ from kvchain.admission import (
     WindowAdmission,
 )
 from kvchain.alloc.allocator import Allocator, MoveHold
-from kvchain.alloc.pricing import fits
 from kvchain.alloc.snapshot import ChainSnapshot, Demand, Quote
 from kvchain.errors import (
     AdmissionDivergenceError,
@@ -248,7 +247,7 @@ class Scheduler:
         smallest = Demand(smallest_request_pages(layout.bands, kv.geom.state_slots))
         if not self._fits_empty(smallest):
             needed = _demand_bytes(self._empty, smallest) + self.chain.layout.reserved_bytes
-            why = ChainPrefillBudget(self._empty, self.rules).refusal(smallest)
+            why = self._empty_budget().refusal(smallest)
             raise BufferTooSmallError(
                 f"the chain ({self.chain.layout.shape_name}, {self._empty.buffer_bytes:,} B) "
                 f"cannot hold the smallest request ({needed:,} B of pages with null pages): "
@@ -297,7 +296,7 @@ class Scheduler:
                        f"needs {_demand_bytes(self._empty, need):,} B of pages at its peak, "
                        f"which {self.rules.window.value} admission can never fit on the empty "
                        f"chain ({self._empty.free_bytes:,} B free): "
-                       + ChainPrefillBudget(self._empty, self.rules).refusal(need))
+                       + self._empty_budget().refusal(need))
             return False
         self.waiting.append(request)
         return True
@@ -321,7 +320,11 @@ class Scheduler:
     def _fits_empty(self, demand: Demand) -> bool:
         """Whether admission's own predicate (joint or split) fits ``demand`` on the empty
         chain: what "can never fit" means (no other formula)."""
-        return ChainPrefillBudget(self._empty, self.rules).fits(demand)
+        return self._empty_budget().fits(demand)
+
+    def _empty_budget(self) -> ChainPrefillBudget:
+        """A budget on the empty chain, priced by the allocator's planner."""
+        return ChainPrefillBudget(self._empty, self.rules, self.chain.planner)
 
     def _lifetime_demand(self, prompt: int, output: int,
                          points: tuple[int, ...] = ()) -> Demand:
@@ -345,7 +348,7 @@ class Scheduler:
         if not prefilling and not self.waiting:
             self._pin_if_moves(step, snap)
             return step  # decodes only: the decode check already proved they fit
-        budget = ChainPrefillBudget(snap, self.rules)
+        budget = ChainPrefillBudget(snap, self.rules, self.chain.planner)
         budget.reserve(sum_demands(decode_demands, kv.geom.num_bands))
         tokens_left = cfg.max_prefill_tokens
         page = kv.geom.page_size
@@ -740,13 +743,14 @@ class Scheduler:
         """
         snap = self.chain.snapshot()
         demands = self._decode_demands()
-        if fits(snap, sum_demands(demands, self.kv.geom.num_bands)):
+        if self.chain.planner.fits(snap, sum_demands(demands, self.kv.geom.num_bands)):
             return snap, demands
         self.counters.window_pages_reclaimed += self.kv.reclaim_window_pages(self.running)
         while True:
             snap = self.chain.snapshot()
             demands = self._decode_demands()
-            if not self.running or fits(snap, sum_demands(demands, self.kv.geom.num_bands)):
+            if not self.running or self.chain.planner.fits(
+                    snap, sum_demands(demands, self.kv.geom.num_bands)):
                 return snap, demands
             victim = max(self.running.values(), key=lambda r: (r.arrival_s, r.rid))
             self._retract(victim, now)
