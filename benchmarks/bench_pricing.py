@@ -36,9 +36,13 @@ from rich.console import Console
 from rich.table import Table
 
 from kvchain.alloc import pricing
-from kvchain.alloc.pricing import _price_uncached, clear_price_memo, fits, price
+from kvchain.alloc.pricing import _price_uncached, fits, price
 from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot, Demand, EvictionOrder
 from kvchain.layout import Anchor
+
+# Trees before the price memo moved onto the chain kept a module-level memo to empty first;
+# on later trees ``price`` keeps nothing between calls.
+clear_price_memo = getattr(pricing, "clear_price_memo", lambda: None)
 
 
 def _low(label, p, live, holes):

@@ -26,14 +26,3 @@ def pytest_configure(config: pytest.Config) -> None:
     if missing:
         raise pytest.UsageError(f"KVCHAIN_REQUIRE names modules that are not installed: "
                                 f"{', '.join(missing)}")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_price_memo() -> object:
-    """Every test starts and ends with an empty price memo: a test that patches the planner
-    must not be served quotes of the real one, nor leave its own quotes to later tests."""
-    from kvchain.alloc.pricing import clear_price_memo
-
-    clear_price_memo()
-    yield
-    clear_price_memo()

@@ -24,9 +24,9 @@ from enum import StrEnum
 
 import numpy as np
 
-from kvchain.alloc.pricing import fits, largest_fitting
+from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, largest_fitting
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
-from kvchain.errors import ConfigError, LedgerMismatchError
+from kvchain.errors import ConfigError
 from kvchain.field_types import check_field_types
 from kvchain.layout import ChainLayout
 from kvchain.spec.layers import LifetimeClass
@@ -128,6 +128,9 @@ class ChainPrefillBudget:
     Args:
         snapshot: the chain's snapshot at the start of the step.
         rules: the chain's admission rules.
+        planner: the pricing strategy (the allocator's own, ``Allocator.planner``, so that
+            what admission fits the allocator's quote fits); default
+            :data:`~kvchain.alloc.pricing.GENERAL_PLANNER`.
 
     The ledger holds one summed :class:`Demand`; ``admit`` adds a candidate iff the
     planner fits ``ledger + candidate`` on the snapshot (``SPLIT`` also requires each band
@@ -136,9 +139,11 @@ class ChainPrefillBudget:
     supply, so the scheduler :meth:`rebase` s the ledger on the new snapshot.
     """
 
-    def __init__(self, snapshot: ChainSnapshot, rules: AdmissionRules) -> None:
+    def __init__(self, snapshot: ChainSnapshot, rules: AdmissionRules,
+                 planner: Planner = GENERAL_PLANNER) -> None:
         self.snapshot = snapshot
         self.rules = rules
+        self.planner = planner
         self._reserved = Demand.zeros(len(snapshot.bands))
         self._remainders = (_split_remainders(snapshot)
                             if rules.window is WindowAdmission.SPLIT else None)
@@ -157,7 +162,7 @@ class ChainPrefillBudget:
             t > r for t, r in zip(total.pages, self._remainders, strict=True)
         ):
             return False
-        return fits(self.snapshot, total)
+        return self.planner.fits(self.snapshot, total)
 
     def refusal(self, demand: Demand) -> str:
         """Why ``ledger + demand`` does not fit, naming the constraint that binds (for
@@ -189,7 +194,7 @@ class ChainPrefillBudget:
                                      strict=True):
             if need > share:
                 joint = ("; joint admission (the default) fits it"
-                         if fits(self.snapshot, total) else "")
+                         if self.planner.fits(self.snapshot, total) else "")
                 return (f"split admission gives the {band.label} band a share of "
                         f"{share:,} pages ({share * band.page_bytes:,} B: its holes, half "
                         f"of each gap it touches, all of a gap at a buffer end) and it "
@@ -231,96 +236,6 @@ class ChainPrefillBudget:
         if best == 0 and units and self.fits(demand_of(step)):
             return step  # the search assumes monotone demands; one page always gets a try
         return best
-
-
-class FutureLedger:
-    """The running requests' reserved futures, kept up to date request by request.
-
-    Each running request contributes one :class:`Demand`: the pages it will still need
-    beyond this step (rest of its prefill, the output its reservation policy expects, the
-    window's later peak; the scheduler computes it). The ledger keeps every contribution
-    with the inputs it was computed from (a hashable key: the request's held pages and
-    position, this step's chunk and its demand, the reserved tokens) and the running sum
-    of all contributions (pages per band). Per scheduling step only a request whose key
-    changed is recomputed and its delta applied; a finish or retraction :meth:`drop` s its
-    contribution; an admission adds one at the next :meth:`refresh`. So the sum costs
-    ``O(changed requests x bands)`` per step, not a recomputation of every future.
-
-    Args:
-        num_bands: bands of the chain (length of every demand).
-
-    Equality with the from-scratch sum is tested after every step of seeded runs (every
-    reservation policy); :meth:`verify` raises on a difference.
-    """
-
-    def __init__(self, num_bands: int) -> None:
-        self.num_bands = num_bands
-        self._entries: dict[int, tuple[object, tuple[int, ...]]] = {}
-        self._total = [0] * num_bands
-        self.recomputed = 0  # contributions computed (misses), for benchmarks
-        self.reused = 0  # contributions kept because their key did not change
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, rid: object) -> bool:
-        return rid in self._entries
-
-    @property
-    def total(self) -> Demand:
-        """The summed reserved futures of every request in the ledger (pages per band)."""
-        return Demand(tuple(self._total))
-
-    def update(self, rid: int, key: object, compute: Callable[[], Demand]) -> None:
-        """Make request ``rid``'s contribution the one for ``key``: kept if ``key`` equals
-        the key it was computed from, else ``compute()`` is called and the sum adjusted by
-        the difference (``O(bands)``)."""
-        entry = self._entries.get(rid)
-        if entry is not None and entry[0] == key:
-            self.reused += 1
-            return
-        new = compute().pages
-        self.recomputed += 1
-        total = self._total
-        if entry is None:
-            for i, n in enumerate(new):
-                total[i] += n
-        else:
-            old = entry[1]
-            if old != new:
-                for i, (a, b) in enumerate(zip(old, new, strict=True)):
-                    total[i] += b - a
-        self._entries[rid] = (key, new)
-
-    def drop(self, rid: int) -> None:
-        """Remove ``rid``'s contribution (it finished or was retracted); a request not in
-        the ledger (never refreshed while running) is ignored."""
-        entry = self._entries.pop(rid, None)
-        if entry is not None:
-            total = self._total
-            for i, n in enumerate(entry[1]):
-                total[i] -= n
-
-    def rids(self) -> frozenset[int]:
-        """Requests with a contribution."""
-        return frozenset(self._entries)
-
-    def verify(self, expected: Demand, rids: frozenset[int] | None = None) -> None:
-        """Check the ledger against a from-scratch sum (``expected``) and, if given, the set
-        of requests that should be in it.
-
-        Raises:
-            LedgerMismatchError: the sums differ (per band) or the request sets differ.
-        """
-        if rids is not None and rids != frozenset(self._entries):
-            extra = sorted(frozenset(self._entries) - rids)[:8]
-            missing = sorted(rids - frozenset(self._entries))[:8]
-            raise LedgerMismatchError(f"ledger holds requests {extra} it should not and "
-                                      f"lacks {missing}")
-        if tuple(self._total) != expected.pages:
-            diff = [a - b for a, b in zip(self._total, expected.pages, strict=True)]
-            raise LedgerMismatchError(f"ledger sum {tuple(self._total)} != from-scratch sum "
-                                      f"{expected.pages} (difference {diff} pages per band)")
 
 
 def _split_remainders(snapshot: ChainSnapshot) -> tuple[int, ...]:

@@ -200,7 +200,3 @@ class InvalidRequestError(RequestError, ValueError):
 class AdmissionDivergenceError(RequestError, AssertionError):
     """Admission accepted work that the allocator then refused: a bug, never expected."""
 
-
-class LedgerMismatchError(RequestError, AssertionError):
-    """The incremental admission ledger (the running requests' reserved futures, kept up to
-    date request by request) differs from the same sum recomputed from scratch: a bug."""

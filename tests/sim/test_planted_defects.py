@@ -110,21 +110,18 @@ def test_a_kv_manager_that_forgets_a_page_leaks_and_is_reported(
     assert s.leaked_pages == forgotten[0] >= 20  # every request held a full page
 
 
-def test_replay_counts_divergences_of_a_mispredicting_planner(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A stream recorded with the real planner, replayed with one patched to refuse every
-    demand of more than 3 pages: every recorded fit above that is a divergence."""
+def test_replay_counts_divergences_of_a_mispredicting_planner(tmp_path: Path) -> None:
+    """A stream recorded with the real planner, replayed on chains given a planner that
+    refuses every demand of more than 3 pages: every recorded fit above that is a
+    divergence."""
     section = generate_section("state|window|full", 300, seed=4)
     path = tmp_path / "s.jsonl"
     write_stream(path, [section])
-    real_solve = pricing._solve
 
     def refuses_big(snapshot, demand):  # type: ignore[no-untyped-def]
         if sum(demand.pages) > 3:
             return pricing._Refusal(pricing.RefusalReason.BYTES, 1)
-        return real_solve(snapshot, demand)
+        return pricing._solve(snapshot, demand)
 
-    monkeypatch.setattr(pricing, "_solve", refuses_big)
-    pricing.clear_price_memo()  # the recording's quotes must not be served from the memo
-    (report,) = replay_stream(path)
+    (report,) = replay_stream(path, planner=pricing.Planner(refuses_big))
     assert report.divergences > 0

@@ -19,6 +19,7 @@ import numpy as np
 
 from kvchain.alloc.chain import ChainStats, Grant
 from kvchain.alloc.evictor import Evictor
+from kvchain.alloc.pricing import Planner
 from kvchain.alloc.snapshot import ChainSnapshot, Demand, Quote
 from kvchain.layout import ChainLayout
 
@@ -48,6 +49,9 @@ class Allocator(Protocol):
 
     Attributes:
         layout: the band geometry (page tokens and bytes per band, null pages).
+        planner: the pricing strategy its ``price`` uses
+            (:class:`~kvchain.alloc.pricing.Planner`); admission prices with the same one,
+            so what admission fits the allocator's own quote fits.
 
     Every method below is documented on :class:`~kvchain.alloc.chain.Chain`; the errors
     are the same typed errors (``InvalidDemandError``, ``CapacityError``,
@@ -56,6 +60,7 @@ class Allocator(Protocol):
     """
 
     layout: ChainLayout
+    planner: Planner
 
     @property
     def num_bands(self) -> int:

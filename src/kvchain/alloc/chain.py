@@ -6,7 +6,8 @@ The chain holds one :class:`~kvchain.alloc.band.Band` per band of a
 
     take(demand, quote?) --> quote issued by this chain's price() now?  (QuoteRegistry)
                                else ForgedQuoteError / StaleQuoteError, nothing changed
-                             (no quote: price(snapshot, demand) now)
+                             (no quote: the one issued for demand on this snapshot,
+                              else planner.price(snapshot, demand) now)
         refused: CapacityError, nothing changed
         fits:    phase 1: for step in plan: _PRECHECK[kind](action)   (nothing changes)
                  phase 2: for step in plan: _APPLY[kind](action)
@@ -36,8 +37,8 @@ import numpy as np
 
 from kvchain.alloc.band import Band, PageMoves
 from kvchain.alloc.evictor import Evictor
+from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, validate_pages
 from kvchain.alloc.pricing import apply_action as plan_apply_action
-from kvchain.alloc.pricing import price as plan_price
 from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import (
     Action,
@@ -58,6 +59,7 @@ from kvchain.buffer import BufferBackend, Fence, NullBuffer
 from kvchain.errors import (
     AuditError,
     CapacityError,
+    ConfigError,
     DoubleReleaseError,
     InvalidDemandError,
     LayoutError,
@@ -227,6 +229,12 @@ class Chain:
             bands' counters and the evictable supply's unit count and total (O(bands));
             ``None``: the default of :func:`kvchain.audit.resolve_audit` (on in the test
             suite and in ``kvchain replay``).
+        planner: the pricing strategy (:class:`~kvchain.alloc.pricing.Planner`); default
+            :data:`~kvchain.alloc.pricing.GENERAL_PLANNER`. Tests plant planner defects by
+            passing another here.
+
+    Quotes this chain's :meth:`price` issued are kept for the current snapshot (the price
+    memo: a repeated query on an unchanged chain is a lookup) and dropped with its epoch.
 
     ENDs start empty at their anchors; the floats start empty where
     :func:`float_starts` puts them (one float: the grid page nearest the middle of the
@@ -236,11 +244,14 @@ class Chain:
 
     Raises:
         CapacityError: the layout's null pages do not fit (a validated layout always fits).
-        ConfigError: a bad ``audit`` flag.
+        ConfigError: a bad ``audit`` flag, or ``planner`` not a ``Planner``.
     """
 
     def __init__(self, layout: ChainLayout, buffer: BufferBackend | None = None, *,
-                 debug_audit: bool = False, audit: bool | None = None) -> None:
+                 debug_audit: bool = False, audit: bool | None = None,
+                 planner: Planner = GENERAL_PLANNER) -> None:
+        if not isinstance(planner, Planner):
+            raise ConfigError(f"planner must be a Planner, got {type(planner).__name__}")
         if buffer is None:
             buffer = NullBuffer(layout.buffer_bytes)
         elif buffer.nbytes < layout.buffer_bytes:
@@ -250,6 +261,7 @@ class Chain:
         self.buffer = buffer
         self.debug_audit = debug_audit
         self.audit_takes = resolve_audit(audit)
+        self.planner = planner
         self._bands = [Band(bl, start) for bl, start in zip(layout.bands,
                                                            float_starts(layout), strict=True)]
         self._epoch = 0
@@ -320,9 +332,7 @@ class Chain:
         if self._fence is not None and self._fence.query():
             self._apply(_FenceDone())
         if self._evictor is not None and self._evictor.version != self._evictor_version:
-            self._epoch += 1  # the evictable supply changed: a new capacity epoch
-            self._snap = None
-            self._quotes.clear()
+            self._new_epoch()  # the evictable supply changed: a new capacity epoch
         if self._snap is None:
             self._snap = self._build_snapshot()
             if self._evictor is not None:
@@ -348,9 +358,7 @@ class Chain:
             raise InvalidDemandError(f"expected an Evictor, got {type(evictor).__name__}")
         self._evictor = evictor
         self._evictor_version = -1
-        self._epoch += 1
-        self._snap = None
-        self._quotes.clear()
+        self._new_epoch()
 
     def empty_snapshot(self) -> ChainSnapshot:
         """The snapshot of this chain's layout with nothing held but its null pages (what
@@ -363,13 +371,18 @@ class Chain:
         """The planner's quote for ``demand`` on the current snapshot (nothing changes).
 
         The quote is registered as issued by this chain until its epoch moves: only such a
-        quote may be passed to :meth:`take`.
+        quote may be passed to :meth:`take`. A repeat (the same demand on the same epoch)
+        returns the quote already issued, without running the planner.
 
         Raises:
             InvalidDemandError: wrong length or negative pages.
         """
         self._check_demand(demand)
-        return self._quotes.issue(self._price(self.snapshot(), demand))
+        snap = self.snapshot()
+        quote = self._quotes.issued_for(snap, demand)
+        if quote is None:
+            quote = self._quotes.issue(self.planner.quote(snap, demand))
+        return quote
 
     def bound_pages(self, band: int) -> int:
         """Virtual ids bound in band ``band`` (live pages, null pages included).
@@ -447,9 +460,11 @@ class Chain:
         self._check_demand(demand)
         snap = self.snapshot()
         if quote is None:
-            quote = self._price(snap, demand)
-        else:
-            self._quotes.check(quote, demand, self._epoch)
+            quote = self._quotes.issued_for(snap, demand)
+            if quote is None:
+                quote = self.planner.quote(snap, demand)
+                return self._realize(demand, quote, verify_predictions=False)
+        self._quotes.check(quote, demand, self._epoch)  # a memo hit is checked as well
         return self._realize(demand, quote, verify_predictions=False)
 
     def _realize(self, demand: Demand, quote: Quote, *, verify_predictions: bool) -> Grant:
@@ -760,9 +775,7 @@ class Chain:
         if apply is None:
             raise PlanMismatchError(f"unknown action {action!r}")
         result = apply(self, action)
-        self._epoch += 1
-        self._snap = None
-        self._quotes.clear()
+        self._new_epoch()
         return result
 
     def _apply_evict(self, action: Evict) -> None:
@@ -888,8 +901,12 @@ class Chain:
 
     # --- helpers ------------------------------------------------------------------------
 
-    def _price(self, snap: ChainSnapshot, demand: Demand) -> Quote:
-        return plan_price(snap, demand)
+    def _new_epoch(self) -> None:
+        """Bump the capacity epoch: the cached snapshot and every quote issued on it (the
+        price memo included) are dropped."""
+        self._epoch += 1
+        self._snap = None
+        self._quotes.clear()
 
     def _build_snapshot(self) -> ChainSnapshot:
         movable, pending = self._gate_open, self._fence is not None
@@ -927,14 +944,7 @@ class Chain:
     def _check_demand(self, demand: Demand) -> None:
         if not isinstance(demand, Demand):
             raise InvalidDemandError(f"expected a Demand, got {type(demand).__name__}")
-        pages = demand.pages
-        if len(pages) != len(self._bands):
-            raise InvalidDemandError(f"demand has {len(pages)} bands, the chain "
-                                     f"{len(self._bands)}")
-        for p in pages:
-            if type(p) is not int or p < 0:  # bools and numpy ints refused, as the planner
-                raise InvalidDemandError(f"demand pages must be non-negative ints, got "
-                                         f"{pages}")
+        validate_pages(demand.pages, len(self._bands))
 
     def _after_public_call(self) -> None:
         if self.debug_audit:

@@ -229,18 +229,28 @@ class _Refusal:
 
 
 def validate_demand(snapshot: ChainSnapshot, demand: Demand) -> None:
-    """Check a demand's shape against a snapshot.
+    """Check a demand's shape against a snapshot (:func:`validate_pages`).
+
+    Raises:
+        InvalidDemandError: as :func:`validate_pages`.
+    """
+    validate_pages(demand.pages, len(snapshot.bands))
+
+
+def validate_pages(pages: object, num_bands: int) -> None:
+    """Check a demand's pages against a chain of ``num_bands`` bands (the one check every
+    allocator and the planner run before pricing or a memo lookup).
 
     Raises:
         InvalidDemandError: pages not a tuple, the wrong number of bands, or a page count
-            that is not a non-negative int.
+            that is not a non-negative int (bools and numpy ints are refused: ``True == 1``
+            would otherwise hash and compare as a page count).
     """
-    pages = demand.pages
     if type(pages) is not tuple:
         raise InvalidDemandError(f"demand pages must be a tuple of ints, got {pages!r}")
-    if len(pages) != len(snapshot.bands):
+    if len(pages) != num_bands:
         raise InvalidDemandError(
-            f"demand has {len(pages)} entries, the chain has {len(snapshot.bands)} bands"
+            f"demand has {len(pages)} entries, the chain has {num_bands} bands"
         )
     for d in pages:
         if type(d) is not int or d < 0:  # bool and numpy ints are refused on purpose
@@ -268,7 +278,9 @@ def _solve(snapshot: ChainSnapshot, demand: Demand) -> _Plan | _Refusal:
     return _solve_chain(snapshot, pages)
 
 
-_GENERAL_SOLVE = _solve  # the shortcut stands for this solver's in-place answer
+#: A solver: the cheapest feasible candidate for a valid demand on a snapshot, or the proof
+#: of refusal (``_solve`` is the general one; a :class:`Planner` carries the one it uses).
+Solver = Callable[[ChainSnapshot, Demand], "_Plan | _Refusal"]
 
 
 def _solve_two_ends(snapshot: ChainSnapshot, pages: tuple[int, ...]) -> _Plan | _Refusal:
@@ -767,140 +779,198 @@ def _float_moves(bands: tuple[BandSnapshot, ...],
 # --- public API ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Planner:
+    """A pricing strategy: the solver that decides a demand on a snapshot, and whether the
+    in-place shortcut answers for it.
+
+    :data:`GENERAL_PLANNER` (the general solver with the shortcut) is what every chain,
+    pool allocator and module-level function here uses unless another planner is passed
+    in; tests plant a defect by building ``Planner(a_wrong_solver)`` and handing it to the
+    chain (``Chain(layout, planner=...)``), never by patching this module.
+
+    Attributes:
+        solve: the solver (a :data:`Solver`; default the general one, ``_solve``).
+        shortcut: whether ``_in_place_shortcut`` gives ``solve``'s answers. It walks the
+            counts once and emits the general solver's in-place plan or byte-bound
+            refusal, so it is true only of the general solver; a planner built with
+            another solver leaves it ``False`` (the default), so that its solver answers
+            every demand. ``Planner()`` is the general solver without the shortcut
+            (``tests/alloc/test_price_shortcut.py`` checks both give the same quotes).
+    """
+
+    solve: Solver = _solve
+    shortcut: bool = False
+
+    def price(self, snapshot: ChainSnapshot, demand: Demand) -> Quote:
+        """Price a demand on a snapshot: the cheapest plan, or a refusal with its proof.
+
+        Args:
+            snapshot: the chain's snapshot (counts and frontiers).
+            demand: pages per band (state slots for a state band), aligned with
+                ``snapshot.bands``.
+
+        Returns:
+            A :class:`Quote`: ``fits`` with ordered steps (each with its predicted
+            snapshot) and ``copied_bytes``, or a refusal with ``reason`` and a positive
+            ``shortfall_bytes``. Nothing is memoized here: a chain keeps the quotes it
+            issued for its current snapshot (:class:`~kvchain.alloc.quotes.QuoteRegistry`).
+
+        Raises:
+            InvalidDemandError: the demand's length differs from the band count, or an
+                entry is not a non-negative int.
+        """
+        validate_demand(snapshot, demand)
+        return self.quote(snapshot, demand)
+
+    def quote(self, snapshot: ChainSnapshot, demand: Demand) -> Quote:
+        """:meth:`price` of a demand already validated against ``snapshot`` (a chain
+        checks its demands itself; an invalid one here is undefined).
+
+        A demand that fits without a copy (in place, after the least eviction prefix if
+        it needs one), or that the byte bound refuses even after evicting everything, is
+        answered by ``_in_place_shortcut`` straight from the counts when :attr:`shortcut`
+        is set; every other demand goes to the solver, after the least eviction prefix."""
+        pages = demand.pages
+        if not any(pages):
+            return Quote(demand, snapshot, (), True)
+        if self.shortcut:
+            found = _in_place_shortcut(snapshot, pages)
+            if isinstance(found, tuple):
+                return Quote(demand, snapshot, LazyPlan(snapshot, found[1], apply_action), True)
+            if found is not None:
+                return Quote(demand, snapshot, (), False, found.shortfall_bytes, found.reason)
+        k, base, solved = _solve_with_eviction(snapshot, demand, self.solve)
+        if isinstance(solved, _Refusal):
+            return Quote(demand, snapshot, (), False, solved.shortfall_bytes, solved.reason)
+        actions = _actions(base, demand, solved)
+        if k:
+            actions.insert(0, Evict(k))
+        plan = LazyPlan(snapshot, tuple(actions), apply_action)
+        return Quote(demand, snapshot, plan, True, 0, None, solved.copied_bytes)
+
+    def fits(self, snapshot: ChainSnapshot, demand: Demand) -> bool:
+        """Whether :meth:`price` would fit the demand (same decision, no plan is built).
+
+        Raises:
+            InvalidDemandError: as :meth:`price`.
+        """
+        validate_demand(snapshot, demand)
+        if demand.is_empty:
+            return True
+        if self.shortcut:
+            found = _in_place_shortcut(snapshot, demand.pages)
+            if found is not None:
+                return isinstance(found, tuple)
+        return isinstance(_solve_with_eviction(snapshot, demand, self.solve)[2], _Plan)
+
+    def least_eviction(self, snapshot: ChainSnapshot, demand: Demand) -> int | None:
+        """The fewest eviction units after which ``demand`` fits (0: fits as is), or
+        ``None`` when even evicting every unit of ``snapshot.evictable`` would not fit.
+
+        Raises:
+            InvalidDemandError: as :meth:`price`.
+        """
+        validate_demand(snapshot, demand)
+        if demand.is_empty:
+            return 0
+        if self.shortcut:
+            found = _in_place_shortcut(snapshot, demand.pages)
+            if isinstance(found, tuple):
+                return found[0]
+            if found is not None:
+                return None
+        k, _, solved = _solve_with_eviction(snapshot, demand, self.solve)
+        return k if isinstance(solved, _Plan) else None
+
+    def max_units(self, snapshot: ChainSnapshot, unit: Demand,
+                  base: Demand | None = None) -> int:
+        """Largest ``n`` such that ``base + n x unit`` fits: the capacity query.
+
+        E.g. ``unit = (0, 1, 1)`` on a state|window|full chain asks how many full + window
+        pages fit together (docs/pricing.md §2: 75 in its worked example). ``O(log n)``
+        calls of :meth:`fits` (:func:`largest_fitting`).
+
+        Raises:
+            InvalidDemandError: invalid ``unit``/``base`` or an empty ``unit``.
+        """
+        base = base or Demand.zeros(len(snapshot.bands))
+        validate_demand(snapshot, unit)
+        validate_demand(snapshot, base)
+        if unit.is_empty:
+            raise InvalidDemandError("max_units needs a non-empty unit demand")
+        if not self.fits(snapshot, base):
+            return 0
+        bands = snapshot.bands
+        unit_bytes = sum(d * b.page_bytes for d, b in zip(unit.pages, bands, strict=True))
+        base_bytes = sum(d * b.page_bytes for d, b in zip(base.pages, bands, strict=True))
+        order = snapshot.evictable
+        evictable_bytes = sum(n * b.page_bytes for n, b in
+                              zip(order.freed(order.units), bands, strict=False))
+        upper = (snapshot.free_bytes + evictable_bytes - base_bytes) // unit_bytes
+        return largest_fitting(lambda n: self.fits(snapshot, base.plus(unit.scaled(n))),
+                               upper)
+
+
+#: The general solver with the in-place shortcut: the planner of every chain and pool
+#: allocator not given another, and of :func:`price`, :func:`fits`,
+#: :func:`least_eviction` and :func:`max_units`.
+GENERAL_PLANNER = Planner(_solve, shortcut=True)
+
+
 def price(snapshot: ChainSnapshot, demand: Demand) -> Quote:
-    """Price a demand on a snapshot: the cheapest plan, or a refusal with its proof.
-
-    Args:
-        snapshot: the chain's snapshot (counts and frontiers).
-        demand: pages per band (state slots for a state band), aligned with
-            ``snapshot.bands``.
-
-    Returns:
-        A :class:`Quote`: ``fits`` with ordered steps (each with its predicted snapshot)
-        and ``copied_bytes``, or a refusal with ``reason`` and a positive
-        ``shortfall_bytes``.
-
-    Repeats are memo lookups: the last call's snapshot object and demand (about 0.2 us),
-    else a dict keyed on the snapshot's value and the demand (quotes are immutable, so
-    sharing them is safe); a miss runs the planner.
+    """:meth:`Planner.price` of :data:`GENERAL_PLANNER` (pure; no memo).
 
     Raises:
         InvalidDemandError: the demand's length differs from the band count, or an entry
             is not a non-negative int.
     """
-    last = _LAST_PRICED
-    if snapshot is last[0] and (demand is last[1] or (
-            demand == last[1] and all(type(d) is int for d in demand.pages))):
-        return last[2]  # type: ignore[return-value]
-    validate_demand(snapshot, demand)  # before the memo: True == 1 as a key
-    quote = _price_memo(snapshot, demand)
-    _LAST_PRICED[:] = (snapshot, demand, quote)
-    return quote
-
-
-# Memo of price: ``(snapshot value, demand) -> quote``. Keys hash and compare every field of
-# the snapshot that takes part in its equality (counts, frontiers, gate, fence, and any field
-# added later), never the epoch alone; cleared when it reaches _PRICE_MEMO_SIZE entries.
-_PRICE_MEMO_SIZE = 4_096
-_PRICE_MEMO: dict[tuple[ChainSnapshot, Demand], Quote] = {}
-# The last call's snapshot object, demand and quote: a repeat on the same (immutable)
-# snapshot object is one identity test and one tuple comparison.
-_LAST_PRICED: list[object] = [None, None, None]
-
-
-def clear_price_memo() -> None:
-    """Forget every memoized quote (tests that patch the planner call this first, so a
-    quote priced by the real planner is not served from the memo)."""
-    _PRICE_MEMO.clear()
-    _LAST_PRICED[:] = (None, None, None)
-
-
-def _price_memo(snapshot: ChainSnapshot, demand: Demand) -> Quote:
-    """:func:`price` through the value memo (the quote's ``before`` is ``snapshot``)."""
-    key = (snapshot, demand)
-    quote = _PRICE_MEMO.get(key)
-    if quote is None:
-        quote = _price_uncached(snapshot, demand)
-        if len(_PRICE_MEMO) >= _PRICE_MEMO_SIZE:
-            _PRICE_MEMO.clear()
-        _PRICE_MEMO[key] = quote
-    elif quote.before is not snapshot:
-        # An equal snapshot of another epoch (a direct constructor call: the same fields as
-        # dataclasses.replace, several times cheaper).
-        quote = Quote(quote.demand, snapshot, quote.steps, quote.fits, quote.shortfall_bytes,
-                      quote.reason, quote.copied_bytes)
-    return quote
+    validate_demand(snapshot, demand)
+    return GENERAL_PLANNER.quote(snapshot, demand)
 
 
 def _price_uncached(snapshot: ChainSnapshot, demand: Demand) -> Quote:
-    """The planner behind :func:`price` (no memo; the demand is already valid).
+    """:func:`price` without the validation (the demand is already valid; benchmarks time
+    the planner alone through it)."""
+    return GENERAL_PLANNER.quote(snapshot, demand)
 
-    A demand that fits without a copy (in place, after the least eviction prefix if it
-    needs one), or that the byte bound refuses even after evicting everything, is answered
-    by :func:`_in_place_shortcut` straight from the counts; every other demand goes to the
-    general solver (:func:`_price_general`). Both give the same quote
-    (``tests/alloc/test_price_shortcut.py`` checks it on random snapshots)."""
-    pages = demand.pages
-    if not any(pages):
-        return Quote(demand, snapshot, (), True)
-    if _solve is _GENERAL_SOLVE:
-        found = _in_place_shortcut(snapshot, pages)
-        if isinstance(found, tuple):
-            return Quote(demand, snapshot, LazyPlan(snapshot, found[1], apply_action), True)
-        if found is not None:
-            return Quote(demand, snapshot, (), False, found.shortfall_bytes, found.reason)
-    return _price_general(snapshot, demand)
+
+_NO_SHORTCUT = Planner(_solve)  # the general solver answering every demand itself
 
 
 def _price_general(snapshot: ChainSnapshot, demand: Demand) -> Quote:
-    """The general solver behind :func:`price`, with no shortcut: every candidate
-    (in place, compaction, relocation) after the least eviction prefix (demand valid)."""
-    if demand.is_empty:
-        return Quote(demand, snapshot, (), True)
-    k, base, solved = _solve_with_eviction(snapshot, demand)
-    if isinstance(solved, _Refusal):
-        return Quote(demand, snapshot, (), False, solved.shortfall_bytes, solved.reason)
-    actions = _actions(base, demand, solved)
-    if k:
-        actions.insert(0, Evict(k))
-    plan = LazyPlan(snapshot, tuple(actions), apply_action)
-    return Quote(demand, snapshot, plan, True, 0, None, solved.copied_bytes)
+    """The general solver with no shortcut: every candidate (in place, compaction,
+    relocation) after the least eviction prefix (demand valid); the shortcut's tests
+    compare it with :func:`price`."""
+    return _NO_SHORTCUT.quote(snapshot, demand)
 
 
 def fits(snapshot: ChainSnapshot, demand: Demand) -> bool:
-    """Whether :func:`price` would fit the demand (same decision, no plan is built).
+    """:meth:`Planner.fits` of :data:`GENERAL_PLANNER`.
 
     Raises:
         InvalidDemandError: as :func:`price`.
     """
-    validate_demand(snapshot, demand)
-    if demand.is_empty:
-        return True
-    if _solve is _GENERAL_SOLVE:
-        found = _in_place_shortcut(snapshot, demand.pages)
-        if found is not None:
-            return isinstance(found, tuple)
-    return isinstance(_solve_with_eviction(snapshot, demand)[2], _Plan)
+    return GENERAL_PLANNER.fits(snapshot, demand)
 
 
 def least_eviction(snapshot: ChainSnapshot, demand: Demand) -> int | None:
-    """The fewest eviction units after which ``demand`` fits (0: fits as is), or ``None``
-    when even evicting every unit of ``snapshot.evictable`` would not fit.
+    """:meth:`Planner.least_eviction` of :data:`GENERAL_PLANNER`.
 
     Raises:
         InvalidDemandError: as :func:`price`.
     """
-    validate_demand(snapshot, demand)
-    if demand.is_empty:
-        return 0
-    if _solve is _GENERAL_SOLVE:
-        found = _in_place_shortcut(snapshot, demand.pages)
-        if isinstance(found, tuple):
-            return found[0]
-        if found is not None:
-            return None
-    k, _, solved = _solve_with_eviction(snapshot, demand)
-    return k if isinstance(solved, _Plan) else None
+    return GENERAL_PLANNER.least_eviction(snapshot, demand)
+
+
+def max_units(snapshot: ChainSnapshot, unit: Demand, base: Demand | None = None) -> int:
+    """:meth:`Planner.max_units` of :data:`GENERAL_PLANNER`: largest ``n`` such that
+    ``base + n x unit`` fits.
+
+    Raises:
+        InvalidDemandError: invalid ``unit``/``base`` or an empty ``unit``.
+    """
+    return GENERAL_PLANNER.max_units(snapshot, unit, base)
 
 
 # --- the shortcut: demands that fit without a copy ------------------------------------------
@@ -910,8 +980,8 @@ def least_eviction(snapshot: ChainSnapshot, demand: Demand) -> int | None:
 # too and returns it at once, but only after building its candidate records, the plan
 # decisions and a snapshot per probed eviction prefix. The shortcut walks the counts once,
 # low -> high, and emits the same actions. It stands for the general solver's in-place
-# answer, so it steps aside whenever ``_solve`` is not the module's own (a planner patched
-# with a planted defect must be the one that answers).
+# answer, so only a planner that says so (``Planner.shortcut``: the general solver's) uses
+# it; a planner built with another solver (a planted defect) answers every demand itself.
 
 _ACTIONS_MAX = 1 << 16  # interned actions kept (cleared when full; actions are immutable)
 _ACTIONS: dict[tuple[int, int, int], Action] = {}
@@ -1067,7 +1137,7 @@ def _walk_in_place(snapshot: ChainSnapshot, pages: tuple[int, ...],
     return uses
 
 
-def _solve_with_eviction(snapshot: ChainSnapshot, demand: Demand,
+def _solve_with_eviction(snapshot: ChainSnapshot, demand: Demand, solve: Solver,
                          ) -> tuple[int, ChainSnapshot, _Plan | _Refusal]:
     """The least eviction prefix after which the demand fits, and the plan there.
 
@@ -1079,13 +1149,16 @@ def _solve_with_eviction(snapshot: ChainSnapshot, demand: Demand,
     while with the gate closed a band's extra holes can only help that band. A refusal is
     the refusal after evicting every unit (the smallest shortfall there is).
 
+    Args:
+        solve: the solver asked on each probed prefix (a :class:`Planner`'s).
+
     Returns:
         ``(k, snapshot after evicting k units, plan or refusal)``.
     """
     units = snapshot.evictable.units
     excess = _excess_bytes(snapshot, demand)
     if units == 0 or excess <= 0:  # else nothing fits before evicting: skip that solve
-        solved = _solve(snapshot, demand)
+        solved = solve(snapshot, demand)
         if isinstance(solved, _Plan) or units == 0:
             return 0, snapshot, solved
     # The byte bound is necessary, so no prefix below lo fits; with the gate open it is
@@ -1093,12 +1166,12 @@ def _solve_with_eviction(snapshot: ChainSnapshot, demand: Demand,
     lo = _byte_bound_prefix(snapshot, excess)
     if lo < units:
         candidate = _evicted(snapshot, lo)
-        attempt = _solve(candidate, demand)
+        attempt = solve(candidate, demand)
         if isinstance(attempt, _Plan):
             return lo, candidate, attempt
         lo += 1
     full = _evicted(snapshot, units)
-    solved_full = _solve(full, demand)
+    solved_full = solve(full, demand)
     if isinstance(solved_full, _Refusal):
         return units, full, solved_full
     hi = units  # fits after hi units, not after lo - 1
@@ -1106,7 +1179,7 @@ def _solve_with_eviction(snapshot: ChainSnapshot, demand: Demand,
     while lo < hi:
         mid = (lo + hi) // 2
         candidate = _evicted(snapshot, mid)
-        attempt = _solve(candidate, demand)
+        attempt = solve(candidate, demand)
         if isinstance(attempt, _Plan):
             hi, best = mid, (candidate, attempt)
         else:
@@ -1144,28 +1217,3 @@ def largest_fitting(predicate: Callable[[int], bool], upper: int) -> int:
         else:
             hi = mid - 1
     return lo
-
-
-def max_units(snapshot: ChainSnapshot, unit: Demand, base: Demand | None = None) -> int:
-    """Largest ``n`` such that ``base + n x unit`` fits: the capacity query.
-
-    E.g. ``unit = (0, 1, 1)`` on a state|window|full chain asks how many full + window
-    pages fit together (docs/pricing.md §2: 75 in its worked example).
-
-    Raises:
-        InvalidDemandError: invalid ``unit``/``base`` or an empty ``unit``.
-    """
-    base = base or Demand.zeros(len(snapshot.bands))
-    validate_demand(snapshot, unit)
-    validate_demand(snapshot, base)
-    if unit.is_empty:
-        raise InvalidDemandError("max_units needs a non-empty unit demand")
-    if not fits(snapshot, base):
-        return 0
-    unit_bytes = sum(d * b.page_bytes for d, b in zip(unit.pages, snapshot.bands, strict=True))
-    base_bytes = sum(d * b.page_bytes for d, b in zip(base.pages, snapshot.bands, strict=True))
-    order = snapshot.evictable
-    evictable_bytes = sum(n * b.page_bytes for n, b in
-                          zip(order.freed(order.units), snapshot.bands, strict=False))
-    upper = (snapshot.free_bytes + evictable_bytes - base_bytes) // unit_bytes
-    return largest_fitting(lambda n: fits(snapshot, base.plus(unit.scaled(n))), upper)

@@ -11,6 +11,12 @@ registry is emptied on every capacity-epoch bump, so a quote priced before a cha
 stale (the quote's own ``before.epoch`` is compared with the allocator's epoch as well, so
 an epoch bump that forgets to empty the registry still makes it stale). A refused quote
 raises before anything changes.
+
+The registry is also the allocator's price memo: :meth:`QuoteRegistry.issued_for` finds
+the quote issued for a demand on the current snapshot object, so a repeated capacity query
+is a dictionary lookup, not a planner run. It belongs to one allocator, holds at most
+:data:`MAX_ISSUED_PER_EPOCH` quotes, and dies with the epoch (emptied on every bump; a
+quote of another snapshot object is never served).
 """
 
 from __future__ import annotations
@@ -50,25 +56,48 @@ class QuoteRegistry:
         owner: a short name for messages (e.g. ``"chain"``).
     """
 
-    __slots__ = ("_issued", "_owner")
+    __slots__ = ("_by_demand", "_issued", "_owner")
 
     def __init__(self, owner: str) -> None:
         self._owner = owner
         self._issued: dict[int, _Issued] = {}
+        self._by_demand: dict[Demand, Quote] = {}  # the memo: the latest quote per demand
 
     def issue(self, quote: Quote) -> Quote:
-        """Register ``quote`` (just priced on the current snapshot) and return it."""
+        """Register ``quote`` (just priced on the current snapshot) and return it; a quote
+        already registered (a memo hit of :meth:`issued_for`) is returned as it is."""
         issued = self._issued
+        rec = issued.get(id(quote))
+        if rec is not None and rec.quote is quote:
+            return quote
         if len(issued) >= MAX_ISSUED_PER_EPOCH:
-            del issued[next(iter(issued))]
+            old = issued.pop(next(iter(issued)))
+            if self._by_demand.get(old.demand) is old.quote:
+                del self._by_demand[old.demand]
         issued[id(quote)] = _Issued(quote, quote.demand, quote.before, quote.fits,
                                     quote.steps, plan_actions(quote))
+        self._by_demand[quote.demand] = quote
         return quote
+
+    def issued_for(self, snapshot: ChainSnapshot, demand: Demand) -> Quote | None:
+        """The quote issued for ``demand`` on this very ``snapshot`` object, or ``None``
+        (the memo of the allocator's ``price``; ``demand`` already validated, so an equal
+        demand is the same demand).
+
+        Snapshots are immutable and an allocator builds a new one after every epoch bump,
+        so identity with the quote's ``before`` is what ties the memo to the epoch even if
+        a bump forgot :meth:`clear`. The quote returned may have been altered since it was
+        issued; a caller that realizes it passes it through :meth:`check` first."""
+        quote = self._by_demand.get(demand)
+        if quote is not None and quote.before is snapshot:
+            return quote
+        return None
 
     def clear(self) -> None:
         """Forget every quote (the capacity epoch moved)."""
         if self._issued:
             self._issued.clear()
+            self._by_demand.clear()
 
     def check(self, quote: Quote, demand: Demand, epoch: int) -> None:
         """Accept ``quote`` for ``demand`` at capacity epoch ``epoch`` or raise.

@@ -189,7 +189,7 @@ class EvictionOrder:
     Equality: equal unit counts and equal rows. Two views of the same published rows and
     start are equal at once; otherwise units and last rows are compared first (O(bands))
     and then the rows one by one. A comparison that needs a row a stale lazy order can no
-    longer produce answers *unequal* (the price memo then misses and prices again: never
+    longer produce answers *unequal* (a dictionary keyed on snapshots then misses: never
     a wrong hit). Hash: the unit count and the last row (O(bands)).
 
     Raises:
@@ -395,7 +395,7 @@ class EvictionOrder:
         return True
 
     def __hash__(self) -> int:
-        # O(bands), not O(units): the price memo hashes every snapshot it is asked about.
+        # O(bands), not O(units): a snapshot used as a dictionary key is hashed often.
         # Equal orders have equal unit counts and equal last rows, hence equal hashes;
         # orders that differ only before the last row collide, and __eq__ decides.
         units = self.units

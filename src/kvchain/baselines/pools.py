@@ -51,7 +51,7 @@ import numpy as np
 
 from kvchain.alloc.chain import ChainStats, Grant
 from kvchain.alloc.evictor import Evictor
-from kvchain.alloc.pricing import price, validate_demand
+from kvchain.alloc.pricing import GENERAL_PLANNER, validate_demand
 from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import (
     BandSnapshot,
@@ -159,6 +159,7 @@ class PoolAllocator:
         self._next = [0] * n  # lowest id never handed out
         self._epoch = 0
         self._quotes = QuoteRegistry("pool allocator")
+        self.planner = GENERAL_PLANNER  # the rule is in the snapshot; the planner is general
         self._snap: ChainSnapshot | None = None
         self._takes = self._releases = 0
         self._evictor: Evictor | None = None
@@ -246,8 +247,12 @@ class PoolAllocator:
         Raises:
             InvalidDemandError: wrong length or negative pages.
         """
-        validate_demand(self.snapshot(), demand)
-        return self._quotes.issue(price(self.snapshot(), demand))
+        snap = self.snapshot()
+        validate_demand(snap, demand)
+        quote = self._quotes.issued_for(snap, demand)  # a repeat: the quote issued before
+        if quote is None:
+            quote = self._quotes.issue(self.planner.quote(snap, demand))
+        return quote
 
     def bound_pages(self, band: int) -> int:
         """Ids bound in ``band`` (null page included)."""
@@ -300,9 +305,11 @@ class PoolAllocator:
         snap = self.snapshot()
         validate_demand(snap, demand)
         if quote is None:
-            quote = price(snap, demand)
+            quote = self._quotes.issued_for(snap, demand)
+        if quote is None:
+            quote = self.planner.quote(snap, demand)
         else:
-            self._quotes.check(quote, demand, self._epoch)
+            self._quotes.check(quote, demand, self._epoch)  # a memo hit is checked as well
         if not quote.fits:
             reason = quote.reason.value if quote.reason is not None else "bytes"
             raise CapacityError(

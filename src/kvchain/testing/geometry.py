@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvchain.alloc import Chain
+from kvchain.alloc.pricing import GENERAL_PLANNER, Planner
 from kvchain.buffer import BufferBackend
 from kvchain.errors import ConfigError
 from kvchain.layout import ChainLayout, plan_layout
@@ -84,14 +85,16 @@ class ChainGeometry:
         return plan_layout(classes, self.buffer_bytes, self.page_size,
                            null_pages=self.null_pages)
 
-    def chain(self, buffer: BufferBackend | None = None, *, audit: bool | None = None) -> Chain:
+    def chain(self, buffer: BufferBackend | None = None, *, audit: bool | None = None,
+              planner: Planner = GENERAL_PLANNER) -> Chain:
         """A fresh chain of this geometry (default a ``NullBuffer``); ``audit`` is the
-        chain's audit flag (``None``: :func:`kvchain.audit.resolve_audit`'s default).
+        chain's audit flag (``None``: :func:`kvchain.audit.resolve_audit`'s default);
+        ``planner`` its pricing strategy (tests plant planner defects here).
 
         Raises:
-            ConfigError: as :meth:`layout`, or a bad ``audit`` flag.
+            ConfigError: as :meth:`layout`, a bad ``audit`` flag or ``planner``.
         """
-        return Chain(self.layout(), buffer, audit=audit)
+        return Chain(self.layout(), buffer, audit=audit, planner=planner)
 
     @property
     def shape(self) -> str:

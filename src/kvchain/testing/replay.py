@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvchain.alloc.pricing import GENERAL_PLANNER, Planner
 from kvchain.errors import ConfigError
 from kvchain.testing.geometry import ChainGeometry, shape_geometry
 from kvchain.testing.streams import ChainRecorder, Op, generate_stream, op_from_json, op_to_json
@@ -144,7 +145,8 @@ def read_stream(path: Path) -> tuple[StreamSection, ...]:
 
 
 def replay_section(section: StreamSection, *, fail_fast: bool = False,
-                   cache_defect: str | None = None) -> SectionReport:
+                   cache_defect: str | None = None,
+                   planner: Planner = GENERAL_PLANNER) -> SectionReport:
     """Replay one section on a fresh chain (``NullBuffer``), auditing after every op.
 
     Args:
@@ -152,13 +154,15 @@ def replay_section(section: StreamSection, *, fail_fast: bool = False,
         fail_fast: stop at the first divergence or violation.
         cache_defect: plant a defect in the prefix cache the cache ops build (tests of
             the replay's own counters; see :class:`~kvchain.testing.evictor.ReferenceEvictor`).
+        planner: the chain's pricing strategy (tests of the divergence count plant a
+            mispredicting one; :class:`~kvchain.alloc.pricing.Planner`).
 
     Raises:
         ConfigError: the geometry is invalid.
     """
     import time
 
-    rec = ChainRecorder(section.geometry.chain(audit=True))  # every rebuild-and-compare
+    rec = ChainRecorder(section.geometry.chain(audit=True, planner=planner))  # every audit
     rec.cache_defect = cache_defect
     t0 = time.perf_counter()
     for op in section.ops:
@@ -171,16 +175,17 @@ def replay_section(section: StreamSection, *, fail_fast: bool = False,
                          c.divergences, c.violations, seconds, tuple(c.messages))
 
 
-def replay_stream(path: Path, *, fail_fast: bool = False) -> tuple[SectionReport, ...]:
+def replay_stream(path: Path, *, fail_fast: bool = False,
+                  planner: Planner = GENERAL_PLANNER) -> tuple[SectionReport, ...]:
     """Replay every section of a stream file (stops after a failing one with
-    ``fail_fast``).
+    ``fail_fast``) on chains priced by ``planner`` (see :func:`replay_section`).
 
     Raises:
         ConfigError: as :func:`read_stream`.
     """
     reports = []
     for section in read_stream(path):
-        report = replay_section(section, fail_fast=fail_fast)
+        report = replay_section(section, fail_fast=fail_fast, planner=planner)
         reports.append(report)
         if fail_fast and not report.ok:
             break
