@@ -17,11 +17,11 @@ generated ``AT`` tokens. Then, between two steps:
    into the pages its tables name now, and generation continues.
 
 Request 1's tokens must equal transformers' ``generate`` with its own cache, and its logits
-must be bit-identical to the same engine run without steps 1, 2 and 4 (step 3 included, so
-both runs compute on identical pages). The planted siblings show each check can fail: the
-same run without the load-back, a load-back that skips one page of one class, and a
-load-back into the physical pages the request had before the compaction all give other
-tokens.
+must be bit-identical (CPU; within ``LOGIT_TOL`` on CUDA) to the same engine run without
+steps 1, 2 and 4 (step 3 included, so both runs compute on identical pages). The planted
+siblings show each check can fail: the same run without the load-back, a load-back that
+skips one page of one class, and a load-back into the physical pages the request had
+before the compaction all give other tokens.
 """
 
 from __future__ import annotations
