@@ -197,6 +197,13 @@ class InvalidRequestError(RequestError, ValueError):
     """A request with a non-positive prompt or output length, or a duplicate id."""
 
 
+class StaleHostCopyError(RequestError, ValueError):
+    """A request's host copy loaded back into a request whose page table no longer names
+    the pages that were copied (it committed tokens, released window pages or was freed
+    since the copy, or the copy is another request's); nothing was copied
+    (``kvchain.cache.host_copy``)."""
+
+
 class AdmissionDivergenceError(RequestError, AssertionError):
     """Admission accepted work that the allocator then refused: a bug, never expected."""
 

@@ -56,11 +56,16 @@ def family_config(name: str) -> Any:
     raise KeyError(name)
 
 
-def build_model(name: str, device: str = "cpu", seed: int = 0) -> Any:
-    """A random-weight fp32 model of family ``name`` in eval mode (seeded)."""
+def build_model(name: str, device: str = "cpu", seed: int = 0,
+                init_std: float | None = None) -> Any:
+    """A random-weight fp32 model of family ``name`` in eval mode (seeded); ``init_std``
+    sets the weights' standard deviation (``initializer_range``; default: the family's)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(family_config(name), dtype=torch.float32)
+    config = family_config(name)
+    if init_std is not None:
+        config.initializer_range = init_std
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.to(device).eval()
