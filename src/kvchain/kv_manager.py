@@ -1,20 +1,12 @@
 """Requests on the chain: each request's virtual pages per band, and its demands.
 
-Token positions -> pages (``P`` tokens per page, docs/design.md §4)::
-
-    full    pages covering [0, L)
-    window  pages covering [max(0, s - W + 1), s + c)   for a chunk of c tokens at s
-    local   pages covering [floor(s / C) * C, s + c)     (chunked local attention)
-    state   1 working slot (+ checkpoint slots), claimed all at once by the first chunk
-
-After the forward that computed tokens up to ``L``, window pages wholly before the next
-token's window (``L - W + 1``; local: ``floor(L / C) * C``) are released (window-tail
-release); page tables keep the band's null page in their place. A window chunk of ``c``
-tokens therefore holds at most ``ceil((W - 1 + c) / P) + 1`` pages (field cases F2, F6).
-
-:func:`request_demand` is the one pure function that turns a request description into a
-:class:`~kvchain.alloc.snapshot.Demand`; admission, reservation, allocation and the decode
-check all call it.
+The page formulas of each band kind (which pages a chunk needs, which the window-tail
+release drops after a forward, where a prefix-cache hit resumes) are the band policies'
+(:mod:`kvchain.requests.policies`); :func:`kvchain.requests.demand.request_demand` is the
+one pure function that turns a request description into a
+:class:`~kvchain.alloc.snapshot.Demand`. After the forward that computed tokens up to
+``L``, window pages wholly before the next token's window (the policy's ``first_page(L)``)
+are released (window-tail release); page tables keep the band's null page in their place.
 """
 
 from __future__ import annotations
@@ -41,146 +33,13 @@ from kvchain.errors import (
     ReservedPageError,
     UnknownRequestError,
 )
-from kvchain.layout import ChainLayout
-from kvchain.spec.layers import LifetimeClass
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-@dataclass(frozen=True, slots=True)
-class WindowBand:
-    """One window or chunked-local band of a chain, as the request layer sees it.
-
-    Attributes:
-        band: its band index.
-        tokens: ``W`` (sliding window) or ``C`` (local chunk) tokens.
-        local: True for chunked-local attention.
-    """
-
-    band: int
-    tokens: int
-    local: bool
-
-    def start(self, position: int) -> int:
-        """First token the band must hold to compute the token at ``position``:
-        ``max(0, position - W + 1)``, or ``floor(position / C) * C`` for a local chunk."""
-        if self.local:
-            return (position // self.tokens) * self.tokens
-        return max(0, position - self.tokens + 1)
-
-
-@dataclass(frozen=True, slots=True)
-class RequestGeometry:
-    """What the request layer needs of a layout: band indices and token geometry.
-
-    Attributes:
-        num_bands: bands of the chain.
-        page_size: ``P`` tokens per page.
-        full: band index of the full-attention band, or ``None``.
-        window: band index of the window or chunked-local band, or ``None``.
-        window_tokens: ``W`` (sliding window) or ``C`` (local chunk) tokens.
-        local: True when the window band is chunked-local rather than sliding.
-        state: band index of the state band, or ``None``.
-        state_slots: slots a request claims (1 working + checkpoints).
-        windows: every window and chunked-local band, low -> high; ``window``,
-            ``window_tokens`` and ``local`` describe ``windows[0]`` (filled from them when
-            not given). Every window band is treated the same way: its own pages, its own
-            window, its own tail release.
-    """
-
-    num_bands: int
-    page_size: int
-    full: int | None
-    window: int | None
-    window_tokens: int
-    local: bool
-    state: int | None
-    state_slots: int
-    windows: tuple[WindowBand, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.windows and self.window is not None:
-            object.__setattr__(self, "windows",
-                               (WindowBand(self.window, self.window_tokens, self.local),))
-
-    @staticmethod
-    def of(layout: ChainLayout) -> RequestGeometry:
-        """Read the geometry off a layout."""
-        windows = tuple(WindowBand(i, b.cache_class.window or 0,
-                                   b.lifetime is LifetimeClass.LOCAL)
-                        for i, b in enumerate(layout.bands)
-                        if b.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL))
-        first = windows[0] if windows else None
-        return RequestGeometry(
-            num_bands=len(layout.bands),
-            page_size=layout.page_size,
-            full=layout.index_of(LifetimeClass.FULL),
-            window=first.band if first else None,
-            window_tokens=first.tokens if first else 0,
-            local=first.local if first else False,
-            state=layout.index_of(LifetimeClass.STATE),
-            state_slots=layout.state_slots_per_request,
-            windows=windows,
-        )
-
-    def window_start(self, position: int, k: int = 0) -> int:
-        """First token window band ``windows[k]`` must hold to compute the token at
-        ``position``."""
-        if k:
-            return self.windows[k].start(position)
-        if self.local:
-            return (position // self.window_tokens) * self.window_tokens
-        return max(0, position - self.window_tokens + 1)
-
-    def window_peak_pages(self, chunk: int, k: int = 0) -> int:
-        """Most pages of window band ``windows[k]`` a chunk of ``chunk`` tokens can need:
-        ``ceil((W - 1 + c) / P) + 1`` (local: ``ceil((C - 1 + c) / P) + 1``, also a bound).
-        """
-        tokens = self.windows[k].tokens if k else self.window_tokens
-        return _ceil_div(tokens - 1 + chunk, self.page_size) + 1
-
-    def later_peak_pages(self, chunk: int, k: int = 0) -> int:
-        """Most window pages a *later* step needs: a prefill chunk of ``chunk`` tokens that
-        starts on a page boundary (the scheduler cuts every chunk but a prompt's tail to
-        whole pages, so later chunks always do), or a decode (``chunk = 1``, any position):
-        ``ceil(c / P) + ceil((W - 1) / P)``. E.g. ``W = 32``, ``P = 16``: 3 pages for a
-        one-page chunk and for a decode, where the any-start bound
-        :meth:`window_peak_pages` says 4 for the chunk.
-        """
-        p = self.page_size
-        tokens = self.windows[k].tokens if k else self.window_tokens
-        return _ceil_div(chunk, p) + _ceil_div(tokens - 1, p)
-
-
-@dataclass(frozen=True, slots=True)
-class HeldPages:
-    """Counts of what a request holds (no page ids): the input of :func:`request_demand`.
-
-    Attributes:
-        full: full pages held, covering tokens ``[0, full * P)``.
-        window_first: first window page index held (token page index, not a vid).
-        window_end: one past the last window page index held.
-        slots: state slots held.
-        more_windows: ``(first, end)`` page indices held in window bands
-            ``windows[1:]`` of the geometry, in order (empty on a chain of one window band).
-    """
-
-    full: int = 0
-    window_first: int = 0
-    window_end: int = 0
-    slots: int = 0
-    more_windows: tuple[tuple[int, int], ...] = ()
-
-    def window_range(self, k: int) -> tuple[int, int]:
-        """``(first, end)`` page indices held in window band ``k`` of the geometry."""
-        if k == 0:
-            return self.window_first, self.window_end
-        return self.more_windows[k - 1] if k <= len(self.more_windows) else (0, 0)
-
-
-NOTHING_HELD = HeldPages()
+from kvchain.requests.demand import (
+    NOTHING_HELD,
+    HeldPages,
+    request_demand,
+    tail_spans,
+)
+from kvchain.requests.geometry import RequestGeometry
 
 
 def sum_demands(demands: Iterable[Demand], num_bands: int) -> Demand:
@@ -198,171 +57,6 @@ def sum_demands(demands: Iterable[Demand], num_bands: int) -> Demand:
         for i, n in enumerate(pages):
             total[i] += n
     return Demand(tuple(total))
-
-
-def _token_counts(*counts: object) -> tuple[int, ...]:
-    """Token counts as Python ints (numpy integers converted; the slow path of
-    :func:`request_demand`).
-
-    Raises:
-        InvalidDemandError: a count that is not an integer (a bool, float, string, ...).
-    """
-    out = []
-    for v in counts:
-        if isinstance(v, bool) or not isinstance(v, int | np.integer):
-            raise InvalidDemandError(f"token counts must be integers, got {v!r} "
-                                     f"({type(v).__name__})")
-        out.append(int(v))
-    return tuple(out)
-
-
-def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
-                   headroom: int = 0, headroom_chunk: int = 1,
-                   points: Sequence[int] = (),
-                   tails: Sequence[tuple[int, int]] = (), horizon: int = 0) -> Demand:
-    """Pages a request must add to compute ``extend`` tokens from position ``start``, plus
-    the pages of ``headroom`` later tokens (the one pure demand function).
-
-    Args:
-        geom: the chain's request geometry.
-        held: what the request holds now.
-        start: tokens already in its cache (``s``).
-        extend: tokens to compute now (a prefill chunk ``c``, or 1 for a decode).
-        headroom: later tokens to reserve beyond ``start + extend`` (rest of the prompt,
-            expected decode tokens); admission and reservation only.
-        headroom_chunk: the largest chunk those later tokens come in (1 for decode).
-        points: the request's prefix-cache resume points still to come (page counts,
-            sorted; :func:`kvchain.cache.radix.resume_points`): one state checkpoint slot
-            for each point reached by ``(start, start + extend + headroom]``.
-        tails: the window pages kept for those points, as disjoint sorted page ranges
-            ``(lo, hi)`` (:func:`tail_spans`); with headroom, every one from
-            ``held.window_first`` on is added to the window demand (kept pages are not
-            released for reuse: an upper bound).
-        horizon: later tokens the request is expected to compute, when more than
-            ``headroom`` (0: ``headroom``): the window bands' later peak is taken over
-            ``max(headroom, horizon)`` tokens, the full band's pages over ``headroom``.
-            A reservation that reserves a share of a batch's output growth (the adaptive
-            policy's ``P / sum r``) passes the request's whole expected output here: a
-            window's pages do not grow with tokens, so a request that will still decode
-            past its reserved share needs its window's whole later peak (W = 11, P = 64:
-            2 pages whenever the window straddles a page boundary, where a few tokens of
-            headroom inside one page price 1).
-
-    Returns:
-        Demand per band: full pages to cover ``[0, s + c + headroom)``; window pages for
-        the request's *peak* from now on, minus what it holds: the pages covering
-        ``[window_start(s), s + c)`` now, or later up to
-        :meth:`RequestGeometry.later_peak_pages` for a later page-aligned chunk ``c'`` or a
-        decode (window-tail release runs in between, so the two do not add up); state slots
-        if none are held yet.
-
-    Raises:
-        InvalidDemandError: negative or non-integer token counts (bools, floats and
-            strings refused; numpy integers accepted) or ``headroom_chunk < 1``.
-
-    Example (``P = 16``, ``W = 128``, nothing held, a 17-token extend at 0): full 2 pages,
-    window 2 pages (field case F5).
-    """
-    if not (type(start) is int and type(extend) is int and type(headroom) is int
-            and type(headroom_chunk) is int and type(horizon) is int):
-        start, extend, headroom, headroom_chunk, horizon = _token_counts(
-            start, extend, headroom, headroom_chunk, horizon)
-    if start < 0 or extend < 0 or headroom < 0 or headroom_chunk < 1 or horizon < 0:
-        raise InvalidDemandError(f"bad token counts: start={start} extend={extend} "
-                                 f"headroom={headroom} headroom_chunk={headroom_chunk} "
-                                 f"horizon={horizon}")
-    p = geom.page_size
-    end = start + extend
-    if extend and not headroom and not horizon and (not points or points[-1] * p <= start):
-        # Fast path, same result: every page the tokens [start, end) touch is held already
-        # (most decode steps); the general formulas would give zeros too (tested).
-        last = _ceil_div(end, p)
-        if ((geom.full is None or last <= held.full)
-                and (geom.window is None or (held.window_first <= geom.window_start(start) // p
-                                             and last <= held.window_end))
-                and (geom.state is None or held.slots)
-                and all(held.window_range(k)[0] <= w.start(start) // p
-                        and last <= held.window_range(k)[1]
-                        for k, w in enumerate(geom.windows) if k)):
-            return Demand((0,) * geom.num_bands)
-    return _general_demand(geom, held, start, extend, headroom, headroom_chunk, points, tails,
-                           horizon)
-
-
-def tail_spans(geom: RequestGeometry, points: Sequence[int], after: int = 0,
-               ) -> tuple[tuple[int, int], ...]:
-    """The window pages a request keeps for its resume points ``points`` (page counts):
-    the union of their tails ``[window_start(qP) // P, q)``, from page ``after`` on, as
-    disjoint sorted ranges (empty without a window band)."""
-    if geom.window is None:
-        return ()
-    spans: list[tuple[int, int]] = []
-    p = geom.page_size
-    for q in points:
-        lo = max(geom.window_start(q * p) // p, after)
-        if spans and lo <= spans[-1][1]:
-            spans[-1] = (spans[-1][0], max(spans[-1][1], q))
-        elif q > lo:
-            spans.append((lo, q))
-    return tuple(spans)
-
-
-def _general_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
-                    headroom: int, headroom_chunk: int, points: Sequence[int] = (),
-                    tails: Sequence[tuple[int, int]] = (), horizon: int = 0) -> Demand:
-    """The formulas of :func:`request_demand` (arguments already checked)."""
-    p = geom.page_size
-    end = start + extend
-    pages = [0] * geom.num_bands
-    if geom.full is not None:
-        pages[geom.full] = max(0, _ceil_div(end + headroom, p) - held.full)
-    ahead = max(headroom, horizon)  # the window's later peak is over the expected life
-    if extend or ahead:
-        for k, w in enumerate(geom.windows):
-            held_first, held_end = held.window_range(k)
-            first = geom.window_start(start, k) // p
-            end_page = _ceil_div(end, p)
-            have = max(0, min(held_end, end_page) - max(held_first, first))
-            peak = end_page - first
-            if ahead:
-                first_after = geom.window_start(end, k) // p
-                later = _ceil_div(end + ahead, p) - first_after
-                peak = max(peak, min(later,
-                                     geom.later_peak_pages(min(headroom_chunk, ahead), k)))
-            pages[w.band] = max(0, peak - have)
-    if geom.state is not None and held.slots == 0 and (extend or ahead):
-        pages[geom.state] = geom.state_slots
-    if points:
-        last = end + headroom
-        if geom.state is not None:
-            pages[geom.state] += sum(1 for q in points if start < q * p <= last)
-    if tails and geom.window is not None and headroom:
-        first = held.window_first
-        pages[geom.window] += sum(hi - max(lo, first) for lo, hi in tails if hi > first)
-    return Demand(tuple(pages))
-
-
-def lifetime_demand(geom: RequestGeometry, prompt: int, output: int,
-                    points: Sequence[int] = ()) -> Demand:
-    """A lone request's whole life as one demand on an empty chain: all of its KV
-    (``prompt + output - 1`` tokens; the last sampled token is never fed back), its state
-    slots, and the window peak of chunks of one page (``ceil((W - 1 + P) / P) + 1``
-    pages): the smallest footprint any chunking reaches, since the scheduler cuts each
-    chunk to what fits. A request whose lifetime demand does not fit the empty chain can
-    never finish; one that fits always can, alone (field cases F2, F3, F7) - also after a
-    retraction, whose first one-page chunk demands no more than this.
-
-    Raises:
-        InvalidDemandError: a prompt or output below 1.
-    """
-    if prompt < 1 or output < 1:
-        raise InvalidDemandError(f"prompt and output must be >= 1, got {prompt}, {output}")
-    first = min(geom.page_size, prompt)
-    rest = prompt + output - 1 - first
-    # Later chunks of one page even for a one-page prompt: after a retraction the request
-    # is recomputed from prompt + generated tokens, which may span more than a page.
-    return request_demand(geom, NOTHING_HELD, 0, first, rest, geom.page_size, points,
-                          tail_spans(geom, points))
 
 
 @dataclass(slots=True)
@@ -405,7 +99,7 @@ class RequestPages:
     handle: Node | None = None
     points: tuple[int, ...] = ()
     retain: frozenset[int] = frozenset()
-    tails: tuple[tuple[int, int], ...] = ()
+    tails: tuple[tuple[tuple[int, int], ...], ...] = ()
     kept: dict[int, int] = field(default_factory=dict)
     ckpts: dict[int, int] = field(default_factory=dict)
     cow_src: int = -1
@@ -460,11 +154,18 @@ class RequestPages:
         """Counts for :func:`request_demand` (cached until the pages change)."""
         held = self._held_cache
         if held is None:
-            more = tuple((f, f + len(v)) for f, v in zip(self.more_first, self.more_window,
-                                                          strict=True))
-            held = self._held_cache = HeldPages(len(self.full), self.window_first,
-                                          self.window_first + len(self.window), len(self.slots),
-                                          more)
+            st = self._state
+            assert st is not None, "an unregistered request's counts are not kept"
+            spans = []
+            k = 0
+            for pol in st.policies:
+                if pol.windowed:
+                    first = self.first(k)
+                    spans.append((first, first + len(self.win(k))))
+                    k += 1
+                else:
+                    spans.append((0, len(self.slots if pol.per_request else self.full)))
+            held = self._held_cache = HeldPages(tuple(spans))
         return held
 
 
@@ -683,8 +384,7 @@ class KVManager:
                 pads.append(chain.null_page(band))
             except ReservedPageError:
                 pads.append(-1)
-        self._state = DecodeState(self.geom.num_bands, pads,
-                                  [(w.band, w.tokens, w.local) for w in self.geom.windows])
+        self._state = DecodeState(self.geom.policies, pads)
         self._requests = _Requests(self._state)
         self._slots_memo: tuple[int, tuple[int, ...], np.ndarray] | None = None
         self._slots_unique: bool | None = None
@@ -697,6 +397,7 @@ class KVManager:
         self.junctions_saved = 0  # prefills that computed their junction point (``cut``)
         self.prompts_inserted = 0
         self._hits: dict[int, int] = {}  # rid -> hit pages at attach (the cache's before it)
+        self._pointed: set[int] = set()  # requests with resume points still to come
         # rid -> its hit lock, for requests whose prompt is inserted (``handle`` is then
         # their prompt lock).
         self._hit_locks: dict[int, Node | None] = {}
@@ -822,8 +523,11 @@ class KVManager:
                                           self.points_for(keys), cache.junction_min_pages)
             req.points = self.points_for(keys, h, junction)
             req.cut = junction * g.page_size
+        if req.points:
+            self._pointed.add(rid)
         req.tails = tail_spans(g, req.points, h)
-        req.retain = frozenset(i for lo, hi in req.tails for i in range(lo, hi))
+        if g.window is not None and req.tails:
+            req.retain = frozenset(i for lo, hi in req.tails[g.window] for i in range(lo, hi))
         return req.tokens
 
     def detach(self, rid: int) -> None:
@@ -839,6 +543,7 @@ class KVManager:
             raise InvalidRequestError(f"request {rid} took pages since it was attached")
         del self._requests[rid]
         self._hits.pop(rid, None)
+        self._pointed.discard(rid)
         if self.cache is not None:
             self._unpin_all(req)
             self.cache.unlock(req.handle)
@@ -880,16 +585,18 @@ class KVManager:
         operations, one sum per band; a :class:`Demand` is built only for the requests
         that need a page (about one in ``P`` per band per step; the rest share one empty
         demand). A request that holds nothing gets the demand of its first token. With a
-        prefix cache (resume points, kept window tails) every request runs
-        :meth:`demand` instead.
+        prefix cache the same: kept window tails count only with headroom, and a request
+        whose next token reaches one of its resume points (a checkpoint slot more: a
+        request still in its prefill, never a plain decode) sends the batch through
+        :meth:`demand` request by request.
 
         Returns:
             A :class:`DecodeDemands` (a list, aligned with ``rids``) carrying the sum.
         """
         g = self.geom
-        if self.cache is not None:  # resume points and kept tails: the general formulas
-            return [self.demand(rid, 1) for rid in rids]
         ids = tuple(rids)
+        if self._pointed and self._reaches_point(ids):
+            return [self.demand(rid, 1) for rid in ids]
         slots = self._slots_of(ids)
         zero = self._zero()
         empty = np.zeros((0, g.num_bands), dtype=np.int64)
@@ -900,8 +607,7 @@ class KVManager:
         check = (st.tokens[slots] >= st.need_at[slots]).nonzero()[0]  # at a page boundary
         if not check.size:
             return DecodeDemands(out, zero, ids, [], empty)
-        columns = st.decode_columns(slots[check], g.page_size, g.full, g.state,
-                                    g.state_slots)
+        columns = st.decode_columns(slots[check])
         needs = functools.reduce(np.bitwise_or, columns).nonzero()[0]
         if not needs.size:
             return DecodeDemands(out, zero, ids, [], empty)
@@ -919,6 +625,15 @@ class KVManager:
                 d = memo[key] = Demand(key)
             out[i] = d
         return DecodeDemands(out, Demand(tuple(matrix.sum(axis=0).tolist())), ids, at, matrix)
+
+    def _reaches_point(self, ids: tuple[int, ...]) -> bool:
+        """Whether the next token of one of ``ids`` reaches one of its resume points."""
+        p = self.geom.page_size
+        for rid in self._pointed.intersection(ids):
+            req = self._requests[rid]
+            if req.tokens + 1 in {q * p for q in req.points}:
+                return True
+        return False
 
     def _zero(self) -> Demand:
         zero = self._demand_memo.get(())
@@ -984,9 +699,8 @@ class KVManager:
             for k, w in enumerate(g.windows):
                 first = req.first(k)
                 st.write_row(w.band, slot, first, req.win(k))
-                st.first[k, slot] = first
-        st.refresh_need(np.fromiter(st.dirty, dtype=np.int64, count=len(st.dirty)),
-                        g.page_size, g.full, g.state)
+                st.first[w.band, slot] = first
+        st.refresh_need(np.fromiter(st.dirty, dtype=np.int64, count=len(st.dirty)))
         st.dirty.clear()
 
     @property
@@ -1083,7 +797,6 @@ class KVManager:
             return
         g = self.geom
         st = self._state
-        p = g.page_size
         owner = self._requests.owner
         at = np.asarray(nonzero, dtype=np.int64)
         for band in range(g.num_bands):
@@ -1120,13 +833,13 @@ class KVManager:
                 continue
             else:
                 k = self._win_index[band]
-                first = st.first[k][rows]
+                first = st.first[band][rows]
                 end = st.rowlen[band][rows]
                 empty = end == first
                 if empty.any():  # a request's first window pages: from its window start
-                    new_first = st.window_first_page(k, st.tokens[rows], p)
+                    new_first = g.policies[band].first_page(st.tokens[rows])
                     first = np.where(empty, new_first, first)
-                    st.first[k][rows] = first
+                    st.first[band][rows] = first
                     for j in empty.nonzero()[0].tolist():
                         reqs[j].set_first(k, int(first[j]))
                 starts = np.where(empty, first, end)
@@ -1136,7 +849,7 @@ class KVManager:
                     req._held_cache = None
                     cut += n
             st.append(band, rows, starts, counts, vids)
-        st.refresh_need(slots[at], p, g.full, g.state)
+        st.refresh_need(slots[at])
 
     def _distribute_few(self, pages: tuple[tuple[int, ...], ...], ids: tuple[int, ...],
                         extends: tuple[int, ...], slots: np.ndarray, nonzero: list[int],
@@ -1145,7 +858,6 @@ class KVManager:
         band's pages in batch order, the same lists, rows, window starts and ``need_at``."""
         g = self.geom
         st = self._state
-        p = g.page_size
         owner = self._requests.owner
         demands = matrix.tolist()
         slot_list = [int(slots[i]) for i in nonzero]
@@ -1175,14 +887,14 @@ class KVManager:
                     continue
                 else:
                     assert k is not None
-                    first, start = int(st.first[k, slot]), int(st.rowlen[band, slot])
+                    first, start = int(st.first[band, slot]), int(st.rowlen[band, slot])
                     if start == first:  # its first window pages: from its window start
-                        start = int(st.window_first_page(k, st.tokens[slot:slot + 1], p)[0])
-                        st.first[k, slot] = start
+                        start = g.policies[band].first_page(int(st.tokens[slot]))
+                        st.first[band, slot] = start
                         req.set_first(k, start)
                     req.win(k).extend(got)
                 st.put_row(band, slot, start, got)
-        st.refresh_need(np.asarray(slot_list, dtype=np.int64), p, g.full, g.state)
+        st.refresh_need(np.asarray(slot_list, dtype=np.int64))
 
     def _new_pages(self) -> RequestPages:
         extra = len(self.geom.windows) - 1
@@ -1284,6 +996,7 @@ class KVManager:
         req.handle, req.shared = ad.handle, n
         req.kept, req.ckpts = {}, {}
         req.points, req.tails, req.retain = (), (), frozenset()
+        self._pointed.discard(rid)
         req._held = None
         self.prompts_inserted += 1
         for band, ids in enumerate(ad.dups):
@@ -1338,8 +1051,8 @@ class KVManager:
         released = 0
         owner = self._requests.owner
         for k, w in enumerate(g.windows):
-            first, end = st.first[k][slots], st.rowlen[w.band][slots]
-            drop = np.minimum(st.window_first_page(k, n, p) - first, end - first)
+            first, end = st.first[w.band][slots], st.rowlen[w.band][slots]
+            drop = np.minimum(w.first_page(n) - first, end - first)
             at = (drop > 0).nonzero()[0]
             if not at.size:
                 continue
@@ -1364,7 +1077,7 @@ class KVManager:
                     req.more_first[k - 1] += d
                     req._held_cache = None
             table[rows, cols] = st.pads[w.band]
-            st.first[k][s] = f + c
+            st.first[w.band][s] = f + c
             self.chain.release(w.band, vids)
             released += int(vids.size)
         return released
@@ -1384,7 +1097,7 @@ class KVManager:
             if not held:
                 continue
             first = req.first(k)
-            keep_from = g.window_start(req.tokens, k) // g.page_size
+            keep_from = w.first_page(req.tokens)
             if keep_from <= first:
                 continue
             drop = min(keep_from - first, len(held))
@@ -1447,8 +1160,7 @@ class KVManager:
                 if (keys and req.shared < len(keys)) or (
                         req.points and req.points[-1] * p > req.tokens):
                     return None
-        g = self.geom
-        return self._state.run_columns(slots, steps, g.page_size, g.full, g.state)
+        return self._state.run_columns(slots, steps)
 
     def skip_decodes(self, rids: Sequence[int], steps: int) -> None:
         """Commit ``steps`` decode tokens for each of ``rids`` in steps that need no page and
@@ -1472,12 +1184,14 @@ class KVManager:
         st = self._state
         n = st.tokens[slots] + steps
         bad = np.zeros(slots.size, dtype=bool)
-        if g.full is not None:
-            bad |= st.rowlen[g.full][slots] * p < n
-        for k, w in enumerate(g.windows):
-            first, end = st.first[k][slots], st.rowlen[w.band][slots]
+        for pol in g.policies:
+            if pol.per_request:
+                continue
+            end = st.rowlen[pol.band][slots]
             bad |= end * p < n  # the last token's page is not held
-            bad |= (st.window_first_page(k, n, p) > first) & (end > first)  # a release due
+            if pol.windowed:
+                first = st.first[pol.band][slots]
+                bad |= (pol.first_page(n) > first) & (end > first)  # a release due
         if bad.any():
             rid = ids[int(bad.nonzero()[0][0])]
             raise InvalidDemandError(f"request {rid}: {steps} decode steps are not quiet (a "
@@ -1512,6 +1226,7 @@ class KVManager:
         if req is None:
             raise UnknownRequestError(f"request {rid} holds no pages")
         self._hits.pop(rid, None)
+        self._pointed.discard(rid)
         g = self.geom
         if req.keys is None or self.cache is None:
             released = 0
@@ -1591,9 +1306,7 @@ class KVManager:
             return (0,) * self.geom.num_bands
         slots = self._slots_of(ids)
         st = self._state
-        counts = st.rowlen[:, slots].sum(axis=1)
-        for k, w in enumerate(self.geom.windows):
-            counts[w.band] -= int(st.first[k][slots].sum())
+        counts = (st.rowlen[:, slots] - st.first[:, slots]).sum(axis=1)
         return tuple(counts.tolist())
 
     def block_table(self, rids: Sequence[int], band: int, physical: bool = True) -> np.ndarray:

@@ -183,7 +183,7 @@ class DoubleReleaseKV(KVManager):
     def release_window_tail(self, rid: int) -> int:
         req = self.pages(rid)
         g = self.geom
-        keep_from = g.window_start(req.tokens) // g.page_size
+        keep_from = g.windows[0].first_page(req.tokens)
         drop = [v for i, v in enumerate(req.window, req.window_first)
                 if i < min(keep_from, req.shared)]
         released = super().release_window_tail(rid)

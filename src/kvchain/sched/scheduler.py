@@ -53,14 +53,9 @@ from kvchain.errors import (
     UnknownRequestError,
 )
 from kvchain.field_types import check_field_types
-from kvchain.kv_manager import (
-    NOTHING_HELD,
-    KVManager,
-    lifetime_demand,
-    request_demand,
-    sum_demands,
-)
+from kvchain.kv_manager import KVManager, sum_demands
 from kvchain.layout import smallest_request_pages
+from kvchain.requests.demand import NOTHING_HELD, lifetime_demand, request_demand
 from kvchain.sched.queue import CACHE_LOOKAHEAD, CACHE_MAX_PASSES, QueuePolicy, WaitingQueue
 from kvchain.sched.request import (
     DecodeSeq,
