@@ -23,8 +23,8 @@ from kvchain.cache.radix import (
     junction_point,
 )
 from kvchain.catalog.loader import load_model
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.requests.policies import FullPolicy, StatePolicy
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig

@@ -29,8 +29,8 @@ from kvchain.admission import NewTokenRatio
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.buffer import BufferBackend
-from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.driver import FixedStepDriver
 from kvchain.sched.request import (
     Event,

@@ -26,10 +26,10 @@ from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import max_units, price
 from kvchain.alloc.snapshot import Demand, RefusalReason
 from kvchain.errors import BufferTooSmallError, CapacityError
-from kvchain.kv_manager import KVManager
 from kvchain.layout import min_window_pages, plan_layout
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
 from kvchain.requests.geometry import RequestGeometry
+from kvchain.requests.manager import KVManager
 from kvchain.sched.driver import FixedStepDriver
 from kvchain.sched.request import EventKind, Request, RequestStatus, StepBatch
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
@@ -204,7 +204,7 @@ class LazyTailKV(KVManager):
     scheduler's decode check reclaims them."""
 
     def commit(self, rid: int, tokens: int) -> int:
-        self.pages(rid).tokens += tokens
+        self._table.tokens[self.pages(rid).slot] += tokens
         return 0
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from kvchain.alloc.chain import Chain
 from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError, UnknownRequestError
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, RequestStatus, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.spec.declared import declared_class

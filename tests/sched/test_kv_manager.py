@@ -22,10 +22,10 @@ from kvchain.errors import (
     ReservedPageError,
     UnknownRequestError,
 )
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
 from kvchain.requests.geometry import RequestGeometry
+from kvchain.requests.manager import KVManager
 
 from ..cases.helpers import full_class, local_class, state_class, window_class
 
@@ -182,8 +182,8 @@ def test_window_tail_release_counts() -> None:
 def test_reclaim_releases_what_commit_left_behind() -> None:
     kv = window_chain()
     kv.allocate([(0, 200), (1, 64)])
-    kv.pages(0).tokens = 200  # computed, tail not yet released
-    kv.pages(1).tokens = 64
+    kv._table.tokens[kv.pages(0).slot] = 200  # computed, tail not yet released
+    kv._table.tokens[kv.pages(1).slot] = 64
     assert kv.reclaim_window_pages([0, 1, 99]) == 4  # request 1's window reaches token 0
     assert kv.reclaim_window_pages([0, 1]) == 0
     kv.audit()
@@ -208,7 +208,7 @@ def test_page_tables_with_the_null_page() -> None:
     kv = window_chain()
     null = kv.chain.null_page(WINDOW)
     kv.allocate([(0, 200)])
-    window_vids = list(kv.pages(0).window)
+    window_vids = list(kv.pages(0).band(WINDOW))
     kv.commit(0, 200)
     table = kv.page_table(0, WINDOW)
     assert table.dtype == np.int64 and table.shape == (13,)
@@ -216,7 +216,7 @@ def test_page_tables_with_the_null_page() -> None:
     assert table[4:].tolist() == window_vids[4:]
     assert null not in window_vids
     full = kv.page_table(0, FULL)
-    assert full.tolist() == kv.pages(0).full and len(full) == 13
+    assert tuple(full.tolist()) == kv.pages(0).band(FULL) and len(full) == 13
     phys = kv.chain.translate(WINDOW, table)
     assert phys[:4].tolist() == [int(kv.chain.translate(WINDOW, np.array([null]))[0])] * 4
     assert len(set(phys[4:].tolist())) == 9
@@ -233,7 +233,7 @@ def test_state_page_table_lists_slots() -> None:
                          state_slots_per_request=3)
     kv = KVManager(Chain(layout))
     kv.allocate([(0, 20)])
-    assert kv.page_table(0, 0).tolist() == kv.pages(0).slots
+    assert tuple(kv.page_table(0, 0).tolist()) == kv.pages(0).band(0)
     assert len(kv.page_table(0, 0)) == 3 and len(kv.page_table(0, 1)) == 2
 
 

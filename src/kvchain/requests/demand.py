@@ -105,13 +105,9 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
             for reuse: an upper bound).
         horizon: later tokens the request is expected to compute, when more than
             ``headroom`` (0: ``headroom``): the window bands' later peak is taken over
-            ``max(headroom, horizon)`` tokens, the full band's pages over ``headroom``.
-            A reservation that reserves a share of a batch's output growth (the adaptive
-            policy's ``P / sum r``) passes the request's whole expected output here: a
-            window's pages do not grow with tokens, so a request that will still decode
-            past its reserved share needs its window's whole later peak (W = 11, P = 64:
-            2 pages whenever the window straddles a page boundary, where a few tokens of
-            headroom inside one page price 1).
+            ``max(headroom, horizon)`` tokens, the full band's pages over ``headroom`` (a
+            window's pages do not grow with tokens, so a request that will decode past its
+            reserved share of a batch's growth needs its window's whole later peak).
 
     Returns:
         Demand per band: each band policy's :meth:`~kvchain.requests.policies.BandPolicy.pages`

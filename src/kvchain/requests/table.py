@@ -1,21 +1,19 @@
-"""The running requests' decode state as arrays indexed by a dense slot per request, and
-their block tables per band (the input layout of paged-attention kernels).
+"""The request table: the only copy of every request's pages, as arrays indexed by a dense
+slot per request, with a block table per band (the input layout of paged-attention
+kernels). One request (scalar reads of a row) and a decode batch (gathers of many rows)
+read the same arrays, so a decode step is a handful of numpy operations over the batch
+(docs/architecture.md, layer table):
 
-:class:`~kvchain.kv_manager.KVManager` keeps each request's page ids in Python lists (its
-``RequestPages``) for the general paths (prefill chunks, the prefix cache, retraction);
-this module mirrors what the decode path reads, so a decode step over a running batch is
-a handful of numpy operations instead of a Python loop over the batch
-(docs/architecture.md, layer table; measured in docs/benchmarks.md, "Request layer
-speed"):
-
-* ``tokens[slot]``: tokens whose KV is in the cache (``L``); the one copy of that count
-  while the request is registered.
+* ``tokens[slot]``: tokens whose KV is in the cache (``L``).
 * ``rowlen[band, slot]``: meaningful columns of the request's row in ``band``: full pages
   held (full band), state slots held (state band), one past the last window page held
   (window and chunked-local bands: the row is indexed by token page ``j`` covering tokens
-  ``[j * P, (j + 1) * P)``, entries before ``first[k, slot]`` are released).
+  ``[j * P, (j + 1) * P)``, entries before ``first[band, slot]`` are released).
 * ``first[band, slot]``: first page held in ``band`` (token page index; 0 for bands that
   release nothing before the request ends).
+* ``shared[slot]``: pages ``[0, shared)`` of the full and window bands belong to the
+  prefix cache (the request's hit, later its inserted prompt): it reads them, never
+  releases them.
 * ``need_at[slot]``: a token count below which a decode needs no new page with the pages
   held now (0: work it out every step), so a decode step runs the demand formulas only
   for the requests at or past it; set again whenever the request's pages change
@@ -37,10 +35,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvchain.requests.demand import HeldPages
 from kvchain.requests.policies import BandPolicy, grown_pages
 
 
-class DecodeState:
+class RequestTable:
     """Per-slot counts and per-band virtual block tables (see the module docstring).
 
     Args:
@@ -53,8 +52,7 @@ class DecodeState:
     Attributes:
         version: bumped whenever a slot is bound or unbound (a request id -> slot map
             computed at one version holds until the next).
-        dirty: slots whose rows and counts must be read again from their request's lists
-            before the arrays are used (:meth:`write_row`); kept by the manager.
+        slot_of: request id -> slot of every registered request.
     """
 
     def __init__(self, policies: Sequence[BandPolicy], pads: Sequence[int],
@@ -67,10 +65,11 @@ class DecodeState:
         self.rowlen = np.zeros((num_bands, capacity), dtype=np.int64)
         self.first = np.zeros((num_bands, capacity), dtype=np.int64)
         self.need_at = np.zeros(capacity, dtype=np.int64)
+        self.shared = np.zeros(capacity, dtype=np.int64)
         self.tables = [np.full((capacity, width), pad, dtype=np.int64) for pad in self.pads]
         self._free = list(range(capacity - 1, 0, -1))  # slot 0: the permanent empty slot
         self.version = 0
-        self.dirty: set[int] = set()
+        self.slot_of: dict[int, int] = {}
 
     @property
     def capacity(self) -> int:
@@ -79,21 +78,18 @@ class DecodeState:
 
     # --- slots --------------------------------------------------------------------------
 
-    def bind(self, tokens: int) -> int:
-        """A free slot for a new request with ``tokens`` tokens in its cache (marked
-        dirty: its rows are read from its lists before the next use)."""
+    def bind(self, rid: int) -> int:
+        """A free slot for a new request ``rid`` (nothing held, 0 tokens). Returns it."""
         if not self._free:
             self._grow_slots()
         slot = self._free.pop()
-        self.tokens[slot] = tokens
-        self.need_at[slot] = 0
-        self.dirty.add(slot)
+        self.slot_of[rid] = slot
         self.version += 1
         return slot
 
-    def unbind(self, slot: int) -> int:
-        """Free ``slot`` (its rows back to the pad, counts to 0). Returns its tokens."""
-        tokens = int(self.tokens[slot])
+    def unbind(self, rid: int) -> None:
+        """Free ``rid``'s slot (its rows back to the pad, counts to 0)."""
+        slot = self.slot_of.pop(rid)
         for band in range(self.num_bands):
             n = int(self.rowlen[band, slot])
             if n:
@@ -102,10 +98,9 @@ class DecodeState:
         self.first[:, slot] = 0
         self.need_at[slot] = 0
         self.tokens[slot] = 0
-        self.dirty.discard(slot)
+        self.shared[slot] = 0
         self._free.append(slot)
         self.version += 1
-        return tokens
 
     def _grow_slots(self) -> None:
         old = self.capacity
@@ -120,6 +115,7 @@ class DecodeState:
         self.rowlen = grow(self.rowlen)
         self.first = grow(self.first)
         self.need_at = grow(self.need_at)
+        self.shared = grow(self.shared)
         tables = []
         for t, pad in zip(self.tables, self.pads, strict=True):
             out = np.full((new, t.shape[1]), pad, dtype=np.int64)
@@ -140,21 +136,49 @@ class DecodeState:
 
     # --- rows ---------------------------------------------------------------------------
 
-    def write_row(self, band: int, slot: int, first: int, vids: Sequence[int]) -> None:
-        """Set ``slot``'s row in ``band`` to ``first`` pad entries then ``vids`` (the
-        request's list), padding what the old row held beyond."""
+    def live(self, band: int, slot: int) -> np.ndarray:
+        """The page ids ``slot`` holds in ``band``, first to last (a view of its row:
+        columns ``[first, rowlen)``)."""
+        return self.tables[band][slot, self.first[band, slot]:self.rowlen[band, slot]]
+
+    def span(self, band: int, slot: int) -> tuple[int, int]:
+        """``(first, end)`` page indices ``slot`` holds in ``band``."""
+        return int(self.first[band, slot]), int(self.rowlen[band, slot])
+
+    def held(self, slot: int) -> HeldPages:
+        """The ``(first, end)`` spans ``slot`` holds, per band."""
+        return HeldPages(tuple(zip(self.first[:, slot].tolist(), self.rowlen[:, slot].tolist(),
+                                   strict=True)))
+
+    def slots_of(self, ids: Sequence[int]) -> np.ndarray:
+        """Slots of request ids, int64 (0, the empty slot, for one that holds nothing)."""
+        get = self.slot_of.get
+        return np.fromiter((get(rid, 0) for rid in ids), dtype=np.int64, count=len(ids))
+
+    def set_row(self, band: int, slot: int, first: int, vids: Sequence[int]) -> None:
+        """Set ``slot``'s row in ``band`` to ``vids`` at columns ``first ..`` (pads before
+        and after), the band's first live page to ``first``."""
         end = first + len(vids)
         old = int(self.rowlen[band, slot])
         self.fit(band, end)
         row = self.tables[band][slot]
         pad = self.pads[band]
-        if first:
-            row[:first] = pad
-        if vids:
-            row[first:end] = vids
+        row[:first] = pad
+        row[first:end] = vids
         if old > end:
             row[end:old] = pad
         self.rowlen[band, slot] = end
+        self.first[band, slot] = first
+
+    def drop_front(self, band: int, slot: int, n: int) -> np.ndarray:
+        """Take the first ``n`` live pages of ``slot`` in ``band`` out of its row (pads in
+        their place, the first live page moves by ``n``). Returns their ids (a copy)."""
+        first = int(self.first[band, slot])
+        row = self.tables[band][slot]
+        out = row[first:first + n].copy()
+        row[first:first + n] = self.pads[band]
+        self.first[band, slot] = first + n
+        return out
 
     def put_row(self, band: int, slot: int, start: int, vids: Sequence[int]) -> None:
         """Write ``vids`` into ``slot``'s row of ``band`` at columns ``start ..``; the
