@@ -110,10 +110,9 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
             reserved share of a batch's growth needs its window's whole later peak).
 
     Returns:
-        Demand per band: each band policy's :meth:`~kvchain.requests.policies.BandPolicy.pages`
-        (full pages to cover ``[0, s + c + headroom)``; window pages for the request's
-        peak from now on, minus what it holds; state slots if none are held yet) plus its
-        :meth:`~kvchain.requests.policies.BandPolicy.resume_pages`.
+        Demand per band: its policy's ``pages`` (full: pages to cover ``[0, s + c +
+        headroom)``; window: its peak from now on less what it holds; state: its slots if
+        none are held) plus its ``resume_pages``.
 
     Raises:
         InvalidDemandError: negative or non-integer token counts (bools, floats and
@@ -130,13 +129,10 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
         raise InvalidDemandError(f"bad token counts: start={start} extend={extend} "
                                  f"headroom={headroom} headroom_chunk={headroom_chunk} "
                                  f"horizon={horizon}")
-    spans = held.spans
-    n = len(spans)
-    pages = []
-    stop = start + extend + headroom
+    span, pages, stop = held.span, [], start + extend + headroom
     for pol in geom.policies:
         b = pol.band
-        first, end = spans[b] if b < n else (0, 0)
+        first, end = span(b)
         got = pol.pages(first, end, start, extend, headroom, headroom_chunk, horizon)
         if points:
             got += pol.resume_pages(points, tails[b] if b < len(tails) else (), first,
