@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvchain.alloc.chain import Chain
-from kvchain.kv_manager import KVManager
+from kvchain.requests.manager import KVManager
 from kvchain.layout import plan_layout
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig

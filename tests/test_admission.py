@@ -95,7 +95,7 @@ def _split_layout(buffer_bytes: int):
 
 def test_split_refusal_of_the_smallest_request_names_the_window_share():
     from kvchain.errors import BufferTooSmallError
-    from kvchain.kv_manager import KVManager
+    from kvchain.requests.manager import KVManager
     from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 
     # 8,784 B: the window band (LOW END) holds its null page (1,600 B), the gap is
@@ -117,7 +117,7 @@ def test_split_refusal_of_the_smallest_request_names_the_window_share():
 
 
 def test_split_rejection_of_a_request_names_the_band_share():
-    from kvchain.kv_manager import KVManager
+    from kvchain.requests.manager import KVManager
     from kvchain.sched.request import EventKind, Request
     from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 

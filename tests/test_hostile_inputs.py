@@ -14,8 +14,8 @@ from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand
 from kvchain.cli import _load_commands, app
 from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError, LayoutError
-from kvchain.kv_manager import KVManager
 from kvchain.layout import MAX_PAGES_PER_BAND, plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.spec.declared import declared_class
@@ -81,7 +81,7 @@ def test_page_table_without_null_pages_until_something_is_released():
     layout = window_full(null_pages=False, buffer_bytes=64 * 32)
     kv = KVManager(Chain(layout))
     kv.allocate([(0, 3)])
-    assert kv.page_table(0, 0).tolist() == kv.pages(0).window
+    assert tuple(kv.page_table(0, 0).tolist()) == kv.pages(0).band(0)
 
 
 def run_cli(*args: str) -> str:

@@ -7,8 +7,8 @@ import pytest
 
 from kvchain.alloc.chain import Chain
 from kvchain.errors import BufferTooSmallError
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout, smallest_request_bytes, smallest_request_pages
+from kvchain.requests.manager import KVManager
 from kvchain.sched.scheduler import Scheduler
 from kvchain.spec.declared import declare_model
 

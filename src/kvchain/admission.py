@@ -372,7 +372,7 @@ class OutputReserve:
     def horizon(self, left: int, done: int, limit: int) -> int:
         """KV tokens the request is expected still to compute (``left`` to its limit
         here; at least :meth:`tokens`): the window bands' later peak is reserved over them
-        (:func:`kvchain.kv_manager.request_demand`'s ``horizon``), since a window's pages
+        (:func:`kvchain.requests.demand.request_demand`'s ``horizon``), since a window's pages
         do not shrink with a smaller share of the batch's growth."""
         return max(0, left)
 

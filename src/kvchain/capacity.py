@@ -21,8 +21,9 @@ from kvchain.alloc.pricing import fits, largest_fitting, max_units
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.errors import ConfigError
 from kvchain.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES, GPUSpec, kv_buffer_bytes
-from kvchain.kv_manager import RequestGeometry, lifetime_demand
 from kvchain.layout import ChainLayout, plan_layout
+from kvchain.requests.demand import lifetime_demand
+from kvchain.requests.geometry import RequestGeometry
 from kvchain.spec.layers import CacheClass, LifetimeClass
 from kvchain.spec.model import ModelSpec
 

@@ -15,10 +15,11 @@ from kvchain.alloc import Chain, Demand
 from kvchain.cache.radix import CacheGeometry, PrefixCache
 from kvchain.errors import PlanMismatchError, StaleQuoteError
 from kvchain.layout import plan_layout
+from kvchain.requests.policies import FullPolicy, WindowPolicy
 from kvchain.spec.layers import CacheClass, LifetimeClass
 
-FULL = CacheGeometry(1, 4, 0, None, 0, False, None)
-WF = CacheGeometry(2, 4, 1, 0, 5, False, None)
+FULL = CacheGeometry(4, (FullPolicy(0, 4),))
+WF = CacheGeometry(4, (WindowPolicy(0, 4, 5), FullPolicy(1, 4)))
 
 
 def fifty_prompts(audit: bool = False) -> PrefixCache:

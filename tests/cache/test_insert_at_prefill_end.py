@@ -14,8 +14,8 @@ from kvchain.alloc.chain import Chain
 from kvchain.cache.keys import page_keys_from_tokens
 from kvchain.cache.radix import CacheGeometry, PrefixCache
 from kvchain.errors import AuditError
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.spec.declared import declared_class
 from kvchain.spec.layers import LifetimeClass as LC
 
@@ -53,15 +53,16 @@ def test_prefill_end_hands_tails_and_checkpoints_to_the_cache():
     assert kv.pages(0).points == (4, 8, 9)
     kv.allocate([(0, 150)])
     # One chunk: 10 full pages, 10 window pages, 1 working slot + 3 checkpoint slots.
-    assert [len(kv.pages(0).full), len(kv.pages(0).window), len(kv.pages(0).slots),
-            len(kv.pages(0).ckpts)] == [10, 10, 1, 3]
+    req = kv.pages(0)
+    assert [len(req.band(FULL)), len(req.band(WINDOW)), len(req.band(STATE)),
+            len(req.ckpts)] == [10, 10, 1, 3]
     kv.commit(0, 150)
     kv.audit()
     req = kv.pages(0)
     # The next token (150) reads the window from 150 - 31 = 119: pages 7, 8, 9. Pages 0, 1,
     # 4, 5 were released (no tail); 2, 3, 6 (tails) and 7, 8 (read) went to the cache;
     # page 9 (tokens 144-149, partial) stays the request's own.
-    assert (req.shared, req.window_first, len(req.window)) == (9, 7, 3)
+    assert (req.shared, req.first(WINDOW), len(req.band(WINDOW))) == (9, 7, 3)
     assert kv.chain.bound_pages(WINDOW) - kv.chain.layout.bands[WINDOW].reserved_pages == 6
     assert sorted(len(b) for b in cache.held_pages()) == [3, 5, 9]  # ckpts, window, full
     # Evictable at once: one TAILS unit of the locked prompt node with the 3 checkpoints
@@ -77,7 +78,7 @@ def test_prefill_end_hands_tails_and_checkpoints_to_the_cache():
         kv.allocate([(0, 1)])
         kv.commit(0, 1)
         kv.audit()
-    assert kv.pages(0).window_first == 8
+    assert kv.pages(0).first(WINDOW) == 8
     assert cache.eviction_order().cumulative == ((0, 0, 0), (3, 4, 0))
     assert kv.chain.bound_pages(WINDOW) - kv.chain.layout.bands[WINDOW].reserved_pages == 6
     # The request ends: it inserts nothing new, releases its own pages (full and window
@@ -124,14 +125,14 @@ def test_a_same_prompt_inserted_twice_switches_to_the_cache_copy():
     assert kv.attach(0, keys, 150) == 0 and kv.attach(1, keys, 150) == 0
     kv.allocate([(0, 150), (1, 150)])
     kv.commit(0, 150)
-    own = list(kv.pages(1).full[:9])
+    own = kv.pages(1).band(FULL)[:9]
     kv.commit(1, 150)
     kv.audit()
     # The second insert finds all 9 pages cached: request 1 now reads the cache's full
     # pages and window pages 7, 8, and its own copies (9 full, window 2, 3, 6, 7, 8, 3
     # checkpoints) were released: the full band holds 9 cached + 1 + 1 own pages.
-    assert kv.pages(1).full[:9] == kv.pages(0).full[:9] != own
-    assert kv.pages(1).window[:2] == kv.pages(0).window[:2]
+    assert kv.pages(1).band(FULL)[:9] == kv.pages(0).band(FULL)[:9] != own
+    assert kv.pages(1).band(WINDOW)[:2] == kv.pages(0).band(WINDOW)[:2]
     assert kv.chain.bound_pages(FULL) == 11
     assert sorted(len(b) for b in cache.held_pages()) == [3, 5, 9]
     kv.free(0)
@@ -183,8 +184,8 @@ class DoubleReleaseKV(KVManager):
     def release_window_tail(self, rid: int) -> int:
         req = self.pages(rid)
         g = self.geom
-        keep_from = g.window_start(req.tokens) // g.page_size
-        drop = [v for i, v in enumerate(req.window, req.window_first)
+        keep_from = g.windows[0].first_page(req.tokens)
+        drop = [v for i, v in enumerate(req.band(WINDOW), req.first(WINDOW))
                 if i < min(keep_from, req.shared)]
         released = super().release_window_tail(rid)
         if drop:

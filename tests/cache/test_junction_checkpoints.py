@@ -23,8 +23,9 @@ from kvchain.cache.radix import (
     junction_point,
 )
 from kvchain.catalog.loader import load_model
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
+from kvchain.requests.policies import FullPolicy, StatePolicy
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 
@@ -158,8 +159,8 @@ def test_a_repeated_branch_point_gets_one_checkpoint():
     assert junction_point(cache.geom, hit.pages, hit.matched, len(keys), (128, 156), 32) == 0
 
 
-GEOM_STATE = CacheGeometry(2, P, full=1, window=None, window_tokens=0, local=False, state=0)
-GEOM_FULL = CacheGeometry(1, P, full=0, window=None, window_tokens=0, local=False, state=None)
+GEOM_STATE = CacheGeometry(P, (StatePolicy(0, P), FullPolicy(1, P)))
+GEOM_FULL = CacheGeometry(P, (FullPolicy(0, P),))
 
 
 @pytest.mark.parametrize(("hit", "matched", "n", "points", "gain", "want"), [

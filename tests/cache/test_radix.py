@@ -19,13 +19,14 @@ from kvchain.cache.radix import (
     resume_points,
 )
 from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
+from kvchain.requests.policies import FullPolicy, StatePolicy, WindowPolicy
 
 # Band 0 window (W = 5 tokens), band 1 full; P = 4. The tail of point q (pages) is
 # [window_start(4q) // 4, q) = [(4q - 4) // 4, q) = [q - 1, q): one page.
-WF = CacheGeometry(2, 4, 1, 0, 5, False, None)
+WF = CacheGeometry(4, (WindowPolicy(0, 4, 5), FullPolicy(1, 4)))
 # Band 0 state, band 1 full.
-SF = CacheGeometry(2, 4, 1, None, 0, False, 0)
-FULL = CacheGeometry(1, 4, 0, None, 0, False, None)
+SF = CacheGeometry(4, (StatePolicy(0, 4), FullPolicy(1, 4)))
+FULL = CacheGeometry(4, (FullPolicy(0, 4),))
 
 
 def cache(geom: CacheGeometry = WF) -> PrefixCache:

@@ -13,8 +13,8 @@ import pytest
 from kvchain.alloc.chain import Chain
 from kvchain.cache.keys import page_keys_from_tokens
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.spec.declared import declared_class

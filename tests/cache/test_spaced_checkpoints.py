@@ -24,6 +24,7 @@ from kvchain.cache.radix import (
 from kvchain.catalog.loader import load_model
 from kvchain.errors import InvalidRequestError
 from kvchain.layout import plan_layout
+from kvchain.requests.policies import FullPolicy, StatePolicy, WindowPolicy
 
 from .test_junction_checkpoints import scheduler, serve_one_by_one, tokens
 
@@ -60,9 +61,9 @@ def test_a_negative_page_count_is_refused():
 
 
 def test_no_budget_without_state_or_bytes():
-    g = CacheGeometry(2, P, full=1, window=0, window_tokens=128, local=False, state=None)
+    g = CacheGeometry(P, (WindowPolicy(0, P, 128), FullPolicy(1, P)))
     assert spaced_budget(g) is None
-    g = CacheGeometry(2, P, full=1, window=None, window_tokens=0, local=False, state=0)
+    g = CacheGeometry(P, (StatePolicy(0, P), FullPolicy(1, P)))
     assert spaced_budget(g, 100) is None  # bytes unknown
     # ... so spaced keeps every block boundary there, as blocks.
     assert resume_points(g, 100, 32, SPACED) == (32, 64, 96, 100)
@@ -87,8 +88,8 @@ def test_auto_is_spaced_on_a_state_chain_and_blocks_otherwise():
 ])
 def test_spaced_points_by_hand(budget_bytes, whole, want):
     # A geometry whose budget is exactly ``budget_bytes`` checkpoints: B = C * 64 * S.
-    g = CacheGeometry(2, P, full=1, window=None, window_tokens=0, local=False, state=0,
-                      slot_bytes=1000, buffer_bytes=budget_bytes * 64 * 1000)
+    g = CacheGeometry(P, (StatePolicy(0, P), FullPolicy(1, P)), slot_bytes=1000,
+                      buffer_bytes=budget_bytes * 64 * 1000)
     assert spaced_budget(g) == budget_bytes
     assert resume_points(g, whole, 32, SPACED) == want
 

@@ -29,8 +29,8 @@ from kvchain.admission import NewTokenRatio
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.buffer import BufferBackend
-from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.driver import FixedStepDriver
 from kvchain.sched.request import (
     Event,
@@ -126,12 +126,9 @@ def check_accounting(sched: Scheduler, holders: Iterable[int], external: Demand)
         if rid not in kv:
             continue
         pages = kv.held(rid)
-        if geom.full is not None:
-            held[geom.full] += pages.full
-        if geom.window is not None:
-            held[geom.window] += pages.window_end - pages.window_first
-        if geom.state is not None:
-            held[geom.state] += pages.slots
+        for band in range(geom.num_bands):
+            first, end = pages.span(band)
+            held[band] += end - first
     for band in range(geom.num_bands):
         reserved = sched.chain.layout.bands[band].reserved_pages
         bound = sched.chain.bound_pages(band)
@@ -143,18 +140,16 @@ def check_accounting(sched: Scheduler, holders: Iterable[int], external: Demand)
 def check_window_released(sched: Scheduler, rids: Iterable[int]) -> None:
     """No request holds a window page wholly before its next token's window."""
     kv = sched.kv
-    geom = kv.geom
-    if geom.window is None:
-        return
     for rid in rids:
         if rid not in kv:
             continue
         held = kv.held(rid)
-        if held.window_end > held.window_first:
-            keep_from = geom.window_start(kv.tokens(rid)) // geom.page_size
-            assert held.window_first >= keep_from, (
-                f"request {rid} at {kv.tokens(rid)} tokens still holds window pages from "
-                f"page {held.window_first}, its window starts at page {keep_from}")
+        for pol in kv.geom.windows:
+            first, end = held.span(pol.band)
+            keep_from = pol.first_page(kv.tokens(rid))
+            assert end == first or first >= keep_from, (
+                f"request {rid} at {kv.tokens(rid)} tokens still holds band {pol.band} "
+                f"pages from page {first}, its window starts at page {keep_from}")
 
 
 # --- the run loop -----------------------------------------------------------------------
@@ -204,15 +199,8 @@ def held_pages(sched: Scheduler, rid: int) -> list[int]:
     """Pages ``rid`` holds per band (window: pages of its window span)."""
     kv = sched.kv
     geom = kv.geom
-    pages = [0] * geom.num_bands
     held = kv.held(rid)
-    if geom.full is not None:
-        pages[geom.full] = held.full
-    if geom.window is not None:
-        pages[geom.window] = held.window_end - held.window_first
-    if geom.state is not None:
-        pages[geom.state] = held.slots
-    return pages
+    return [end - first for first, end in map(held.span, range(geom.num_bands))]
 
 
 def run_to_completion(

@@ -26,8 +26,10 @@ from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import max_units, price
 from kvchain.alloc.snapshot import Demand, RefusalReason
 from kvchain.errors import BufferTooSmallError, CapacityError
-from kvchain.kv_manager import NOTHING_HELD, KVManager, RequestGeometry, request_demand
 from kvchain.layout import min_window_pages, plan_layout
+from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
+from kvchain.requests.geometry import RequestGeometry
+from kvchain.requests.manager import KVManager
 from kvchain.sched.driver import FixedStepDriver
 from kvchain.sched.request import EventKind, Request, RequestStatus, StepBatch
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
@@ -85,7 +87,7 @@ F2_CONFIG = SchedulerConfig(chunk_size=8_192)
 def test_f2_page_counts_of_the_long_prompt() -> None:
     layout = plan_layout(F2_CLASSES, F2_BUFFER, 256)
     geom = RequestGeometry.of(layout)
-    assert geom.window_peak_pages(8_192) == 34  # ceil((128 - 1 + 8192) / 256) + 1
+    assert geom.windows[0].peak_pages(8_192) == 34  # ceil((128 - 1 + 8192) / 256) + 1
     assert math.ceil((20_000 + 16 - 1) / 256) == 79
     # The README's peak (79 + 34 pages) fills the buffer's 113 whole pages; the layout's
     # null window page is a 114th.
@@ -202,7 +204,7 @@ class LazyTailKV(KVManager):
     scheduler's decode check reclaims them."""
 
     def commit(self, rid: int, tokens: int) -> int:
-        self.pages(rid).tokens += tokens
+        self._table.tokens[self.pages(rid).slot] += tokens
         return 0
 
 
@@ -275,7 +277,8 @@ def test_f4_slots_all_or_nothing_in_budget_and_allocator() -> None:
     budget = ChainPrefillBudget(chain.snapshot(), rules)
     assert budget.admit(demand)
     kv.allocate([(7, 256)])
-    assert kv.held(7).slots == 3 and kv.held(7).full == 16
+    assert kv.held(7).span(kv.geom.state) == (0, 3)
+    assert kv.held(7).span(kv.geom.full) == (0, 16)
 
 
 def test_f4_request_waits_holding_nothing_then_finishes() -> None:
@@ -413,7 +416,7 @@ def _f6_scheduler() -> Scheduler:
 def test_f6_window_demand_capped_by_window_plus_chunk() -> None:
     sched = _f6_scheduler()
     assert F6_BUFFER == 12_950_700_032
-    assert sched.kv.geom.window_peak_pages(F6_C) == 577  # ceil((1024 - 1 + 8192) / 16) + 1
+    assert sched.kv.geom.windows[0].peak_pages(F6_C) == 577  # ceil((1024 - 1 + 8192) / 16) + 1
     # (W + C + 2P) window tokens = 578 pages; the null window page leaves exactly 577.
     result = run_to_completion(sched, [Request(0, 100_000, 16), Request(1, 1_000, 16)])
     layout = sched.chain.layout
@@ -604,7 +607,8 @@ def test_f11_admission_capacity_and_allocator_agree() -> None:
         kv.allocate([(0, 85)])
     assert chain.snapshot() == snap
     kv.allocate([(1, capacity)])
-    assert kv.held(1) == type(kv.held(1))(capacity, 0, capacity, 1)
+    assert kv.held(1) == HeldPages.counts(kv.geom, full=capacity, windows=((0, capacity),),
+                                          slots=1)
 
 
 @pytest.mark.parametrize(("prompt", "admitted"), [(85, False), (70, True)])
@@ -735,7 +739,7 @@ def test_f13_gate_close_waits_for_the_admitted_allocation() -> None:
     assert not kv.chain.gate.open
     # one compaction in the admitted plan, one as the deferred close realizes moves
     assert kv.chain.stats.compactions == 2
-    assert kv.held(0).full == 50 and kv.held(0).window_end == 50
+    assert kv.held(0).span(kv.geom.full)[1] == 50 == kv.held(0).span(kv.geom.window)[1]
     assert sched.counters.divergences == 0
     sched.audit()
 
@@ -760,7 +764,7 @@ def test_f13_gate_closed_before_admission_defers_the_request() -> None:
         kv.chain.set_move_gate(True)
         batch = sched.step(1.0)
     assert [(p.rid, p.tokens) for p in batch.prefills] == [(0, 800)]
-    assert kv.held(0).full == 50 and kv.held(0).window_end == 50
+    assert kv.held(0).span(kv.geom.full)[1] == 50 == kv.held(0).span(kv.geom.window)[1]
     assert sched.counters.divergences == 0
     sched.audit()
 

@@ -11,8 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from kvchain.alloc.chain import Chain
 from kvchain.buffer import ManualFence
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import QueuePolicy, Scheduler, SchedulerConfig
 from kvchain.spec.declared import declared_class

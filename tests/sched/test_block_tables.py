@@ -14,10 +14,9 @@ from hypothesis import strategies as st
 
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand
-from kvchain.decode_state import DecodeState
 from kvchain.errors import InvalidDemandError, UnknownPageError, UnknownRequestError
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.spec.declared import declared_class
 from kvchain.spec.layers import LifetimeClass as LC
 
@@ -137,7 +136,7 @@ def table_mismatches(kv: KVManager) -> list[str]:
         except UnknownPageError as exc:  # a released (unbound) id left in a row
             out.append(f"band {band}: {exc}")
             continue
-        pad = kv._state.pads[band]
+        pad = kv._table.pads[band]
         for i, rid in enumerate(rids):
             pt = kv.page_table(rid, band)
             want = kv.chain.translate(band, pt).tolist() if pt.size else []
@@ -146,20 +145,6 @@ def table_mismatches(kv: KVManager) -> list[str]:
                 out.append(f"band {band} request {rid}: {vrow} vs page table {pt.tolist()}")
             if any(v != pad for v in vrow[len(pt):]):
                 out.append(f"band {band} request {rid}: padding {vrow[len(pt):]}")
-    # the arrays' per-band sums (what a no-cache run's band samples count) against the
-    # lists: every held page (the window band's released entries are no pages)
-    g = kv.geom
-    want = [0] * g.num_bands
-    for rid in rids:
-        req = kv.pages(rid)
-        if g.full is not None:
-            want[g.full] += len(req.full)
-        if g.state is not None:
-            want[g.state] += len(req.slots)
-        for k, w in enumerate(g.windows):
-            want[w.band] += len(req.win(k))
-    if kv.cache is None and kv.held_per_band(rids) != tuple(want):
-        out.append(f"held per band {kv.held_per_band(rids)} vs lists {tuple(want)}")
     return out
 
 
@@ -215,12 +200,9 @@ def step_mismatches(vec: KVManager, ref: KVManager, rng: random.Random,
     return out + table_mismatches(vec)
 
 
-def run_stream(shape: str, seed: int, steps: int, few: int | None = None) -> list[str]:
-    """``few``: the vectorized manager's ``FEW`` (0: every take's pages through the numpy
-    path; a huge value: every take one request at a time; None: the default split)."""
+def run_stream(shape: str, seed: int, steps: int) -> list[str]:
+    """A seeded stream of ``steps`` steps on two managers (see :func:`step_mismatches`)."""
     vec, ref = _manager(shape), _manager(shape)
-    if few is not None:
-        vec.FEW = few
     rng = random.Random(seed)
     live: dict[int, int] = {}
     next_rid = [0]
@@ -239,30 +221,6 @@ def test_vectorized_path_equals_per_request_path(shape: str, seed: int, steps: i
     assert run_stream(shape, seed, steps) == []
 
 
-@pytest.mark.parametrize("few", [0, 10**9])
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_both_ways_of_handing_out_a_take_equal_the_per_request_path(shape: str,
-                                                                     few: int) -> None:
-    # Seeded streams with each distribution path forced: numpy over the batch (FEW = 0)
-    # and one request at a time (FEW huge); both must equal the per-request reference.
-    for seed in range(4):
-        assert run_stream(shape, seed, 60, few=few) == []
-
-
-@pytest.mark.parametrize("shape", ["window|full", "two windows", "state|window|full"])
-def test_a_planted_off_by_one_window_start_is_caught(shape: str,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    # Sibling of the equality above: the vectorized window start one token late (a window
-    # of W + 1) demands and releases differently from the per-request path.
-    real = DecodeState.window_first_page
-
-    def late(self: DecodeState, k: int, tokens: np.ndarray, page_size: int) -> np.ndarray:
-        return real(self, k, np.maximum(tokens - 1, 0), page_size)
-
-    monkeypatch.setattr(DecodeState, "window_first_page", late)
-    assert any(run_stream(shape, seed, 60) for seed in range(5))
-
-
 def test_a_planted_stale_row_is_caught() -> None:
     # Sibling of the table check: a release that forgets to put the null page in the row.
     kv = _manager("window|full")
@@ -271,8 +229,8 @@ def test_a_planted_stale_row_is_caught() -> None:
     assert table_mismatches(kv) == []
     window = kv.geom.window
     assert window is not None
-    table = kv._state.tables[window]
-    slot = kv.pages(0)._slot
+    table = kv._table.tables[window]
+    slot = kv.pages(0).slot
     kept = int(table[slot, 0])
     released = 0
     for _ in range(4):  # the 4th commit releases page 0 (see the hand-derived case)
@@ -281,22 +239,6 @@ def test_a_planted_stale_row_is_caught() -> None:
     assert released == 1 and table_mismatches(kv) == []
     table[slot, 0] = kept  # the defect: the released id left in the row
     assert table_mismatches(kv) != []
-
-
-def test_a_planted_stale_window_start_breaks_held_per_band() -> None:
-    # Sibling of the held-per-band check: a window start left behind after a release (the
-    # arrays then count a released page as held).
-    kv = _manager("window|full")
-    kv.allocate([(0, 9)])
-    kv.commit(0, 9)
-    for _ in range(4):  # the 4th commit releases window page 0 (see the case by hand)
-        kv.allocate([(0, 1)], kv.decode_demands([0]))
-        kv.commit_decodes([0])
-    assert table_mismatches(kv) == []
-    window = kv.geom.window
-    assert window is not None
-    kv._state.first[0, kv.pages(0)._slot] -= 1  # the defect
-    assert any("held per band" in m for m in table_mismatches(kv))
 
 
 def test_a_decode_batch_of_a_fresh_request_equals_its_first_token() -> None:

@@ -10,8 +10,8 @@ from kvchain.alloc.chain import Chain
 from kvchain.cache.keys import page_keys_from_tokens
 from kvchain.cache.radix import CacheGeometry, PrefixCache
 from kvchain.errors import ConfigError, InvalidRequestError
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.queue import QueuePolicy, WaitingQueue
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig

@@ -12,8 +12,8 @@ import pytest
 
 from kvchain.alloc.chain import Chain
 from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError, UnknownRequestError
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, RequestStatus, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.spec.declared import declared_class
@@ -99,9 +99,9 @@ def test_run_columns_equal_the_per_step_decode_path(shape, seed):
         got = kv.decode_demands(rids)
         assert [d.pages for d in got] == [tuple(row) for row in demand[j].tolist()]
         kv.allocate([(rid, 1) for rid in rids], got)
-        before = [(kv.held(rid).window_first, kv.held(rid).more_windows) for rid in rids]
+        before = [[f for f, _ in kv.held(rid).spans] for rid in rids]
         kv.commit_decodes(rids)
-        after = [(kv.held(rid).window_first, kv.held(rid).more_windows) for rid in rids]
+        after = [[f for f, _ in kv.held(rid).spans] for rid in rids]
         assert bool(released[j]) == (before != after)
     kv.audit()
 

@@ -14,8 +14,8 @@ from kvchain.admission import ReserveConfig, ReservePolicy
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand
 from kvchain.errors import InvalidRequestError
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.queue import QueuePolicy, WaitingQueue, spf_key
 from kvchain.sched.request import EventKind, Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig

@@ -12,7 +12,7 @@ from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import GENERAL_PLANNER, Planner
 from kvchain.alloc.snapshot import ChainSnapshot, Demand, RefusalReason
 from kvchain.errors import AdmissionDivergenceError
-from kvchain.kv_manager import KVManager
+from kvchain.requests.manager import KVManager
 from kvchain.layout import plan_layout
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig

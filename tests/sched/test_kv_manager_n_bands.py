@@ -13,8 +13,10 @@ import pytest
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand
 from kvchain.errors import AuditError
-from kvchain.kv_manager import HeldPages, KVManager, WindowBand, request_demand
 from kvchain.layout import plan_layout
+from kvchain.requests.demand import HeldPages, request_demand
+from kvchain.requests.manager import KVManager
+from kvchain.requests.policies import FullPolicy, WindowPolicy
 from kvchain.spec.declared import declared_class
 from kvchain.spec.layers import LifetimeClass as LC
 
@@ -28,8 +30,9 @@ def two_window_manager() -> KVManager:
 
 def test_geometry_lists_every_window_band() -> None:
     g = two_window_manager().geom
-    assert g.windows == (WindowBand(0, 12, False), WindowBand(1, 4, False))
-    assert (g.window, g.window_tokens, g.full, g.state) == (0, 12, 2, None)
+    assert g.windows == (WindowPolicy(0, 4, 12), WindowPolicy(1, 4, 4))
+    assert g.policies == (*g.windows, FullPolicy(2, 4))
+    assert (g.window, g.full, g.state) == (0, 2, None)
 
 
 def test_each_window_band_demands_and_releases_its_own_window() -> None:
@@ -41,8 +44,7 @@ def test_each_window_band_demands_and_releases_its_own_window() -> None:
     # After the forward the next token is 16: window12 keeps [5, 16) -> from page 1
     # (1 released); window4 keeps [13, 16) -> from page 3 (3 released).
     assert kv.commit(0, 16) == 1 + 3
-    assert kv.held(0) == HeldPages(full=4, window_first=1, window_end=4, slots=0,
-                                   more_windows=((3, 4),))
+    assert kv.held(0) == HeldPages(((1, 4), (3, 4), (0, 4)))
     # A decode at 16: a 5th full page; window12 needs pages 1..4 (holds 1..3): 1; window4
     # needs pages 3..4 (holds 3): 1.
     assert kv.demand(0, 1) == Demand((1, 1, 1))
@@ -62,7 +64,7 @@ def test_a_leak_in_the_second_window_band_is_caught() -> None:
     # Sibling of the audit above: a page of window4 (band 1) forgotten by the request layer.
     kv = two_window_manager()
     kv.allocate([(0, 16)])
-    kv.pages(0).more_window[0].pop()
+    kv._table.rowlen[1, kv.pages(0).slot] -= 1  # its last page forgotten, still bound
     with pytest.raises(AuditError, match=r"band 1: .* 1 leaked"):
         kv.audit()
-    assert len(kv.pages(0).window) == 4
+    assert len(kv.pages(0).band(0)) == 4

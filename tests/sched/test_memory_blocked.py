@@ -4,8 +4,8 @@ step's token budget or max_running does (what memory-blocked U* averages over)."
 from __future__ import annotations
 
 from kvchain.alloc.chain import Chain
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.spec.declared import declare_model

@@ -21,7 +21,9 @@ from kvchain.admission import (
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError, TraceError
 from kvchain.gpu import get_gpu
-from kvchain.kv_manager import HeldPages, RequestGeometry, request_demand
+from kvchain.requests.demand import HeldPages, request_demand
+from kvchain.requests.geometry import RequestGeometry
+from kvchain.requests.policies import FullPolicy, WindowPolicy
 from kvchain.sched.request import Request
 from kvchain.sched.scheduler import SchedulerConfig
 from kvchain.sim.engine import ClockKind, SimConfig, simulate
@@ -278,9 +280,8 @@ def test_window_peak_is_reserved_over_the_horizon() -> None:
     # capped at the later peak ceil(1 / 64) + ceil(10 / 64) = 2 pages: 1 more (the decode
     # at 128 needs tokens 118..128, on pages 1 and 2). Full pages follow the headroom
     # only: ceil(104 / 64) - 2 = 0 either way.
-    geom = RequestGeometry(num_bands=2, page_size=64, full=1, window=0, window_tokens=11,
-                           local=False, state=None, state_slots=1)
-    held = HeldPages(full=2, window_first=1, window_end=2)
+    geom = RequestGeometry(64, (WindowPolicy(0, 64, 11), FullPolicy(1, 64)))
+    held = HeldPages(((1, 2), (0, 2)))
     assert request_demand(geom, held, 100, 1, 3).pages == (0, 0)
     assert request_demand(geom, held, 100, 1, 3, horizon=100).pages == (1, 0)
     with pytest.raises(InvalidDemandError):

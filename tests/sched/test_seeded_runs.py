@@ -10,8 +10,8 @@ import random
 import pytest
 
 from kvchain.alloc.chain import Chain
-from kvchain.kv_manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.spec.declared import declared_class

@@ -213,7 +213,7 @@ def test_owners_add_up_without_the_cache():
 def test_planted_stale_window_start_breaks_the_uncached_identity(monkeypatch):
     # Sibling: held_per_band counting one window page too many per request (a window start
     # one page late in the arrays' sum) shows up as negative unowned bytes.
-    from kvchain.kv_manager import KVManager
+    from kvchain.requests.manager import KVManager
 
     real = KVManager.held_per_band
 

@@ -1,7 +1,7 @@
 """Baseline memory managers behind the chain's interface (docs/design.md §6).
 
 Each baseline is a chain-like allocator (:class:`~kvchain.baselines.pools.PoolAllocator`)
-that the unchanged :class:`~kvchain.kv_manager.KVManager` and
+that the unchanged :class:`~kvchain.requests.manager.KVManager` and
 :class:`~kvchain.sched.scheduler.Scheduler` drive exactly like a
 :class:`~kvchain.alloc.chain.Chain`; only the capacity rule differs, and it is encoded in
 the snapshot the planner prices. :mod:`kvchain.baselines.managers` builds the managers

@@ -60,7 +60,7 @@ class ManagerKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ManagerSetup:
-    """One memory manager, ready for a :class:`~kvchain.kv_manager.KVManager`.
+    """One memory manager, ready for a :class:`~kvchain.requests.manager.KVManager`.
 
     Attributes:
         kind: which manager.

@@ -56,7 +56,7 @@ from kvchain.errors import (
 
 
 class PageTables(Protocol):
-    """What the host copy reads of the request layer (``kvchain.kv_manager.KVManager``
+    """What the host copy reads of the request layer (``kvchain.requests.manager.KVManager``
     has both)."""
 
     @property

@@ -71,8 +71,7 @@ import numpy as np
 from kvchain.alloc.snapshot import EvictionOrder
 from kvchain.audit import resolve_audit
 from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
-from kvchain.layout import ChainLayout
-from kvchain.spec.layers import LifetimeClass
+from kvchain.requests.geometry import RequestGeometry
 
 LEAF = 0
 TAILS = 1
@@ -142,58 +141,9 @@ def spaced_budget(geom: CacheGeometry, whole_pages: int | None = None) -> int | 
     return max(2, min(bounds)) if bounds else None
 
 
-@dataclass(frozen=True, slots=True)
-class CacheGeometry:
-    """Band roles and token geometry the cache needs (read off a layout by lifetime class,
-    never by band position).
-
-    Attributes:
-        num_bands: bands of the chain.
-        page_size: ``P`` tokens per page.
-        full: index of the full-attention band, or ``None``.
-        window: index of the sliding-window or chunked-local band, or ``None``.
-        window_tokens: ``W`` (window) or ``C`` (local chunk) tokens.
-        local: True for chunked-local attention.
-        state: index of the recurrent-state band, or ``None``.
-        slot_bytes: bytes of one state slot (a checkpoint; 0: unknown or no state band).
-        buffer_bytes: bytes of the whole buffer (0: unknown); with ``slot_bytes`` it sets
-            the ``SPACED`` budget (:func:`spaced_budget`).
-        page_bytes: bytes of one full-attention page (0: unknown or no full band): the
-            other bound of the ``SPACED`` budget.
-    """
-
-    num_bands: int
-    page_size: int
-    full: int | None
-    window: int | None
-    window_tokens: int
-    local: bool
-    state: int | None
-    slot_bytes: int = 0
-    buffer_bytes: int = 0
-    page_bytes: int = 0
-
-    @staticmethod
-    def of(layout: ChainLayout) -> CacheGeometry:
-        """Read the geometry off a layout."""
-        win = layout.index_of(LifetimeClass.WINDOW)
-        local = win is None and layout.index_of(LifetimeClass.LOCAL) is not None
-        if local:
-            win = layout.index_of(LifetimeClass.LOCAL)
-        tokens = (layout.bands[win].cache_class.window or 0) if win is not None else 0
-        state = layout.index_of(LifetimeClass.STATE)
-        full = layout.index_of(LifetimeClass.FULL)
-        return CacheGeometry(len(layout.bands), layout.page_size, full, win, tokens, local,
-                             state, layout.bands[state].page_bytes if state is not None else 0,
-                             layout.buffer_bytes,
-                             layout.bands[full].page_bytes if full is not None else 0)
-
-    def window_start(self, position: int) -> int:
-        """First token the window must hold to compute the token at ``position``: sliding
-        ``max(0, position - W + 1)``, local ``floor(position / C) * C``."""
-        if self.local:
-            return (position // self.window_tokens) * self.window_tokens
-        return max(0, position - self.window_tokens + 1)
+#: The geometry the cache reads (band roles, page size, the bytes of the ``SPACED``
+#: budget): the request layer's one geometry object, not a copy of its fields.
+CacheGeometry = RequestGeometry
 
 
 class Node:
@@ -406,7 +356,7 @@ def tail_pages(geom: CacheGeometry, point: int) -> range:
     ``[window_start(point * P) // P, point)`` (empty without a window band)."""
     if geom.window is None:
         return range(0)
-    return range(geom.window_start(point * geom.page_size) // geom.page_size, point)
+    return range(geom.policies[geom.window].resume_start(point), point)
 
 
 class PrefixCache:

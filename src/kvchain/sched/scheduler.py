@@ -51,14 +51,10 @@ from kvchain.errors import (
     UnknownRequestError,
 )
 from kvchain.field_types import check_field_types
-from kvchain.kv_manager import (
-    NOTHING_HELD,
-    KVManager,
-    lifetime_demand,
-    request_demand,
-    sum_demands,
-)
 from kvchain.layout import smallest_request_pages
+from kvchain.requests.batch import sum_demands
+from kvchain.requests.demand import NOTHING_HELD, lifetime_demand, request_demand
+from kvchain.requests.manager import KVManager
 from kvchain.sched.queue import CACHE_LOOKAHEAD, CACHE_MAX_PASSES, QueuePolicy, WaitingQueue
 from kvchain.sched.request import (
     DecodeSeq,
@@ -145,7 +141,7 @@ class DecodeRun:
         rids: the running requests, in running order (every step's decode batch).
         starts: their token counts (``computed``) before the run.
         demand: int64 ``[steps, len(rids), num_bands]``: pages each request adds in each
-            step (:meth:`kvchain.kv_manager.KVManager.decode_run`).
+            step (:meth:`kvchain.requests.manager.KVManager.decode_run`).
         released: bool ``[steps]``: the step's commit releases window pages.
         shortest: output tokens the first request to end has left (it ends in step
             ``shortest - 1``, if the run gets that far).
@@ -812,7 +808,7 @@ class Scheduler:
         batch the policy's :meth:`~kvchain.admission.OutputReserve.begin_step` saw, holding
         ``computed + 1`` tokens after it) and the tokens it expects ``r`` to generate (its
         window's later peak is reserved over them:
-        :func:`~kvchain.kv_manager.request_demand`'s ``horizon``)."""
+        :func:`~kvchain.requests.demand.request_demand`'s ``horizon``)."""
         left, done, limit = r.output_left - 1, r.output_done, r.output_limit
         return (self.reserve.tokens(left, done, limit, r.computed + 1 if decoding else None),
                 self.reserve.horizon(left, done, limit))

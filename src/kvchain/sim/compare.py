@@ -162,7 +162,7 @@ class _BytesObserver:
         step_tokens.update((d.rid, 1) for d in batch.decodes)
         needed = 0
         for rid in sched.running.keys() | step_tokens.keys():
-            holds = rid in kv and state_band is not None and bool(kv.pages(rid).slots)
+            holds = state_band is not None and kv.held(rid).span(state_band)[1] > 0
             needed += self.needed_of.of_request(kv.tokens(rid) + step_tokens.get(rid, 0), holds)
         held = kv.chain.snapshot().live_bytes - self.reserved
         if sched.waiting:

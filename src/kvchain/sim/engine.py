@@ -39,8 +39,8 @@ from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.field_types import check_field_types
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
-from kvchain.kv_manager import KVManager
 from kvchain.layout import ChainLayout, plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig, UnallocatableEvent
 from kvchain.sim.cost import (

@@ -65,8 +65,8 @@ import numpy as np
 
 from kvchain.alloc.snapshot import ChainSnapshot
 from kvchain.errors import ConfigError, MetricsError
-from kvchain.kv_manager import KVManager
 from kvchain.layout import Anchor
+from kvchain.requests.manager import KVManager
 
 # --- per-request records ----------------------------------------------------------------
 
@@ -271,39 +271,14 @@ def band_samples(
 
 def request_owned_pages(kv: KVManager, rids: Iterable[int]) -> tuple[int, ...]:
     """Pages per band (low -> high) that requests ``rids`` hold as their own: their prefix-
-    cache hit excluded (the cache owns it), state checkpoints saved for the cache included
-    until the request hands them over. O(1) per request and band (list lengths), so the
-    event loop can count it every step; ids ``kv`` holds nothing for are skipped. Without a
-    prefix cache every page a request holds is its own: then it is
-    :meth:`KVManager.held_per_band` (numpy sums over the decode arrays).
-
-    Per request (``P`` tokens a page, ``h = shared`` hit pages): full ``len(full) - h``;
-    the first window band: its pages at page indices ``>= h`` plus the pages it keeps for
-    the cache (``kept``); further window bands: every page; state: working slots plus saved
-    checkpoints. The same split :meth:`KVManager.audit` checks page by page.
-    """
-    if kv.cache is None:  # every page a request holds is its own: the decode arrays' sums
+    cache hit excluded (the cache owns it), state checkpoints and window pages saved for
+    the cache included until the request hands them over (:meth:`KVManager.owned_per_band`,
+    array sums over the request table; without a prefix cache
+    :meth:`KVManager.held_per_band`: every page a request holds is its own). Ids ``kv``
+    holds nothing for are skipped."""
+    if kv.cache is None:
         return kv.held_per_band(rids)
-    g = kv.geom
-    counts = [0] * g.num_bands
-    windows = [w.band for w in g.windows]
-    for rid in rids:
-        if rid not in kv:
-            continue
-        req = kv.pages(rid)
-        h = req.shared
-        if g.full is not None:
-            counts[g.full] += len(req.full) - h
-        for k, band in enumerate(windows):
-            ids = req.win(k)
-            if k == 0:
-                first = req.window_first
-                counts[band] += len(ids) - min(max(h - first, 0), len(ids)) + len(req.kept)
-            else:
-                counts[band] += len(ids)
-        if g.state is not None:
-            counts[g.state] += len(req.slots) + len(req.ckpts)
-    return tuple(counts)
+    return kv.owned_per_band(rids)
 
 
 @dataclass(frozen=True, slots=True)

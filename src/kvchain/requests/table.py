@@ -1,20 +1,19 @@
-"""The running requests' decode state as arrays indexed by a dense slot per request, and
-their block tables per band (the input layout of paged-attention kernels).
+"""The request table: the only copy of every request's pages, as arrays indexed by a dense
+slot per request, with a block table per band (the input layout of paged-attention
+kernels). One request (scalar reads of a row) and a decode batch (gathers of many rows)
+read the same arrays, so a decode step is a handful of numpy operations over the batch
+(docs/architecture.md, layer table):
 
-:class:`~kvchain.kv_manager.KVManager` keeps each request's page ids in Python lists (its
-``RequestPages``) for the general paths (prefill chunks, the prefix cache, retraction);
-this module mirrors what the decode path reads, so a decode step over a running batch is
-a handful of numpy operations instead of a Python loop over the batch
-(docs/architecture.md, layer table; measured in docs/benchmarks.md, "Request layer
-speed"):
-
-* ``tokens[slot]``: tokens whose KV is in the cache (``L``); the one copy of that count
-  while the request is registered.
+* ``tokens[slot]``: tokens whose KV is in the cache (``L``).
 * ``rowlen[band, slot]``: meaningful columns of the request's row in ``band``: full pages
   held (full band), state slots held (state band), one past the last window page held
   (window and chunked-local bands: the row is indexed by token page ``j`` covering tokens
-  ``[j * P, (j + 1) * P)``, entries before ``first[k, slot]`` are released).
-* ``first[k, slot]``: first window page held in window band ``k`` (token page index).
+  ``[j * P, (j + 1) * P)``, entries before ``first[band, slot]`` are released).
+* ``first[band, slot]``: first page held in ``band`` (token page index; 0 for bands that
+  release nothing before the request ends).
+* ``shared[slot]``: pages ``[0, shared)`` of the full and window bands belong to the
+  prefix cache (the request's hit, later its inserted prompt): it reads them, never
+  releases them.
 * ``need_at[slot]``: a token count below which a decode needs no new page with the pages
   held now (0: work it out every step), so a decode step runs the demand formulas only
   for the requests at or past it; set again whenever the request's pages change
@@ -36,40 +35,41 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvchain.requests.demand import HeldPages
+from kvchain.requests.policies import BandPolicy, grown_pages
 
-class DecodeState:
+
+class RequestTable:
     """Per-slot counts and per-band virtual block tables (see the module docstring).
 
     Args:
-        num_bands: bands of the chain.
+        policies: the chain's band policies, one per band (low -> high).
         pads: per band, the value of an empty table entry: the band's null page (virtual
             id), or ``-1`` where it reserves none.
-        windows: ``(band, tokens, local)`` per window or chunked-local band, low -> high
-            (``tokens`` is ``W`` for a sliding window, ``C`` for a local chunk).
         capacity: initial slots (grown by doubling).
         width: initial columns per table (grown by doubling).
 
     Attributes:
         version: bumped whenever a slot is bound or unbound (a request id -> slot map
             computed at one version holds until the next).
-        dirty: slots whose rows and counts must be read again from their request's lists
-            before the arrays are used (:meth:`write_row`); kept by the manager.
+        slot_of: request id -> slot of every registered request.
     """
 
-    def __init__(self, num_bands: int, pads: Sequence[int],
-                 windows: Sequence[tuple[int, int, bool]], capacity: int = 64,
-                 width: int = 16) -> None:
+    def __init__(self, policies: Sequence[BandPolicy], pads: Sequence[int],
+                 capacity: int = 64, width: int = 16) -> None:
+        num_bands = len(policies)
         self.num_bands = num_bands
+        self.policies = tuple(policies)
         self.pads = tuple(int(p) for p in pads)
-        self.windows = tuple(windows)
         self.tokens = np.zeros(capacity, dtype=np.int64)
         self.rowlen = np.zeros((num_bands, capacity), dtype=np.int64)
-        self.first = np.zeros((len(self.windows), capacity), dtype=np.int64)
+        self.first = np.zeros((num_bands, capacity), dtype=np.int64)
         self.need_at = np.zeros(capacity, dtype=np.int64)
+        self.shared = np.zeros(capacity, dtype=np.int64)
         self.tables = [np.full((capacity, width), pad, dtype=np.int64) for pad in self.pads]
         self._free = list(range(capacity - 1, 0, -1))  # slot 0: the permanent empty slot
         self.version = 0
-        self.dirty: set[int] = set()
+        self.slot_of: dict[int, int] = {}
 
     @property
     def capacity(self) -> int:
@@ -78,21 +78,18 @@ class DecodeState:
 
     # --- slots --------------------------------------------------------------------------
 
-    def bind(self, tokens: int) -> int:
-        """A free slot for a new request with ``tokens`` tokens in its cache (marked
-        dirty: its rows are read from its lists before the next use)."""
+    def bind(self, rid: int) -> int:
+        """A free slot for a new request ``rid`` (nothing held, 0 tokens). Returns it."""
         if not self._free:
             self._grow_slots()
         slot = self._free.pop()
-        self.tokens[slot] = tokens
-        self.need_at[slot] = 0
-        self.dirty.add(slot)
+        self.slot_of[rid] = slot
         self.version += 1
         return slot
 
-    def unbind(self, slot: int) -> int:
-        """Free ``slot`` (its rows back to the pad, counts to 0). Returns its tokens."""
-        tokens = int(self.tokens[slot])
+    def unbind(self, rid: int) -> None:
+        """Free ``rid``'s slot (its rows back to the pad, counts to 0)."""
+        slot = self.slot_of.pop(rid)
         for band in range(self.num_bands):
             n = int(self.rowlen[band, slot])
             if n:
@@ -101,10 +98,9 @@ class DecodeState:
         self.first[:, slot] = 0
         self.need_at[slot] = 0
         self.tokens[slot] = 0
-        self.dirty.discard(slot)
+        self.shared[slot] = 0
         self._free.append(slot)
         self.version += 1
-        return tokens
 
     def _grow_slots(self) -> None:
         old = self.capacity
@@ -119,6 +115,7 @@ class DecodeState:
         self.rowlen = grow(self.rowlen)
         self.first = grow(self.first)
         self.need_at = grow(self.need_at)
+        self.shared = grow(self.shared)
         tables = []
         for t, pad in zip(self.tables, self.pads, strict=True):
             out = np.full((new, t.shape[1]), pad, dtype=np.int64)
@@ -139,21 +136,49 @@ class DecodeState:
 
     # --- rows ---------------------------------------------------------------------------
 
-    def write_row(self, band: int, slot: int, first: int, vids: Sequence[int]) -> None:
-        """Set ``slot``'s row in ``band`` to ``first`` pad entries then ``vids`` (the
-        request's list), padding what the old row held beyond."""
+    def live(self, band: int, slot: int) -> np.ndarray:
+        """The page ids ``slot`` holds in ``band``, first to last (a view of its row:
+        columns ``[first, rowlen)``)."""
+        return self.tables[band][slot, self.first[band, slot]:self.rowlen[band, slot]]
+
+    def span(self, band: int, slot: int) -> tuple[int, int]:
+        """``(first, end)`` page indices ``slot`` holds in ``band``."""
+        return int(self.first[band, slot]), int(self.rowlen[band, slot])
+
+    def held(self, slot: int) -> HeldPages:
+        """The ``(first, end)`` spans ``slot`` holds, per band."""
+        return HeldPages(tuple(zip(self.first[:, slot].tolist(), self.rowlen[:, slot].tolist(),
+                                   strict=True)))
+
+    def slots_of(self, ids: Sequence[int]) -> np.ndarray:
+        """Slots of request ids, int64 (0, the empty slot, for one that holds nothing)."""
+        get = self.slot_of.get
+        return np.fromiter((get(rid, 0) for rid in ids), dtype=np.int64, count=len(ids))
+
+    def set_row(self, band: int, slot: int, first: int, vids: Sequence[int]) -> None:
+        """Set ``slot``'s row in ``band`` to ``vids`` at columns ``first ..`` (pads before
+        and after), the band's first live page to ``first``."""
         end = first + len(vids)
         old = int(self.rowlen[band, slot])
         self.fit(band, end)
         row = self.tables[band][slot]
         pad = self.pads[band]
-        if first:
-            row[:first] = pad
-        if vids:
-            row[first:end] = vids
+        row[:first] = pad
+        row[first:end] = vids
         if old > end:
             row[end:old] = pad
         self.rowlen[band, slot] = end
+        self.first[band, slot] = first
+
+    def drop_front(self, band: int, slot: int, n: int) -> np.ndarray:
+        """Take the first ``n`` live pages of ``slot`` in ``band`` out of its row (pads in
+        their place, the first live page moves by ``n``). Returns their ids (a copy)."""
+        first = int(self.first[band, slot])
+        row = self.tables[band][slot]
+        out = row[first:first + n].copy()
+        row[first:first + n] = self.pads[band]
+        self.first[band, slot] = first + n
+        return out
 
     def put_row(self, band: int, slot: int, start: int, vids: Sequence[int]) -> None:
         """Write ``vids`` into ``slot``'s row of ``band`` at columns ``start ..``; the
@@ -183,46 +208,18 @@ class DecodeState:
 
     # --- the decode step ----------------------------------------------------------------
 
-    def window_first_page(self, k: int, tokens: np.ndarray, page_size: int) -> np.ndarray:
-        """First token page window band ``k`` must hold to compute the token at position
-        ``tokens`` (elementwise): ``max(0, L - W + 1) // P``, or ``floor(L / C) * C // P``
-        for a local chunk (the same formula as ``WindowBand.start``)."""
-        _, w, local = self.windows[k]
-        start = (tokens // w) * w if local else np.maximum(tokens - (w - 1), 0)
-        return start // page_size
-
-    def decode_columns(self, slots: np.ndarray, page_size: int, full: int | None,
-                       state: int | None, state_slots: int) -> list[np.ndarray]:
+    def decode_columns(self, slots: np.ndarray) -> list[np.ndarray]:
         """Pages each request at ``slots`` must add to compute one more token: one int64
-        array ``[len(slots)]`` per band (a band's column of the batch's demands), the
-        formulas of ``request_demand`` for ``extend = 1`` without headroom or resume
-        points, elementwise:
-
-        * full: ``max(0, (L // P + 1) - held)``;
-        * window band ``k``: ``max(0, (last - f) - have)`` with ``last = L // P + 1``,
-          ``f`` the first page of the token's window and ``have`` the held pages inside
-          ``[f, last)``;
-        * state: ``state_slots`` if it holds no slot, else 0;
-        * a band of none of these kinds: 0.
-        """
+        array ``[len(slots)]`` per band (a band's column of the batch's demands), each
+        band policy's :meth:`~kvchain.requests.policies.BandPolicy.pages` for
+        ``extend = 1`` over the held spans ``[first, rowlen)`` (the formula
+        ``request_demand`` runs for one request)."""
         t = self.tokens[slots]
-        last = t // page_size + 1
-        rowlen = self.rowlen
-        zero = np.zeros(slots.size, dtype=np.int64)
-        out = [zero] * self.num_bands
-        if full is not None:
-            out[full] = np.maximum(last - rowlen[full][slots], 0)
-        for k, (band, _, _) in enumerate(self.windows):
-            f = self.window_first_page(k, t, page_size)
-            have = np.maximum(np.minimum(rowlen[band][slots], last)
-                              - np.maximum(self.first[k][slots], f), 0)
-            out[band] = np.maximum(last - f - have, 0)
-        if state is not None:
-            out[state] = np.where(rowlen[state][slots] == 0, state_slots, 0)
-        return out
+        first, rowlen = self.first, self.rowlen
+        return [pol.pages(first[pol.band][slots], rowlen[pol.band][slots], t, 1)
+                for pol in self.policies]
 
-    def refresh_need(self, slots: np.ndarray, page_size: int, full: int | None,
-                     state: int | None) -> None:
+    def refresh_need(self, slots: np.ndarray) -> None:
         """Set ``need_at`` of ``slots`` from the pages they hold now: the smallest
         ``held * P`` over the full band and the window bands' last held page (a decode
         at ``L`` needs page ``L // P`` there first), or 0 (work it out every step) for a
@@ -233,21 +230,21 @@ class DecodeState:
         t = self.tokens[slots]
         need = np.full(slots.size, np.iinfo(np.int64).max, dtype=np.int64)
         rowlen = self.rowlen
-        if full is not None:
-            np.minimum(need, rowlen[full][slots] * page_size, out=need)
-        for k, (band, _, _) in enumerate(self.windows):
-            hf, he = self.first[k][slots], rowlen[band][slots]
-            np.minimum(need, he * page_size, out=need)
-            odd = (he == hf) | (hf > self.window_first_page(k, t, page_size))
-            need[odd] = 0
-        if state is not None:
-            need[rowlen[state][slots] == 0] = 0
+        for pol in self.policies:
+            end = rowlen[pol.band][slots]
+            if pol.per_request:
+                need[end == 0] = 0
+                continue
+            np.minimum(need, end * pol.page_size, out=need)
+            if pol.windowed:
+                first = self.first[pol.band][slots]
+                need[(end == first) | (first > pol.first_page(t))] = 0
         self.need_at[slots] = need
 
     # --- a run of decode steps (the simulator's fast-forward) ---------------------------
 
-    def run_columns(self, slots: np.ndarray, steps: int, page_size: int, full: int | None,
-                    state: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+    def run_columns(self, slots: np.ndarray, steps: int
+                    ) -> tuple[np.ndarray, np.ndarray] | None:
         """The pages each request at ``slots`` adds in each of the next ``steps`` decode
         steps, and which steps release window pages, if every one of them decodes in all
         of them: what :meth:`decode_columns` and the commit's window-tail release would
@@ -279,22 +276,23 @@ class DecodeState:
         n = int(slots.size)
         t0 = self.tokens[slots]
         t = t0[None, :] + np.arange(steps, dtype=np.int64)[:, None]  # [steps, n]
-        last = t // page_size + 1
         demand = np.zeros((steps, n, self.num_bands), dtype=np.int64)
         released = np.zeros(steps, dtype=bool)
         rowlen = self.rowlen
-        if state is not None and not rowlen[state][slots].all():
-            return None
-        if full is not None:
-            cum = np.maximum(last - rowlen[full][slots][None, :], 0)
-            demand[:, :, full] = np.diff(cum, axis=0, prepend=0)
-        for k, (band, _, _) in enumerate(self.windows):
-            first, end = self.first[k][slots], rowlen[band][slots]
-            f0 = self.window_first_page(k, t0, page_size)
-            if not ((first <= f0) & (f0 <= end) & ((end > first) | (first == f0))).all():
-                return None
-            cum = np.maximum(last - end[None, :], 0)
+        for pol in self.policies:
+            band = pol.band
+            end = rowlen[band][slots]
+            if pol.per_request:
+                if not end.all():
+                    return None
+                continue
+            first = self.first[band][slots]
+            if pol.windowed:
+                f0 = pol.first_page(t0)
+                if not ((first <= f0) & (f0 <= end) & ((end > first) | (first == f0))).all():
+                    return None
+                gone = np.maximum(pol.first_page(t + 1) - first[None, :], 0)
+                released |= (np.diff(gone, axis=0, prepend=0) > 0).any(axis=1)
+            cum = grown_pages(end[None, :], t + 1, pol.page_size)
             demand[:, :, band] = np.diff(cum, axis=0, prepend=0)
-            gone = np.maximum(self.window_first_page(k, t + 1, page_size) - first[None, :], 0)
-            released |= (np.diff(gone, axis=0, prepend=0) > 0).any(axis=1)
         return demand, released

@@ -1,0 +1,430 @@
+"""The prefix cache's part of the request layer: a request's hit (its shared pages, locks
+and pins), its resume points (window tails kept, state checkpoints saved), the insert of
+its prompt at the end of its prefill, and what it hands back when it ends. The manager
+calls these at fixed points; without a cache every call is a no-op."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from kvchain.alloc.allocator import Allocator, EvictingAllocator
+from kvchain.alloc.chain import Chain
+from kvchain.cache.radix import Hit, Node, PrefixCache, junction_point, resume_points
+from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError
+from kvchain.requests.demand import tail_spans
+from kvchain.requests.geometry import RequestGeometry
+from kvchain.requests.table import RequestTable
+from kvchain.requests.view import CacheFacts
+
+
+class CacheGlue:
+    """The prefix-cache glue of one :class:`~kvchain.requests.manager.KVManager`.
+
+    Args:
+        chain: the manager's allocator.
+        cache: its prefix cache, or ``None``.
+        geom: the chain's request geometry.
+        table: the manager's request table.
+
+    Attributes:
+        cow_state_copies, cow_bytes: cache checkpoints copied into a working state slot,
+            and their bytes.
+        checkpoints_saved: state checkpoint slots taken at resume points.
+        junctions_saved: prefills that computed their junction point.
+        prompts_inserted: prompts inserted at the end of their prefill.
+
+    Raises:
+        ConfigError: a cache on a chain of more than one window band, or on an allocator
+            without an evictor hook.
+    """
+
+    def __init__(self, chain: Allocator, cache: PrefixCache | None, geom: RequestGeometry,
+                 table: RequestTable) -> None:
+        self.chain, self.cache, self.geom, self.table = chain, cache, geom, table
+        self.cow_state_copies = 0
+        self.cow_bytes = 0
+        self.checkpoints_saved = 0
+        self.junctions_saved = 0
+        self.prompts_inserted = 0
+        self._hits: dict[int, int] = {}  # rid -> hit pages at attach (the cache's before it)
+        self._pointed: set[int] = set()  # requests with resume points still to come
+        self._uninserted: set[int] = set()  # requests whose prompt is not in the cache yet
+        # rid -> its hit lock, for requests whose prompt is inserted (``handle`` is then
+        # their prompt lock).
+        self._hit_locks: dict[int, Node | None] = {}
+        if cache is not None:
+            if len(geom.windows) > 1:
+                raise ConfigError(f"the prefix cache supports chains with at most one window "
+                                  f"or chunked-local band; this one has {len(geom.windows)}")
+            if not isinstance(chain, EvictingAllocator):
+                raise ConfigError("the prefix cache needs an allocator with an evictor hook "
+                                  "(a Chain or a baseline's PoolAllocator)")
+            chain.set_evictor(cache)
+
+    # --- queries -----------------------------------------------------------------------------
+
+    def points_for(self, keys: Sequence[int] | None, after: int = 0,
+                   junction: int = 0) -> tuple[int, ...]:
+        """See :meth:`KVManager.points_for`."""
+        if self.cache is None or not keys:
+            return ()
+        pts = resume_points(self.cache.geom, len(keys), self.cache.interval_pages,
+                            self.cache.policy)
+        if junction and junction not in pts:
+            pts = tuple(sorted((*pts, junction)))
+        return tuple(q for q in pts if q > after)
+
+    def cached_tokens(self, keys: Sequence[int], prompt_tokens: int) -> int:
+        """See :meth:`KVManager.cached_tokens`."""
+        if self.cache is None or not keys:
+            return 0
+        return self.cache.match(keys, prompt_tokens).pages * self.geom.page_size
+
+    def hit_tokens(self, rid: int) -> int:
+        """See :meth:`KVManager.hit_tokens`."""
+        return self._hits.get(rid, 0) * self.geom.page_size
+
+    def reaches_point(self, ids: tuple[int, ...], requests: Mapping[int, CacheFacts]) -> bool:
+        """Whether the next token of one of ``ids`` reaches one of its resume points."""
+        if not self._pointed:
+            return False
+        p = self.geom.page_size
+        for rid in self._pointed.intersection(ids):
+            facts = requests[rid]
+            if int(self.table.tokens[facts.slot]) + 1 in {q * p for q in facts.points}:
+                return True
+        return False
+
+    def points_ahead(self, ids: tuple[int, ...], requests: Mapping[int, CacheFacts]) -> bool:
+        """Whether one of ``ids`` has a resume point past its tokens."""
+        p = self.geom.page_size
+        return any(requests[rid].points[-1] * p > int(self.table.tokens[requests[rid].slot])
+                   for rid in self._pointed.intersection(ids))
+
+    def may_insert(self, ids: tuple[int, ...]) -> bool:
+        """Whether a commit of one of ``ids`` may insert its prompt (not inserted yet)."""
+        return bool(self._uninserted) and not self._uninserted.isdisjoint(ids)
+
+    # --- attach / detach ------------------------------------------------------------------
+
+    def check_attach(self, rid: int, known: bool, keys: Sequence[int],
+                     prompt_tokens: int) -> None:
+        """Refuse an attach of a request that holds pages (``known``) or brings more keys
+        than whole pages of its prompt.
+
+        Raises:
+            InvalidRequestError: either.
+        """
+        if known:
+            raise InvalidRequestError(f"request {rid} already holds pages")
+        if len(keys) > prompt_tokens // self.geom.page_size:
+            raise InvalidRequestError(f"request {rid}: {len(keys)} page keys for a prompt of "
+                                      f"{prompt_tokens} tokens")
+
+    def attach(self, rid: int, facts: CacheFacts, keys: tuple[int, ...], prompt_tokens: int,
+               save_points: bool) -> int:
+        """Lock ``rid``'s hit and write it into its (new) row: the hit's full pages and
+        window tail by reference (``shared``), its resume points and kept tails; pin what
+        it reads of the cache (its window tail, the checkpoint it resumes from). Returns
+        the hit tokens."""
+        facts.keys = keys
+        cache = self.cache
+        if cache is None:
+            return 0
+        hit: Hit = cache.match(keys, prompt_tokens)
+        handle = facts.handle = cache.lock(hit)
+        g, h, slot = self.geom, hit.pages, facts.slot
+        table = self.table
+        table.tokens[slot] = h * g.page_size
+        table.shared[slot] = h
+        if g.full is not None:
+            table.set_row(g.full, slot, 0, hit.full)
+        if g.window is not None and h:
+            table.set_row(g.window, slot, hit.window_first, hit.window)
+        facts.cow_src = hit.checkpoint
+        self._hits[rid] = h
+        if h < len(keys):
+            self._uninserted.add(rid)
+        if handle is not None:
+            # Pin what the request reads of the cache: its window tail, its checkpoint
+            # (until copied); the rest of the locked path's tails stays evictable.
+            if g.window is not None:
+                cache.pin_window(handle, range(hit.window_first, h))
+            if hit.checkpoint >= 0:
+                cache.pin_checkpoint(handle, h)
+        if save_points:
+            junction = 0
+            if cache.junctions:
+                junction = junction_point(cache.geom, h, hit.matched, len(keys),
+                                          self.points_for(keys), cache.junction_min_pages)
+            facts.points = self.points_for(keys, h, junction)
+            facts.cut = junction * g.page_size
+        if facts.points:
+            self._pointed.add(rid)
+        facts.tails = tail_spans(g, facts.points, h)
+        if g.window is not None and facts.tails:
+            facts.retain = frozenset(i for lo, hi in facts.tails[g.window]
+                                     for i in range(lo, hi))
+        return h * g.page_size
+
+    def detach(self, rid: int, facts: CacheFacts) -> None:
+        """Check that ``rid`` took no page of its own since :meth:`attach`, then drop its
+        pins and its lock.
+
+        Raises:
+            InvalidRequestError: it did.
+        """
+        table, slot = self.table, facts.slot
+        shared = int(table.shared[slot])
+        took = bool(facts.kept or facts.ckpts)
+        for pol in self.geom.policies:
+            first, end = table.span(pol.band, slot)
+            took |= end > 0 if pol.per_request else (end > first and end > shared)
+        if took:
+            raise InvalidRequestError(f"request {rid} took pages since it was attached")
+        if self.cache is not None:
+            self._unpin_all(facts)
+            self.cache.unlock(facts.handle)
+
+    def forget(self, rid: int) -> None:
+        """Drop what the glue keeps of ``rid`` (it left the manager)."""
+        self._hits.pop(rid, None)
+        self._pointed.discard(rid)
+        self._uninserted.discard(rid)
+
+    def touch(self, facts: CacheFacts) -> None:
+        """LRU touch of the request's hit (no-op without one)."""
+        if self.cache is not None and facts.handle is not None:
+            self.cache.touch(facts.handle, self._window_first(facts))
+
+    def _window_first(self, facts: CacheFacts) -> int:
+        w = self.geom.window
+        return int(self.table.first[w, facts.slot]) if w is not None else 0
+
+    # --- pins --------------------------------------------------------------------------------
+
+    def _unpin_checkpoint(self, facts: CacheFacts) -> None:
+        """Drop the request's pin of the checkpoint its hit resumes from (copied or given
+        up)."""
+        if facts.cow_src >= 0 and self.cache is not None and facts.handle is not None:
+            # Not copied before: no slot taken, so no prefill ran and ``shared`` is the hit.
+            self.cache.unpin_checkpoint(facts.handle, int(self.table.shared[facts.slot]))
+        facts.cow_src = -1
+
+    def _unpin_all(self, facts: CacheFacts) -> None:
+        """Drop every pin the request holds: the cache's window pages in its window and the
+        checkpoint it has not copied yet."""
+        cache, handle, w = self.cache, facts.handle, self.geom.window
+        if cache is None or handle is None:
+            return
+        if w is not None:
+            first, end = self.table.span(w, facts.slot)
+            shared = int(self.table.shared[facts.slot])
+            if end > first and first < shared:
+                cache.unpin_window(handle, range(first, min(shared, end)))
+        self._unpin_checkpoint(facts)
+
+    def unpin_fronts(self, band: int, slots: np.ndarray, firsts: np.ndarray,
+                     counts: np.ndarray, facts: Sequence[CacheFacts]) -> None:
+        """The rows ``slots`` dropped ``counts`` pages of ``band`` from page ``firsts``:
+        unpin the cache's shared pages among them (the request stops reading them)."""
+        if self.cache is None:
+            return
+        shared = self.table.shared[slots].tolist()
+        for f, c, h, fa in zip(firsts.tolist(), counts.tolist(), shared, facts, strict=True):
+            if f < h and fa.handle is not None:
+                self.cache.unpin_window(fa.handle, range(f, min(f + c, h)))
+
+    # --- pages in and out ------------------------------------------------------------------
+
+    def take_slots(self, band: int, rows: np.ndarray, rids: Sequence[int],
+                   extends: Sequence[int], counts: Sequence[int], vids: Sequence[int],
+                   requests: Mapping[int, CacheFacts]) -> None:
+        """State slots granted to the requests in ``rows`` (``counts[i]`` each, in order):
+        a request without slots takes its working slot(s) first (then the cache's
+        checkpoint it resumes from is copied there), then one checkpoint slot per resume
+        point its chunk of ``extends[i]`` tokens reaches (the forward writes the state
+        there).
+
+        Raises:
+            InvalidDemandError: a grant that does not match the points reached.
+        """
+        table, p, n_slots = self.table, self.geom.page_size, self.geom.state_slots
+        cut = 0
+        for slot, rid, extend, n in zip(rows.tolist(), rids, extends, counts, strict=True):
+            got = list(vids[cut:cut + n])
+            cut += n
+            facts = requests[rid]
+            if not table.rowlen[band, slot]:
+                table.put_row(band, slot, 0, got[:n_slots])
+                got = got[n_slots:]
+                if facts.cow_src >= 0:
+                    self._copy_checkpoint(band, facts)
+            tokens = int(table.tokens[slot])
+            reached = [q for q in facts.points if tokens < q * p <= tokens + extend]
+            if len(reached) != len(got):
+                raise InvalidDemandError(f"request {rid}: {len(got)} checkpoint slots for "
+                                         f"{len(reached)} resume points")
+            for q, v in zip(reached, got, strict=True):
+                facts.ckpts[q] = v
+            self.checkpoints_saved += len(got)
+
+    def _copy_checkpoint(self, band: int, facts: CacheFacts) -> None:
+        """Copy the cache's checkpoint into the request's working slot (copy on write)."""
+        layout = self.chain.layout.bands[band]
+        chain = self.chain
+        if isinstance(chain, Chain):  # a baseline's pools keep counts only
+            src = chain.translate(band, np.asarray([facts.cow_src], dtype=np.int64))
+            dst = chain.translate(band, self.table.live(band, facts.slot)[:1])
+            chain.buffer.copy_pages(layout, src, dst)
+        self.cow_state_copies += 1
+        self.cow_bytes += layout.page_bytes
+        self._unpin_checkpoint(facts)
+
+    def drop_window_pages(self, facts: CacheFacts, band: int, first: int,
+                          vids: np.ndarray) -> None:
+        """Hand back the window pages ``vids`` (page indices from ``first``) a request's
+        window-tail release took out of its row: the cache's shared ones are unpinned,
+        the ones kept for a resume point move to ``kept``, the rest are released."""
+        shared = int(self.table.shared[facts.slot])
+        if not (shared or facts.retain):
+            self.chain.release(band, vids)
+            return
+        out = []
+        for i, v in enumerate(vids.tolist(), first):
+            if i < shared:
+                continue  # the cache's page: the request stops reading it (unpin)
+            if i in facts.retain:
+                facts.kept[i] = v
+            else:
+                out.append(v)
+        if first < shared and self.cache is not None and facts.handle is not None:
+            self.cache.unpin_window(facts.handle, range(first, min(first + len(vids), shared)))
+        self.chain.release(band, out)
+
+    def count_junction(self, facts: CacheFacts, now: int, new: int) -> None:
+        """Count a prefill that computes its junction point (``now < cut <= new``)."""
+        if facts.cut and now < facts.cut <= new:
+            self.junctions_saved += 1
+
+    def maybe_insert(self, rid: int, facts: CacheFacts, tokens: int) -> None:
+        """Insert the prompt of a commit that completed its whole pages (policy: the
+        prompt only, once)."""
+        if rid in self._uninserted and facts.keys and \
+                tokens >= len(facts.keys) * self.geom.page_size:
+            self._insert_prompt(rid, facts)
+
+    def _insert_prompt(self, rid: int, facts: CacheFacts) -> None:
+        """Insert the request's prompt pages into the cache now and hand over what it only
+        kept for the cache. Afterwards it holds pages ``[0, n)`` by reference
+        (``shared = n``) under a prompt lock of the whole path (its hit lock stays: the hit
+        path keeps its tails while it runs); its window pages below ``n`` are the cache's,
+        pinned while its window covers them; the window tails and the checkpoints of its
+        resume points are evictable cache units at once. It runs after the commit's
+        window-tail release, so the window pages offered are exactly the kept tails and
+        the next token's window below ``n``. Where the cache already held a page (another
+        request inserted the same prefix meanwhile), the request switches to the cache's
+        copy and its own is released."""
+        cache, keys, table = self.cache, facts.keys, self.table
+        assert cache is not None and keys is not None
+        g, n, slot = self.geom, len(keys), facts.slot
+        h = int(table.shared[slot])
+        window: dict[int, int] = {}
+        reading: list[int] = []
+        if g.window is not None:
+            first = int(table.first[g.window, slot])
+            for i, v in enumerate(table.live(g.window, slot).tolist(), first):
+                if h <= i < n:
+                    window[i] = v
+                    reading.append(i)
+            window.update(facts.kept)
+        full = table.live(g.full, slot)[:n].tolist() if g.full is not None else []
+        ad = cache.adopt(keys, h, full, window, facts.ckpts, reading)
+        self._hit_locks[rid] = facts.handle
+        if g.full is not None:
+            table.tables[g.full][slot, :n] = ad.full
+        if g.window is not None:
+            for i in reading:
+                table.tables[g.window][slot, i] = ad.window[i]
+        facts.handle = ad.handle
+        table.shared[slot] = n
+        facts.kept, facts.ckpts = {}, {}
+        facts.points, facts.tails, facts.retain = (), (), frozenset()
+        self._pointed.discard(rid)
+        self._uninserted.discard(rid)
+        self.prompts_inserted += 1
+        for band, ids in enumerate(ad.dups):
+            if ids:
+                self.chain.release(band, ids)
+
+    def release_held(self, rid: int, facts: CacheFacts, out: list[list[int]],
+                     insert: bool) -> None:
+        """A request ends: add what it kept for the cache to its pages to release ``out``
+        (per band; its shared pages already left out), drop its pins and its locks (a
+        finished one, ``insert``, touches its prompt's path first)."""
+        cache = self.cache
+        if facts.keys is None or cache is None:
+            return
+        g = self.geom
+        if g.window is not None:
+            out[g.window].extend(facts.kept.values())
+        if g.state is not None:
+            out[g.state][:0] = facts.ckpts.values()
+        self._unpin_all(facts)
+        if insert and facts.handle is not None:
+            cache.touch(facts.handle, self._window_first(facts))
+        if rid in self._hit_locks:
+            cache.unlock(facts.handle, tails=False)
+            cache.unlock(self._hit_locks.pop(rid))
+        else:
+            cache.unlock(facts.handle)
+
+    # --- integrity -------------------------------------------------------------------------
+
+    def held_pages(self) -> list[list[int]] | None:
+        """The pages the cache holds per band (``None`` without a cache)."""
+        return self.cache.held_pages() if self.cache is not None else None
+
+    def kept_pages(self, facts: CacheFacts, held: list[list[int]]) -> None:
+        """Add the pages the request holds for the cache (kept window pages, saved
+        checkpoints) to ``held`` (per band)."""
+        g = self.geom
+        if facts.kept and g.window is not None:
+            held[g.window].extend(facts.kept.values())
+        if facts.ckpts and g.state is not None:
+            held[g.state].extend(facts.ckpts.values())
+
+    def audit(self, requests: Mapping[int, CacheFacts]) -> None:
+        """The cache's own audit with the locks and pins the requests hold.
+
+        Raises:
+            AuditError: as :meth:`PrefixCache.audit`.
+        """
+        if self.cache is None:
+            return
+        table, w = self.table, self.geom.window
+        wpins: list[int] = []
+        cpins: list[int] = []
+        hit_locks: list[Node] = []
+        prompt_locks: list[Node] = []
+        for rid, facts in requests.items():
+            if rid in self._hit_locks:
+                hl = self._hit_locks[rid]
+                if hl is not None:
+                    hit_locks.append(hl)
+                if facts.handle is not None:
+                    prompt_locks.append(facts.handle)
+            elif facts.handle is not None:
+                hit_locks.append(facts.handle)
+            if facts.handle is None:
+                continue
+            if w is not None:
+                first = int(table.first[w, facts.slot])
+                shared = int(table.shared[facts.slot])
+                wpins.extend(v for i, v in enumerate(table.live(w, facts.slot).tolist(), first)
+                             if i < shared)
+            if facts.cow_src >= 0:
+                cpins.append(facts.cow_src)
+        self.cache.audit(hit_locks, (wpins, cpins), prompt_locks)

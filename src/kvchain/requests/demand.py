@@ -1,0 +1,185 @@
+"""The one demand function: what a request must add to compute its next tokens, band by
+band through the geometry's policies (:mod:`kvchain.requests.policies`).
+
+:func:`request_demand` turns a request description into a
+:class:`~kvchain.alloc.snapshot.Demand`; admission, reservation, allocation and the decode
+check all call it (the decode batch calls the same policy formulas over arrays).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvchain.alloc.snapshot import Demand
+from kvchain.errors import InvalidDemandError
+from kvchain.requests.geometry import RequestGeometry
+
+Spans = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HeldPages:
+    """What a request holds, as counts (no page ids): the input of :func:`request_demand`.
+
+    Attributes:
+        spans: per band (low -> high), the page indices ``(first, end)`` held: full bands
+            ``(0, pages)`` covering tokens ``[0, pages * P)``, window and local bands from
+            their first live page (pages before it were released), state bands
+            ``(0, slots)``. Bands past the tuple's end hold nothing (so
+            :data:`NOTHING_HELD` fits every chain).
+    """
+
+    spans: Spans = ()
+
+    def span(self, band: int) -> tuple[int, int]:
+        """``(first, end)`` held in ``band`` (``(0, 0)``: nothing)."""
+        spans = self.spans
+        return spans[band] if band < len(spans) else (0, 0)
+
+    @staticmethod
+    def counts(geom: RequestGeometry, full: int = 0, windows: Sequence[tuple[int, int]] = (),
+               slots: int = 0) -> HeldPages:
+        """Held pages from kind counts: ``full`` pages of the full band, ``(first, end)``
+        per window/local band of ``geom.windows`` in order (missing ones: nothing),
+        ``slots`` state slots.
+
+        Raises:
+            InvalidDemandError: more window spans than window bands.
+        """
+        if len(windows) > len(geom.windows):
+            raise InvalidDemandError(f"{len(windows)} window spans for "
+                                     f"{len(geom.windows)} window bands")
+        spans = [(0, 0)] * geom.num_bands
+        for pol in geom.policies:
+            if pol.per_request:
+                spans[pol.band] = (0, slots)
+            elif not pol.windowed:
+                spans[pol.band] = (0, full)
+        for pol, span in zip(geom.windows, windows, strict=False):
+            spans[pol.band] = span
+        return HeldPages(tuple(spans))
+
+
+NOTHING_HELD = HeldPages()
+
+
+def _token_counts(*counts: object) -> tuple[int, ...]:
+    """Token counts as Python ints (numpy integers converted).
+
+    Raises:
+        InvalidDemandError: a count that is not an integer (a bool, float, string, ...).
+    """
+    out = []
+    for v in counts:
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise InvalidDemandError(f"token counts must be integers, got {v!r} "
+                                     f"({type(v).__name__})")
+        out.append(int(v))
+    return tuple(out)
+
+
+def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
+                   headroom: int = 0, headroom_chunk: int = 1,
+                   points: Sequence[int] = (), tails: Sequence[Spans] = (),
+                   horizon: int = 0) -> Demand:
+    """Pages a request must add to compute ``extend`` tokens from position ``start``, plus
+    the pages of ``headroom`` later tokens (the one pure demand function).
+
+    Args:
+        geom: the chain's request geometry.
+        held: what the request holds now.
+        start: tokens already in its cache (``s``).
+        extend: tokens to compute now (a prefill chunk ``c``, or 1 for a decode).
+        headroom: later tokens to reserve beyond ``start + extend`` (rest of the prompt,
+            expected decode tokens); admission and reservation only.
+        headroom_chunk: the largest chunk those later tokens come in (1 for decode).
+        points: the request's prefix-cache resume points still to come (page counts,
+            sorted; :func:`kvchain.cache.radix.resume_points`): one state checkpoint slot
+            for each point reached by ``(start, start + extend + headroom]``.
+        tails: per band, the window pages kept for those points, as disjoint sorted page
+            ranges ``(lo, hi)`` (:func:`tail_spans`); with headroom, every one from the
+            band's first held page on is added to its demand (kept pages are not released
+            for reuse: an upper bound).
+        horizon: later tokens the request is expected to compute, when more than
+            ``headroom`` (0: ``headroom``): the window bands' later peak is taken over
+            ``max(headroom, horizon)`` tokens, the full band's pages over ``headroom`` (a
+            window's pages do not grow with tokens, so a request that will decode past its
+            reserved share of a batch's growth needs its window's whole later peak).
+
+    Returns:
+        Demand per band: its policy's ``pages`` (full: pages to cover ``[0, s + c +
+        headroom)``; window: its peak from now on less what it holds; state: its slots if
+        none are held) plus its ``resume_pages``.
+
+    Raises:
+        InvalidDemandError: negative or non-integer token counts (bools, floats and
+            strings refused; numpy integers accepted) or ``headroom_chunk < 1``.
+
+    Example (``P = 16``, ``W = 128``, nothing held, a 17-token extend at 0): full 2 pages,
+    window 2 pages (field case F5).
+    """
+    if not (type(start) is int and type(extend) is int and type(headroom) is int
+            and type(headroom_chunk) is int and type(horizon) is int):
+        start, extend, headroom, headroom_chunk, horizon = _token_counts(
+            start, extend, headroom, headroom_chunk, horizon)
+    if start < 0 or extend < 0 or headroom < 0 or headroom_chunk < 1 or horizon < 0:
+        raise InvalidDemandError(f"bad token counts: start={start} extend={extend} "
+                                 f"headroom={headroom} headroom_chunk={headroom_chunk} "
+                                 f"horizon={horizon}")
+    span, pages, stop = held.span, [], start + extend + headroom
+    for pol in geom.policies:
+        b = pol.band
+        first, end = span(b)
+        got = pol.pages(first, end, start, extend, headroom, headroom_chunk, horizon)
+        if points:
+            got += pol.resume_pages(points, tails[b] if b < len(tails) else (), first,
+                                    start, stop, headroom)
+        pages.append(got)
+    return Demand(tuple(pages))
+
+
+def tail_spans(geom: RequestGeometry, points: Sequence[int], after: int = 0,
+               ) -> tuple[Spans, ...]:
+    """The window pages a request keeps for its resume points ``points`` (page counts),
+    per band: for a window or local band the union of the points' tails
+    ``[resume_start(q), q)``, from page ``after`` on, as disjoint sorted ranges; empty for
+    other bands (and ``()`` when no band has a window)."""
+    if not geom.windows:
+        return ()
+    out: list[Spans] = [()] * geom.num_bands
+    for pol in geom.windows:
+        spans: list[tuple[int, int]] = []
+        for q in points:
+            lo = max(pol.resume_start(q), after)
+            if spans and lo <= spans[-1][1]:
+                spans[-1] = (spans[-1][0], max(spans[-1][1], q))
+            elif q > lo:
+                spans.append((lo, q))
+        out[pol.band] = tuple(spans)
+    return tuple(out)
+
+
+def lifetime_demand(geom: RequestGeometry, prompt: int, output: int,
+                    points: Sequence[int] = ()) -> Demand:
+    """A lone request's whole life as one demand on an empty chain: all of its KV
+    (``prompt + output - 1`` tokens; the last sampled token is never fed back), its state
+    slots, and the window peak of chunks of one page (``ceil((W - 1 + P) / P) + 1``
+    pages): the smallest footprint any chunking reaches, since the scheduler cuts each
+    chunk to what fits. A request whose lifetime demand does not fit the empty chain can
+    never finish; one that fits always can, alone (field cases F2, F3, F7) - also after a
+    retraction, whose first one-page chunk demands no more than this.
+
+    Raises:
+        InvalidDemandError: a prompt or output below 1.
+    """
+    if prompt < 1 or output < 1:
+        raise InvalidDemandError(f"prompt and output must be >= 1, got {prompt}, {output}")
+    first = min(geom.page_size, prompt)
+    rest = prompt + output - 1 - first
+    # Later chunks of one page even for a one-page prompt: after a retraction the request
+    # is recomputed from prompt + generated tokens, which may span more than a page.
+    return request_demand(geom, NOTHING_HELD, 0, first, rest, geom.page_size, points,
+                          tail_spans(geom, points))

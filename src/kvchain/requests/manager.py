@@ -1,0 +1,833 @@
+"""Requests on the chain: the KV manager over the request table.
+
+Every request's pages live in one place, the :class:`~kvchain.requests.table.RequestTable`
+(a row per request, a 2-D page-id array per band); one request and a decode batch read
+and write the same arrays. The page formulas of each band kind (which pages a chunk needs,
+which the window-tail release drops after a forward) are the band policies'
+(:mod:`kvchain.requests.policies`); :func:`kvchain.requests.demand.request_demand` is the
+one pure demand function. After the forward that computed tokens up to ``L``, window
+pages wholly before the next token's window (the policy's ``first_page(L)``) are released
+(window-tail release); the rows keep the band's null page in their place. The prefix
+cache's part (hits, resume points, the prompt's insert) is
+:class:`~kvchain.requests.cache_glue.CacheGlue`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from kvchain.alloc.allocator import Allocator
+from kvchain.alloc.snapshot import Demand, Quote
+from kvchain.cache.radix import PrefixCache
+from kvchain.errors import (
+    AuditError,
+    ForgedQuoteError,
+    InvalidDemandError,
+    ReservedPageError,
+    UnknownRequestError,
+)
+from kvchain.requests.batch import DecodeDemands, batch_ids, check_demands
+from kvchain.requests.cache_glue import CacheGlue
+from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
+from kvchain.requests.geometry import RequestGeometry
+from kvchain.requests.table import RequestTable
+from kvchain.requests.view import CacheFacts, RequestView
+
+
+class KVManager:
+    """The engine's KV cache manager: requests' virtual pages per band on one chain.
+
+    Every allocation is one ``chain.take`` of the summed demand of a batch (prefill chunks
+    and decode tokens together), so what admission priced as one demand is realized as one
+    plan. The manager never moves frontiers itself.
+
+    Args:
+        chain: the chain.
+        cache: a prefix cache over the same chain (attached to it as its evictor), or
+            ``None``. With a cache, requests that carry page keys are matched by
+            :meth:`attach`, point at the cache's pages for their hit, and insert their
+            prompt's pages at the end of their prefill (:meth:`commit`).
+
+    Raises:
+        ConfigError: a prefix cache on a chain of more than one window band, or on an
+            allocator without an evictor hook.
+    """
+
+    def __init__(self, chain: Allocator, cache: PrefixCache | None = None) -> None:
+        self.chain = chain
+        self.geom = RequestGeometry.of(chain.layout)
+        pads = []
+        for band in range(self.geom.num_bands):
+            try:
+                pads.append(chain.null_page(band))
+            except ReservedPageError:
+                pads.append(-1)
+        self._table = RequestTable(self.geom.policies, pads)
+        self._requests: dict[int, CacheFacts] = {}
+        self._by_slot: dict[int, CacheFacts] = {}
+        self._slots_memo: tuple[int, tuple[int, ...], np.ndarray] | None = None
+        self._slots_unique: bool | None = None
+        self._slots_known: bool | None = None
+        self._demand_memo: dict[tuple[int, ...], Demand] = {}
+        self._glue = CacheGlue(chain, cache, self.geom, self._table)
+        self.cache = cache
+
+    # --- the cache's counters (kept by the glue) -------------------------------------------
+
+    @property
+    def cow_state_copies(self) -> int:
+        """Cache checkpoints copied into a working state slot (hits that resumed)."""
+        return self._glue.cow_state_copies
+
+    @property
+    def cow_bytes(self) -> int:
+        """Bytes of those copies."""
+        return self._glue.cow_bytes
+
+    @property
+    def checkpoints_saved(self) -> int:
+        """State checkpoint slots taken at resume points."""
+        return self._glue.checkpoints_saved
+
+    @property
+    def junctions_saved(self) -> int:
+        """Prefills that computed their junction point."""
+        return self._glue.junctions_saved
+
+    @property
+    def prompts_inserted(self) -> int:
+        """Prompts inserted into the cache at the end of their prefill."""
+        return self._glue.prompts_inserted
+
+    # --- queries ---------------------------------------------------------------------------
+
+    def __contains__(self, rid: int) -> bool:
+        return rid in self._requests
+
+    def _facts(self, rid: int) -> CacheFacts:
+        try:
+            return self._requests[rid]
+        except KeyError:
+            raise UnknownRequestError(f"request {rid} holds no pages") from None
+
+    def pages(self, rid: int) -> RequestView:
+        """A read-only view of what request ``rid`` holds.
+
+        Raises:
+            UnknownRequestError: it holds nothing.
+        """
+        return RequestView(self._table, self._facts(rid))
+
+    def held(self, rid: int) -> HeldPages:
+        """Counts held by ``rid`` (:data:`NOTHING_HELD` if it holds nothing)."""
+        facts = self._requests.get(rid)
+        return self._table.held(facts.slot) if facts is not None else NOTHING_HELD
+
+    def tokens(self, rid: int) -> int:
+        """Tokens of ``rid`` in the cache (0 if it holds nothing)."""
+        facts = self._requests.get(rid)
+        return int(self._table.tokens[facts.slot]) if facts is not None else 0
+
+    def demand(self, rid: int, extend: int, headroom: int = 0, headroom_chunk: int = 1,
+               horizon: int = 0) -> Demand:
+        """:func:`request_demand` for ``rid`` at its current position."""
+        facts = self._requests.get(rid)
+        if facts is None:
+            return request_demand(self.geom, NOTHING_HELD, 0, extend, headroom, headroom_chunk,
+                                  horizon=horizon)
+        slot = facts.slot
+        return request_demand(self.geom, self._table.held(slot), int(self._table.tokens[slot]),
+                              extend, headroom, headroom_chunk, facts.points, facts.tails,
+                              horizon)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests holding pages."""
+        return len(self._requests)
+
+    # --- prefix cache (the glue's) -----------------------------------------------------------
+
+    def points_for(self, keys: Sequence[int] | None, after: int = 0,
+                   junction: int = 0) -> tuple[int, ...]:
+        """Resume points (page counts > ``after``, sorted) a request with these page keys
+        saves for the cache, with its ``junction`` point (0: none) among them; empty
+        without a cache or keys."""
+        return self._glue.points_for(keys, after, junction)
+
+    def cached_tokens(self, keys: Sequence[int], prompt_tokens: int) -> int:
+        """Tokens a prompt with these page keys would hit now (a pure match: nothing is
+        locked; 0 without a cache). What the cache-aware waiting order ranks by."""
+        return self._glue.cached_tokens(keys, prompt_tokens)
+
+    def chunk_cut(self, rid: int) -> int:
+        """Token position a prefill chunk of ``rid`` must not run past: its junction
+        checkpoint (saved at a chunk's end), or 0 for none (or not attached)."""
+        facts = self._requests.get(rid)
+        return facts.cut if facts is not None else 0
+
+    def attach(self, rid: int, keys: Sequence[int], prompt_tokens: int,
+               save_points: bool = True) -> int:
+        """Match a waiting request's prompt against the cache and lock its hit: from now
+        on ``rid`` holds the hit's pages by reference (tokens = hit) and its demands price
+        only the rest. Undo with :meth:`detach` if it is not admitted. With
+        ``save_points`` it keeps window tails and state checkpoints at its resume points
+        for the cache, and a junction point where its prompt leaves the cached path
+        (:meth:`CacheGlue.attach`).
+
+        Returns:
+            Hit tokens (0 for a miss or without a cache).
+
+        Raises:
+            InvalidRequestError: ``rid`` already holds pages, or more keys than whole
+                pages of the prompt.
+        """
+        self._glue.check_attach(rid, rid in self._requests, keys, prompt_tokens)
+        facts = self._register(rid)
+        return self._glue.attach(rid, facts, tuple(keys), prompt_tokens, save_points)
+
+    def detach(self, rid: int) -> None:
+        """Undo :meth:`attach` of a request that was not admitted (it took nothing yet).
+
+        Raises:
+            UnknownRequestError: ``rid`` is not attached.
+            InvalidRequestError: it took pages of its own since.
+        """
+        facts = self._facts(rid)
+        self._glue.detach(rid, facts)
+        self._unregister(rid)
+
+    def touch(self, rid: int) -> None:
+        """LRU touch of ``rid``'s hit once it is admitted (no-op without a hit)."""
+        facts = self._requests.get(rid)
+        if facts is not None:
+            self._glue.touch(facts)
+
+    def hit_tokens(self, rid: int) -> int:
+        """Tokens of ``rid`` served by the cache at :meth:`attach` (0 if none or not
+        attached; unchanged when its prompt is inserted at the end of its prefill)."""
+        return self._glue.hit_tokens(rid)
+
+    # --- rows ------------------------------------------------------------------------------
+
+    def _register(self, rid: int) -> CacheFacts:
+        facts = self._requests[rid] = CacheFacts(self._table.bind(rid))
+        self._by_slot[facts.slot] = facts
+        return facts
+
+    def _unregister(self, rid: int) -> None:
+        del self._by_slot[self._requests.pop(rid).slot]
+        self._table.unbind(rid)
+        self._glue.forget(rid)
+
+    def _slots_of(self, ids: tuple[int, ...]) -> np.ndarray:
+        """Slots of request ids (0, the empty slot, for one that holds nothing), int64;
+        memoized for the same ids at the same slot version (a decode step asks for one
+        batch three times).
+
+        Raises:
+            InvalidDemandError: a ``bool`` id while request 0 or 1 holds pages (it would
+                alias that request).
+        """
+        table = self._table
+        slot_of = table.slot_of
+        if (0 in slot_of or 1 in slot_of) and bool in map(type, ids):  # C-level scan
+            # False == 0 and True == 1 (as dict keys and in the memo's tuple comparison): a
+            # bool would read request 0's or 1's row
+            raise InvalidDemandError(f"request ids are ints, got {ids!r}")
+        memo = self._slots_memo
+        if memo is not None and memo[0] == table.version and memo[1] == ids:
+            return memo[2]
+        slots = table.slots_of(ids)
+        self._slots_memo = (table.version, ids, slots)
+        self._slots_unique = self._slots_known = None
+        return slots
+
+    def _slots_memo_known(self) -> bool:
+        """Whether every id of the last :meth:`_slots_of` holds pages (memoized)."""
+        known = self._slots_known
+        if known is None:
+            assert self._slots_memo is not None
+            known = self._slots_known = bool(self._slots_memo[2].all())
+        return known
+
+    def _slots_memo_unique(self) -> bool:
+        """Whether the ids of the last :meth:`_slots_of` are all different (memoized)."""
+        unique = self._slots_unique
+        if unique is None:
+            assert self._slots_memo is not None
+            ids = self._slots_memo[1]
+            unique = self._slots_unique = len(set(ids)) == len(ids)
+        return unique
+
+    def _checked_slots(self, ids: tuple[int, ...], what: str = "decode run") -> np.ndarray:
+        """Slots of ``ids``, every one registered and named once (else the typed error)."""
+        slots = self._known_slots(ids)
+        if not self._slots_memo_unique():
+            raise InvalidDemandError(f"a request appears twice in one {what}")
+        return slots
+
+    def _known_slots(self, ids: tuple[int, ...]) -> np.ndarray:
+        """Slots of ``ids``, every one registered (else :class:`UnknownRequestError`)."""
+        slots = self._slots_of(ids)
+        if not self._slots_memo_known():
+            rid = ids[int((slots == 0).nonzero()[0][0])]
+            raise UnknownRequestError(f"request {rid} holds no pages")
+        return slots
+
+    def _zero(self) -> Demand:
+        zero = self._demand_memo.get(())
+        if zero is None:
+            zero = self._demand_memo[()] = Demand((0,) * self.geom.num_bands)
+        return zero
+
+    # --- decode demands ----------------------------------------------------------------------
+
+    def decode_demands(self, rids: Sequence[int]) -> list[Demand]:
+        """``[self.demand(rid, 1) for rid in rids]`` (equal values), for a decode batch.
+
+        Vectorized over the batch (:meth:`RequestTable.decode_columns`: the band policies'
+        formulas over the gathered rows); a :class:`Demand` is built only for the requests
+        that need a page (about one in ``P`` per band per step; the rest share one empty
+        demand). A request that holds nothing gets the demand of its first token. With a
+        prefix cache the same (kept window tails count only with headroom); a request
+        whose next token reaches one of its resume points (a checkpoint slot more: one
+        still in its prefill) sends the batch through :meth:`demand`.
+
+        Returns:
+            A :class:`DecodeDemands` (a list, aligned with ``rids``) carrying the sum.
+        """
+        ids = tuple(rids)
+        if self._glue.reaches_point(ids, self._requests):
+            return [self.demand(rid, 1) for rid in ids]
+        nb = self.geom.num_bands
+        slots = self._slots_of(ids)
+        zero = self._zero()
+        empty = np.zeros((0, nb), dtype=np.int64)
+        out = [zero] * len(ids)
+        table = self._table
+        check = (table.tokens[slots] >= table.need_at[slots]).nonzero()[0]  # page boundary
+        if not check.size:
+            return DecodeDemands(out, zero, ids, [], empty)
+        matrix = np.stack(table.decode_columns(slots[check]), axis=1)
+        needs = np.flatnonzero(matrix.any(axis=1))
+        if not needs.size:
+            return DecodeDemands(out, zero, ids, [], empty)
+        at = check[needs].tolist()
+        matrix = matrix[needs]
+        memo = self._demand_memo
+        if len(memo) > 4_096:
+            memo.clear()
+        for i, row in zip(at, matrix.tolist(), strict=True):
+            key = tuple(row)
+            d = memo.get(key)
+            if d is None:
+                d = memo[key] = Demand(key)
+            out[i] = d
+        return DecodeDemands(out, Demand(tuple(matrix.sum(axis=0).tolist())), ids, at, matrix)
+
+    # --- allocation ------------------------------------------------------------------------
+
+    def allocate(self, batch: Sequence[tuple[int, int]],
+                 demands: Sequence[Demand] | None = None, quote: Quote | None = None) -> Demand:
+        """Take the pages a batch needs to compute its tokens, in one chain take (none when
+        the batch needs no page: an empty take binds nothing).
+
+        Args:
+            batch: ``(request id, tokens to compute)`` pairs (a prefill chunk, or 1 for a
+                decode); each request at most once.
+            demands: the batch's demands if the caller just computed them with
+                :meth:`demand` (same order, no change in between); computed here otherwise.
+            quote: the allocator's quote (from its ``price``) of the summed demand, if the
+                caller has it; a quote priced before the chain's epoch moved is dropped and
+                the demand priced again.
+
+        Returns:
+            The summed demand that was taken.
+
+        Raises:
+            InvalidDemandError: a request listed twice, an entry that is not a pair of
+                ints, a negative or non-integer token count, or demands that do not match
+                the batch.
+            ForgedQuoteError: ``quote`` is not a Quote, or was not issued by the allocator
+                for this demand.
+            CapacityError: the batch does not fit.
+
+            On every error the chain and every request are as before.
+        """
+        ids, extends = batch_ids(batch)
+        if quote is not None and not isinstance(quote, Quote):
+            raise ForgedQuoteError(f"expected a Quote from the allocator's price, got "
+                                   f"{type(quote).__name__}")
+        slots = self._slots_of(ids)
+        if not self._slots_memo_unique():
+            raise InvalidDemandError("a request appears twice in one allocation batch")
+        total, nonzero, matrix = self._batch_demand(ids, extends, demands)
+        missing = ([] if self._slots_memo_known()
+                   else [ids[i] for i in (slots == 0).nonzero()[0].tolist()])
+        if total.is_empty:  # every token on pages already held (most decode steps)
+            for rid in missing:
+                self._register(rid)
+            return total
+        if quote is not None and quote.before.epoch != self.chain.epoch:
+            quote = None  # priced before the chain changed: the take prices it again
+        grant = self.chain.take(total, quote)
+        if missing:
+            for rid in missing:
+                self._register(rid)
+            slots = self._slots_of(ids)  # the new requests' slots (rows empty)
+        self._distribute(grant.pages, ids, extends, slots, nonzero, matrix)
+        return total
+
+    def _batch_demand(self, ids: tuple[int, ...], extends: tuple[int, ...],
+                      demands: Sequence[Demand] | None,
+                      ) -> tuple[Demand, Sequence[int], np.ndarray]:
+        """The batch's summed demand, the positions of its non-empty demands and their
+        ``[len(nonzero), bands]`` matrix (computed when ``demands`` is ``None``).
+
+        Raises:
+            InvalidDemandError: demands that do not match the batch.
+        """
+        if (type(demands) is DecodeDemands and demands.total is not None
+                and demands.rids == ids):  # built by decode_demands for this very batch
+            return demands.total, demands.nonzero, demands.matrix
+        if demands is None:
+            demands = [self.demand(rid, extend) for rid, extend in zip(ids, extends,
+                                                                      strict=True)]
+        elif len(demands) != len(ids):
+            raise InvalidDemandError(f"{len(demands)} demands for a batch of {len(ids)}")
+        nb = self.geom.num_bands
+        check_demands(ids, extends, demands, nb)
+        zero = (0,) * nb
+        nonzero = [i for i, d in enumerate(demands) if d.pages != zero]
+        matrix = np.array([demands[i].pages for i in nonzero], dtype=np.int64)
+        total = Demand(tuple(matrix.sum(axis=0).tolist())) if nonzero else self._zero()
+        return total, nonzero, matrix
+
+    def _distribute(self, pages: tuple[tuple[int, ...], ...], ids: tuple[int, ...],
+                    extends: tuple[int, ...], slots: np.ndarray, nonzero: Sequence[int],
+                    matrix: np.ndarray) -> None:
+        """Hand a take's pages to the requests at ``nonzero`` (batch positions, ascending;
+        ``matrix`` their demands, one row each), band by band in batch order (the order
+        the take's pages are cut in), into their table rows: a request's first pages of a
+        window band start at its window's first page."""
+        table = self._table
+        at = np.asarray(nonzero, dtype=np.int64)
+        for pol in self.geom.policies:
+            band = pol.band
+            vids = pages[band]
+            if not vids:
+                continue
+            col = matrix[:, band]
+            sel = col.nonzero()[0]
+            counts = col[sel]
+            rows = slots[at[sel]]
+            if pol.per_request:
+                self._glue.take_slots(band, rows, [ids[i] for i in at[sel].tolist()],
+                                      [extends[i] for i in at[sel].tolist()],
+                                      counts.tolist(), vids, self._requests)
+                continue
+            starts = table.rowlen[band][rows]
+            if pol.windowed:
+                first = table.first[band][rows]
+                empty = starts == first
+                if empty.any():  # a request's first window pages: from its window start
+                    first = np.where(empty, pol.first_page(table.tokens[rows]), first)
+                    table.first[band][rows] = first
+                    starts = np.where(empty, first, starts)
+            table.append(band, rows, starts, counts, vids)
+        table.refresh_need(slots[at])
+
+    # --- commits -----------------------------------------------------------------------------
+
+    def commit(self, rid: int, tokens: int) -> int:
+        """Record that a forward computed ``tokens`` more tokens of ``rid``, then release
+        its window pages wholly before the next token's window (window-tail release).
+        With a prefix cache, the commit that completes the prompt's whole pages inserts
+        them into the cache (:meth:`CacheGlue.insert_prompt`).
+
+        Returns:
+            Window pages released by the window-tail release (duplicates handed back at
+            the insert are not counted).
+
+        Raises:
+            UnknownRequestError: ``rid`` holds no pages.
+            InvalidDemandError: the pages held do not cover the new tokens.
+        """
+        facts = self._facts(rid)
+        table = self._table
+        slot = facts.slot
+        now = int(table.tokens[slot])
+        new_tokens = now + tokens
+        if tokens < 0 or self._uncovered(slot, new_tokens):
+            raise InvalidDemandError(f"request {rid}: {tokens} tokens not covered by its pages")
+        self._glue.count_junction(facts, now, new_tokens)
+        table.tokens[slot] = new_tokens
+        released = self.release_window_tail(rid)
+        self._glue.maybe_insert(rid, facts, new_tokens)
+        return released
+
+    def _uncovered(self, slot: int, tokens: int) -> bool:
+        """Whether a band that keeps every token holds fewer pages than ``tokens`` need."""
+        table = self._table
+        return any(table.rowlen[pol.band, slot] * pol.page_size < tokens
+                   for pol in self.geom.policies if not (pol.windowed or pol.per_request))
+
+    def commit_decodes(self, rids: Sequence[int]) -> int:
+        """:meth:`commit` of one token for each of ``rids`` (a decode batch), with their
+        window-tail pages released in one ``chain.release`` call per window band for the
+        whole batch.
+
+        Vectorized over the batch, with the prefix cache on or off: the token counts move
+        in the table, the pages whose window start crossed a page boundary are found by
+        array arithmetic and gathered from the rows (those below a request's shared pages
+        are the cache's: unpinned, not released). A subclass that overrides
+        :meth:`commit` (e.g. an engine that keeps window pages until the request ends), a
+        batch that names a request twice and a request whose prompt is not in the cache
+        yet (its commit may insert it) get :meth:`commit` once per request instead.
+
+        Returns:
+            Window pages released.
+
+        Raises:
+            UnknownRequestError / InvalidDemandError: as :meth:`commit`, checked for every
+                request before any changes.
+        """
+        ids = tuple(rids)
+        slots = self._known_slots(ids)
+        table = self._table
+        unique = self._slots_memo_unique()
+        if unique:
+            n = table.tokens[slots] + 1
+        else:  # a request named c times commits c tokens: check its last one
+            _, inverse, counts = np.unique(slots, return_inverse=True, return_counts=True)
+            n = table.tokens[slots] + counts[inverse]
+        for pol in self.geom.policies:
+            if not (pol.windowed or pol.per_request):
+                short = table.rowlen[pol.band][slots] * pol.page_size < n
+                if short.any():
+                    rid = ids[int(short.nonzero()[0][0])]
+                    raise InvalidDemandError(f"request {rid}: 1 token not covered by its "
+                                             f"pages")
+        # every request checked: the one-by-one paths below cannot fail half-way
+        if (type(self).commit is not KVManager.commit or not unique
+                or self._glue.may_insert(ids)):
+            return sum(self.commit(rid, 1) for rid in ids)
+        table.tokens[slots] = n
+        released = 0
+        for pol in self.geom.windows:
+            released += self._release_fronts(pol.band, slots, pol.first_page(n))
+        return released
+
+    def _release_fronts(self, band: int, slots: np.ndarray, keep_from: np.ndarray) -> int:
+        """Release the pages of rows ``slots`` in window band ``band`` before page
+        ``keep_from`` (per row); the cache's shared pages among them are unpinned instead.
+        Returns the pages taken out of the rows."""
+        table = self._table
+        first, end = table.first[band][slots], table.rowlen[band][slots]
+        drop = np.minimum(keep_from - first, end - first)
+        at = (drop > 0).nonzero()[0]
+        if not at.size:
+            return 0
+        s, f, c = slots[at], first[at], drop[at]
+        if int(c.sum()) == at.size:  # one page each (a decode step)
+            rows, cols = s, f
+        else:
+            rows = np.repeat(s, c)
+            cols = np.repeat(f - (np.cumsum(c) - c), c) + np.arange(rows.size)
+        vids = table.tables[band][rows, cols]
+        table.tables[band][rows, cols] = table.pads[band]
+        table.first[band][s] = f + c
+        shared = table.shared[rows]
+        if shared.any():
+            mine = cols >= shared
+            self._glue.unpin_fronts(band, s, f, c, [self._by_slot[i] for i in s.tolist()])
+            self.chain.release(band, vids[mine])
+        else:
+            self.chain.release(band, vids)
+        return int(vids.size)
+
+    def release_window_tail(self, rid: int) -> int:
+        """Release ``rid``'s pages wholly before its next token's window, in every window
+        and chunked-local band (each by its own window's policy).
+
+        Returns:
+            Window pages taken out of its rows, all bands together (0 if none were out of
+            a window).
+        """
+        facts = self._facts(rid)
+        table = self._table
+        slot = facts.slot
+        tokens = int(table.tokens[slot])
+        released = 0
+        for pol in self.geom.windows:
+            band = pol.band
+            first, end = table.span(band, slot)
+            keep_from = pol.first_page(tokens)
+            if end == first or keep_from <= first:
+                continue
+            vids = table.drop_front(band, slot, min(keep_from - first, end - first))
+            self._glue.drop_window_pages(facts, band, first, vids)
+            released += int(vids.size)
+        if released:
+            table.refresh_need(np.asarray([slot], dtype=np.int64))
+        return released
+
+    def reclaim_window_pages(self, rids: Iterable[int]) -> int:
+        """Window-tail release for many requests (the decode check runs this before it
+        retracts anyone). Returns pages released."""
+        return sum(self.release_window_tail(rid) for rid in rids if rid in self._requests)
+
+    # --- runs of decode steps (the simulator's fast-forward) -------------------------------
+
+    def decode_run(self, rids: Sequence[int], steps: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The pages each of ``rids`` adds in each of the next ``steps`` decode steps if all
+        of them decode in every one, and which steps' commits release window pages
+        (:meth:`RequestTable.run_columns`: the values :meth:`decode_demands` and
+        :meth:`commit_decodes` would give step after step).
+
+        ``None`` when the run cannot be priced in closed form: a request that is not plain
+        (see ``run_columns``), or, with a prefix cache, one whose prompt is not in the cache
+        yet or whose resume points are still ahead of it (its commits and demands take the
+        cache's paths).
+
+        Returns:
+            ``(demand, released)``: int64 ``[steps, len(rids), num_bands]`` pages and bool
+            ``[steps]``.
+
+        Raises:
+            UnknownRequestError: a request that holds no pages; InvalidDemandError: a
+                request named twice or ``steps < 1``.
+        """
+        ids = tuple(rids)
+        if type(steps) is not int or steps < 1:
+            raise InvalidDemandError(f"a decode run needs steps >= 1, got {steps!r}")
+        slots = self._checked_slots(ids)
+        if self._glue.may_insert(ids) or self._glue.points_ahead(ids, self._requests):
+            return None
+        return self._table.run_columns(slots, steps)
+
+    def skip_decodes(self, rids: Sequence[int], steps: int) -> None:
+        """Commit ``steps`` decode tokens for each of ``rids`` in steps that need no page and
+        release none (the quiet steps of a decode run): only the token counts move.
+
+        Raises:
+            UnknownRequestError: a request that holds no pages.
+            InvalidDemandError: a request named twice, ``steps < 0``, or a request whose
+                pages do not cover its next ``steps`` tokens in the full or a window band,
+                or whose window would release a page on the way (those steps are not
+                quiet: commit them with :meth:`commit_decodes`). Nothing changes then.
+        """
+        if type(steps) is not int or steps < 0:
+            raise InvalidDemandError(f"steps must be an int >= 0, got {steps!r}")
+        ids = tuple(rids)
+        slots = self._checked_slots(ids)
+        if not steps or not ids:
+            return
+        table = self._table
+        n = table.tokens[slots] + steps
+        bad = np.zeros(slots.size, dtype=bool)
+        for pol in self.geom.policies:
+            if pol.per_request:
+                continue
+            end = table.rowlen[pol.band][slots]
+            bad |= end * pol.page_size < n  # the last token's page is not held
+            if pol.windowed:
+                first = table.first[pol.band][slots]
+                bad |= (pol.first_page(n) > first) & (end > first)  # a release due
+        if bad.any():
+            rid = ids[int(bad.nonzero()[0][0])]
+            raise InvalidDemandError(f"request {rid}: {steps} decode steps are not quiet (a "
+                                     f"page is needed or released on the way)")
+        table.tokens[slots] = n
+
+    def free(self, rid: int, insert: bool = True) -> int:
+        """Release every page of ``rid`` (finished or retracted). Returns pages released.
+
+        With a prefix cache and page keys, the request never releases the cache's pages (its
+        hit, and its whole prompt once its prefill completed: :meth:`commit` inserted it
+        then): it unpins and unlocks them, and releases its own pages (output pages, a
+        prefill cut short, its state slots and saved checkpoints). Nothing new is inserted
+        here (policy: the prompt only, inserted once at the end of its prefill). ``insert``
+        marks a finished request (rather than a retracted one): its prompt's path is
+        touched, so the LRU order counts from when the last request using it ended (as
+        vLLM's free-block queue).
+
+        Raises:
+            UnknownRequestError: ``rid`` holds no pages.
+        """
+        facts = self._facts(rid)
+        table = self._table
+        slot = facts.slot
+        out = [table.live(band, slot).tolist() for band in range(self.geom.num_bands)]
+        shared = int(table.shared[slot])
+        for pol in self.geom.policies:
+            if shared and not pol.per_request:  # the cache's pages: not the request's
+                first = int(table.first[pol.band, slot])
+                out[pol.band] = out[pol.band][max(shared - first, 0):]
+        self._glue.release_held(rid, facts, out, insert)
+        self._unregister(rid)
+        released = 0
+        for band, ids in enumerate(out):
+            if ids:
+                self.chain.release(band, ids)
+                released += len(ids)
+        return released
+
+    # --- kernels ---------------------------------------------------------------------------
+
+    def page_table(self, rid: int, band: int) -> np.ndarray:
+        """Virtual page ids of ``rid`` in ``band`` in token order (int64, shape ``[pages]``,
+        a copy of its row).
+
+        For a window band, entry ``j`` is the page of tokens ``[j * P, (j + 1) * P)``;
+        released entries hold the band's null page. Translate with
+        ``chain.translate(band, table)`` (one call per batch).
+
+        Raises:
+            UnknownRequestError: ``rid`` holds no pages.
+            InvalidDemandError: no band ``band`` in this chain.
+        """
+        slot = self._facts(rid).slot
+        if isinstance(band, bool) or not isinstance(band, int | np.integer) \
+                or not 0 <= band < self.geom.num_bands:
+            raise InvalidDemandError(f"no band {band} in this chain")
+        table = self._table
+        return table.tables[band][slot, :table.rowlen[band, slot]].copy()
+
+    def held_per_band(self, rids: Iterable[int]) -> tuple[int, ...]:
+        """Pages per band (state slots for a state band; low -> high) that requests ``rids``
+        hold, read from the table in O(bands) numpy calls: every band's pages from its
+        first live one to the last. Ids that hold nothing count 0; an id given twice
+        counts twice (as a sum over the ids given).
+
+        Without a prefix cache this is every page the requests own (what the band samples
+        count each step); with one, a request's hit pages are the cache's and its saved
+        checkpoints are not in its rows: :meth:`owned_per_band` counts those.
+
+        Raises:
+            InvalidDemandError: a ``bool`` request id (it would alias request 0 or 1).
+        """
+        ids = tuple(rids)
+        if not ids:
+            return (0,) * self.geom.num_bands
+        slots = self._slots_of(ids)
+        table = self._table
+        counts = (table.rowlen[:, slots] - table.first[:, slots]).sum(axis=1)
+        return tuple(counts.tolist())
+
+    def owned_per_band(self, rids: Iterable[int]) -> tuple[int, ...]:
+        """Pages per band that requests ``rids`` hold as their own: :meth:`held_per_band`
+        less the prefix cache's shared pages in their rows, plus the window pages they
+        keep for the cache and their saved state checkpoints (ids that hold nothing are
+        skipped). The split :meth:`audit` checks page by page.
+
+        Raises:
+            InvalidDemandError: a ``bool`` request id.
+        """
+        ids = tuple(rid for rid in rids if rid in self._requests)
+        if not ids:
+            return (0,) * self.geom.num_bands
+        slots = self._slots_of(ids)
+        table = self._table
+        counts = list(self.held_per_band(ids))
+        shared = table.shared[slots]
+        for pol in self.geom.policies:
+            band = pol.band
+            if pol.per_request:
+                counts[band] += sum(len(self._requests[rid].ckpts) for rid in ids)
+                continue
+            first, end = table.first[band][slots], table.rowlen[band][slots]
+            counts[band] -= int((np.minimum(shared, end) - np.minimum(first, shared)).clip(0)
+                                .sum())
+            if pol.windowed:
+                counts[band] += sum(len(self._requests[rid].kept) for rid in ids)
+        return tuple(counts)
+
+    def block_table(self, rids: Sequence[int], band: int, physical: bool = True) -> np.ndarray:
+        """The block table of a batch in ``band``: the layout paged-attention kernels take
+        (vLLM's and FlashInfer's ``block_tables``: one row per sequence, one page id per
+        column, in token order).
+
+        Args:
+            rids: request ids, one row each, in this order.
+            band: band index.
+            physical: physical page indices on the band's grid (through the allocator's
+                ``translate``, as kernels address pages); ``False``: virtual ids.
+
+        Returns:
+            int64 ``[len(rids), max_pages]``, ``max_pages`` the longest row among ``rids``.
+            Row ``i`` is :meth:`page_table` of ``rids[i]`` (translated), then padding.
+            Padding and released window pages hold the band's null page; in a band that
+            reserves none (full and state bands: they release nothing before the request
+            ends) padding is ``-1`` (a kernel reads a row only up to its request's length,
+            ``ceil(L / P)`` pages). A gather of the request table's rows and one
+            ``translate``.
+
+        Raises:
+            InvalidDemandError: no band ``band`` in this chain, or a ``bool`` request id.
+            UnknownRequestError: a request that holds no pages.
+        """
+        if isinstance(band, bool) or not isinstance(band, int | np.integer) \
+                or not 0 <= band < self.geom.num_bands:
+            raise InvalidDemandError(f"no band {band} in this chain")
+        ids = tuple(rids)
+        slots = self._known_slots(ids)
+        table = self._table
+        width = int(table.rowlen[band][slots].max()) if slots.size else 0
+        vids = table.tables[band][slots, :width]
+        if not physical or not vids.size:
+            return vids
+        if table.pads[band] >= 0:
+            return self.chain.translate(band, vids)
+        out = np.full(vids.shape, -1, dtype=np.int64)
+        valid = vids >= 0
+        out[valid] = self.chain.translate(band, vids[valid])
+        return out
+
+    # --- integrity -------------------------------------------------------------------------
+
+    def audit(self) -> None:
+        """Every bound page of the chain is held by exactly one request or the prefix cache,
+        or is a null page; every shared page a request reads is the cache's.
+
+        Raises:
+            AuditError: a leaked page (bound, held by nobody) or a page held twice.
+        """
+        table = self._table
+        held: list[list[int]] = [[] for _ in range(self.geom.num_bands)]
+        shared: list[list[int]] = [[] for _ in range(self.geom.num_bands)]
+        for facts in self._requests.values():
+            slot = facts.slot
+            h = int(table.shared[slot])
+            for pol in self.geom.policies:
+                first = int(table.first[pol.band, slot])
+                for i, v in enumerate(table.live(pol.band, slot).tolist(), first):
+                    (shared if i < h and not pol.per_request else held)[pol.band].append(v)
+            self._glue.kept_pages(facts, held)
+        cached = self._glue.held_pages()
+        for band in range(self.geom.num_bands):
+            self._audit_band(band, held[band], shared[band],
+                             cached[band] if cached is not None else [])
+        self._glue.audit(self._requests)
+
+    def _audit_band(self, band: int, held: list[int], shared: list[int],
+                    in_cache: list[int]) -> None:
+        """One band of :meth:`audit`: requests' own pages, the cache's, the null pages."""
+        if len(set(held)) != len(held):
+            raise AuditError(f"band {band}: a page is held by two requests")
+        owned = set(in_cache)
+        if len(owned) != len(in_cache) or owned & set(held):
+            raise AuditError(f"band {band}: a page held twice by the cache or by the cache "
+                             "and a request")
+        if not owned.issuperset(shared):
+            raise AuditError(f"band {band}: a request uses a shared page the cache does not "
+                             "hold")
+        reserved = self.chain.layout.bands[band].reserved_pages
+        total = len(held) + len(in_cache)
+        bound = self.chain.bound_pages(band)
+        if bound != total + reserved:
+            raise AuditError(f"band {band}: {bound} pages bound, {len(held)} held by "
+                             f"requests + {len(in_cache)} by the cache + {reserved} null: "
+                             f"{bound - total - reserved} leaked")

@@ -1,0 +1,255 @@
+"""One policy per band kind: the page formulas of full, window(W), chunked-local(C) and
+state(slots) bands, each written once (docs/design.md §4).
+
+Token positions -> pages (``P`` tokens per page)::
+
+    full    pages covering [0, L)
+    window  pages covering [max(0, s - W + 1), s + c)   for a chunk of c tokens at s
+    local   pages covering [floor(s / C) * C, s + c)     (chunked local attention)
+    state   the request's slots (1 working + checkpoints), claimed by the first chunk
+
+Every band holds a span of page indices ``[first, end)`` per request: full and state bands
+from 0 (``end`` pages or slots held), window and local bands from their first live page
+(pages before it were released by the window-tail release). The formulas take and return
+integers over plain arithmetic (``//``, ``-(-a // b)`` for a ceiling and the helpers
+below), so the same line serves one request (Python ints) and a decode batch (numpy int64
+arrays of request positions and held spans, with scalar token counts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
+
+import numpy as np
+
+IntLike = TypeVar("IntLike", int, np.ndarray)
+
+
+def ceil_div(a: IntLike, b: int) -> IntLike:
+    """``ceil(a / b)`` for ``b > 0`` (ints or int arrays)."""
+    return -(-a // b)
+
+
+def grown_pages(end: IntLike, stop: IntLike, page_size: int) -> IntLike:
+    """Pages a band that keeps every token must add to pages ``[0, end)`` so that they
+    cover tokens ``[0, stop)``: ``max(0, ceil(stop / P) - end)``."""
+    return at_least_0(ceil_div(stop, page_size) - end)
+
+
+def at_least_0(a: IntLike) -> IntLike:
+    """``max(a, 0)``, elementwise for an array."""
+    if isinstance(a, np.ndarray):
+        return np.maximum(a, 0)
+    return a if a > 0 else 0
+
+
+def smaller(a: IntLike, b: IntLike | int) -> IntLike:
+    """``min(a, b)``, elementwise when either is an array."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.minimum(a, b)
+    return a if a < b else b
+
+
+def larger(a: IntLike, b: IntLike | int) -> IntLike:
+    """``max(a, b)``, elementwise when either is an array."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return a if a > b else b
+
+
+@dataclass(frozen=True, slots=True)
+class BandPolicy:
+    """The formulas of one band kind (subclassed per kind; never instantiated alone).
+
+    Attributes:
+        band: the band's index in its chain (low -> high).
+        page_size: ``P`` tokens per page.
+        kind: ``"full"``, ``"window"``, ``"local"`` or ``"state"``.
+        windowed: True for the window and chunked-local kinds (their pages behind the
+            window are released and the prefix cache keeps their tails).
+        per_request: True for the state kind (a fixed count of slots per request,
+            independent of tokens).
+    """
+
+    band: int
+    page_size: int
+
+    kind: ClassVar[str] = ""
+    windowed: ClassVar[bool] = False
+    per_request: ClassVar[bool] = False
+
+    def first_token(self, position: IntLike) -> IntLike:
+        """First token the band must hold to compute the token at ``position`` (0 for
+        bands that keep every token)."""
+        return position * 0
+
+    def first_page(self, position: IntLike) -> IntLike:
+        """First page the band must hold to compute the token at ``position``: the
+        window-tail release drops every page before it after the forward that computed
+        tokens up to ``position``."""
+        return self.first_token(position) // self.page_size
+
+    def pages(self, first: IntLike, end: IntLike, start: IntLike, extend: int,
+              headroom: int = 0, chunk: int = 1, horizon: int = 0) -> IntLike:
+        """Pages a request holding ``[first, end)`` must add to compute ``extend`` tokens
+        from position ``start``, plus ``headroom`` later tokens in chunks of at most
+        ``chunk`` (``horizon``: the later tokens it is expected to compute, when more than
+        ``headroom``). Arguments are checked by the caller
+        (:func:`kvchain.requests.demand.request_demand`)."""
+        raise NotImplementedError
+
+    def resume_start(self, point: int) -> int:
+        """First page a prefix-cache hit that resumes after ``point`` pages must hold in
+        this band (its tail ``[resume_start, point)``; ``point`` for a band that needs
+        none)."""
+        return point
+
+    def peak_pages(self, chunk: int) -> int:
+        """Most pages of the band a chunk of ``chunk`` tokens needs at any start."""
+        raise NotImplementedError
+
+    def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
+                     first: int, start: int, stop: int, headroom: int) -> int:
+        """Pages the band adds for the prefix cache's resume points ``points`` (page
+        counts) reached by the tokens ``(start, stop]``, whose kept window pages are
+        ``tails`` (``(lo, hi)`` ranges) for a request whose first held page is ``first``
+        and that reserves ``headroom`` later tokens: 0 for a band that keeps nothing."""
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class FullPolicy(BandPolicy):
+    """Full attention: every token's KV stays; pages cover ``[0, L)``."""
+
+    kind: ClassVar[str] = "full"
+
+    def pages(self, first: IntLike, end: IntLike, start: IntLike, extend: int,
+              headroom: int = 0, chunk: int = 1, horizon: int = 0) -> IntLike:
+        """``max(0, ceil((s + c + headroom) / P) - end)`` (pages grow with tokens; the
+        horizon does not add to them)."""
+        return grown_pages(end, start + extend + headroom, self.page_size)
+
+    def resume_start(self, point: int) -> int:
+        """A hit after ``point`` pages holds all of them: 0."""
+        return 0
+
+    def peak_pages(self, chunk: int) -> int:
+        """``ceil(c / P) + 1`` (a chunk starting inside a page)."""
+        return ceil_div(chunk, self.page_size) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class _WindowedPolicy(BandPolicy):
+    """What window and chunked-local bands share: pages covering
+    ``[first_token(s), s + c)`` at the chunk's peak, released behind the window."""
+
+    tokens: int = 0
+    windowed: ClassVar[bool] = True
+
+    def pages(self, first: IntLike, end: IntLike, start: IntLike, extend: int,
+              headroom: int = 0, chunk: int = 1, horizon: int = 0) -> IntLike:
+        """The band's *peak* from now on minus what it holds: the pages covering
+        ``[first_page(s), ceil((s + c) / P))`` now, or with later tokens
+        (``ahead = max(headroom, horizon)``) up to :meth:`later_peak_pages` of a later
+        page-aligned chunk of ``min(chunk, ahead)`` tokens (window-tail release runs in
+        between, so the two do not add up); 0 when nothing is computed now or later."""
+        if not (extend or headroom or horizon):
+            return start * 0
+        p = self.page_size
+        stop = start + extend
+        need_first = self.first_page(start)
+        end_page = ceil_div(stop, p)
+        have = at_least_0(smaller(end, end_page) - larger(first, need_first))
+        peak = end_page - need_first
+        ahead = max(headroom, horizon)
+        if ahead:
+            later = ceil_div(stop + ahead, p) - self.first_page(stop)
+            peak = larger(peak, smaller(later, self.later_peak_pages(min(chunk, ahead))))
+        return at_least_0(peak - have)
+
+    def resume_start(self, point: int) -> int:
+        """``first_page(point * P)``: the window tail a hit after ``point`` pages reads."""
+        return self.first_page(point * self.page_size)
+
+    def peak_pages(self, chunk: int) -> int:
+        """``ceil((W - 1 + c) / P) + 1`` (``C`` for a local chunk: also a bound): the
+        window before the chunk's first token plus the chunk, starting anywhere in a page
+        (field cases F2, F6)."""
+        return ceil_div(self.tokens - 1 + chunk, self.page_size) + 1
+
+    def later_peak_pages(self, chunk: int) -> int:
+        """Most pages a *later* step needs: a prefill chunk of ``chunk`` tokens that starts
+        on a page boundary (the scheduler cuts every chunk but a prompt's tail to whole
+        pages, so later chunks always do), or a decode (``chunk = 1``, any position):
+        ``ceil(c / P) + ceil((W - 1) / P)``. E.g. ``W = 32``, ``P = 16``: 3 pages for a
+        one-page chunk and for a decode, where the any-start :meth:`peak_pages` says 4
+        for the chunk."""
+        p = self.page_size
+        return ceil_div(chunk, p) + ceil_div(self.tokens - 1, p)
+
+    def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
+                     first: int, start: int, stop: int, headroom: int) -> int:
+        """With ``headroom``, the pages of the kept tail ranges ``tails`` (disjoint,
+        sorted) from page ``first`` on: kept for the prefix cache instead of released, so
+        a reservation adds them (an upper bound); 0 without headroom."""
+        if not headroom:
+            return 0
+        return sum(hi - max(lo, first) for lo, hi in tails if hi > first)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPolicy(_WindowedPolicy):
+    """Sliding window of ``W = tokens`` tokens: the token at ``s`` reads
+    ``[max(0, s - W + 1), s]``."""
+
+    kind: ClassVar[str] = "window"
+
+    def first_token(self, position: IntLike) -> IntLike:
+        """``max(0, position - W + 1)``."""
+        return at_least_0(position - (self.tokens - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPolicy(_WindowedPolicy):
+    """Chunked local attention of ``C = tokens`` tokens: the token at ``s`` reads its own
+    chunk ``[floor(s / C) * C, s]``."""
+
+    kind: ClassVar[str] = "local"
+
+    def first_token(self, position: IntLike) -> IntLike:
+        """``floor(position / C) * C``."""
+        return (position // self.tokens) * self.tokens
+
+
+@dataclass(frozen=True, slots=True)
+class StatePolicy(BandPolicy):
+    """Recurrent state: ``slots`` slots per request (1 working + checkpoint copies),
+    claimed all at once by its first chunk; one more per prefix-cache resume point
+    reached (a checkpoint of the state there)."""
+
+    slots: int = 1
+    kind: ClassVar[str] = "state"
+    per_request: ClassVar[bool] = True
+
+    def pages(self, first: IntLike, end: IntLike, start: IntLike, extend: int,
+              headroom: int = 0, chunk: int = 1, horizon: int = 0) -> IntLike:
+        """``slots`` if it holds none (``end == 0``) and computes anything now or later,
+        else 0."""
+        if not (extend or headroom or horizon):
+            return end * 0
+        if isinstance(end, np.ndarray):
+            return np.where(end == 0, self.slots, 0)
+        return self.slots if end == 0 else 0
+
+    def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
+                     first: int, start: int, stop: int, headroom: int) -> int:
+        """Checkpoint slots for the resume points ``points`` (page counts) reached by the
+        tokens ``(start, stop]``: one per point ``q`` with ``start < q * P <= stop``."""
+        p = self.page_size
+        return sum(1 for q in points if start < q * p <= stop)
+
+    def peak_pages(self, chunk: int) -> int:
+        """``slots``: a chunk never needs more."""
+        return self.slots
