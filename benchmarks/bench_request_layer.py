@@ -49,8 +49,8 @@ from pathlib import Path
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import _price_uncached, price
 from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot, Demand
-from kvchain.requests.manager import KVManager
 from kvchain.layout import Anchor, plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.spec.declared import declared_class
 from kvchain.spec.layers import LifetimeClass as LC
 

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kvchain.alloc.chain import Chain
-from kvchain.requests.manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.spec.declared import declared_class

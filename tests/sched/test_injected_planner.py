@@ -12,8 +12,8 @@ from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import GENERAL_PLANNER, Planner
 from kvchain.alloc.snapshot import ChainSnapshot, Demand, RefusalReason
 from kvchain.errors import AdmissionDivergenceError
-from kvchain.requests.manager import KVManager
 from kvchain.layout import plan_layout
+from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.spec.declared import declared_class

@@ -20,7 +20,7 @@ boundaries, 512 tokens for the bundled Mooncake traces). One interval costs, per
 * state: 1 slot (the checkpoint).
 
 A model with neither window nor state resumes at every page: its interval is one page.
-Tails are counted with :func:`kvchain.cache.radix.tail_pages`, the device cache's own rule.
+Tails are counted with each band policy's ``resume_start``, the device cache's own rule.
 
 The split (:func:`host_tier_plan`): each class gets ``m`` intervals' worth of slots, ``m``
 the most intervals whose slots fit ``H`` (with each region's 256-byte alignment,
@@ -32,10 +32,10 @@ class whose partner is gone. It holds ``m x K`` tokens of resumable prefix; a sh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kvchain.buffer.host import HOST_ALIGN_BYTES, HostBuffer, host_regions
-from kvchain.cache.radix import CacheGeometry, tail_pages
+from kvchain.cache.radix import CacheGeometry
 from kvchain.errors import ConfigError, InvalidRequestError
 from kvchain.layout import BandLayout, ChainLayout
 from kvchain.spec.layers import LifetimeClass
@@ -105,28 +105,28 @@ class HostTierPlan:
         return max(0, full.slots - state.slots * full.per_interval)
 
 
-def _band_geometry(layout: ChainLayout, i: int) -> CacheGeometry:
-    """The cache geometry with band ``i`` as its window (the device cache reads one window
-    band; a chain may have several)."""
-    band = layout.bands[i]
-    return replace(CacheGeometry.of(layout), window=i, window_tokens=band.cache_class.window or 0,
-                   local=band.lifetime is LifetimeClass.LOCAL)
+def _tail(layout: ChainLayout, i: int, point: int) -> int:
+    """Pages of window or chunked-local band ``i`` a hit that resumes after ``point`` pages
+    holds: ``point - resume_start(point)``, the band policy's own rule (the device cache
+    keeps the same tail)."""
+    policy = CacheGeometry.of(layout).policies[i]
+    return point - policy.resume_start(point)
 
 
 def _tail_per_interval(layout: ChainLayout, i: int, interval_pages: int) -> int:
     """Window pages one interval adds for band ``i`` (module docstring)."""
-    geom = _band_geometry(layout, i)
     band = layout.bands[i]
     p = layout.page_size
+    tokens = band.cache_class.window or 0
     if band.lifetime is LifetimeClass.LOCAL:
         # (m K) mod C repeats with period C / gcd(K, C): the longest tail over one period.
-        k, c = interval_pages * p, geom.window_tokens
+        k, c = interval_pages * p, tokens
         period = c // math.gcd(k, c)
-        tail = max(len(tail_pages(geom, m * interval_pages)) for m in range(1, period + 1))
+        tail = max(_tail(layout, i, m * interval_pages) for m in range(1, period + 1))
     else:
         # A point far enough from the prompt's start that its tail is not clipped at 0.
-        point = interval_pages * (-(-geom.window_tokens // (interval_pages * p)) + 1)
-        tail = len(tail_pages(geom, point))
+        point = interval_pages * (-(-tokens // (interval_pages * p)) + 1)
+        tail = _tail(layout, i, point)
     return min(interval_pages, tail)
 
 
@@ -219,7 +219,7 @@ def host_buffer(layout: ChainLayout, host_bytes: int, interval_tokens: int, *,
 def hit_load_bytes(layout: ChainLayout, hit_tokens: int) -> int:
     """Bytes a host hit of ``hit_tokens`` loads back: every full page of the hit, the
     window tail before it in each window / chunked-local band
-    (:func:`~kvchain.cache.radix.tail_pages`), and one state checkpoint.
+    (each band policy's ``resume_start``), and one state checkpoint.
 
     Example: ``P = 4``, full pages 16 B, window pages 8 B (``W = 8``), ``S = 48 B``, a hit
     of 16 tokens (4 pages): ``4 x 16 + 2 x 8 + 48 = 128 B``.
@@ -244,4 +244,4 @@ def _hit_pages(layout: ChainLayout, i: int, band: BandLayout, pages: int) -> int
         return pages
     if band.lifetime is LifetimeClass.STATE:
         return 1 if pages else 0
-    return len(tail_pages(_band_geometry(layout, i), pages))
+    return _tail(layout, i, pages)
