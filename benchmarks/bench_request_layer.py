@@ -1,9 +1,20 @@
 """Request-layer speed: KVManager decode step vs the chain's own take, the price memo,
 window-tail trimming, and (``--full-hour``) the default ``kvchain simulate`` run.
 
-Run: ``python benchmarks/bench_request_layer.py [--full-hour] [--profile]``. Ratios are
-measured in the same run; times are this thread's CPU time (``time.thread_time``), so
-other processes on a shared machine inflate them less than wall time would:
+Run: ``python benchmarks/bench_request_layer.py [--full-hour] [--profile]``, or
+``--scaling [--quick]`` for the decode-step scaling table alone. Ratios are measured in
+the same run; times are this thread's CPU time (``time.thread_time``), so other processes
+on a shared machine inflate them less than wall time would:
+
+* ``--scaling``: the decode step as the scheduler runs it (``decode_demands``,
+  ``KVManager.allocate`` of the ``(rid, 1)`` batch, ``commit_decodes``) at batch 16, 64,
+  256 and 512, on a two-band (gpt-oss-120b: window + full) and a three-band
+  (Jet-Nemotron-2B: state + window + full) chain from the catalog, with the prefix cache
+  off and on (requests attached with their page keys, as the simulator does): the step,
+  the ``Chain.take`` inside it, their ratio (target at batch 256: <= 1.5x) and the
+  request-layer cost per request, ``(step - take) / batch`` (target: flat from 16 to
+  512). Medians over repeats of one page cycle of steps (``P = 16`` steps: every request
+  crosses one page boundary in each), so each repeat does the same page work;
 
 * decode step, 256 requests: ``decode demands + KVManager.allocate + commit`` per step,
   the per-request path (``demand``/``commit`` per request) and the batched path
@@ -50,6 +61,8 @@ from pathlib import Path
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import _price_uncached, price
 from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot, Demand
+from kvchain.cache.radix import CacheGeometry, PrefixCache
+from kvchain.catalog.loader import load_model
 from kvchain.kv_manager import KVManager
 from kvchain.layout import Anchor, plan_layout
 from kvchain.spec.declared import declared_class
@@ -128,6 +141,94 @@ def decode_steps(classes, batched: bool, running: int = 256, steps: int = 96,
                 kv.commit(rid, 1)
             total += clock() - t0
     return total / steps, timer.spent / steps, {k: v / steps for k, v in parts.items()}
+
+
+PAGE = 16  # tokens per page of every chain below
+# Catalog models for the scaling table and the SGLang comparison: (label, catalog name).
+CATALOG_SHAPES = (("2-band window|full (gpt-oss-120b)", "gpt-oss-120b"),
+                  ("3-band state|window|full (Jet-Nemotron-2B)", "Jet-Nemotron-2B"))
+BIG_BUFFER = 100_000_000_000  # bytes: room for every run below (512 requests, cache on)
+SCALING_BATCHES = (16, 64, 256, 512)
+
+
+def catalog_manager(model: str, cache: bool, buffer_bytes: int = BIG_BUFFER) -> KVManager:
+    """A KVManager on a fresh chain laid out for a catalog model (``PAGE``-token pages),
+    with a prefix cache (default settings, as ``kvchain simulate`` builds it) or none."""
+    layout = plan_layout(load_model(model).classes, buffer_bytes, PAGE)
+    prefix = PrefixCache(CacheGeometry.of(layout)) if cache else None
+    return KVManager(Chain(layout), prefix)
+
+
+def page_keys(rid: int, tokens: int) -> list[int]:
+    """Distinct page keys of a prompt of ``tokens`` tokens (one per whole page): no two
+    requests share a prefix, so the cache misses and every request holds its own pages."""
+    return [rid * 1_000_003 + i for i in range(tokens // PAGE)]
+
+
+def admit(kv: KVManager, prompts: dict[int, int]) -> None:
+    """Attach (with a cache), allocate in one batch and commit the prompts ``{rid: tokens}``
+    as the scheduler does for a prefill that completes in one step."""
+    if kv.cache is not None:
+        for rid, n in prompts.items():
+            kv.attach(rid, page_keys(rid, n), n)
+    kv.allocate(list(prompts.items()))
+    for rid, n in prompts.items():
+        kv.commit(rid, n)
+
+
+def decode_step(kv: KVManager, rids: list[int]) -> None:
+    """One decode step through the scheduler's path: demands, one allocate, one commit."""
+    demands = kv.decode_demands(rids)
+    kv.allocate([(rid, 1) for rid in rids], demands)
+    kv.commit_decodes(rids)
+
+
+def running_batch(kv: KVManager, running: int) -> list[int]:
+    """Admit ``running`` requests of 1,000-1,899 prompt tokens (page positions spread over
+    the page) and return their ids."""
+    admit(kv, {rid: 1_000 + (rid * 37) % 900 for rid in range(running)})
+    return list(range(running))
+
+
+def decode_scaling(model: str, cache: bool, running: int,
+                   repeats: int = 5) -> tuple[float, float]:
+    """Median thread CPU seconds per decode step, and per ``Chain.take`` inside it, over
+    ``repeats`` blocks of ``PAGE`` steps (after one block of warm-up)."""
+    kv = catalog_manager(model, cache)
+    rids = running_batch(kv, running)
+    timer = _TimedChain(kv.chain)  # type: ignore[arg-type]
+    clock = time.thread_time
+    steps, takes = [], []
+    for block in range(repeats + 1):
+        before, t0 = timer.spent, clock()
+        for _ in range(PAGE):
+            decode_step(kv, rids)
+        if block:
+            steps.append((clock() - t0) / PAGE)
+            takes.append((timer.spent - before) / PAGE)
+    return statistics.median(steps), statistics.median(takes)
+
+
+def print_scaling(repeats: int, batches: tuple[int, ...]) -> None:
+    """The scaling table: one row per (chain, cache, batch)."""
+    print(f"decode step through the scheduler's path (us, median of {repeats} x {PAGE} "
+          f"steps); ratio = step / its take; per request = (step - take) / batch")
+    print(f"| chain | prefix cache | batch | step us | take us | step/take | "
+          f"per request us | per request x batch {batches[0]} |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for label, model in CATALOG_SHAPES:
+        for cache in (False, True):
+            first = None
+            for running in batches:
+                step, take = decode_scaling(model, cache, running, repeats)
+                per = (step - take) / running
+                first = per if first is None else first
+                # a take the wrapper did not see (the layer holds its own reference to
+                # it) shows as 0: no ratio then, rather than a wrong one
+                ratio = f"{step / take:.2f}x" if take else "take not seen"
+                print(f"| {label} | {'on' if cache else 'off'} | {running} | "
+                      f"{step * 1e6:.1f} | {take * 1e6:.1f} | {ratio} | "
+                      f"{per * 1e6:.3f} | {per / first:.2f}x |")
 
 
 def three_bands() -> ChainSnapshot:
@@ -252,7 +353,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--full-hour", action="store_true")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--scaling", action="store_true",
+                        help="only the decode-step scaling table (batch 16 to 512)")
+    parser.add_argument("--quick", action="store_true",
+                        help="with --scaling: a smoke run (1 repeat, batch 16 and 64)")
     args = parser.parse_args()
+    if args.scaling:
+        if args.quick:
+            print_scaling(1, SCALING_BATCHES[:2])
+        else:
+            print_scaling(9, SCALING_BATCHES)
+        return
     print("decode step, 256 requests (us per step; ratio = step / its chain take)")
     for shape, classes in SHAPES.items():
         for batched in (False, True):
