@@ -101,7 +101,7 @@ def decode_steps(classes, batched: bool, running: int = 256, steps: int = 96,
     layout = plan_layout(classes, 400_000_000_000, 16)
     chain = Chain(layout)
     kv = KVManager(chain)
-    prompts = [1_000 + (i * 37) % 900 for i in range(running)]
+    prompts = [running_prompt(i) for i in range(running)]
     kv.allocate(list(enumerate(prompts)))
     for rid, n in enumerate(prompts):
         kv.commit(rid, n)
@@ -183,10 +183,16 @@ def decode_step(kv: KVManager, rids: list[int]) -> None:
     kv.commit_decodes(rids)
 
 
+def running_prompt(i: int) -> int:
+    """Prompt tokens of the ``i``-th request of a running batch: 1,000-1,899, so their
+    positions in the page (and the steps at which they cross a page) are spread."""
+    return 1_000 + (i * 37) % 900
+
+
 def running_batch(kv: KVManager, running: int) -> list[int]:
-    """Admit ``running`` requests of 1,000-1,899 prompt tokens (page positions spread over
-    the page) and return their ids."""
-    admit(kv, {rid: 1_000 + (rid * 37) % 900 for rid in range(running)})
+    """Admit ``running`` requests (ids 0 to ``running - 1``, :func:`running_prompt`
+    tokens each) and return their ids."""
+    admit(kv, {rid: running_prompt(rid) for rid in range(running)})
     return list(range(running))
 
 

@@ -3,9 +3,14 @@ streams, in one process (issue 20's side-by-side targets).
 
 Run: ``python benchmarks/bench_vs_sglang.py [--quick]``. Without SGLang importable it
 prints why, then the kvchain side of every op stream alone (the ratio columns say
-``-``). Times are this thread's CPU time (``time.thread_time``); each op runs in blocks,
-the kvchain and SGLang blocks alternating, and every figure is the median over blocks of
-the mean time per call in a block.
+``-``). SGLang on a CPU-only machine, beside the CPU torch (what the allocator modules'
+imports need, nothing that pulls a CUDA build): ``pip install --no-deps sglang==0.5.23
+psutil pybase64 triton starlette msgspec pyzmq aiohttp multidict yarl propcache
+aiohappyeyeballs aiosignal frozenlist dill apache-tvm-ffi sentencepiece
+compressed-tensors loguru gguf``. Times are this thread's CPU time
+(``time.thread_time``); each op runs in blocks, the kvchain and SGLang blocks
+alternating, and every figure is the median over blocks of the mean time per call in a
+block.
 
 Chains (kvchain: the catalog models of ``bench_request_layer.CATALOG_SHAPES``, 16-token
 pages; SGLang: the same page size and window):
@@ -68,12 +73,19 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from bench_request_layer import CATALOG_SHAPES, PAGE, catalog_manager, decode_step, page_keys
+from bench_request_layer import (
+    CATALOG_SHAPES,
+    PAGE,
+    catalog_manager,
+    decode_step,
+    page_keys,
+    running_batch,
+    running_prompt,
+)
 
 from kvchain.alloc.pricing import price
 from kvchain.alloc.snapshot import Demand
 from kvchain.catalog.loader import load_model
-from kvchain.kv_manager import KVManager
 
 SGLANG_TESTED = "0.5.23"  # the version this harness was written against
 PROMPT = 4_096  # tokens of the prefill before the window trim
@@ -81,9 +93,6 @@ CHUNK = 2_048  # tokens of the prefill op and of the released request's prompt
 BACKGROUND = 64  # running requests beside the prefill, trim and release ops
 MAX_CONTEXT = 8_192  # columns of SGLang's request-to-token table
 MAX_REQUESTS = 1_024  # rows of SGLang's request-to-token table
-
-Clock = Callable[[], float]
-
 
 def window_of(model: str) -> int:
     """The sliding window (tokens) of a catalog model's window band."""
@@ -98,24 +107,13 @@ def has_state(model: str) -> bool:
 # --- kvchain side ------------------------------------------------------------------------
 
 
-def _running(kv: KVManager, first: int, count: int) -> list[int]:
-    prompts = {rid: 1_000 + (rid * 37) % 900 for rid in range(first, first + count)}
-    if kv.cache is not None:
-        for rid, n in prompts.items():
-            kv.attach(rid, page_keys(rid, n), n)
-    kv.allocate(list(prompts.items()))
-    for rid, n in prompts.items():
-        kv.commit(rid, n)
-    return list(prompts)
-
-
 class KvchainOps:
     """The op streams on a KVManager (prefix cache off or on); each method runs one block
     of calls and returns thread CPU seconds per call."""
 
     def __init__(self, model: str, cache: bool, decode_batch: int) -> None:
         self.kv = catalog_manager(model, cache)
-        self.decoding = _running(self.kv, 0, decode_batch)
+        self.decoding = running_batch(self.kv, decode_batch)
         self.next_rid = 100_000
 
     def _new(self, tokens: int) -> int:
@@ -344,7 +342,7 @@ class SGLangOps:
         self.lens = torch.zeros(MAX_REQUESTS, dtype=torch.int64)
         self.freed = torch.zeros(MAX_REQUESTS, dtype=torch.int64)  # swa slots released
         self.free_rows = list(range(MAX_REQUESTS - 1, -1, -1))
-        rows = [self._admit(1_000 + (i * 37) % 900) for i in range(decode_batch)]
+        rows = [self._admit(running_prompt(i)) for i in range(decode_batch)]
         self.decoding = torch.tensor(rows, dtype=torch.int64)
 
     def _row(self) -> int:
