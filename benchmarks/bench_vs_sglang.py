@@ -76,7 +76,7 @@ from typing import Any
 from bench_request_layer import (
     CATALOG_SHAPES,
     PAGE,
-    catalog_manager,
+    catalog_rig,
     decode_step,
     page_keys,
     running_batch,
@@ -112,13 +112,14 @@ class KvchainOps:
     of calls and returns thread CPU seconds per call."""
 
     def __init__(self, model: str, cache: bool, decode_batch: int) -> None:
-        self.kv = catalog_manager(model, cache)
-        self.decoding = running_batch(self.kv, decode_batch)
+        self.rig = catalog_rig(model, cache, timed=False)
+        self.kv = self.rig.kv
+        self.decoding = running_batch(self.rig, decode_batch)
         self.next_rid = 100_000
 
     def _new(self, tokens: int) -> int:
         rid, self.next_rid = self.next_rid, self.next_rid + 1
-        if self.kv.cache is not None:
+        if self.rig.cache:
             self.kv.attach(rid, page_keys(rid, tokens), tokens)
         return rid
 
@@ -140,7 +141,7 @@ class KvchainOps:
         return spent / calls
 
     def capacity(self, calls: int) -> float:
-        chain, demand = self.kv.chain, self.kv.demand(self.next_rid, CHUNK)
+        chain, demand = self.rig.chain, self.kv.demand(self.next_rid, CHUNK)
         price(chain.snapshot(), demand)
         t0 = time.thread_time()
         for _ in range(calls):
@@ -150,7 +151,7 @@ class KvchainOps:
     def capacity_fresh(self, calls: int) -> float:
         """As :meth:`capacity`, asked with an equal demand built anew each call (as the
         scheduler's demands are each step): the price memo's value lookup."""
-        chain, pages = self.kv.chain, self.kv.demand(self.next_rid, CHUNK).pages
+        chain, pages = self.rig.chain, self.kv.demand(self.next_rid, CHUNK).pages
         price(chain.snapshot(), Demand(pages))
         t0 = time.thread_time()
         for _ in range(calls):
