@@ -213,40 +213,45 @@ def running_batch(rig: Rig, running: int) -> list[int]:
     return list(range(running))
 
 
-def decode_scaling(model: str, cache: bool, running: int,
-                   repeats: int = 5) -> tuple[float, float]:
-    """Median thread CPU seconds per decode step, and per ``Chain.take`` inside it, over
-    ``repeats`` blocks of ``PAGE`` steps (after one block of warm-up)."""
-    rig = catalog_rig(model, cache)
-    kv, timer = rig.kv, rig.timer
-    assert timer is not None
-    rids = running_batch(rig, running)
+def decode_scaling(model: str, cache: bool, batches: tuple[int, ...],
+                   repeats: int = 5) -> dict[int, tuple[float, float]]:
+    """Per batch size: median thread CPU seconds per decode step, and per ``Chain.take``
+    inside it, over ``repeats`` blocks of ``PAGE`` steps (after one block of warm-up); the
+    batch sizes' blocks alternate, so a drift in the machine's load hits them alike."""
+    rigs = {running: catalog_rig(model, cache) for running in batches}
+    rids = {running: running_batch(rig, running) for running, rig in rigs.items()}
     clock = time.thread_time
-    steps, takes = [], []
+    steps: dict[int, list[float]] = {running: [] for running in batches}
+    takes: dict[int, list[float]] = {running: [] for running in batches}
     for block in range(repeats + 1):
-        before, t0 = timer.spent, clock()
-        for _ in range(PAGE):
-            decode_step(kv, rids)
-        if block:
-            steps.append((clock() - t0) / PAGE)
-            takes.append((timer.spent - before) / PAGE)
-    return statistics.median(steps), statistics.median(takes)
+        for running, rig in rigs.items():
+            kv, timer, batch = rig.kv, rig.timer, rids[running]
+            assert timer is not None
+            before, t0 = timer.spent, clock()
+            for _ in range(PAGE):
+                decode_step(kv, batch)
+            if block:
+                steps[running].append((clock() - t0) / PAGE)
+                takes[running].append((timer.spent - before) / PAGE)
+    return {running: (statistics.median(steps[running]), statistics.median(takes[running]))
+            for running in batches}
 
 
 def print_scaling(repeats: int, batches: tuple[int, ...]) -> None:
     """The scaling table: one row per (chain, cache, batch)."""
     print(f"decode step through the scheduler's path (us, median of {repeats} x {PAGE} "
-          f"steps); ratio = step / its take; per request = (step - take) / batch")
+          f"steps, the batch sizes alternating); ratio = step / its take; per request = "
+          f"(step - take) / batch")
     print(f"| chain | prefix cache | batch | step us | take us | step/take | "
           f"per request us | per request x batch {batches[0]} |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for label, model in CATALOG_SHAPES:
         for cache in (False, True):
-            first = None
-            for running in batches:
-                step, take = decode_scaling(model, cache, running, repeats)
+            rows = decode_scaling(model, cache, batches, repeats)
+            step0, take0 = rows[batches[0]]
+            first = (step0 - take0) / batches[0]
+            for running, (step, take) in rows.items():
                 per = (step - take) / running
-                first = per if first is None else first
                 # a take the wrapper did not see (the layer holds its own reference to
                 # it) shows as 0: no ratio then, rather than a wrong one
                 ratio = f"{step / take:.2f}x" if take else "take not seen"
