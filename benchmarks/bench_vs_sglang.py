@@ -70,6 +70,7 @@ import statistics
 import sys
 import time
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -231,7 +232,9 @@ def load_sglang() -> tuple[dict[str, Any] | None, list[str]]:
     notes: list[str] = []
 
     def modules() -> dict[str, Any]:
-        return {m.rsplit(".", 1)[1]: importlib.import_module(m) for m in SGL_MODULES}
+        with warnings.catch_warnings():  # its quantization modules warn about CPU at import
+            warnings.simplefilter("ignore")
+            return {m.rsplit(".", 1)[1]: importlib.import_module(m) for m in SGL_MODULES}
 
     try:
         mods = modules()
