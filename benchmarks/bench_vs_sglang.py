@@ -95,6 +95,7 @@ BACKGROUND = 64  # running requests beside the prefill, trim and release ops
 MAX_CONTEXT = 8_192  # columns of SGLang's request-to-token table
 MAX_REQUESTS = 1_024  # rows of SGLang's request-to-token table
 
+
 def window_of(model: str) -> int:
     """The sliding window (tokens) of a catalog model's window band."""
     return next(c.window for c in load_model(model).classes if c.window is not None)
@@ -475,16 +476,26 @@ OPS = (("decode bs256", "decode", PAGE, 256), ("decode bs64", "decode", PAGE, 64
        ("release (finished request)", "release", 8, BACKGROUND))
 
 
-def alternate(blocks: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
-    """Run every block once as warm-up, then ``repeats`` times in turn; the median of
-    each block's seconds per call."""
-    for run in blocks.values():
-        run()
+def alternate(blocks: dict[str, Callable[[], float]], repeats: int,
+              fallible: str | None = None) -> tuple[dict[str, float], str | None]:
+    """Run every block once as warm-up, then ``repeats`` times in turn: the median of
+    each block's seconds per call, and the error of the ``fallible`` block (dropped from
+    then on) if it raised."""
+    failed = None
     seen: dict[str, list[float]] = {name: [] for name in blocks}
-    for _ in range(repeats):
-        for name, run in blocks.items():
-            seen[name].append(run())
-    return {name: statistics.median(v) for name, v in seen.items()}
+    for turn in range(repeats + 1):
+        for name, run in list(blocks.items()):
+            try:
+                spent = run()
+            except Exception as exc:
+                if name != fallible:
+                    raise
+                failed = f"{type(exc).__name__}: {str(exc)[:200]}"
+                del blocks[name], seen[name]
+                continue
+            if turn:
+                seen[name].append(spent)
+    return {name: statistics.median(v) for name, v in seen.items()}, failed
 
 
 def _fmt(seconds: float | None) -> str:
@@ -525,12 +536,13 @@ def main() -> None:
                     blocks["sgl"] = _bind(getattr(ops_sgl, method), calls)
                 except Exception as exc:
                     blocked = f"{type(exc).__name__}: {str(exc)[:200]}"
-            got = alternate(blocks, repeats)
+            got, failed = alternate(blocks, repeats, fallible="sgl")
+            blocked = blocked or failed
             off, on, sgl = got["kvFalse"], got["kvTrue"], got.get("sgl")
             print(f"| {label} | {op} | {_fmt(off)} | {_fmt(on)} | {_fmt(sgl)} | "
                   f"{_ratio(off, sgl)} | {_ratio(on, sgl)} |")
             if blocked is not None:
-                print(f"note: SGLang side of '{label} / {op}' not built: {blocked}")
+                print(f"note: SGLang side of '{label} / {op}' failed: {blocked}")
 
 
 def _bind(method: Callable[[int], float], calls: int) -> Callable[[], float]:
