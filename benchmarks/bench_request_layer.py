@@ -1,9 +1,20 @@
 """Request-layer speed: KVManager decode step vs the chain's own take, the price memo,
 window-tail trimming, and (``--full-hour``) the default ``kvchain simulate`` run.
 
-Run: ``python benchmarks/bench_request_layer.py [--full-hour] [--profile]``. Ratios are
-measured in the same run; times are this thread's CPU time (``time.thread_time``), so
-other processes on a shared machine inflate them less than wall time would:
+Run: ``python benchmarks/bench_request_layer.py [--full-hour] [--profile]``, or
+``--scaling [--quick]`` for the decode-step scaling table alone. Ratios are measured in
+the same run; times are this thread's CPU time (``time.thread_time``), so other processes
+on a shared machine inflate them less than wall time would:
+
+* ``--scaling``: the decode step as the scheduler runs it (``decode_demands``,
+  ``KVManager.allocate`` of the ``(rid, 1)`` batch, ``commit_decodes``) at batch 16, 64,
+  256 and 512, on a two-band (gpt-oss-120b: window + full) and a three-band
+  (Jet-Nemotron-2B: state + window + full) chain from the catalog, with the prefix cache
+  off and on (requests attached with their page keys, as the simulator does): the step,
+  the ``Chain.take`` inside it, their ratio (target at batch 256: <= 1.5x) and the
+  request-layer cost per request, ``(step - take) / batch`` (target: flat from 16 to
+  512). Medians over repeats of one page cycle of steps (``P = 16`` steps: every request
+  crosses one page boundary in each), so each repeat does the same page work;
 
 * decode step, 256 requests: ``decode demands + KVManager.allocate + commit`` per step,
   the per-request path (``demand``/``commit`` per request) and the batched path
@@ -44,11 +55,14 @@ import subprocess
 import sys
 import time
 import timeit
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import _price_uncached, price
 from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot, Demand
+from kvchain.cache.radix import CacheGeometry, PrefixCache
+from kvchain.catalog.loader import load_model
 from kvchain.layout import Anchor, plan_layout
 from kvchain.requests.manager import KVManager
 from kvchain.spec.declared import declared_class
@@ -87,7 +101,7 @@ def decode_steps(classes, batched: bool, running: int = 256, steps: int = 96,
     layout = plan_layout(classes, 400_000_000_000, 16)
     chain = Chain(layout)
     kv = KVManager(chain)
-    prompts = [1_000 + (i * 37) % 900 for i in range(running)]
+    prompts = [running_prompt(i) for i in range(running)]
     kv.allocate(list(enumerate(prompts)))
     for rid, n in enumerate(prompts):
         kv.commit(rid, n)
@@ -127,6 +141,123 @@ def decode_steps(classes, batched: bool, running: int = 256, steps: int = 96,
                 kv.commit(rid, 1)
             total += clock() - t0
     return total / steps, timer.spent / steps, {k: v / steps for k, v in parts.items()}
+
+
+PAGE = 16  # tokens per page of every chain below
+# Catalog models for the scaling table and the SGLang comparison: (label, catalog name).
+CATALOG_SHAPES = (("2-band window|full (gpt-oss-120b)", "gpt-oss-120b"),
+                  ("3-band state|window|full (Jet-Nemotron-2B)", "Jet-Nemotron-2B"))
+BIG_BUFFER = 100_000_000_000  # bytes: room for every run below (512 requests, cache on)
+SCALING_BATCHES = (16, 64, 256, 512)
+
+
+@dataclass
+class Rig:
+    """A KVManager on its own chain, built through the public constructors only, so the
+    benchmarks keep working when the request layer's internals change: ``timer`` (if any)
+    was wrapped around ``chain.take`` before the manager saw the chain."""
+
+    kv: KVManager
+    chain: Chain
+    timer: _TimedChain | None
+    cache: bool
+
+
+def catalog_rig(model: str, cache: bool, timed: bool = True,
+                buffer_bytes: int = BIG_BUFFER) -> Rig:
+    """A :class:`Rig` on a fresh chain laid out for a catalog model (``PAGE``-token
+    pages), with a prefix cache (default settings, as ``kvchain simulate`` builds it) or
+    none; ``timed`` adds up the time of its takes (about 0.3 us more per take)."""
+    layout = plan_layout(load_model(model).classes, buffer_bytes, PAGE)
+    chain = Chain(layout)
+    timer = _TimedChain(chain) if timed else None
+    prefix = PrefixCache(CacheGeometry.of(layout)) if cache else None
+    return Rig(KVManager(chain, prefix), chain, timer, cache)
+
+
+def page_keys(rid: int, tokens: int) -> list[int]:
+    """Distinct page keys of a prompt of ``tokens`` tokens (one per whole page): no two
+    requests share a prefix, so the cache misses and every request holds its own pages."""
+    return [rid * 1_000_003 + i for i in range(tokens // PAGE)]
+
+
+def admit(rig: Rig, prompts: dict[int, int]) -> None:
+    """Attach (with a cache), allocate in one batch and commit the prompts ``{rid: tokens}``
+    as the scheduler does for a prefill that completes in one step."""
+    kv = rig.kv
+    if rig.cache:
+        for rid, n in prompts.items():
+            kv.attach(rid, page_keys(rid, n), n)
+    kv.allocate(list(prompts.items()))
+    for rid, n in prompts.items():
+        kv.commit(rid, n)
+
+
+def decode_step(kv: KVManager, rids: list[int]) -> None:
+    """One decode step through the scheduler's path: demands, one allocate, one commit."""
+    demands = kv.decode_demands(rids)
+    kv.allocate([(rid, 1) for rid in rids], demands)
+    kv.commit_decodes(rids)
+
+
+def running_prompt(i: int) -> int:
+    """Prompt tokens of the ``i``-th request of a running batch: 1,000-1,899, so their
+    positions in the page (and the steps at which they cross a page) are spread."""
+    return 1_000 + (i * 37) % 900
+
+
+def running_batch(rig: Rig, running: int) -> list[int]:
+    """Admit ``running`` requests (ids 0 to ``running - 1``, :func:`running_prompt`
+    tokens each) and return their ids."""
+    admit(rig, {rid: running_prompt(rid) for rid in range(running)})
+    return list(range(running))
+
+
+def decode_scaling(model: str, cache: bool, batches: tuple[int, ...],
+                   repeats: int = 5) -> dict[int, tuple[float, float]]:
+    """Per batch size: median thread CPU seconds per decode step, and per ``Chain.take``
+    inside it, over ``repeats`` blocks of ``PAGE`` steps (after one block of warm-up); the
+    batch sizes' blocks alternate, so a drift in the machine's load hits them alike."""
+    rigs = {running: catalog_rig(model, cache) for running in batches}
+    rids = {running: running_batch(rig, running) for running, rig in rigs.items()}
+    clock = time.thread_time
+    steps: dict[int, list[float]] = {running: [] for running in batches}
+    takes: dict[int, list[float]] = {running: [] for running in batches}
+    for block in range(repeats + 1):
+        for running, rig in rigs.items():
+            kv, timer, batch = rig.kv, rig.timer, rids[running]
+            assert timer is not None
+            before, t0 = timer.spent, clock()
+            for _ in range(PAGE):
+                decode_step(kv, batch)
+            if block:
+                steps[running].append((clock() - t0) / PAGE)
+                takes[running].append((timer.spent - before) / PAGE)
+    return {running: (statistics.median(steps[running]), statistics.median(takes[running]))
+            for running in batches}
+
+
+def print_scaling(repeats: int, batches: tuple[int, ...]) -> None:
+    """The scaling table: one row per (chain, cache, batch)."""
+    print(f"decode step through the scheduler's path (us, median of {repeats} x {PAGE} "
+          f"steps, the batch sizes alternating); ratio = step / its take; per request = "
+          f"(step - take) / batch")
+    print(f"| chain | prefix cache | batch | step us | take us | step/take | "
+          f"per request us | per request x batch {batches[0]} |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for label, model in CATALOG_SHAPES:
+        for cache in (False, True):
+            rows = decode_scaling(model, cache, batches, repeats)
+            step0, take0 = rows[batches[0]]
+            first = (step0 - take0) / batches[0]
+            for running, (step, take) in rows.items():
+                per = (step - take) / running
+                # a take the wrapper did not see (the layer holds its own reference to
+                # it) shows as 0: no ratio then, rather than a wrong one
+                ratio = f"{step / take:.2f}x" if take else "take not seen"
+                print(f"| {label} | {'on' if cache else 'off'} | {running} | "
+                      f"{step * 1e6:.1f} | {take * 1e6:.1f} | {ratio} | "
+                      f"{per * 1e6:.3f} | {per / first:.2f}x |")
 
 
 def three_bands() -> ChainSnapshot:
@@ -254,7 +385,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--full-hour", action="store_true")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--scaling", action="store_true",
+                        help="only the decode-step scaling table (batch 16 to 512)")
+    parser.add_argument("--quick", action="store_true",
+                        help="with --scaling: a smoke run (1 repeat, batch 16 and 64)")
     args = parser.parse_args()
+    if args.scaling:
+        if args.quick:
+            print_scaling(1, SCALING_BATCHES[:2])
+        else:
+            print_scaling(9, SCALING_BATCHES)
+        return
     print("decode step, 256 requests (us per step; ratio = step / its chain take)")
     for shape, classes in SHAPES.items():
         for batched in (False, True):
