@@ -25,7 +25,7 @@ import numpy as np
 
 from kvchain.buffer import NumpyBuffer, TorchBuffer, plan_copy
 from kvchain.layout import Anchor, BandLayout
-from kvchain.spec.layers import CacheClass, CacheDtype, LayerCache, LifetimeClass, TensorDecl
+from kvchain.model.layers import CacheClass, CacheDtype, LayerCache, LifetimeClass, TensorDecl
 
 PAGE_BYTES = 64 * 2**10
 BUFFER_BYTES = 2**30

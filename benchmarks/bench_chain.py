@@ -28,7 +28,7 @@ import numpy as np
 from kvchain.alloc import Chain, Demand
 from kvchain.buffer import NullBuffer, NumpyBuffer
 from kvchain.layout import ChainLayout, plan_layout
-from kvchain.spec.layers import CacheClass, LifetimeClass
+from kvchain.model.layers import CacheClass, LifetimeClass
 
 PAGE_TOKENS = 16
 BYTES_PER_TOKEN = 64  # small pages: 1 KiB per page

@@ -3,7 +3,7 @@
 Run: ``PYTHONPATH=src python benchmarks/bench_config_reader.py [--repeats N]``. Not a
 test (no timed assertions). Prints, measured in this run:
 
-- the one-time import cost: ``import kvchain.spec`` and ``import transformers`` in fresh
+- the one-time import cost: ``import kvchain.model`` and ``import transformers`` in fresh
   interpreters (wall seconds, best of ``--repeats``), and whether ``import kvchain``
   pulls transformers in (it must not);
 - per bundled config: ``load_hf_config`` through transformers vs the raw dict (ms per
@@ -18,7 +18,7 @@ import sys
 import time
 from importlib import resources
 
-from kvchain.spec import load_hf_config
+from kvchain.model import load_hf_config
 
 
 def fresh_import_s(statement: str, repeats: int) -> float:
@@ -46,13 +46,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     bare = fresh_import_s("pass", args.repeats)
-    core = fresh_import_s("import kvchain, kvchain.spec", args.repeats)
+    core = fresh_import_s("import kvchain, kvchain.model", args.repeats)
     tf = fresh_import_s("import transformers", args.repeats)
     pulled = subprocess.run(
-        [sys.executable, "-c", "import sys, kvchain, kvchain.spec, kvchain.cli;"
+        [sys.executable, "-c", "import sys, kvchain, kvchain.model, kvchain.cli;"
          "print('transformers' in sys.modules)"], capture_output=True, text=True, check=True)
     print(f"interpreter start          {bare:7.3f} s")
-    print(f"import kvchain, kvchain.spec {core - bare:7.3f} s over start")
+    print(f"import kvchain, kvchain.model {core - bare:7.3f} s over start")
     print(f"import transformers        {tf - bare:7.3f} s over start (paid once, lazily)")
     print(f"import kvchain pulls transformers: {pulled.stdout.strip()}")
     root = resources.files("kvchain.catalog").joinpath("data").joinpath("model_configs")

@@ -30,8 +30,8 @@ from kvchain.alloc.snapshot import Demand
 from kvchain.cache.keys import page_keys_from_tokens
 from kvchain.cache.radix import CacheGeometry, PrefixCache, resume_points, tail_pages
 from kvchain.layout import plan_layout
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass
 
 PAGE = 16
 PROMPTS = 400

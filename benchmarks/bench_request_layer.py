@@ -64,9 +64,9 @@ from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot, Demand
 from kvchain.cache.radix import CacheGeometry, PrefixCache
 from kvchain.catalog.loader import load_model
 from kvchain.layout import Anchor, plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.manager import KVManager
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 SHAPES = {
     "window|full (gpt-oss)": [declared_class(LC.WINDOW, 36_864, 128),

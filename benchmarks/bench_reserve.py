@@ -25,9 +25,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvchain.admission import ReserveConfig, ReservePolicy
 from kvchain.catalog import load_model
 from kvchain.gpu import get_gpu
+from kvchain.sched.admission import ReserveConfig, ReservePolicy
 from kvchain.sched.scheduler import SchedulerConfig
 from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.traces import Trace, TraceRequest, load_trace

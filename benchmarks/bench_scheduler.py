@@ -18,11 +18,11 @@ from rich.table import Table
 
 from kvchain.alloc.chain import Chain
 from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 SHAPES = {
     "full": [declared_class(LC.FULL, 36_864)],

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from kvchain.admission import (
+from kvchain.alloc.chain import Chain
+from kvchain.alloc.snapshot import Demand
+from kvchain.errors import ConfigError
+from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
+from kvchain.sched.admission import (
     AdmissionRules,
     ChainPrefillBudget,
     NewTokenRatio,
     WindowAdmission,
 )
-from kvchain.alloc.chain import Chain
-from kvchain.alloc.snapshot import Demand
-from kvchain.errors import ConfigError
-from kvchain.layout import plan_layout
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 
 def two_end_chain():

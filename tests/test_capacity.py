@@ -8,7 +8,7 @@ from kvchain.capacity import plan_capacity
 from kvchain.catalog.loader import load_model
 from kvchain.errors import BufferTooSmallError, ConfigError
 from kvchain.gpu import get_gpu
-from kvchain.spec.declared import declare_model
+from kvchain.model.declared import declare_model
 
 
 def test_f10_token_capacity_with_slots_held():

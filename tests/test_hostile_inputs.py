@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kvchain.admission import WindowAdmission
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand
 from kvchain.cli import _load_commands, app
 from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError, LayoutError
 from kvchain.layout import MAX_PAGES_PER_BAND, plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.manager import KVManager
+from kvchain.sched.admission import WindowAdmission
 from kvchain.sched.request import EventKind, Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 _load_commands()
 runner = CliRunner()
@@ -118,7 +118,7 @@ def test_a_retracted_request_can_always_be_readmitted_on_the_empty_chain():
     """Second adversarial round: after a retraction the recompute prompt (prompt + generated)
     spans several pages, and its later chunks used to reserve one window page more than
     the never-fits check had promised, so it could never come back."""
-    from kvchain.admission import ChainPrefillBudget
+    from kvchain.sched.admission import ChainPrefillBudget
 
     # W = 32, P = 16: 4 full + 3 window pages + the null page fill the buffer exactly.
     layout = plan_layout([declared_class(LC.WINDOW, 3_000, 32), declared_class(LC.FULL, 100)],

@@ -8,9 +8,9 @@ import pytest
 from kvchain.alloc.chain import Chain
 from kvchain.errors import BufferTooSmallError
 from kvchain.layout import plan_layout, smallest_request_bytes, smallest_request_pages
+from kvchain.model.declared import declare_model
 from kvchain.requests.manager import KVManager
 from kvchain.sched.scheduler import Scheduler
-from kvchain.spec.declared import declare_model
 
 
 def test_window_only_smallest_request_is_one_window_plus_a_page():

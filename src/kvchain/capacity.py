@@ -22,10 +22,10 @@ from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.errors import ConfigError
 from kvchain.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES, GPUSpec, kv_buffer_bytes
 from kvchain.layout import ChainLayout, plan_layout
+from kvchain.model.layers import CacheClass, LifetimeClass
+from kvchain.model.spec import ModelSpec
 from kvchain.requests.demand import lifetime_demand
 from kvchain.requests.geometry import RequestGeometry
-from kvchain.spec.layers import CacheClass, LifetimeClass
-from kvchain.spec.model import ModelSpec
 
 # Fixed-pool defaults as public engines ship them.
 WINDOW_FULL_TOKENS_RATIO = 0.8  # SGLang --swa-full-tokens-ratio default

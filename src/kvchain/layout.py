@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kvchain.errors import BufferTooSmallError, LayoutError
-from kvchain.spec.layers import CacheClass, LifetimeClass
+from kvchain.model.layers import CacheClass, LifetimeClass
 
 MAX_PAGES_PER_BAND = 1 << 28
 """Most pages one band may address: its virtual and physical page tables are int64 arrays

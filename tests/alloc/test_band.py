@@ -9,7 +9,7 @@ from kvchain.alloc.band import HOLE_BLOCK, Band
 from kvchain.alloc.snapshot import Side
 from kvchain.errors import LayoutError, PlanMismatchError
 from kvchain.layout import Anchor, BandLayout
-from kvchain.spec.layers import CacheClass, LifetimeClass
+from kvchain.model.layers import CacheClass, LifetimeClass
 
 FULL = CacheClass(LifetimeClass.FULL, 32, 0, None, ())
 

@@ -44,7 +44,7 @@ from kvchain.errors import (
     UnknownPageError,
 )
 from kvchain.layout import Anchor, ChainLayout, plan_layout
-from kvchain.spec.layers import CacheClass, LifetimeClass
+from kvchain.model.layers import CacheClass, LifetimeClass
 from kvchain.testing.unsafe import unsafe_take_plan
 
 # --- layouts ---------------------------------------------------------------------------

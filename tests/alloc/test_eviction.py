@@ -26,7 +26,7 @@ from kvchain.alloc.snapshot import (
 )
 from kvchain.errors import AuditError, CapacityError, InvalidDemandError, PlanMismatchError
 from kvchain.layout import Anchor, plan_layout
-from kvchain.spec.layers import CacheClass, LifetimeClass
+from kvchain.model.layers import CacheClass, LifetimeClass
 
 ORDER = EvictionOrder.from_units([(0, 5), (10, 0), (0, 20)], 2)
 

@@ -16,7 +16,7 @@ from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot, RefusalReason
 from kvchain.baselines import CapacityRule, PoolAllocator
 from kvchain.errors import ConfigError, ForgedQuoteError, InvalidDemandError, StaleQuoteError
 from kvchain.layout import Anchor, ChainLayout, plan_layout
-from kvchain.spec.layers import CacheClass, LifetimeClass
+from kvchain.model.layers import CacheClass, LifetimeClass
 
 
 def _layout() -> ChainLayout:

@@ -33,7 +33,7 @@ from kvchain.errors import (
     StaleQuoteError,
 )
 from kvchain.layout import ChainLayout, plan_layout
-from kvchain.spec.layers import CacheClass, LifetimeClass
+from kvchain.model.layers import CacheClass, LifetimeClass
 from kvchain.testing.unsafe import unsafe_take_plan
 
 

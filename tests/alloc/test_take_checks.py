@@ -18,7 +18,7 @@ from kvchain.alloc.snapshot import Evict, UseHoles
 from kvchain.audit import AUDIT_ENV, resolve_audit
 from kvchain.errors import ConfigError, PlanMismatchError
 from kvchain.layout import plan_layout
-from kvchain.spec.layers import CacheClass, LifetimeClass
+from kvchain.model.layers import CacheClass, LifetimeClass
 
 
 class ListEvictor:

@@ -22,11 +22,11 @@ from kvchain.baselines import (
 from kvchain.catalog import load_model
 from kvchain.errors import CapacityError, ConfigError, ReservedPageError, UnknownPageError
 from kvchain.gpu import get_gpu
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass
 from kvchain.sim.compare import NeededBytes, compare_managers
 from kvchain.sim.engine import SimConfig
 from kvchain.sim.traces import load_trace
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass
 
 WIN = declared_class(LifetimeClass.WINDOW, 1_000, 32)
 FULL = declared_class(LifetimeClass.FULL, 1_000)

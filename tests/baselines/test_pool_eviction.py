@@ -15,8 +15,8 @@ from kvchain.alloc.snapshot import Demand, Evict, EvictionOrder
 from kvchain.baselines import CapacityRule, ManagerKind, PoolAllocator, build_manager
 from kvchain.errors import CapacityError, InvalidDemandError, PlanMismatchError
 from kvchain.layout import plan_layout
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass
 from kvchain.testing.evictor import ReferenceEvictor
 
 WIN = declared_class(LifetimeClass.WINDOW, 1_000, 32)

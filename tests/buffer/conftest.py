@@ -10,7 +10,7 @@ import pytest
 
 from kvchain.buffer import NumpyBuffer, TorchBuffer
 from kvchain.layout import Anchor, BandLayout
-from kvchain.spec.layers import CacheClass, CacheDtype, LayerCache, LifetimeClass, TensorDecl
+from kvchain.model.layers import CacheClass, CacheDtype, LayerCache, LifetimeClass, TensorDecl
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 NO_TORCH_REASON = "torch not installed (pip install -e '.[torch]'); numpy covers these bytes"

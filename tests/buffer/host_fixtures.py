@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvchain.layout import plan_layout
-from kvchain.spec.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl, group_classes
+from kvchain.model.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl, group_classes
 
 FP8, FP32 = CacheDtype.FP8, CacheDtype.FP32
 FULL = LayerCache(0, LifetimeClass.FULL, "gqa",

@@ -8,7 +8,7 @@ import pytest
 from kvchain.buffer import NumpyBuffer, TorchBuffer, layer_placements
 from kvchain.errors import BufferArgumentError, BufferUnsupportedError
 from kvchain.layout import plan_layout
-from kvchain.spec.layers import (
+from kvchain.model.layers import (
     CacheDtype,
     LayerCache,
     LifetimeClass,

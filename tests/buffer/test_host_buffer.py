@@ -19,7 +19,7 @@ from kvchain.buffer import (
 )
 from kvchain.errors import BufferArgumentError, BufferUnsupportedError, HostPoolFullError
 from kvchain.layout import plan_layout
-from kvchain.spec.layers import group_classes
+from kvchain.model.layers import group_classes
 
 from .conftest import HAS_CUDA, HAS_TORCH, NO_TORCH_REASON, buffer_bytes
 from .host_fixtures import DEVICE_BYTES, FULL, FULL_BAND, LAYOUT, SLOTS, STATE_BAND, WIN_BAND, fill

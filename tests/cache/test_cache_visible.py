@@ -13,14 +13,14 @@ from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError, TraceError
 from kvchain.gpu import get_gpu
 from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.report.plots import hit_rate_chart
 from kvchain.report.tables import EXTRA_LABELS
 from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.prefix import PrefixCacheStats, cache_off_extra, warm_cold_trace
 from kvchain.sim.prefix_bounds import lru_capacity_pages
 from kvchain.sim.traces import Trace, TraceRequest
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 
 def three_prompts() -> Trace:

@@ -6,11 +6,11 @@ from kvchain.alloc.chain import Chain
 from kvchain.cache.keys import page_keys_from_tokens
 from kvchain.cache.radix import CacheGeometry, PrefixCache
 from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 
 def test_a_decode_that_needs_a_page_evicts_the_cache_instead_of_retracting():

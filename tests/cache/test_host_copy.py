@@ -30,7 +30,7 @@ from kvchain.errors import (
     UnknownRequestError,
 )
 from kvchain.layout import plan_layout
-from kvchain.spec.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl, group_classes
+from kvchain.model.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl, group_classes
 
 FP8 = CacheDtype.FP8
 # P = 4; bands state (S = 48 B, LOW) | window (W = 8, 8 B pages, FLOAT, null page) |

@@ -18,7 +18,7 @@ from kvchain.cache.host_tier import (
 )
 from kvchain.errors import ConfigError, InvalidRequestError
 from kvchain.layout import plan_layout
-from kvchain.spec.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl, group_classes
+from kvchain.model.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl, group_classes
 
 FP8 = CacheDtype.FP8
 # P = 4: full pages 16 B (E = 4), window W = 8 pages 8 B (E = 2), state S = 48 B.

@@ -15,8 +15,8 @@ from kvchain.alloc import Chain, Demand
 from kvchain.cache.radix import CacheGeometry, PrefixCache
 from kvchain.errors import PlanMismatchError, StaleQuoteError
 from kvchain.layout import plan_layout
+from kvchain.model.layers import CacheClass, LifetimeClass
 from kvchain.requests.policies import FullPolicy, WindowPolicy
-from kvchain.spec.layers import CacheClass, LifetimeClass
 
 FULL = CacheGeometry(4, (FullPolicy(0, 4),))
 WF = CacheGeometry(4, (WindowPolicy(0, 4, 5), FullPolicy(1, 4)))

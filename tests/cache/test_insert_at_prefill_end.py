@@ -15,9 +15,9 @@ from kvchain.cache.keys import page_keys_from_tokens
 from kvchain.cache.radix import CacheGeometry, PrefixCache
 from kvchain.errors import AuditError
 from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.manager import KVManager
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 P = 16
 STATE, WINDOW, FULL = 0, 1, 2  # band order of the chain: state END | window | full END

@@ -14,11 +14,11 @@ from kvchain.alloc.chain import Chain
 from kvchain.cache.keys import page_keys_from_tokens
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
 from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 SHAPES = {
     "full": [declared_class(LC.FULL, 1_000)],
@@ -236,8 +236,8 @@ def test_the_audit_catches_a_cache_evicting_out_of_order_before_it_evicts():
 def test_admission_without_the_recheck_after_locking_diverges(monkeypatch):
     """Planted defect: the ledger is not rebased after a hit locks its pages, so admission
     still counts them as evictable supply: an admitted batch the allocator refuses."""
-    from kvchain.admission import ChainPrefillBudget
     from kvchain.errors import AdmissionDivergenceError
+    from kvchain.sched.admission import ChainPrefillBudget
 
     assert run("full", seed=5, buffer=700_000, n=200).counters.divergences == 0
     monkeypatch.setattr(ChainPrefillBudget, "rebase", lambda self, snapshot: True)

@@ -25,12 +25,13 @@ import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvchain.admission import NewTokenRatio
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.buffer import BufferBackend
 from kvchain.layout import ChainLayout, plan_layout
+from kvchain.model.layers import CacheClass, LifetimeClass
 from kvchain.requests.manager import KVManager
+from kvchain.sched.admission import NewTokenRatio
 from kvchain.sched.driver import FixedStepDriver
 from kvchain.sched.request import (
     Event,
@@ -40,7 +41,6 @@ from kvchain.sched.request import (
     StepBatch,
 )
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.spec.layers import CacheClass, LifetimeClass
 
 # --- classes by bytes --------------------------------------------------------------------
 

@@ -21,19 +21,19 @@ from typing import ClassVar
 import pytest
 
 import kvchain.sched.scheduler as scheduler_module
-from kvchain.admission import AdmissionRules, ChainPrefillBudget, NewTokenRatio
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import max_units, price
 from kvchain.alloc.snapshot import Demand, RefusalReason
 from kvchain.errors import BufferTooSmallError, CapacityError
 from kvchain.layout import min_window_pages, plan_layout
+from kvchain.model.layers import LifetimeClass
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
 from kvchain.requests.geometry import RequestGeometry
 from kvchain.requests.manager import KVManager
+from kvchain.sched.admission import AdmissionRules, ChainPrefillBudget, NewTokenRatio
 from kvchain.sched.driver import FixedStepDriver
 from kvchain.sched.request import EventKind, Request, RequestStatus, StepBatch
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.spec.layers import LifetimeClass
 
 from .helpers import (
     band_index,

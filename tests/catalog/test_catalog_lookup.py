@@ -9,7 +9,7 @@ import pytest
 
 from kvchain.catalog import list_models, load_model, resolve_name
 from kvchain.errors import ConfigError, UnknownModelError
-from kvchain.spec import LifetimeClass
+from kvchain.model import LifetimeClass
 
 DATA = resources.files("kvchain.catalog").joinpath("data")
 # The project's shared data folder lies beside the repository (CI keeps a copy there).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from kvchain.catalog import load_model, load_models_json_entry, read_models_json
-from kvchain.spec import CacheDtype, LifetimeClass, ModelSpec
+from kvchain.model import CacheDtype, LifetimeClass, ModelSpec
 
 ENTRIES = {str(e["name"]): e for e in read_models_json()}
 KEYS = (

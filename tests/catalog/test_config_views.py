@@ -12,8 +12,8 @@ import pytest
 from kvchain.catalog import views
 from kvchain.catalog.loader import _records, load_model, read_bundled_config
 from kvchain.errors import ConfigError
-from kvchain.spec.hf import load_hf_config
-from kvchain.spec.layers import LifetimeClass
+from kvchain.model.hf import load_hf_config
+from kvchain.model.layers import LifetimeClass
 
 
 def _bundled() -> list[tuple[str, str]]:

@@ -275,9 +275,9 @@ def test_plan_weight_format_reads_a_compressed_tensors_config(tmp_path):
 def test_weight_format_is_one_run_option_of_simulate_compare_and_sweep(tmp_path):
     # The same option and the same loader as `plan`: a compressed-tensors config is refused
     # without it (naming the option) and served with it; a bundled model refuses it.
+    from kvchain.model.params import WeightFormat
     from kvchain.sim.run_options import RunOptions
     from kvchain.sim.sweep import SweepPoint, point_config
-    from kvchain.spec.params import WeightFormat
 
     plain, quant = _compressed_tensors_config(tmp_path)
     run = ["--requests", "2", "--clock", "steps", "--json"]

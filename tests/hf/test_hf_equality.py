@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch", reason="kvchain.hf needs torch")
 pytest.importorskip("transformers", reason="kvchain.hf needs transformers")
 
 from kvchain.alloc.band import Band, PageMoves  # noqa: E402
-from kvchain.spec.layers import CacheDtype, LifetimeClass  # noqa: E402
+from kvchain.model.layers import CacheDtype, LifetimeClass  # noqa: E402
 
 from .families import FAMILIES, build_model  # noqa: E402
 

@@ -12,11 +12,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from kvchain.alloc.chain import Chain
 from kvchain.buffer import ManualFence
 from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import QueuePolicy, Scheduler, SchedulerConfig
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 SHAPES = {
     "window|full": [declared_class(LC.WINDOW, 32, 8), declared_class(LC.FULL, 32)],

@@ -140,8 +140,8 @@ def test_nonzero_bug_counters_are_red() -> None:
 
 def test_band_table_lists_every_band_of_a_five_band_chain() -> None:
     from kvchain.layout import plan_layout
+    from kvchain.model.declared import declare_model
     from kvchain.report.tables import band_table
-    from kvchain.spec.declared import declare_model
 
     m = declare_model("m", full=30, windows=[(20, 128), (8, 11)], local=4, chunk_tokens=64,
                       state=1_000)

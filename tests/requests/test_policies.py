@@ -12,11 +12,11 @@ import pytest
 
 from kvchain.errors import ConfigError, InvalidDemandError
 from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand, tail_spans
 from kvchain.requests.geometry import RequestGeometry
 from kvchain.requests.policies import FullPolicy, LocalPolicy, StatePolicy, WindowPolicy
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 P = 16
 WIN = WindowPolicy(0, P, 128)

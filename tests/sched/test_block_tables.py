@@ -16,9 +16,9 @@ from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand
 from kvchain.errors import InvalidDemandError, UnknownPageError, UnknownRequestError
 from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.manager import KVManager
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 SHAPES = {
     "full": [declared_class(LC.FULL, 1_024)],

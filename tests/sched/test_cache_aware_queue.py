@@ -11,12 +11,12 @@ from kvchain.cache.keys import page_keys_from_tokens
 from kvchain.cache.radix import CacheGeometry, PrefixCache
 from kvchain.errors import ConfigError, InvalidRequestError
 from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.manager import KVManager
 from kvchain.sched.queue import QueuePolicy, WaitingQueue
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 
 def queue(n: int, lookahead: int = 4, max_passes: int = 2) -> tuple[WaitingQueue,

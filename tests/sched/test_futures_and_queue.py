@@ -10,17 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvchain.admission import ReserveConfig, ReservePolicy
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand
 from kvchain.errors import InvalidRequestError
 from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.manager import KVManager
+from kvchain.sched.admission import ReserveConfig, ReservePolicy
 from kvchain.sched.queue import QueuePolicy, WaitingQueue, spf_key
 from kvchain.sched.request import EventKind, Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 SHAPES = {
     "window|full": [declared_class(LC.WINDOW, 1_000, 128), declared_class(LC.FULL, 1_000)],

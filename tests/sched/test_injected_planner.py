@@ -13,11 +13,11 @@ from kvchain.alloc.pricing import GENERAL_PLANNER, Planner
 from kvchain.alloc.snapshot import ChainSnapshot, Demand, RefusalReason
 from kvchain.errors import AdmissionDivergenceError
 from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass as LC
 
 LIMIT = 12  # pages: the planted planner refuses any demand of more pages than this in all
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from kvchain.alloc.chain import Chain
 from kvchain.layout import plan_layout
+from kvchain.model.declared import declare_model
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.spec.declared import declare_model
 
 FULL = declare_model("f", full=1_000).classes  # pages of 16 x 1,000 = 16,000 B
 

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvchain.admission import (
+from kvchain.catalog.loader import load_model
+from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError, TraceError
+from kvchain.gpu import get_gpu
+from kvchain.model.declared import declare_model
+from kvchain.model.spec import ModelSpec
+from kvchain.requests.demand import HeldPages, request_demand
+from kvchain.requests.geometry import RequestGeometry
+from kvchain.requests.policies import FullPolicy, WindowPolicy
+from kvchain.sched.admission import (
     AdaptiveReserve,
     FullReserve,
     NewTokenRatio,
@@ -18,18 +26,10 @@ from kvchain.admission import (
     SGLangReserve,
     parse_new_token_ratio,
 )
-from kvchain.catalog.loader import load_model
-from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError, TraceError
-from kvchain.gpu import get_gpu
-from kvchain.requests.demand import HeldPages, request_demand
-from kvchain.requests.geometry import RequestGeometry
-from kvchain.requests.policies import FullPolicy, WindowPolicy
 from kvchain.sched.request import Request
 from kvchain.sched.scheduler import SchedulerConfig
 from kvchain.sim.engine import ClockKind, SimConfig, simulate
 from kvchain.sim.traces import Trace, TraceRequest
-from kvchain.spec.declared import declare_model
-from kvchain.spec.model import ModelSpec
 
 # --- knobs ---------------------------------------------------------------------------------
 
@@ -289,7 +289,7 @@ def test_window_peak_is_reserved_over_the_horizon() -> None:
 
 
 def test_linear_quantile_by_hand() -> None:
-    from kvchain.admission import linear_quantile
+    from kvchain.sched.admission import linear_quantile
 
     # n = 5: virtual index (5 - 1) x 0.9 = 3.6, between 0.4 and 1.0 with weight 0.6 >= 0.5:
     # 1.0 - (1.0 - 0.4) x 0.4 = 0.76 (numpy's arithmetic, so up to its rounding)
@@ -306,7 +306,7 @@ def test_linear_quantile_by_hand() -> None:
 @given(values=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=60),
        q=st.floats(0.0, 1.0))
 def test_linear_quantile_equals_numpy_bit_for_bit(values: list[float], q: float) -> None:
-    from kvchain.admission import linear_quantile
+    from kvchain.sched.admission import linear_quantile
 
     assert linear_quantile(sorted(values), q) == float(np.quantile(values, q))
 

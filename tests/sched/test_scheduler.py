@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvchain.admission import NewTokenRatio, ReserveConfig, ReservePolicy
 from kvchain.errors import ConfigError, InvalidRequestError, UnknownRequestError
+from kvchain.sched.admission import NewTokenRatio, ReserveConfig, ReservePolicy
 from kvchain.sched.driver import FixedStepDriver
 from kvchain.sched.request import EventKind, Request, RequestStatus, StepBatch
 from kvchain.sched.scheduler import QueuePolicy, Scheduler, SchedulerConfig

@@ -14,6 +14,7 @@ from kvchain.cache.radix import PrefixCache
 from kvchain.catalog.loader import load_model
 from kvchain.errors import MetricsError
 from kvchain.gpu import get_gpu
+from kvchain.model.declared import declare_model
 from kvchain.sched.scheduler import SchedulerConfig
 from kvchain.sim import engine as engine_module
 from kvchain.sim import metrics as metrics_module
@@ -21,7 +22,6 @@ from kvchain.sim.cost import ClockKind
 from kvchain.sim.engine import SimConfig, SimResult, simulate
 from kvchain.sim.metrics import BandSample, MetricsRecorder, summarize, write_outputs
 from kvchain.sim.traces import Trace, TraceRequest, load_trace
-from kvchain.spec.declared import declare_model
 
 H200 = get_gpu("h200")
 E_FULL = 1_000  # bytes per token of the declared full class

@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvchain.admission import ReserveConfig
 from kvchain.baselines import ManagerKind
 from kvchain.cache.radix import ResumePolicy
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
+from kvchain.sched.admission import ReserveConfig
 from kvchain.sched.scheduler import SchedulerConfig
 from kvchain.sim.compare import compare_managers
 from kvchain.sim.cost import ClockKind

@@ -15,11 +15,11 @@ from kvchain.cli import _load_commands, app
 from kvchain.cli.plan import longest_request
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
+from kvchain.model import ModelSpec, declare_model
 from kvchain.report.tables import EXTRA_LABELS, summary_table
 from kvchain.sched.scheduler import SchedulerConfig
 from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.traces import Trace, TraceRequest
-from kvchain.spec import ModelSpec, declare_model
 
 _load_commands()
 H200 = get_gpu("h200")

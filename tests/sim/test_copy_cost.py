@@ -9,11 +9,11 @@ from kvchain.catalog.loader import load_model
 from kvchain.errors import CostModelError
 from kvchain.gpu import get_gpu
 from kvchain.layout import plan_layout
+from kvchain.model.layers import CacheClass, LifetimeClass
 from kvchain.sim import cost as cost_module
 from kvchain.sim.cost import DEFAULT_MBU, GPUCostModel
 from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.traces import load_trace
-from kvchain.spec.layers import CacheClass, LifetimeClass
 
 H200 = get_gpu("h200")  # 4.8e12 B/s peak HBM bandwidth (datasheet)
 

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from kvchain.errors import ConfigError, CostModelError
 from kvchain.gpu import GPUSpec, get_gpu
+from kvchain.model.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl
+from kvchain.model.spec import ModelSpec
 from kvchain.sim.cost import (
     GPUCostModel,
     SequenceWork,
@@ -18,8 +20,6 @@ from kvchain.sim.cost import (
     StepWorkBuilder,
     attention_flops_per_pair,
 )
-from kvchain.spec.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl
-from kvchain.spec.model import ModelSpec
 
 BF16, FP32 = CacheDtype.BF16, CacheDtype.FP32
 FULL, WINDOW, LOCAL, STATE = (LifetimeClass.FULL, LifetimeClass.WINDOW, LifetimeClass.LOCAL,

@@ -13,15 +13,15 @@ from dataclasses import replace
 
 import pytest
 
-from kvchain.admission import ReserveConfig, ReservePolicy
 from kvchain.catalog.loader import load_model
 from kvchain.gpu import get_gpu
+from kvchain.model.declared import declare_model
+from kvchain.sched.admission import ReserveConfig, ReservePolicy
 from kvchain.sched.scheduler import SchedulerConfig
 from kvchain.sim import engine
 from kvchain.sim.cost import ClockKind
 from kvchain.sim.engine import SimConfig, SimResult, simulate
 from kvchain.sim.traces import Trace, TraceRequest, load_trace
-from kvchain.spec.declared import declare_model
 
 H200 = get_gpu("h200")
 

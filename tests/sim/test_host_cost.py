@@ -15,6 +15,8 @@ from kvchain.gpu import (
     HostLink,
     get_gpu,
 )
+from kvchain.model.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl
+from kvchain.model.spec import ModelSpec
 from kvchain.sim.cost import (
     DEFAULT_HOST_LINK_EFFICIENCY,
     GPUCostModel,
@@ -23,8 +25,6 @@ from kvchain.sim.cost import (
     host_transfer_time,
     overlapped_time,
 )
-from kvchain.spec.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl
-from kvchain.spec.model import ModelSpec
 
 GiB = 2**30
 

@@ -364,10 +364,10 @@ def two_request_run(*, prefix_cache: bool):  # type: ignore[no-untyped-def]
     tokens; B (t = 10 s, after A finished): 40 tokens, blocks [1, 2, 9], 4 output tokens.
     """
     from kvchain.gpu import get_gpu
+    from kvchain.model.declared import declare_model
     from kvchain.sim.cost import ClockKind
     from kvchain.sim.engine import SimConfig, simulate
     from kvchain.sim.traces import Trace, TraceRequest
-    from kvchain.spec.declared import declare_model
 
     trace = Trace("tiny", (TraceRequest(0, 0.0, 40, 4, (1, 2, 3)),
                            TraceRequest(1, 10.0, 40, 4, (1, 2, 9))),

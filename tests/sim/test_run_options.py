@@ -6,10 +6,10 @@ from dataclasses import fields
 
 import pytest
 
-from kvchain.admission import ReservePolicy
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
+from kvchain.sched.admission import ReservePolicy
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import ClockKind
 from kvchain.sim.run_options import (

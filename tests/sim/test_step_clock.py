@@ -7,10 +7,10 @@ import pytest
 
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
+from kvchain.model.declared import declare_model
 from kvchain.sim.cost import ClockKind, StepClock, StepWork
 from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.traces import Trace, TraceRequest
-from kvchain.spec.declared import declare_model
 
 MODEL = declare_model("tiny", full=1_000)  # full attention only, no weights
 TRACE = Trace("three", (

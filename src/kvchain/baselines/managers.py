@@ -35,7 +35,7 @@ from kvchain.layout import (
     plan_layout,
     smallest_request_bytes,
 )
-from kvchain.spec.layers import CacheClass, LifetimeClass
+from kvchain.model.layers import CacheClass, LifetimeClass
 
 # SGLang server_args: ``--swa-full-tokens-ratio`` default 0.8 (window-pool tokens per
 # full-pool token) and ``mamba_full_memory_ratio`` default 0.9 (mamba-pool bytes per

@@ -19,7 +19,7 @@ import numpy as np
 
 from kvchain.errors import BufferArgumentError
 from kvchain.layout import BandLayout
-from kvchain.spec.layers import LayerCache
+from kvchain.model.layers import LayerCache
 
 # --- fences --------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from kvchain.buffer.base import (
 )
 from kvchain.errors import BufferArgumentError, BufferUnsupportedError
 from kvchain.layout import BandLayout
-from kvchain.spec.layers import LayerCache
+from kvchain.model.layers import LayerCache
 
 
 class NullBuffer:

@@ -21,7 +21,7 @@ from kvchain.buffer.copy_plan import plan_copy
 from kvchain.buffer.page_layout import layer_placements, view_geometry
 from kvchain.errors import BufferArgumentError
 from kvchain.layout import BandLayout
-from kvchain.spec.layers import CacheDtype, LayerCache
+from kvchain.model.layers import CacheDtype, LayerCache
 
 #: Bytes staged per copy chunk: bounds the temporary memory of ``copy_pages`` (a chunk
 #: holds at least one page, so a state slot larger than this is staged alone).

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from kvchain.errors import BufferArgumentError, BufferUnsupportedError
 from kvchain.layout import BandLayout
-from kvchain.spec.layers import CacheDtype, LayerCache
+from kvchain.model.layers import CacheDtype, LayerCache
 
 
 @dataclass(frozen=True, slots=True)

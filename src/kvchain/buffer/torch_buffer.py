@@ -27,7 +27,7 @@ from kvchain.buffer.numpy_buffer import DEFAULT_CHUNK_BYTES, chunk_pages_for
 from kvchain.buffer.page_layout import layer_placements, view_geometry
 from kvchain.errors import BufferArgumentError, BufferUnsupportedError
 from kvchain.layout import BandLayout
-from kvchain.spec.layers import CacheDtype, LayerCache
+from kvchain.model.layers import CacheDtype, LayerCache
 
 if TYPE_CHECKING:
     import torch

@@ -38,7 +38,7 @@ from kvchain.buffer.host import HOST_ALIGN_BYTES, HostBuffer, host_regions
 from kvchain.cache.radix import CacheGeometry
 from kvchain.errors import ConfigError, InvalidRequestError
 from kvchain.layout import BandLayout, ChainLayout
-from kvchain.spec.layers import LifetimeClass
+from kvchain.model.layers import LifetimeClass
 
 
 @dataclass(frozen=True, slots=True)

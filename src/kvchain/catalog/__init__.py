@@ -1,7 +1,7 @@
 """Bundled real model configs (JSON, with sources) and the lookup by name.
 
 ``list_models()`` lists them; ``load_model("gpt-oss-120b", tp=2)`` builds a
-:class:`~kvchain.spec.model.ModelSpec`. Data files and their licenses: ``data/SOURCES.md``.
+:class:`~kvchain.model.spec.ModelSpec`. Data files and their licenses: ``data/SOURCES.md``.
 """
 
 from kvchain.catalog.loader import (

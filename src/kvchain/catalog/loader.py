@@ -1,10 +1,10 @@
-"""The bundled model catalog: names and aliases -> :class:`~kvchain.spec.model.ModelSpec`.
+"""The bundled model catalog: names and aliases -> :class:`~kvchain.model.spec.ModelSpec`.
 
 Package data under ``kvchain/catalog/data/`` (sources and licenses in ``SOURCES.md``):
 ``models.json`` (19 models), ``model_configs/*.json`` (13 verbatim Hugging Face configs)
 and ``catalog.json`` (the index: names, aliases, which file describes each model).
 
-A model with a verbatim config is built from it (:func:`~kvchain.spec.hf.load_hf_config`);
+A model with a verbatim config is built from it (:func:`~kvchain.model.hf.load_hf_config`);
 a model only in ``models.json`` is built from its entry
 (:func:`~kvchain.catalog.models_json.entry_config`). Lookups ignore case and treat ``_``
 and spaces like ``-``; aliases include the Hugging Face repository id, its last part and
@@ -24,13 +24,13 @@ from pathlib import Path
 from kvchain.catalog.models_json import entry_config
 from kvchain.catalog.views import bundled_fields
 from kvchain.errors import ConfigError, UnknownModelError
-from kvchain.spec.hf import load_hf_config
-from kvchain.spec.hf_layers import read_config
-from kvchain.spec.hf_transformers import ReadThrough
-from kvchain.spec.layers import CacheDtype, LifetimeClass
-from kvchain.spec.model import ModelSpec
-from kvchain.spec.params import WeightFormat
-from kvchain.spec.spec_file import load_spec_file
+from kvchain.model.hf import load_hf_config
+from kvchain.model.hf_layers import read_config
+from kvchain.model.hf_transformers import ReadThrough
+from kvchain.model.layers import CacheDtype, LifetimeClass
+from kvchain.model.params import WeightFormat
+from kvchain.model.spec import ModelSpec
+from kvchain.model.spec_file import load_spec_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +246,7 @@ def load_model(
     """The :class:`ModelSpec` of a bundled model, per tensor-parallel rank.
 
     Built from the verbatim ``config.json`` when one is bundled, else from the
-    ``models.json`` entry. Arguments as :func:`~kvchain.spec.hf.load_hf_config`.
+    ``models.json`` entry. Arguments as :func:`~kvchain.model.hf.load_hf_config`.
 
     Example: ``load_model("gpt-oss-120b").bytes_per_token(LifetimeClass.FULL) == 36_864``.
 
@@ -273,8 +273,8 @@ def load_model_source(
     ``simulate``, ``compare`` and ``sweep`` all load their model here).
 
     ``kv_dtype`` / ``state_dtype`` override what a config declares (``None``: the config's
-    dtype fields, else bf16; :mod:`kvchain.spec.hf_dtypes`). ``weight_format`` says how a
-    ``config``'s checkpoint stores its weights (:class:`~kvchain.spec.params.WeightFormat`;
+    dtype fields, else bf16; :mod:`kvchain.model.hf_dtypes`). ``weight_format`` says how a
+    ``config``'s checkpoint stores its weights (:class:`~kvchain.model.params.WeightFormat`;
     ``None``: its ``quantization_config``): a spec file declares its weight bytes and a
     bundled model's format is its checkpoint's, so neither takes one.
 

@@ -1,4 +1,4 @@
-"""A ``models.json`` entry -> a config mapping that :func:`~kvchain.spec.hf.load_hf_config` reads.
+"""A ``models.json`` entry -> a config mapping that :func:`~kvchain.model.hf.load_hf_config` reads.
 
 A ``models.json`` entry carries what the cache needs: ``num_hidden_layers``,
 ``hidden_size``, an explicit ``layer_types`` list, an ``attention`` block (heads, head

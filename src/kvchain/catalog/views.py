@@ -1,6 +1,6 @@
 """Transformers' view of each bundled config, frozen into the package.
 
-A config read through transformers' configuration class (:mod:`kvchain.spec.hf_transformers`)
+A config read through transformers' configuration class (:mod:`kvchain.model.hf_transformers`)
 can differ from the raw ``config.json``: the class fills defaults and derives fields. For
 two bundled models the difference changes bytes (transformers 5.24):
 
@@ -36,7 +36,7 @@ from importlib import resources
 from pathlib import Path
 
 from kvchain.errors import ConfigError
-from kvchain.spec.hf_transformers import ReadThrough
+from kvchain.model.hf_transformers import ReadThrough
 
 VIEWS_FILE = "config_views.json"
 
@@ -114,7 +114,7 @@ def freeze_views(configs: list[str]) -> dict[str, object]:
     Raises:
         ConfigError: transformers is not installed.
     """
-    from kvchain.spec.hf_transformers import read_through_transformers
+    from kvchain.model.hf_transformers import read_through_transformers
 
     try:
         import transformers

@@ -22,13 +22,13 @@ from kvchain.catalog.loader import load_model_source
 from kvchain.errors import ConfigError
 from kvchain.gpu import GPUSpec
 from kvchain.layout import ChainLayout
+from kvchain.model.layers import CacheDtype
+from kvchain.model.params import WeightFormat
+from kvchain.model.spec import ModelSpec
 from kvchain.report.tables import band_table
 from kvchain.sim.metrics import SimSummary
 from kvchain.sim.run_options import check_values, option_help
 from kvchain.sim.traces import Trace
-from kvchain.spec.layers import CacheDtype
-from kvchain.spec.model import ModelSpec
-from kvchain.spec.params import WeightFormat
 
 
 def check_flags(**flags: float | int | None) -> None:

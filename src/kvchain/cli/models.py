@@ -21,7 +21,7 @@ from rich.table import Table
 from kvchain.catalog import list_models, load_model
 from kvchain.cli import app
 from kvchain.errors import ConfigError
-from kvchain.spec import CacheDtype, LifetimeClass
+from kvchain.model import CacheDtype, LifetimeClass
 
 
 @dataclass(frozen=True, slots=True)

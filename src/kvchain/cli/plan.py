@@ -36,6 +36,8 @@ from kvchain.cli.common import (
 )
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import get_gpu, local_host_memory_bytes
+from kvchain.model.layers import CacheDtype, LifetimeClass
+from kvchain.model.params import WeightFormat
 from kvchain.sim.cost import (
     DEFAULT_HOST_LINK_EFFICIENCY,
     GPUCostModel,
@@ -44,8 +46,6 @@ from kvchain.sim.cost import (
     host_hit_ttft,
 )
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS
-from kvchain.spec.layers import CacheDtype, LifetimeClass
-from kvchain.spec.params import WeightFormat
 
 __all__ = ["longest_request", "plan_command"]
 

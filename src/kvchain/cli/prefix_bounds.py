@@ -20,9 +20,9 @@ from rich.table import Table
 from kvchain.cli import app
 from kvchain.cli.common import fail, load_spec
 from kvchain.errors import ConfigError, KVChainError
+from kvchain.model.layers import LifetimeClass
 from kvchain.sim.prefix_bounds import HitBound, hit_bound
 from kvchain.sim.traces import load_trace
-from kvchain.spec.layers import LifetimeClass
 
 
 @app.command("prefix-bounds")

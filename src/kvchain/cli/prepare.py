@@ -21,11 +21,11 @@ from kvchain.cli.run_options import GivenOptions, chosen_note, inert_warnings
 from kvchain.errors import KVChainError
 from kvchain.gpu import GPUSpec, get_gpu
 from kvchain.layout import ChainLayout
+from kvchain.model.spec import ModelSpec
 from kvchain.sim.cost import ClockKind, GPUCostModel
 from kvchain.sim.engine import SimConfig
 from kvchain.sim.run_options import ResolvedRun, RunOptions, resolve_run
 from kvchain.sim.traces import Trace
-from kvchain.spec.model import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)

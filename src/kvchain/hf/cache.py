@@ -26,7 +26,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, LinearAttentionLayer
 
 from kvchain.hf.context import ForwardBatch, LayerBinding, current_batch
-from kvchain.spec.layers import LifetimeClass
+from kvchain.model.layers import LifetimeClass
 
 
 class PagedKVLayer(CacheLayerMixin):

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from kvchain.errors import KVChainError
-from kvchain.spec.layers import LayerCache, LifetimeClass
+from kvchain.model.layers import LayerCache, LifetimeClass
 
 
 class NoForwardContextError(KVChainError, RuntimeError):

@@ -33,10 +33,10 @@ from kvchain.hf.cache import ChainCache
 from kvchain.hf.context import ForwardBatch, LayerBinding, forward_context
 from kvchain.hf.layers import model_layer_caches
 from kvchain.layout import ChainLayout, plan_layout
+from kvchain.model.layers import group_classes
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request, RequestStatus, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from kvchain.spec.layers import group_classes
 
 
 @dataclass

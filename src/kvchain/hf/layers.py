@@ -1,9 +1,9 @@
-"""A transformers model's cache layers as kvchain :class:`~kvchain.spec.layers.LayerCache` s.
+"""A transformers model's cache layers as kvchain :class:`~kvchain.model.layers.LayerCache` s.
 
 Two sources, each for what it knows:
 
 * **Lifetimes and windows** come from kvchain's own config loader,
-  :func:`kvchain.spec.hf.load_hf_config` on ``model.config.to_dict()``. Where the loader
+  :func:`kvchain.model.hf.load_hf_config` on ``model.config.to_dict()``. Where the loader
   refuses a config (e.g. transformers' ``NemotronHConfig.to_dict()`` names its layer list
   ``layers_block_type`` and carries no ``num_hidden_layers``), they come from the model's
   own ``config.layer_types`` (``full_attention``, ``sliding_attention`` with
@@ -30,8 +30,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
 
 from kvchain.errors import ConfigError, KVChainError
-from kvchain.spec.hf import load_hf_config
-from kvchain.spec.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl
+from kvchain.model.hf import load_hf_config
+from kvchain.model.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl
 
 _DTYPES = {
     torch.float32: CacheDtype.FP32,

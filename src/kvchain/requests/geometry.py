@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from kvchain.errors import ConfigError
 from kvchain.layout import ChainLayout
+from kvchain.model.layers import LifetimeClass
 from kvchain.requests.policies import (
     BandPolicy,
     FullPolicy,
@@ -15,7 +16,6 @@ from kvchain.requests.policies import (
     WindowPolicy,
     _WindowedPolicy,
 )
-from kvchain.spec.layers import LifetimeClass
 
 
 @dataclass(frozen=True, slots=True)

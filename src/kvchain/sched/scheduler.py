@@ -31,15 +31,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvchain.admission import (
-    AdmissionRules,
-    ChainPrefillBudget,
-    NewTokenRatio,
-    OutputReserve,
-    ReserveConfig,
-    SGLangReserve,
-    WindowAdmission,
-)
 from kvchain.alloc.allocator import Allocator, MoveHold
 from kvchain.alloc.snapshot import ChainSnapshot, Demand, Quote
 from kvchain.errors import (
@@ -55,6 +46,15 @@ from kvchain.layout import smallest_request_pages
 from kvchain.requests.batch import sum_demands
 from kvchain.requests.demand import NOTHING_HELD, lifetime_demand, request_demand
 from kvchain.requests.manager import KVManager
+from kvchain.sched.admission import (
+    AdmissionRules,
+    ChainPrefillBudget,
+    NewTokenRatio,
+    OutputReserve,
+    ReserveConfig,
+    SGLangReserve,
+    WindowAdmission,
+)
 from kvchain.sched.queue import CACHE_LOOKAHEAD, CACHE_MAX_PASSES, QueuePolicy, WaitingQueue
 from kvchain.sched.request import (
     DecodeSeq,
@@ -805,7 +805,7 @@ class Scheduler:
     def _output_reserve(self, r: Request, decoding: bool) -> tuple[int, int]:
         """``(reserved, expected)``: KV tokens of future output the policy reserves for
         ``r`` (up to its limit; ``decoding``: ``r`` decodes this step, so it is one of the
-        batch the policy's :meth:`~kvchain.admission.OutputReserve.begin_step` saw, holding
+        batch the policy's :meth:`~kvchain.sched.admission.OutputReserve.begin_step` saw, holding
         ``computed + 1`` tokens after it) and the tokens it expects ``r`` to generate (its
         window's later peak is reserved over them:
         :func:`~kvchain.requests.demand.request_demand`'s ``horizon``)."""

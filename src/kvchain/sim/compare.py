@@ -38,12 +38,12 @@ from dataclasses import dataclass, replace
 
 from kvchain.baselines import ManagerKind, build_manager
 from kvchain.errors import ConfigError
+from kvchain.model.layers import CacheClass, LifetimeClass
 from kvchain.sched.request import StepBatch
 from kvchain.sched.scheduler import Scheduler
 from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.metrics import SimSummary, summarize
 from kvchain.sim.prefix import PrefixCacheStats
-from kvchain.spec.layers import CacheClass, LifetimeClass
 
 
 @dataclass(frozen=True, slots=True)

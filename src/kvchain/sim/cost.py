@@ -6,7 +6,7 @@ sequences (``s`` tokens already cached before the chunk), one decode token for o
 
     step_time = max(FLOPs / (peak_flops x mfu), bytes / (hbm_bandwidth x mbu)) + overhead
 
-FLOPs (per tensor-parallel rank, like every :class:`~kvchain.spec.model.ModelSpec` figure):
+FLOPs (per tensor-parallel rank, like every :class:`~kvchain.model.spec.ModelSpec` figure):
 
 - linear layers: ``2 x active_params x tokens`` (one multiply-add per weight per token);
 - attention, per class, per layer, per (query token, key) pair:
@@ -83,8 +83,8 @@ import numpy as np
 
 from kvchain.errors import ConfigError, CostModelError
 from kvchain.gpu import GPUSpec
-from kvchain.spec.layers import LayerCache, LifetimeClass
-from kvchain.spec.model import ModelSpec
+from kvchain.model.layers import LayerCache, LifetimeClass
+from kvchain.model.spec import ModelSpec
 
 #: FLOPs per state element per token of a recurrent layer (multiply-add update + readout).
 STATE_FLOPS_PER_ELEMENT = 4

@@ -40,6 +40,8 @@ from kvchain.errors import ConfigError, KVChainError
 from kvchain.field_types import check_field_types
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.layout import ChainLayout, plan_layout
+from kvchain.model.layers import LifetimeClass
+from kvchain.model.spec import ModelSpec
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig, UnallocatableEvent
@@ -69,8 +71,6 @@ from kvchain.sim.prefix import (
     window_bands,
 )
 from kvchain.sim.traces import Trace
-from kvchain.spec.layers import LifetimeClass
-from kvchain.spec.model import ModelSpec
 
 
 class SimulationStuckError(KVChainError, RuntimeError):

@@ -12,9 +12,9 @@ from typing import Any
 from kvchain.cache.keys import page_keys_from_blocks
 from kvchain.errors import TraceError
 from kvchain.layout import ChainLayout
+from kvchain.model.layers import LifetimeClass
 from kvchain.sim.prefix_bounds import hit_bound, lru_capacity_pages
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
-from kvchain.spec.layers import LifetimeClass
 
 
 @dataclass(slots=True)

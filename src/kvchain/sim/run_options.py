@@ -48,18 +48,18 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, get_type_hints
 
-from kvchain.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
 from kvchain.cache.radix import ResumePolicy
 from kvchain.errors import ConfigError
 from kvchain.field_types import check_field_types
 from kvchain.gpu import GPUSpec
+from kvchain.model.layers import CacheDtype
+from kvchain.model.params import WeightFormat
+from kvchain.model.spec import ModelSpec
+from kvchain.sched.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind
 from kvchain.sim.engine import SimConfig
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, Trace, load_trace
-from kvchain.spec.layers import CacheDtype
-from kvchain.spec.model import ModelSpec
-from kvchain.spec.params import WeightFormat
 
 PREFILL_TOKENS_FLOOR = 8192
 """Prefill tokens per step (all chunks together) are ``max(chunk_size, 8192)``: at least one

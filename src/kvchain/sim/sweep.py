@@ -44,14 +44,14 @@ from kvchain.baselines import ManagerKind
 from kvchain.catalog.loader import load_model_source
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
+from kvchain.model.layers import CacheDtype
+from kvchain.model.params import WeightFormat
+from kvchain.model.spec import ModelSpec
 from kvchain.sim.compare import run_manager
 from kvchain.sim.engine import SimConfig
 from kvchain.sim.metrics import Percentiles, SimSummary
 from kvchain.sim.run_options import RunOptions
 from kvchain.sim.traces import Trace
-from kvchain.spec.layers import CacheDtype
-from kvchain.spec.model import ModelSpec
-from kvchain.spec.params import WeightFormat
 
 
 class SweepConfigError(ConfigError):

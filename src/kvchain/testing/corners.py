@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from kvchain.alloc import Chain, Demand
 from kvchain.alloc.pricing import fits
 from kvchain.layout import Anchor
-from kvchain.spec.layers import LifetimeClass
+from kvchain.model.layers import LifetimeClass
 from kvchain.testing.geometry import ChainGeometry
 from kvchain.testing.streams import ChainRecorder, FenceHoldOp, FlushOp, GateOp
 

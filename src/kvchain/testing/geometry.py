@@ -22,8 +22,8 @@ from kvchain.alloc.pricing import GENERAL_PLANNER, Planner
 from kvchain.buffer import BufferBackend
 from kvchain.errors import ConfigError
 from kvchain.layout import ChainLayout, plan_layout
-from kvchain.spec.declared import declared_class
-from kvchain.spec.layers import LifetimeClass
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass
 
 #: Every chain shape of at most one float, low -> high (docs/design.md §2).
 SHAPES: tuple[str, ...] = ("full", "window|full", "state|full", "state|window",

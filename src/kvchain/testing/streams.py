@@ -42,7 +42,7 @@ from kvchain.alloc import Chain, Demand
 from kvchain.alloc.pricing import max_units
 from kvchain.buffer import ManualFence
 from kvchain.errors import AuditError, CapacityError, ConfigError, KVChainError
-from kvchain.spec.layers import LifetimeClass
+from kvchain.model.layers import LifetimeClass
 from kvchain.testing.evictor import ReferenceEvictor
 
 

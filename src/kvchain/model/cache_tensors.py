@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvchain.errors import ConfigError
-from kvchain.spec.layers import CacheDtype, TensorDecl
+from kvchain.model.layers import CacheDtype, TensorDecl
 
 
 @dataclass(frozen=True, slots=True)

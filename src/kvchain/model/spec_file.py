@@ -5,7 +5,7 @@ Format (every field optional but one class; ``null`` is the same as leaving a fi
     {"name": "my-model", "full": 32000, "window": 0, "window_tokens": null,
      "local": 0, "chunk_tokens": null, "state": 50000000}
 
-Fields are the keyword arguments of :func:`~kvchain.spec.declared.declare_model`
+Fields are the keyword arguments of :func:`~kvchain.model.declared.declare_model`
 (``locals`` for its ``locals_``), read from its signature so the two never differ:
 ``full``/``window``/``local`` bytes per token of the class (all layers, K and V);
 ``window_tokens`` ``W``; ``chunk_tokens`` ``C``; ``state`` bytes per request of all state
@@ -14,7 +14,7 @@ layers; ``windows``/``locals`` more classes, each ``{"bytes": int, "tokens": int
 ``active_params`` for the GPU memory and cost models; ``name`` (default: the file's stem)
 and ``source`` (default: ``"declared in <path>"``), strings.
 
-Every number is checked once, by :func:`~kvchain.spec.declared.declared_count` inside
+Every number is checked once, by :func:`~kvchain.model.declared.declared_count` inside
 ``declare_model`` (ints only, bools refused, non-negative; token counts positive), so the
 API and the CLI refuse the same values with the same :class:`~kvchain.errors.ConfigError`.
 This module adds what only a file can get wrong: an unknown field, a missing partner
@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kvchain.errors import ConfigError
-from kvchain.spec.declared import declare_model
-from kvchain.spec.model import ModelSpec
+from kvchain.model.declared import declare_model
+from kvchain.model.spec import ModelSpec
 
 _PARAM_OF_FIELD = {"locals": "locals_"}
 _CLASS_LISTS = ("windows", "locals")

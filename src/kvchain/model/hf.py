@@ -1,9 +1,9 @@
-"""Load a Hugging Face ``config.json`` as a :class:`~kvchain.spec.model.ModelSpec`.
+"""Load a Hugging Face ``config.json`` as a :class:`~kvchain.model.spec.ModelSpec`.
 
-Pipeline: :func:`~kvchain.spec.hf_layers.layer_plans` says what each layer runs,
-:mod:`~kvchain.spec.hf_geometry` reads the numbers of each mixer,
-:mod:`~kvchain.spec.cache_tensors` turns them into per-rank cache tensors, and
-:mod:`~kvchain.spec.params` counts parameters and weight bytes.
+Pipeline: :func:`~kvchain.model.hf_layers.layer_plans` says what each layer runs,
+:mod:`~kvchain.model.hf_geometry` reads the numbers of each mixer,
+:mod:`~kvchain.model.cache_tensors` turns them into per-rank cache tensors, and
+:mod:`~kvchain.model.params` counts parameters and weight bytes.
 
 Lifetime of each mixer::
 
@@ -18,7 +18,7 @@ Lifetime of each mixer::
 Every family and the source of its rule: ``docs/models.md``.
 
 A Falcon-H1 layer runs attention and Mamba-2 in parallel: it yields two
-:class:`~kvchain.spec.layers.LayerCache` entries with the same index (one FULL, one STATE).
+:class:`~kvchain.model.layers.LayerCache` entries with the same index (one FULL, one STATE).
 
 Worked example, Jet-Nemotron-2B (bf16, tp=1): 2 full layers x 2 KV heads x (128 + 128)
 x 2 B = 1,024 B each, ``E_full = 2,048 B``; 2 window layers, ``E_win = 2,048 B``,
@@ -32,9 +32,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kvchain.errors import ConfigError
-from kvchain.spec import cache_tensors as ct
-from kvchain.spec.hf_dtypes import config_dtypes, parse_dtype
-from kvchain.spec.hf_geometry import (
+from kvchain.model import cache_tensors as ct
+from kvchain.model.hf_dtypes import config_dtypes, parse_dtype
+from kvchain.model.hf_geometry import (
     attention_geometry,
     compressed_geometry,
     gated_delta_net_geometry,
@@ -45,11 +45,11 @@ from kvchain.spec.hf_geometry import (
     mamba1_geometry,
     mamba2_geometry,
 )
-from kvchain.spec.hf_layers import HFConfig, LayerPlan, Mixer, layer_plans, read_config
-from kvchain.spec.hf_transformers import ReadThrough
-from kvchain.spec.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl
-from kvchain.spec.model import ModelSpec
-from kvchain.spec.params import WeightFormat, count_params, weight_bytes, weight_format_of
+from kvchain.model.hf_layers import HFConfig, LayerPlan, Mixer, layer_plans, read_config
+from kvchain.model.hf_transformers import ReadThrough
+from kvchain.model.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl
+from kvchain.model.params import WeightFormat, count_params, weight_bytes, weight_format_of
+from kvchain.model.spec import ModelSpec
 
 _LIFETIME = {
     Mixer.FULL: LifetimeClass.FULL,
@@ -170,7 +170,7 @@ def layer_caches(
 
     Tensors of one kind of mixer are built once and shared by its layers (per distinct
     per-layer geometry and window when the config has them). ``kv_dtype=None``: the
-    config's declared KV dtype, else bf16 (:mod:`~kvchain.spec.hf_dtypes`).
+    config's declared KV dtype, else bf16 (:mod:`~kvchain.model.hf_dtypes`).
 
     Raises:
         ConfigError: ``tp`` does not divide the heads or channels of a mixer, a zero or
@@ -225,19 +225,19 @@ def load_hf_config(
             ``model_type``).
         kv_dtype: element type of attention K/V (MLA latents, compressed KV); ``None``:
             what the config declares (``kv_cache_dtype``, ``quantization_config``), else
-            bf16 (see :mod:`~kvchain.spec.hf_dtypes`).
+            bf16 (see :mod:`~kvchain.model.hf_dtypes`).
         tp: tensor-parallel ranks; bytes are per rank. KV heads split over ranks (one
             replicated head per rank when ``kv_heads < tp``); MLA latents are replicated;
-            state heads and conv channels split (see :mod:`kvchain.spec.cache_tensors`).
+            state heads and conv channels split (see :mod:`kvchain.model.cache_tensors`).
         state_dtype: element type of all recurrent state tensors; default: what the
             config declares (``mamba_ssm_cache_dtype`` of Nemotron 3, ``mamba_ssm_dtype``
             of Qwen3.5, ``mamba_cache_dtype``...), else bf16.
         weight_format: how the checkpoint stores weights; default from
-            ``quantization_config`` (see :func:`~kvchain.spec.params.weight_format_of`).
+            ``quantization_config`` (see :func:`~kvchain.model.params.weight_format_of`).
         source: where the config came from (default: its path or ``_name_or_path``).
         use_transformers: read the config through transformers' configuration class
             when transformers is installed and knows the ``model_type`` (see
-            :mod:`~kvchain.spec.hf_transformers`); ``False`` reads the raw dict only.
+            :mod:`~kvchain.model.hf_transformers`); ``False`` reads the raw dict only.
         read_as: a reading of ``config`` made before (a bundled model's frozen
             transformers view), used instead of reading it now.
 
@@ -246,7 +246,7 @@ def load_hf_config(
         layer count, width, query heads per rank, parameters and weight bytes per rank, and
         its context length (``max_position_embeddings``, ``None`` if absent), and
         ``defaulted``: every field read that the file did not set, with its value and
-        who supplied it (see :class:`~kvchain.spec.model.DefaultedField`).
+        who supplied it (see :class:`~kvchain.model.spec.DefaultedField`).
 
     Raises:
         UnknownFamilyError: nothing maps the config's layers (names ``model_type`` and

@@ -7,7 +7,7 @@ classes carry what every engine relies on: per-family defaults (e.g.
 ``KimiLinearConfig`` turns ``linear_attn_config.kda_layers`` into ``layer_types``;
 ``DeepseekV4Config`` turns legacy ``compress_ratios`` into ``layer_types``) and attribute
 maps (aliases such as ``num_local_experts`` -> ``n_routed_experts``). kvchain keeps only
-the geometry rules (:mod:`~kvchain.spec.hf_layers`, :mod:`~kvchain.spec.hf_geometry`).
+the geometry rules (:mod:`~kvchain.model.hf_layers`, :mod:`~kvchain.model.hf_geometry`).
 
 What comes back is the raw dict overlaid by the class's view of it:
 
@@ -43,7 +43,7 @@ spellings of one model read the same.
 ``attribute_map`` alias - and whose value is the class's own default (the value the class
 gives a config that sets nothing; cached per ``model_type``). A field the class derived
 from other fields of the file (``layer_types`` from Kimi's ``linear_attn_config``) differs
-from that default and is not listed. :mod:`~kvchain.spec.hf_layers` reports those that a
+from that default and is not listed. :mod:`~kvchain.model.hf_layers` reports those that a
 model's bytes were computed from (``ModelSpec.defaulted``).
 
 Import cost (transformers 5.24, torch 2.13 CPU installed; ``benchmarks/
@@ -243,7 +243,7 @@ def _fields(obj: Any, raw: Mapping[str, object]) -> dict[str, object]:
 
 def _merged(fields: Mapping[str, object]) -> dict[str, object]:
     """Top-level fields with a nested ``text_config`` laid over them (as
-    :func:`~kvchain.spec.hf_layers.read_config` merges them)."""
+    :func:`~kvchain.model.hf_layers.read_config` merges them)."""
     out = dict(fields)
     text = fields.get("text_config")
     if isinstance(text, Mapping):

@@ -19,8 +19,8 @@ from importlib import resources
 
 import pytest
 
-from kvchain.spec import LifetimeClass, load_hf_config
-from kvchain.spec.hf_layers import read_config
+from kvchain.model import LifetimeClass, load_hf_config
+from kvchain.model.hf_layers import read_config
 
 FULL, WINDOW, LOCAL, STATE = (LifetimeClass.FULL, LifetimeClass.WINDOW, LifetimeClass.LOCAL,
                               LifetimeClass.STATE)

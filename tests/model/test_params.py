@@ -3,7 +3,7 @@
 Published totals come from the model cards on Hugging Face (and OpenAI's gpt-oss model
 card, Table 1). Tolerances are stated per model: totals match within 0.5-3 %; "active"
 labels like "A3B" are rounded to one significant digit, so those get wider bounds. What
-the counter ignores (vectors, vision towers, MTP layers) is listed in kvchain.spec.params.
+the counter ignores (vectors, vision towers, MTP layers) is listed in kvchain.model.params.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from importlib import resources
 import pytest
 
 from kvchain.catalog import load_model
-from kvchain.spec import LifetimeClass, WeightFormat, count_params, load_hf_config, weight_bytes
-from kvchain.spec.hf_layers import layer_plans, read_config
+from kvchain.model import LifetimeClass, WeightFormat, count_params, load_hf_config, weight_bytes
+from kvchain.model.hf_layers import layer_plans, read_config
 
 CONFIGS = resources.files("kvchain.catalog").joinpath("data").joinpath("model_configs")
 

@@ -2,7 +2,7 @@
 
 For experiments and tests that need a model's lifetime classes but not its layers: each
 declared class is one opaque layer holding one tensor of one-byte elements (``fp8`` is
-the only one-byte :class:`~kvchain.spec.layers.CacheDtype`; the dtype carries no meaning
+the only one-byte :class:`~kvchain.model.layers.CacheDtype`; the dtype carries no meaning
 here, only the byte count does).
 
 Example: a three-band model like Jet-Nemotron-2B::
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvchain.errors import ConfigError
-from kvchain.spec.layers import CacheClass, CacheDtype, LayerCache, LifetimeClass, TensorDecl
-from kvchain.spec.model import ModelSpec
+from kvchain.model.layers import CacheClass, CacheDtype, LayerCache, LifetimeClass, TensorDecl
+from kvchain.model.spec import ModelSpec
 
 
 def declared_count(label: str, value: object, *, positive: bool = False) -> int:
@@ -28,7 +28,7 @@ def declared_count(label: str, value: object, *, positive: bool = False) -> int:
     ``> 0`` with ``positive``.
 
     The one check of every number a declared model takes, whether it comes from
-    :func:`declare_model` or from a spec file (:mod:`kvchain.spec.spec_file`).
+    :func:`declare_model` or from a spec file (:mod:`kvchain.model.spec_file`).
 
     Raises:
         ConfigError: not an int, a bool, negative, or zero where ``positive`` (names

@@ -1,7 +1,7 @@
 """Hugging Face ``config.json`` -> what each decoder layer runs (its mixers and its MLP).
 
-This module only reads a config; it knows no bytes. :mod:`kvchain.spec.hf` turns the plan
-into cache tensors and :mod:`kvchain.spec.params` into parameter counts.
+This module only reads a config; it knows no bytes. :mod:`kvchain.model.hf` turns the plan
+into cache tensors and :mod:`kvchain.model.params` into parameter counts.
 
 Per-layer kinds are read, in this order, from the first field the config has:
 
@@ -34,7 +34,7 @@ Per-layer kinds are read, in this order, from the first field the config has:
    ============== ============================================================
 
 Configs are read through transformers' configuration class when transformers knows the
-family (:mod:`~kvchain.spec.hf_transformers`), so ``layer_types`` usually arrives
+family (:mod:`~kvchain.model.hf_transformers`), so ``layer_types`` usually arrives
 derived by the class; the rules below serve the raw dict. Gemma 4, Mamba, Mamba-2,
 Kimi-Linear, DeepSeek-V4 and the ``per_layer_config`` reading follow transformers 5.24;
 SambaY follows microsoft/Phi-4-mini-flash-reasoning ``modeling_phi4flash.py``.
@@ -58,9 +58,9 @@ from pathlib import Path
 from types import MappingProxyType
 
 from kvchain.errors import ConfigError, MissingFieldError, UnknownFamilyError
-from kvchain.spec.hf_family_defaults import family_defaults
-from kvchain.spec.hf_transformers import ReadThrough, read_through_transformers
-from kvchain.spec.model import DefaultedField
+from kvchain.model.hf_family_defaults import family_defaults
+from kvchain.model.hf_transformers import ReadThrough, read_through_transformers
+from kvchain.model.spec import DefaultedField
 
 
 class Mixer(StrEnum):
@@ -169,7 +169,7 @@ class HFConfig:
 
     Every field the loader reads is checked against ``supplied``: a field present only
     because a configuration class (or kvchain's table of a custom-code family's defaults,
-    :mod:`~kvchain.spec.hf_family_defaults`) supplied it is recorded, as is every kvchain
+    :mod:`~kvchain.model.hf_family_defaults`) supplied it is recorded, as is every kvchain
     rule default a reader applies (:meth:`note_default`); :meth:`noted` lists them. They
     become ``ModelSpec.defaulted``: the values the model's bytes rest on that the file did
     not set.
@@ -180,7 +180,7 @@ class HFConfig:
         architectures: the ``architectures`` list.
         origin: where the config came from (a path, ``_name_or_path``, or ``""``).
         reader: who read the fields: ``"transformers <version> <ConfigClass>"`` or
-            ``"raw dict"`` (see :mod:`~kvchain.spec.hf_transformers`).
+            ``"raw dict"`` (see :mod:`~kvchain.model.hf_transformers`).
         supplied: field name -> who supplied its value (the reader's class, or the
             source of a family's defaults) for fields the file did not set.
     """
@@ -333,12 +333,12 @@ def read_config(
     With ``use_transformers`` (the default) the fields are those of transformers'
     configuration class for the ``model_type`` when transformers is installed and knows it
     (defaults, derived per-layer lists, aliases), else the raw dict
-    (:func:`~kvchain.spec.hf_transformers.read_through_transformers`). ``read_as``: a
+    (:func:`~kvchain.model.hf_transformers.read_through_transformers`). ``read_as``: a
     reading of ``config`` made before (a bundled model's frozen transformers view,
     :mod:`kvchain.catalog.views`), used instead of reading it now.
 
     A raw-dict reading of a custom-code family that transformers lacks gets the defaults
-    of that family's configuration class (:mod:`~kvchain.spec.hf_family_defaults`) for the
+    of that family's configuration class (:mod:`~kvchain.model.hf_family_defaults`) for the
     fields the file does not set. Fields supplied by a class or that table are named in
     ``HFConfig.supplied``.
 
@@ -623,7 +623,7 @@ def _sambay_kinds(cfg: HFConfig, n: int) -> list[tuple[Mixer, ...]]:
     ``n/2 + 1`` is the one full-attention layer (its KV is what the cross-decoder reads);
     layer ``n/2`` is a last Mamba layer (when ``n/2`` is a Mamba index).
     """
-    period = cfg.positive_int("mb_per_layer")  # default 2: kvchain.spec.hf_family_defaults
+    period = cfg.positive_int("mb_per_layer")  # default 2: kvchain.model.hf_family_defaults
     cross_from = sambay_cross_from(n)
     out: list[tuple[Mixer, ...]] = []
     for i in range(n):

@@ -1,8 +1,8 @@
 """Layer declarations -> lifetime classes, bytes per token / per slot; HF config loading."""
 
-from kvchain.spec.declared import declare_model, declared_class, declared_layer
-from kvchain.spec.hf import load_hf_config
-from kvchain.spec.layers import (
+from kvchain.model.declared import declare_model, declared_class, declared_layer
+from kvchain.model.hf import load_hf_config
+from kvchain.model.layers import (
     CacheClass,
     CacheDtype,
     LayerCache,
@@ -10,9 +10,9 @@ from kvchain.spec.layers import (
     TensorDecl,
     group_classes,
 )
-from kvchain.spec.model import DefaultedField, ModelSpec
-from kvchain.spec.params import ParamCounts, WeightFormat, count_params, weight_bytes
-from kvchain.spec.spec_file import load_spec_file
+from kvchain.model.params import ParamCounts, WeightFormat, count_params, weight_bytes
+from kvchain.model.spec import DefaultedField, ModelSpec
+from kvchain.model.spec_file import load_spec_file
 
 __all__ = [
     "CacheClass",

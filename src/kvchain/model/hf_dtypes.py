@@ -37,8 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvchain.errors import ConfigError
-from kvchain.spec.hf_layers import HFConfig
-from kvchain.spec.layers import CacheDtype
+from kvchain.model.hf_layers import HFConfig
+from kvchain.model.layers import CacheDtype
 
 _SPELLINGS: dict[str, CacheDtype] = {
     "float32": CacheDtype.FP32,

@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvchain.errors import ConfigError, MissingFieldError
-from kvchain.spec.hf_layers import MAX_FIELD_VALUE, HFConfig, Mixer, whole_number
+from kvchain.model.hf_layers import MAX_FIELD_VALUE, HFConfig, Mixer, whole_number
 
 
 @dataclass(frozen=True, slots=True)

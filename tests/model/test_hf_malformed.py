@@ -13,8 +13,8 @@ import pytest
 
 import kvchain.catalog
 from kvchain.errors import ConfigError, KVChainError
-from kvchain.spec import load_hf_config
-from kvchain.spec.hf_layers import read_config
+from kvchain.model import load_hf_config
+from kvchain.model.hf_layers import read_config
 
 
 @pytest.fixture(autouse=True)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kvchain.errors import ConfigError
-from kvchain.spec.hf_geometry import (
+from kvchain.model.hf_geometry import (
     AttentionGeometry,
     attention_geometry,
     gated_delta_net_geometry,
@@ -55,7 +55,7 @@ from kvchain.spec.hf_geometry import (
     mamba1_geometry,
     mamba2_geometry,
 )
-from kvchain.spec.hf_layers import (
+from kvchain.model.hf_layers import (
     EXPERT_FIELDS,
     Ffn,
     HFConfig,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvchain.spec import LifetimeClass, load_hf_config
+from kvchain.model import LifetimeClass, load_hf_config
 
 FULL, WINDOW, LOCAL, STATE = (
     LifetimeClass.FULL,

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from kvchain.errors import ConfigError, MissingFieldError, UnknownFamilyError
-from kvchain.spec import WeightFormat, load_hf_config
+from kvchain.model import WeightFormat, load_hf_config
 
 
 @pytest.fixture(autouse=True)

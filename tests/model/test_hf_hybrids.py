@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from kvchain.errors import ConfigError
-from kvchain.spec import CacheDtype, LifetimeClass, load_hf_config
-from kvchain.spec.hf_layers import read_config
+from kvchain.model import CacheDtype, LifetimeClass, load_hf_config
+from kvchain.model.hf_layers import read_config
 
 FULL, WINDOW, LOCAL, STATE = (
     LifetimeClass.FULL,
@@ -86,14 +86,14 @@ def test_transformers_is_not_imported_by_kvchain():
     import os
     import subprocess
 
-    code = "import sys, kvchain, kvchain.spec, kvchain.cli; print('transformers' in sys.modules)"
+    code = "import sys, kvchain, kvchain.model, kvchain.cli; print('transformers' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=env)
     assert out.stdout.strip() == "False"
     # sibling: the same probe sees transformers once a config has been read
     pytest.importorskip("transformers", reason="the sibling probe needs transformers")
-    code = ("import sys; from kvchain.spec import load_hf_config; "
+    code = ("import sys; from kvchain.model import load_hf_config; "
             "load_hf_config({'model_type': 'llama', 'num_hidden_layers': 1, "
             "'hidden_size': 64, 'num_attention_heads': 1, 'vocab_size': 10, "
             "'intermediate_size': 8}); print('transformers' in sys.modules)")

@@ -10,10 +10,10 @@ import pytest
 
 from kvchain.errors import ConfigError, LayoutError
 from kvchain.layout import Anchor, plan_layout
-from kvchain.spec.declared import declare_model, declared_class, declared_layer
-from kvchain.spec.layers import LifetimeClass as LC
-from kvchain.spec.layers import group_classes
-from kvchain.spec.spec_file import load_spec_file
+from kvchain.model.declared import declare_model, declared_class, declared_layer
+from kvchain.model.layers import LifetimeClass as LC
+from kvchain.model.layers import group_classes
+from kvchain.model.spec_file import load_spec_file
 
 
 def test_group_classes_splits_windows_by_size_with_unique_labels() -> None:

@@ -14,7 +14,7 @@ from importlib import resources
 
 import pytest
 
-from kvchain.spec import CacheDtype, LifetimeClass, load_hf_config
+from kvchain.model import CacheDtype, LifetimeClass, load_hf_config
 
 CONFIGS = resources.files("kvchain.catalog").joinpath("data").joinpath("model_configs")
 

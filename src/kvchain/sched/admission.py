@@ -29,7 +29,7 @@ from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.errors import ConfigError
 from kvchain.field_types import check_field_types
 from kvchain.layout import ChainLayout
-from kvchain.spec.layers import LifetimeClass
+from kvchain.model.layers import LifetimeClass
 
 
 class WindowAdmission(StrEnum):

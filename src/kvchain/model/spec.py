@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvchain.spec.layers import CacheClass, LayerCache, LifetimeClass, group_classes
+from kvchain.model.layers import CacheClass, LayerCache, LifetimeClass, group_classes
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +17,7 @@ class DefaultedField:
             ``"45 entries"``).
         by: who supplied it: ``"transformers 5.24.0 Qwen3_5TextConfig"`` (the class's
             default), a custom-code family's configuration class
-            (:mod:`~kvchain.spec.hf_family_defaults`), or a kvchain rule (e.g.
+            (:mod:`~kvchain.model.hf_family_defaults`), or a kvchain rule (e.g.
             ``"kvchain default: bf16, as vLLM's kv_cache_dtype auto"``).
     """
 

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from kvchain.errors import ConfigError
-from kvchain.spec import LifetimeClass, declare_model, declared_class
-from kvchain.spec.layers import CacheClass, CacheDtype, LayerCache, TensorDecl
-from kvchain.spec.spec_file import SPEC_FILE_FIELDS, load_spec_file, spec_from_mapping
+from kvchain.model import LifetimeClass, declare_model, declared_class
+from kvchain.model.layers import CacheClass, CacheDtype, LayerCache, TensorDecl
+from kvchain.model.spec_file import SPEC_FILE_FIELDS, load_spec_file, spec_from_mapping
 
 
 def test_three_band_declaration():
