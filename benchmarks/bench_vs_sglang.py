@@ -39,8 +39,10 @@ and on; SGLang at its allocator, without a radix cache):
   pages behind its window. kvchain: ``commit(rid, 4096)`` (248 pages for ``W = 128``);
   SGLang: ``free_swa`` of the same out-of-window token slots.
 * ``capacity query``: the same question asked again on an unchanged pool. kvchain:
-  ``price(chain.snapshot(), demand)`` of a 2,048-token chunk, with the same ``Demand``
-  object and (second row) an equal one built anew each call, as the scheduler's are;
+  ``chain.price(demand)`` of a 2,048-token chunk (the scheduler's one pricing per step,
+  served from the chain's own memo of the quotes it issued in this epoch), with the same
+  ``Demand`` object and (second row) an equal one built anew each call, as the
+  scheduler's are;
   SGLang: ``available_size()`` (memoized per epoch of its chain; no argument).
 * ``prefill``: allocation of a 2,048-token chunk of a new request (64 requests running).
   kvchain: ``demand`` + ``allocate``; SGLang: the length tensors, ``get_last_loc_torch``,
@@ -84,7 +86,6 @@ from bench_request_layer import (
     running_prompt,
 )
 
-from kvchain.alloc.pricing import price
 from kvchain.alloc.snapshot import Demand
 from kvchain.catalog.loader import load_model
 
@@ -144,20 +145,20 @@ class KvchainOps:
 
     def capacity(self, calls: int) -> float:
         chain, demand = self.rig.chain, self.kv.demand(self.next_rid, CHUNK)
-        price(chain.snapshot(), demand)
+        chain.price(demand)
         t0 = time.thread_time()
         for _ in range(calls):
-            price(chain.snapshot(), demand)
+            chain.price(demand)
         return (time.thread_time() - t0) / calls
 
     def capacity_fresh(self, calls: int) -> float:
         """As :meth:`capacity`, asked with an equal demand built anew each call (as the
         scheduler's demands are each step): the price memo's value lookup."""
         chain, pages = self.rig.chain, self.kv.demand(self.next_rid, CHUNK).pages
-        price(chain.snapshot(), Demand(pages))
+        chain.price(Demand(pages))
         t0 = time.thread_time()
         for _ in range(calls):
-            price(chain.snapshot(), Demand(pages))
+            chain.price(Demand(pages))
         return (time.thread_time() - t0) / calls
 
     def prefill(self, calls: int) -> float:
