@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -131,3 +132,32 @@ def test_a_byte_proportional_split_strands_pages():
                                  by["window"],
                                  HostClassShare("full", 16, 4, 562, 8_992)))
     assert bad.stranded_full_pages == 562 - 20 * 4 == 482
+
+
+@pytest.mark.parametrize("interval", [1.5, 16.0, True, "16", None, float("nan")])
+def test_interval_that_is_no_whole_number_is_a_config_error(interval):
+    # Regression: floats and strings raised a bare TypeError deep in the page arithmetic,
+    # and True passed as a 1-token interval.
+    with pytest.raises(ConfigError, match="whole number"):
+        per_interval_slots(LAYOUT, interval)
+    with pytest.raises(ConfigError, match="whole number"):
+        host_tier_plan(LAYOUT, 1_000, interval)
+
+
+@pytest.mark.parametrize("tokens", [16.0, True, "16", float("nan")])
+def test_hit_tokens_that_are_no_whole_number_are_refused(tokens):
+    # Regression: 16.0 and "16" raised TypeError; True reached the page check as 1 token.
+    with pytest.raises(InvalidRequestError, match="whole number"):
+        hit_load_bytes(LAYOUT, tokens)
+
+
+def test_numpy_integers_are_whole_numbers():
+    # A numpy integer (e.g. a sum over a slot array) is a byte count like any int: the
+    # same plan as test_plan_by_hand (76 intervals of 16 tokens in 10,000 B), plain ints
+    # in the plan; the hit of 16 tokens is 128 B (test_hit_load_bytes_by_hand).
+    plan = host_tier_plan(LAYOUT, np.int64(10_000), np.int32(16))
+    assert (plan.host_bytes, plan.interval_tokens, plan.intervals) == (10_000, 16, 76)
+    assert type(plan.host_bytes) is int and type(plan.interval_tokens) is int
+    assert per_interval_slots(LAYOUT, np.int64(16)) == (1, 2, 4)
+    assert all(type(n) is int for n in per_interval_slots(LAYOUT, np.int64(16)))
+    assert hit_load_bytes(LAYOUT, np.int64(16)) == 128

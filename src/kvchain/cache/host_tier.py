@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from kvchain.buffer.host import HOST_ALIGN_BYTES, HostBuffer, host_regions
 from kvchain.cache.radix import CacheGeometry, tail_pages
 from kvchain.errors import ConfigError, InvalidRequestError
@@ -139,10 +141,13 @@ def per_interval_slots(layout: ChainLayout, interval_tokens: int) -> tuple[int, 
     ``W = 128``: ``(1, min(32, ceil(127 / 16)) = 8, 32)``.
 
     Raises:
-        ConfigError: ``interval_tokens < 1``.
+        ConfigError: ``interval_tokens`` not a whole number (bools and floats refused) or
+            ``< 1``.
     """
-    if interval_tokens < 1:
-        raise ConfigError(f"resume interval must be >= 1 token, got {interval_tokens}")
+    if not _is_whole(interval_tokens) or interval_tokens < 1:
+        raise ConfigError(f"resume interval must be a whole number >= 1 token, got "
+                          f"{interval_tokens!r}")
+    interval_tokens = int(interval_tokens)
     if _every_page_resumes(layout):
         return tuple(1 for _ in layout.bands)
     pages = -(-interval_tokens // layout.page_size)
@@ -155,6 +160,11 @@ def per_interval_slots(layout: ChainLayout, interval_tokens: int) -> tuple[int, 
         else:
             out.append(_tail_per_interval(layout, i, pages))
     return tuple(out)
+
+
+def _is_whole(value: object) -> bool:
+    """An int or numpy integer, not a bool (``True`` would count as 1)."""
+    return not isinstance(value, bool) and isinstance(value, int | np.integer)
 
 
 def _every_page_resumes(layout: ChainLayout) -> bool:
@@ -181,11 +191,14 @@ def host_tier_plan(layout: ChainLayout, host_bytes: int, interval_tokens: int
     at 10,048), ``76 x 16 = 1,216`` resumable tokens.
 
     Raises:
-        ConfigError: ``host_bytes < 0`` or ``interval_tokens < 1``.
+        ConfigError: ``host_bytes`` not a whole number ``>= 0`` or ``interval_tokens`` not
+            one ``>= 1`` (bools and floats refused; numpy integers taken).
     """
-    if isinstance(host_bytes, bool) or not isinstance(host_bytes, int) or host_bytes < 0:
+    if not _is_whole(host_bytes) or host_bytes < 0:
         raise ConfigError(f"host bytes must be a whole number >= 0, got {host_bytes!r}")
+    host_bytes = int(host_bytes)
     per = per_interval_slots(layout, interval_tokens)
+    interval_tokens = int(interval_tokens)
     every_page = _every_page_resumes(layout)
     k = layout.page_size if every_page else -(-interval_tokens // layout.page_size) * \
         layout.page_size
@@ -225,10 +238,15 @@ def hit_load_bytes(layout: ChainLayout, hit_tokens: int) -> int:
     of 16 tokens (4 pages): ``4 x 16 + 2 x 8 + 48 = 128 B``.
 
     Raises:
-        InvalidRequestError: ``hit_tokens`` negative or not a whole number of pages (a hit
-            ends at a resume point, on a page boundary).
+        InvalidRequestError: ``hit_tokens`` not a whole number (bools and floats refused),
+            negative, or not a whole number of pages (a hit ends at a resume point, on a
+            page boundary).
     """
     p = layout.page_size
+    if not _is_whole(hit_tokens):
+        raise InvalidRequestError(f"a host hit's tokens must be a whole number, got "
+                                  f"{hit_tokens!r}")
+    hit_tokens = int(hit_tokens)
     if hit_tokens < 0 or hit_tokens % p:
         raise InvalidRequestError(f"a host hit covers whole pages of {p} tokens, got "
                                   f"{hit_tokens} tokens")
