@@ -15,7 +15,8 @@ band's page bytes, so one device page of a class fits one host slot of that clas
 
 Each region has its own allocator, a :class:`~kvchain.buffer.host_pool.HostPool` (a free list
 of slots; why not a chain: that module's docstring). How many slots each class gets is the
-caller's choice; :func:`kvchain.cache.host_tier.host_slots` sizes them from a byte budget.
+caller's choice; :func:`kvchain.cache.host_tier.host_tier_plan` sizes them from a byte budget
+(:func:`kvchain.cache.host_tier.host_buffer` builds the buffer it sizes).
 
 Copies (:meth:`HostBuffer.to_host`, :meth:`HostBuffer.to_device`) move whole pages of one
 band between a device backend and held host slots of the same class:
@@ -123,9 +124,12 @@ def host_regions(layout: ChainLayout, slots: Mapping[str, int]) -> tuple[HostReg
     state at ``[0, 3,000)``, full from ``ceil(3,000 / 256) x 256 = 3,072`` to ``11,264``.
 
     Raises:
-        BufferArgumentError: a label that is no band of the layout, or a slot count that is
-            not a whole number >= 0.
+        BufferArgumentError: ``slots`` not a mapping, a label that is no band of the
+            layout, or a slot count that is not a whole number >= 0.
     """
+    if not isinstance(slots, Mapping):
+        raise BufferArgumentError(f"host slots must be a mapping of band label -> slots, got "
+                                  f"{type(slots).__name__}")
     labels = [b.label for b in layout.bands]
     unknown = sorted(set(slots) - set(labels))
     if unknown:
@@ -158,10 +162,11 @@ class HostBuffer:
         chunk_bytes: most bytes staged per gather/scatter chunk on the CPU paths.
 
     Raises:
-        BufferArgumentError: an unknown label, a bad slot count, an unknown backend,
-            ``chunk_bytes < 1``, or ``pin`` with the numpy backend.
-        BufferUnsupportedError: ``backend="torch"`` without torch, or ``pin=True`` where
-            torch sees no CUDA device.
+        BufferArgumentError: ``slots`` not a mapping, an unknown label, a bad slot count, an
+            unknown backend, ``chunk_bytes < 1``, or ``pin`` with the numpy backend.
+        BufferUnsupportedError: ``backend="torch"`` without torch, ``pin=True`` where
+            torch sees no CUDA device, or host memory that cannot be allocated (the store's
+            bytes, or the pools' free lists of 8 B a slot).
     """
 
     def __init__(self, layout: ChainLayout, slots: Mapping[str, int], *,
@@ -177,13 +182,24 @@ class HostBuffer:
             backend = "torch" if importlib.util.find_spec("torch") is not None else "numpy"
         if backend == "numpy" and pin:
             raise BufferArgumentError("pinned host memory needs backend='torch'")
+        nbytes = max((r.base + r.nbytes for r in regions), default=0)
+        try:
+            self._init_memory(layout, regions, backend, pin, nbytes)
+        except MemoryError:
+            raise BufferUnsupportedError(
+                f"cannot allocate a host buffer of {nbytes:,} B with "
+                f"{sum(r.slots for r in regions):,} slots (and their free lists, 8 B a slot) "
+                f"in this machine's memory") from None
+        self._chunk_bytes = chunk_bytes
+        self._counts = [0, 0, 0, 0, 0, 0]
+
+    def _init_memory(self, layout: ChainLayout, regions: tuple[HostRegion, ...], backend: str,
+                     pin: bool | None, nbytes: int) -> None:
+        """The pools and the store (``__init__``'s allocations; MemoryError passes up)."""
         self._layout = layout
         self._regions = {r.label: r for r in regions}
         self._pools = {r.label: HostPool(r.label, r.slots) for r in regions}
-        self._chunk_bytes = chunk_bytes
         self._backend = backend
-        self._counts = [0, 0, 0, 0, 0, 0]
-        nbytes = max((r.base + r.nbytes for r in regions), default=0)
         self._tensor: Any = None
         if backend == "torch":
             torch = import_torch()
@@ -196,7 +212,10 @@ class HostBuffer:
                               "plain host memory, not pinned: "
                               + ("pin=False" if cuda else
                                  "torch sees no CUDA device and pinning needs CUDA"))
-            self._tensor = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=self._pinned)
+            try:
+                self._tensor = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=self._pinned)
+            except RuntimeError as exc:  # torch's allocator reports no memory this way
+                raise MemoryError(str(exc)) from None
             self._array = self._tensor.numpy()  # the same bytes
         else:
             self._pinned = False
@@ -345,7 +364,7 @@ class HostBuffer:
                 f"the {band.label} band has pages of {band.page_bytes:,} B but this host "
                 f"buffer's {band.label} slots hold {region.page_bytes:,} B")
         p = page_index_array(pages, "device page")
-        check_in_grid(band, p, grid_pages(band, device.nbytes), "device page")
+        check_in_grid(band, p, grid_pages(band, device.nbytes), "device")
         s = self._pools[band.label].check_held(slots)
         if p.size != s.size:
             raise BufferArgumentError(f"a host copy needs as many device pages as host slots, "
