@@ -161,3 +161,56 @@ def test_numpy_integers_are_whole_numbers():
     assert per_interval_slots(LAYOUT, np.int64(16)) == (1, 2, 4)
     assert all(type(n) is int for n in per_interval_slots(LAYOUT, np.int64(16)))
     assert hit_load_bytes(LAYOUT, np.int64(16)) == 128
+
+
+def _local_layout(chunk: int, page: int = 4, full: bool = True):
+    local = LayerCache(1, LifetimeClass.LOCAL, "gqa",
+                       (TensorDecl("k", (1,), FP8), TensorDecl("v", (1,), FP8)), window=chunk)
+    classes = (FULL, local) if full else (local,)
+    return plan_layout(group_classes(classes), 10**6, page_size=page)
+
+
+@settings(max_examples=80, deadline=None)
+@given(chunk=st.integers(1, 300), interval=st.integers(1, 80), page=st.integers(1, 8))
+def test_chunked_local_tail_equals_the_walk_over_a_period(chunk, interval, page):
+    # The closed form against the walk it replaced: the longest tail_pages over the points
+    # m K, m = 1 .. C / gcd(K, C), capped at the interval's pages.
+    from math import gcd
+
+    from kvchain.cache.host_tier import _band_geometry
+    from kvchain.cache.radix import tail_pages
+
+    layout = _local_layout(chunk, page)
+    pages = -(-interval // page)
+    geom = _band_geometry(layout, 0)
+    k = pages * page
+    walk = max(len(tail_pages(geom, m * pages)) for m in range(1, chunk // gcd(k, chunk) + 1))
+    assert per_interval_slots(layout, interval) == (min(pages, walk), pages)
+
+
+def test_a_huge_chunk_is_priced_at_once():
+    # Regression: the walk over (m K) mod C took C / gcd(K, C) steps: a 100,000,007-token
+    # chunk (odd, so gcd(512, C) = 1) ran for minutes. Closed form: ceil((C - 1) / 16) =
+    # 6,250,001 pages, more than the interval's 32, so 32.
+    import time
+
+    layout = _local_layout(100_000_007, page=16)
+    start = time.perf_counter()
+    assert per_interval_slots(layout, 512) == (32, 32)
+    assert time.perf_counter() - start < 5.0
+
+
+def test_a_chain_that_resumes_without_bytes_holds_nothing():
+    # Regression: ZeroDivisionError. Local only, C = 64 tokens, K = 512 (= 8 chunks): every
+    # resume point is a chunk start, so its tail is empty and an interval costs 0 B.
+    layout = _local_layout(64, page=16, full=False)
+    assert per_interval_slots(layout, 512) == (0,)
+    plan = host_tier_plan(layout, 5_000_000, 512)
+    assert plan.resumes_without_bytes
+    assert (plan.interval_bytes, plan.intervals, plan.resumable_tokens, plan.used_bytes) == \
+        (0, 0, 0, 0)
+    # K = 32 (half a chunk): the point at 32 tokens needs its 2 pages; not "without bytes".
+    # 2 pages x 16 x 2 B = 64 B an interval; 5,000,000 // 64 = 78,125 intervals.
+    plan = host_tier_plan(layout, 5_000_000, 32)
+    assert not plan.resumes_without_bytes
+    assert (plan.interval_bytes, plan.intervals) == (64, 78_125)

@@ -143,3 +143,15 @@ def test_host_hit_on_a_small_tier_is_timed_on_its_content():
     assert d["hit"]["limited_by_tier"] is True and d["hit"]["saved_s"] is not None
     text = " ".join(run("plan", "--host-bytes", "30000000").split())
     assert "a host hit of 512 tokens (all the tier holds) loads 23,592,960 B" in text
+
+
+def test_host_tier_of_a_model_that_resumes_without_bytes(tmp_path):
+    # Regression: ZeroDivisionError traceback. Chunked local only, C = 64 tokens: the
+    # default interval (512 tokens) always resumes at a chunk start, which needs no KV.
+    path = tmp_path / "lo.json"
+    path.write_text(json.dumps({"name": "lo", "local": 1_000, "chunk_tokens": 64}))
+    d = json.loads(run("plan", "--spec", str(path), "--buffer-bytes", "100000000",
+                       "--host-bytes", "5000000", "--json"))["host_tier"]
+    assert (d["interval_bytes"], d["intervals"], d["resumable_tokens"]) == (0, 0, 0)
+    assert d["hit"]["tokens"] == 0
+    assert "needs no KV bytes" in d["hit"]["why_unpriced"]

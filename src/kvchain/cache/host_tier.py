@@ -16,7 +16,8 @@ boundaries, 512 tokens for the bundled Mooncake traces). One interval costs, per
   ``ceil((W - 1) / P)`` pages away from the start of the prompt (consecutive tails overlap
   when ``t > I``, so an interval never adds more than its own ``I`` pages); chunked local
   ``C``: ``min(I, t)`` with ``t`` the longest tail over the points of one period
-  (``(m K) mod C`` tokens back to the chunk's start) - an upper bound;
+  (``(m K) mod C`` tokens back to the chunk's start: ``ceil((C - gcd(K, C)) / P)`` pages)
+  - an upper bound;
 * state: 1 slot (the checkpoint).
 
 A model with neither window nor state resumes at every page: its interval is one page.
@@ -94,6 +95,14 @@ class HostTierPlan:
         return {c.label: c.slots for c in self.classes}
 
     @property
+    def resumes_without_bytes(self) -> bool:
+        """True when a resume point needs no bytes of any class (``interval_bytes == 0``:
+        no full or state band, and every window tail at a point is empty - chunked-local
+        bands whose chunk divides the interval, or a 1-token window). A host tier then has
+        nothing to hold: ``intervals == 0``."""
+        return self.interval_bytes == 0
+
+    @property
     def stranded_full_pages(self) -> int:
         """Full-attention slots no state checkpoint can make resumable: ``full slots -
         state slots x full pages per interval`` (at least 0; 0 without a state or a full
@@ -121,10 +130,12 @@ def _tail_per_interval(layout: ChainLayout, i: int, interval_pages: int) -> int:
     band = layout.bands[i]
     p = layout.page_size
     if band.lifetime is LifetimeClass.LOCAL:
-        # (m K) mod C repeats with period C / gcd(K, C): the longest tail over one period.
+        # A point r tokens past its chunk's start needs tail_pages' ceil(r / P) pages; over
+        # m = 1 .. C / g (g = gcd(K, C)) the point m K lands r = (m K) mod C on every
+        # multiple of g below C, so the longest tail is ceil((C - g) / P) - in closed form:
+        # a walk over the period took C / g steps (minutes for a 10^8-token chunk).
         k, c = interval_pages * p, geom.window_tokens
-        period = c // math.gcd(k, c)
-        tail = max(len(tail_pages(geom, m * interval_pages)) for m in range(1, period + 1))
+        tail = -(-(c - math.gcd(k, c)) // p)
     else:
         # A point far enough from the prompt's start that its tail is not clipped at 0.
         point = interval_pages * (-(-geom.window_tokens // (interval_pages * p)) + 1)
@@ -206,9 +217,12 @@ def host_tier_plan(layout: ChainLayout, host_bytes: int, interval_tokens: int
     # Alignment pads each region after the first by less than HOST_ALIGN_BYTES, so this m
     # fits; then grow it while one more interval still fits (a few steps).
     padding = HOST_ALIGN_BYTES * (len(layout.bands) - 1)
-    m = max(0, (host_bytes - padding) // interval_bytes)
-    while _used_bytes(layout, per, m + 1) <= host_bytes:
-        m += 1
+    if interval_bytes == 0:
+        m = 0  # a resume needs no bytes (resumes_without_bytes): nothing to hold
+    else:
+        m = max(0, (host_bytes - padding) // interval_bytes)
+        while _used_bytes(layout, per, m + 1) <= host_bytes:
+            m += 1
     classes = tuple(HostClassShare(b.label, b.page_bytes, n, m * n, m * n * b.page_bytes)
                     for b, n in zip(layout.bands, per, strict=True))
     return HostTierPlan(host_bytes, k, interval_bytes, m, m * k,

@@ -191,6 +191,9 @@ def host_report(result: CapacityPlan, host_bytes: int | None, host_fraction: flo
     timing, why = None, ""
     if prompt_hit == 0:
         why = f"a {result.prompt:,}-token prompt is shorter than one resume interval"
+    elif tier.resumes_without_bytes:
+        why = ("a resume point of this model needs no KV bytes (every class's tail at a "
+               "point is empty), so a host tier has nothing to load")
     elif hit == 0:
         why = (f"the host tier holds no resume interval (one needs {tier.interval_bytes:,} B "
                f"and the regions' alignment; {tier.host_bytes:,} B given)")
