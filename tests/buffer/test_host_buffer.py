@@ -200,10 +200,12 @@ def test_slots_not_a_mapping_is_refused():
 
 @pytest.mark.parametrize("backend", HOSTS)
 def test_host_memory_that_cannot_be_allocated_is_a_typed_error(backend):
-    # Regression: numpy's MemoryError escaped. 10**15 full slots need 10**15 x 8 B of free
-    # list (8 PB) and 16 x 10**15 B of store: more than any machine's address space.
-    with pytest.raises(BufferUnsupportedError, match="cannot allocate a host buffer of "
-                                                     "16,000,000,000,000,000 B"):
+    # Regression: numpy's MemoryError escaped. 10**15 full slots need 9 x 10**15 B of free
+    # list (8 B a slot id + 1 B a flag) and 16 x 10**15 B of store: more than any
+    # machine's address space; the pool is built first and says so.
+    with pytest.raises(BufferUnsupportedError, match="host pool 'full': cannot allocate the "
+                                                     "free list of 1,000,000,000,000,000 "
+                                                     "slots"):
         HostBuffer(LAYOUT, {"full": 10**15}, backend=backend)
 
 

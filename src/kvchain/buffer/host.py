@@ -166,7 +166,7 @@ class HostBuffer:
             unknown backend, ``chunk_bytes < 1``, or ``pin`` with the numpy backend.
         BufferUnsupportedError: ``backend="torch"`` without torch, ``pin=True`` where
             torch sees no CUDA device, or host memory that cannot be allocated (the store's
-            bytes, or the pools' free lists of 8 B a slot).
+            bytes, or a pool's free list, :class:`~kvchain.buffer.HostPool`).
     """
 
     def __init__(self, layout: ChainLayout, slots: Mapping[str, int], *,
@@ -183,22 +183,11 @@ class HostBuffer:
         if backend == "numpy" and pin:
             raise BufferArgumentError("pinned host memory needs backend='torch'")
         nbytes = max((r.base + r.nbytes for r in regions), default=0)
-        try:
-            self._init_memory(layout, regions, backend, pin, nbytes)
-        except MemoryError:
-            raise BufferUnsupportedError(
-                f"cannot allocate a host buffer of {nbytes:,} B with "
-                f"{sum(r.slots for r in regions):,} slots (and their free lists, 8 B a slot) "
-                f"in this machine's memory") from None
-        self._chunk_bytes = chunk_bytes
-        self._counts = [0, 0, 0, 0, 0, 0]
-
-    def _init_memory(self, layout: ChainLayout, regions: tuple[HostRegion, ...], backend: str,
-                     pin: bool | None, nbytes: int) -> None:
-        """The pools and the store (``__init__``'s allocations; MemoryError passes up)."""
         self._layout = layout
         self._regions = {r.label: r for r in regions}
         self._pools = {r.label: HostPool(r.label, r.slots) for r in regions}
+        self._chunk_bytes = chunk_bytes
+        self._counts = [0, 0, 0, 0, 0, 0]
         self._backend = backend
         self._tensor: Any = None
         if backend == "torch":
@@ -215,12 +204,15 @@ class HostBuffer:
             try:
                 self._tensor = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=self._pinned)
             except RuntimeError as exc:  # torch's allocator reports no memory this way
-                raise MemoryError(str(exc)) from None
+                raise _no_memory(nbytes, exc) from None
             self._array = self._tensor.numpy()  # the same bytes
         else:
             self._pinned = False
             self._pin_note = "plain host memory (numpy backend)"
-            self._array = np.zeros(nbytes, dtype=np.uint8)
+            try:
+                self._array = np.zeros(nbytes, dtype=np.uint8)
+            except (MemoryError, ValueError) as exc:  # ValueError: past numpy's size limit
+                raise _no_memory(nbytes, exc) from None
 
     # --- geometry and allocation ----------------------------------------------------------
 
@@ -497,6 +489,11 @@ def copy_runs(pages: np.ndarray, slots: np.ndarray) -> list[tuple[int, int, int]
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [ps.size]))
     return [(int(ps[a]), int(ss[a]), int(b - a)) for a, b in zip(starts, ends, strict=True)]
+
+
+def _no_memory(nbytes: int, exc: BaseException) -> BufferUnsupportedError:
+    return BufferUnsupportedError(f"cannot allocate a host buffer of {nbytes:,} B in this "
+                                  f"machine's memory ({exc})")
 
 
 def _is_int(value: Any) -> bool:
