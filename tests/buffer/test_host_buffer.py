@@ -131,6 +131,11 @@ def test_refusals_are_typed_and_change_nothing(make_device):
         (BufferArgumentError, "has 3 B", lambda: host.write_slot("full", 0, b"abc")),
         (BufferUnsupportedError, "NullBuffer", lambda: host.to_host(
             NullBuffer(DEVICE_BYTES), FULL_BAND, [0], [0])),
+        # Regression: an after that is no fence raised AttributeError ('str' has no wait).
+        (BufferArgumentError, "after must be a fence", lambda: host.to_host(
+            device, FULL_BAND, [0], [0], after="done")),  # type: ignore[arg-type]
+        (BufferArgumentError, "got int", lambda: host.to_device(
+            device, FULL_BAND, [0], [5], after=1)),  # type: ignore[arg-type]
     ]
     for error, words, call in cases:
         with pytest.raises(error, match=words):

@@ -342,8 +342,12 @@ class HostBuffer:
     # --- copies ---------------------------------------------------------------------------
 
     def _check(self, device: Any, band: BandLayout, pages: Any, slots: Any,
-               pages_written: bool) -> tuple[HostRegion, np.ndarray, np.ndarray]:
-        """Validate a copy between ``pages`` of ``band`` on ``device`` and held ``slots``."""
+               pages_written: bool, after: Any) -> tuple[HostRegion, np.ndarray, np.ndarray]:
+        """Validate a copy between ``pages`` of ``band`` on ``device`` and held ``slots``
+        (and its ``after`` fence: one with ``query``/``wait``, or ``None``)."""
+        if after is not None and not isinstance(after, Fence):
+            raise BufferArgumentError(f"after must be a fence (query() and wait()) or None, "
+                                      f"got {type(after).__name__}")
         if not isinstance(device, NumpyBuffer | TorchBuffer):
             raise BufferUnsupportedError(
                 f"host copies need a NumpyBuffer or TorchBuffer device backend, got "
@@ -388,11 +392,12 @@ class HostBuffer:
 
         Raises:
             BufferArgumentError: unknown class, page bytes that differ, a page outside the
-                band's grid, a slot out of range or not held, lengths that differ, or a slot
-                twice (nothing is copied).
+                band's grid, a slot out of range or not held, lengths that differ, a slot
+                twice, or an ``after`` that is no fence (nothing is copied).
             BufferUnsupportedError: a device backend without bytes.
         """
-        region, p, s = self._check(device, band, pages, slots, pages_written=False)
+        region, p, s = self._check(device, band, pages, slots, pages_written=False,
+                                   after=after)
         if after is not None:
             after.wait()
         fence = self._copy(device, band, region, p, s, to_host=True)
@@ -420,7 +425,8 @@ class HostBuffer:
                 a repeated slot (nothing is copied).
             BufferUnsupportedError: a device backend without bytes.
         """
-        region, p, s = self._check(device, band, pages, slots, pages_written=True)
+        region, p, s = self._check(device, band, pages, slots, pages_written=True,
+                                   after=after)
         if after is not None:
             after.wait()
         fence = self._copy(device, band, region, p, s, to_host=False)
