@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvchain.alloc import Chain, Demand
-from kvchain.alloc import pricing
+from kvchain.alloc import Chain, Demand, pricing
 from kvchain.alloc.pricing import Planner
 from kvchain.errors import ConfigError, InvalidDemandError
 from kvchain.layout import ChainLayout, plan_layout

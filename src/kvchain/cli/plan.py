@@ -34,6 +34,7 @@ from kvchain.cli.common import (
     render_bands,
     warn_buffer,
 )
+from kvchain.cli.run_options import DEFAULT_MODEL
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import get_gpu, local_host_memory_bytes
 from kvchain.sim.cost import (
@@ -71,7 +72,7 @@ HOST_INTERVAL_HELP = ("Tokens between a cached prefix's resume points in the hos
 
 @app.command("plan", short_help="Bands and capacity of one model's chain.")
 def plan_command(
-    model: Annotated[str, typer.Option(help="Bundled model name.")] = "gpt-oss-120b",
+    model: Annotated[str, typer.Option(help="Bundled model name.")] = DEFAULT_MODEL,
     config: Annotated[Path | None, typer.Option(help="A Hugging Face config.json.")] = None,
     spec: Annotated[Path | None, typer.Option(help="A JSON file declaring classes by bytes: "
                                                    "full, window, window_tokens, local, "
@@ -251,9 +252,9 @@ def _host_dict(host: HostReport) -> dict[str, object]:
     ``interval_bytes``, ``intervals``, ``resumable_tokens``, ``used_bytes``,
     ``every_page_resumes``, ``classes`` (per band: ``band``, ``page_bytes``,
     ``per_interval``, ``slots``, ``bytes``), and ``hit``: the priced host hit of the request
-    mix's prompt (``tokens``, ``limited_by_tier``, ``load_bytes``, and in seconds ``load_s``, ``with_hit_s``,
-    ``recompute_s``, ``saved_s``, ``null`` with ``why_unpriced`` when it cannot be
-    priced)."""
+    mix's prompt (``tokens``, ``limited_by_tier``, ``load_bytes``, and in seconds
+    ``load_s``, ``with_hit_s``, ``recompute_s``, ``saved_s``, ``null`` with
+    ``why_unpriced`` when it cannot be priced)."""
     tier, t = host.tier, host.timing
     return {
         "host_bytes": tier.host_bytes, "given": host.given,
