@@ -32,9 +32,10 @@ from kvchain.cli.common import (
     load_spec,
     note_defaults,
     render_bands,
+    warn,
     warn_buffer,
 )
-from kvchain.cli.run_options import DEFAULT_MODEL
+from kvchain.cli.run_options import DEFAULT_MODEL, mem_fraction_unused, option_typed
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import get_gpu, local_host_memory_bytes
 from kvchain.sim.cost import (
@@ -100,6 +101,7 @@ def plan_command(
     host_interval: Annotated[int, typer.Option(help=HOST_INTERVAL_HELP)]
     = MOONCAKE_BLOCK_TOKENS,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    *, ctx: typer.Context,
 ) -> None:
     """Plan a model's KV buffer as a chain: bands, page bytes, longest request,
     concurrency, token capacity - side by side with fixed per-class pools. Every figure is
@@ -125,6 +127,8 @@ def plan_command(
     except KVChainError as exc:
         fail(exc)
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
+    if buffer_bytes is not None and option_typed(ctx, "mem_fraction"):
+        warn(mem_fraction_unused(mem_fraction))
     note_defaults(model_spec, config)
     if as_json:
         print(json.dumps(plan_report(result, host), indent=2))
