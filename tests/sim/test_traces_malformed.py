@@ -145,3 +145,13 @@ def test_a_field_given_twice_in_a_jsonl_row_names_file_and_line(tmp_path, row):
     path.write_text(row + "\n")
     with pytest.raises(TraceError, match=_where(path, 1)):
         load_trace(path)
+
+
+@pytest.mark.xfail(strict=True, reason="a generic CSV header that names a column twice "
+                   "is read with csv.DictReader, which keeps the last column's value "
+                   "silently; the fix belongs to sim/traces.py")
+def test_a_column_named_twice_in_a_csv_header_names_the_file(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,arrival_s,prompt_tokens,output_tokens\n0,7,10,5\n")
+    with pytest.raises(TraceError, match=re.escape(str(path))):
+        load_trace(path)
