@@ -1,8 +1,8 @@
-"""Hostile inputs to the pricing strategy and the module-level planner functions: every one
-is a typed error, raised before anything is priced or changed.
+"""Hostile inputs to the pricing strategy, the module-level planner functions and the
+chain's release: every one is a typed error, raised before anything is priced or changed.
 
 Defects found by adversarial testing; the fixes belong to alloc/ (``Planner``,
-``validate_demand``), so the tests are strict xfails until then.
+``validate_demand``, ``Chain.release``), so the tests are strict xfails until then.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from kvchain.alloc import Chain, Demand, pricing
 from kvchain.alloc.pricing import Planner
-from kvchain.errors import ConfigError, InvalidDemandError
+from kvchain.errors import ConfigError, InvalidDemandError, KVChainError, UnknownPageError
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.spec.layers import CacheClass, LifetimeClass
 
@@ -80,3 +80,30 @@ def test_refusals_change_nothing_and_the_memo_hit_is_checked() -> None:
             with pytest.raises(InvalidDemandError):
                 call(d)
     assert chain.snapshot() is before and chain.epoch == before.epoch
+
+
+@pytest.mark.xfail(strict=True, reason="Chain.release flattens any array shape: "
+                   "release(1, grant.pages) (a careless caller passing every band's ids) "
+                   "frees band 0's ids 0, 1, 2 in band 1, pages another request holds")
+def test_release_refuses_ids_that_are_not_one_dimensional() -> None:
+    chain = Chain(_layout())
+    held = chain.take(Demand((0, 10)))  # full vids 0 .. 9: another request's pages
+    grant = chain.take(Demand((3, 3)))  # window vids 0, 1, 2; full vids 10, 11, 12
+    assert grant.pages == ((0, 1, 2), (10, 11, 12))
+    before = chain.snapshot()
+    with pytest.raises((InvalidDemandError, UnknownPageError)):  # a typed refusal
+        chain.release(1, grant.pages)  # type: ignore[arg-type]
+    assert chain.snapshot() is before and chain.bound_pages(1) == 13
+    assert held.pages[1] == tuple(range(10))
+
+
+@pytest.mark.xfail(strict=True, reason="Chain.release of ragged ids (e.g. grant.pages with "
+                   "an empty band) raises numpy's ValueError, not a typed error")
+def test_release_of_ragged_ids_is_a_typed_error() -> None:
+    chain = Chain(_layout())
+    grant = chain.take(Demand((0, 4)))
+    assert grant.pages == ((), (0, 1, 2, 3))
+    before = chain.snapshot()
+    with pytest.raises(KVChainError):
+        chain.release(1, grant.pages)  # type: ignore[arg-type]
+    assert chain.snapshot() is before
