@@ -107,3 +107,20 @@ def test_release_of_ragged_ids_is_a_typed_error() -> None:
     with pytest.raises(KVChainError):
         chain.release(1, grant.pages)  # type: ignore[arg-type]
     assert chain.snapshot() is before
+
+
+@pytest.mark.xfail(strict=True, reason="PoolAllocator.price reads demand.pages unchecked "
+                   "(a tuple raises AttributeError) and release(band, [[0]]) raises "
+                   "TypeError; the chain refuses both typed. The fix belongs to "
+                   "baselines/pools.py")
+@pytest.mark.parametrize("call", [
+    lambda pool: pool.price((1, 1)),
+    lambda pool: pool.take((1, 1)),
+    lambda pool: pool.release(1, [[0]]),
+])
+def test_pool_allocator_refuses_bad_input_typed(call) -> None:
+    from kvchain.baselines import CapacityRule, PoolAllocator
+
+    pool = PoolAllocator(_layout(), CapacityRule.SHARED)
+    with pytest.raises(KVChainError):
+        call(pool)
