@@ -131,6 +131,11 @@ def test_refusals_are_typed_and_change_nothing(make_device):
         (BufferArgumentError, "has 3 B", lambda: host.write_slot("full", 0, b"abc")),
         (BufferUnsupportedError, "NullBuffer", lambda: host.to_host(
             NullBuffer(DEVICE_BYTES), FULL_BAND, [0], [0])),
+        # Regression: an after that is no fence raised AttributeError ('str' has no wait).
+        (BufferArgumentError, "after must be a fence", lambda: host.to_host(
+            device, FULL_BAND, [0], [0], after="done")),  # type: ignore[arg-type]
+        (BufferArgumentError, "got int", lambda: host.to_device(
+            device, FULL_BAND, [0], [5], after=1)),  # type: ignore[arg-type]
     ]
     for error, words, call in cases:
         with pytest.raises(error, match=words):
@@ -188,3 +193,32 @@ def test_copy_runs_by_hand():
     runs = copy_runs(np.array([7, 8, 3, 9]), np.array([0, 1, 5, 2]))
     assert runs == [(7, 0, 3), (3, 5, 1)]
     assert copy_runs(np.zeros(0, np.int64), np.zeros(0, np.int64)) == []
+
+
+def test_slots_not_a_mapping_is_refused():
+    # Regression: None raised a bare TypeError, and a list of pairs was read as labels
+    # ("no cache class ('full', 3)").
+    for slots in (None, [("full", 3)], 3):
+        with pytest.raises(BufferArgumentError, match="mapping of band label"):
+            HostBuffer(LAYOUT, slots)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", HOSTS)
+def test_host_memory_that_cannot_be_allocated_is_a_typed_error(backend):
+    # Regression: numpy's MemoryError escaped. 10**15 full slots need 9 x 10**15 B of free
+    # list (8 B a slot id + 1 B a flag) and 16 x 10**15 B of store: more than any
+    # machine's address space; the pool is built first and says so.
+    with pytest.raises(BufferUnsupportedError, match="host pool 'full': cannot allocate the "
+                                                     "free list of 1,000,000,000,000,000 "
+                                                     "slots"):
+        HostBuffer(LAYOUT, {"full": 10**15}, backend=backend)
+
+
+def test_a_page_outside_the_grid_is_named_once():
+    # Regression: the message said "device page page 62".
+    device = NumpyBuffer(DEVICE_BYTES)
+    host = HostBuffer(LAYOUT, SLOTS)
+    held = host.alloc("full", 1)
+    with pytest.raises(BufferArgumentError) as info:
+        host.to_host(device, FULL_BAND, [62], held)
+    assert str(info.value).startswith("device page 62 is outside the full band's grid of 62")

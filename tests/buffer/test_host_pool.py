@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvchain.buffer import HostBuffer, HostPool, NumpyBuffer
-from kvchain.errors import AuditError, HostPoolFullError
+from kvchain.errors import AuditError, BufferUnsupportedError, HostPoolFullError
 
 from .conftest import HAS_TORCH, NO_TORCH_REASON
 from .host_fixtures import DEVICE_BYTES, FULL_BAND, LAYOUT, STATE_BAND, WIN_BAND, fill
@@ -146,3 +146,11 @@ def test_pool_by_hand():
     pool._top = 2
     with pytest.raises(AuditError):
         pool.audit()
+
+
+def test_a_pool_past_numpy_size_limit_is_a_typed_error():
+    # Regression: numpy's "array is too big" ValueError escaped for 2**60 slots (its free
+    # list would be 2**63 B, past numpy's largest array).
+    with pytest.raises(BufferUnsupportedError, match="cannot allocate the free list of "
+                                                     "1,152,921,504,606,846,976 slots"):
+        HostPool("full", 2**60)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -131,3 +132,85 @@ def test_a_byte_proportional_split_strands_pages():
                                  by["window"],
                                  HostClassShare("full", 16, 4, 562, 8_992)))
     assert bad.stranded_full_pages == 562 - 20 * 4 == 482
+
+
+@pytest.mark.parametrize("interval", [1.5, 16.0, True, "16", None, float("nan")])
+def test_interval_that_is_no_whole_number_is_a_config_error(interval):
+    # Regression: floats and strings raised a bare TypeError deep in the page arithmetic,
+    # and True passed as a 1-token interval.
+    with pytest.raises(ConfigError, match="whole number"):
+        per_interval_slots(LAYOUT, interval)
+    with pytest.raises(ConfigError, match="whole number"):
+        host_tier_plan(LAYOUT, 1_000, interval)
+
+
+@pytest.mark.parametrize("tokens", [16.0, True, "16", float("nan")])
+def test_hit_tokens_that_are_no_whole_number_are_refused(tokens):
+    # Regression: 16.0 and "16" raised TypeError; True reached the page check as 1 token.
+    with pytest.raises(InvalidRequestError, match="whole number"):
+        hit_load_bytes(LAYOUT, tokens)
+
+
+def test_numpy_integers_are_whole_numbers():
+    # A numpy integer (e.g. a sum over a slot array) is a byte count like any int: the
+    # same plan as test_plan_by_hand (76 intervals of 16 tokens in 10,000 B), plain ints
+    # in the plan; the hit of 16 tokens is 128 B (test_hit_load_bytes_by_hand).
+    plan = host_tier_plan(LAYOUT, np.int64(10_000), np.int32(16))
+    assert (plan.host_bytes, plan.interval_tokens, plan.intervals) == (10_000, 16, 76)
+    assert type(plan.host_bytes) is int and type(plan.interval_tokens) is int
+    assert per_interval_slots(LAYOUT, np.int64(16)) == (1, 2, 4)
+    assert all(type(n) is int for n in per_interval_slots(LAYOUT, np.int64(16)))
+    assert hit_load_bytes(LAYOUT, np.int64(16)) == 128
+
+
+def _local_layout(chunk: int, page: int = 4, full: bool = True):
+    local = LayerCache(1, LifetimeClass.LOCAL, "gqa",
+                       (TensorDecl("k", (1,), FP8), TensorDecl("v", (1,), FP8)), window=chunk)
+    classes = (FULL, local) if full else (local,)
+    return plan_layout(group_classes(classes), 10**6, page_size=page)
+
+
+@settings(max_examples=80, deadline=None)
+@given(chunk=st.integers(1, 300), interval=st.integers(1, 80), page=st.integers(1, 8))
+def test_chunked_local_tail_equals_the_walk_over_a_period(chunk, interval, page):
+    # The closed form against the walk it replaced: the longest tail_pages over the points
+    # m K, m = 1 .. C / gcd(K, C), capped at the interval's pages.
+    from math import gcd
+
+    from kvchain.cache.host_tier import _band_geometry
+    from kvchain.cache.radix import tail_pages
+
+    layout = _local_layout(chunk, page)
+    pages = -(-interval // page)
+    geom = _band_geometry(layout, 0)
+    k = pages * page
+    walk = max(len(tail_pages(geom, m * pages)) for m in range(1, chunk // gcd(k, chunk) + 1))
+    assert per_interval_slots(layout, interval) == (min(pages, walk), pages)
+
+
+def test_a_huge_chunk_is_priced_at_once():
+    # Regression: the walk over (m K) mod C took C / gcd(K, C) steps: a 100,000,007-token
+    # chunk (odd, so gcd(512, C) = 1) ran for minutes. Closed form: ceil((C - 1) / 16) =
+    # 6,250,001 pages, more than the interval's 32, so 32.
+    import time
+
+    layout = _local_layout(100_000_007, page=16)
+    start = time.perf_counter()
+    assert per_interval_slots(layout, 512) == (32, 32)
+    assert time.perf_counter() - start < 5.0
+
+
+def test_a_chain_that_resumes_without_bytes_holds_nothing():
+    # Regression: ZeroDivisionError. Local only, C = 64 tokens, K = 512 (= 8 chunks): every
+    # resume point is a chunk start, so its tail is empty and an interval costs 0 B.
+    layout = _local_layout(64, page=16, full=False)
+    assert per_interval_slots(layout, 512) == (0,)
+    plan = host_tier_plan(layout, 5_000_000, 512)
+    assert plan.resumes_without_bytes
+    assert (plan.interval_bytes, plan.intervals, plan.resumable_tokens, plan.used_bytes) == \
+        (0, 0, 0, 0)
+    # K = 32 (half a chunk): the point at 32 tokens needs its 2 pages; not "without bytes".
+    # 2 pages x 16 x 2 B = 64 B an interval; 5,000,000 // 64 = 78,125 intervals.
+    plan = host_tier_plan(layout, 5_000_000, 32)
+    assert not plan.resumes_without_bytes
+    assert (plan.interval_bytes, plan.intervals) == (64, 78_125)

@@ -102,3 +102,56 @@ def test_bad_host_options_exit_2(args, words):
     result = runner.invoke(app, ["plan", *args])
     assert result.exit_code == 2
     assert words in " ".join(result.output.split())
+
+
+def test_host_hit_is_at_most_what_the_tier_holds(spec):
+    # Regression: the hit was priced from the prompt alone (1,536 tokens), even for a tier
+    # that holds one interval or none.
+    # 1,000,000 B: one interval (612,000 B: state [0, 100,000), full from 100,096 to
+    # 612,096); two would need full to end at 200,192 + 1,024,000 > 1,000,000. The tier
+    # holds 512 tokens, so the 2,048-token prompt's hit is 512 tokens: 32 full pages x
+    # 16,000 B + one 100,000 B checkpoint = 612,000 B.
+    d = json.loads(run("plan", "--spec", spec, "--buffer-bytes", "1000000000",
+                       "--host-bytes", "1000000", "--json"))["host_tier"]
+    assert (d["intervals"], d["resumable_tokens"]) == (1, 512)
+    hit = d["hit"]
+    assert (hit["tokens"], hit["limited_by_tier"], hit["load_bytes"]) == (512, True, 612_000)
+    # 600,000 B holds no interval: nothing to hit, and the reason says so.
+    d = json.loads(run("plan", "--spec", spec, "--buffer-bytes", "1000000000",
+                       "--host-bytes", "600000", "--json"))["host_tier"]
+    assert (d["intervals"], d["resumable_tokens"]) == (0, 0)
+    hit = d["hit"]
+    assert (hit["tokens"], hit["load_bytes"], hit["load_s"]) == (0, 0, None)
+    assert "holds no resume interval (one needs 612,000 B" in hit["why_unpriced"]
+    text = " ".join(run("plan", "--spec", spec, "--buffer-bytes", "1000000000",
+                        "--host-bytes", "600000").split())
+    assert "host hit not priced: the host tier holds no resume interval" in text
+    # A tier that holds the whole prefix is not limited: 10,000,000 B hold 8,192 tokens.
+    d = json.loads(run("plan", "--spec", spec, "--buffer-bytes", "1000000000",
+                       "--host-bytes", "10000000", "--json"))["host_tier"]
+    assert (d["hit"]["tokens"], d["hit"]["limited_by_tier"]) == (1_536, False)
+
+
+def test_host_hit_on_a_small_tier_is_timed_on_its_content():
+    # gpt-oss-120b: an interval is 23,592,960 B (test above); 30,000,000 B hold one
+    # (window [0, 8 x 589,824 = 4,718,592), full from 4,718,592 to 23,592,960 + ... =
+    # 23,592,960 B in all), so the hit is 512 tokens: 512 x 36,864 B of full pages + the
+    # 8-page window tail 4,718,592 B = 23,592,960 B.
+    d = json.loads(run("plan", "--host-bytes", "30000000", "--json"))["host_tier"]
+    assert (d["intervals"], d["hit"]["tokens"]) == (1, 512)
+    assert d["hit"]["load_bytes"] == 512 * 36_864 + 8 * 589_824 == 23_592_960
+    assert d["hit"]["limited_by_tier"] is True and d["hit"]["saved_s"] is not None
+    text = " ".join(run("plan", "--host-bytes", "30000000").split())
+    assert "a host hit of 512 tokens (all the tier holds) loads 23,592,960 B" in text
+
+
+def test_host_tier_of_a_model_that_resumes_without_bytes(tmp_path):
+    # Regression: ZeroDivisionError traceback. Chunked local only, C = 64 tokens: the
+    # default interval (512 tokens) always resumes at a chunk start, which needs no KV.
+    path = tmp_path / "lo.json"
+    path.write_text(json.dumps({"name": "lo", "local": 1_000, "chunk_tokens": 64}))
+    d = json.loads(run("plan", "--spec", str(path), "--buffer-bytes", "100000000",
+                       "--host-bytes", "5000000", "--json"))["host_tier"]
+    assert (d["interval_bytes"], d["intervals"], d["resumable_tokens"]) == (0, 0, 0)
+    assert d["hit"]["tokens"] == 0
+    assert "needs no KV bytes" in d["hit"]["why_unpriced"]

@@ -183,3 +183,35 @@ def test_class_lists_that_are_not_sequences_are_refused_typed(kwargs, needle):
     with pytest.raises(ConfigError) as info:
         declare_model("m", full=1000, **kwargs)
     assert needle in str(info.value)
+
+
+def test_a_field_given_twice_is_refused(tmp_path):
+    # Regression: json.loads kept the last value, so {"full": 1000, "full": 2000} declared
+    # 2,000 B a token without a word; nested class entries too.
+    path = tmp_path / "dup.json"
+    path.write_text('{"name": "x", "full": 1000, "full": 2000}')
+    with pytest.raises(ConfigError) as err:
+        load_spec_file(path)
+    assert str(err.value) == (f"spec file {path}: field 'full' is given twice (1000, then "
+                              f"2000)")
+    path.write_text('{"full": 1000, "windows": [{"bytes": 8, "tokens": 11, "bytes": 9}]}')
+    with pytest.raises(ConfigError, match="field 'bytes' is given twice"):
+        load_spec_file(path)
+    # Distinct keys in distinct objects are fine (the same key in two class entries).
+    path.write_text('{"full": 1000, "windows": [{"bytes": 8, "tokens": 11}, '
+                    '{"bytes": 4, "tokens": 5}]}')
+    assert load_spec_file(path).bytes_per_token(LifetimeClass.FULL) == 1000
+
+
+def test_the_cli_refuses_a_spec_file_with_a_field_twice_with_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvchain.cli import _load_commands, app
+
+    _load_commands()
+    path = tmp_path / "dup.json"
+    path.write_text('{"full": 1000, "full": 2000}')
+    result = CliRunner().invoke(app, ["plan", "--spec", str(path), "--buffer-bytes",
+                                      "1000000000"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "field 'full' is given twice" in result.stderr

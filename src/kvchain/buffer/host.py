@@ -15,7 +15,8 @@ band's page bytes, so one device page of a class fits one host slot of that clas
 
 Each region has its own allocator, a :class:`~kvchain.buffer.host_pool.HostPool` (a free list
 of slots; why not a chain: that module's docstring). How many slots each class gets is the
-caller's choice; :func:`kvchain.cache.host_tier.host_slots` sizes them from a byte budget.
+caller's choice; :func:`kvchain.cache.host_tier.host_tier_plan` sizes them from a byte budget
+(:func:`kvchain.cache.host_tier.host_buffer` builds the buffer it sizes).
 
 Copies (:meth:`HostBuffer.to_host`, :meth:`HostBuffer.to_device`) move whole pages of one
 band between a device backend and held host slots of the same class:
@@ -123,9 +124,12 @@ def host_regions(layout: ChainLayout, slots: Mapping[str, int]) -> tuple[HostReg
     state at ``[0, 3,000)``, full from ``ceil(3,000 / 256) x 256 = 3,072`` to ``11,264``.
 
     Raises:
-        BufferArgumentError: a label that is no band of the layout, or a slot count that is
-            not a whole number >= 0.
+        BufferArgumentError: ``slots`` not a mapping, a label that is no band of the
+            layout, or a slot count that is not a whole number >= 0.
     """
+    if not isinstance(slots, Mapping):
+        raise BufferArgumentError(f"host slots must be a mapping of band label -> slots, got "
+                                  f"{type(slots).__name__}")
     labels = [b.label for b in layout.bands]
     unknown = sorted(set(slots) - set(labels))
     if unknown:
@@ -158,10 +162,11 @@ class HostBuffer:
         chunk_bytes: most bytes staged per gather/scatter chunk on the CPU paths.
 
     Raises:
-        BufferArgumentError: an unknown label, a bad slot count, an unknown backend,
-            ``chunk_bytes < 1``, or ``pin`` with the numpy backend.
-        BufferUnsupportedError: ``backend="torch"`` without torch, or ``pin=True`` where
-            torch sees no CUDA device.
+        BufferArgumentError: ``slots`` not a mapping, an unknown label, a bad slot count, an
+            unknown backend, ``chunk_bytes < 1``, or ``pin`` with the numpy backend.
+        BufferUnsupportedError: ``backend="torch"`` without torch, ``pin=True`` where
+            torch sees no CUDA device, or host memory that cannot be allocated (the store's
+            bytes, or a pool's free list, :class:`~kvchain.buffer.HostPool`).
     """
 
     def __init__(self, layout: ChainLayout, slots: Mapping[str, int], *,
@@ -177,13 +182,13 @@ class HostBuffer:
             backend = "torch" if importlib.util.find_spec("torch") is not None else "numpy"
         if backend == "numpy" and pin:
             raise BufferArgumentError("pinned host memory needs backend='torch'")
+        nbytes = max((r.base + r.nbytes for r in regions), default=0)
         self._layout = layout
         self._regions = {r.label: r for r in regions}
         self._pools = {r.label: HostPool(r.label, r.slots) for r in regions}
         self._chunk_bytes = chunk_bytes
-        self._backend = backend
         self._counts = [0, 0, 0, 0, 0, 0]
-        nbytes = max((r.base + r.nbytes for r in regions), default=0)
+        self._backend = backend
         self._tensor: Any = None
         if backend == "torch":
             torch = import_torch()
@@ -196,12 +201,18 @@ class HostBuffer:
                               "plain host memory, not pinned: "
                               + ("pin=False" if cuda else
                                  "torch sees no CUDA device and pinning needs CUDA"))
-            self._tensor = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=self._pinned)
+            try:
+                self._tensor = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=self._pinned)
+            except RuntimeError as exc:  # torch's allocator reports no memory this way
+                raise _no_memory(nbytes, exc) from None
             self._array = self._tensor.numpy()  # the same bytes
         else:
             self._pinned = False
             self._pin_note = "plain host memory (numpy backend)"
-            self._array = np.zeros(nbytes, dtype=np.uint8)
+            try:
+                self._array = np.zeros(nbytes, dtype=np.uint8)
+            except (MemoryError, ValueError) as exc:  # ValueError: past numpy's size limit
+                raise _no_memory(nbytes, exc) from None
 
     # --- geometry and allocation ----------------------------------------------------------
 
@@ -331,8 +342,12 @@ class HostBuffer:
     # --- copies ---------------------------------------------------------------------------
 
     def _check(self, device: Any, band: BandLayout, pages: Any, slots: Any,
-               pages_written: bool) -> tuple[HostRegion, np.ndarray, np.ndarray]:
-        """Validate a copy between ``pages`` of ``band`` on ``device`` and held ``slots``."""
+               pages_written: bool, after: Any) -> tuple[HostRegion, np.ndarray, np.ndarray]:
+        """Validate a copy between ``pages`` of ``band`` on ``device`` and held ``slots``
+        (and its ``after`` fence: one with ``query``/``wait``, or ``None``)."""
+        if after is not None and not isinstance(after, Fence):
+            raise BufferArgumentError(f"after must be a fence (query() and wait()) or None, "
+                                      f"got {type(after).__name__}")
         if not isinstance(device, NumpyBuffer | TorchBuffer):
             raise BufferUnsupportedError(
                 f"host copies need a NumpyBuffer or TorchBuffer device backend, got "
@@ -345,7 +360,7 @@ class HostBuffer:
                 f"the {band.label} band has pages of {band.page_bytes:,} B but this host "
                 f"buffer's {band.label} slots hold {region.page_bytes:,} B")
         p = page_index_array(pages, "device page")
-        check_in_grid(band, p, grid_pages(band, device.nbytes), "device page")
+        check_in_grid(band, p, grid_pages(band, device.nbytes), "device")
         s = self._pools[band.label].check_held(slots)
         if p.size != s.size:
             raise BufferArgumentError(f"a host copy needs as many device pages as host slots, "
@@ -377,11 +392,12 @@ class HostBuffer:
 
         Raises:
             BufferArgumentError: unknown class, page bytes that differ, a page outside the
-                band's grid, a slot out of range or not held, lengths that differ, or a slot
-                twice (nothing is copied).
+                band's grid, a slot out of range or not held, lengths that differ, a slot
+                twice, or an ``after`` that is no fence (nothing is copied).
             BufferUnsupportedError: a device backend without bytes.
         """
-        region, p, s = self._check(device, band, pages, slots, pages_written=False)
+        region, p, s = self._check(device, band, pages, slots, pages_written=False,
+                                   after=after)
         if after is not None:
             after.wait()
         fence = self._copy(device, band, region, p, s, to_host=True)
@@ -409,7 +425,8 @@ class HostBuffer:
                 a repeated slot (nothing is copied).
             BufferUnsupportedError: a device backend without bytes.
         """
-        region, p, s = self._check(device, band, pages, slots, pages_written=True)
+        region, p, s = self._check(device, band, pages, slots, pages_written=True,
+                                   after=after)
         if after is not None:
             after.wait()
         fence = self._copy(device, band, region, p, s, to_host=False)
@@ -478,6 +495,11 @@ def copy_runs(pages: np.ndarray, slots: np.ndarray) -> list[tuple[int, int, int]
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [ps.size]))
     return [(int(ps[a]), int(ss[a]), int(b - a)) for a, b in zip(starts, ends, strict=True)]
+
+
+def _no_memory(nbytes: int, exc: BaseException) -> BufferUnsupportedError:
+    return BufferUnsupportedError(f"cannot allocate a host buffer of {nbytes:,} B in this "
+                                  f"machine's memory ({exc})")
 
 
 def _is_int(value: Any) -> bool:

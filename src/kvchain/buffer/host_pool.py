@@ -25,7 +25,12 @@ from typing import Any
 import numpy as np
 
 from kvchain.buffer.base import page_index_array
-from kvchain.errors import AuditError, BufferArgumentError, HostPoolFullError
+from kvchain.errors import (
+    AuditError,
+    BufferArgumentError,
+    BufferUnsupportedError,
+    HostPoolFullError,
+)
 
 
 class HostPool:
@@ -37,6 +42,7 @@ class HostPool:
 
     Raises:
         BufferArgumentError: a negative or non-integer ``slots``.
+        BufferUnsupportedError: the free list (9 B a slot) cannot be allocated.
     """
 
     __slots__ = ("_free", "_held", "_top", "label", "slots")
@@ -48,9 +54,15 @@ class HostPool:
         self.label = label
         self.slots = int(slots)
         # The stack's top is at the end: popping from a fresh pool gives 0, 1, 2, ...
-        self._free = np.arange(self.slots - 1, -1, -1, dtype=np.int64)
+        try:
+            self._free = np.arange(self.slots - 1, -1, -1, dtype=np.int64)
+            self._held = np.zeros(self.slots, dtype=bool)
+        except (MemoryError, ValueError) as exc:  # ValueError: past numpy's size limit
+            raise BufferUnsupportedError(
+                f"host pool {label!r}: cannot allocate the free list of {self.slots:,} slots "
+                f"({9 * self.slots:,} B: 8 B a slot id, 1 B its held flag) in this machine's "
+                f"memory ({exc})") from None
         self._top = self.slots
-        self._held = np.zeros(self.slots, dtype=bool)
 
     @property
     def free_count(self) -> int:

@@ -16,7 +16,8 @@ boundaries, 512 tokens for the bundled Mooncake traces). One interval costs, per
   ``ceil((W - 1) / P)`` pages away from the start of the prompt (consecutive tails overlap
   when ``t > I``, so an interval never adds more than its own ``I`` pages); chunked local
   ``C``: ``min(I, t)`` with ``t`` the longest tail over the points of one period
-  (``(m K) mod C`` tokens back to the chunk's start) - an upper bound;
+  (``(m K) mod C`` tokens back to the chunk's start: ``ceil((C - gcd(K, C)) / P)`` pages)
+  - an upper bound;
 * state: 1 slot (the checkpoint).
 
 A model with neither window nor state resumes at every page: its interval is one page.
@@ -33,6 +34,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from kvchain.buffer.host import HOST_ALIGN_BYTES, HostBuffer, host_regions
 from kvchain.cache.radix import CacheGeometry
@@ -92,6 +95,14 @@ class HostTierPlan:
         return {c.label: c.slots for c in self.classes}
 
     @property
+    def resumes_without_bytes(self) -> bool:
+        """True when a resume point needs no bytes of any class (``interval_bytes == 0``:
+        no full or state band, and every window tail at a point is empty - chunked-local
+        bands whose chunk divides the interval, or a 1-token window). A host tier then has
+        nothing to hold: ``intervals == 0``."""
+        return self.interval_bytes == 0
+
+    @property
     def stranded_full_pages(self) -> int:
         """Full-attention slots no state checkpoint can make resumable: ``full slots -
         state slots x full pages per interval`` (at least 0; 0 without a state or a full
@@ -119,10 +130,12 @@ def _tail_per_interval(layout: ChainLayout, i: int, interval_pages: int) -> int:
     p = layout.page_size
     tokens = band.cache_class.window or 0
     if band.lifetime is LifetimeClass.LOCAL:
-        # (m K) mod C repeats with period C / gcd(K, C): the longest tail over one period.
+        # A point r tokens past its chunk's start needs ceil(r / P) pages of tail; over
+        # m = 1 .. C / g (g = gcd(K, C)) the point m K lands r = (m K) mod C on every
+        # multiple of g below C, so the longest tail is ceil((C - g) / P) - in closed form:
+        # a walk over the period took C / g steps (minutes for a 10^8-token chunk).
         k, c = interval_pages * p, tokens
-        period = c // math.gcd(k, c)
-        tail = max(_tail(layout, i, m * interval_pages) for m in range(1, period + 1))
+        tail = -(-(c - math.gcd(k, c)) // p)
     else:
         # A point far enough from the prompt's start that its tail is not clipped at 0.
         point = interval_pages * (-(-tokens // (interval_pages * p)) + 1)
@@ -139,10 +152,13 @@ def per_interval_slots(layout: ChainLayout, interval_tokens: int) -> tuple[int, 
     ``W = 128``: ``(1, min(32, ceil(127 / 16)) = 8, 32)``.
 
     Raises:
-        ConfigError: ``interval_tokens < 1``.
+        ConfigError: ``interval_tokens`` not a whole number (bools and floats refused) or
+            ``< 1``.
     """
-    if interval_tokens < 1:
-        raise ConfigError(f"resume interval must be >= 1 token, got {interval_tokens}")
+    if not _is_whole(interval_tokens) or interval_tokens < 1:
+        raise ConfigError(f"resume interval must be a whole number >= 1 token, got "
+                          f"{interval_tokens!r}")
+    interval_tokens = int(interval_tokens)
     if _every_page_resumes(layout):
         return tuple(1 for _ in layout.bands)
     pages = -(-interval_tokens // layout.page_size)
@@ -155,6 +171,11 @@ def per_interval_slots(layout: ChainLayout, interval_tokens: int) -> tuple[int, 
         else:
             out.append(_tail_per_interval(layout, i, pages))
     return tuple(out)
+
+
+def _is_whole(value: object) -> bool:
+    """An int or numpy integer, not a bool (``True`` would count as 1)."""
+    return not isinstance(value, bool) and isinstance(value, int | np.integer)
 
 
 def _every_page_resumes(layout: ChainLayout) -> bool:
@@ -181,11 +202,14 @@ def host_tier_plan(layout: ChainLayout, host_bytes: int, interval_tokens: int
     at 10,048), ``76 x 16 = 1,216`` resumable tokens.
 
     Raises:
-        ConfigError: ``host_bytes < 0`` or ``interval_tokens < 1``.
+        ConfigError: ``host_bytes`` not a whole number ``>= 0`` or ``interval_tokens`` not
+            one ``>= 1`` (bools and floats refused; numpy integers taken).
     """
-    if isinstance(host_bytes, bool) or not isinstance(host_bytes, int) or host_bytes < 0:
+    if not _is_whole(host_bytes) or host_bytes < 0:
         raise ConfigError(f"host bytes must be a whole number >= 0, got {host_bytes!r}")
+    host_bytes = int(host_bytes)
     per = per_interval_slots(layout, interval_tokens)
+    interval_tokens = int(interval_tokens)
     every_page = _every_page_resumes(layout)
     k = layout.page_size if every_page else -(-interval_tokens // layout.page_size) * \
         layout.page_size
@@ -193,9 +217,12 @@ def host_tier_plan(layout: ChainLayout, host_bytes: int, interval_tokens: int
     # Alignment pads each region after the first by less than HOST_ALIGN_BYTES, so this m
     # fits; then grow it while one more interval still fits (a few steps).
     padding = HOST_ALIGN_BYTES * (len(layout.bands) - 1)
-    m = max(0, (host_bytes - padding) // interval_bytes)
-    while _used_bytes(layout, per, m + 1) <= host_bytes:
-        m += 1
+    if interval_bytes == 0:
+        m = 0  # a resume needs no bytes (resumes_without_bytes): nothing to hold
+    else:
+        m = max(0, (host_bytes - padding) // interval_bytes)
+        while _used_bytes(layout, per, m + 1) <= host_bytes:
+            m += 1
     classes = tuple(HostClassShare(b.label, b.page_bytes, n, m * n, m * n * b.page_bytes)
                     for b, n in zip(layout.bands, per, strict=True))
     return HostTierPlan(host_bytes, k, interval_bytes, m, m * k,
@@ -225,10 +252,15 @@ def hit_load_bytes(layout: ChainLayout, hit_tokens: int) -> int:
     of 16 tokens (4 pages): ``4 x 16 + 2 x 8 + 48 = 128 B``.
 
     Raises:
-        InvalidRequestError: ``hit_tokens`` negative or not a whole number of pages (a hit
-            ends at a resume point, on a page boundary).
+        InvalidRequestError: ``hit_tokens`` not a whole number (bools and floats refused),
+            negative, or not a whole number of pages (a hit ends at a resume point, on a
+            page boundary).
     """
     p = layout.page_size
+    if not _is_whole(hit_tokens):
+        raise InvalidRequestError(f"a host hit's tokens must be a whole number, got "
+                                  f"{hit_tokens!r}")
+    hit_tokens = int(hit_tokens)
     if hit_tokens < 0 or hit_tokens % p:
         raise InvalidRequestError(f"a host hit covers whole pages of {p} tokens, got "
                                   f"{hit_tokens} tokens")

@@ -32,8 +32,10 @@ from kvchain.cli.common import (
     load_spec,
     note_defaults,
     render_bands,
+    warn,
     warn_buffer,
 )
+from kvchain.cli.run_options import DEFAULT_MODEL, mem_fraction_unused, option_typed
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import get_gpu, local_host_memory_bytes
 from kvchain.model.layers import CacheDtype, LifetimeClass
@@ -71,7 +73,7 @@ HOST_INTERVAL_HELP = ("Tokens between a cached prefix's resume points in the hos
 
 @app.command("plan", short_help="Bands and capacity of one model's chain.")
 def plan_command(
-    model: Annotated[str, typer.Option(help="Bundled model name.")] = "gpt-oss-120b",
+    model: Annotated[str, typer.Option(help="Bundled model name.")] = DEFAULT_MODEL,
     config: Annotated[Path | None, typer.Option(help="A Hugging Face config.json.")] = None,
     spec: Annotated[Path | None, typer.Option(help="A JSON file declaring classes by bytes: "
                                                    "full, window, window_tokens, local, "
@@ -99,6 +101,7 @@ def plan_command(
     host_interval: Annotated[int, typer.Option(help=HOST_INTERVAL_HELP)]
     = MOONCAKE_BLOCK_TOKENS,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    *, ctx: typer.Context,
 ) -> None:
     """Plan a model's KV buffer as a chain: bands, page bytes, longest request,
     concurrency, token capacity - side by side with fixed per-class pools. Every figure is
@@ -124,6 +127,8 @@ def plan_command(
     except KVChainError as exc:
         fail(exc)
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
+    if buffer_bytes is not None and option_typed(ctx, "mem_fraction"):
+        warn(mem_fraction_unused(mem_fraction))
     note_defaults(model_spec, config)
     if as_json:
         print(json.dumps(plan_report(result, host), indent=2))
@@ -144,7 +149,11 @@ class HostReport:
         given: how the bytes were given, in words (``"--host-bytes"``, or the fraction of
             this machine's memory).
         hit_tokens: the host hit priced for the request mix's prompt: its last resume point
-            before the prompt's last token (0: the prompt is shorter than one interval).
+            before the prompt's last token, at most what the tier holds
+            (``tier.resumable_tokens``; 0: the prompt is shorter than one interval, or the
+            tier holds none).
+        limited_by_tier: True when the tier holds less than the prompt's last resume point,
+            so the hit priced is the tier's whole content.
         hit_bytes: bytes that hit loads back (:func:`kvchain.cache.host_tier.hit_load_bytes`).
         timing: what the hit saves the prompt's TTFT (``None`` when it cannot be priced:
             no hit, a model without weights, or a GPU without a host link figure).
@@ -154,6 +163,7 @@ class HostReport:
     tier: HostTierPlan
     given: str
     hit_tokens: int
+    limited_by_tier: bool
     hit_bytes: int
     timing: HostHitTiming | None
     why_unpriced: str
@@ -179,11 +189,19 @@ def host_report(result: CapacityPlan, host_bytes: int | None, host_fraction: flo
         given = "--host-bytes"
     tier = host_tier_plan(result.layout, host_bytes, interval_tokens)
     k = tier.interval_tokens
-    hit = (result.prompt - 1) // k * k
+    prompt_hit = (result.prompt - 1) // k * k
+    # A hit cannot load more than the tier holds (m x K tokens, itself a resume point).
+    hit = min(prompt_hit, tier.resumable_tokens)
     hit_bytes = hit_load_bytes(result.layout, hit)
     timing, why = None, ""
-    if hit == 0:
+    if prompt_hit == 0:
         why = f"a {result.prompt:,}-token prompt is shorter than one resume interval"
+    elif tier.resumes_without_bytes:
+        why = ("a resume point of this model needs no KV bytes (every class's tail at a "
+               "point is empty), so a host tier has nothing to load")
+    elif hit == 0:
+        why = (f"the host tier holds no resume interval (one needs {tier.interval_bytes:,} B "
+               f"and the regions' alignment; {tier.host_bytes:,} B given)")
     elif result.gpu.host_link is None:
         why = f"{result.gpu.name} has no host link figure"
     else:
@@ -192,7 +210,7 @@ def host_report(result: CapacityPlan, host_bytes: int | None, host_fraction: flo
                                    hit_bytes)
         except KVChainError as exc:  # e.g. a spec file without weights
             why = str(exc)
-    return HostReport(tier, given, hit, hit_bytes, timing, why)
+    return HostReport(tier, given, hit, hit < prompt_hit, hit_bytes, timing, why)
 
 
 def plan_report(result: CapacityPlan, host: HostReport | None = None) -> dict[str, object]:
@@ -238,9 +256,9 @@ def _host_dict(host: HostReport) -> dict[str, object]:
     ``interval_bytes``, ``intervals``, ``resumable_tokens``, ``used_bytes``,
     ``every_page_resumes``, ``classes`` (per band: ``band``, ``page_bytes``,
     ``per_interval``, ``slots``, ``bytes``), and ``hit``: the priced host hit of the request
-    mix's prompt (``tokens``, ``load_bytes``, and in seconds ``load_s``, ``with_hit_s``,
-    ``recompute_s``, ``saved_s``, ``null`` with ``why_unpriced`` when it cannot be
-    priced)."""
+    mix's prompt (``tokens``, ``limited_by_tier``, ``load_bytes``, and in seconds
+    ``load_s``, ``with_hit_s``, ``recompute_s``, ``saved_s``, ``null`` with
+    ``why_unpriced`` when it cannot be priced)."""
     tier, t = host.tier, host.timing
     return {
         "host_bytes": tier.host_bytes, "given": host.given,
@@ -250,7 +268,8 @@ def _host_dict(host: HostReport) -> dict[str, object]:
         "classes": [{"band": c.label, "page_bytes": c.page_bytes,
                      "per_interval": c.per_interval, "slots": c.slots, "bytes": c.nbytes}
                     for c in tier.classes],
-        "hit": {"tokens": host.hit_tokens, "load_bytes": host.hit_bytes,
+        "hit": {"tokens": host.hit_tokens, "limited_by_tier": host.limited_by_tier,
+                "load_bytes": host.hit_bytes,
                 "load_s": None if t is None else t.load_s,
                 "with_hit_s": None if t is None else t.with_hit_s,
                 "recompute_s": None if t is None else t.recompute_s,
@@ -284,7 +303,8 @@ def _print_host(console: Console, host: HostReport) -> None:
         return
     verdict = (f"saves {t.saved_s * 1e3:,.1f} ms" if t.saved_s >= 0
                else f"costs {-t.saved_s * 1e3:,.1f} ms more than recomputing")
-    console.print(f"a host hit of {host.hit_tokens:,} tokens loads {host.hit_bytes:,} B in "
+    whole = " (all the tier holds)" if host.limited_by_tier else ""
+    console.print(f"a host hit of {host.hit_tokens:,} tokens{whole} loads {host.hit_bytes:,} B in "
                   f"{t.load_s * 1e3:,.1f} ms (at {DEFAULT_HOST_LINK_EFFICIENCY:g} of the host "
                   f"link's rate); with the load overlapped layer by layer the prompt's first "
                   f"forward takes {t.with_hit_s * 1e3:,.1f} ms against "

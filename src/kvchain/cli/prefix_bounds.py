@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvchain.cli import app
-from kvchain.cli.common import fail, load_spec
+from kvchain.cli.common import check_flags, fail, load_spec, warn
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.model.layers import LifetimeClass
 from kvchain.sim.prefix_bounds import HitBound, hit_bound
@@ -44,24 +44,20 @@ def prefix_bounds_command(
     """Hit-rate bounds of a prefix cache on a trace: infinite cache and LRU of a size."""
     console = Console()
     try:
-        if requests is not None and requests < 1:
-            raise ConfigError(f"--requests must be >= 1, got {requests}")
-        if page_size < 1:
-            raise ConfigError(f"--page-size must be >= 1, got {page_size}")
+        check_flags(requests=requests, page_size=page_size, tp=tp,
+                    capacity_pages=capacity_pages, capacity_bytes=capacity_bytes)
         if capacity_pages is not None and capacity_bytes is not None:
             raise ConfigError("give --capacity-pages or --capacity-bytes, not both")
-        if capacity_bytes is not None:
-            if model is None:
-                raise ConfigError("--capacity-bytes needs --model to size a page")
-            if capacity_bytes < 1:
-                raise ConfigError(f"--capacity-bytes must be >= 1, got {capacity_bytes}")
-            spec = load_spec(model, None, tp=tp)
+        if capacity_bytes is not None and model is None:
+            raise ConfigError("--capacity-bytes needs --model to size a page")
+        # The model is loaded whenever it is named, so a misspelt name is refused even
+        # where nothing reads it (without --capacity-bytes).
+        spec = None if model is None else load_spec(model, None, tp=tp)
+        if spec is not None and capacity_bytes is not None:
             per_token = spec.bytes_per_token(LifetimeClass.FULL)
             if per_token == 0:
                 raise ConfigError(f"model {model!r} has no full-attention class to cache")
             capacity_pages = max(capacity_bytes // (per_token * page_size), 1)
-        if capacity_pages is not None and capacity_pages < 1:
-            raise ConfigError(f"--capacity-pages must be >= 1, got {capacity_pages}")
         loaded = load_trace(trace, first=requests)
         block_tokens = int(getattr(loaded, "block_tokens", 512))
         bounds: list[HitBound] = [hit_bound(loaded.requests, page_size,
@@ -71,6 +67,12 @@ def prefix_bounds_command(
                                     block_tokens=block_tokens))
     except KVChainError as exc:  # bad options, traces, block ids: typed, exit 2
         fail(exc)
+    if model is not None and capacity_bytes is None:
+        warn("--model only sizes the pages of --capacity-bytes: without it the bounds are "
+             "in pages and read no model")
+    elif model is None and tp != 1:
+        warn("--tp only splits the bytes of --model's pages: without --model it changes "
+             "nothing")
     if bounds[0].requests == 0:
         fail(f"trace {loaded.name!r} has no content block ids")
     rows = [{"cache": "infinite" if b.capacity_pages is None else f"LRU {b.capacity_pages:,} p",

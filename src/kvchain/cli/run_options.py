@@ -101,6 +101,19 @@ def _source(ctx: typer.Context, name: str) -> str:
     return source.name if source is not None else "DEFAULT"
 
 
+def option_typed(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` of the running command was given on the command line or by
+    environment (not left at its default)."""
+    return _source(ctx, name) in ("COMMANDLINE", "ENVIRONMENT")
+
+
+def mem_fraction_unused(mem_fraction: float) -> str:
+    """The warning for a ``--mem-fraction`` typed beside ``--buffer-bytes`` (which sets the
+    buffer, so the fraction sizes nothing)."""
+    return (f"--mem-fraction {mem_fraction:g} has no effect with --buffer-bytes (the buffer "
+            f"is the bytes given; the fraction only sizes a buffer from the GPU's memory)")
+
+
 def run_options(*, sweep: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a typer command so it takes every :class:`RunOptions` option (for
     ``sweep=True`` all but the ones a sweep has as axes) and receives them as its
@@ -118,8 +131,7 @@ def run_options(*, sweep: bool = False) -> Callable[[Callable[..., Any]], Callab
         def wrapper(**kwargs: Any) -> Any:
             ctx = kwargs.pop(_CTX)
             values = {name: kwargs.pop(name) for name in names}
-            typed = frozenset(name for name in names
-                              if _source(ctx, name) in ("COMMANDLINE", "ENVIRONMENT"))
+            typed = frozenset(name for name in names if option_typed(ctx, name))
             return fn(given=GivenOptions(values, typed), **kwargs)
 
         # typer passes its context to a parameter annotated typer.Context
@@ -187,7 +199,7 @@ def inert_warnings(run: RunOptions, given: GivenOptions, cache_on: bool) -> list
     on stderr; the run goes on as it would without them): ``--policy cache-aware`` while
     the prefix cache is off (``cache_on`` False: the order is FCFS), ``--cache-points``
     while the cache is off, ``--step-ms`` with ``--clock roofline`` (step times come from
-    the cost model)."""
+    the cost model), ``--mem-fraction`` with ``--buffer-bytes`` (the buffer is given)."""
     out = []
     if run.policy is QueuePolicy.CACHE_AWARE and not cache_on:
         out.append("--policy cache-aware ranks waiting requests by their cached prefix, "
@@ -198,4 +210,6 @@ def inert_warnings(run: RunOptions, given: GivenOptions, cache_on: bool) -> list
     if "step_ms" in given.typed and run.clock is ClockKind.ROOFLINE:
         out.append(f"--step-ms {run.step_ms:g} has no effect with --clock roofline (step "
                    f"times come from the GPU cost model; --clock steps uses the tick)")
+    if "mem_fraction" in given.typed and run.buffer_bytes is not None:
+        out.append(mem_fraction_unused(run.mem_fraction))
     return out

@@ -18,7 +18,9 @@ Every number is checked once, by :func:`~kvchain.model.declared.declared_count` 
 ``declare_model`` (ints only, bools refused, non-negative; token counts positive), so the
 API and the CLI refuse the same values with the same :class:`~kvchain.errors.ConfigError`.
 This module adds what only a file can get wrong: an unknown field, a missing partner
-field, a class entry of the wrong shape, a name or source that is not a string.
+field, a class entry of the wrong shape, a name or source that is not a string, a field
+given twice in one object (JSON readers keep the last silently; a file that sets ``full``
+twice says two things, so it is refused).
 """
 
 from __future__ import annotations
@@ -102,16 +104,31 @@ def spec_from_mapping(data: object, *, default_name: str, default_source: str) -
     return declare_model(name, **kwargs)  # type: ignore[arg-type]
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object's pairs as a dict; a key given twice is refused (``json.loads`` hook).
+
+    Raises:
+        ConfigError: naming the key and both values.
+    """
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(f"field {key!r} is given twice ({out[key]!r}, then {value!r})")
+        out[key] = value
+    return out
+
+
 def load_spec_file(path: str | Path) -> ModelSpec:
     """Read a spec file (see the module doc) as a declared :class:`ModelSpec`.
 
     Raises:
-        ConfigError: the file cannot be read or is not JSON, or any refusal of
-            :func:`spec_from_mapping`; the message starts with ``spec file <path>:``.
+        ConfigError: the file cannot be read or is not JSON, a field given twice in one
+            object, or any refusal of :func:`spec_from_mapping`; the message starts with
+            ``spec file <path>:``.
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"spec file {path}: {exc}") from None
     try:

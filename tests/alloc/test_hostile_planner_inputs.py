@@ -1,0 +1,126 @@
+"""Hostile inputs to the pricing strategy, the module-level planner functions and the
+chain's release: every one is a typed error, raised before anything is priced or changed.
+
+Defects found by adversarial testing; the fixes belong to alloc/ (``Planner``,
+``validate_demand``, ``Chain.release``), so the tests are strict xfails until then.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvchain.alloc import Chain, Demand, pricing
+from kvchain.alloc.pricing import Planner
+from kvchain.errors import ConfigError, InvalidDemandError, KVChainError, UnknownPageError
+from kvchain.layout import ChainLayout, plan_layout
+from kvchain.model.layers import CacheClass, LifetimeClass
+
+
+def _layout() -> ChainLayout:
+    # window LOW END | full HIGH END, 32 B pages, B = 6,400 B (as tests/alloc/test_price_memo.py)
+    win = CacheClass(LifetimeClass.WINDOW, 32, 0, 4, ())
+    full = CacheClass(LifetimeClass.FULL, 32, 0, None, ())
+    return plan_layout([win, full], 6_400, 1, null_pages=False)
+
+
+@pytest.mark.xfail(strict=True, reason="validate_demand reads demand.pages before checking "
+                   "it is a Demand: a tuple or None raises AttributeError from fits/price/"
+                   "least_eviction (Chain.price checks the type itself)")
+@pytest.mark.parametrize("fn", [pricing.fits, pricing.price, pricing.least_eviction])
+@pytest.mark.parametrize("demand", [(1, 1), None, [1, 1]])
+def test_module_functions_refuse_a_non_demand_typed(fn, demand) -> None:
+    snap = Chain(_layout()).snapshot()
+    with pytest.raises(InvalidDemandError, match="Demand"):
+        fn(snap, demand)
+
+
+def test_chain_price_refuses_a_non_demand_typed() -> None:
+    # The chain's own check (the sibling of the xfail above: this one passes today).
+    chain = Chain(_layout())
+    before = chain.snapshot()
+    for demand in [(1, 1), None, [1, 1]]:
+        with pytest.raises(InvalidDemandError, match="expected a Demand"):
+            chain.price(demand)  # type: ignore[arg-type]
+        with pytest.raises(InvalidDemandError, match="expected a Demand"):
+            chain.take(demand)  # type: ignore[arg-type]
+    assert chain.snapshot() is before and chain.epoch == before.epoch
+
+
+@pytest.mark.xfail(strict=True, reason="Planner takes any solve and shortcut: "
+                   "Planner(solve='x') passes Chain's isinstance check and the first price "
+                   "raises TypeError: 'str' object is not callable; shortcut='yes' turns the "
+                   "general solver's shortcut on for any solver")
+@pytest.mark.parametrize("planner", [
+    lambda: Planner(solve="x"),  # type: ignore[arg-type]
+    lambda: Planner(solve=None),  # type: ignore[arg-type]
+    lambda: Planner(shortcut="yes"),  # type: ignore[arg-type]
+])
+def test_a_bad_planner_is_refused_when_built_or_handed_to_a_chain(planner) -> None:
+    with pytest.raises(ConfigError):
+        Chain(_layout(), planner=planner())
+
+
+def test_a_planner_of_the_wrong_type_is_refused() -> None:
+    # Sibling of the xfail above (passes today): not a Planner at all.
+    for planner in (None, Planner, "general"):
+        with pytest.raises(ConfigError, match="planner must be a Planner"):
+            Chain(_layout(), planner=planner)  # type: ignore[arg-type]
+
+
+def test_refusals_change_nothing_and_the_memo_hit_is_checked() -> None:
+    # bools, floats, negatives, numpy-like ints, wrong length: refused by price, take, fits
+    # with the chain unchanged (snapshot object, epoch).
+    np = pytest.importorskip("numpy")
+    chain = Chain(_layout())
+    before = chain.snapshot()
+    bad = [Demand((True, 1)), Demand((1.0, 1)), Demand((-1, 0)), Demand((1,)),
+           Demand((np.int64(1), 1)), Demand([1, 1])]  # type: ignore[arg-type]
+    for d in bad:
+        for call in (chain.price, chain.take, lambda x: pricing.fits(chain.snapshot(), x)):
+            with pytest.raises(InvalidDemandError):
+                call(d)
+    assert chain.snapshot() is before and chain.epoch == before.epoch
+
+
+@pytest.mark.xfail(strict=True, reason="Chain.release flattens any array shape: "
+                   "release(1, grant.pages) (a careless caller passing every band's ids) "
+                   "frees band 0's ids 0, 1, 2 in band 1, pages another request holds")
+def test_release_refuses_ids_that_are_not_one_dimensional() -> None:
+    chain = Chain(_layout())
+    held = chain.take(Demand((0, 10)))  # full vids 0 .. 9: another request's pages
+    grant = chain.take(Demand((3, 3)))  # window vids 0, 1, 2; full vids 10, 11, 12
+    assert grant.pages == ((0, 1, 2), (10, 11, 12))
+    before = chain.snapshot()
+    with pytest.raises((InvalidDemandError, UnknownPageError)):  # a typed refusal
+        chain.release(1, grant.pages)  # type: ignore[arg-type]
+    assert chain.snapshot() is before and chain.bound_pages(1) == 13
+    assert held.pages[1] == tuple(range(10))
+
+
+@pytest.mark.xfail(strict=True, reason="Chain.release of ragged ids (e.g. grant.pages with "
+                   "an empty band) raises numpy's ValueError, not a typed error")
+def test_release_of_ragged_ids_is_a_typed_error() -> None:
+    chain = Chain(_layout())
+    grant = chain.take(Demand((0, 4)))
+    assert grant.pages == ((), (0, 1, 2, 3))
+    before = chain.snapshot()
+    with pytest.raises(KVChainError):
+        chain.release(1, grant.pages)  # type: ignore[arg-type]
+    assert chain.snapshot() is before
+
+
+@pytest.mark.xfail(strict=True, reason="PoolAllocator.price reads demand.pages unchecked "
+                   "(a tuple raises AttributeError) and release(band, [[0]]) raises "
+                   "TypeError; the chain refuses both typed. The fix belongs to "
+                   "baselines/pools.py")
+@pytest.mark.parametrize("call", [
+    lambda pool: pool.price((1, 1)),
+    lambda pool: pool.take((1, 1)),
+    lambda pool: pool.release(1, [[0]]),
+])
+def test_pool_allocator_refuses_bad_input_typed(call) -> None:
+    from kvchain.baselines import CapacityRule, PoolAllocator
+
+    pool = PoolAllocator(_layout(), CapacityRule.SHARED)
+    with pytest.raises(KVChainError):
+        call(pool)
