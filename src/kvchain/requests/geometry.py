@@ -32,6 +32,13 @@ class RequestGeometry:
             (:func:`kvchain.cache.radix.spaced_budget`).
         page_bytes: bytes of one full-attention page (0: unknown or no full band): the
             other bound of that budget.
+        spec_tokens: draft tokens ``k`` of a speculative decode step (0: no speculation).
+            A request then claims ``k`` more state slots (one per draft: the states after
+            each of the step's ``1 + k`` tokens are all kept, and the verify keeps the one
+            after the last accepted token as the working state: rollback by checkpoint,
+            no recompute), its window bands' later peak holds ``W + k`` tokens, and its
+            lifetime ``k`` more tokens of every band (docs/design.md, speculative
+            decoding).
         windows: the window and chunked-local policies, low -> high (derived).
         full: index of the full-attention band, or ``None`` (derived; the prefix cache's
             keyed band).
@@ -49,12 +56,15 @@ class RequestGeometry:
     slot_bytes: int = 0
     buffer_bytes: int = 0
     page_bytes: int = 0
+    spec_tokens: int = 0
     windows: tuple[_WindowedPolicy, ...] = field(init=False)
     full: int | None = field(init=False)
     window: int | None = field(init=False)
     state: int | None = field(init=False)
 
     def __post_init__(self) -> None:
+        if type(self.spec_tokens) is not int or self.spec_tokens < 0:
+            raise ConfigError(f"spec_tokens must be an int >= 0, got {self.spec_tokens!r}")
         for b, pol in enumerate(self.policies):
             if pol.band != b or pol.page_size != self.page_size:
                 raise ConfigError(f"band {b}: policy {pol!r} does not match its place "
@@ -74,17 +84,25 @@ class RequestGeometry:
         return len(self.policies)
 
     @staticmethod
-    def of(layout: ChainLayout) -> RequestGeometry:
-        """Read the geometry off a layout: a policy per band by its lifetime class."""
+    def of(layout: ChainLayout, spec_tokens: int = 0) -> RequestGeometry:
+        """Read the geometry off a layout: a policy per band by its lifetime class, for
+        speculative steps of ``spec_tokens`` drafts (0: none; the state band's slots are
+        the layout's ``state_slots_per_request + spec_tokens``).
+
+        Raises:
+            ConfigError: ``spec_tokens`` not an int >= 0.
+        """
+        if type(spec_tokens) is not int or spec_tokens < 0:
+            raise ConfigError(f"spec_tokens must be an int >= 0, got {spec_tokens!r}")
         p = layout.page_size
-        slots = layout.state_slots_per_request
+        slots = layout.state_slots_per_request + spec_tokens
         policies: list[BandPolicy] = []
         for i, b in enumerate(layout.bands):
             lt = b.lifetime
             if lt is LifetimeClass.WINDOW:
-                policies.append(WindowPolicy(i, p, b.cache_class.window or 0))
+                policies.append(WindowPolicy(i, p, b.cache_class.window or 0, spec_tokens))
             elif lt is LifetimeClass.LOCAL:
-                policies.append(LocalPolicy(i, p, b.cache_class.window or 0))
+                policies.append(LocalPolicy(i, p, b.cache_class.window or 0, spec_tokens))
             elif lt is LifetimeClass.STATE:
                 policies.append(StatePolicy(i, p, slots))
             else:
@@ -95,4 +113,5 @@ class RequestGeometry:
             p, tuple(policies), slots,
             slot_bytes=layout.bands[state].page_bytes if state is not None else 0,
             buffer_bytes=layout.buffer_bytes,
-            page_bytes=layout.bands[full].page_bytes if full is not None else 0)
+            page_bytes=layout.bands[full].page_bytes if full is not None else 0,
+            spec_tokens=spec_tokens)
