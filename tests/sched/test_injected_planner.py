@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from kvchain import admission
 from kvchain.alloc import pricing
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import GENERAL_PLANNER, Planner
@@ -16,6 +15,7 @@ from kvchain.layout import plan_layout
 from kvchain.model.declared import declared_class
 from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.manager import KVManager
+from kvchain.sched import admission
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 

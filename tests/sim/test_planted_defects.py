@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvchain import admission
 from kvchain.alloc import ChainSnapshot, pricing
 from kvchain.alloc.pricing import fits
 from kvchain.alloc.snapshot import Demand
@@ -19,6 +18,7 @@ from kvchain.cli import _load_commands, app
 from kvchain.errors import AdmissionDivergenceError
 from kvchain.gpu import get_gpu
 from kvchain.requests.manager import KVManager
+from kvchain.sched import admission
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.sim.engine import SimConfig, simulate
 from kvchain.sim.traces import load_trace
