@@ -65,7 +65,8 @@ class KVManager:
                  spec_tokens: int = 0) -> None:
         self.chain = chain
         self.geom = RequestGeometry.of(chain.layout, spec_tokens)
-        self.rolled_back_pages = 0  # pages released by verify's rollback, all bands
+        # pages per band released by verify's rollback (rejected drafts' pages)
+        self.rolled_back_pages = [0] * self.geom.num_bands
         pads = []
         for band in range(self.geom.num_bands):
             try:
@@ -633,7 +634,7 @@ class KVManager:
             if vids.size:
                 self.chain.release(pol.band, vids)
                 released += int(vids.size)
-        self.rolled_back_pages += released
+                self.rolled_back_pages[pol.band] += int(vids.size)
         if type(self).commit is not KVManager.commit or self._glue.may_insert(ids):
             released += sum(self.commit(rid, 1 + int(a))
                             for rid, a in zip(ids, acc.tolist(), strict=True))
