@@ -17,22 +17,25 @@ from kvchain.errors import AuditError, CapacityError
 from kvchain.layout import plan_layout
 from kvchain.model.declared import declared_class
 from kvchain.model.layers import LifetimeClass as LC
+from kvchain.requests.geometry import StateRollback
 from kvchain.requests.manager import KVManager
 from kvchain.requests.table import RequestTable
 
 
-def manager(k: int, buffer: int) -> KVManager:
+def manager(k: int, buffer: int,
+            rollback: StateRollback = StateRollback.CHECKPOINTS) -> KVManager:
     # P = 4; windows of 6 (window) and 8 (local chunk) tokens, a full class, 16 B slots
     layout = plan_layout([declared_class(LC.FULL, 1), declared_class(LC.WINDOW, 1, 6),
                           declared_class(LC.LOCAL, 1, 8), declared_class(LC.STATE, 16)],
                          buffer, 4)
-    return KVManager(Chain(layout, debug_audit=True), spec_tokens=k)
+    return KVManager(Chain(layout, debug_audit=True), spec_tokens=k, rollback=rollback)
 
 
-def run_stream(seed: int, k: int, p: float, steps: int = 60, buffer: int = 2_048) -> int:
+def run_stream(seed: int, k: int, p: float, steps: int = 60, buffer: int = 2_048,
+               rollback: StateRollback = StateRollback.CHECKPOINTS) -> int:
     """Run the stream; returns how many rollbacks were audited."""
     rng = np.random.default_rng(seed)
-    kv = manager(k, buffer)
+    kv = manager(k, buffer, rollback)
     decoding: list[int] = []
     audited = next_rid = 0
     for _ in range(steps):
@@ -76,9 +79,11 @@ def run_stream(seed: int, k: int, p: float, steps: int = 60, buffer: int = 2_048
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**16), k=st.integers(0, 4), p=st.floats(0.0, 1.0))
-def test_every_rollback_is_audited_clean(seed: int, k: int, p: float) -> None:
-    run_stream(seed, k, p)
+@given(seed=st.integers(0, 2**16), k=st.integers(0, 4), p=st.floats(0.0, 1.0),
+       rollback=st.sampled_from(StateRollback))
+def test_every_rollback_is_audited_clean(seed: int, k: int, p: float,
+                                         rollback: StateRollback) -> None:
+    run_stream(seed, k, p, rollback=rollback)
 
 
 def test_the_stream_rolls_back_and_refuses() -> None:

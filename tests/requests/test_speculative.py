@@ -18,7 +18,7 @@ from kvchain.layout import plan_layout
 from kvchain.model.declared import declared_class
 from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, lifetime_demand, request_demand
-from kvchain.requests.geometry import RequestGeometry
+from kvchain.requests.geometry import RequestGeometry, StateRollback
 from kvchain.requests.manager import KVManager
 from kvchain.requests.policies import WindowPolicy
 
@@ -50,6 +50,14 @@ def test_geometry_prices_the_speculative_extra() -> None:
     assert lifetime_demand(RequestGeometry.of(layout()), 4, 4) == Demand((1, 2, 2))
     with pytest.raises(ConfigError):
         RequestGeometry.of(layout(), -1)
+    with pytest.raises(ConfigError):
+        RequestGeometry.of(layout(), 3, "replay")  # type: ignore[arg-type]
+    # one checkpoint plus replay: 1 working + 1 slot whatever k; k = 0 adds none
+    replay = RequestGeometry.of(layout(), 3, StateRollback.REPLAY)
+    assert replay.state_slots == 2 and replay.policies[0].slots == 2
+    assert RequestGeometry.of(layout(), 0, StateRollback.REPLAY).state_slots == 1
+    # the window slack and the k lifetime tokens are the same in both modes
+    assert lifetime_demand(replay, 4, 4) == Demand((2, 3, 3))
 
 
 def test_speculative_step_and_rollback_by_hand() -> None:

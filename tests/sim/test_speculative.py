@@ -14,6 +14,7 @@ from kvchain.catalog.loader import load_model
 from kvchain.cli import _load_commands, app
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
+from kvchain.requests.geometry import StateRollback
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.sim.cost import StepWorkBuilder
 from kvchain.sim.engine import SimConfig, simulate
@@ -53,6 +54,24 @@ def test_memory_bound_speculative_run_with_the_prefix_cache() -> None:
     # sibling bite); rolled-back drafts never reached the cache (it holds prompts only,
     # and the audits found every cached page accounted for)
     assert extra["prefix_evicted_pages"] > 0
+
+
+def test_replay_rollback_holds_one_slot_and_pays_recompute() -> None:
+    # Same draws (seed 0) under both modes: replay holds 1 extra slot per request instead
+    # of 3 (less overhead) and recomputes 1 + a tokens after every decode with a < k
+    checkpoints = simulate(config(3)).summary
+    replay = simulate(replace(config(3), spec_rollback=StateRollback.REPLAY),
+                      audit_every_step=True).summary
+    assert (replay.requests_finished, replay.admitted_but_unallocatable,
+            replay.leaked_pages) == (FIRST, 0, 0)
+    c, r = checkpoints.extra, replay.extra
+    assert c["spec_replayed_tokens"] == 0
+    # every decode with a < 3 replays at least 1 token: with E[a] ~ 1.5 most of them do
+    assert r["spec_replayed_tokens"] >= r["spec_decodes"] // 2
+    assert r["spec_overhead_mean_bytes"] < c["spec_overhead_mean_bytes"]
+    assert r["spec_accepted_drafts"] == c["spec_accepted_drafts"]  # same draws, same tokens
+    with pytest.raises(ConfigError, match="spec_rollback"):
+        RunOptions.from_mapping({"spec_rollback": "copy"})
 
 
 def test_admission_that_does_not_count_k_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@ once; the request layer, admission, capacity and the prefix cache share it."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from kvchain.errors import ConfigError
@@ -16,6 +17,23 @@ from kvchain.requests.policies import (
     WindowPolicy,
     _WindowedPolicy,
 )
+
+
+class StateRollback(enum.StrEnum):
+    """How a state band rolls back a speculative step's rejected drafts (docs/design.md,
+    speculative decoding).
+
+    ``CHECKPOINTS``: ``k`` more slots per request (the state after each of the step's
+    ``1 + k`` tokens is kept; the one after the last accepted token becomes the working
+    state): ``k x slot_bytes`` per request, no recompute (vLLM's ``num_spec + 1`` slots).
+    ``REPLAY``: one more slot (the state before the step); after a step with a rejected
+    draft the state is copied back from it and the ``1 + a`` accepted tokens are
+    recomputed (TensorRT-LLM's Mamba-2 rollback): ``1 x slot_bytes`` per request, paid in
+    that recompute.
+    """
+
+    CHECKPOINTS = "checkpoints"
+    REPLAY = "replay"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +56,8 @@ class RequestGeometry:
             after the last accepted token as the working state: rollback by checkpoint,
             no recompute), its window bands' later peak holds ``W + k`` tokens, and its
             lifetime ``k`` more tokens of every band (docs/design.md, speculative
-            decoding).
+            decoding). With ``rollback = REPLAY`` one more state slot instead of ``k``.
+        rollback: how the state band rolls back (:class:`StateRollback`).
         windows: the window and chunked-local policies, low -> high (derived).
         full: index of the full-attention band, or ``None`` (derived; the prefix cache's
             keyed band).
@@ -57,6 +76,7 @@ class RequestGeometry:
     buffer_bytes: int = 0
     page_bytes: int = 0
     spec_tokens: int = 0
+    rollback: StateRollback = StateRollback.CHECKPOINTS
     windows: tuple[_WindowedPolicy, ...] = field(init=False)
     full: int | None = field(init=False)
     window: int | None = field(init=False)
@@ -84,18 +104,23 @@ class RequestGeometry:
         return len(self.policies)
 
     @staticmethod
-    def of(layout: ChainLayout, spec_tokens: int = 0) -> RequestGeometry:
+    def of(layout: ChainLayout, spec_tokens: int = 0,
+           rollback: StateRollback = StateRollback.CHECKPOINTS) -> RequestGeometry:
         """Read the geometry off a layout: a policy per band by its lifetime class, for
-        speculative steps of ``spec_tokens`` drafts (0: none; the state band's slots are
-        the layout's ``state_slots_per_request + spec_tokens``).
+        speculative steps of ``spec_tokens`` drafts (0: none) rolled back by ``rollback``:
+        the state band's slots are the layout's ``state_slots_per_request`` plus
+        ``spec_tokens`` (``CHECKPOINTS``) or plus 1 (``REPLAY``, when ``spec_tokens > 0``).
 
         Raises:
-            ConfigError: ``spec_tokens`` not an int >= 0.
+            ConfigError: ``spec_tokens`` not an int >= 0, or an unknown ``rollback``.
         """
         if type(spec_tokens) is not int or spec_tokens < 0:
             raise ConfigError(f"spec_tokens must be an int >= 0, got {spec_tokens!r}")
+        if not isinstance(rollback, StateRollback):
+            raise ConfigError(f"rollback must be a StateRollback, got {rollback!r}")
         p = layout.page_size
-        slots = layout.state_slots_per_request + spec_tokens
+        extra = spec_tokens if rollback is StateRollback.CHECKPOINTS else min(spec_tokens, 1)
+        slots = layout.state_slots_per_request + extra
         policies: list[BandPolicy] = []
         for i, b in enumerate(layout.bands):
             lt = b.lifetime
@@ -114,4 +139,4 @@ class RequestGeometry:
             slot_bytes=layout.bands[state].page_bytes if state is not None else 0,
             buffer_bytes=layout.buffer_bytes,
             page_bytes=layout.bands[full].page_bytes if full is not None else 0,
-            spec_tokens=spec_tokens)
+            spec_tokens=spec_tokens, rollback=rollback)

@@ -31,7 +31,7 @@ from kvchain.errors import (
 from kvchain.requests.batch import DecodeDemands, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
-from kvchain.requests.geometry import RequestGeometry
+from kvchain.requests.geometry import RequestGeometry, StateRollback
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts, RequestView
 
@@ -55,6 +55,8 @@ class KVManager:
             (:attr:`RequestGeometry.spec_tokens`). A speculative step is
             :meth:`decode_demands` with ``drafts = k``, :meth:`allocate` of
             ``(rid, 1 + k)``, then :meth:`verify` with the accepted drafts.
+        rollback: how state bands roll back (:class:`StateRollback`: ``k`` checkpoint
+            slots, or one plus a replay of the accepted tokens, which the engine runs).
 
     Raises:
         ConfigError: a prefix cache on a chain of more than one window band, or on an
@@ -62,9 +64,10 @@ class KVManager:
     """
 
     def __init__(self, chain: Allocator, cache: PrefixCache | None = None,
-                 spec_tokens: int = 0) -> None:
+                 spec_tokens: int = 0,
+                 rollback: StateRollback = StateRollback.CHECKPOINTS) -> None:
         self.chain = chain
-        self.geom = RequestGeometry.of(chain.layout, spec_tokens)
+        self.geom = RequestGeometry.of(chain.layout, spec_tokens, rollback)
         # pages per band released by verify's rollback (rejected drafts' pages)
         self.rolled_back_pages = [0] * self.geom.num_bands
         pads = []
@@ -579,7 +582,9 @@ class KVManager:
         window slack behind the new window goes too; the prefix cache's prompt insert,
         if due, through :meth:`commit`). State slots are not released: a request holds
         its ``k`` checkpoint slots for its whole life (the state after the last accepted
-        token is one of them and becomes the working state; nothing is recomputed). The
+        token is one of them and becomes the working state; nothing is recomputed), or
+        under ``REPLAY`` its one checkpoint (the engine copies it back and recomputes the
+        ``1 + a`` accepted tokens after a rejection: compute, no pages). The
         rejected drafts were never committed, so the prefix cache never sees them.
         ``accepted`` all 0 with ``k = 0`` is :meth:`commit_decodes`.
 

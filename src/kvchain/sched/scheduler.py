@@ -26,7 +26,7 @@ Policies (stated and tested):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +45,7 @@ from kvchain.field_types import check_field_types
 from kvchain.layout import smallest_request_pages
 from kvchain.requests.batch import sum_demands
 from kvchain.requests.demand import NOTHING_HELD, lifetime_demand, request_demand
+from kvchain.requests.geometry import StateRollback
 from kvchain.requests.manager import KVManager
 from kvchain.sched.admission import (
     AdmissionRules,
@@ -194,6 +195,7 @@ class SchedulerCounters:
     recomputed_tokens: int = 0  # tokens retracted requests must prefill again
     window_pages_reclaimed: int = 0
     drafted_tokens: int = 0  # draft tokens computed by speculative decode steps
+    replayed_tokens: int = 0  # accepted tokens recomputed by REPLAY state rollbacks
     accepted_tokens: int = 0  # of which kept by the verify
     spec_decodes: int = 0  # speculative decodes (one per request per step)
     prompt_tokens: int = 0  # prompts admitted (first admission) while a prefix cache is on
@@ -585,15 +587,14 @@ class Scheduler:
         drafts = batch.decodes[0].drafts if batch.decodes else 0
         kept = [1] * len(batch.decodes)  # tokens each decode keeps
         if drafts:
-            accepted = outcome.accepted
-            acc = [max(0, min(accepted.get(d.rid, 0), drafts,
-                              running[d.rid].output_tokens - running[d.rid].output_done - 1))
-                   for d in batch.decodes]
+            acc = self.kept_drafts(batch, outcome.accepted)
             kv.verify([d.rid for d in batch.decodes], acc, drafts)  # rollback, then commit
             kept = [1 + a for a in acc]
             self.counters.spec_decodes += len(acc)
             self.counters.drafted_tokens += drafts * len(acc)
             self.counters.accepted_tokens += sum(acc)
+            if self.replays_state():
+                self.counters.replayed_tokens += sum(1 + a for a in acc if a < drafts)
         elif batch.decodes:
             kv.commit_decodes([d.rid for d in batch.decodes])  # one window release per step
         stopped = outcome.stopped
@@ -607,6 +608,24 @@ class Scheduler:
         self.counters.steps += 1
         if self.config.audit_every_step:
             self.audit()
+
+    def kept_drafts(self, batch: StepBatch, accepted: Mapping[int, int]) -> list[int]:
+        """The drafts each decode of ``batch`` keeps: what the verify accepted
+        (``accepted``, absent: 0), at most its drafts and the output it has left after
+        the step's own token (a request never generates past its output length). What
+        :meth:`complete` commits; an engine that charges the replay of the accepted tokens
+        asks for the same counts before."""
+        running = self.running
+        return [max(0, min(accepted.get(d.rid, 0), d.drafts,
+                           running[d.rid].output_tokens - running[d.rid].output_done - 1))
+                for d in batch.decodes]
+
+    def replays_state(self) -> bool:
+        """Whether a speculative step with a rejected draft recomputes the accepted tokens
+        through the state layers (``REPLAY`` rollback on a chain with a state band)."""
+        geom = self.kv.geom
+        return (bool(geom.spec_tokens) and geom.state is not None
+                and geom.rollback is StateRollback.REPLAY)
 
     # --- runs of decode steps (the simulator's fast-forward) -----------------------------
 

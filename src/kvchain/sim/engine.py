@@ -42,6 +42,7 @@ from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import LifetimeClass
 from kvchain.model.spec import ModelSpec
+from kvchain.requests.geometry import StateRollback
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig, UnallocatableEvent
@@ -113,6 +114,10 @@ class SimConfig:
         spec_acceptance: probability each draft is accepted given the ones before it were
             (``a`` = leading successes of ``k`` Bernoulli draws: ``P(a >= j) = p^j``).
         spec_seed: seed of those draws (one generator per run: deterministic).
+        spec_rollback: how state bands roll back (``CHECKPOINTS``: ``k`` more slots per
+            request; ``REPLAY``: one more, and a step with a rejected draft also computes
+            its ``1 + a`` accepted tokens again, charged as a chunk of the whole model: an
+            upper bound, the replay runs through the state layers only).
     """
 
     model: ModelSpec
@@ -132,6 +137,7 @@ class SimConfig:
     spec_tokens: int = 0
     spec_acceptance: float = 0.7
     spec_seed: int = 0
+    spec_rollback: StateRollback = StateRollback.CHECKPOINTS
 
     def __post_init__(self) -> None:
         """Refuse a field of the wrong type (:func:`kvchain.field_types.check_field_types`:
@@ -267,10 +273,10 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=interval,
                             policy=config.cache_points)
         stats = PrefixCacheStats(interval_tokens=interval)
-    kv = KVManager(chain, cache, config.spec_tokens)
+    kv = KVManager(chain, cache, config.spec_tokens, config.spec_rollback)
     spec = config.spec_tokens
     draws = np.random.default_rng(config.spec_seed)
-    spec_bytes = _SpecBytes.of(layout, spec)
+    spec_bytes = _SpecBytes.of(layout, kv)
     context = config.scheduler.max_context_tokens or config.model.max_context_tokens
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step,
                            max_context_tokens=context)
@@ -342,11 +348,20 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         builder.reset()
         for p in batch.prefills:
             builder.add_prefill(p.tokens, p.start)
+        accepted: dict[int, int] = {}
+        if spec and batch.decodes:
+            ok = draws.random((len(batch.decodes), spec)) < config.spec_acceptance
+            drawn = np.cumprod(ok, axis=1).sum(axis=1).tolist()  # leading acceptances
+            accepted = dict(zip((d.rid for d in batch.decodes), drawn, strict=True))
         for d in batch.decodes:
             if d.drafts:
                 builder.add_verify(d.context, d.drafts)
             else:
                 builder.add_decode(d.context)
+        if accepted and sched.replays_state():
+            for d, a in zip(batch.decodes, sched.kept_drafts(batch, accepted), strict=True):
+                if a < d.drafts:  # state copied back, the accepted tokens recomputed
+                    builder.add_prefill(1 + a, d.context)
         step_copied = chain.stats.bytes_copied - copied
         copied += step_copied
         step_copy_s = clock.copy_time(step_copied)
@@ -355,14 +370,10 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             copy_steps += 1
         duration = clock.step_time(builder.build()) + step_copy_s
         now += duration
-        accepted: dict[int, int] = {}
-        if spec and batch.decodes:
-            ok = draws.random((len(batch.decodes), spec)) < config.spec_acceptance
-            kept = np.cumprod(ok, axis=1).sum(axis=1).tolist()  # leading acceptances
-            accepted = dict(zip((d.rid for d in batch.decodes), kept, strict=True))
+        if accepted:
             spec_bytes.before_verify(kv)
         sched.complete(batch, StepOutcome(duration, accepted=accepted), now)
-        if spec and batch.decodes:
+        if accepted:
             spec_bytes.after_verify(kv, sched)
         before = done
         done += _record_events(sched, recorder)
@@ -420,7 +431,8 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
 @dataclass(slots=True)
 class _SpecBytes:
     """The speculative memory overhead of a run, step by step: the ``k`` checkpoint slots
-    every running request with state holds (bytes of ``k`` slots each), plus the pages of
+    every running request with state holds (bytes of ``k`` slots each; one under
+    ``REPLAY``), plus the pages of
     rejected drafts held from the step's take until its verify rolled them back (the
     window slack past the accepted tokens included): their bytes are this step's
     transient overhead."""
@@ -429,16 +441,19 @@ class _SpecBytes:
     page_bytes: tuple[int, ...]
     state_band: int | None
     spec: int
+    extra_slots: int
     rolled: tuple[int, ...] = ()
     peak_bytes: int = 0
     sum_bytes: int = 0
     steps: int = 0
 
     @staticmethod
-    def of(layout: ChainLayout, spec: int) -> _SpecBytes:
+    def of(layout: ChainLayout, kv: KVManager) -> _SpecBytes:
         state = layout.index_of(LifetimeClass.STATE)
         return _SpecBytes(layout.bands[state].page_bytes if state is not None else 0,
-                          tuple(b.page_bytes for b in layout.bands), state, spec)
+                          tuple(b.page_bytes for b in layout.bands), state,
+                          kv.geom.spec_tokens,
+                          kv.geom.state_slots - layout.state_slots_per_request)
 
     def before_verify(self, kv: KVManager) -> None:
         self.rolled = tuple(kv.rolled_back_pages)
@@ -449,7 +464,7 @@ class _SpecBytes:
         slots = 0
         if self.state_band is not None:
             held = kv.held_per_band(sched.running)[self.state_band]
-            slots = held * self.spec // kv.geom.state_slots * self.slot_bytes
+            slots = held * self.extra_slots // kv.geom.state_slots * self.slot_bytes
         now = transient + slots
         self.peak_bytes = max(self.peak_bytes, now)
         self.sum_bytes += now
@@ -467,6 +482,7 @@ class _SpecBytes:
             # tokens a speculative decode keeps: the sampled one and the accepted drafts
             "spec_tokens_per_decode": round(1 + c.accepted_tokens / c.spec_decodes, 4)
             if c.spec_decodes else 0.0,
+            "spec_replayed_tokens": c.replayed_tokens,
             "spec_overhead_peak_bytes": self.peak_bytes,
             "spec_overhead_mean_bytes": round(mean),
             "spec_overhead_peak_pct": round(100 * self.peak_bytes / buffer_bytes, 4),

@@ -55,6 +55,7 @@ from kvchain.gpu import GPUSpec
 from kvchain.model.layers import CacheDtype
 from kvchain.model.params import WeightFormat
 from kvchain.model.spec import ModelSpec
+from kvchain.requests.geometry import StateRollback
 from kvchain.sched.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind
@@ -176,6 +177,10 @@ class RunOptions:
     spec_acceptance: float = field(default=0.7, metadata=option(
         "Speculative decoding: probability each draft is accepted given the ones before "
         "it were (seeded by --seed); only with --spec-tokens > 0."))
+    spec_rollback: StateRollback = field(default=StateRollback.CHECKPOINTS, metadata=option(
+        "Speculative decoding on a recurrent state: checkpoints (k more state slots per "
+        "request, no recompute) or replay (one more slot; a step with a rejected draft "
+        "recomputes its accepted tokens, charged as a whole-model chunk: an upper bound)."))
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -229,7 +234,8 @@ class RunOptions:
                          step_ms=self.step_ms, truncate_to_context=self.truncate,
                          prefix_cache=self.prefix_cache, cache_points=self.cache_points,
                          fast_forward=self.fast_forward, spec_tokens=self.spec_tokens,
-                         spec_acceptance=self.spec_acceptance, spec_seed=self.seed)
+                         spec_acceptance=self.spec_acceptance, spec_seed=self.seed,
+                         spec_rollback=self.spec_rollback)
 
     # --- as data -------------------------------------------------------------------------
 
