@@ -170,7 +170,10 @@ def lifetime_demand(geom: RequestGeometry, prompt: int, output: int,
     pages): the smallest footprint any chunking reaches, since the scheduler cuts each
     chunk to what fits. A request whose lifetime demand does not fit the empty chain can
     never finish; one that fits always can, alone (field cases F2, F3, F7) - also after a
-    retraction, whose first one-page chunk demands no more than this.
+    retraction, whose first one-page chunk demands no more than this. With speculative
+    decoding (``geom.spec_tokens = k``) the last step's ``k`` drafts are KV too (its
+    ``1 + k`` tokens are in the cache until the verify), so ``k`` more tokens of every
+    band; the state slots and window slack come from the policies.
 
     Raises:
         InvalidDemandError: a prompt or output below 1.
@@ -178,7 +181,7 @@ def lifetime_demand(geom: RequestGeometry, prompt: int, output: int,
     if prompt < 1 or output < 1:
         raise InvalidDemandError(f"prompt and output must be >= 1, got {prompt}, {output}")
     first = min(geom.page_size, prompt)
-    rest = prompt + output - 1 - first
+    rest = prompt + output - 1 - first + geom.spec_tokens
     # Later chunks of one page even for a one-page prompt: after a retraction the request
     # is recomputed from prompt + generated tokens, which may span more than a page.
     return request_demand(geom, NOTHING_HELD, 0, first, rest, geom.page_size, points,

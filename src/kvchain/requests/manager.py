@@ -31,7 +31,7 @@ from kvchain.errors import (
 from kvchain.requests.batch import DecodeDemands, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
-from kvchain.requests.geometry import RequestGeometry
+from kvchain.requests.geometry import RequestGeometry, StateRollback
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts, RequestView
 
@@ -49,15 +49,27 @@ class KVManager:
             ``None``. With a cache, requests that carry page keys are matched by
             :meth:`attach`, point at the cache's pages for their hit, and insert their
             prompt's pages at the end of their prefill (:meth:`commit`).
+        spec_tokens: drafts ``k`` of a speculative decode step (0: none). A request then
+            claims ``k`` more state slots with its first chunk (the checkpoints a rollback
+            picks from), and its demands count the window slack and ``k`` more tokens
+            (:attr:`RequestGeometry.spec_tokens`). A speculative step is
+            :meth:`decode_demands` with ``drafts = k``, :meth:`allocate` of
+            ``(rid, 1 + k)``, then :meth:`verify` with the accepted drafts.
+        rollback: how state bands roll back (:class:`StateRollback`: ``k`` checkpoint
+            slots, or one plus a replay of the accepted tokens, which the engine runs).
 
     Raises:
         ConfigError: a prefix cache on a chain of more than one window band, or on an
-            allocator without an evictor hook.
+            allocator without an evictor hook; ``spec_tokens`` not an int >= 0.
     """
 
-    def __init__(self, chain: Allocator, cache: PrefixCache | None = None) -> None:
+    def __init__(self, chain: Allocator, cache: PrefixCache | None = None,
+                 spec_tokens: int = 0,
+                 rollback: StateRollback = StateRollback.CHECKPOINTS) -> None:
         self.chain = chain
-        self.geom = RequestGeometry.of(chain.layout)
+        self.geom = RequestGeometry.of(chain.layout, spec_tokens, rollback)
+        # pages per band released by verify's rollback (rejected drafts' pages)
+        self.rolled_back_pages = [0] * self.geom.num_bands
         pads = []
         for band in range(self.geom.num_bands):
             try:
@@ -284,8 +296,10 @@ class KVManager:
 
     # --- decode demands ----------------------------------------------------------------------
 
-    def decode_demands(self, rids: Sequence[int]) -> list[Demand]:
-        """``[self.demand(rid, 1) for rid in rids]`` (equal values), for a decode batch.
+    def decode_demands(self, rids: Sequence[int], drafts: int = 0) -> list[Demand]:
+        """``[self.demand(rid, 1 + drafts) for rid in rids]`` (equal values), for a decode
+        batch (``drafts = k > 0``: a speculative step, ``1 + k`` tokens each: the token
+        sampled last and ``k`` drafts; its window bands hold ``W + k`` tokens).
 
         Vectorized over the batch (:meth:`RequestTable.decode_columns`: the band policies'
         formulas over the gathered rows); a :class:`Demand` is built only for the requests
@@ -297,20 +311,27 @@ class KVManager:
 
         Returns:
             A :class:`DecodeDemands` (a list, aligned with ``rids``) carrying the sum.
+
+        Raises:
+            InvalidDemandError: ``drafts`` not an int >= 0.
         """
+        if type(drafts) is not int or drafts < 0:
+            raise InvalidDemandError(f"drafts must be an int >= 0, got {drafts!r}")
         ids = tuple(rids)
+        extend = 1 + drafts
         if self._glue.reaches_point(ids, self._requests):
-            return [self.demand(rid, 1) for rid in ids]
+            return [self.demand(rid, extend) for rid in ids]
         nb = self.geom.num_bands
         slots = self._slots_of(ids)
         zero = self._zero()
         empty = np.zeros((0, nb), dtype=np.int64)
         out = [zero] * len(ids)
         table = self._table
-        check = (table.tokens[slots] >= table.need_at[slots]).nonzero()[0]  # page boundary
+        # page boundary within the step's tokens
+        check = (table.tokens[slots] + drafts >= table.need_at[slots]).nonzero()[0]
         if not check.size:
             return DecodeDemands(out, zero, ids, [], empty)
-        matrix = np.stack(table.decode_columns(slots[check]), axis=1)
+        matrix = np.stack(table.decode_columns(slots[check], extend), axis=1)
         needs = np.flatnonzero(matrix.any(axis=1))
         if not needs.size:
             return DecodeDemands(out, zero, ids, [], empty)
@@ -547,6 +568,117 @@ class KVManager:
         else:
             self.chain.release(band, vids)
         return int(vids.size)
+
+    def verify(self, rids: Sequence[int], accepted: Sequence[int] | np.ndarray,
+               drafts: int) -> int:
+        """Settle a speculative step: request ``rids[i]`` computed ``1 + k`` tokens (its
+        :meth:`allocate` of ``(rid, 1 + k)``) and keeps ``1 + accepted[i]`` of them.
+
+        Rollback first, for the whole batch in array operations: in every full, window and
+        chunked-local band the pages at or past ``ceil((L + 1 + a) / P)`` (``L`` the
+        tokens before the step) are taken out of the rows and released in one
+        ``chain.release`` per band (a page holding an accepted token stays). Then the
+        commit of ``1 + a`` tokens as :meth:`commit_decodes` (window-tail release: the
+        window slack behind the new window goes too; the prefix cache's prompt insert,
+        if due, through :meth:`commit`). State slots are not released: a request holds
+        its ``k`` checkpoint slots for its whole life (the state after the last accepted
+        token is one of them and becomes the working state; nothing is recomputed), or
+        under ``REPLAY`` its one checkpoint (the engine copies it back and recomputes the
+        ``1 + a`` accepted tokens after a rejection: compute, no pages). The
+        rejected drafts were never committed, so the prefix cache never sees them.
+        ``accepted`` all 0 with ``k = 0`` is :meth:`commit_decodes`.
+
+        Args:
+            rids: the step's decoding requests, each once.
+            accepted: drafts accepted per request (``0 <= a <= k``), aligned with ``rids``.
+            drafts: ``k``, the drafts each request computed in the step.
+
+        Returns:
+            Pages released (rollback and window-tail release, all bands).
+
+        Raises:
+            UnknownRequestError: a request that holds no pages.
+            InvalidDemandError: a request named twice, ``accepted`` not integers in
+                ``[0, drafts]`` of the batch's length, or ``1 + drafts`` tokens not
+                covered by a request's pages in a band that keeps every token or a window
+                band. Checked for the whole batch before anything changes.
+        """
+        ids = tuple(rids)
+        slots = self._checked_slots(ids, "verify")
+        acc = np.asarray(accepted)
+        if not isinstance(accepted, np.ndarray) and bool in set(map(type, accepted)):
+            acc = np.asarray(accepted, dtype=object)  # True would read as 1: refused below
+        if type(drafts) is not int or drafts < 0:
+            raise InvalidDemandError(f"drafts must be an int >= 0, got {drafts!r}")
+        if (acc.shape != (len(ids),) or (acc.size and acc.dtype.kind not in "iu")
+                or (acc.size and not 0 <= int(acc.min()) <= int(acc.max()) <= drafts)):
+            raise InvalidDemandError(f"accepted drafts must be {len(ids)} integers in "
+                                     f"[0, {drafts}], got {accepted!r}")
+        acc = acc.astype(np.int64)
+        table = self._table
+        n = table.tokens[slots] + 1 + acc
+        computed = table.tokens[slots] + 1 + drafts  # the step's tokens: all covered
+        for pol in self.geom.policies:
+            if pol.per_request:
+                continue
+            band = pol.band
+            end = table.rowlen[band][slots]
+            short = end * pol.page_size < computed
+            if pol.windowed:
+                short &= end > table.first[band][slots]  # an empty window band: no pages
+            if short.any():
+                at = int(short.nonzero()[0][0])
+                raise InvalidDemandError(f"request {ids[at]}: {1 + drafts} tokens not covered "
+                                         f"by its pages")
+        # every request checked: nothing below fails half-way
+        released = 0
+        for pol in self.geom.policies:
+            if pol.per_request:
+                continue
+            vids = table.truncate(pol.band, slots, -(-n // pol.page_size))
+            if vids.size:
+                self.chain.release(pol.band, vids)
+                released += int(vids.size)
+                self.rolled_back_pages[pol.band] += int(vids.size)
+        if type(self).commit is not KVManager.commit or self._glue.may_insert(ids):
+            released += sum(self.commit(rid, 1 + int(a))
+                            for rid, a in zip(ids, acc.tolist(), strict=True))
+        else:
+            table.tokens[slots] = n
+            for pol in self.geom.windows:
+                released += self._release_fronts(pol.band, slots, pol.first_page(n))
+        table.refresh_need(slots)
+        return released
+
+    def audit_settled(self, rids: Iterable[int]) -> None:
+        """What :meth:`verify` leaves, checked for requests ``rids`` (an audit: run it after
+        a rollback): no page of a full, window or chunked-local band at or past
+        ``ceil(L / P)`` (``L`` its tokens: no rejected draft's page kept), no window page
+        before its window (``first_page(L)``: the window slack released), and its state
+        slots exactly the geometry's ``state_slots`` (its checkpoints, none leaked or
+        lost).
+
+        Raises:
+            AuditError: the first request that holds more or less.
+            UnknownRequestError: a request that holds no pages.
+        """
+        table = self._table
+        for rid in rids:
+            slot = self._facts(rid).slot
+            tokens = int(table.tokens[slot])
+            for pol in self.geom.policies:
+                first, end = table.span(pol.band, slot)
+                if pol.per_request:
+                    if end and end != self.geom.state_slots:
+                        raise AuditError(f"request {rid}: {end} state slots, "
+                                         f"{self.geom.state_slots} claimed")
+                    continue
+                if end > -(-tokens // pol.page_size):
+                    raise AuditError(f"request {rid}: band {pol.band} holds {end} pages for "
+                                     f"{tokens} tokens (a rolled-back page kept)")
+                if pol.windowed and end > first and first < pol.first_page(tokens):
+                    raise AuditError(f"request {rid}: band {pol.band} keeps page {first} "
+                                     f"behind its window (slack not released)")
 
     def release_window_tail(self, rid: int) -> int:
         """Release ``rid``'s pages wholly before its next token's window, in every window

@@ -143,9 +143,17 @@ class FullPolicy(BandPolicy):
 @dataclass(frozen=True, slots=True)
 class _WindowedPolicy(BandPolicy):
     """What window and chunked-local bands share: pages covering
-    ``[first_token(s), s + c)`` at the chunk's peak, released behind the window."""
+    ``[first_token(s), s + c)`` at the chunk's peak, released behind the window.
+
+    Attributes:
+        tokens: ``W`` (window) or ``C`` (chunk) tokens.
+        spec: draft tokens ``k`` of a speculative decode step (0: none): a later decode
+            computes ``1 + k`` tokens, so its window holds ``W + k`` tokens until the
+            verify commits the accepted ones (the window slack, :meth:`later_peak_pages`).
+    """
 
     tokens: int = 0
+    spec: int = 0
     windowed: ClassVar[bool] = True
 
     def pages(self, first: IntLike, end: IntLike, start: IntLike, extend: int,
@@ -185,9 +193,18 @@ class _WindowedPolicy(BandPolicy):
         pages, so later chunks always do), or a decode (``chunk = 1``, any position):
         ``ceil(c / P) + ceil((W - 1) / P)``. E.g. ``W = 32``, ``P = 16``: 3 pages for a
         one-page chunk and for a decode, where the any-start :meth:`peak_pages` says 4
-        for the chunk."""
+        for the chunk.
+
+        With speculative decoding (``spec = k > 0``) a later decode computes ``1 + k``
+        tokens at any position: ``W + k`` tokens ``[s - W + 1, s + k]``, at most
+        ``ceil((W + k - 1) / P) + 1`` pages (the window slack; ``k = 0`` gives the decode
+        term above), and the result is the larger of the two. E.g. ``W = 32``,
+        ``P = 16``, ``k = 3``: 4 pages."""
         p = self.page_size
-        return ceil_div(chunk, p) + ceil_div(self.tokens - 1, p)
+        plain = ceil_div(chunk, p) + ceil_div(self.tokens - 1, p)
+        if not self.spec:
+            return plain
+        return max(plain, ceil_div(self.tokens + self.spec - 1, p) + 1)
 
     def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
                      first: int, start: int, stop: int, headroom: int) -> int:

@@ -208,16 +208,35 @@ class RequestTable:
 
     # --- the decode step ----------------------------------------------------------------
 
-    def decode_columns(self, slots: np.ndarray) -> list[np.ndarray]:
-        """Pages each request at ``slots`` must add to compute one more token: one int64
-        array ``[len(slots)]`` per band (a band's column of the batch's demands), each
-        band policy's :meth:`~kvchain.requests.policies.BandPolicy.pages` for
-        ``extend = 1`` over the held spans ``[first, rowlen)`` (the formula
-        ``request_demand`` runs for one request)."""
+    def decode_columns(self, slots: np.ndarray, extend: int = 1) -> list[np.ndarray]:
+        """Pages each request at ``slots`` must add to compute ``extend`` more tokens (1:
+        a decode; ``1 + k``: a speculative decode with ``k`` drafts): one int64 array
+        ``[len(slots)]`` per band (a band's column of the batch's demands), each band
+        policy's :meth:`~kvchain.requests.policies.BandPolicy.pages` over the held spans
+        ``[first, rowlen)`` (the formula ``request_demand`` runs for one request)."""
         t = self.tokens[slots]
         first, rowlen = self.first, self.rowlen
-        return [pol.pages(first[pol.band][slots], rowlen[pol.band][slots], t, 1)
+        return [pol.pages(first[pol.band][slots], rowlen[pol.band][slots], t, extend)
                 for pol in self.policies]
+
+    def truncate(self, band: int, slots: np.ndarray, keep_end: np.ndarray) -> np.ndarray:
+        """Take the pages of rows ``slots`` in ``band`` at columns ``keep_end`` and past
+        out of their rows (pads in their place; each row's length becomes
+        ``min(rowlen, keep_end)``, never below its first live page): the rollback of a
+        speculative step's rejected pages. Returns their ids, int64, row by row."""
+        end = self.rowlen[band][slots]
+        keep = np.maximum(np.minimum(keep_end, end), self.first[band][slots])
+        drop = end - keep
+        at = (drop > 0).nonzero()[0]
+        if not at.size:
+            return np.zeros(0, dtype=np.int64)
+        s, k, c = slots[at], keep[at], drop[at]
+        rows = np.repeat(s, c)
+        cols = np.repeat(k - (np.cumsum(c) - c), c) + np.arange(rows.size)
+        vids = self.tables[band][rows, cols].copy()
+        self.tables[band][rows, cols] = self.pads[band]
+        self.rowlen[band][s] = k
+        return vids
 
     def refresh_need(self, slots: np.ndarray) -> None:
         """Set ``need_at`` of ``slots`` from the pages they hold now: the smallest

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kvchain.errors import InvalidRequestError
@@ -148,10 +149,13 @@ class PrefillChunk:
 
 @dataclass(frozen=True, slots=True)
 class DecodeSeq:
-    """One decode token for ``rid`` with ``context`` tokens already in its cache."""
+    """One decode token for ``rid`` with ``context`` tokens already in its cache, and
+    ``drafts`` draft tokens after it (a speculative step: ``1 + drafts`` tokens computed,
+    the verify keeps the accepted ones)."""
 
     rid: int
     context: int
+    drafts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +192,10 @@ class StepOutcome:
     Attributes:
         duration_s: seconds the step took.
         stopped: requests that emitted end-of-sequence before their output length.
+        accepted: request id -> drafts the verify accepted in a speculative step
+            (``0 <= a <= drafts``; a request absent: 0, every draft rejected).
     """
 
     duration_s: float
     stopped: frozenset[int] = frozenset()
+    accepted: Mapping[int, int] = field(default_factory=dict)

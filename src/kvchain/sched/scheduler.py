@@ -26,7 +26,7 @@ Policies (stated and tested):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +45,7 @@ from kvchain.field_types import check_field_types
 from kvchain.layout import smallest_request_pages
 from kvchain.requests.batch import sum_demands
 from kvchain.requests.demand import NOTHING_HELD, lifetime_demand, request_demand
+from kvchain.requests.geometry import StateRollback
 from kvchain.requests.manager import KVManager
 from kvchain.sched.admission import (
     AdmissionRules,
@@ -128,6 +129,7 @@ class ScheduledStep:
     decodes: list[DecodeSeq] = field(default_factory=list)
     decode_demands: list[Demand] = field(default_factory=list)  # aligned with decodes
     prefill_demands: list[Demand] = field(default_factory=list)  # aligned with prefills
+    drafts_priced: int = 0  # the drafts per decode its decode demands were priced for
     quote: Quote | None = None  # the price of the step's whole take
     pin: MoveHold | None = None
     memory_blocked: bool = False  # a waiting request got no chunk for lack of memory
@@ -192,6 +194,10 @@ class SchedulerCounters:
     divergences: int = 0  # admitted but unallocatable: UnallocatableEvents recorded
     recomputed_tokens: int = 0  # tokens retracted requests must prefill again
     window_pages_reclaimed: int = 0
+    drafted_tokens: int = 0  # draft tokens computed by speculative decode steps
+    replayed_tokens: int = 0  # accepted tokens recomputed by REPLAY state rollbacks
+    accepted_tokens: int = 0  # of which kept by the verify
+    spec_decodes: int = 0  # speculative decodes (one per request per step)
     prompt_tokens: int = 0  # prompts admitted (first admission) while a prefix cache is on
     hit_tokens: int = 0  # of which served by the prefix cache
 
@@ -335,13 +341,15 @@ class Scheduler:
         step = ScheduledStep()
         snap, decode_demands = self._decode_check(now)
         step.decode_demands = decode_demands
+        step.drafts_priced = priced = self._drafts_priced()
+        drafts = kv.geom.spec_tokens
         prefilling: list[Request] = []
         decodes = step.decodes
         for r in self.running.values():  # one pass: decodes (running order) and prefills
             if r.computed < r.prefill_target:
                 prefilling.append(r)
             else:
-                decodes.append(DecodeSeq(r.rid, r.computed))
+                decodes.append(DecodeSeq(r.rid, r.computed, drafts))
         if not prefilling and not self.waiting:
             self._pin_if_moves(step, snap)
             return step  # decodes only: the decode check already proved they fit
@@ -350,8 +358,8 @@ class Scheduler:
         tokens_left = cfg.max_prefill_tokens
         page = kv.geom.page_size
         # This step's own demand per running request (decodes: from the decode check).
-        this_step = {d.rid: (1, demand) for d, demand in zip(step.decodes, decode_demands,
-                                                              strict=True)}
+        this_step = {d.rid: (1 + priced, demand)
+                     for d, demand in zip(step.decodes, decode_demands, strict=True)}
         # Running prefills continue first, then everyone's future is reserved.
         for r in prefilling:
             upper = self._chunk_cap(r, tokens_left)
@@ -445,9 +453,16 @@ class Scheduler:
         """
         try:
             self._check_step(step)
+            drafts = self.kv.geom.spec_tokens
+            if step.decodes and step.drafts_priced != drafts:
+                # priced for other drafts than the step computes (a stale step): the take
+                # is the one the engine runs, 1 + drafts tokens per decode
+                step.decode_demands = self.kv.decode_demands([d.rid for d in step.decodes],
+                                                             drafts)
+                step.quote = None
             while True:
                 batch = ([(p.rid, p.tokens) for p in step.prefills]
-                         + [(d.rid, 1) for d in step.decodes])
+                         + [(d.rid, 1 + d.drafts) for d in step.decodes])
                 if not batch:
                     break
                 demands = [*step.prefill_demands, *step.decode_demands]
@@ -569,19 +584,48 @@ class Scheduler:
                 if r.output_done == 1:
                     self._emit(EventKind.FIRST_TOKEN, r.rid, now)
                 self._maybe_finish(r, outcome, now)
-        if batch.decodes:
+        drafts = batch.decodes[0].drafts if batch.decodes else 0
+        kept = [1] * len(batch.decodes)  # tokens each decode keeps
+        if drafts:
+            acc = self.kept_drafts(batch, outcome.accepted)
+            kv.verify([d.rid for d in batch.decodes], acc, drafts)  # rollback, then commit
+            kept = [1 + a for a in acc]
+            self.counters.spec_decodes += len(acc)
+            self.counters.drafted_tokens += drafts * len(acc)
+            self.counters.accepted_tokens += sum(acc)
+            if self.replays_state():
+                self.counters.replayed_tokens += sum(1 + a for a in acc if a < drafts)
+        elif batch.decodes:
             kv.commit_decodes([d.rid for d in batch.decodes])  # one window release per step
         stopped = outcome.stopped
-        for d in batch.decodes:
+        for d, n in zip(batch.decodes, kept, strict=True):
             r = running[d.rid]
-            r.computed += 1
-            r.output_done += 1
+            r.computed += n
+            r.output_done += n
             if r.output_done >= r.output_tokens or r.rid in stopped:
                 self._finish(r, now)
         self.reserve.on_step()
         self.counters.steps += 1
         if self.config.audit_every_step:
             self.audit()
+
+    def kept_drafts(self, batch: StepBatch, accepted: Mapping[int, int]) -> list[int]:
+        """The drafts each decode of ``batch`` keeps: what the verify accepted
+        (``accepted``, absent: 0), at most its drafts and the output it has left after
+        the step's own token (a request never generates past its output length). What
+        :meth:`complete` commits; an engine that charges the replay of the accepted tokens
+        asks for the same counts before."""
+        running = self.running
+        return [max(0, min(accepted.get(d.rid, 0), d.drafts,
+                           running[d.rid].output_tokens - running[d.rid].output_done - 1))
+                for d in batch.decodes]
+
+    def replays_state(self) -> bool:
+        """Whether a speculative step with a rejected draft recomputes the accepted tokens
+        through the state layers (``REPLAY`` rollback on a chain with a state band)."""
+        geom = self.kv.geom
+        return (bool(geom.spec_tokens) and geom.state is not None
+                and geom.rollback is StateRollback.REPLAY)
 
     # --- runs of decode steps (the simulator's fast-forward) -----------------------------
 
@@ -603,8 +647,8 @@ class Scheduler:
         """
         if type(max_steps) is not int or max_steps < 1:
             raise ConfigError(f"max_steps must be an int >= 1, got {max_steps!r}")
-        if self.waiting or not self.running:
-            return None
+        if self.waiting or not self.running or self.kv.geom.spec_tokens:
+            return None  # speculative steps keep a random count: no closed form
         shortest = max_steps + 1
         for r in self.running.values():
             if r.computed < r.prefill_target:
@@ -726,9 +770,13 @@ class Scheduler:
 
     def audit(self) -> None:
         """Chain audit plus: every bound page is held by one running request or is a null
-        page (raises :class:`~kvchain.errors.AuditError`)."""
+        page; with speculative decoding, every running request settled (no rolled-back
+        page, window slack or checkpoint slot more or less than its tokens need:
+        :meth:`KVManager.audit_settled`) (raises :class:`~kvchain.errors.AuditError`)."""
         self.chain.audit()
         self.kv.audit()
+        if self.kv.geom.spec_tokens:
+            self.kv.audit_settled(self.running)
 
     # --- internals --------------------------------------------------------------------------
 
@@ -754,7 +802,16 @@ class Scheduler:
 
     def _decode_demands(self) -> list[Demand]:
         return self.kv.decode_demands([r.rid for r in self.running.values()
-                                       if r.computed >= r.prefill_target])
+                                       if r.computed >= r.prefill_target],
+                                      self._drafts_priced())
+
+    def _drafts_priced(self) -> int:
+        """Draft tokens per decode the decode check, the futures and admission price: the
+        KV manager's ``spec_tokens`` (each decode computes ``1 + k`` tokens, its window
+        holds ``W + k``, its lifetime ``k`` tokens more; the ``k`` checkpoint slots are
+        the geometry's). A test's planted subclass prices 0 to show the
+        admitted-but-unallocatable count going non-zero."""
+        return self.kv.geom.spec_tokens
 
     def running_futures(self, running: Iterable[Request],
                         this_step: dict[int, tuple[int, Demand]]) -> Demand:
@@ -782,8 +839,13 @@ class Scheduler:
         (ratio), the window's later peak."""
         rest_prefill = r.remaining_prefill - (now_tokens if r.in_prefill else 0)
         # KV still to come after the prefill: remaining_output - 1 (the last sampled token
-        # is never fed back); a decode's own token is this step's.
+        # is never fed back); a decode's own token (and drafts) is this step's. A request
+        # still in its prefill will decode speculatively: k tokens more (the drafts of
+        # its last step, in the cache until verified).
         output, expected = self._output_reserve(r, not r.in_prefill)
+        if r.in_prefill:
+            spec = self._drafts_priced()
+            output, expected = output + spec, expected + spec
         # Later chunks are reserved at one page: the scheduler cuts them to what fits.
         full_step = self.kv.demand(r.rid, now_tokens, rest_prefill + output,
                                    min(self.kv.geom.page_size, max(rest_prefill, 1)),
@@ -796,6 +858,8 @@ class Scheduler:
         output, window peak, state slots); after a prefix-cache hit, from the hit on."""
         rest = r.prefill_target - r.computed - chunk
         output, expected = self._output_reserve(r, False)
+        spec = self._drafts_priced()  # its speculative steps' drafts (k tokens more)
+        output, expected = output + spec, expected + spec
         hc = min(self.kv.geom.page_size, max(rest, 1))
         if r.rid in self.kv:
             return self.kv.demand(r.rid, chunk, rest + output, hc, rest + expected)

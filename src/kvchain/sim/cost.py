@@ -321,6 +321,21 @@ class StepWorkBuilder:
             self._local += _local_prefix(s + c, lc) - _local_prefix(s, lc)
             self._local_kv += s % lc + c
 
+    def add_verify(self, context: int, drafts: int) -> None:
+        """Add a speculative decode's verify forward: the token sampled last and
+        ``drafts`` draft tokens after ``context`` cached tokens, computed as one chunk of
+        ``1 + drafts`` tokens (causal among themselves: the target scores every draft in
+        one forward). The drafts' own forwards are not charged (a draft that costs no
+        target forward: an MTP / EAGLE head of about one layer, or n-gram lookup; see
+        docs/design.md, speculative decoding).
+
+        Raises:
+            CostModelError: ``context < 0`` or ``drafts < 0``.
+        """
+        if drafts < 0:
+            raise CostModelError(f"drafts must be >= 0, got {drafts}")
+        self.add_prefill(1 + drafts, context)
+
     def add_decode(self, context: int) -> None:
         """Add one decode token after ``context`` cached tokens.
 

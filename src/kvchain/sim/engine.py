@@ -42,6 +42,7 @@ from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import LifetimeClass
 from kvchain.model.spec import ModelSpec
+from kvchain.requests.geometry import StateRollback
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig, UnallocatableEvent
@@ -107,6 +108,16 @@ class SimConfig:
         fast_forward: advance runs of decode-only steps between events in one update
             (:func:`_decode_run`); ``False`` runs every step through the per-step loop (the
             oracle: both give the same steps, times and per-request numbers).
+        spec_tokens: draft tokens ``k`` per decode (speculative decoding; 0: none). Each
+            decode computes ``1 + k`` tokens (the verify forward,
+            :meth:`StepWorkBuilder.add_verify`) and keeps ``1 + a``; no fast-forward.
+        spec_acceptance: probability each draft is accepted given the ones before it were
+            (``a`` = leading successes of ``k`` Bernoulli draws: ``P(a >= j) = p^j``).
+        spec_seed: seed of those draws (one generator per run: deterministic).
+        spec_rollback: how state bands roll back (``CHECKPOINTS``: ``k`` more slots per
+            request; ``REPLAY``: one more, and a step with a rejected draft also computes
+            its ``1 + a`` accepted tokens again, charged as a chunk of the whole model: an
+            upper bound, the replay runs through the state layers only).
     """
 
     model: ModelSpec
@@ -123,6 +134,10 @@ class SimConfig:
     prefix_cache: bool | None = None
     cache_points: ResumePolicy = ResumePolicy.AUTO
     fast_forward: bool = True
+    spec_tokens: int = 0
+    spec_acceptance: float = 0.7
+    spec_seed: int = 0
+    spec_rollback: StateRollback = StateRollback.CHECKPOINTS
 
     def __post_init__(self) -> None:
         """Refuse a field of the wrong type (:func:`kvchain.field_types.check_field_types`:
@@ -132,6 +147,11 @@ class SimConfig:
             ConfigError: names the field.
         """
         check_field_types(self)
+        if self.spec_tokens < 0:
+            raise ConfigError(f"spec_tokens must be >= 0, got {self.spec_tokens}")
+        if not 0.0 <= self.spec_acceptance <= 1.0:
+            raise ConfigError(f"spec_acceptance must be in [0, 1], got "
+                              f"{self.spec_acceptance}")
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -253,7 +273,10 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=interval,
                             policy=config.cache_points)
         stats = PrefixCacheStats(interval_tokens=interval)
-    kv = KVManager(chain, cache)
+    kv = KVManager(chain, cache, config.spec_tokens, config.spec_rollback)
+    spec = config.spec_tokens
+    draws = np.random.default_rng(config.spec_seed)
+    spec_bytes = _SpecBytes.of(layout, kv)
     context = config.scheduler.max_context_tokens or config.model.max_context_tokens
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step,
                            max_context_tokens=context)
@@ -278,7 +301,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     copy_s = 0.0  # seconds of page copies charged to step times
     copy_steps = 0  # steps that copied (each waits for the previous forward's fence)
     truncated = 0
-    fast = config.fast_forward and on_allocated is None
+    fast = config.fast_forward and on_allocated is None and not spec
     fast_steps = 0
 
     while i < total or not sched.idle:
@@ -325,8 +348,20 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         builder.reset()
         for p in batch.prefills:
             builder.add_prefill(p.tokens, p.start)
+        accepted: dict[int, int] = {}
+        if spec and batch.decodes:
+            ok = draws.random((len(batch.decodes), spec)) < config.spec_acceptance
+            drawn = np.cumprod(ok, axis=1).sum(axis=1).tolist()  # leading acceptances
+            accepted = dict(zip((d.rid for d in batch.decodes), drawn, strict=True))
         for d in batch.decodes:
-            builder.add_decode(d.context)
+            if d.drafts:
+                builder.add_verify(d.context, d.drafts)
+            else:
+                builder.add_decode(d.context)
+        if accepted and sched.replays_state():
+            for d, a in zip(batch.decodes, sched.kept_drafts(batch, accepted), strict=True):
+                if a < d.drafts:  # state copied back, the accepted tokens recomputed
+                    builder.add_prefill(1 + a, d.context)
         step_copied = chain.stats.bytes_copied - copied
         copied += step_copied
         step_copy_s = clock.copy_time(step_copied)
@@ -335,7 +370,11 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             copy_steps += 1
         duration = clock.step_time(builder.build()) + step_copy_s
         now += duration
-        sched.complete(batch, StepOutcome(duration), now)
+        if accepted:
+            spec_bytes.before_verify(kv)
+        sched.complete(batch, StepOutcome(duration, accepted=accepted), now)
+        if accepted:
+            spec_bytes.after_verify(kv, sched)
         before = done
         done += _record_events(sched, recorder)
         _record_step(recorder, _StepBytes.now(chain, kv, sched, cache, null_pages),
@@ -367,6 +406,8 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         "requests_rejected_context": sched.counters.rejected_context,
         "requests_truncated": truncated,
     }
+    if spec:
+        extra.update(spec_bytes.extra(sched, layout.buffer_bytes))
     if stats is not None and cache is not None:
         stats.prompt_tokens = sched.counters.prompt_tokens
         stats.hit_tokens = sched.counters.hit_tokens
@@ -385,6 +426,68 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     summary = summarize(recorder, extra=extra)
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
                      tuple(sched.unallocatable), stats, fast_steps)
+
+
+@dataclass(slots=True)
+class _SpecBytes:
+    """The speculative memory overhead of a run, step by step: the ``k`` checkpoint slots
+    every running request with state holds (bytes of ``k`` slots each; one under
+    ``REPLAY``), plus the pages of
+    rejected drafts held from the step's take until its verify rolled them back (the
+    window slack past the accepted tokens included): their bytes are this step's
+    transient overhead."""
+
+    slot_bytes: int
+    page_bytes: tuple[int, ...]
+    state_band: int | None
+    spec: int
+    extra_slots: int
+    rolled: tuple[int, ...] = ()
+    peak_bytes: int = 0
+    sum_bytes: int = 0
+    steps: int = 0
+
+    @staticmethod
+    def of(layout: ChainLayout, kv: KVManager) -> _SpecBytes:
+        state = layout.index_of(LifetimeClass.STATE)
+        return _SpecBytes(layout.bands[state].page_bytes if state is not None else 0,
+                          tuple(b.page_bytes for b in layout.bands), state,
+                          kv.geom.spec_tokens,
+                          kv.geom.state_slots - layout.state_slots_per_request)
+
+    def before_verify(self, kv: KVManager) -> None:
+        self.rolled = tuple(kv.rolled_back_pages)
+
+    def after_verify(self, kv: KVManager, sched: Scheduler) -> None:
+        transient = sum((n - m) * pb for n, m, pb in zip(kv.rolled_back_pages, self.rolled,
+                                                         self.page_bytes, strict=True))
+        slots = 0
+        if self.state_band is not None:
+            held = kv.held_per_band(sched.running)[self.state_band]
+            slots = held * self.extra_slots // kv.geom.state_slots * self.slot_bytes
+        now = transient + slots
+        self.peak_bytes = max(self.peak_bytes, now)
+        self.sum_bytes += now
+        self.steps += 1
+
+    def extra(self, sched: Scheduler, buffer_bytes: int) -> dict[str, int | float]:
+        c = sched.counters
+        mean = self.sum_bytes / self.steps if self.steps else 0.0
+        return {
+            "spec_tokens": self.spec,
+            "spec_decodes": c.spec_decodes,
+            "spec_accepted_drafts": c.accepted_tokens,
+            "spec_acceptance_rate": round(c.accepted_tokens / c.drafted_tokens, 4)
+            if c.drafted_tokens else 0.0,
+            # tokens a speculative decode keeps: the sampled one and the accepted drafts
+            "spec_tokens_per_decode": round(1 + c.accepted_tokens / c.spec_decodes, 4)
+            if c.spec_decodes else 0.0,
+            "spec_replayed_tokens": c.replayed_tokens,
+            "spec_overhead_peak_bytes": self.peak_bytes,
+            "spec_overhead_mean_bytes": round(mean),
+            "spec_overhead_peak_pct": round(100 * self.peak_bytes / buffer_bytes, 4),
+            "spec_overhead_mean_pct": round(100 * mean / buffer_bytes, 4),
+        }
 
 
 #: Most steps one decode run covers (bounds its arrays: ``steps x running x bands``).

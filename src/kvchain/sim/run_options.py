@@ -55,6 +55,7 @@ from kvchain.gpu import GPUSpec
 from kvchain.model.layers import CacheDtype
 from kvchain.model.params import WeightFormat
 from kvchain.model.spec import ModelSpec
+from kvchain.requests.geometry import StateRollback
 from kvchain.sched.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind
@@ -109,7 +110,8 @@ class RunOptions:
     block_tokens: int = field(default=MOONCAKE_BLOCK_TOKENS, metadata=option(
         "Tokens per hash_ids block of a generic trace."))
     seed: int = field(default=0, metadata=option(
-        "Seed of the Poisson arrivals of a length-only trace (sharegpt)."))
+        "Seed of the Poisson arrivals of a length-only trace (sharegpt) and of the "
+        "speculative acceptance draws (--spec-acceptance)."))
     truncate: bool = field(default=False, metadata=option(
         "Cut the prompt of a request past the model's context to context - output tokens "
         "(counted) instead of rejecting it.", flags="--truncate"))
@@ -167,6 +169,18 @@ class RunOptions:
         "Advance runs of decode-only steps between events in one update (the same results "
         "as the per-step loop); --no-fast-forward runs every step through the per-step "
         "loop.", flags="--fast-forward/--no-fast-forward"))
+    spec_tokens: int = field(default=0, metadata=option(
+        "Speculative decoding: draft tokens k per decode step (0: off). Each decode "
+        "computes 1 + k tokens (the verify forward; drafts from a head that costs no "
+        "target forward), holds k more state slots and a window of W + k tokens, and "
+        "keeps 1 + accepted tokens. Turns fast-forward off."))
+    spec_acceptance: float = field(default=0.7, metadata=option(
+        "Speculative decoding: probability each draft is accepted given the ones before "
+        "it were (seeded by --seed); only with --spec-tokens > 0."))
+    spec_rollback: StateRollback = field(default=StateRollback.CHECKPOINTS, metadata=option(
+        "Speculative decoding on a recurrent state: checkpoints (k more state slots per "
+        "request, no recompute) or replay (one more slot; a step with a rejected draft "
+        "recomputes its accepted tokens, charged as a whole-model chunk: an upper bound)."))
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -219,7 +233,9 @@ class RunOptions:
                          buffer_bytes=self.buffer_bytes, clock=self.clock,
                          step_ms=self.step_ms, truncate_to_context=self.truncate,
                          prefix_cache=self.prefix_cache, cache_points=self.cache_points,
-                         fast_forward=self.fast_forward)
+                         fast_forward=self.fast_forward, spec_tokens=self.spec_tokens,
+                         spec_acceptance=self.spec_acceptance, spec_seed=self.seed,
+                         spec_rollback=self.spec_rollback)
 
     # --- as data -------------------------------------------------------------------------
 
@@ -304,10 +320,11 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
 # the CLI's other commands (``kvchain.cli.common.check_flags``).
 _POSITIVE_REAL = ("rate_scale", "end_s", "step_ms")
 _FRACTION = ("mem_fraction", "host_fraction")
-_NON_NEGATIVE = ("seed", "slots_held", "ops")
+_NON_NEGATIVE = ("seed", "slots_held", "ops", "spec_tokens")
+_PROBABILITY = ("spec_acceptance",)
 _AT_LEAST_ONE = ("requests", "page_size", "tp", "max_running", "chunk_size", "prompt",
                  "output", "buffer_bytes", "block_tokens", "host_bytes", "host_interval")
-_RULES = frozenset(_POSITIVE_REAL + _FRACTION + _NON_NEGATIVE + _AT_LEAST_ONE)
+_RULES = frozenset(_POSITIVE_REAL + _FRACTION + _NON_NEGATIVE + _AT_LEAST_ONE + _PROBABILITY)
 
 
 def check_values(**values: Any) -> None:
@@ -315,8 +332,9 @@ def check_values(**values: Any) -> None:
     ``--rate-scale``); ``None`` (not given) passes.
 
     Rules: ``rate_scale``, ``end_s``, ``step_ms``: finite and > 0, ``step_ms`` at most
-    :data:`MAX_STEP_MS`; ``mem_fraction``, ``host_fraction``: in (0, 1]; ``seed``,
-    ``slots_held``, ``ops``: >= 0; ``requests``, ``page_size``, ``tp``, ``max_running``,
+    :data:`MAX_STEP_MS`; ``mem_fraction``, ``host_fraction``: in (0, 1];
+    ``spec_acceptance``: in [0, 1]; ``seed``, ``slots_held``, ``ops``, ``spec_tokens``:
+    >= 0; ``requests``, ``page_size``, ``tp``, ``max_running``,
     ``chunk_size``, ``prompt``, ``output``, ``buffer_bytes``, ``block_tokens``,
     ``host_bytes``, ``host_interval``, and any other name (a count): >= 1;
     ``chunk_size`` >= ``page_size`` when both are given.
@@ -334,6 +352,9 @@ def check_values(**values: Any) -> None:
         elif name in _FRACTION:
             if not 0 < value <= 1:
                 raise ConfigError(f"{flag} must be in (0, 1], got {value}")
+        elif name in _PROBABILITY:
+            if not 0 <= value <= 1:
+                raise ConfigError(f"{flag} must be in [0, 1], got {value}")
         elif name in _NON_NEGATIVE:
             if value < 0:
                 raise ConfigError(f"{flag} must be >= 0, got {value}")
