@@ -170,6 +170,16 @@ EXTRA_LABELS = {
     "prefix_cache_off_window_bands": "prefix cache OFF by default: window bands (max 1)",
     "requests_rejected_context": "requests rejected past the context",
     "requests_truncated": "requests truncated to the context",
+    "spec_tokens": "speculative drafts per decode (k, --spec-tokens)",
+    "spec_decodes": "speculative decode steps (request x step)",
+    "spec_accepted_drafts": "drafts accepted",
+    "spec_acceptance_rate": "drafts accepted (fraction of drafted)",
+    "spec_tokens_per_decode": "tokens kept per speculative decode (1 + accepted)",
+    "spec_replayed_tokens": "tokens recomputed by state replay",
+    "spec_overhead_peak_bytes": "speculative memory, peak (B: draft pages + slots)",
+    "spec_overhead_mean_bytes": "speculative memory, time-weighted mean (B)",
+    "spec_overhead_peak_pct": "speculative memory, peak (% of buffer)",
+    "spec_overhead_mean_pct": "speculative memory, mean (% of buffer)",
 }
 """Display labels of the loop's ``extra`` counters (others show their key)."""
 
