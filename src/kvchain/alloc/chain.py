@@ -37,7 +37,7 @@ import numpy as np
 
 from kvchain.alloc.band import Band, PageMoves
 from kvchain.alloc.evictor import Evictor
-from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, validate_pages
+from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, check_demand
 from kvchain.alloc.pricing import apply_action as plan_apply_action
 from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import (
@@ -375,7 +375,7 @@ class Chain:
         returns the quote already issued, without running the planner.
 
         Raises:
-            InvalidDemandError: wrong length or negative pages.
+            InvalidDemandError: not a Demand, wrong length or negative pages.
         """
         self._check_demand(demand)
         snap = self.snapshot()
@@ -942,9 +942,7 @@ class Chain:
         return int(band)
 
     def _check_demand(self, demand: Demand) -> None:
-        if not isinstance(demand, Demand):
-            raise InvalidDemandError(f"expected a Demand, got {type(demand).__name__}")
-        validate_pages(demand.pages, len(self._bands))
+        check_demand(demand, len(self._bands))
 
     def _after_public_call(self) -> None:
         if self.debug_audit:

@@ -245,7 +245,7 @@ class PoolAllocator:
         only kind of quote :meth:`take` accepts (until the next take or release).
 
         Raises:
-            InvalidDemandError: wrong length or negative pages.
+            InvalidDemandError: not a Demand, wrong length or negative pages.
         """
         snap = self.snapshot()
         validate_demand(snap, demand)
@@ -290,7 +290,7 @@ class PoolAllocator:
         is released, then the demand is bound.
 
         Raises:
-            InvalidDemandError: wrong length or negative pages.
+            InvalidDemandError: not a Demand, wrong length or negative pages.
             ForgedQuoteError / StaleQuoteError: ``quote`` is not a live quote of this
                 allocator for ``demand``.
             CapacityError: the rule refuses (shortfall in bytes, measured after evicting
