@@ -56,14 +56,13 @@ def test_chain_price_refuses_a_non_demand_typed() -> None:
     assert chain.snapshot() is before and chain.epoch == before.epoch
 
 
-@pytest.mark.xfail(strict=True, reason="Planner takes any solve and shortcut: "
-                   "Planner(solve='x') passes Chain's isinstance check and the first price "
-                   "raises TypeError: 'str' object is not callable; shortcut='yes' turns the "
-                   "general solver's shortcut on for any solver")
 @pytest.mark.parametrize("planner", [
     lambda: Planner(solve="x"),  # type: ignore[arg-type]
     lambda: Planner(solve=None),  # type: ignore[arg-type]
     lambda: Planner(shortcut="yes"),  # type: ignore[arg-type]
+    lambda: Planner(shortcut=1),  # type: ignore[arg-type]
+    # the shortcut stands for the general solver's answers only (Planner's docstring)
+    lambda: Planner(lambda snap, demand: pricing._solve(snap, demand), shortcut=True),
 ])
 def test_a_bad_planner_is_refused_when_built_or_handed_to_a_chain(planner) -> None:
     with pytest.raises(ConfigError):

@@ -70,7 +70,7 @@ from kvchain.alloc.snapshot import (
     UseHoles,
     WaitFence,
 )
-from kvchain.errors import InvalidDemandError, PlanMismatchError
+from kvchain.errors import ConfigError, InvalidDemandError, PlanMismatchError
 from kvchain.layout import Anchor
 
 
@@ -812,10 +812,25 @@ class Planner:
             another solver leaves it ``False`` (the default), so that its solver answers
             every demand. ``Planner()`` is the general solver without the shortcut
             (``tests/alloc/test_price_shortcut.py`` checks both give the same quotes).
+
+    Raises:
+        ConfigError: ``solve`` not callable, ``shortcut`` not a bool, or ``shortcut`` set
+            for a solver other than the general one (its answers are not the shortcut's).
+            Checked when the planner is built, so a bad one never reaches a chain.
     """
 
     solve: Solver = _solve
     shortcut: bool = False
+
+    def __post_init__(self) -> None:
+        if not callable(self.solve):
+            raise ConfigError(f"Planner solve must be a callable solver, got "
+                              f"{type(self.solve).__name__}")
+        if type(self.shortcut) is not bool:
+            raise ConfigError(f"Planner shortcut must be True or False, got {self.shortcut!r}")
+        if self.shortcut and self.solve is not _solve:
+            raise ConfigError("Planner shortcut=True gives the general solver's answers "
+                              "only; a planner with another solver must leave it False")
 
     def price(self, snapshot: ChainSnapshot, demand: Demand) -> Quote:
         """Price a demand on a snapshot: the cheapest plan, or a refusal with its proof.
