@@ -1,8 +1,12 @@
 """Hostile inputs to the pricing strategy, the module-level planner functions and the
 chain's release: every one is a typed error, raised before anything is priced or changed.
 
-Defects found by adversarial testing; the fixes belong to alloc/ (``Planner``,
-``validate_demand``, ``Chain.release``), so the tests are strict xfails until then.
+Defects found by adversarial testing, each fixed in one place every entry point shares:
+``pricing.check_demand`` (a non-``Demand`` is refused before ``.pages`` is read, by the
+module functions, a ``Planner``'s methods, the chain and the pool allocator),
+``Planner.__post_init__`` (a bad solver or shortcut is refused when built) and
+``alloc.chain.page_ids`` (``release`` takes one band's flat int ids, on the chain and the
+pool allocator alike, and the evictor's answers too).
 """
 
 from __future__ import annotations
@@ -136,13 +140,17 @@ def test_release_takes_one_flat_sequence_of_int_ids_only(vids) -> None:
 @pytest.mark.parametrize("call", [
     lambda pool: pool.price((1, 1)),
     lambda pool: pool.take((1, 1)),
-    pytest.param(lambda pool: pool.release(1, [[0]]), marks=pytest.mark.xfail(
-        strict=True, reason="PoolAllocator.release(band, [[0]]) raises TypeError; the "
-        "chain refuses it typed. The fix belongs to baselines/pools.py")),
+    lambda pool: pool.release(1, [[0]]),
+    lambda pool: pool.release(1, [0.0]),  # int(0.0) read it as id 0
+    lambda pool: pool.release(1, [True]),  # int(True) read it as id 1
+    lambda pool: pool.release(1, ((0,), (0, 1))),  # ragged
 ])
 def test_pool_allocator_refuses_bad_input_typed(call) -> None:
     from kvchain.baselines import CapacityRule, PoolAllocator
 
     pool = PoolAllocator(_layout(), CapacityRule.SHARED)
+    pool.take(Demand((0, 2)))  # full ids 0, 1: what a truncating release would free
+    before = pool.snapshot()
     with pytest.raises(KVChainError):
         call(pool)
+    assert pool.snapshot() is before and pool.bound_pages(1) == 2
