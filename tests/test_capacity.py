@@ -46,11 +46,6 @@ def test_refusals_are_typed():
         plan_capacity(model, get_gpu("h100"), buffer_bytes=1_000)
 
 
-@pytest.mark.xfail(strict=True, reason="plan_capacity raises BufferTooSmallError when the "
-                   "fixed-pools baseline (state pool 0.9/1.9 of the buffer = 47,368,421 B) "
-                   "cannot hold one 50,000,000 B slot, although the chain holds a request; "
-                   "the message names the pool's bytes as 'buffer of 47,368,421 B' while the "
-                   "buffer is 100,000,000 B. The fix belongs to capacity.py / baselines")
 def test_a_baseline_that_holds_no_request_does_not_abort_the_plan() -> None:
     # Chain: 100,000,000 B - one 50,000,000 B slot = 50,000,000 B = 97 pages of 512,000 B
     # (32,000 B a token x 16): a lone request of up to 97 x 16 = 1,552 tokens fits; the
@@ -60,3 +55,26 @@ def test_a_baseline_that_holds_no_request_does_not_abort_the_plan() -> None:
                          output=100)
     assert plan.chain.concurrent_requests == 1
     assert plan.pools.concurrent_requests == 0
+    assert plan.chain.longest_request_tokens == 1_552 and plan.chain.holds_none is None
+    # Both sides at the only slot count both hold (0): the chain's whole buffer is full
+    # pages, floor(100e6 / 512,000) = 195 pages x 16 = 3,120 tokens; the pools hold none.
+    assert plan.chain.full_tokens == 3_120 and plan.chain.slots_held == 0
+    assert (plan.pools.longest_request_tokens, plan.pools.full_tokens) == (0, 0)
+    assert plan.pools_longest.tokens == 0
+    reason = plan.pools.holds_none
+    assert reason == ("the fixed state pool of 47,368,421 B (its share of the 100,000,000 B "
+                      "buffer) cannot hold one smallest request: it needs 50,000,000 B")
+    assert "buffer of 47,368,421" not in reason  # the pool's bytes are not "the buffer"
+
+
+def test_the_fixed_pool_refusal_names_the_pool_not_the_buffer() -> None:
+    from kvchain.capacity import fixed_pool_layouts, pools_capacity
+    from kvchain.layout import plan_layout
+
+    model = declare_model("f10", full=32_000, state=50_000_000)
+    layout = plan_layout(model.classes, 100_000_000, 16)
+    with pytest.raises(BufferTooSmallError, match="fixed state pool of 47,368,421 B") as info:
+        fixed_pool_layouts(layout)
+    assert (info.value.needed_bytes, info.value.available_bytes) == (50_000_000, 47_368_421)
+    alone = pools_capacity(layout, 1_000, 100, None)
+    assert alone.concurrent_requests == 0 and alone.holds_none == str(info.value)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import fits, largest_fitting, max_units
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
-from kvchain.errors import ConfigError
+from kvchain.errors import BufferTooSmallError, ConfigError
 from kvchain.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES, GPUSpec, kv_buffer_bytes
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import CacheClass, LifetimeClass
@@ -44,12 +44,16 @@ class Capacity:
         full_tokens: full-attention tokens that fit with ``slots_held`` state slots held
             (0 without a full band, or if ``slots_held`` slots do not fit).
         slots_held: state slots held for ``full_tokens``.
+        holds_none: why the layout holds no request at all (a fixed pool too small for
+            one smallest request: :func:`fixed_pool_layouts`' refusal, which names the
+            pool and its bytes); ``None`` when it is measured. When set, every count is 0.
     """
 
     longest_request_tokens: int | None
     concurrent_requests: int
     full_tokens: int
     slots_held: int
+    holds_none: str | None = None
 
 
 def chain_capacity(layout: ChainLayout, prompt: int, output: int,
@@ -77,7 +81,9 @@ def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
     full class the window pools split the rest in proportion to their bytes per token.
 
     Raises:
-        BufferTooSmallError: a pool too small for one smallest request.
+        BufferTooSmallError: a pool too small for one smallest request (the message names
+            the pool and its bytes, its share of the buffer; ``available_bytes`` is the
+            pool's).
     """
     b = layout.buffer_bytes
     classes = [band.cache_class for band in layout.bands]
@@ -112,16 +118,29 @@ def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
             share = left if i == len(pool_classes) - 1 else int(rest * c.bytes_per_token / total_e)
             pools.append((c, share))
             left -= share
-    return [plan_layout([c], nbytes, layout.page_size,
-                        state_slots_per_request=layout.state_slots_per_request)
-            for c, nbytes in pools]
+    out = []
+    for c, nbytes in pools:
+        try:
+            out.append(plan_layout([c], nbytes, layout.page_size,
+                                   state_slots_per_request=layout.state_slots_per_request))
+        except BufferTooSmallError as exc:  # its message would call the pool "buffer"
+            raise BufferTooSmallError(
+                f"the fixed {c.label} pool of {nbytes:,} B (its share of the {b:,} B "
+                f"buffer) cannot hold one smallest request: it needs "
+                f"{exc.needed_bytes:,} B", needed_bytes=exc.needed_bytes,
+                available_bytes=nbytes) from None
+    return out
 
 
 def pools_capacity(layout: ChainLayout, prompt: int, output: int,
                    slots_held: int | None) -> Capacity:
     """:func:`chain_capacity` for fixed per-class pools (:func:`fixed_pool_layouts`): a
-    demand fits iff every pool fits its own part."""
-    return _capacity(_pool_parts(layout), layout.buffer_bytes, prompt, output, slots_held)
+    demand fits iff every pool fits its own part. Pools of which one cannot hold one
+    smallest request hold none: every count 0, :attr:`Capacity.holds_none` says why."""
+    parts = _pool_parts(layout)
+    if isinstance(parts, str):
+        return _holding_none(parts, slots_held or 0)
+    return _capacity(parts, layout.buffer_bytes, prompt, output, slots_held)
 
 
 def compare_capacity(layout: ChainLayout, prompt: int, output: int,
@@ -135,19 +154,23 @@ def compare_capacity(layout: ChainLayout, prompt: int, output: int,
             holding more slots than the other).
 
     Returns:
-        ``(chain, pools)``.
+        ``(chain, pools)``; pools of which one cannot hold one smallest request hold none
+        (:func:`pools_capacity`), and the chain is then measured with ``slots_held`` (0
+        when ``None``: the only count both hold).
 
     Raises:
-        BufferTooSmallError: a pool too small for one smallest request.
         InvalidDemandError: non-positive prompt/output.
     """
     chain_parts, pool_parts = _chain_parts(layout), _pool_parts(layout)
     b = layout.buffer_bytes
     if slots_held is None:
-        slots_held = min(_concurrency(chain_parts, prompt, output),
-                         _concurrency(pool_parts, prompt, output))
-    return (_capacity(chain_parts, b, prompt, output, slots_held),
-            _capacity(pool_parts, b, prompt, output, slots_held))
+        slots_held = (0 if isinstance(pool_parts, str) else
+                      min(_concurrency(chain_parts, prompt, output),
+                          _concurrency(pool_parts, prompt, output)))
+    ours = _capacity(chain_parts, b, prompt, output, slots_held)
+    if isinstance(pool_parts, str):
+        return ours, _holding_none(pool_parts, slots_held)
+    return ours, _capacity(pool_parts, b, prompt, output, slots_held)
 
 
 _Parts = list[tuple[RequestGeometry, ChainSnapshot]]
@@ -157,8 +180,20 @@ def _chain_parts(layout: ChainLayout) -> _Parts:
     return [(RequestGeometry.of(layout), Chain(layout).snapshot())]
 
 
-def _pool_parts(layout: ChainLayout) -> _Parts:
-    return [(RequestGeometry.of(pl), Chain(pl).snapshot()) for pl in fixed_pool_layouts(layout)]
+def _pool_parts(layout: ChainLayout) -> _Parts | str:
+    """The pools' parts, or why they hold no request (:func:`fixed_pool_layouts`' refusal:
+    the buffer itself holds one, so the split left a pool too small)."""
+    try:
+        pool_layouts = fixed_pool_layouts(layout)
+    except BufferTooSmallError as exc:
+        return str(exc)
+    return [(RequestGeometry.of(pl), Chain(pl).snapshot()) for pl in pool_layouts]
+
+
+def _holding_none(reason: str, slots_held: int) -> Capacity:
+    """The capacity of a layout that holds no request: no token, no request (the longest
+    lone request is 0 tokens: the KV cache bounds it to nothing)."""
+    return Capacity(0, 0, 0, slots_held, reason)
 
 
 def _concurrency(parts: _Parts, prompt: int, output: int) -> int:
@@ -299,7 +334,8 @@ def plan_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, mem_fraction: 
     Raises:
         ConfigError: ``tp < 1``; a memory fraction or weights that leave no room
             (:func:`kvchain.gpu.kv_buffer_bytes`).
-        BufferTooSmallError: a buffer (or a fixed pool) too small for one smallest request.
+        BufferTooSmallError: a buffer too small for one smallest request (fixed pools
+            that hold none are reported, not raised: ``pools.holds_none``).
         InvalidDemandError: a non-positive prompt or output.
     """
     if tp < 1:

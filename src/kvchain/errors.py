@@ -22,6 +22,24 @@ class ConfigError(KVChainError, ValueError):
     """A model configuration or option is invalid (names the field and the value)."""
 
 
+class DuplicateFieldError(ConfigError):
+    """A file that names one field twice: a key given twice in one JSON object, or a CSV
+    header naming a column twice (``kvchain.unique_fields``). Readers of a trace re-raise
+    it as a :class:`TraceError` naming the file and line.
+
+    Attributes:
+        field: the name given twice.
+        first: its first value (a CSV column: the column number, from 1).
+        second: its second value.
+    """
+
+    def __init__(self, message: str, *, field: str, first: object, second: object) -> None:
+        super().__init__(message)
+        self.field = field
+        self.first = first
+        self.second = second
+
+
 class UnknownFamilyError(ConfigError):
     """A Hugging Face config whose architecture/model_type kvchain cannot map to layers."""
 

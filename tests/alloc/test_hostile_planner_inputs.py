@@ -1,8 +1,12 @@
 """Hostile inputs to the pricing strategy, the module-level planner functions and the
 chain's release: every one is a typed error, raised before anything is priced or changed.
 
-Defects found by adversarial testing; the fixes belong to alloc/ (``Planner``,
-``validate_demand``, ``Chain.release``), so the tests are strict xfails until then.
+Defects found by adversarial testing, each fixed in one place every entry point shares:
+``pricing.check_demand`` (a non-``Demand`` is refused before ``.pages`` is read, by the
+module functions, a ``Planner``'s methods, the chain and the pool allocator),
+``Planner.__post_init__`` (a bad solver or shortcut is refused when built) and
+``alloc.chain.page_ids`` (``release`` takes one band's flat int ids, on the chain and the
+pool allocator alike, and the evictor's answers too).
 """
 
 from __future__ import annotations
@@ -23,15 +27,25 @@ def _layout() -> ChainLayout:
     return plan_layout([win, full], 6_400, 1, null_pages=False)
 
 
-@pytest.mark.xfail(strict=True, reason="validate_demand reads demand.pages before checking "
-                   "it is a Demand: a tuple or None raises AttributeError from fits/price/"
-                   "least_eviction (Chain.price checks the type itself)")
-@pytest.mark.parametrize("fn", [pricing.fits, pricing.price, pricing.least_eviction])
+@pytest.mark.parametrize("fn", [pricing.fits, pricing.price, pricing.least_eviction,
+                                pricing.max_units, Planner().fits, Planner().price,
+                                Planner().least_eviction])
 @pytest.mark.parametrize("demand", [(1, 1), None, [1, 1]])
 def test_module_functions_refuse_a_non_demand_typed(fn, demand) -> None:
+    # Every entry point of the planner (module functions, a Planner's methods, max_units'
+    # unit and base) runs the one check (pricing.check_demand) before reading .pages.
     snap = Chain(_layout()).snapshot()
-    with pytest.raises(InvalidDemandError, match="Demand"):
+    with pytest.raises(InvalidDemandError, match="expected a Demand"):
         fn(snap, demand)
+
+
+@pytest.mark.parametrize("base", [(1, 1), [1, 1], (), 0])
+def test_max_units_refuses_a_base_that_is_not_a_demand(base) -> None:
+    # ``base=None`` means no base; anything else must be a Demand (an empty tuple or 0 was
+    # read as "no base" by ``base or Demand.zeros(...)``).
+    snap = Chain(_layout()).snapshot()
+    with pytest.raises(InvalidDemandError, match="expected a Demand"):
+        pricing.max_units(snap, Demand((1, 1)), base)
 
 
 def test_chain_price_refuses_a_non_demand_typed() -> None:
@@ -46,14 +60,13 @@ def test_chain_price_refuses_a_non_demand_typed() -> None:
     assert chain.snapshot() is before and chain.epoch == before.epoch
 
 
-@pytest.mark.xfail(strict=True, reason="Planner takes any solve and shortcut: "
-                   "Planner(solve='x') passes Chain's isinstance check and the first price "
-                   "raises TypeError: 'str' object is not callable; shortcut='yes' turns the "
-                   "general solver's shortcut on for any solver")
 @pytest.mark.parametrize("planner", [
     lambda: Planner(solve="x"),  # type: ignore[arg-type]
     lambda: Planner(solve=None),  # type: ignore[arg-type]
     lambda: Planner(shortcut="yes"),  # type: ignore[arg-type]
+    lambda: Planner(shortcut=1),  # type: ignore[arg-type]
+    # the shortcut stands for the general solver's answers only (Planner's docstring)
+    lambda: Planner(lambda snap, demand: pricing._solve(snap, demand), shortcut=True),
 ])
 def test_a_bad_planner_is_refused_when_built_or_handed_to_a_chain(planner) -> None:
     with pytest.raises(ConfigError):
@@ -82,9 +95,6 @@ def test_refusals_change_nothing_and_the_memo_hit_is_checked() -> None:
     assert chain.snapshot() is before and chain.epoch == before.epoch
 
 
-@pytest.mark.xfail(strict=True, reason="Chain.release flattens any array shape: "
-                   "release(1, grant.pages) (a careless caller passing every band's ids) "
-                   "frees band 0's ids 0, 1, 2 in band 1, pages another request holds")
 def test_release_refuses_ids_that_are_not_one_dimensional() -> None:
     chain = Chain(_layout())
     held = chain.take(Demand((0, 10)))  # full vids 0 .. 9: another request's pages
@@ -97,30 +107,50 @@ def test_release_refuses_ids_that_are_not_one_dimensional() -> None:
     assert held.pages[1] == tuple(range(10))
 
 
-@pytest.mark.xfail(strict=True, reason="Chain.release of ragged ids (e.g. grant.pages with "
-                   "an empty band) raises numpy's ValueError, not a typed error")
 def test_release_of_ragged_ids_is_a_typed_error() -> None:
     chain = Chain(_layout())
     grant = chain.take(Demand((0, 4)))
     assert grant.pages == ((), (0, 1, 2, 3))
     before = chain.snapshot()
-    with pytest.raises(KVChainError):
+    with pytest.raises(UnknownPageError, match="flat sequence of ints"):
         chain.release(1, grant.pages)  # type: ignore[arg-type]
     assert chain.snapshot() is before
 
 
-@pytest.mark.xfail(strict=True, reason="PoolAllocator.price reads demand.pages unchecked "
-                   "(a tuple raises AttributeError) and release(band, [[0]]) raises "
-                   "TypeError; the chain refuses both typed. The fix belongs to "
-                   "baselines/pools.py")
+@pytest.mark.parametrize("vids", [
+    [[10]], [[10, 11], [12, 13]], 10, [10, 11.0], [True], ["10"], [10, None], [[]],
+])
+def test_release_takes_one_flat_sequence_of_int_ids_only(vids) -> None:
+    # Every shape but (n,) is refused before anything changes: a nested list (band 1's own
+    # ids 10..13 inside it, so a flattening release would have freed them), a scalar, and
+    # ids that are not ints. np.int64 ids in a list and an empty list stay accepted.
+    np = pytest.importorskip("numpy")
+    chain = Chain(_layout())
+    chain.take(Demand((0, 14)))  # full vids 0 .. 13
+    before = chain.snapshot()
+    with pytest.raises(UnknownPageError):
+        chain.release(1, vids)
+    assert chain.snapshot() is before and chain.bound_pages(1) == 14
+    chain.release(1, [np.int64(10), 11])
+    chain.release(1, [])
+    chain.release(1, np.array([12, 13], dtype=np.int32))
+    assert chain.bound_pages(1) == 10  # 14 - 4 released
+
+
 @pytest.mark.parametrize("call", [
     lambda pool: pool.price((1, 1)),
     lambda pool: pool.take((1, 1)),
     lambda pool: pool.release(1, [[0]]),
+    lambda pool: pool.release(1, [0.0]),  # int(0.0) read it as id 0
+    lambda pool: pool.release(1, [True]),  # int(True) read it as id 1
+    lambda pool: pool.release(1, ((0,), (0, 1))),  # ragged
 ])
 def test_pool_allocator_refuses_bad_input_typed(call) -> None:
     from kvchain.baselines import CapacityRule, PoolAllocator
 
     pool = PoolAllocator(_layout(), CapacityRule.SHARED)
+    pool.take(Demand((0, 2)))  # full ids 0, 1: what a truncating release would free
+    before = pool.snapshot()
     with pytest.raises(KVChainError):
         call(pool)
+    assert pool.snapshot() is before and pool.bound_pages(1) == 2

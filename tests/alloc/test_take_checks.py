@@ -113,6 +113,23 @@ def test_a_changed_total_is_caught_without_the_audit() -> None:
         chain.take(Demand((0, 3)))
 
 
+def test_an_evictor_answering_ids_in_a_nested_shape_is_caught_before_a_release() -> None:
+    """Planted evictor defect: the first unit's 5 full ids come back as a (5, 1) column.
+    A flattening check would release them; the one id check (``page_ids``) refuses any
+    shape but ``(n,)``, and nothing is released (the take is refused)."""
+
+    class Column(ListEvictor):
+        def evict(self, units: int) -> tuple[np.ndarray, ...]:
+            out = super().evict(units)
+            return tuple(v.reshape(-1, 1) for v in out)
+
+    chain, _ = filled(audit=False)
+    chain.set_evictor(Column(chain.evictor.units))  # type: ignore[union-attr]
+    with pytest.raises(PlanMismatchError, match="flat sequence"):
+        chain.take(Demand((0, 3)))
+    assert chain.bound_pages(1) == 100  # none of the 5 released
+
+
 def test_the_audit_default_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(AUDIT_ENV, "0")
     assert resolve_audit(None) is False and resolve_audit(True) is True

@@ -19,12 +19,12 @@ def test_a_spec_file_at_tp_1_is_its_own_bytes(tmp_path) -> None:
         == 32_000
 
 
-@pytest.mark.xfail(strict=True, reason="load_model_source ignores tp for a spec file and "
-                   "returns the file's bytes as one rank's (the CLI refuses --tp with --spec "
-                   "in cli/common.load_spec; the library entry point still does not). The "
-                   "fix belongs to catalog/loader.py")
 def test_a_spec_file_with_tp_2_is_refused(tmp_path) -> None:
     path = tmp_path / "m.json"
     path.write_text(json.dumps({"name": "m", "full": 32_000}))
-    with pytest.raises(ConfigError, match="tp"):
+    with pytest.raises(ConfigError, match="--tp 2 does not apply to --spec: a spec file "
+                       "declares one rank's bytes"):
         load_model_source("unused", spec_file=path, tp=2)
+    # refused before the file is read: a missing file gives the same refusal
+    with pytest.raises(ConfigError, match="--tp 4 does not apply"):
+        load_model_source("unused", spec_file=tmp_path / "absent.json", tp=4)

@@ -46,6 +46,25 @@ def test_plan_other_models(model, tp, classes):
         "concurrent_requests"]
 
 
+def test_plan_reports_fixed_pools_that_hold_no_request(tmp_path):
+    # 100e6 B: the chain holds one request (1,552 tokens: 97 full pages of 512,000 B after
+    # one 50e6 B slot); the fixed state pool (100e6 x 0.9 / 1.9 = 47,368,421 B) holds no
+    # slot. The plan succeeds and says why the pools hold none (tests/test_capacity.py).
+    spec = tmp_path / "f10.json"
+    spec.write_text(json.dumps({"name": "f10", "full": 32_000, "state": 50_000_000}))
+    args = ("plan", "--spec", str(spec), "--buffer-bytes", "100000000", "--prompt", "1000",
+            "--output", "100")
+    d = run_json(*args)
+    chain, pools = d["chain_capacity"], d["fixed_pools_capacity"]
+    assert (chain["concurrent_requests"], chain["holds_none"]) == (1, None)
+    assert pools["concurrent_requests"] == 0
+    assert pools["holds_none"].startswith("the fixed state pool of 47,368,421 B")
+    text = runner.invoke(app, list(args))
+    assert text.exit_code == 0, text.output
+    assert "fixed pools hold no request (0 concurrent): the fixed state pool" in " ".join(
+        text.stdout.split())
+
+
 def test_plan_f10_capacity_from_a_spec_file(tmp_path):
     """Field case F10: (40e9 - 64 x 50e6) / 32,000 = 1,150,000 tokens with 64 slots held."""
     spec = tmp_path / "f10.json"

@@ -132,9 +132,6 @@ def test_bundled_trace_numbers_unchanged():
     assert len(moon) == 12_031
 
 
-@pytest.mark.xfail(strict=True, reason="trace JSONL objects are read with plain json.loads: "
-                   "a field given twice keeps its last value silently (spec files refuse "
-                   "it); the fix belongs to sim/traces.py")
 @pytest.mark.parametrize("row", [
     '{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5, "arrival_s": 3}',
     '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1], '
@@ -143,15 +140,45 @@ def test_bundled_trace_numbers_unchanged():
 def test_a_field_given_twice_in_a_jsonl_row_names_file_and_line(tmp_path, row):
     path = tmp_path / "t.jsonl"
     path.write_text(row + "\n")
-    with pytest.raises(TraceError, match=_where(path, 1)):
+    with pytest.raises(TraceError, match=_where(path, 1) + ".*given twice"):
         load_trace(path)
 
 
-@pytest.mark.xfail(strict=True, reason="a generic CSV header that names a column twice "
-                   "is read with csv.DictReader, which keeps the last column's value "
-                   "silently; the fix belongs to sim/traces.py")
+def test_a_field_given_twice_on_a_later_line_names_that_line_and_field(tmp_path):
+    # line 1 is fine; line 3 (after a blank line) sets prompt_tokens twice (10, then 20).
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"arrival_s": 0, "prompt_tokens": 10, "output_tokens": 5}\n\n'
+                    '{"arrival_s": 1, "prompt_tokens": 10, "output_tokens": 5, '
+                    '"prompt_tokens": 20}\n')
+    with pytest.raises(TraceError, match=_where(path, 3) + re.escape(
+            ", field 'prompt_tokens': given twice in one object (10, then 20)")):
+        load_trace(path)
+
+
 def test_a_column_named_twice_in_a_csv_header_names_the_file(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("arrival_s,arrival_s,prompt_tokens,output_tokens\n0,7,10,5\n")
-    with pytest.raises(TraceError, match=re.escape(str(path))):
+    with pytest.raises(TraceError, match=re.escape(
+            f"{path}: line 1, field 'arrival_s': column named twice in the header "
+            "(columns 1 and 2)")):
         load_trace(path)
+
+
+@pytest.mark.parametrize("header,row", [
+    # Azure 2023: the reader took the first TIMESTAMP column, silently
+    ("TIMESTAMP,ContextTokens,GeneratedTokens,TIMESTAMP", "2023-11-16 18:15:46.6805900,374,44,x"),
+    # ShareGPT lengths
+    ("num_prefill_tokens,num_decode_tokens,num_decode_tokens", "10,5,6"),
+])
+def test_a_column_named_twice_in_any_csv_trace_header_is_refused(tmp_path, header, row):
+    path = tmp_path / "t.csv"
+    path.write_text(f"{header}\n{row}\n")
+    with pytest.raises(TraceError, match=_where(path, 1) + ".*column named twice"):
+        load_trace(path)
+
+
+def test_trailing_commas_in_a_csv_header_are_not_a_repeated_column(tmp_path):
+    # Two empty header names (a spreadsheet's trailing commas) are no fields: still read.
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,,\n0,10,5,,\n")
+    assert [(r.prompt_tokens, r.output_tokens) for r in load_trace(path)] == [(10, 5)]

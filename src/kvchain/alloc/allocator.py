@@ -94,7 +94,9 @@ class Allocator(Protocol):
         ...
 
     def release(self, band: int, vids: Sequence[int] | np.ndarray) -> None:
-        """Return virtual pages of band ``band``."""
+        """Return virtual pages of band ``band``: one flat sequence of that band's int ids
+        (:func:`~kvchain.alloc.chain.page_ids`; anything else is refused, never
+        flattened)."""
         ...
 
     def bound_pages(self, band: int) -> int:

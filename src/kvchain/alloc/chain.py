@@ -37,7 +37,7 @@ import numpy as np
 
 from kvchain.alloc.band import Band, PageMoves
 from kvchain.alloc.evictor import Evictor
-from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, validate_pages
+from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, check_demand
 from kvchain.alloc.pricing import apply_action as plan_apply_action
 from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import (
@@ -69,6 +69,43 @@ from kvchain.errors import (
     UnknownPageError,
 )
 from kvchain.layout import Anchor, ChainLayout
+
+# --- page ids handed in ----------------------------------------------------------------
+
+
+def page_ids(band: int, vids: object) -> np.ndarray:
+    """The virtual page ids of one band handed to a ``release`` (or back by an evictor), as
+    a flat int64 array: the one check of their shape and type every allocator runs before
+    it changes anything.
+
+    Args:
+        band: the band the ids belong to (named in the message only).
+        vids: a flat sequence of integer ids (a list or tuple of Python or NumPy ints, or
+            a 1-D integer array); empty is fine.
+
+    Returns:
+        The ids, int64, shape ``(n,)`` (a view of ``vids`` when it already is one).
+
+    Raises:
+        UnknownPageError: ``vids`` is not one-dimensional (a scalar, a nested or 2-D
+            sequence such as every band's ``Grant.pages`` at once, whose ids would be read
+            as this band's) or ragged, or its ids are not integers (floats, bools,
+            strings, ``None``).
+    """
+    try:
+        v = np.asarray(vids)
+    except (ValueError, TypeError):  # ragged nesting, e.g. ((), (0, 1))
+        raise UnknownPageError(f"band {band}: virtual ids must be a flat sequence of ints, "
+                               f"got a ragged {type(vids).__name__}") from None
+    if v.ndim != 1:
+        raise UnknownPageError(f"band {band}: virtual ids must be a flat sequence of ints "
+                               f"(one band's ids per call), got shape {v.shape}")
+    if v.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if v.dtype.kind not in "iu":
+        raise UnknownPageError(f"band {band}: virtual ids must be integers, got dtype {v.dtype}")
+    return v.astype(np.int64, copy=False)
+
 
 # --- value objects --------------------------------------------------------------------
 
@@ -375,7 +412,7 @@ class Chain:
         returns the quote already issued, without running the planner.
 
         Raises:
-            InvalidDemandError: wrong length or negative pages.
+            InvalidDemandError: not a Demand, wrong length or negative pages.
         """
         self._check_demand(demand)
         snap = self.snapshot()
@@ -633,18 +670,17 @@ class Chain:
 
         Raises:
             InvalidDemandError: band index out of range.
-            UnknownPageError: a non-integer or out-of-range id, or one never taken.
+            UnknownPageError: ``vids`` not a flat sequence of integer ids (:func:`page_ids`:
+                a nested, 2-D or ragged one is refused, never flattened), an out-of-range
+                id, or one never taken.
             DoubleReleaseError: an id given twice in the call, or already released.
             ReservedPageError: a null page of the chain.
         """
         i = self._band_index(band)
         b = self._bands[i]
-        v = np.asarray(vids).reshape(-1)
+        v = page_ids(band, vids)
         if v.size == 0:
             return
-        if v.dtype.kind not in "iu":
-            raise UnknownPageError(f"virtual ids must be integers, got dtype {v.dtype}")
-        v = v.astype(np.int64, copy=False)
         null = self._null[i]
         small = v.size <= 64  # most releases: a few pages; Python sets beat numpy calls here
         ids = v.tolist() if small else None
@@ -794,7 +830,10 @@ class Chain:
             raise PlanMismatchError(f"{action}: the evictor returned {len(freed)} bands")
         ids = []
         for i, (b, raw) in enumerate(zip(self._bands, freed, strict=True)):
-            v = np.asarray(raw, dtype=np.int64).reshape(-1)
+            try:
+                v = page_ids(i, raw)
+            except UnknownPageError as exc:
+                raise PlanMismatchError(f"{action}: the evictor's {exc}") from None
             if v.size != expected[i]:
                 raise PlanMismatchError(f"{action}: band {i} freed {v.size} pages, the order "
                                         f"said {expected[i]}")
@@ -942,9 +981,7 @@ class Chain:
         return int(band)
 
     def _check_demand(self, demand: Demand) -> None:
-        if not isinstance(demand, Demand):
-            raise InvalidDemandError(f"expected a Demand, got {type(demand).__name__}")
-        validate_pages(demand.pages, len(self._bands))
+        check_demand(demand, len(self._bands))
 
     def _after_public_call(self) -> None:
         if self.debug_audit:

@@ -70,7 +70,7 @@ from kvchain.alloc.snapshot import (
     UseHoles,
     WaitFence,
 )
-from kvchain.errors import InvalidDemandError, PlanMismatchError
+from kvchain.errors import ConfigError, InvalidDemandError, PlanMismatchError
 from kvchain.layout import Anchor
 
 
@@ -229,17 +229,32 @@ class _Refusal:
 
 
 def validate_demand(snapshot: ChainSnapshot, demand: Demand) -> None:
-    """Check a demand's shape against a snapshot (:func:`validate_pages`).
+    """Check a demand against a snapshot (:func:`check_demand` with its band count).
 
     Raises:
-        InvalidDemandError: as :func:`validate_pages`.
+        InvalidDemandError: as :func:`check_demand`.
     """
-    validate_pages(demand.pages, len(snapshot.bands))
+    check_demand(demand, len(snapshot.bands))
+
+
+def check_demand(demand: object, num_bands: int) -> None:
+    """Check that ``demand`` is a :class:`Demand` whose pages fit a chain of ``num_bands``
+    bands (:func:`validate_pages`): the one check every allocator, the planner's methods
+    and the module-level functions run before pricing or a memo lookup, so a tuple or
+    ``None`` is refused typed, never read as ``.pages``.
+
+    Raises:
+        InvalidDemandError: not a ``Demand`` (``expected a Demand, got tuple``), or as
+            :func:`validate_pages`.
+    """
+    if not isinstance(demand, Demand):
+        raise InvalidDemandError(f"expected a Demand, got {type(demand).__name__}")
+    validate_pages(demand.pages, num_bands)
 
 
 def validate_pages(pages: object, num_bands: int) -> None:
-    """Check a demand's pages against a chain of ``num_bands`` bands (the one check every
-    allocator and the planner run before pricing or a memo lookup).
+    """Check a demand's pages against a chain of ``num_bands`` bands (the second half of
+    :func:`check_demand`).
 
     Raises:
         InvalidDemandError: pages not a tuple, the wrong number of bands, or a page count
@@ -797,10 +812,25 @@ class Planner:
             another solver leaves it ``False`` (the default), so that its solver answers
             every demand. ``Planner()`` is the general solver without the shortcut
             (``tests/alloc/test_price_shortcut.py`` checks both give the same quotes).
+
+    Raises:
+        ConfigError: ``solve`` not callable, ``shortcut`` not a bool, or ``shortcut`` set
+            for a solver other than the general one (its answers are not the shortcut's).
+            Checked when the planner is built, so a bad one never reaches a chain.
     """
 
     solve: Solver = _solve
     shortcut: bool = False
+
+    def __post_init__(self) -> None:
+        if not callable(self.solve):
+            raise ConfigError(f"Planner solve must be a callable solver, got "
+                              f"{type(self.solve).__name__}")
+        if type(self.shortcut) is not bool:
+            raise ConfigError(f"Planner shortcut must be True or False, got {self.shortcut!r}")
+        if self.shortcut and self.solve is not _solve:
+            raise ConfigError("Planner shortcut=True gives the general solver's answers "
+                              "only; a planner with another solver must leave it False")
 
     def price(self, snapshot: ChainSnapshot, demand: Demand) -> Quote:
         """Price a demand on a snapshot: the cheapest plan, or a refusal with its proof.
@@ -817,8 +847,8 @@ class Planner:
             issued for its current snapshot (:class:`~kvchain.alloc.quotes.QuoteRegistry`).
 
         Raises:
-            InvalidDemandError: the demand's length differs from the band count, or an
-                entry is not a non-negative int.
+            InvalidDemandError: not a :class:`Demand`, its length differs from the band
+                count, or an entry is not a non-negative int.
         """
         validate_demand(snapshot, demand)
         return self.quote(snapshot, demand)
@@ -894,7 +924,7 @@ class Planner:
         Raises:
             InvalidDemandError: invalid ``unit``/``base`` or an empty ``unit``.
         """
-        base = base or Demand.zeros(len(snapshot.bands))
+        base = Demand.zeros(len(snapshot.bands)) if base is None else base
         validate_demand(snapshot, unit)
         validate_demand(snapshot, base)
         if unit.is_empty:
@@ -922,8 +952,8 @@ def price(snapshot: ChainSnapshot, demand: Demand) -> Quote:
     """:meth:`Planner.price` of :data:`GENERAL_PLANNER` (pure; no memo).
 
     Raises:
-        InvalidDemandError: the demand's length differs from the band count, or an entry
-            is not a non-negative int.
+        InvalidDemandError: not a :class:`Demand`, its length differs from the band count,
+            or an entry is not a non-negative int.
     """
     validate_demand(snapshot, demand)
     return GENERAL_PLANNER.quote(snapshot, demand)

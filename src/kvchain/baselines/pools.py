@@ -49,7 +49,7 @@ from types import TracebackType
 
 import numpy as np
 
-from kvchain.alloc.chain import ChainStats, Grant
+from kvchain.alloc.chain import ChainStats, Grant, page_ids
 from kvchain.alloc.evictor import Evictor
 from kvchain.alloc.pricing import GENERAL_PLANNER, validate_demand
 from kvchain.alloc.quotes import QuoteRegistry
@@ -245,7 +245,7 @@ class PoolAllocator:
         only kind of quote :meth:`take` accepts (until the next take or release).
 
         Raises:
-            InvalidDemandError: wrong length or negative pages.
+            InvalidDemandError: not a Demand, wrong length or negative pages.
         """
         snap = self.snapshot()
         validate_demand(snap, demand)
@@ -290,7 +290,7 @@ class PoolAllocator:
         is released, then the demand is bound.
 
         Raises:
-            InvalidDemandError: wrong length or negative pages.
+            InvalidDemandError: not a Demand, wrong length or negative pages.
             ForgedQuoteError / StaleQuoteError: ``quote`` is not a live quote of this
                 allocator for ``demand``.
             CapacityError: the rule refuses (shortfall in bytes, measured after evicting
@@ -347,10 +347,13 @@ class PoolAllocator:
         Raises:
             ReservedPageError: the band's null page is among them.
             DoubleReleaseError: an id twice in ``vids``.
-            UnknownPageError: an id not bound. Nothing changes on any error.
+            UnknownPageError: ``vids`` not a flat sequence of integer ids (the chain's
+                check, :func:`~kvchain.alloc.chain.page_ids`: nested, 2-D, ragged, float
+                or bool ids are refused, never flattened or truncated), or an id not
+                bound. Nothing changes on any error.
         """
         i = self._band_index(band)
-        ids = [int(v) for v in vids]
+        ids = page_ids(band, vids).tolist()
         if len(set(ids)) != len(ids):
             raise DoubleReleaseError(f"band {band}: an id appears twice in one release")
         null = self._null[i]
@@ -395,7 +398,10 @@ class PoolAllocator:
             raise PlanMismatchError(f"Evict({units}): the evictor returned {len(raw)} bands")
         freed: list[list[int]] = []
         for i, (ids_raw, want) in enumerate(zip(raw, expected, strict=True)):
-            ids = [int(v) for v in np.asarray(ids_raw, dtype=np.int64).reshape(-1)]
+            try:
+                ids = page_ids(i, ids_raw).tolist()
+            except UnknownPageError as exc:
+                raise PlanMismatchError(f"Evict({units}): the evictor's {exc}") from None
             if len(ids) != want:
                 raise PlanMismatchError(f"Evict({units}): band {i} freed {len(ids)} pages, "
                                         f"the order said {want}")

@@ -281,11 +281,17 @@ def load_model_source(
     Raises:
         UnknownModelError: no bundled model has that name (checked before a misplaced
             ``weight_format`` is reported).
-        ConfigError and subclasses: a bad config or spec file; a dtype override with a
-            spec file (it declares bytes, not tensors); ``weight_format`` with a spec file
+        ConfigError and subclasses: a bad config or spec file; ``tp`` other than 1 with a
+            spec file (it declares one rank's bytes, which nothing here splits: returning
+            them as one rank's of ``tp`` would be wrong); a dtype override with a spec file
+            (it declares bytes, not tensors); ``weight_format`` with a spec file
             or a bundled model; a config whose quantization needs ``weight_format``.
     """
     if spec_file is not None:
+        if tp != 1:  # the one place: the CLI's --tp with --spec is refused here too
+            raise ConfigError(f"--tp {tp} does not apply to --spec: a spec file declares one "
+                              f"rank's bytes (per-token KV, state, weights) and nothing splits "
+                              f"them; declare them per rank and leave --tp at 1")
         if kv_dtype is not None or state_dtype is not None:
             raise ConfigError("--kv-dtype/--state-dtype do not apply to --spec (a spec file "
                               "declares bytes, not tensors)")

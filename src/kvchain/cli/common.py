@@ -220,19 +220,15 @@ def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,
     Raises:
         ConfigError: ``--config`` and ``--spec`` both given; a ``--model`` other than
             the default (:data:`kvchain.cli.run_options.DEFAULT_MODEL`; the default itself
-            typed cannot be told from no ``--model``) beside either; ``--tp`` other than 1
-            with ``--spec`` (a spec file declares one rank's bytes, which nothing splits);
-            and as :func:`~kvchain.catalog.loader.load_model_source`.
+            typed cannot be told from no ``--model``) beside either; and as
+            :func:`~kvchain.catalog.loader.load_model_source` (which refuses ``--tp`` other
+            than 1 with ``--spec``: a spec file declares one rank's bytes).
     """
     if spec_file is not None and config is not None:
         raise ConfigError("give --config or --spec, not both (each names the model)")
     source = "--spec" if spec_file is not None else "--config" if config is not None else None
     if source is not None and model != DEFAULT_MODEL:
         raise ConfigError(f"give --model or {source}, not both (each names the model)")
-    if spec_file is not None and tp != 1:
-        raise ConfigError(f"--tp {tp} does not apply to --spec: a spec file declares one "
-                          f"rank's bytes (per-token KV, state, weights) and nothing splits "
-                          f"them; declare them per rank and leave --tp at 1")
     return load_model_source(model, config, spec_file=spec_file, kv_dtype=kv_dtype, tp=tp,
                              state_dtype=state_dtype, weight_format=weight_format)
 

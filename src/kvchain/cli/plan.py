@@ -222,7 +222,8 @@ def plan_report(result: CapacityPlan, host: HostReport | None = None) -> dict[st
     (activations, CUDA context, NCCL) and its former name ``activation_reserve_bytes`` -
     all ``null`` when ``--buffer-bytes`` gave the buffer; ``buffer_bytes``; ``page_size``,
     ``chain``, ``bands``; ``request``; ``chain_capacity`` and ``fixed_pools_capacity``
-    (longest request, its bound, concurrency, full-attention tokens with slots held);
+    (longest request, its bound, concurrency, full-attention tokens with slots held, and
+    ``holds_none``: why that side holds no request at all, else ``null``);
     ``max_context_tokens``; ``host_tier`` (``null`` without ``--host-bytes`` /
     ``--host-fraction``; :func:`_host_dict`).
     """
@@ -366,6 +367,8 @@ def _print_plan(console: Console, result: CapacityPlan) -> None:
                      "--swa-full-tokens-ratio)")
     if rules:
         console.print("fixed pools: " + "; ".join(rules))
+    if pools.holds_none is not None:
+        console.print(f"fixed pools hold no request (0 concurrent): {escape(pools.holds_none)}")
 
 
 def _capacity_rows(ours: Capacity, pools: Capacity, ours_longest: LongestRequest,
@@ -402,4 +405,4 @@ def _as_dict(c: Capacity, longest: LongestRequest) -> dict[str, int | str | None
             "longest_request_bound": longest.bound,
             "longest_request_tokens_kv_bound": c.longest_request_tokens,
             "concurrent_requests": c.concurrent_requests, "full_tokens": c.full_tokens,
-            "slots_held": c.slots_held}
+            "slots_held": c.slots_held, "holds_none": c.holds_none}

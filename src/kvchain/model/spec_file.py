@@ -34,6 +34,7 @@ from pathlib import Path
 from kvchain.errors import ConfigError
 from kvchain.model.declared import declare_model
 from kvchain.model.spec import ModelSpec
+from kvchain.unique_fields import unique_fields
 
 _PARAM_OF_FIELD = {"locals": "locals_"}
 _CLASS_LISTS = ("windows", "locals")
@@ -104,20 +105,6 @@ def spec_from_mapping(data: object, *, default_name: str, default_source: str) -
     return declare_model(name, **kwargs)  # type: ignore[arg-type]
 
 
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    """A JSON object's pairs as a dict; a key given twice is refused (``json.loads`` hook).
-
-    Raises:
-        ConfigError: naming the key and both values.
-    """
-    out: dict[str, object] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ConfigError(f"field {key!r} is given twice ({out[key]!r}, then {value!r})")
-        out[key] = value
-    return out
-
-
 def load_spec_file(path: str | Path) -> ModelSpec:
     """Read a spec file (see the module doc) as a declared :class:`ModelSpec`.
 
@@ -128,7 +115,7 @@ def load_spec_file(path: str | Path) -> ModelSpec:
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=unique_fields)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"spec file {path}: {exc}") from None
     try:

@@ -15,6 +15,10 @@ Conventions (the same for every format):
   and equal times keep file order). None of the bundled traces has such a row.
 - ``request_id`` is the 0-based data-row index in the file (header and blank lines not
   counted), so a request of a cut trace can be found in the file.
+- A field given twice is refused (:class:`TraceError` naming the file, line and field): a
+  key twice in one JSON-lines object, or a column named twice in a CSV header (readers
+  would keep one of the two silently). The rule is :func:`kvchain.unique_fields.unique_fields`,
+  the one spec files use.
 - ``prompt_tokens`` must be >= 1 (a 0 is a malformed row: :class:`TraceError`).
   ``output_tokens`` of 0 is clamped to 1, because a serving engine always emits the token
   that ends the prefill; :attr:`Trace.zero_output_rows` counts such rows. The bundled traces
@@ -44,7 +48,8 @@ from types import MappingProxyType
 
 import numpy as np
 
-from kvchain.errors import ConfigError, TraceError
+from kvchain.errors import ConfigError, DuplicateFieldError, TraceError
+from kvchain.unique_fields import unique_fields
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README: 512-token blocks;
@@ -414,6 +419,11 @@ def _csv_data_rows(
     if header is None:
         raise _error(path, 1, required[0], "empty file (no header)")
     columns = [c.strip() for c in header]
+    try:  # "" is no field (a spreadsheet's trailing commas): it may repeat
+        unique_fields((c, n) for n, c in enumerate(columns, start=1) if c)
+    except DuplicateFieldError as exc:
+        raise _error(path, 1, exc.field, f"column named twice in the header (columns "
+                     f"{exc.first} and {exc.second})") from None
     for name in required:
         if name not in columns:
             raise _error(path, 1, name, f"missing column (header is {header!r})")
@@ -629,7 +639,13 @@ def _read_generic(path: Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS
 
 
 def _json_objects(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
-    """(line number, object) for each non-blank line of a JSON-lines file."""
+    """(line number, object) for each non-blank line of a JSON-lines file.
+
+    Raises:
+        TraceError: a line that is not JSON or not an object, or an object that gives a
+            field twice (JSON readers keep the last value silently; names the field and
+            both values).
+    """
     with path.open(encoding="utf-8-sig") as handle:
         try:
             lines = list(enumerate(handle, start=1))
@@ -639,7 +655,10 @@ def _json_objects(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
+            obj = json.loads(text, object_pairs_hook=unique_fields)
+        except DuplicateFieldError as exc:
+            raise _error(path, line, exc.field, f"given twice in one object ({exc.first!r}, "
+                         f"then {exc.second!r})"[:300]) from None
         except json.JSONDecodeError as exc:
             raise _error(path, line, "<json>", f"invalid JSON: {exc.msg}") from None
         except (ValueError, RecursionError) as exc:  # > 4,300-digit int, deep nesting
