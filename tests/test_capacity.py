@@ -78,3 +78,27 @@ def test_the_fixed_pool_refusal_names_the_pool_not_the_buffer() -> None:
     assert (info.value.needed_bytes, info.value.available_bytes) == (50_000_000, 47_368_421)
     alone = pools_capacity(layout, 1_000, 100, None)
     assert alone.concurrent_requests == 0 and alone.holds_none == str(info.value)
+
+
+def test_speculative_concurrency_by_hand():
+    """k = 3 drafts per decode (issue 24): the chain holds exactly the declared extra slots,
+    the fixed pools the same slots per request in their fixed state share. Derivation (no
+    null pages on this layout): a (1,000, 100) request holds ceil((1,099 + k) / 16) = 69
+    full pages of 16,000 B and 1 + extra slots of 50e6 B; the chain fits
+    floor(1e9 / bytes) of them, the pools floor(9 slots / slots per request)."""
+    from kvchain.capacity import speculative_capacity
+    from kvchain.layout import plan_layout
+    from kvchain.requests.geometry import StateRollback
+
+    layout = plan_layout(declare_model("m", full=1_000, state=50_000_000).classes, 10**9, 16)
+    plain_bytes = 69 * 16_000 + 50_000_000  # 51,104,000 B
+    got = speculative_capacity(layout, 1_000, 100, 3)
+    assert (got.chain_plain, got.pools_plain) == (10**9 // plain_bytes, 9) == (19, 9)
+    assert (got.chain_concurrent, got.pools_concurrent) == (
+        10**9 // (69 * 16_000 + 4 * 50_000_000), 9 // 4) == (4, 2)
+    replay = speculative_capacity(layout, 1_000, 100, 3, StateRollback.REPLAY)
+    assert (replay.chain_concurrent, replay.pools_concurrent) == (
+        10**9 // (69 * 16_000 + 2 * 50_000_000), 9 // 2) == (9, 4)
+    # k = 0 is the plain concurrency
+    zero = speculative_capacity(layout, 1_000, 100, 0)
+    assert (zero.chain_concurrent, zero.pools_concurrent) == (19, 9)

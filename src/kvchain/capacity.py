@@ -25,7 +25,7 @@ from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import CacheClass, LifetimeClass
 from kvchain.model.spec import ModelSpec
 from kvchain.requests.demand import lifetime_demand
-from kvchain.requests.geometry import RequestGeometry
+from kvchain.requests.geometry import RequestGeometry, StateRollback
 
 # Fixed-pool defaults as public engines ship them.
 WINDOW_FULL_TOKENS_RATIO = 0.8  # SGLang --swa-full-tokens-ratio default
@@ -173,21 +173,85 @@ def compare_capacity(layout: ChainLayout, prompt: int, output: int,
     return ours, _capacity(pool_parts, b, prompt, output, slots_held)
 
 
+@dataclass(frozen=True, slots=True)
+class SpeculativeCapacity:
+    """Concurrency of the request mix when every decode drafts ``spec_tokens`` tokens
+    (speculative decoding), on the chain and on the fixed pools, beside ``k = 0``.
+
+    Each request's lifetime demand is priced by the request layer's speculative geometry
+    (:meth:`kvchain.requests.geometry.RequestGeometry.of`): ``k`` more tokens of every band
+    (the verify's drafts), window and chunked-local bands holding ``W + k`` tokens until
+    verified, and the state band ``k`` more slots (``CHECKPOINTS``: one per draft) or one
+    (``REPLAY``: one checkpoint, the accepted tokens recomputed). The fixed pools are the
+    same split as :func:`fixed_pool_layouts` with those slots per request: a state pool that
+    reserves ``k + 1`` consecutive slots per request (vLLM's TPU backend keeps
+    ``num_spec + 1`` slots per request) holds ``1 / (k + 1)`` of the requests it held.
+
+    Attributes:
+        spec_tokens: ``k`` drafts per decode.
+        rollback: how the state band rolls back.
+        chain_concurrent, pools_concurrent: requests that fit together at their peak.
+        chain_plain, pools_plain: the same at ``k = 0`` (:attr:`Capacity.concurrent_requests`).
+        pools_holds_none: why the pools hold none with the speculative extra (``None``:
+            measured).
+    """
+
+    spec_tokens: int
+    rollback: StateRollback
+    chain_concurrent: int
+    pools_concurrent: int
+    chain_plain: int
+    pools_plain: int
+    pools_holds_none: str | None = None
+
+
+def speculative_capacity(layout: ChainLayout, prompt: int, output: int, spec_tokens: int,
+                         rollback: StateRollback = StateRollback.CHECKPOINTS,
+                         ) -> SpeculativeCapacity:
+    """:class:`SpeculativeCapacity` of ``(prompt, output)``-token requests.
+
+    Example (tests/test_capacity.py): 1,000 B per full-attention token and a 50,000,000 B
+    state slot in a 1e9 B buffer, ``(1,000, 100)`` requests, 16-token pages. At ``k = 0`` a
+    request holds ``ceil(1,099 / 16) = 69`` pages (1,104,000 B) and 1 slot: 51,104,000 B,
+    19 on the chain; the fixed state pool (``0.9 / 1.9`` of the buffer, 473,684,210 B)
+    holds 9 slots: 9 requests. With ``k = 3`` checkpoints: 69 pages (1,102 tokens) and 4
+    slots, 201,104,000 B: 4 on the chain, ``9 // 4 = 2`` in the pools; with ``REPLAY``:
+    2 slots, 101,104,000 B: 9 on the chain, ``9 // 2 = 4`` in the pools.
+
+    Raises:
+        ConfigError: ``spec_tokens`` not an int >= 0, an unknown ``rollback``.
+        InvalidDemandError: non-positive prompt/output.
+    """
+    chain_plain = _concurrency(_chain_parts(layout), prompt, output)
+    chain = _concurrency(_chain_parts(layout, spec_tokens, rollback), prompt, output)
+    plain = _pool_parts(layout)
+    spec = _pool_parts(layout, spec_tokens, rollback)
+    pools_plain = 0 if isinstance(plain, str) else _concurrency(plain, prompt, output)
+    if isinstance(spec, str):
+        return SpeculativeCapacity(spec_tokens, rollback, chain, 0, chain_plain, pools_plain,
+                                   spec)
+    return SpeculativeCapacity(spec_tokens, rollback, chain,
+                               _concurrency(spec, prompt, output), chain_plain, pools_plain)
+
+
 _Parts = list[tuple[RequestGeometry, ChainSnapshot]]
 
 
-def _chain_parts(layout: ChainLayout) -> _Parts:
-    return [(RequestGeometry.of(layout), Chain(layout).snapshot())]
+def _chain_parts(layout: ChainLayout, spec_tokens: int = 0,
+                 rollback: StateRollback = StateRollback.CHECKPOINTS) -> _Parts:
+    return [(RequestGeometry.of(layout, spec_tokens, rollback), Chain(layout).snapshot())]
 
 
-def _pool_parts(layout: ChainLayout) -> _Parts | str:
+def _pool_parts(layout: ChainLayout, spec_tokens: int = 0,
+                rollback: StateRollback = StateRollback.CHECKPOINTS) -> _Parts | str:
     """The pools' parts, or why they hold no request (:func:`fixed_pool_layouts`' refusal:
     the buffer itself holds one, so the split left a pool too small)."""
     try:
         pool_layouts = fixed_pool_layouts(layout)
     except BufferTooSmallError as exc:
         return str(exc)
-    return [(RequestGeometry.of(pl), Chain(pl).snapshot()) for pl in pool_layouts]
+    return [(RequestGeometry.of(pl, spec_tokens, rollback), Chain(pl).snapshot())
+            for pl in pool_layouts]
 
 
 def _holding_none(reason: str, slots_held: int) -> Capacity:

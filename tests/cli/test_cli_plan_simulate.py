@@ -315,3 +315,24 @@ def test_weight_format_is_one_run_option_of_simulate_compare_and_sweep(tmp_path)
                                                     weight_format=WeightFormat.BF16))
     assert (point_config(point).model.weight_bytes
             == run_json("plan", "--config", str(plain))["weight_bytes"])
+
+
+def test_plan_reports_concurrency_with_speculative_drafts(tmp_path):
+    """plan --spec-tokens 3 prints and --json carries the concurrency with and without the
+    drafts, on the chain and the fixed pools: the figures of
+    kvchain.capacity.speculative_capacity (derived by hand in tests/test_capacity.py), here
+    on a spec file of 1,000 B per full token and a 50,000,000 B state slot, 1e9 B."""
+    spec = tmp_path / "m.json"
+    spec.write_text(json.dumps({"name": "m", "full": 1_000, "state": 50_000_000}))
+    args = ["plan", "--spec", str(spec), "--buffer-bytes", "1000000000", "--prompt", "1000",
+            "--output", "100"]
+    result = runner.invoke(app, [*args, "--spec-tokens", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)["speculative"]
+    assert (got["chain_concurrent"], got["chain_concurrent_k0"], got["pools_concurrent"],
+            got["pools_concurrent_k0"]) == (4, 19, 2, 9)
+    text = " ".join(runner.invoke(app, [*args, "--spec-tokens", "3"],
+                                  env={"COLUMNS": "80"}).stdout.split())
+    assert "concurrent requests 4 on the chain (k = 0: 19), 2 in the fixed pools" in text
+    plain = runner.invoke(app, [*args, "--json"])
+    assert json.loads(plain.stdout)["speculative"] is None  # without --spec-tokens

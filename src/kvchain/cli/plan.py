@@ -21,7 +21,15 @@ from kvchain.cache.host_tier import (
     hit_load_bytes,
     host_tier_plan,
 )
-from kvchain.capacity import Capacity, CapacityPlan, LongestRequest, longest_request, plan_capacity
+from kvchain.capacity import (
+    Capacity,
+    CapacityPlan,
+    LongestRequest,
+    SpeculativeCapacity,
+    longest_request,
+    plan_capacity,
+    speculative_capacity,
+)
 from kvchain.cli import app
 from kvchain.cli.common import (
     KV_DTYPE_HELP,
@@ -40,6 +48,7 @@ from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import get_gpu, local_host_memory_bytes
 from kvchain.model.layers import CacheDtype, LifetimeClass
 from kvchain.model.params import WeightFormat
+from kvchain.requests.geometry import StateRollback
 from kvchain.sim.cost import (
     DEFAULT_HOST_LINK_EFFICIENCY,
     GPUCostModel,
@@ -47,6 +56,7 @@ from kvchain.sim.cost import (
     LoadOverlap,
     host_hit_ttft,
 )
+from kvchain.sim.run_options import option_help
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS
 
 __all__ = ["longest_request", "plan_command"]
@@ -100,6 +110,9 @@ def plan_command(
     host_fraction: Annotated[float | None, typer.Option(help=HOST_FRACTION_HELP)] = None,
     host_interval: Annotated[int, typer.Option(help=HOST_INTERVAL_HELP)]
     = MOONCAKE_BLOCK_TOKENS,
+    spec_tokens: Annotated[int, typer.Option(help=option_help("spec_tokens"))] = 0,
+    spec_rollback: Annotated[StateRollback, typer.Option(help=option_help("spec_rollback"))]
+    = StateRollback.CHECKPOINTS,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     *, ctx: typer.Context,
 ) -> None:
@@ -112,7 +125,7 @@ def plan_command(
         check_flags(mem_fraction=mem_fraction, buffer_bytes=buffer_bytes, page_size=page_size,
                     tp=tp, prompt=prompt, output=output, slots_held=slots_held,
                     host_bytes=host_bytes, host_fraction=host_fraction,
-                    host_interval=host_interval)
+                    host_interval=host_interval, spec_tokens=spec_tokens)
         if host_bytes is not None and host_fraction is not None:
             raise ConfigError("give --host-bytes or --host-fraction, not both")
         model_spec = load_spec(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp,
@@ -124,6 +137,8 @@ def plan_command(
         host = None
         if host_bytes is not None or host_fraction is not None:
             host = host_report(result, host_bytes, host_fraction, host_interval)
+        speculative = (speculative_capacity(result.layout, prompt, output, spec_tokens,
+                                            spec_rollback) if spec_tokens else None)
     except KVChainError as exc:
         fail(exc)
     warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
@@ -131,12 +146,26 @@ def plan_command(
         warn(mem_fraction_unused(mem_fraction))
     note_defaults(model_spec, config)
     if as_json:
-        print(json.dumps(plan_report(result, host), indent=2))
+        print(json.dumps(plan_report(result, host, speculative), indent=2))
         return
     console = Console()
     _print_plan(console, result)
+    if speculative is not None:
+        _print_speculative(console, speculative)
     if host is not None:
         _print_host(console, host)
+
+
+def _print_speculative(console: Console, spec: SpeculativeCapacity) -> None:
+    state = ("k more state slots per request" if spec.rollback is StateRollback.CHECKPOINTS
+             else "1 more state slot per request, the accepted tokens replayed")
+    pools = (f"{spec.pools_concurrent:,}" if spec.pools_holds_none is None
+             else f"none ({escape(spec.pools_holds_none)})")
+    console.print(f"speculative decoding, k = {spec.spec_tokens} drafts per decode "
+                  f"(--spec-tokens; {spec.rollback.value}: {state}, W + k window tokens "
+                  f"until verified): concurrent requests {spec.chain_concurrent:,} on the "
+                  f"chain (k = 0: {spec.chain_plain:,}), {pools} in the fixed pools (k = 0: "
+                  f"{spec.pools_plain:,})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +242,8 @@ def host_report(result: CapacityPlan, host_bytes: int | None, host_fraction: flo
     return HostReport(tier, given, hit, hit < prompt_hit, hit_bytes, timing, why)
 
 
-def plan_report(result: CapacityPlan, host: HostReport | None = None) -> dict[str, object]:
+def plan_report(result: CapacityPlan, host: HostReport | None = None,
+                speculative: SpeculativeCapacity | None = None) -> dict[str, object]:
     """The JSON document of ``plan --json``. Keys (bytes, tokens, requests; all per
     tensor-parallel rank: ``"scope": "per rank"``, ``"tp"``):
 
@@ -225,7 +255,9 @@ def plan_report(result: CapacityPlan, host: HostReport | None = None) -> dict[st
     (longest request, its bound, concurrency, full-attention tokens with slots held, and
     ``holds_none``: why that side holds no request at all, else ``null``);
     ``max_context_tokens``; ``host_tier`` (``null`` without ``--host-bytes`` /
-    ``--host-fraction``; :func:`_host_dict`).
+    ``--host-fraction``; :func:`_host_dict`); ``speculative`` (``null`` without
+    ``--spec-tokens``: ``spec_tokens``, ``rollback``, the concurrency with and without the
+    drafts on both sides, ``pools_holds_none``).
     """
     budget, layout = result.budget, result.layout
     return {
@@ -249,6 +281,13 @@ def plan_report(result: CapacityPlan, host: HostReport | None = None) -> dict[st
         "fixed_pools_capacity": _as_dict(result.pools, result.pools_longest),
         "max_context_tokens": result.model.max_context_tokens,
         "host_tier": None if host is None else _host_dict(host),
+        "speculative": None if speculative is None else {
+            "spec_tokens": speculative.spec_tokens, "rollback": speculative.rollback.value,
+            "chain_concurrent": speculative.chain_concurrent,
+            "chain_concurrent_k0": speculative.chain_plain,
+            "pools_concurrent": speculative.pools_concurrent,
+            "pools_concurrent_k0": speculative.pools_plain,
+            "pools_holds_none": speculative.pools_holds_none},
     }
 
 
