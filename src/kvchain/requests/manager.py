@@ -51,8 +51,7 @@ class KVManager:
             prompt's pages at the end of their prefill (:meth:`commit`).
 
     Raises:
-        ConfigError: a prefix cache on a chain of more than one window band, or on an
-            allocator without an evictor hook.
+        ConfigError: a prefix cache on an allocator without an evictor hook.
     """
 
     def __init__(self, chain: Allocator, cache: PrefixCache | None = None) -> None:
@@ -742,7 +741,7 @@ class KVManager:
             counts[band] -= int((np.minimum(shared, end) - np.minimum(first, shared)).clip(0)
                                 .sum())
             if pol.windowed:
-                counts[band] += sum(len(self._requests[rid].kept) for rid in ids)
+                counts[band] += sum(len(self._requests[rid].kept.get(band, ())) for rid in ids)
         return tuple(counts)
 
     def block_table(self, rids: Sequence[int], band: int, physical: bool = True) -> np.ndarray:
