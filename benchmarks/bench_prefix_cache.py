@@ -55,7 +55,7 @@ def filled(seed: int = 0) -> tuple[Chain, PrefixCache]:
         keys = page_keys_from_tokens(tokens, PAGE)
         n = len(keys)
         tails = sorted({i for q in resume_points(g, n, cache.interval_pages)
-                        for i in tail_pages(g, q)})
+                        for i in tail_pages(g, q)[g.window]})  # type: ignore[index]
         demand = [0, 0]
         demand[g.full] = n  # type: ignore[index]
         demand[g.window] = len(tails)  # type: ignore[index]
@@ -65,7 +65,7 @@ def filled(seed: int = 0) -> tuple[Chain, PrefixCache]:
             break
         full = list(grant.pages[g.full])  # type: ignore[index]
         win = dict(zip(tails, grant.pages[g.window], strict=True))  # type: ignore[index]
-        dups = cache.insert(keys, 0, full, win, {})
+        dups = cache.insert(keys, 0, full, {g.window: win}, {})  # type: ignore[dict-item]
         for band, ids in enumerate(dups):
             if ids:
                 chain.release(band, ids)

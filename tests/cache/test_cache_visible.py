@@ -1,6 +1,6 @@
 """What a run says about its prefix cache: its hit rate next to the infinite-cache and LRU
 bounds of the same requests (summary, metrics.json, hit_rate.png), and a default that
-turned the cache off says so (never a silent 0). Values derived by hand."""
+turned the cache off says why (never a silent 0). Values derived by hand."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from kvchain.model.layers import LifetimeClass as LC
 from kvchain.report.plots import hit_rate_chart
 from kvchain.report.tables import EXTRA_LABELS
 from kvchain.sim.engine import SimConfig, simulate
-from kvchain.sim.prefix import PrefixCacheStats, cache_off_extra, warm_cold_trace
+from kvchain.sim.prefix import PrefixCacheStats, default_cache_off_reason, warm_cold_trace
 from kvchain.sim.prefix_bounds import lru_capacity_pages
 from kvchain.sim.traces import Trace, TraceRequest
 
@@ -77,21 +77,16 @@ TWO_WINDOWS = [declared_class(LC.FULL, 1_000), declared_class(LC.WINDOW, 1_000, 
                declared_class(LC.WINDOW, 500, 1_024)]
 
 
-def test_a_default_that_turns_the_cache_off_says_so():
-    # Two window bands: the cache (one window band at most) is off by default; the
-    # summary and metrics.json carry the reason as a counter: 2 window bands.
+def test_the_default_turns_the_cache_on_for_two_window_bands():
+    # Issue 22 item 5: every window band keeps its own tails, so a chain with two window
+    # bands takes the cache by default like any other (off only without content keys).
     layout = plan_layout(TWO_WINDOWS, 4_000_000, 16)
-    assert cache_off_extra(None, three_prompts(), layout) == {
-        "prefix_cache_off_window_bands": 2}
-    # The siblings: asked off, or no content keys, or one window band: nothing to say.
-    assert cache_off_extra(False, three_prompts(), layout) == {}
+    assert default_cache_off_reason(three_prompts(), layout) is None
     no_keys = Trace("nokeys", (TraceRequest(0, 0.0, 100, 2),), "hand", "-")
-    assert cache_off_extra(None, no_keys, layout) == {}
-    one = plan_layout(TWO_WINDOWS[:2], 4_000_000, 16)
-    assert cache_off_extra(None, three_prompts(), one) == {}
+    assert default_cache_off_reason(no_keys, layout) == "the trace has no content keys"
 
 
-def test_a_two_window_run_says_its_cache_is_off(tmp_path: Path):
+def test_a_two_window_run_reports_its_cache(tmp_path: Path):
     from typer.testing import CliRunner
 
     from kvchain.cli import _load_commands, app
@@ -108,9 +103,13 @@ def test_a_two_window_run_says_its_cache_is_off(tmp_path: Path):
                                       "--requests", "10", "--end-s", "1e9", "--buffer-bytes",
                                       "400000000", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "prefix cache OFF by default" in result.output
+    assert "prefix cache on (auto" in " ".join(result.output.split())
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["summary"]["extra"]["prefix_cache_off_window_bands"] == 2
+    extra = metrics["summary"]["extra"]
+    assert "prefix_cache_off_window_bands" not in extra
+    assert "prefix_hit_rate_pct" in extra and metrics["prefix_cache"] is not None
+    assert (metrics["summary"]["admitted_but_unallocatable"], metrics["summary"]["leaked_pages"]) \
+        == (0, 0)
 
 
 def test_warm_cold_trace_by_hand():

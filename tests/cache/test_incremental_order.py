@@ -77,7 +77,7 @@ def window_chain() -> tuple[Chain, PrefixCache]:
     cache = PrefixCache(WF, interval_tokens=8)
     chain.set_evictor(cache)
     # One prompt of 3 pages, window pages kept at 1 and 2 (ids 101, 102), full 11-13.
-    cache.insert([1, 2, 3], 0, [11, 12, 13], {1: 101, 2: 102}, {})
+    cache.insert([1, 2, 3], 0, [11, 12, 13], {0: {1: 101, 2: 102}}, {})
     return chain, cache
 
 
@@ -87,11 +87,11 @@ def test_unpinning_a_page_of_a_hit_locked_path_changes_no_epoch() -> None:
     version bump, the chain's epoch stays, and the quote priced before is realized."""
     chain, cache = window_chain()
     handle = cache.lock(cache.match([1, 2, 3, 9], 16))
-    cache.pin_window(handle, [1, 2])
+    cache.pin_window(handle, 0, [1, 2])
     assert chain.snapshot().evictable.units == 0
     quote = chain.price(Demand((2, 2)))
     version, epoch = cache.version, chain.epoch
-    cache.unpin_window(handle, [1])
+    cache.unpin_window(handle, 0, [1])
     assert (cache.version, chain.snapshot().epoch) == (version, epoch)
     chain.take(Demand((2, 2)), quote)  # still this epoch's quote
     assert chain.snapshot() == quote.after
@@ -104,11 +104,11 @@ def test_unpinning_a_page_of_a_prompt_locked_path_is_a_new_epoch() -> None:
     epoch move and the old quote is stale."""
     chain, cache = window_chain()
     handle = cache.lock(cache.match([1, 2, 3, 9], 16), tails=False)
-    cache.pin_window(handle, [1, 2])
+    cache.pin_window(handle, 0, [1, 2])
     assert chain.snapshot().evictable.units == 0
     quote = chain.price(Demand((2, 2)))
     version = cache.version
-    cache.unpin_window(handle, [1])
+    cache.unpin_window(handle, 0, [1])
     assert cache.version != version
     assert chain.snapshot().evictable.cumulative == ((0, 0), (1, 0))
     with pytest.raises(StaleQuoteError):
@@ -134,7 +134,7 @@ def test_a_refused_unlock_changes_nothing() -> None:
     from kvchain.errors import AuditError
 
     c = PrefixCache(WF, interval_tokens=8)
-    c.insert([1, 2, 3], 0, [11, 12, 13], {1: 101, 2: 102}, {})
+    c.insert([1, 2, 3], 0, [11, 12, 13], {0: {1: 101, 2: 102}}, {})
     upper = c.lock(c.match([1, 2, 9], 12))  # splits at page 2: [0, 2) locked
     lower = c.lock(c.match([1, 2, 3, 9], 16))  # [0, 2) twice, [2, 3) once
     assert upper is not None and lower is not None and lower.parent is upper

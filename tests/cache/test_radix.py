@@ -19,7 +19,7 @@ from kvchain.cache.radix import (
     resume_points,
 )
 from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
-from kvchain.requests.policies import FullPolicy, StatePolicy, WindowPolicy
+from kvchain.requests.policies import FullPolicy, LocalPolicy, StatePolicy, WindowPolicy
 
 # Band 0 window (W = 5 tokens), band 1 full; P = 4. The tail of point q (pages) is
 # [window_start(4q) // 4, q) = [(4q - 4) // 4, q) = [q - 1, q): one page.
@@ -27,6 +27,11 @@ WF = CacheGeometry(4, (WindowPolicy(0, 4, 5), FullPolicy(1, 4)))
 # Band 0 state, band 1 full.
 SF = CacheGeometry(4, (StatePolicy(0, 4), FullPolicy(1, 4)))
 FULL = CacheGeometry(4, (FullPolicy(0, 4),))
+# Two windows (W = 5 and W = 12 tokens: tails of 1 and 3 pages) and a full band.
+W2F = CacheGeometry(4, (WindowPolicy(0, 4, 5), WindowPolicy(1, 4, 12), FullPolicy(2, 4)))
+# Chunked local (C = 8 tokens, 2 pages), a window, state and full.
+LWSF = CacheGeometry(4, (LocalPolicy(0, 4, 8), WindowPolicy(1, 4, 5), StatePolicy(2, 4),
+                         FullPolicy(3, 4)))
 
 
 def cache(geom: CacheGeometry = WF) -> PrefixCache:
@@ -53,13 +58,14 @@ def test_auto_is_spaced_with_a_state_band():
 def test_window_hit_ends_where_the_tail_is_present():
     c = cache()
     # Prompt of 20 tokens = pages 0..4; tails of points 2, 4, 5 are pages 1, 3, 4.
-    dups = c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})
+    dups = c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {0: {1: 101, 3: 103, 4: 104}},
+                    {})
     assert dups == [[], []]
     hit = c.match([1, 2, 3, 4, 9], 20)  # 4 pages match; cap (20 - 1) // 4 = 4
     assert (hit.pages, hit.full, hit.window, hit.window_first) == (4, (11, 12, 13, 14),
-                                                                   (103,), 3)
+                                                                   {0: (103,)}, {0: 3})
     hit = c.match([1, 2, 3, 9], 16)  # page 2 has no window page (tombstone): back to 2
-    assert (hit.pages, hit.window, hit.window_first) == (2, (101,), 1)
+    assert (hit.pages, hit.window, hit.window_first) == (2, {0: (101,)}, {0: 1})
     # The same prompt again: at least one token is computed, so 4 pages, not 5.
     assert c.match([1, 2, 3, 4, 5], 20).pages == 4
     assert c.match([9], 8).pages == 0
@@ -78,17 +84,17 @@ def test_full_only_hits_any_page_and_state_only_at_checkpoints():
 
 def test_insert_keeps_one_copy_and_returns_the_duplicates():
     c = cache()
-    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})
+    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {0: {1: 101, 3: 103, 4: 104}}, {})
     # A second prompt shares pages 0-1, then differs; it offers its own tails 1 and 3.
-    dups = c.insert([1, 2, 6, 7], 0, [21, 22, 23, 24], {1: 201, 3: 203}, {})
+    dups = c.insert([1, 2, 6, 7], 0, [21, 22, 23, 24], {0: {1: 201, 3: 203}}, {})
     assert dups == [[201], [21, 22]]  # page 1's window and pages 0-1's full are duplicates
     assert sorted(c.held_pages()[1]) == [11, 12, 13, 14, 15, 23, 24]
 
 
 def test_eviction_order_is_the_lru_walk_with_cascade_and_tail_units():
     c = cache()
-    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})  # t=1
-    c.insert([1, 2, 6, 7], 0, [21, 22, 23, 24], {1: 201, 3: 203}, {})  # t=2
+    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {0: {1: 101, 3: 103, 4: 104}}, {})  # t=1
+    c.insert([1, 2, 6, 7], 0, [21, 22, 23, 24], {0: {1: 201, 3: 203}}, {})  # t=2
     # Nodes: upper [0, 2) (time 2, tail time 1: no hit ended there since t=1), A's rest
     # [2, 5) (time 1), B's rest [2, 4) (time 2). Walk: LEAF(A rest) frees window 103, 104
     # and full 13-15 -> (2, 3); TAILS(upper) at t=1 frees window 101 -> (1, 0);
@@ -105,7 +111,7 @@ def test_eviction_order_is_the_lru_walk_with_cascade_and_tail_units():
 
 def test_locked_paths_are_not_evictable_and_unlock_restores_them():
     c = cache()
-    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})
+    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {0: {1: 101, 3: 103, 4: 104}}, {})
     assert c.eviction_order().cumulative == ((0, 0), (3, 5))
     handle = c.lock(c.match([1, 2, 9], 12))  # hit of 2 pages: the node splits at 2
     assert handle is not None
@@ -123,14 +129,14 @@ def test_locked_paths_are_not_evictable_and_unlock_restores_them():
     with pytest.raises(AuditError, match="lock"):
         c.audit([handle])  # counted as a hit lock: the tail counts differ
     # The request reads page 1 (its window tail): pinned, only the LEAF is left.
-    c.pin_window(handle, [1])
+    c.pin_window(handle, 0, [1])
     assert c.eviction_order().cumulative == ((0, 0), (2, 3))
-    c.audit([], ([101], []), [handle])
+    c.audit([], ([(0, 101)], []), [handle])
     with pytest.raises(AuditError, match="pins"):
         c.audit([], ([], []), [handle])  # a pin no running request accounts for
-    c.unpin_window(handle, [1])
+    c.unpin_window(handle, 0, [1])
     with pytest.raises(AuditError, match="not pinned"):
-        c.unpin_window(handle, [1])
+        c.unpin_window(handle, 0, [1])
     c.audit([], ([], []), [handle])
     c.unlock(handle, tails=False)
     c.audit([])
@@ -148,7 +154,7 @@ def suffix_property(ops, cache_cls: type = PrefixCache, audit: bool | None = Non
     """Random inserts, locks (pinning the hit's window tail and checkpoint), unlocks and
     evictions: evict(k) frees exactly freed(k) per band and leaves order.after(k); no id is
     held twice; pinned pages are never evicted (the audit's pin counts hold)."""
-    for geom in (WF, SF):
+    for geom in (WF, SF, W2F, LWSF):
         c = cache_cls(geom, interval_tokens=8, audit=audit)
         next_id, handles, hits = 1000, [], []
         for kind, keys, k in ops:
@@ -156,7 +162,11 @@ def suffix_property(ops, cache_cls: type = PrefixCache, audit: bool | None = Non
             if kind == 0:
                 n = len(keys)
                 full = list(range(next_id, next_id + n))
-                win = {i: next_id + 100 + i for i in range(n)} if geom.window is not None else {}
+                # Every window band offers its own ids; a second band keeps only the pages
+                # of one parity, so the bands' tails differ and each decides the hit.
+                win = {pol.band: {i: next_id + 100 + 20 * k + i for i in range(n)
+                                  if k == 0 or i % 2 == n % 2}
+                       for k, pol in enumerate(geom.windows)}
                 ck = {q: next_id + 200 + q for q in range(1, n + 1)} if geom.state is not None \
                     else {}
                 next_id += 300
@@ -167,12 +177,14 @@ def suffix_property(ops, cache_cls: type = PrefixCache, audit: bool | None = Non
                 if h is not None:  # pin what a request resuming there reads (as attach)
                     handles.append(h)
                     hits.append(hit)
-                    c.pin_window(h, range(hit.window_first, hit.pages) if hit.window else [])
+                    for band, first in hit.window_first.items():
+                        c.pin_window(h, band, range(first, hit.pages))
                     if hit.checkpoint >= 0:
                         c.pin_checkpoint(h, hit.pages)
             elif kind == 2 and handles:
                 h, hit = handles.pop(0), hits.pop(0)
-                c.unpin_window(h, range(hit.window_first, hit.pages) if hit.window else [])
+                for band, first in hit.window_first.items():
+                    c.unpin_window(h, band, range(first, hit.pages))
                 if hit.checkpoint >= 0:
                     c.unpin_checkpoint(h, hit.pages)
                 c.unlock(h)
@@ -187,7 +199,8 @@ def suffix_property(ops, cache_cls: type = PrefixCache, audit: bool | None = Non
             held = c.held_pages()
             for ids in held:
                 assert len(set(ids)) == len(ids)
-            c.audit(handles, ([v for hit in hits for v in hit.window],
+            c.audit(handles, ([(b, v) for hit in hits for b, ids in hit.window.items()
+                               for v in ids],
                               [hit.checkpoint for hit in hits if hit.checkpoint >= 0]))
         assert all(isinstance(f, np.ndarray) for f in c.evict(c.eviction_order().units)) \
             if c.eviction_order().units else True
@@ -254,18 +267,18 @@ def test_the_order_audit_catches_a_wrongly_kept_order():
     c = LocksForgetInUse(WF, interval_tokens=8)
     # X (t=1) prompt-locked with an unpinned tail 101; Y (t=2) unlocked: the right walk
     # takes LEAF(Y) first (X is in use), the planted one TAILS(X) (t=1 < 2).
-    c.insert([1, 2, 3], 0, [11, 12, 13], {1: 101, 2: 102}, {})
+    c.insert([1, 2, 3], 0, [11, 12, 13], {0: {1: 101, 2: 102}}, {})
     handle = c.lock(c.match([1, 2, 3, 9], 16), tails=False)
-    c.pin_window(handle, [2])
-    c.insert([5, 6], 0, [21, 22], {1: 201}, {})
+    c.pin_window(handle, 0, [2])
+    c.insert([5, 6], 0, [21, 22], {0: {1: 201}}, {})
     assert c.eviction_order().cumulative == ((0, 0), (1, 0), (2, 2))  # wrong, as planted
     with pytest.raises(AuditError, match="row 1"):
         c.check_order()
     right = PrefixCache(WF, interval_tokens=8)
-    right.insert([1, 2, 3], 0, [11, 12, 13], {1: 101, 2: 102}, {})
+    right.insert([1, 2, 3], 0, [11, 12, 13], {0: {1: 101, 2: 102}}, {})
     h = right.lock(right.match([1, 2, 3, 9], 16), tails=False)
-    right.pin_window(h, [2])
-    right.insert([5, 6], 0, [21, 22], {1: 201}, {})
+    right.pin_window(h, 0, [2])
+    right.insert([5, 6], 0, [21, 22], {0: {1: 201}}, {})
     right.check_order()
     assert right.eviction_order().cumulative == ((0, 0), (1, 2), (2, 2))
 
@@ -274,11 +287,11 @@ def test_held_counts_follow_insert_and_evict_by_hand():
     c = cache()
     assert c.held_counts == (0, 0)
     # First prompt: window tails 101, 103, 104 and full 11-15 -> (3, 5).
-    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})
+    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {0: {1: 101, 3: 103, 4: 104}}, {})
     assert c.held_counts == (3, 5)
     # Second prompt shares pages 0-1: window 201 and full 21-22 are duplicates; it adds
     # window 203 and full 23-24 -> (4, 7).
-    c.insert([1, 2, 6, 7], 0, [21, 22, 23, 24], {1: 201, 3: 203}, {})
+    c.insert([1, 2, 6, 7], 0, [21, 22, 23, 24], {0: {1: 201, 3: 203}}, {})
     assert c.held_counts == (4, 7)
     # Unlocked: the whole order frees exactly what is held.
     assert c.eviction_order().freed(c.eviction_order().units) == c.held_counts
@@ -289,7 +302,7 @@ def test_held_counts_follow_insert_and_evict_by_hand():
 
 def test_audit_catches_miscounted_held_pages():
     c = cache()
-    c.insert([1, 2, 3], 0, [11, 12, 13], {1: 101}, {})
+    c.insert([1, 2, 3], 0, [11, 12, 13], {0: {1: 101}}, {})
     c._held[1] += 1  # planted: a counter that drifted from the tree
     with pytest.raises(AuditError, match="held page counters"):
         c.audit([])
@@ -298,37 +311,37 @@ def test_audit_catches_miscounted_held_pages():
 def test_a_locked_nodes_tails_come_after_every_unlocked_unit():
     c = cache()
     # X (t=1): 3 pages, tails of points 2 and 3 are pages 1 and 2 (window 101, 102).
-    c.insert([1, 2, 3], 0, [11, 12, 13], {1: 101, 2: 102}, {})
+    c.insert([1, 2, 3], 0, [11, 12, 13], {0: {1: 101, 2: 102}}, {})
     # A prompt lock of X (as after its request's prefill): 3 pages.
     handle = c.lock(c.match([1, 2, 3, 9], 16), tails=False)
     assert handle is not None and handle.end == 3
-    c.pin_window(handle, [2])  # the running request reads page 2
+    c.pin_window(handle, 0, [2])  # the running request reads page 2
     # Y (t=2, newer than X): 2 pages, tail of point 2 is page 1 (window 201).
-    c.insert([5, 6], 0, [21, 22], {1: 201}, {})
+    c.insert([5, 6], 0, [21, 22], {0: {1: 201}}, {})
     # Plain LRU would take X's tails (t=1) first; X is in use, so Y's leaf (window 201,
     # full 21-22 -> (1, 2)) goes first, then X's unpinned page 101 -> (2, 2).
     assert c.eviction_order().cumulative == ((0, 0), (1, 2), (2, 2))
-    c.audit([], ([102], []), [handle])
+    c.audit([], ([(0, 102)], []), [handle])
 
 
 def test_window_pin_and_unpin_change_nothing_when_a_page_is_bad():
     # Pages 0-4 with window pages only at 1, 3, 4 (page 2 is a tombstone: no window id).
-    # Before the checks ran first, pin_window(h, [1, 2]) pinned page 1 and then raised on
-    # page 2, and unpin_window(h, [1, 1]) with one pin unpinned it and then raised.
+    # Before the checks ran first, pin_window(h, 0, [1, 2]) pinned page 1 and then raised on
+    # page 2, and unpin_window(h, 0, [1, 1]) with one pin unpinned it and then raised.
     c = cache()
-    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {1: 101, 3: 103, 4: 104}, {})
+    c.insert([1, 2, 3, 4, 5], 0, [11, 12, 13, 14, 15], {0: {1: 101, 3: 103, 4: 104}}, {})
     handle = c.lock(c.match([1, 2, 3, 4, 5], 100), tails=False)  # the whole path
     assert handle is not None
     with pytest.raises(AuditError, match="absent"):
-        c.pin_window(handle, [1, 2])
+        c.pin_window(handle, 0, [1, 2])
     c.audit([], ([], []), [handle])  # no pin left behind by the refused call
-    c.pin_window(handle, [1])
+    c.pin_window(handle, 0, [1])
     with pytest.raises(AuditError, match="not pinned"):
-        c.unpin_window(handle, [1, 1])  # one pin, two unpins asked
-    c.audit([], ([101], []), [handle])  # page 101 is still pinned once
+        c.unpin_window(handle, 0, [1, 1])  # one pin, two unpins asked
+    c.audit([], ([(0, 101)], []), [handle])  # page 101 is still pinned once
     # the sibling: a page pinned twice unpins twice
-    c.pin_window(handle, [1])
-    c.unpin_window(handle, [1, 1])
+    c.pin_window(handle, 0, [1])
+    c.unpin_window(handle, 0, [1, 1])
     c.audit([], ([], []), [handle])
     c.unlock(handle, tails=False)
     c.audit([])

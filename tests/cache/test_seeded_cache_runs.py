@@ -27,6 +27,13 @@ SHAPES = {
     "state|full": [declared_class(LC.STATE, 48_000), declared_class(LC.FULL, 1_000)],
     "state|window|full": [declared_class(LC.STATE, 48_000), declared_class(LC.WINDOW, 1_000, 96),
                           declared_class(LC.FULL, 1_000)],
+    # Several windowed bands (issue 22 item 5): each keeps its own tails.
+    "window|window|full": [declared_class(LC.WINDOW, 1_000, 48),
+                           declared_class(LC.WINDOW, 500, 200), declared_class(LC.FULL, 1_000)],
+    "state|local|window|full": [declared_class(LC.STATE, 48_000),
+                                declared_class(LC.LOCAL, 1_000, 128),
+                                declared_class(LC.WINDOW, 1_000, 96),
+                                declared_class(LC.FULL, 1_000)],
 }
 PAGE = 16
 

@@ -7,9 +7,10 @@ keyed by their first page's key. Per lifetime class a node holds (see
 
 * **full** pages: one virtual id per page, owned by the cache and shared by reference with
   every running request whose hit covers them;
-* **window** (or chunked-local) pages: only the pages of the last ``W`` tokens before a
-  *resume point* (its *tail*); every other window page is absent (-1, a tombstone) and was
-  released when the request that computed it finished;
+* **window** (or chunked-local) pages, per windowed band (any number of them, each by
+  its own policy): only the pages ``[policy.resume_start(q), q)`` a hit after a *resume
+  point* ``q`` reads (its *tail*); every other page of the band is absent (-1, a
+  tombstone) and was released when the request that computed it finished;
 * **state checkpoints**: one state slot per resume point, holding the recurrent state
   after that many tokens.
 
@@ -19,7 +20,7 @@ later turns resume) and the prompt's last whole-page boundary ``nP``; plus, by d
 a *junction* where the prompt leaves a cached path past its hit (:func:`junction_point`,
 found by the match: ``Hit.matched``). A hit ends at the
 longest prefix every class can resume from: full pages present (always, on the path);
-the window tail present; a checkpoint there (state). On a chain with no window or state
+every windowed band's tail present; a checkpoint there (state). On a chain with no window or state
 band, every page boundary is a resume point.
 
 Locks: a running request locks the path root..X of its cached prefix (a count on every
@@ -62,9 +63,10 @@ the tree: a parent joins as its last child goes, a leaf turns dead as its tails 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 
 import numpy as np
 
@@ -146,6 +148,12 @@ def spaced_budget(geom: CacheGeometry, whole_pages: int | None = None) -> int | 
 CacheGeometry = RequestGeometry
 
 
+#: A node's share of the eviction order (:meth:`PrefixCache._refresh`): its LEAF key,
+#: TAILS key, time when unlocked, units, full pages, window pages per window band and
+#: state checkpoints.
+Share = tuple[int, int, int, int, int, tuple[int, ...], int]
+
+
 class Node:
     """One radix node: a run of pages ``[start, start + len(keys))`` of a path.
 
@@ -156,14 +164,16 @@ class Node:
         start: page index of the first page (tokens ``start * P``).
         keys: the pages' content keys.
         full: full-band virtual ids, one per page (empty without a full band).
-        win: window-band virtual ids, one per page, -1 where absent (empty without one).
-        win_live: window pages present.
+        win: per window or chunked-local band (in the order of ``geom.windows``), its
+            virtual ids, one per page, -1 where absent (empty without such bands).
+        win_live: per window band, its pages present.
         ckpts: state checkpoints: end page index -> state-band virtual id.
         lock: running requests whose hit path or prompt path includes this node.
         tlock: of which hits (their path keeps its tails: no ``TAILS`` unit).
         time: logical time of the last hit through or insert into this node.
         tail_time: logical time of the last hit that ended here (or insert).
-        wpin: window pages of this node pinned by running requests (never evicted).
+        wpin: per window band, its pages of this node pinned by running requests (never
+            evicted).
         cpin: checkpoints of this node pinned by running requests (never evicted).
         sig: the node's share of the eviction order as last counted (``None``: none):
             its LEAF key, TAILS key, time when unlocked, units, full, window and state
@@ -193,7 +203,8 @@ class Node:
     )
 
     def __init__(self, nid: int, parent: Node | None, start: int, keys: list[int],
-                 full: list[int], win: list[int], ckpts: dict[int, int], time: int) -> None:
+                 full: list[int], win: list[list[int]], ckpts: dict[int, int],
+                 time: int) -> None:
         self.nid = nid
         self.parent = parent
         self.children: dict[int, Node] = {}
@@ -201,15 +212,15 @@ class Node:
         self.keys = keys
         self.full = full
         self.win = win
-        self.win_live = sum(1 for v in win if v >= 0)
+        self.win_live = [sum(1 for v in w if v >= 0) for w in win]
         self.ckpts = ckpts
         self.lock = 0
         self.tlock = 0
         self.time = time
         self.tail_time = time
-        self.wpin = 0
+        self.wpin = [0] * len(win)
         self.cpin = 0
-        self.sig: tuple[int, int, int, int, int, int, int] | None = None  # order share
+        self.sig: Share | None = None  # its share of the order
         self.lser = 0  # serial of its live LEAF entry in the ready heap (0: none)
         self.tser = 0  # serial of its live TAILS entry (0: none)
 
@@ -221,7 +232,12 @@ class Node:
     def has_tails(self) -> bool:
         """Whether a ``TAILS`` unit would free anything (an unpinned window page or
         checkpoint)."""
-        return self.win_live > self.wpin or len(self.ckpts) > self.cpin
+        return (len(self.ckpts) > self.cpin
+                or any(a > b for a, b in zip(self.win_live, self.wpin, strict=True)))
+
+    def tail_windows(self) -> tuple[int, ...]:
+        """Per window band, the pages a ``TAILS`` unit would free (present, unpinned)."""
+        return tuple(a - b for a, b in zip(self.win_live, self.wpin, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,8 +249,10 @@ class Hit:
         node: the node whose end is the hit's end after :meth:`PrefixCache.lock` (before
             locking, the node that contains the hit's last page).
         full: full-band ids of pages ``[0, pages)``.
-        window: window-band ids of the tail pages ``[window_first, pages)``.
-        window_first: first window page index the request needs to resume.
+        window: per window or chunked-local band (by band index), the ids of its tail
+            pages ``[window_first[band], pages)``.
+        window_first: per window band, the first page index the request needs to resume
+            (``policy.resume_start(pages)``).
         checkpoint: the state slot to copy into the request's own slot (-1: none).
         matched: pages the prompt's keys share with a cached path (full attention), at
             least ``pages``: where the prompt leaves the cached path, or where the path
@@ -245,8 +263,8 @@ class Hit:
     pages: int
     node: Node | None
     full: tuple[int, ...] = ()
-    window: tuple[int, ...] = ()
-    window_first: int = 0
+    window: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    window_first: Mapping[int, int] = field(default_factory=dict)
     checkpoint: int = -1
     matched: int = 0
 
@@ -262,13 +280,14 @@ class Adopted:
         handle: the request's new lock (the node ending at its prompt's last whole page),
             ``None`` for a prompt of no whole page.
         full: the cache's full-band ids of pages ``[0, n)`` (empty without a full band).
-        window: the cache's window-band ids of pages ``[0, n)``, -1 where absent.
+        window: per window band (by band index), the cache's ids of pages ``[0, n)``, -1
+            where absent.
         dups: per band, the request's pages the cache did not take (it held a copy).
     """
 
     handle: Node | None
     full: tuple[int, ...]
-    window: tuple[int, ...]
+    window: Mapping[int, tuple[int, ...]]
     dups: list[list[int]]
 
 
@@ -288,7 +307,7 @@ def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
 
     Empty on a chain without a window/local or state band (every page boundary resumes).
     """
-    if geom.window is None and geom.state is None:
+    if not geom.windows and geom.state is None:
         return ()
     resolved = ResumePolicy(policy).resolve(geom)
     last = whole_pages // interval_pages
@@ -340,7 +359,7 @@ def junction_point(geom: CacheGeometry, hit: int, matched: int, whole_pages: int
         points: the request's own resume points (page counts, any order).
         min_gain_pages: least pages of extra resumable prefix worth a checkpoint (>= 1).
     """
-    if geom.window is None and geom.state is None:
+    if not geom.windows and geom.state is None:
         return 0
     q = min(matched, whole_pages)
     if q >= whole_pages or q <= hit:
@@ -351,12 +370,25 @@ def junction_point(geom: CacheGeometry, hit: int, matched: int, whole_pages: int
     return q
 
 
-def tail_pages(geom: CacheGeometry, point: int) -> range:
-    """Window page indices a request needs to resume after ``point`` pages:
-    ``[window_start(point * P) // P, point)`` (empty without a window band)."""
-    if geom.window is None:
-        return range(0)
-    return range(geom.policies[geom.window].resume_start(point), point)
+def tail_pages(geom: CacheGeometry, point: int) -> dict[int, range]:
+    """Per window or chunked-local band (by band index), the page indices a request needs
+    to resume after ``point`` pages: ``[policy.resume_start(point), point)`` (each band by
+    its own policy; empty without such bands)."""
+    return {pol.band: range(pol.resume_start(point), point) for pol in geom.windows}
+
+
+_K = TypeVar("_K", int, tuple[int, int])
+
+
+def _check_pins(name: str, want: Iterable[_K], have: Mapping[_K, int]) -> None:
+    """Raise :class:`AuditError` unless the pin counts ``have`` equal the readers ``want``
+    (one entry per reader) counted."""
+    count: dict[_K, int] = {}
+    for v in want:
+        count[v] = count.get(v, 0) + 1
+    if count != have:
+        raise AuditError(f"{name} pins {sorted(have.items(), key=str)[:8]} differ from what "
+                         f"running requests read {sorted(count.items(), key=str)[:8]}")
 
 
 class PrefixCache:
@@ -408,7 +440,10 @@ class PrefixCache:
         self.junctions = bool(junctions)
         self.junction_min_pages = -(-junction_min_tokens // p)
         self._next_id = 1
-        self.root = Node(0, None, 0, [], [], [], {}, 0)
+        # The window and chunked-local bands, in the order of ``geom.windows``: every
+        # node keeps one id list per band (``Node.win[k]`` is band ``self._wbands[k]``).
+        self._wbands = tuple(pol.band for pol in geom.windows)
+        self.root = Node(0, None, 0, [], [], [[] for _ in self._wbands], {}, 0)
         self._clock = 0
         self._version = 0
         self.audit_walks = resolve_audit(audit)
@@ -423,7 +458,8 @@ class PrefixCache:
         self.evicted_pages = [0] * geom.num_bands
         self.evictions = 0
         self._held = [0] * geom.num_bands  # pages / slots held per band (held_counts)
-        self._wpins: dict[int, int] = {}  # pinned window page id -> running readers
+        # per window band: pinned window page id -> running readers
+        self._wpins: list[dict[int, int]] = [{} for _ in self._wbands]
         self._cpins: dict[int, int] = {}  # pinned checkpoint slot id -> running readers
 
     # --- Evictor -------------------------------------------------------------------------
@@ -510,14 +546,15 @@ class PrefixCache:
     def _free_tails(self, node: Node, freed: list[list[int]]) -> None:
         """Free ``node``'s unpinned window pages and checkpoints into ``freed``."""
         g = self.geom
-        if node.win_live > node.wpin and g.window is not None:
-            out = freed[g.window]
-            pins = self._wpins
-            for i, v in enumerate(node.win):
+        for k, band in enumerate(self._wbands):
+            if node.win_live[k] <= node.wpin[k]:
+                continue
+            out, pins, win = freed[band], self._wpins[k], node.win[k]
+            for i, v in enumerate(win):
                 if v >= 0 and v not in pins:
                     out.append(v)
-                    node.win[i] = -1
-            node.win_live = node.wpin
+                    win[i] = -1
+            node.win_live[k] = node.wpin[k]
         if len(node.ckpts) > node.cpin and g.state is not None:
             if node.cpin:
                 keep = {p: v for p, v in node.ckpts.items() if v in self._cpins}
@@ -531,8 +568,8 @@ class PrefixCache:
         g = self.geom
         row = [0] * g.num_bands
         if not tails_gone:
-            if g.window is not None:
-                row[g.window] = node.win_live - node.wpin
+            for k, band in enumerate(self._wbands):
+                row[band] = node.win_live[k] - node.wpin[k]
             if g.state is not None:
                 row[g.state] = len(node.ckpts) - node.cpin
         if kind == LEAF and g.full is not None:
@@ -674,13 +711,13 @@ class PrefixCache:
         the totals and ready entries move and the version is bumped)."""
         if not node.nid:
             return False
-        sig: tuple[int, int, int, int, int, int, int] | None
+        sig: Share | None
         if node.parent is None:  # evicted
             sig = None
         else:
-            tw = node.win_live - node.wpin
+            tw = node.tail_windows()
             tc = len(node.ckpts) - node.cpin
-            tails = tw > 0 or tc > 0
+            tails = tc > 0 or any(tw)
             if not node.lock:
                 tk = (self._tails_key(node, not node.children)
                       if tails and node.tail_time < node.time else -1)
@@ -702,8 +739,8 @@ class PrefixCache:
             self._units += sign * share[3]
             if g.full is not None:
                 total[g.full] += sign * share[4]
-            if g.window is not None:
-                total[g.window] += sign * share[5]
+            for band, pages in zip(self._wbands, share[5], strict=True):
+                total[band] += sign * pages
             if g.state is not None:
                 total[g.state] += sign * share[6]
         old_leaf = old[0] if old is not None else -1
@@ -829,17 +866,20 @@ class PrefixCache:
         parent = node.parent
         assert parent is not None and 0 < k < len(node.keys)
         upper = Node(self._new_id(), parent, node.start, node.keys[:k], node.full[:k],
-                     node.win[:k], {p: v for p, v in node.ckpts.items() if p <= at}, node.time)
+                     [w[:k] for w in node.win],
+                     {p: v for p, v in node.ckpts.items() if p <= at}, node.time)
         upper.tail_time, upper.lock, upper.tlock = node.tail_time, node.lock, node.tlock
-        if node.wpin:
-            upper.wpin = sum(1 for v in upper.win if v >= 0 and v in self._wpins)
-            node.wpin -= upper.wpin
+        for j, pins in enumerate(self._wpins):
+            if node.wpin[j]:
+                upper.wpin[j] = sum(1 for v in upper.win[j] if v >= 0 and v in pins)
+                node.wpin[j] -= upper.wpin[j]
         if node.cpin:
             upper.cpin = sum(1 for v in upper.ckpts.values() if v in self._cpins)
             node.cpin -= upper.cpin
         parent.children[node.keys[0]] = upper
-        node.keys, node.full, node.win = node.keys[k:], node.full[k:], node.win[k:]
-        node.win_live -= upper.win_live
+        node.keys, node.full = node.keys[k:], node.full[k:]
+        node.win = [w[k:] for w in node.win]
+        node.win_live = [a - b for a, b in zip(node.win_live, upper.win_live, strict=True)]
         node.ckpts = {p: v for p, v in node.ckpts.items() if p > at}
         node.start = at
         node.parent = upper
@@ -893,11 +933,12 @@ class PrefixCache:
         if cap <= 0:
             return Hit(0, None, matched=m) if m else MISS
         full: list[int] = []
-        win: list[int] = []
+        wins: list[list[int]] = [[] for _ in self._wbands]
         ckpt_at: dict[int, int] = {}
         for node, j in path:
             full.extend(node.full[:j])
-            win.extend(node.win[:j])
+            for win, ids in zip(wins, node.win, strict=True):
+                win.extend(ids[:j])
             if g.state is not None:
                 for p, v in node.ckpts.items():
                     if p <= node.start + j:
@@ -907,21 +948,28 @@ class PrefixCache:
                 (p for p in ckpt_at if p <= cap), reverse=True)
         else:
             candidates = iter(range(cap, 0, -1))
-        # last_absent[i]: the largest index <= i whose window page is absent, or -1.
-        last_absent: list[int] = []
-        if g.window is not None:
+        # Per window band, last_absent[i]: the largest index <= i whose page is absent, or
+        # -1; the hit is the deepest candidate at which every band holds its whole tail.
+        absent: list[list[int]] = []
+        for win in wins:
+            last_absent: list[int] = []
             la = -1
             for i, v in enumerate(win):
                 if v < 0:
                     la = i
                 last_absent.append(la)
+            absent.append(last_absent)
+        pols = g.windows
         for t in candidates:
-            first = tail_pages(g, t).start
-            if g.window is not None and t > first and last_absent[t - 1] >= first:
+            firsts = [pol.resume_start(t) for pol in pols]
+            if any(t > first and last_absent[t - 1] >= first
+                   for first, last_absent in zip(firsts, absent, strict=True)):
                 continue
             node = self._node_at(path, t)
             return Hit(t, node, tuple(full[:t]),
-                       tuple(win[first:t]) if g.window is not None else (), first,
+                       {pol.band: tuple(win[first:t])
+                        for pol, first, win in zip(pols, firsts, wins, strict=True)},
+                       {pol.band: first for pol, first in zip(pols, firsts, strict=True)},
                        ckpt_at.get(t, -1), m)
         return Hit(0, None, matched=m)
 
@@ -1004,45 +1052,62 @@ class PrefixCache:
             n = n.parent
         raise AuditError(f"page {page} is not on the locked path ending at node {handle.nid}")
 
-    def pin_window(self, handle: Node, pages: Iterable[int]) -> None:
-        """Pin the cached window pages at page indices ``pages`` of ``handle``'s locked
-        path: a running request reads them (its window covers them), so no ``TAILS`` unit
-        frees them until :meth:`unpin_window`.
+    def _window_of(self, band: int) -> int:
+        """The index of window band ``band`` in ``geom.windows`` (``Node.win``'s order).
 
         Raises:
-            AuditError: a page not on the path or not present (a tombstone); every page is
-                checked before any is pinned (nothing changes).
+            AuditError: ``band`` is not a window or chunked-local band of the chain.
         """
-        pins = self._wpins
+        try:
+            return self._wbands.index(band)
+        except ValueError:
+            raise AuditError(f"band {band} is not a window band of the cache "
+                             f"(window bands {list(self._wbands)})") from None
+
+    def pin_window(self, handle: Node, band: int, pages: Iterable[int]) -> None:
+        """Pin the cached pages of window band ``band`` at page indices ``pages`` of
+        ``handle``'s locked path: a running request reads them (its window in that band
+        covers them), so no ``TAILS`` unit frees them until :meth:`unpin_window`.
+
+        Raises:
+            AuditError: ``band`` not a window band, or a page not on the path or not
+                present (a tombstone); every page is checked before any is pinned
+                (nothing changes).
+        """
+        k = self._window_of(band)
+        pins = self._wpins[k]
         found: list[tuple[Node, int]] = []
         for i in pages:
             node = self._node_of(handle, i)
-            v = node.win[i - node.start] if node.win else -1
+            v = node.win[k][i - node.start] if node.win[k] else -1
             if v < 0:
                 raise AuditError(f"pin of window page {i}: absent from node {node.nid}")
             found.append((node, v))
         for node, v in found:
             c = pins.get(v, 0)
             if not c:
-                node.wpin += 1
+                node.wpin[k] += 1
             pins[v] = c + 1
         for node, _ in found:
             self._refresh(node)
 
-    def unpin_window(self, handle: Node, pages: Iterable[int]) -> None:
-        """Undo :meth:`pin_window` for page indices ``pages`` (the request's window moved
-        past them, or it ended): once no request pins a page it is evictable.
+    def unpin_window(self, handle: Node, band: int, pages: Iterable[int]) -> None:
+        """Undo :meth:`pin_window` for page indices ``pages`` of window band ``band`` (the
+        request's window moved past them, or it ended): once no request pins a page it is
+        evictable.
 
         Raises:
-            AuditError: a page that is not pinned (or named more times than it is pinned);
-                every page is checked before any is unpinned (nothing changes).
+            AuditError: ``band`` not a window band, or a page that is not pinned (or named
+                more times than it is pinned); every page is checked before any is
+                unpinned (nothing changes).
         """
-        pins = self._wpins
+        k = self._window_of(band)
+        pins = self._wpins[k]
         found: list[tuple[Node, int]] = []
         asked: dict[int, int] = {}
         for i in pages:
             node = self._node_of(handle, i)
-            v = node.win[i - node.start] if node.win else -1
+            v = node.win[k][i - node.start] if node.win[k] else -1
             asked[v] = asked.get(v, 0) + 1
             if v < 0 or pins.get(v, 0) < asked[v]:
                 raise AuditError(f"unpin of window page {i} of node {node.nid}: not pinned")
@@ -1051,7 +1116,7 @@ class PrefixCache:
             c = pins[v]
             if c == 1:
                 del pins[v]
-                node.wpin -= 1
+                node.wpin[k] -= 1
             else:
                 pins[v] = c - 1
         for node, _ in found:
@@ -1092,14 +1157,17 @@ class PrefixCache:
             self._cpins[v] = c - 1
         self._refresh(node)
 
-    def pinned(self) -> tuple[dict[int, int], dict[int, int]]:
-        """Copies of the pin counts: window page id -> readers, checkpoint id -> readers."""
-        return dict(self._wpins), dict(self._cpins)
+    def pinned(self) -> tuple[dict[tuple[int, int], int], dict[int, int]]:
+        """Copies of the pin counts: ``(window band, page id)`` -> readers, checkpoint id
+        -> readers."""
+        return ({(band, v): c for band, pins in zip(self._wbands, self._wpins, strict=True)
+                 for v, c in pins.items()}, dict(self._cpins))
 
     # --- insert ------------------------------------------------------------------------
 
     def insert(self, keys: Sequence[int], shared: int, full: Sequence[int],
-               window: dict[int, int], ckpts: dict[int, int]) -> list[list[int]]:
+               window: Mapping[int, Mapping[int, int]],
+               ckpts: Mapping[int, int]) -> list[list[int]]:
         """Insert a finished prompt's pages; return, per band, the request's duplicates the
         caller must release (the cache keeps one copy of each page).
 
@@ -1108,15 +1176,24 @@ class PrefixCache:
             shared: pages ``[0, shared)`` are already the cache's (the request's hit).
             full: full-band ids of pages ``[0, n)`` (entries below ``shared`` are the
                 cache's own; ignored without a full band).
-            window: window pages the request offers, page index -> id (indices >= shared).
+            window: per window or chunked-local band (by band index; a band left out
+                offers none), the pages the request offers there, page index -> id
+                (indices >= shared).
             ckpts: state checkpoints the request offers, page count -> slot id.
+
+        Raises:
+            InvalidRequestError: ``window`` names a band that is not a window band (nothing
+                changes).
         """
         g = self.geom
         n = len(keys)
+        if not set(window) <= set(self._wbands):
+            raise InvalidRequestError(f"window pages offered for bands {sorted(window)}; "
+                                      f"the window bands are {list(self._wbands)}")
         dups: list[list[int]] = [[] for _ in range(g.num_bands)]
         kept = [0] * g.num_bands  # pages the cache takes, per band (held_counts)
         now = self._tick()
-        window = dict(window)
+        offered = [dict(window.get(band, {})) for band in self._wbands]
         ckpts = dict(ckpts)
         node, pos = self.root, 0
         changed: list[Node] = []
@@ -1134,18 +1211,21 @@ class PrefixCache:
             child.time = now
             if g.full is not None:
                 dups[g.full].extend(full[max(pos, shared):pos + j])
-            if g.window is not None:
+            for k, (band, pages) in enumerate(zip(self._wbands, offered, strict=True)):
+                if not pages:
+                    continue
+                win = child.win[k]
                 for i in range(pos, pos + j):
-                    v = window.pop(i, -1)
+                    v = pages.pop(i, -1)
                     if v < 0:
                         continue
-                    if child.win[i - pos] < 0:
-                        child.win[i - pos] = v
-                        child.win_live += 1
+                    if win[i - pos] < 0:
+                        win[i - pos] = v
+                        child.win_live[k] += 1
                         child.tail_time = now
-                        kept[g.window] += 1
+                        kept[band] += 1
                     else:
-                        dups[g.window].append(v)
+                        dups[band].append(v)
             if g.state is not None:
                 for p in [p for p in ckpts if pos < p <= pos + j]:
                     v = ckpts.pop(p)
@@ -1157,22 +1237,22 @@ class PrefixCache:
                         kept[g.state] += 1
             node, pos = child, pos + j
         if pos < n:
-            win = [window.pop(i, -1) for i in range(pos, n)] if g.window is not None else []
+            new_win = [[pages.pop(i, -1) for i in range(pos, n)] for pages in offered]
             new = Node(self._new_id(), node, pos, list(keys[pos:n]),
-                       list(full[pos:n]) if g.full is not None else [], win,
+                       list(full[pos:n]) if g.full is not None else [], new_win,
                        {p: ckpts.pop(p) for p in [p for p in ckpts if pos < p <= n]}, now)
             node.children[keys[pos]] = new
             changed.append(new)
             if g.full is not None:
                 kept[g.full] += len(new.full)
-            if g.window is not None:
-                kept[g.window] += new.win_live
+            for band, live in zip(self._wbands, new.win_live, strict=True):
+                kept[band] += live
             if g.state is not None:
                 kept[g.state] += len(new.ckpts)
         for b, k in enumerate(kept):
             self._held[b] += k
-        if g.window is not None:
-            dups[g.window].extend(window.values())
+        for band, pages in zip(self._wbands, offered, strict=True):
+            dups[band].extend(pages.values())
         if g.state is not None:
             dups[g.state].extend(ckpts.values())
         for c in changed:  # the path and the new node, its parent (now with a child) too
@@ -1181,8 +1261,8 @@ class PrefixCache:
         return dups
 
     def adopt(self, keys: Sequence[int], shared: int, full: Sequence[int],
-              window: dict[int, int], ckpts: dict[int, int],
-              reading: Iterable[int]) -> Adopted:
+              window: Mapping[int, Mapping[int, int]], ckpts: Mapping[int, int],
+              reading: Mapping[int, Iterable[int]]) -> Adopted:
         """Insert a *running* request's prompt at the end of its prefill and hand it over:
         the request locks the whole prompt's path (a prompt lock: full pages), the window
         pages it still reads are pinned (its tail lock), and everything else it offered (the
@@ -1193,8 +1273,9 @@ class PrefixCache:
 
         Args:
             keys, shared, full, window, ckpts: as :meth:`insert` (``keys`` has ``n`` pages).
-            reading: page indices ``< n`` of window pages the request still reads (its
-                current window); they are pinned on the new path.
+            reading: per window band (by band index), the page indices ``< n`` the
+                request still reads there (its current window); they are pinned on the
+                new path.
 
         Returns:
             The new prompt lock (release with ``unlock(handle, tails=False)``; the
@@ -1206,17 +1287,21 @@ class PrefixCache:
         n = len(keys)
         new: Node | None = None
         full_ids: list[int] = []
-        win_ids: list[int] = []
+        win_ids: list[list[int]] = [[] for _ in self._wbands]
         if n:
             path, m = self._path(keys)
             assert m == n and path[-1][0].end == n  # insert split the path at n
             for node, _ in path:
                 full_ids.extend(node.full)
-                win_ids.extend(node.win)
+                for ids, win in zip(win_ids, node.win, strict=True):
+                    ids.extend(win)
             new = self.lock(Hit(n, path[-1][0]), tails=False)
         if new is not None:
-            self.pin_window(new, reading)
-        return Adopted(new, tuple(full_ids), tuple(win_ids), dups)
+            for band, pages in reading.items():
+                self.pin_window(new, band, pages)
+        return Adopted(new, tuple(full_ids),
+                       {band: tuple(ids) for band, ids in zip(self._wbands, win_ids, strict=True)},
+                       dups)
 
     # --- integrity -----------------------------------------------------------------------
 
@@ -1235,8 +1320,8 @@ class PrefixCache:
         for node in self.nodes():
             if g.full is not None:
                 out[g.full].extend(node.full)
-            if g.window is not None:
-                out[g.window].extend(v for v in node.win if v >= 0)
+            for band, win in zip(self._wbands, node.win, strict=True):
+                out[band].extend(v for v in win if v >= 0)
             if g.state is not None:
                 out[g.state].extend(node.ckpts.values())
         return out
@@ -1279,13 +1364,13 @@ class PrefixCache:
         return dead, cached
 
     def audit(self, handles: Sequence[Node],
-              pins: tuple[Sequence[int], Sequence[int]] | None = None,
+              pins: tuple[Sequence[tuple[int, int]], Sequence[int]] | None = None,
               prompt_handles: Sequence[Node] = ()) -> None:
         """Tree invariants, lock counts equal to the paths of ``handles`` (the hit locks
         of running requests) and ``prompt_handles`` (their prompt locks), and pin counts
-        equal to ``pins`` (the window page ids and checkpoint ids running requests read;
-        not checked when ``None``), and the kept eviction order equal to the one a
-        whole-tree walk rebuilds (:meth:`check_order`).
+        equal to ``pins`` (the ``(window band, page id)`` pairs and the checkpoint ids
+        running requests read; not checked when ``None``), and the kept eviction order
+        equal to the one a whole-tree walk rebuilds (:meth:`check_order`).
 
         Raises:
             AuditError: naming the first thing found wrong.
@@ -1296,14 +1381,8 @@ class PrefixCache:
             raise AuditError(f"held page counters {list(self.held_counts)} per band, the tree "
                              f"holds {held}")
         if pins is not None:
-            for name, want, have in (("window page", pins[0], self._wpins),
-                                     ("checkpoint", pins[1], self._cpins)):
-                count: dict[int, int] = {}
-                for v in want:
-                    count[v] = count.get(v, 0) + 1
-                if count != have:
-                    raise AuditError(f"{name} pins {sorted(have.items())[:8]} differ from what "
-                                     f"running requests read {sorted(count.items())[:8]}")
+            _check_pins("window page", pins[0], self.pinned()[0])
+            _check_pins("checkpoint", pins[1], self._cpins)
         wpins = cpins = 0
         expected: dict[int, int] = {}
         texpected: dict[int, int] = {}
@@ -1329,8 +1408,9 @@ class PrefixCache:
             if g.full is not None and len(node.full) != len(node.keys):
                 raise AuditError(f"node {node.nid}: {len(node.full)} full pages for "
                                  f"{len(node.keys)} keys")
-            if g.window is not None and (len(node.win) != len(node.keys) or node.win_live
-                                         != sum(1 for v in node.win if v >= 0)):
+            if len(node.win) != len(self._wbands) or any(
+                    len(win) != len(node.keys) or live != sum(1 for v in win if v >= 0)
+                    for win, live in zip(node.win, node.win_live, strict=False)):
                 raise AuditError(f"node {node.nid}: window pages miscounted")
             if any(not node.start < p <= node.end for p in node.ckpts):
                 raise AuditError(f"node {node.nid}: a checkpoint outside its pages")
@@ -1343,16 +1423,18 @@ class PrefixCache:
             if node.tail_time > node.time:
                 raise AuditError(f"node {node.nid}: tail time {node.tail_time} after its time "
                                  f"{node.time}")
-            wp = sum(1 for v in node.win if v >= 0 and v in self._wpins)
+            wp = [sum(1 for v in win if v >= 0 and v in pins)
+                  for win, pins in zip(node.win, self._wpins, strict=True)]
             cp = sum(1 for v in node.ckpts.values() if v in self._cpins)
             if (wp, cp) != (node.wpin, node.cpin):
                 raise AuditError(f"node {node.nid}: pins counted ({node.wpin}, {node.cpin}), "
                                  f"held ({wp}, {cp})")
-            if (wp or cp) and not node.lock:
+            if (any(wp) or cp) and not node.lock:
                 raise AuditError(f"node {node.nid}: pinned pages on an unlocked node")
-            wpins += wp
+            wpins += sum(wp)
             cpins += cp
-        if (wpins, cpins) != (len(self._wpins), len(self._cpins)):
-            raise AuditError(f"{len(self._wpins)} window pages and {len(self._cpins)} checkpoints "
+        npins = sum(len(pins) for pins in self._wpins)
+        if (wpins, cpins) != (npins, len(self._cpins)):
+            raise AuditError(f"{npins} window pages and {len(self._cpins)} checkpoints "
                              f"pinned, {wpins} and {cpins} found in the tree")
         self.check_order()

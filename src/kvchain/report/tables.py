@@ -167,7 +167,6 @@ EXTRA_LABELS = {
     "cow_state_copies": "state checkpoints copied on a hit",
     "prefix_infinite_bound_pct": "infinite-cache hit-rate bound (%, same requests)",
     "prefix_lru_bound_pct": "LRU hit-rate bound (%, the buffer as cache)",
-    "prefix_cache_off_window_bands": "prefix cache OFF by default: window bands (max 1)",
     "requests_rejected_context": "requests rejected past the context",
     "requests_truncated": "requests truncated to the context",
     "spec_tokens": "speculative drafts per decode (k, --spec-tokens)",
@@ -197,7 +196,6 @@ EXTRA_SHORT = {
     "prefix_evicted_pages": "evicted pages",
     "prefix_infinite_bound_pct": "infinite bound (%)",
     "prefix_lru_bound_pct": "LRU bound (%)",
-    "prefix_cache_off_window_bands": "cache off: windows",
 }
 """Short labels of the ``extra`` counters in side-by-side tables (defined in
 :data:`METRIC_DEFINITIONS`)."""

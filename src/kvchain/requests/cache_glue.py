@@ -35,9 +35,12 @@ class CacheGlue:
         junctions_saved: prefills that computed their junction point.
         prompts_inserted: prompts inserted at the end of their prefill.
 
+    Every window and chunked-local band is handled alike, each by its own policy
+    (``geom.windows``): its hit tail ``[policy.resume_start(h), h)`` shared and pinned, its
+    kept tails, its pages handed to the cache at the insert.
+
     Raises:
-        ConfigError: a cache on a chain of more than one window band, or on an allocator
-            without an evictor hook.
+        ConfigError: a cache on an allocator without an evictor hook.
     """
 
     def __init__(self, chain: Allocator, cache: PrefixCache | None, geom: RequestGeometry,
@@ -55,9 +58,6 @@ class CacheGlue:
         # their prompt lock).
         self._hit_locks: dict[int, Node | None] = {}
         if cache is not None:
-            if len(geom.windows) > 1:
-                raise ConfigError(f"the prefix cache supports chains with at most one window "
-                                  f"or chunked-local band; this one has {len(geom.windows)}")
             if not isinstance(chain, EvictingAllocator):
                 raise ConfigError("the prefix cache needs an allocator with an evictor hook "
                                   "(a Chain or a baseline's PoolAllocator)")
@@ -141,17 +141,19 @@ class CacheGlue:
         table.shared[slot] = h
         if g.full is not None:
             table.set_row(g.full, slot, 0, hit.full)
-        if g.window is not None and h:
-            table.set_row(g.window, slot, hit.window_first, hit.window)
+        if h:
+            for pol in g.windows:
+                table.set_row(pol.band, slot, hit.window_first[pol.band], hit.window[pol.band])
         facts.cow_src = hit.checkpoint
         self._hits[rid] = h
         if h < len(keys):
             self._uninserted.add(rid)
         if handle is not None:
-            # Pin what the request reads of the cache: its window tail, its checkpoint
-            # (until copied); the rest of the locked path's tails stays evictable.
-            if g.window is not None:
-                cache.pin_window(handle, range(hit.window_first, h))
+            # Pin what the request reads of the cache: its window tail in every window
+            # band, its checkpoint (until copied); the rest of the locked path's tails
+            # stays evictable.
+            for pol in g.windows:
+                cache.pin_window(handle, pol.band, range(hit.window_first[pol.band], h))
             if hit.checkpoint >= 0:
                 cache.pin_checkpoint(handle, h)
         if save_points:
@@ -164,9 +166,9 @@ class CacheGlue:
         if facts.points:
             self._pointed.add(rid)
         facts.tails = tail_spans(g, facts.points, h)
-        if g.window is not None and facts.tails:
-            facts.retain = frozenset(i for lo, hi in facts.tails[g.window]
-                                     for i in range(lo, hi))
+        if facts.tails:
+            facts.retain = {pol.band: frozenset(i for lo, hi in facts.tails[pol.band]
+                                                for i in range(lo, hi)) for pol in g.windows}
         return h * g.page_size
 
     def detach(self, rid: int, facts: CacheFacts) -> None:
@@ -178,7 +180,7 @@ class CacheGlue:
         """
         table, slot = self.table, facts.slot
         shared = int(table.shared[slot])
-        took = bool(facts.kept or facts.ckpts)
+        took = bool(facts.ckpts) or any(facts.kept.values())
         for pol in self.geom.policies:
             first, end = table.span(pol.band, slot)
             took |= end > 0 if pol.per_request else (end > first and end > shared)
@@ -200,8 +202,10 @@ class CacheGlue:
             self.cache.touch(facts.handle, self._window_first(facts))
 
     def _window_first(self, facts: CacheFacts) -> int:
-        w = self.geom.window
-        return int(self.table.first[w, facts.slot]) if w is not None else 0
+        """The least first held page over the window bands (0 without one): the cache's
+        nodes at or after it hold window pages the request reads (:meth:`PrefixCache.touch`)."""
+        return min((int(self.table.first[pol.band, facts.slot]) for pol in self.geom.windows),
+                   default=0)
 
     # --- pins --------------------------------------------------------------------------------
 
@@ -216,14 +220,14 @@ class CacheGlue:
     def _unpin_all(self, facts: CacheFacts) -> None:
         """Drop every pin the request holds: the cache's window pages in its window and the
         checkpoint it has not copied yet."""
-        cache, handle, w = self.cache, facts.handle, self.geom.window
+        cache, handle = self.cache, facts.handle
         if cache is None or handle is None:
             return
-        if w is not None:
-            first, end = self.table.span(w, facts.slot)
-            shared = int(self.table.shared[facts.slot])
+        shared = int(self.table.shared[facts.slot])
+        for pol in self.geom.windows:
+            first, end = self.table.span(pol.band, facts.slot)
             if end > first and first < shared:
-                cache.unpin_window(handle, range(first, min(shared, end)))
+                cache.unpin_window(handle, pol.band, range(first, min(shared, end)))
         self._unpin_checkpoint(facts)
 
     def unpin_fronts(self, band: int, slots: np.ndarray, firsts: np.ndarray,
@@ -235,7 +239,7 @@ class CacheGlue:
         shared = self.table.shared[slots].tolist()
         for f, c, h, fa in zip(firsts.tolist(), counts.tolist(), shared, facts, strict=True):
             if f < h and fa.handle is not None:
-                self.cache.unpin_window(fa.handle, range(f, min(f + c, h)))
+                self.cache.unpin_window(fa.handle, band, range(f, min(f + c, h)))
 
     # --- pages in and out ------------------------------------------------------------------
 
@@ -289,19 +293,22 @@ class CacheGlue:
         window-tail release took out of its row: the cache's shared ones are unpinned,
         the ones kept for a resume point move to ``kept``, the rest are released."""
         shared = int(self.table.shared[facts.slot])
-        if not (shared or facts.retain):
+        retain = facts.retain.get(band, frozenset())
+        if not (shared or retain):
             self.chain.release(band, vids)
             return
         out = []
+        kept = facts.kept.setdefault(band, {}) if retain else {}
         for i, v in enumerate(vids.tolist(), first):
             if i < shared:
                 continue  # the cache's page: the request stops reading it (unpin)
-            if i in facts.retain:
-                facts.kept[i] = v
+            if i in retain:
+                kept[i] = v
             else:
                 out.append(v)
         if first < shared and self.cache is not None and facts.handle is not None:
-            self.cache.unpin_window(facts.handle, range(first, min(first + len(vids), shared)))
+            self.cache.unpin_window(facts.handle, band,
+                                    range(first, min(first + len(vids), shared)))
         self.chain.release(band, out)
 
     def count_junction(self, facts: CacheFacts, now: int, new: int) -> None:
@@ -331,27 +338,30 @@ class CacheGlue:
         assert cache is not None and keys is not None
         g, n, slot = self.geom, len(keys), facts.slot
         h = int(table.shared[slot])
-        window: dict[int, int] = {}
-        reading: list[int] = []
-        if g.window is not None:
-            first = int(table.first[g.window, slot])
-            for i, v in enumerate(table.live(g.window, slot).tolist(), first):
+        windows: dict[int, dict[int, int]] = {}
+        reading: dict[int, list[int]] = {}
+        for pol in g.windows:
+            band = pol.band
+            offer, read = windows[band], reading[band] = {}, []
+            first = int(table.first[band, slot])
+            for i, v in enumerate(table.live(band, slot).tolist(), first):
                 if h <= i < n:
-                    window[i] = v
-                    reading.append(i)
-            window.update(facts.kept)
+                    offer[i] = v
+                    read.append(i)
+            offer.update(facts.kept.get(band, {}))
         full = table.live(g.full, slot)[:n].tolist() if g.full is not None else []
-        ad = cache.adopt(keys, h, full, window, facts.ckpts, reading)
+        ad = cache.adopt(keys, h, full, windows, facts.ckpts, reading)
         self._hit_locks[rid] = facts.handle
         if g.full is not None:
             table.tables[g.full][slot, :n] = ad.full
-        if g.window is not None:
-            for i in reading:
-                table.tables[g.window][slot, i] = ad.window[i]
+        for band, read in reading.items():
+            cached = ad.window[band]
+            for i in read:
+                table.tables[band][slot, i] = cached[i]
         facts.handle = ad.handle
         table.shared[slot] = n
         facts.kept, facts.ckpts = {}, {}
-        facts.points, facts.tails, facts.retain = (), (), frozenset()
+        facts.points, facts.tails, facts.retain = (), (), {}
         self._pointed.discard(rid)
         self._uninserted.discard(rid)
         self.prompts_inserted += 1
@@ -368,8 +378,8 @@ class CacheGlue:
         if facts.keys is None or cache is None:
             return
         g = self.geom
-        if g.window is not None:
-            out[g.window].extend(facts.kept.values())
+        for band, kept in facts.kept.items():
+            out[band].extend(kept.values())
         if g.state is not None:
             out[g.state][:0] = facts.ckpts.values()
         self._unpin_all(facts)
@@ -391,8 +401,8 @@ class CacheGlue:
         """Add the pages the request holds for the cache (kept window pages, saved
         checkpoints) to ``held`` (per band)."""
         g = self.geom
-        if facts.kept and g.window is not None:
-            held[g.window].extend(facts.kept.values())
+        for band, kept in facts.kept.items():
+            held[band].extend(kept.values())
         if facts.ckpts and g.state is not None:
             held[g.state].extend(facts.ckpts.values())
 
@@ -404,8 +414,8 @@ class CacheGlue:
         """
         if self.cache is None:
             return
-        table, w = self.table, self.geom.window
-        wpins: list[int] = []
+        table = self.table
+        wpins: list[tuple[int, int]] = []
         cpins: list[int] = []
         hit_locks: list[Node] = []
         prompt_locks: list[Node] = []
@@ -420,10 +430,11 @@ class CacheGlue:
                 hit_locks.append(facts.handle)
             if facts.handle is None:
                 continue
-            if w is not None:
-                first = int(table.first[w, facts.slot])
-                shared = int(table.shared[facts.slot])
-                wpins.extend(v for i, v in enumerate(table.live(w, facts.slot).tolist(), first)
+            shared = int(table.shared[facts.slot])
+            for pol in self.geom.windows:
+                first = int(table.first[pol.band, facts.slot])
+                wpins.extend((pol.band, v) for i, v in
+                             enumerate(table.live(pol.band, facts.slot).tolist(), first)
                              if i < shared)
             if facts.cow_src >= 0:
                 cpins.append(facts.cow_src)

@@ -62,7 +62,8 @@ class RequestGeometry:
         full: index of the full-attention band, or ``None`` (derived; the prefix cache's
             keyed band).
         window: index of the lowest window or chunked-local band, or ``None`` (derived;
-            the prefix cache serves chains with at most one).
+            a shorthand for one-window callers: the prefix cache and the request layer
+            use every band of ``windows``).
         state: index of the state band, or ``None`` (derived).
 
     Raises:

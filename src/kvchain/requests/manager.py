@@ -59,8 +59,8 @@ class KVManager:
             slots, or one plus a replay of the accepted tokens, which the engine runs).
 
     Raises:
-        ConfigError: a prefix cache on a chain of more than one window band, or on an
-            allocator without an evictor hook; ``spec_tokens`` not an int >= 0.
+        ConfigError: a prefix cache on an allocator without an evictor hook;
+            ``spec_tokens`` not an int >= 0.
     """
 
     def __init__(self, chain: Allocator, cache: PrefixCache | None = None,
@@ -874,7 +874,7 @@ class KVManager:
             counts[band] -= int((np.minimum(shared, end) - np.minimum(first, shared)).clip(0)
                                 .sum())
             if pol.windowed:
-                counts[band] += sum(len(self._requests[rid].kept) for rid in ids)
+                counts[band] += sum(len(self._requests[rid].kept.get(band, ())) for rid in ids)
         return tuple(counts)
 
     def block_table(self, rids: Sequence[int], band: int, physical: bool = True) -> np.ndarray:

@@ -23,8 +23,10 @@ class CacheFacts:
         points: resume points still to come (page counts > its shared pages): a state
             checkpoint is saved at each, and the window pages of their tails are kept.
         tails: per band, the window pages kept for those points (``(lo, hi)`` ranges).
-        retain: window page indices kept for the cache instead of being released.
-        kept: window pages moved out of the window but kept (page index -> id).
+        retain: per window or chunked-local band (by band index), the page indices kept
+            for the cache instead of being released.
+        kept: per window band, its pages moved out of the window but kept (band ->
+            page index -> id).
         ckpts: state checkpoint slots saved (point -> id).
         cow_src: the cache's checkpoint to copy into the working slot once it is taken
             (-1: none).
@@ -37,8 +39,8 @@ class CacheFacts:
     handle: Node | None = None
     points: tuple[int, ...] = ()
     tails: tuple[Spans, ...] = ()
-    retain: frozenset[int] = frozenset()
-    kept: dict[int, int] = field(default_factory=dict)
+    retain: dict[int, frozenset[int]] = field(default_factory=dict)
+    kept: dict[int, dict[int, int]] = field(default_factory=dict)
     ckpts: dict[int, int] = field(default_factory=dict)
     cow_src: int = -1
     cut: int = 0
@@ -54,7 +56,7 @@ class RequestView:
         shared: pages ``[0, shared)`` of the full and window bands that are the prefix
             cache's (its hit, later its inserted prompt).
         keys, handle, points, tails, retain, cow_src, cut: as :class:`CacheFacts`.
-        kept, ckpts: read-only mappings (page index -> id, point -> slot id).
+        kept, ckpts: read-only mappings (band -> page index -> id, point -> slot id).
     """
 
     __slots__ = ("_facts", "_table")
@@ -105,12 +107,12 @@ class RequestView:
         return self._facts.tails
 
     @property
-    def retain(self) -> frozenset[int]:
-        return self._facts.retain
+    def retain(self) -> Mapping[int, frozenset[int]]:
+        return MappingProxyType(self._facts.retain)
 
     @property
-    def kept(self) -> Mapping[int, int]:
-        return MappingProxyType(self._facts.kept)
+    def kept(self) -> Mapping[int, Mapping[int, int]]:
+        return MappingProxyType({b: MappingProxyType(k) for b, k in self._facts.kept.items()})
 
     @property
     def ckpts(self) -> Mapping[int, int]:

@@ -64,12 +64,10 @@ from kvchain.sim.metrics import (
 )
 from kvchain.sim.prefix import (
     PrefixCacheStats,
-    cache_off_extra,
     default_cache_off_reason,
     has_content_keys,
     request_page_keys,
     trace_block_tokens,
-    window_bands,
 )
 from kvchain.sim.traces import Trace
 
@@ -168,8 +166,8 @@ class SimConfig:
 
     def cache_on(self, layout: ChainLayout) -> bool:
         """Whether the run serves cached prefixes on ``layout``: ``prefix_cache`` when
-        given, else on when the trace carries content keys and the chain has at most one
-        window or chunked-local band (with a memory manager that can evict:
+        given, else on when the trace carries content keys, on any chain (with a memory
+        manager that can evict:
         :func:`simulate` keeps it off for one that cannot)."""
         if self.prefix_cache is not None:
             return self.prefix_cache
@@ -181,17 +179,10 @@ class SimConfig:
 
         Raises:
             ConfigError: ``prefix_cache=True`` on a trace without content keys (no request
-                carries ``prefix_block_ids``: nothing could ever hit); ``prefix_cache=True``
-                or a ``cache_points`` other than ``AUTO`` on a chain with more than one
-                window or chunked-local band (the prefix cache supports at most one).
+                carries ``prefix_block_ids``: nothing could ever hit). Every chain takes the
+                cache (any number of window and chunked-local bands, each keeping its own
+                tails); ``layout`` is the run's chain.
         """
-        windows = window_bands(layout)
-        if windows > 1 and (self.prefix_cache or self.cache_points is not ResumePolicy.AUTO):
-            asked = ("--prefix-cache" if self.prefix_cache
-                     else f"--cache-points {self.cache_points.value}")
-            raise ConfigError(f"{asked}: the prefix cache supports chains with at most one "
-                              f"window or chunked-local band; chain {layout.shape_name} has "
-                              f"{windows}")
         if self.prefix_cache and not has_content_keys(self.trace):
             raise ConfigError(f"--prefix-cache: trace {self.trace.name!r} carries no content "
                               "keys (no request has hash_ids), so no prompt could hit; run "
@@ -422,7 +413,6 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                       "prefix_evicted_pages": sum(cache.evicted_pages),
                       "cow_state_copies": kv.cow_state_copies,
                       **stats.add_bounds(config.trace, layout)})
-    extra.update(cache_off_extra(config.prefix_cache, config.trace, layout))
     summary = summarize(recorder, extra=extra)
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
                      tuple(sched.unallocatable), stats, fast_steps)

@@ -102,35 +102,15 @@ def _rounded(rate: float | None) -> float | None:
     return None if rate is None else round(rate, 6)
 
 
-def window_bands(layout: ChainLayout) -> int:
-    """Window and chunked-local bands of ``layout`` (the prefix cache supports at most
-    one)."""
-    return sum(1 for b in layout.bands
-               if b.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL))
-
-
 def default_cache_off_reason(trace: Trace, layout: ChainLayout) -> str | None:
     """Why the prefix cache is off by default (not asked for either way) for ``trace`` on
-    ``layout``, in words, or ``None`` when it is on: it is on when the trace carries
-    content keys and the chain has at most one window or chunked-local band."""
+    ``layout``, in words, or ``None`` when it is on: it is on whenever the trace carries
+    content keys, on every chain (any number of window and chunked-local bands, each
+    keeping its own tails: docs/prefix-cache.md). ``layout`` is the chain the run uses
+    (no chain turns the cache off today)."""
     if not has_content_keys(trace):
         return "the trace has no content keys"
-    k = window_bands(layout)
-    if k > 1:
-        return f"the chain has {k} window bands (the prefix cache supports one)"
     return None
-
-
-def cache_off_extra(asked: bool | None, trace: Trace, layout: ChainLayout) -> dict[str, int]:
-    """The ``extra`` counter that says a default turned the prefix cache off (never a
-    silent 0): ``{"prefix_cache_off_window_bands": k}`` when the cache was not asked for
-    either way (``asked is None``), the trace carries content keys (it would be on) and
-    the chain has ``k >= 2`` window or chunked-local bands (the cache supports one);
-    else ``{}``. (Asked for on such a chain, ``SimConfig.check_cache`` refuses it.)"""
-    k = window_bands(layout)
-    if asked is None and k > 1 and has_content_keys(trace):
-        return {"prefix_cache_off_window_bands": k}
-    return {}
 
 
 def trace_block_tokens(trace: Trace) -> int:
