@@ -8,7 +8,9 @@ transformers (:class:`HFUnavailableError` otherwise). The pieces (see ``docs/hf.
   the request's pages and whose recurrent layers keep conv/SSM state in its state slot;
 * :mod:`kvchain.hf.attention` - the paged-attention reference, registered in
   transformers' ``AttentionInterface`` as ``"kvchain_paged"``;
-* :mod:`kvchain.hf.engine` - a batched generation loop on kvchain's scheduler.
+* :mod:`kvchain.hf.engine` - a batched generation loop on kvchain's scheduler (optionally
+  speculative: ``spec_tokens`` drafts per decode, verified and rolled back);
+* :mod:`kvchain.hf.speculative` - the draft model and the verify's acceptance rule.
 """
 
 from __future__ import annotations
@@ -19,15 +21,20 @@ require_hf()
 
 from kvchain.hf.attention import ATTENTION_NAME, paged_attention  # noqa: E402
 from kvchain.hf.cache import ChainCache  # noqa: E402
-from kvchain.hf.engine import ChainEngine, GenerationResult  # noqa: E402
+from kvchain.hf.engine import ChainEngine, GenerationResult, SpecStats  # noqa: E402
 from kvchain.hf.layers import model_layer_caches  # noqa: E402
+from kvchain.hf.speculative import Draft, ModelDraft, accepted_drafts  # noqa: E402
 
 __all__ = [
     "ATTENTION_NAME",
     "ChainCache",
     "ChainEngine",
+    "Draft",
     "GenerationResult",
     "HFUnavailableError",
+    "ModelDraft",
+    "SpecStats",
+    "accepted_drafts",
     "model_layer_caches",
     "paged_attention",
     "require_hf",

@@ -11,6 +11,16 @@ One engine step (as a serving engine runs it)::
     chain.begin_forward(fence) after each forward (CUDA: an event; CPU: complete)
     scheduler.complete(...)    commit tokens, window-tail release, finishes release pages
 
+Speculative decoding (``spec_tokens = k`` with a ``draft``): a decode computes ``1 + k``
+tokens (the last sampled token and the draft's ``k``) in the same one forward of all
+decoding rows, over pages the request layer priced with its speculative demand; the
+verify (:mod:`kvchain.hf.speculative`) keeps ``1 + a`` and ``scheduler.complete`` hands
+``a`` to ``KVManager.verify``, which releases the rejected drafts' pages. State layers roll
+back by ``REPLAY``: before the verify forward each row's working state slot is copied into
+its checkpoint slot; after a rejection it is copied back and the ``1 + a`` accepted tokens
+are computed again through the target (one forward per distinct ``a``), before the commit
+releases any window page those tokens read.
+
 Sampling is greedy (argmax of the last position's logits, fp32). Each forward translates
 the rows' virtual page tables (``KVManager.page_table`` -> ``Chain.translate``) at the
 moment it runs, so pages moved by the step's take are read where they now are.
@@ -32,8 +42,10 @@ from kvchain.hf.attention import ATTENTION_NAME
 from kvchain.hf.cache import ChainCache
 from kvchain.hf.context import ForwardBatch, LayerBinding, forward_context
 from kvchain.hf.layers import model_layer_caches
+from kvchain.hf.speculative import Draft, accepted_drafts
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import group_classes
+from kvchain.requests.geometry import StateRollback
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request, RequestStatus, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
@@ -56,6 +68,30 @@ class GenerationResult:
     tokens: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
     finished_step: int | None = None
+
+
+@dataclass
+class SpecStats:
+    """Counts of the engine's speculative decode steps (one per request per step).
+
+    Attributes:
+        verifies: speculative decodes verified.
+        drafted: draft tokens proposed and computed by the target (``k`` per verify).
+        accepted: drafts kept (a verify keeps ``1 + a`` tokens).
+        rejected: verifies in which the target rejected a draft (its greedy token differs
+            from a draft before the output length ends the step).
+        replays: state rollbacks (checkpoint copied back, ``1 + a`` tokens recomputed):
+            every verify that keeps ``a < k`` drafts (rejected, or cut by the output
+            length).
+        replayed_tokens: tokens recomputed by those replays.
+    """
+
+    verifies: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    replays: int = 0
+    replayed_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,18 +117,35 @@ class ChainEngine:
             (``Chain.flush_idle``: waits for the last forward's fence, then compacts every
             band's holes), as an engine does when it has a moment; ``None``: only the moves
             the planner puts into takes.
+        draft: proposes the drafts of speculative decode steps (e.g.
+            :class:`~kvchain.hf.speculative.ModelDraft`); needs ``spec_tokens >= 1``.
+        spec_tokens: ``k`` drafts per speculative decode step (0: plain decoding).
+        rollback: how state layers roll back rejected drafts; only
+            ``StateRollback.REPLAY`` is implemented here (``CHECKPOINTS`` needs the state
+            after each of the ``1 + k`` positions, which transformers' chunked recurrent
+            kernels do not return). Models without state layers take either.
 
     Raises:
-        ConfigError: the model's cache layers cannot be told, or bad limits.
+        ConfigError: the model's cache layers cannot be told, bad limits, a draft without
+            ``spec_tokens >= 1`` (or the reverse), or ``CHECKPOINTS`` on a model with
+            state layers.
         BufferTooSmallError: the buffer cannot hold one smallest request.
     """
 
     def __init__(self, model: Any, buffer_bytes: int, *, page_size: int = 4,
                  chunk_size: int = 8, max_running: int = 8,
                  max_prefill_tokens: int | None = None, audit: bool = False,
-                 flush_every: int | None = None) -> None:
+                 flush_every: int | None = None, draft: Draft | None = None,
+                 spec_tokens: int = 0,
+                 rollback: StateRollback = StateRollback.REPLAY) -> None:
         if flush_every is not None and flush_every < 1:
             raise ConfigError(f"flush_every must be >= 1 or None, got {flush_every}")
+        if type(spec_tokens) is not int or spec_tokens < 0:
+            raise ConfigError(f"spec_tokens must be an int >= 0, got {spec_tokens!r}")
+        if (draft is None) != (spec_tokens == 0):
+            raise ConfigError("speculative decoding needs both a draft and spec_tokens >= 1")
+        self.draft = draft
+        self.spec = SpecStats()
         self.flush_every = flush_every
         self.model = model
         self.layers = model_layer_caches(model)
@@ -100,7 +153,12 @@ class ChainEngine:
                                                page_size)
         self.buffer = TorchBuffer(self.layout.buffer_bytes, device=str(model.device))
         self.chain = Chain(self.layout, self.buffer)
-        self.kv = KVManager(self.chain)
+        self.kv = KVManager(self.chain, spec_tokens=spec_tokens, rollback=rollback)
+        if (spec_tokens and self.kv.geom.state is not None
+                and rollback is not StateRollback.REPLAY):
+            raise ConfigError(f"state rollback {rollback} is not implemented by kvchain.hf "
+                              f"(transformers' recurrent kernels return only the last "
+                              f"position's state); use StateRollback.REPLAY")
         self.scheduler = Scheduler(self.kv, SchedulerConfig(
             max_running=max_running, chunk_size=chunk_size,
             max_prefill_tokens=max_prefill_tokens or chunk_size, audit_every_step=audit))
@@ -152,6 +210,7 @@ class ChainEngine:
             self._pending.remove(p)
             self.scheduler.add(Request(p.rid, len(p.prompt), p.max_new_tokens, now), now)
         batch = self.scheduler.step(now)
+        accepted: dict[int, int] = {}  # a speculative step's accepted drafts per request
         with torch.no_grad():
             for chunk in batch.prefills:
                 chunk_ids = self._seq[chunk.rid][chunk.start:chunk.start + chunk.tokens]
@@ -159,14 +218,16 @@ class ChainEngine:
                 r = self.scheduler.request(chunk.rid)
                 if chunk.start + chunk.tokens >= r.prefill_target:
                     self._sample(chunk.rid, logits[0])
-            if batch.decodes:
+            if batch.decodes and batch.decodes[0].drafts:
+                accepted = self._speculative(batch)
+            elif batch.decodes:
                 rids = [d.rid for d in batch.decodes]
                 starts = [d.context for d in batch.decodes]
                 ids = [[self._seq[d.rid][d.context]] for d in batch.decodes]
                 logits = self._forward(rids, starts, ids)
                 for row, rid in enumerate(rids):
                     self._sample(rid, logits[row])
-        self.scheduler.complete(batch, StepOutcome(0.0), now)
+        self.scheduler.complete(batch, StepOutcome(0.0, accepted=accepted), now)
         for rid, res in self.results.items():
             req = self.scheduler.requests.get(rid)
             if (res.finished_step is None and req is not None
@@ -184,6 +245,93 @@ class ChainEngine:
         return self.results
 
     # --- internals ----------------------------------------------------------------------
+
+    def _speculative(self, batch: StepBatch) -> dict[int, int]:
+        """The decodes of a speculative step: draft, one verify forward of ``1 + k``
+        tokens per row, accept, emit ``1 + a`` tokens, roll the state back by replay.
+        Returns request id -> accepted drafts (what ``scheduler.complete`` verifies)."""
+        assert self.draft is not None
+        k = batch.decodes[0].drafts
+        rids = [d.rid for d in batch.decodes]
+        starts = [d.context for d in batch.decodes]
+        drafts = [self.draft.propose(self._seq[d.rid][:d.context + 1], k)
+                  for d in batch.decodes]
+        for rid, dr in zip(rids, drafts, strict=True):
+            if len(dr) != k:
+                raise ConfigError(f"the draft proposed {len(dr)} tokens for request {rid}, "
+                                  f"expected {k}")
+        ids = [[self._seq[d.rid][d.context], *dr]
+               for d, dr in zip(batch.decodes, drafts, strict=True)]
+        replay = self.kv.geom.state is not None
+        if replay:
+            self._copy_state(rids, to_checkpoint=True)
+        logits = self._forward(rids, starts, ids, keep=1 + k)  # [B, 1 + k, vocab]
+        greedy = logits.argmax(dim=-1).tolist()
+        found = {rid: self._accept(dr, g) for rid, dr, g in zip(rids, drafts, greedy,
+                                                                strict=True)}
+        kept = self.scheduler.kept_drafts(batch, found)  # capped by the output left
+        accepted = dict(zip(rids, kept, strict=True))
+        for row, (rid, a) in enumerate(accepted.items()):
+            for pos in range(1 + a):
+                self._sample(rid, logits[row, pos])
+        self.spec.verifies += len(rids)
+        self.spec.drafted += k * len(rids)
+        self.spec.accepted += sum(kept)
+        most = self.scheduler.kept_drafts(batch, dict.fromkeys(rids, k))  # output left
+        self.spec.rejected += sum(found[rid] < m for rid, m in zip(rids, most, strict=True))
+        if replay:
+            self._replay(batch, accepted, ids, k)
+        return accepted
+
+    @staticmethod
+    def _accept(drafts: list[int], greedy: list[int]) -> int:
+        """Drafts accepted (:func:`~kvchain.hf.speculative.accepted_drafts`)."""
+        return accepted_drafts(drafts, greedy)
+
+    def _replay(self, batch: StepBatch, accepted: dict[int, int], ids: list[list[int]],
+                k: int) -> None:
+        """REPLAY rollback of the rows that kept fewer than ``k`` drafts: working state
+        slot <- checkpoint slot, then one forward of the ``1 + a`` kept tokens per group
+        of rows with equal ``a`` (their K/V are written again, the same values)."""
+        groups: dict[int, list[int]] = {}
+        for row, d in enumerate(batch.decodes):
+            a = accepted[d.rid]
+            if a < k:
+                groups.setdefault(a, []).append(row)
+        for a, rows in sorted(groups.items()):
+            rids = [batch.decodes[r].rid for r in rows]
+            self._restore_state(rids)
+            self._forward(rids, [batch.decodes[r].context for r in rows],
+                          [ids[r][:1 + a] for r in rows])
+            self.spec.replays += len(rows)
+            self.spec.replayed_tokens += (1 + a) * len(rows)
+
+    def _restore_state(self, rids: list[int]) -> None:
+        """Copy the rows' checkpoint slots back into their working slots."""
+        self._copy_state(rids, to_checkpoint=False)
+
+    def _copy_state(self, rids: list[int], to_checkpoint: bool) -> None:
+        """Working state slot -> checkpoint slot (or back) for every state layer; the
+        slots are translated now (the step's take may have moved them)."""
+        band = self.kv.geom.state
+        assert band is not None
+        work, ckpt = [], []
+        for rid in rids:
+            slots = self.kv.page_table(rid, band)
+            if len(slots) < 2:
+                raise ConfigError(f"request {rid} holds {len(slots)} state slots; REPLAY "
+                                  f"needs a working slot and a checkpoint")
+            phys = self.chain.translate(band, slots[:2])
+            work.append(int(phys[0]))
+            ckpt.append(int(phys[1]))
+        device = self.buffer.device
+        src = torch.as_tensor(work if to_checkpoint else ckpt, device=device)
+        dst = torch.as_tensor(ckpt if to_checkpoint else work, device=device)
+        for binding in self.bindings.values():
+            if binding.band != band:
+                continue
+            for view in binding.views.values():
+                view[dst] = view[src]
 
     def _sample(self, rid: int, logits: torch.Tensor) -> None:
         res = self.results[rid]
@@ -224,10 +372,11 @@ class ChainEngine:
         return ForwardBatch(start, length, geom.page_size, tables, slots, all(fresh),
                             self.bindings)
 
-    def _forward(self, rids: list[int], starts: list[int], ids: list[list[int]]
-                 ) -> torch.Tensor:
+    def _forward(self, rids: list[int], starts: list[int], ids: list[list[int]],
+                 keep: int | None = None) -> torch.Tensor:
         """One forward of rows with equal token counts; returns ``[B, vocab]`` logits of
-        each row's last token."""
+        each row's last token, or with ``keep`` the ``[B, keep, vocab]`` logits of its last
+        ``keep`` tokens."""
         batch = self._batch(rids, starts, len(ids[0]))
         device = self.model.device
         input_ids = torch.as_tensor(ids, dtype=torch.long, device=device)
@@ -238,10 +387,13 @@ class ChainEngine:
             with forward_context(batch):
                 self.cache.load(batch)
                 out = self.model(input_ids=input_ids, position_ids=batch.positions(),
-                                 cache=self.cache, use_cache=True, logits_to_keep=1)
+                                 cache=self.cache, use_cache=True,
+                                 logits_to_keep=keep or 1)
                 self.cache.store(batch)
         finally:
             self.model.set_attn_implementation(previous)
         self.chain.begin_forward(self.buffer.fence())
         self.forwards += 1
+        if keep is not None:
+            return out.logits[:, -keep:, :]
         return out.logits[:, -1, :]
