@@ -180,3 +180,20 @@ def test_moves_wait_for_the_last_forward() -> None:
     ref = _reference(model, prompts)
     assert all(engine.results[rid].tokens == ref[rid][0] for rid in ref)
     assert _worst_logit_gap(engine, ref) <= LOGIT_TOL
+
+
+def test_a_request_that_can_never_fit_says_why() -> None:
+    """A request too long for the chain was left with no token and no word (the scheduler
+    rejects it at arrival); its result now carries the rejection's reason. The other
+    request still generates. gpt-oss at 5,500 B holds the 19-token workload requests but
+    not a 400-token prompt: its full pages alone need ceil((400 + 3 - 1) / 4) = 101."""
+    from kvchain.hf import ChainEngine
+
+    model = build_model("gpt-oss")
+    engine = ChainEngine(model, BUFFER["gpt-oss"], page_size=PAGE, chunk_size=8)
+    engine.add(0, list(range(1, 20)), 3)
+    engine.add(1, [5] * 400, 3)
+    results = engine.run(max_steps=100)
+    assert results[1].tokens == [] and results[1].rejected is not None
+    assert "can never fit on the empty chain" in results[1].rejected
+    assert len(results[0].tokens) == 3 and results[0].rejected is None

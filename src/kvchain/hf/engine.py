@@ -47,7 +47,7 @@ from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import group_classes
 from kvchain.requests.geometry import StateRollback
 from kvchain.requests.manager import KVManager
-from kvchain.sched.request import Request, RequestStatus, StepBatch, StepOutcome
+from kvchain.sched.request import EventKind, Request, RequestStatus, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 
 
@@ -61,6 +61,9 @@ class GenerationResult:
         tokens: generated token ids, in order.
         logits: per generated token, the ``[vocab]`` fp32 logits it was sampled from (CPU).
         finished_step: engine step at which it finished (``None`` while running).
+        rejected: why the scheduler rejected the request at its arrival (it can never fit
+            the chain: the rejection's own reason, with its bytes), ``None`` otherwise; a
+            rejected request generates no token.
     """
 
     rid: int
@@ -68,6 +71,7 @@ class GenerationResult:
     tokens: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
     finished_step: int | None = None
+    rejected: str | None = None
 
 
 @dataclass
@@ -208,7 +212,11 @@ class ChainEngine:
         now = float(self.step_count)
         for p in [p for p in self._pending if p.arrival_step <= self.step_count]:
             self._pending.remove(p)
-            self.scheduler.add(Request(p.rid, len(p.prompt), p.max_new_tokens, now), now)
+            if not self.scheduler.add(Request(p.rid, len(p.prompt), p.max_new_tokens, now),
+                                      now):
+                why = [e.detail for e in self.scheduler.drain_events()
+                       if e.kind is EventKind.REJECTED and e.rid == p.rid]
+                self.results[p.rid].rejected = why[-1] if why else "rejected"
         batch = self.scheduler.step(now)
         accepted: dict[int, int] = {}  # a speculative step's accepted drafts per request
         with torch.no_grad():
