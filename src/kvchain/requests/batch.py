@@ -4,8 +4,9 @@ pairs, its demands and their sum."""
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
-from typing import Any, Self, SupportsIndex
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 
@@ -14,11 +15,8 @@ from kvchain.errors import InvalidDemandError
 
 
 def sum_demands(demands: Iterable[Demand], num_bands: int) -> Demand:
-    """Element-wise sum of demands of a chain with ``num_bands`` bands (O(1) for an
-    unchanged :class:`DecodeDemands`, which carries its sum)."""
-    if type(demands) is DecodeDemands and demands.total is not None \
-            and len(demands.total.pages) == num_bands:
-        return demands.total
+    """Element-wise sum of demands of a chain with ``num_bands`` bands (a
+    :class:`DecodeBatch` carries its own: ``batch.total``)."""
     zero = (0,) * num_bands
     total = [0] * num_bands
     for d in demands:
@@ -78,76 +76,98 @@ def check_demands(ids: Sequence[int], extends: Sequence[int], demands: Sequence[
             raise InvalidDemandError(f"request {rid}: {extend} tokens, demand {d!r}")
 
 
-class DecodeDemands(list[Demand]):
-    """The list :meth:`KVManager.decode_demands` returns: one :class:`Demand` per request
-    (a plain list to every reader) that also carries their sum, so
-    :func:`sum_demands` and :meth:`KVManager.allocate` need not walk it.
+@dataclass(frozen=True, slots=True, eq=False)
+class DecodeBatch(Sequence[Demand]):
+    """The immutable value :meth:`KVManager.decode_demands` returns for one decode batch:
+    its request ids, the ``[rows, bands]`` demand matrix and its total, priced once.
+    It reads as a sequence of :class:`Demand` (one per request, aligned with ``rids``);
+    nothing about it changes after it is built, so the total it carries holds for as long
+    as the value lives (a batch without one request is a new value: :meth:`without`).
+
+    :meth:`KVManager.allocate` trusts ``total`` (no walk of the demands, no second
+    validation) when the value was produced by that very manager (``owner``) for the same
+    request ids and ``1 + drafts`` tokens each; any other value, or a plain list of
+    demands, is validated once at that boundary.
 
     Attributes:
-        total: the element-wise sum, or ``None`` once the list was changed in place
-            (every mutating list method drops it).
-        rids: the request ids it was computed for, in order.
-        nonzero: positions whose demand is not empty, ascending.
-        matrix: int64 ``[len(nonzero), bands]``, their demands.
+        owner: the manager that computed it (identity only; not compared or printed).
+        rids: request ids, in batch order (``rows`` of them).
+        drafts: draft tokens per request it was priced for (each computes ``1 + drafts``).
+        demands: one :class:`Demand` per request (pages per band).
+        matrix: int64 ``[rows, bands]``, read-only: ``matrix[i]`` is ``demands[i].pages``.
+        nonzero: rows whose demand is not empty, ascending.
+        total: the column sums of ``matrix`` (pages per band), the batch's one take.
     """
 
-    __slots__ = ("matrix", "nonzero", "rids", "total")
+    owner: object = field(repr=False)
+    rids: tuple[int, ...]
+    drafts: int
+    demands: tuple[Demand, ...]
+    matrix: np.ndarray
+    nonzero: tuple[int, ...]
+    total: Demand
 
-    def __init__(self, demands: list[Demand], total: Demand, rids: tuple[int, ...],
-                 nonzero: list[int], matrix: np.ndarray) -> None:
-        super().__init__(demands)
-        self.total: Demand | None = total
-        self.rids = rids
-        self.nonzero = nonzero
-        self.matrix = matrix  # int64 [len(nonzero), bands]: their pages
+    @classmethod
+    def of(cls, owner: object, rids: tuple[int, ...], drafts: int,
+           demands: Sequence[Demand], num_bands: int,
+           nonzero: Sequence[int] | None = None, rows: np.ndarray | None = None,
+           ) -> DecodeBatch:
+        """Build the value from per-request demands (aligned with ``rids``, each of
+        ``num_bands`` bands). ``nonzero`` (the rows with a non-empty demand, ascending)
+        and ``rows`` (int64 ``[len(nonzero), bands]``, their pages; may be omitted when
+        ``nonzero`` is empty), when the caller has them, save walking ``demands``.
 
-    def _changed(self) -> None:
-        self.total = None
+        Raises:
+            InvalidDemandError: ``demands`` not aligned with ``rids``.
+        """
+        if len(demands) != len(rids):
+            raise InvalidDemandError(f"{len(demands)} demands for {len(rids)} requests")
+        if nonzero is None:
+            zero = (0,) * num_bands
+            nonzero = [i for i, d in enumerate(demands) if d.pages != zero]
+            rows = np.array([demands[i].pages for i in nonzero], dtype=np.int64)
+        matrix = np.zeros((len(rids), num_bands), dtype=np.int64)
+        if len(nonzero):
+            if rows is None:
+                raise InvalidDemandError("the rows of the non-empty demands are missing")
+            matrix[list(nonzero)] = rows
+        return cls._frozen(owner, rids, drafts, tuple(demands), matrix, tuple(nonzero))
 
-    def __setitem__(self, i: Any, v: Any) -> None:
-        self._changed()
-        super().__setitem__(i, v)
+    @classmethod
+    def _frozen(cls, owner: object, rids: tuple[int, ...], drafts: int,
+                demands: tuple[Demand, ...], matrix: np.ndarray,
+                nonzero: tuple[int, ...]) -> DecodeBatch:
+        """The value over ``matrix`` (made read-only), its total the column sums."""
+        matrix.setflags(write=False)
+        total = Demand(tuple(matrix.sum(axis=0).tolist()))
+        return cls(owner, rids, drafts, demands, matrix, nonzero, total)
 
-    def __delitem__(self, i: Any) -> None:
-        self._changed()
-        super().__delitem__(i)
+    def without(self, row: int) -> DecodeBatch:
+        """The same batch less the request at ``row`` (a retracted or dropped decode):
+        a new value whose total is recomputed from the matrix without that row.
 
-    def __iadd__(self, other: Iterable[Demand]) -> Self:  # type: ignore[misc,override]  # as list
-        self._changed()
-        return super().__iadd__(other)
+        Raises:
+            IndexError: ``row`` not in ``[0, rows)``.
+        """
+        if not 0 <= row < len(self.rids):
+            raise IndexError(f"row {row} of a decode batch of {len(self.rids)}")
+        matrix = np.delete(self.matrix, row, axis=0)
+        nonzero = tuple(i - (i > row) for i in self.nonzero if i != row)
+        return DecodeBatch._frozen(self.owner, self.rids[:row] + self.rids[row + 1:],
+                                   self.drafts, self.demands[:row] + self.demands[row + 1:],
+                                   matrix, nonzero)
 
-    def __imul__(self, n: SupportsIndex) -> Self:
-        self._changed()
-        return super().__imul__(n)
+    def __len__(self) -> int:
+        return len(self.demands)
 
-    def append(self, v: Demand) -> None:
-        self._changed()
-        super().append(v)
+    @overload
+    def __getitem__(self, i: int) -> Demand: ...
 
-    def extend(self, vs: Iterable[Demand]) -> None:
-        self._changed()
-        super().extend(vs)
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Demand]: ...
 
-    def insert(self, i: SupportsIndex, v: Demand) -> None:
-        self._changed()
-        super().insert(i, v)
+    def __getitem__(self, i: int | slice) -> Demand | Sequence[Demand]:
+        return self.demands[i]
 
-    def pop(self, i: SupportsIndex = -1) -> Demand:
-        self._changed()
-        return super().pop(i)
-
-    def remove(self, v: Demand) -> None:
-        self._changed()
-        super().remove(v)
-
-    def clear(self) -> None:
-        self._changed()
-        super().clear()
-
-    def sort(self, *args: Any, **kwargs: Any) -> None:
-        self._changed()
-        super().sort(*args, **kwargs)
-
-    def reverse(self) -> None:
-        self._changed()
-        super().reverse()
+    def __iter__(self) -> Iterator[Demand]:
+        return iter(self.demands)

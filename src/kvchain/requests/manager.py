@@ -28,7 +28,7 @@ from kvchain.errors import (
     ReservedPageError,
     UnknownRequestError,
 )
-from kvchain.requests.batch import DecodeDemands, batch_ids, check_demands
+from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
 from kvchain.requests.geometry import RequestGeometry, StateRollback
@@ -296,7 +296,7 @@ class KVManager:
 
     # --- decode demands ----------------------------------------------------------------------
 
-    def decode_demands(self, rids: Sequence[int], drafts: int = 0) -> list[Demand]:
+    def decode_demands(self, rids: Sequence[int], drafts: int = 0) -> DecodeBatch:
         """``[self.demand(rid, 1 + drafts) for rid in rids]`` (equal values), for a decode
         batch (``drafts = k > 0``: a speculative step, ``1 + k`` tokens each: the token
         sampled last and ``k`` drafts; its window bands hold ``W + k`` tokens).
@@ -310,7 +310,9 @@ class KVManager:
         still in its prefill) sends the batch through :meth:`demand`.
 
         Returns:
-            A :class:`DecodeDemands` (a list, aligned with ``rids``) carrying the sum.
+            A :class:`DecodeBatch` (an immutable sequence of demands aligned with
+            ``rids``, with their ``[rows, bands]`` matrix and total) that :meth:`allocate`
+            of ``(rid, 1 + drafts)`` for the same ``rids`` takes as priced.
 
         Raises:
             InvalidDemandError: ``drafts`` not an int >= 0.
@@ -319,22 +321,22 @@ class KVManager:
             raise InvalidDemandError(f"drafts must be an int >= 0, got {drafts!r}")
         ids = tuple(rids)
         extend = 1 + drafts
-        if self._glue.reaches_point(ids, self._requests):
-            return [self.demand(rid, extend) for rid in ids]
         nb = self.geom.num_bands
+        if self._glue.reaches_point(ids, self._requests):
+            return DecodeBatch.of(self, ids, drafts, [self.demand(rid, extend) for rid in ids],
+                                  nb)
         slots = self._slots_of(ids)
         zero = self._zero()
-        empty = np.zeros((0, nb), dtype=np.int64)
         out = [zero] * len(ids)
         table = self._table
         # page boundary within the step's tokens
         check = (table.tokens[slots] + drafts >= table.need_at[slots]).nonzero()[0]
         if not check.size:
-            return DecodeDemands(out, zero, ids, [], empty)
+            return DecodeBatch.of(self, ids, drafts, out, nb, ())
         matrix = np.stack(table.decode_columns(slots[check], extend), axis=1)
         needs = np.flatnonzero(matrix.any(axis=1))
         if not needs.size:
-            return DecodeDemands(out, zero, ids, [], empty)
+            return DecodeBatch.of(self, ids, drafts, out, nb, ())
         at = check[needs].tolist()
         matrix = matrix[needs]
         memo = self._demand_memo
@@ -346,7 +348,7 @@ class KVManager:
             if d is None:
                 d = memo[key] = Demand(key)
             out[i] = d
-        return DecodeDemands(out, Demand(tuple(matrix.sum(axis=0).tolist())), ids, at, matrix)
+        return DecodeBatch.of(self, ids, drafts, out, nb, at, matrix)
 
     # --- allocation ------------------------------------------------------------------------
 
@@ -410,9 +412,11 @@ class KVManager:
         Raises:
             InvalidDemandError: demands that do not match the batch.
         """
-        if (type(demands) is DecodeDemands and demands.total is not None
-                and demands.rids == ids):  # built by decode_demands for this very batch
-            return demands.total, demands.nonzero, demands.matrix
+        if (isinstance(demands, DecodeBatch) and demands.owner is self
+                and demands.rids == ids
+                and (not extends or set(extends) == {1 + demands.drafts})):
+            # priced by decode_demands for this very batch: its total is the take
+            return demands.total, demands.nonzero, demands.matrix[list(demands.nonzero)]
         if demands is None:
             demands = [self.demand(rid, extend) for rid, extend in zip(ids, extends,
                                                                       strict=True)]
