@@ -52,10 +52,11 @@ def test_the_value_by_hand_and_without_a_row() -> None:
     assert list(got) == [Demand((1, 1)), Demand((0, 0)), Demand((1, 1))]
     assert got.matrix.tolist() == [[1, 1], [0, 0], [1, 1]]
     assert got.nonzero == (0, 2) and got.total == Demand((2, 2))
+    assert got.needs.tolist() == [[1, 1], [1, 1]]  # the matrix's non-empty rows
     # without request 0: rows 1, 2 remain (now 0, 1); total (1, 1), request 2 at row 1
     less = got.without(0)
     assert less.rids == (1, 2) and less.nonzero == (1,) and less.total == Demand((1, 1))
-    assert less.matrix.tolist() == [[0, 0], [1, 1]]
+    assert less.matrix.tolist() == [[0, 0], [1, 1]] and less.needs.tolist() == [[1, 1]]
     # without the empty request 1: total unchanged, request 2 moves to row 1
     assert got.without(1).total == Demand((2, 2)) and got.without(1).nonzero == (0, 1)
     assert got.without(1).without(0).without(0).total == Demand((0, 0))
@@ -70,11 +71,14 @@ def test_the_value_cannot_be_changed_in_place() -> None:
     got = kv.decode_demands([0, 1, 2])
     with pytest.raises(ValueError):
         got.matrix[0, 0] = 0  # read-only array
+    with pytest.raises(ValueError):
+        got.needs[0, 0] = 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         got.total = Demand((0, 0))  # type: ignore[misc]
     assert not hasattr(got, "append") and not hasattr(got, "__setitem__")
     assert not hasattr(got, "__delitem__")
-    assert got.without(0).matrix.flags.writeable is False
+    assert got.without(0).needs.flags.writeable is False
+    assert got.without(1).needs.flags.writeable is False
 
 
 def test_allocate_takes_its_own_value_as_priced() -> None:
@@ -94,7 +98,7 @@ def test_a_value_from_another_manager_is_validated_once() -> None:
     a2, b2 = _prefilled([4, 5, 8]), _prefilled([4, 5, 8])
     good = b2.decode_demands(rids)
     bad = (Demand((1, 1, 1)), good[1], good[2])
-    forged = DecodeBatch(b2, good.rids, 0, bad, good.matrix, good.nonzero, good.total)
+    forged = DecodeBatch(b2, good.rids, 0, bad, good.nonzero, good.needs, good.total)
     before = _state(a2)
     for demands in (forged, list(bad)):
         with pytest.raises(InvalidDemandError):
@@ -122,7 +126,9 @@ def test_building_from_misaligned_demands_is_refused() -> None:
     with pytest.raises(InvalidDemandError):
         DecodeBatch.of(kv, (0, 1), 0, [Demand((0, 0))], 2)
     with pytest.raises(InvalidDemandError):
-        DecodeBatch.of(kv, (0,), 0, [Demand((1, 1))], 2, nonzero=(0,))
+        DecodeBatch.of(kv, (0,), 0, [Demand((1, 1))], 2, nonzero=(0,))  # needs missing
+    with pytest.raises(InvalidDemandError):  # needs of 1 band on a 2-band chain
+        DecodeBatch.of(kv, (0,), 0, [Demand((1, 1))], 2, (0,), np.ones((1, 1), np.int64))
     empty = DecodeBatch.of(kv, (), 0, [], 2)
     assert empty.total == Demand((0, 0)) and empty.matrix.shape == (0, 2)
     assert np.array_equal(DecodeBatch.of(kv, (5,), 0, [Demand((1, 0))], 2).matrix, [[1, 0]])

@@ -3,6 +3,7 @@ pairs, its demands and their sum."""
 
 from __future__ import annotations
 
+import bisect
 import operator
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -79,10 +80,12 @@ def check_demands(ids: Sequence[int], extends: Sequence[int], demands: Sequence[
 @dataclass(frozen=True, slots=True, eq=False)
 class DecodeBatch(Sequence[Demand]):
     """The immutable value :meth:`KVManager.decode_demands` returns for one decode batch:
-    its request ids, the ``[rows, bands]`` demand matrix and its total, priced once.
-    It reads as a sequence of :class:`Demand` (one per request, aligned with ``rids``);
-    nothing about it changes after it is built, so the total it carries holds for as long
-    as the value lives (a batch without one request is a new value: :meth:`without`).
+    its request ids, its ``[rows, bands]`` demand matrix (kept as its non-empty rows:
+    about one request in ``P`` per band needs a page in a step) and its total, priced
+    once. It reads as a sequence of :class:`Demand` (one per request, aligned with
+    ``rids``); nothing about it changes after it is built, so the total it carries holds
+    for as long as the value lives (a batch without one request is a new value:
+    :meth:`without`).
 
     :meth:`KVManager.allocate` trusts ``total`` (no walk of the demands, no second
     validation) when the value was produced by that very manager (``owner``) for the same
@@ -91,56 +94,69 @@ class DecodeBatch(Sequence[Demand]):
 
     Attributes:
         owner: the manager that computed it (identity only; not compared or printed).
-        rids: request ids, in batch order (``rows`` of them).
+        rids: request ids, in batch order (``len(rids)`` rows).
         drafts: draft tokens per request it was priced for (each computes ``1 + drafts``).
         demands: one :class:`Demand` per request (pages per band).
-        matrix: int64 ``[rows, bands]``, read-only: ``matrix[i]`` is ``demands[i].pages``.
         nonzero: rows whose demand is not empty, ascending.
-        total: the column sums of ``matrix`` (pages per band), the batch's one take.
+        needs: int64 ``[len(nonzero), bands]``, read-only: ``needs[j]`` is
+            ``demands[nonzero[j]].pages`` (the matrix's non-empty rows).
+        total: the column sums of ``needs`` (pages per band), the batch's one take.
     """
 
     owner: object = field(repr=False)
     rids: tuple[int, ...]
     drafts: int
     demands: tuple[Demand, ...]
-    matrix: np.ndarray
     nonzero: tuple[int, ...]
+    needs: np.ndarray
     total: Demand
 
     @classmethod
     def of(cls, owner: object, rids: tuple[int, ...], drafts: int,
            demands: Sequence[Demand], num_bands: int,
-           nonzero: Sequence[int] | None = None, rows: np.ndarray | None = None,
+           nonzero: Sequence[int] | None = None, needs: np.ndarray | None = None,
            ) -> DecodeBatch:
         """Build the value from per-request demands (aligned with ``rids``, each of
         ``num_bands`` bands). ``nonzero`` (the rows with a non-empty demand, ascending)
-        and ``rows`` (int64 ``[len(nonzero), bands]``, their pages; may be omitted when
+        and ``needs`` (int64 ``[len(nonzero), bands]``, their pages; may be omitted when
         ``nonzero`` is empty), when the caller has them, save walking ``demands``.
 
         Raises:
-            InvalidDemandError: ``demands`` not aligned with ``rids``.
+            InvalidDemandError: ``demands`` not aligned with ``rids``, or ``needs``
+                missing or not ``[len(nonzero), num_bands]``.
         """
         if len(demands) != len(rids):
             raise InvalidDemandError(f"{len(demands)} demands for {len(rids)} requests")
         if nonzero is None:
             zero = (0,) * num_bands
             nonzero = [i for i, d in enumerate(demands) if d.pages != zero]
-            rows = np.array([demands[i].pages for i in nonzero], dtype=np.int64)
-        matrix = np.zeros((len(rids), num_bands), dtype=np.int64)
-        if len(nonzero):
-            if rows is None:
-                raise InvalidDemandError("the rows of the non-empty demands are missing")
-            matrix[list(nonzero)] = rows
-        return cls._frozen(owner, rids, drafts, tuple(demands), matrix, tuple(nonzero))
+            needs = np.array([demands[i].pages for i in nonzero], dtype=np.int64)
+        if not len(nonzero):
+            needs = np.zeros((0, num_bands), dtype=np.int64)
+        elif needs is None or needs.shape != (len(nonzero), num_bands):
+            raise InvalidDemandError(f"the non-empty rows' pages must be "
+                                     f"[{len(nonzero)}, {num_bands}], got "
+                                     f"{None if needs is None else needs.shape}")
+        return cls._frozen(owner, rids, drafts, tuple(demands), tuple(nonzero), needs)
 
     @classmethod
     def _frozen(cls, owner: object, rids: tuple[int, ...], drafts: int,
-                demands: tuple[Demand, ...], matrix: np.ndarray,
-                nonzero: tuple[int, ...]) -> DecodeBatch:
-        """The value over ``matrix`` (made read-only), its total the column sums."""
-        matrix.setflags(write=False)
-        total = Demand(tuple(matrix.sum(axis=0).tolist()))
-        return cls(owner, rids, drafts, demands, matrix, nonzero, total)
+                demands: tuple[Demand, ...], nonzero: tuple[int, ...],
+                needs: np.ndarray) -> DecodeBatch:
+        """The value over ``needs`` (made read-only), its total their column sums."""
+        needs.setflags(write=False)
+        total = Demand(tuple(needs.sum(axis=0).tolist()))
+        return cls(owner, rids, drafts, demands, nonzero, needs, total)
+
+    @property
+    def matrix(self) -> np.ndarray:
+        """int64 ``[rows, bands]``, a new read-only array: ``matrix[i]`` is
+        ``demands[i].pages`` (O(rows x bands); the hot path reads ``needs``)."""
+        out = np.zeros((len(self.rids), self.needs.shape[1]), dtype=np.int64)
+        if self.nonzero:
+            out[list(self.nonzero)] = self.needs
+        out.setflags(write=False)
+        return out
 
     def without(self, row: int) -> DecodeBatch:
         """The same batch less the request at ``row`` (a retracted or dropped decode):
@@ -151,11 +167,15 @@ class DecodeBatch(Sequence[Demand]):
         """
         if not 0 <= row < len(self.rids):
             raise IndexError(f"row {row} of a decode batch of {len(self.rids)}")
-        matrix = np.delete(self.matrix, row, axis=0)
-        nonzero = tuple(i - (i > row) for i in self.nonzero if i != row)
+        at = bisect.bisect_left(self.nonzero, row)
+        needs, nonzero = self.needs, self.nonzero
+        if at < len(nonzero) and nonzero[at] == row:
+            needs = np.delete(needs, at, axis=0)
+            nonzero = nonzero[:at] + nonzero[at + 1:]
+        nonzero = nonzero[:at] + tuple(i - 1 for i in nonzero[at:])
         return DecodeBatch._frozen(self.owner, self.rids[:row] + self.rids[row + 1:],
                                    self.drafts, self.demands[:row] + self.demands[row + 1:],
-                                   matrix, nonzero)
+                                   nonzero, needs)
 
     def __len__(self) -> int:
         return len(self.demands)

@@ -297,18 +297,24 @@ class KVManager:
 
     def _checked_slots(self, ids: tuple[int, ...], what: str = "decode run") -> np.ndarray:
         """Slots of ``ids``, every one registered and named once (else the typed error)."""
-        slots = self._known_slots(ids)
-        if not self._lookup(ids).unique:
+        lookup = self._known_lookup(ids)
+        if not lookup.unique:
             raise InvalidDemandError(f"a request appears twice in one {what}")
-        return slots
+        return lookup.slots
 
     def _known_slots(self, ids: tuple[int, ...]) -> np.ndarray:
         """Slots of ``ids``, every one registered (else :class:`UnknownRequestError`)."""
-        slots = self._slots_of(ids)
-        if not self._lookup(ids).known:
+        return self._known_lookup(ids).slots
+
+    def _known_lookup(self, ids: tuple[int, ...]) -> _SlotLookup:
+        """:meth:`_lookup` of ``ids``, every one registered (else
+        :class:`UnknownRequestError`)."""
+        lookup = self._lookup(ids)
+        slots = lookup.slots
+        if not lookup.known:
             rid = ids[int((slots == 0).nonzero()[0][0])]
             raise UnknownRequestError(f"request {rid} holds no pages")
-        return slots
+        return lookup
 
     def _zero(self) -> Demand:
         """The empty demand of this chain's bands (one shared immutable value)."""
@@ -437,7 +443,7 @@ class KVManager:
                 and demands.rids == ids
                 and (not extends or set(extends) == {1 + demands.drafts})):
             # priced by decode_demands for this very batch: its total is the take
-            return demands.total, demands.nonzero, demands.matrix[list(demands.nonzero)]
+            return demands.total, demands.nonzero, demands.needs
         if demands is None:
             demands = [self.demand(rid, extend) for rid, extend in zip(ids, extends,
                                                                       strict=True)]
@@ -541,9 +547,10 @@ class KVManager:
                 request before any changes.
         """
         ids = tuple(rids)
-        slots = self._known_slots(ids)
+        lookup = self._known_lookup(ids)
+        slots = lookup.slots
         table = self._table
-        unique = self._lookup(ids).unique
+        unique = lookup.unique
         if unique:
             n = table.tokens[slots] + 1
         else:  # a request named c times commits c tokens: check its last one
