@@ -132,3 +132,18 @@ def test_building_from_misaligned_demands_is_refused() -> None:
     empty = DecodeBatch.of(kv, (), 0, [], 2)
     assert empty.total == Demand((0, 0)) and empty.matrix.shape == (0, 2)
     assert np.array_equal(DecodeBatch.of(kv, (5,), 0, [Demand((1, 0))], 2).matrix, [[1, 0]])
+
+
+def test_the_slot_lookup_memo_follows_the_slot_version() -> None:
+    # Requests 0 (4 tokens: its next token starts page 1: (1, 1)) and 1 (5 tokens: (0, 0)).
+    kv = _prefilled([4, 5])
+    ids = (0, 1)
+    assert list(kv.decode_demands(ids)) == [Demand((1, 1)), Demand((0, 0))]
+    # Request 1 leaves; request 7 takes its freed slot with 5 tokens. The same ids now
+    # read request 1 as holding nothing: its first token, 1 page per band, (1, 1). A memo
+    # that kept the slots past the version would read request 7's row: (0, 0).
+    kv.free(1)
+    kv.allocate([(7, 5)])
+    kv.commit(7, 5)
+    assert list(kv.decode_demands(ids)) == [Demand((1, 1)), Demand((1, 1))]
+    assert list(kv.decode_demands((7,))) == [Demand((0, 0))]

@@ -386,8 +386,12 @@ class KVManager:
         Args:
             batch: ``(request id, tokens to compute)`` pairs (a prefill chunk, or 1 for a
                 decode); each request at most once.
-            demands: the batch's demands if the caller just computed them with
-                :meth:`demand` (same order, no change in between); computed here otherwise.
+            demands: the batch's demands if the caller just computed them (same order,
+                no change in between): a :class:`DecodeBatch` from this manager's
+                :meth:`decode_demands` for the same request ids, ``1 + drafts`` tokens
+                each, is taken by its total as priced; any other sequence of
+                :class:`Demand` (a list from :meth:`demand`, a value from another
+                manager) is validated once here; ``None``: computed here.
             quote: the allocator's quote (from its ``price``) of the summed demand, if the
                 caller has it; a quote priced before the chain's epoch moved is dropped and
                 the demand priced again.
