@@ -70,7 +70,7 @@ def test_speculative_step_and_rollback_by_hand() -> None:
     # speculative step at s = 10: tokens 10..13 -> pages up to ceil(14/4) = 4: one more page
     # in the full band and in the window band ([3, 14): W + k = 11 tokens, pages 0..3)
     d = kv.decode_demands([0], 3)
-    assert d == [Demand((0, 1, 1))] == [kv.demand(0, 4)]
+    assert list(d) == [Demand((0, 1, 1))] == [kv.demand(0, 4)]
     kv.allocate([(0, 4)], d)
     assert kv.held(0) == HeldPages(((0, 4), (0, 4), (0, 4)))
     # verify keeps 1 + 1 = 2 tokens: L = 12, ceil(12/4) = 3 pages stay in full and window
@@ -128,7 +128,7 @@ def test_batch_equals_one_by_one() -> None:
     rids = list(range(12))
     a, b = kvs
     da = a.decode_demands(rids, 3)
-    assert da == [a.demand(rid, 4) for rid in rids] == [request_demand(
+    assert list(da) == [a.demand(rid, 4) for rid in rids] == [request_demand(
         a.geom, a.held(rid), a.tokens(rid), 4) for rid in rids]
     for kv in kvs:
         kv.allocate([(rid, 4) for rid in rids], kv.decode_demands(rids, 3))

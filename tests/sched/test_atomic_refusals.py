@@ -15,6 +15,7 @@ from kvchain.errors import (
     InvalidDemandError,
     InvalidRequestError,
 )
+from kvchain.requests.batch import DecodeBatch
 from kvchain.sched.request import (
     DecodeSeq,
     PrefillChunk,
@@ -75,7 +76,8 @@ def test_scheduler_refuses_a_step_naming_unknown_or_repeated_requests() -> None:
         replace(step, prefills=[PrefillChunk(9, 0, 16)]),  # unknown request
         replace(step, prefills=[*step.prefills, *step.prefills],
                 prefill_demands=[*step.prefill_demands, *step.prefill_demands]),
-        replace(step, decodes=[DecodeSeq(1, 0)], decode_demands=[Demand((0, 0))]),  # waiting
+        replace(step, decodes=[DecodeSeq(1, 0)],
+                decode_demands=sched.kv.decode_demands([1])),  # request 1 is waiting
         replace(step, prefill_demands=[]),  # demands do not match
     ]
     for bad in bad_steps:
@@ -115,9 +117,11 @@ def test_unallocatable_running_request_is_retracted_and_the_rest_allocated(
     sched.complete(batch, StepOutcome(0.01), 0.51)  # both prefilled: pages 0-1 per band
     real_allocate = sched.kv.allocate
     calls = [0]
+    handed: list[object] = []
 
     def refuses_once(*args: object, **kwargs: object) -> Demand:
         calls[0] += 1
+        handed.append(args[1])
         if calls[0] == 1:
             raise CapacityError("planted", shortfall_bytes=16_000, demand=Demand((2, 2)),
                                 reason="bytes")
@@ -138,4 +142,10 @@ def test_unallocatable_running_request_is_retracted_and_the_rest_allocated(
     assert event.demand == Demand((1, 1))
     assert sched.requests[2].status is RequestStatus.WAITING
     assert (sched.counters.divergences, sched.counters.retractions) == (1, 1)
+    # the retake got a new decode batch value without request 2 (not the first one
+    # changed in place): request 1's own decode of token 32, (1, 1) as request 2's above
+    first, again = handed
+    assert isinstance(first, DecodeBatch) and isinstance(again, DecodeBatch)
+    assert first.rids == (1, 2) and first.total == Demand((2, 2))
+    assert again.rids == (1,) and again.total == Demand((1, 1))
     sched.audit()

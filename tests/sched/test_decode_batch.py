@@ -52,7 +52,7 @@ def test_batched_decode_equals_per_request_decode(shape, prompts, steps, seed):
         rng.shuffle(live)
         want = [one.demand(rid, 1) for rid in live]
         got = batched.decode_demands(live)
-        assert got == want
+        assert list(got) == want
         one.allocate([(rid, 1) for rid in live], want)
         batched.allocate([(rid, 1) for rid in live], got)
         released = sum(one.commit(rid, 1) for rid in live)
@@ -79,7 +79,7 @@ def test_batched_decode_equals_per_request_decode(shape, prompts, steps, seed):
 def test_decode_demand_of_a_new_request_is_its_first_token():
     kv, _ = _pair("state|window|full")
     # nothing held: 1 state slot, 1 window page, 1 full page
-    assert kv.decode_demands([7]) == [kv.demand(7, 1)]
+    assert list(kv.decode_demands([7])) == [kv.demand(7, 1)]
     assert kv.decode_demands([7])[0].pages == (1, 1, 1)
 
 

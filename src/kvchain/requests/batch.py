@@ -3,9 +3,11 @@ pairs, its demands and their sum."""
 
 from __future__ import annotations
 
+import bisect
 import operator
-from collections.abc import Iterable, Sequence
-from typing import Any, Self, SupportsIndex
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 
@@ -14,11 +16,8 @@ from kvchain.errors import InvalidDemandError
 
 
 def sum_demands(demands: Iterable[Demand], num_bands: int) -> Demand:
-    """Element-wise sum of demands of a chain with ``num_bands`` bands (O(1) for an
-    unchanged :class:`DecodeDemands`, which carries its sum)."""
-    if type(demands) is DecodeDemands and demands.total is not None \
-            and len(demands.total.pages) == num_bands:
-        return demands.total
+    """Element-wise sum of demands of a chain with ``num_bands`` bands (a
+    :class:`DecodeBatch` carries its own: ``batch.total``)."""
     zero = (0,) * num_bands
     total = [0] * num_bands
     for d in demands:
@@ -78,76 +77,117 @@ def check_demands(ids: Sequence[int], extends: Sequence[int], demands: Sequence[
             raise InvalidDemandError(f"request {rid}: {extend} tokens, demand {d!r}")
 
 
-class DecodeDemands(list[Demand]):
-    """The list :meth:`KVManager.decode_demands` returns: one :class:`Demand` per request
-    (a plain list to every reader) that also carries their sum, so
-    :func:`sum_demands` and :meth:`KVManager.allocate` need not walk it.
+@dataclass(frozen=True, slots=True, eq=False)
+class DecodeBatch(Sequence[Demand]):
+    """The immutable value :meth:`KVManager.decode_demands` returns for one decode batch:
+    its request ids, its ``[rows, bands]`` demand matrix (kept as its non-empty rows:
+    about one request in ``P`` per band needs a page in a step) and its total, priced
+    once. It reads as a sequence of :class:`Demand` (one per request, aligned with
+    ``rids``); nothing about it changes after it is built, so the total it carries holds
+    for as long as the value lives (a batch without one request is a new value:
+    :meth:`without`).
+
+    :meth:`KVManager.allocate` trusts ``total`` (no walk of the demands, no second
+    validation) when the value was produced by that very manager (``owner``) for the same
+    request ids and ``1 + drafts`` tokens each; any other value, or a plain list of
+    demands, is validated once at that boundary.
 
     Attributes:
-        total: the element-wise sum, or ``None`` once the list was changed in place
-            (every mutating list method drops it).
-        rids: the request ids it was computed for, in order.
-        nonzero: positions whose demand is not empty, ascending.
-        matrix: int64 ``[len(nonzero), bands]``, their demands.
+        owner: the manager that computed it (identity only; not compared or printed).
+        rids: request ids, in batch order (``len(rids)`` rows).
+        drafts: draft tokens per request it was priced for (each computes ``1 + drafts``).
+        demands: one :class:`Demand` per request (pages per band).
+        nonzero: rows whose demand is not empty, ascending.
+        needs: int64 ``[len(nonzero), bands]``, read-only: ``needs[j]`` is
+            ``demands[nonzero[j]].pages`` (the matrix's non-empty rows).
+        total: the column sums of ``needs`` (pages per band), the batch's one take.
     """
 
-    __slots__ = ("matrix", "nonzero", "rids", "total")
+    owner: object = field(repr=False)
+    rids: tuple[int, ...]
+    drafts: int
+    demands: tuple[Demand, ...]
+    nonzero: tuple[int, ...]
+    needs: np.ndarray
+    total: Demand
 
-    def __init__(self, demands: list[Demand], total: Demand, rids: tuple[int, ...],
-                 nonzero: list[int], matrix: np.ndarray) -> None:
-        super().__init__(demands)
-        self.total: Demand | None = total
-        self.rids = rids
-        self.nonzero = nonzero
-        self.matrix = matrix  # int64 [len(nonzero), bands]: their pages
+    @classmethod
+    def of(cls, owner: object, rids: tuple[int, ...], drafts: int,
+           demands: Sequence[Demand], num_bands: int,
+           nonzero: Sequence[int] | None = None, needs: np.ndarray | None = None,
+           ) -> DecodeBatch:
+        """Build the value from per-request demands (aligned with ``rids``, each of
+        ``num_bands`` bands). ``nonzero`` (the rows with a non-empty demand, ascending)
+        and ``needs`` (int64 ``[len(nonzero), bands]``, their pages; may be omitted when
+        ``nonzero`` is empty), when the caller has them, save walking ``demands``.
 
-    def _changed(self) -> None:
-        self.total = None
+        Raises:
+            InvalidDemandError: ``demands`` not aligned with ``rids``, or ``needs``
+                missing or not ``[len(nonzero), num_bands]``.
+        """
+        if len(demands) != len(rids):
+            raise InvalidDemandError(f"{len(demands)} demands for {len(rids)} requests")
+        if nonzero is None:
+            zero = (0,) * num_bands
+            nonzero = [i for i, d in enumerate(demands) if d.pages != zero]
+            needs = np.array([demands[i].pages for i in nonzero], dtype=np.int64)
+        if not len(nonzero):
+            needs = np.zeros((0, num_bands), dtype=np.int64)
+        elif needs is None or needs.shape != (len(nonzero), num_bands):
+            raise InvalidDemandError(f"the non-empty rows' pages must be "
+                                     f"[{len(nonzero)}, {num_bands}], got "
+                                     f"{None if needs is None else needs.shape}")
+        return cls._frozen(owner, rids, drafts, tuple(demands), tuple(nonzero), needs)
 
-    def __setitem__(self, i: Any, v: Any) -> None:
-        self._changed()
-        super().__setitem__(i, v)
+    @classmethod
+    def _frozen(cls, owner: object, rids: tuple[int, ...], drafts: int,
+                demands: tuple[Demand, ...], nonzero: tuple[int, ...],
+                needs: np.ndarray) -> DecodeBatch:
+        """The value over ``needs`` (made read-only), its total their column sums."""
+        needs.setflags(write=False)
+        total = Demand(tuple(needs.sum(axis=0).tolist()))
+        return cls(owner, rids, drafts, demands, nonzero, needs, total)
 
-    def __delitem__(self, i: Any) -> None:
-        self._changed()
-        super().__delitem__(i)
+    @property
+    def matrix(self) -> np.ndarray:
+        """int64 ``[rows, bands]``, a new read-only array: ``matrix[i]`` is
+        ``demands[i].pages`` (O(rows x bands); the hot path reads ``needs``)."""
+        out = np.zeros((len(self.rids), self.needs.shape[1]), dtype=np.int64)
+        if self.nonzero:
+            out[list(self.nonzero)] = self.needs
+        out.setflags(write=False)
+        return out
 
-    def __iadd__(self, other: Iterable[Demand]) -> Self:  # type: ignore[misc,override]  # as list
-        self._changed()
-        return super().__iadd__(other)
+    def without(self, row: int) -> DecodeBatch:
+        """The same batch less the request at ``row`` (a retracted or dropped decode):
+        a new value whose total is recomputed from the matrix without that row.
 
-    def __imul__(self, n: SupportsIndex) -> Self:
-        self._changed()
-        return super().__imul__(n)
+        Raises:
+            IndexError: ``row`` not in ``[0, rows)``.
+        """
+        if not 0 <= row < len(self.rids):
+            raise IndexError(f"row {row} of a decode batch of {len(self.rids)}")
+        at = bisect.bisect_left(self.nonzero, row)
+        needs, nonzero = self.needs, self.nonzero
+        if at < len(nonzero) and nonzero[at] == row:
+            needs = np.delete(needs, at, axis=0)
+            nonzero = nonzero[:at] + nonzero[at + 1:]
+        nonzero = nonzero[:at] + tuple(i - 1 for i in nonzero[at:])
+        return DecodeBatch._frozen(self.owner, self.rids[:row] + self.rids[row + 1:],
+                                   self.drafts, self.demands[:row] + self.demands[row + 1:],
+                                   nonzero, needs)
 
-    def append(self, v: Demand) -> None:
-        self._changed()
-        super().append(v)
+    def __len__(self) -> int:
+        return len(self.demands)
 
-    def extend(self, vs: Iterable[Demand]) -> None:
-        self._changed()
-        super().extend(vs)
+    @overload
+    def __getitem__(self, i: int) -> Demand: ...
 
-    def insert(self, i: SupportsIndex, v: Demand) -> None:
-        self._changed()
-        super().insert(i, v)
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Demand]: ...
 
-    def pop(self, i: SupportsIndex = -1) -> Demand:
-        self._changed()
-        return super().pop(i)
+    def __getitem__(self, i: int | slice) -> Demand | Sequence[Demand]:
+        return self.demands[i]
 
-    def remove(self, v: Demand) -> None:
-        self._changed()
-        super().remove(v)
-
-    def clear(self) -> None:
-        self._changed()
-        super().clear()
-
-    def sort(self, *args: Any, **kwargs: Any) -> None:
-        self._changed()
-        super().sort(*args, **kwargs)
-
-    def reverse(self) -> None:
-        self._changed()
-        super().reverse()
+    def __iter__(self) -> Iterator[Demand]:
+        return iter(self.demands)

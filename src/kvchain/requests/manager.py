@@ -28,12 +28,43 @@ from kvchain.errors import (
     ReservedPageError,
     UnknownRequestError,
 )
-from kvchain.requests.batch import DecodeDemands, batch_ids, check_demands
+from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
 from kvchain.requests.geometry import RequestGeometry, StateRollback
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts, RequestView
+
+
+class _SlotLookup:
+    """The slots of one tuple of request ids at one slot version of the request table
+    (int64, read-only; 0 for an id that holds nothing), with two facts about them that
+    are computed on first ask from its own immutable ids and slots: every id holds pages
+    (``known``), no id is named twice (``unique``)."""
+
+    __slots__ = ("_known", "_unique", "ids", "slots", "version")
+
+    def __init__(self, version: int, ids: tuple[int, ...], slots: np.ndarray) -> None:
+        slots.setflags(write=False)
+        self.version = version
+        self.ids = ids
+        self.slots = slots
+        self._known: bool | None = None
+        self._unique: bool | None = None
+
+    @property
+    def known(self) -> bool:
+        """Every id holds pages (no slot 0)."""
+        if self._known is None:
+            self._known = bool(self.slots.all())
+        return self._known
+
+    @property
+    def unique(self) -> bool:
+        """No id appears twice."""
+        if self._unique is None:
+            self._unique = len(set(self.ids)) == len(self.ids)
+        return self._unique
 
 
 class KVManager:
@@ -79,9 +110,12 @@ class KVManager:
         self._table = RequestTable(self.geom.policies, pads)
         self._requests: dict[int, CacheFacts] = {}
         self._by_slot: dict[int, CacheFacts] = {}
-        self._slots_memo: tuple[int, tuple[int, ...], np.ndarray] | None = None
-        self._slots_unique: bool | None = None
-        self._slots_known: bool | None = None
+        self._slots_memo: _SlotLookup | None = None  # the last lookup (:meth:`_lookup`)
+        self._zero_demand = Demand.zeros(self.geom.num_bands)
+        # pages per band -> the one Demand of those pages, shared by the decode batches'
+        # rows: interning of immutable values (a Demand is a frozen value compared by its
+        # pages, so which instance a row gets never changes a result), bounded by
+        # clearing it past 4,096 distinct rows
         self._demand_memo: dict[tuple[int, ...], Demand] = {}
         self._glue = CacheGlue(chain, cache, self.geom, self._table)
         self.cache = cache
@@ -233,10 +267,12 @@ class KVManager:
         self._table.unbind(rid)
         self._glue.forget(rid)
 
-    def _slots_of(self, ids: tuple[int, ...]) -> np.ndarray:
-        """Slots of request ids (0, the empty slot, for one that holds nothing), int64;
-        memoized for the same ids at the same slot version (a decode step asks for one
-        batch three times).
+    def _lookup(self, ids: tuple[int, ...]) -> _SlotLookup:
+        """The slots of request ids at the table's slot version, as one immutable
+        :class:`_SlotLookup`. The last one is kept and handed back for the same ids at the
+        same version (a decode step asks for one batch three times): a pure memo, as a
+        request's slot changes only in :meth:`RequestTable.bind` / ``unbind``, which bump
+        the version, and ``ids`` is a tuple; its slots array is read-only.
 
         Raises:
             InvalidDemandError: a ``bool`` id while request 0 or 1 holds pages (it would
@@ -249,54 +285,44 @@ class KVManager:
             # bool would read request 0's or 1's row
             raise InvalidDemandError(f"request ids are ints, got {ids!r}")
         memo = self._slots_memo
-        if memo is not None and memo[0] == table.version and memo[1] == ids:
-            return memo[2]
-        slots = table.slots_of(ids)
-        self._slots_memo = (table.version, ids, slots)
-        self._slots_unique = self._slots_known = None
-        return slots
+        if memo is not None and memo.version == table.version and memo.ids == ids:
+            return memo
+        memo = self._slots_memo = _SlotLookup(table.version, ids, table.slots_of(ids))
+        return memo
 
-    def _slots_memo_known(self) -> bool:
-        """Whether every id of the last :meth:`_slots_of` holds pages (memoized)."""
-        known = self._slots_known
-        if known is None:
-            assert self._slots_memo is not None
-            known = self._slots_known = bool(self._slots_memo[2].all())
-        return known
-
-    def _slots_memo_unique(self) -> bool:
-        """Whether the ids of the last :meth:`_slots_of` are all different (memoized)."""
-        unique = self._slots_unique
-        if unique is None:
-            assert self._slots_memo is not None
-            ids = self._slots_memo[1]
-            unique = self._slots_unique = len(set(ids)) == len(ids)
-        return unique
+    def _slots_of(self, ids: tuple[int, ...]) -> np.ndarray:
+        """Slots of request ids (0, the empty slot, for one that holds nothing), int64,
+        read-only (:meth:`_lookup`)."""
+        return self._lookup(ids).slots
 
     def _checked_slots(self, ids: tuple[int, ...], what: str = "decode run") -> np.ndarray:
         """Slots of ``ids``, every one registered and named once (else the typed error)."""
-        slots = self._known_slots(ids)
-        if not self._slots_memo_unique():
+        lookup = self._known_lookup(ids)
+        if not lookup.unique:
             raise InvalidDemandError(f"a request appears twice in one {what}")
-        return slots
+        return lookup.slots
 
     def _known_slots(self, ids: tuple[int, ...]) -> np.ndarray:
         """Slots of ``ids``, every one registered (else :class:`UnknownRequestError`)."""
-        slots = self._slots_of(ids)
-        if not self._slots_memo_known():
+        return self._known_lookup(ids).slots
+
+    def _known_lookup(self, ids: tuple[int, ...]) -> _SlotLookup:
+        """:meth:`_lookup` of ``ids``, every one registered (else
+        :class:`UnknownRequestError`)."""
+        lookup = self._lookup(ids)
+        slots = lookup.slots
+        if not lookup.known:
             rid = ids[int((slots == 0).nonzero()[0][0])]
             raise UnknownRequestError(f"request {rid} holds no pages")
-        return slots
+        return lookup
 
     def _zero(self) -> Demand:
-        zero = self._demand_memo.get(())
-        if zero is None:
-            zero = self._demand_memo[()] = Demand((0,) * self.geom.num_bands)
-        return zero
+        """The empty demand of this chain's bands (one shared immutable value)."""
+        return self._zero_demand
 
     # --- decode demands ----------------------------------------------------------------------
 
-    def decode_demands(self, rids: Sequence[int], drafts: int = 0) -> list[Demand]:
+    def decode_demands(self, rids: Sequence[int], drafts: int = 0) -> DecodeBatch:
         """``[self.demand(rid, 1 + drafts) for rid in rids]`` (equal values), for a decode
         batch (``drafts = k > 0``: a speculative step, ``1 + k`` tokens each: the token
         sampled last and ``k`` drafts; its window bands hold ``W + k`` tokens).
@@ -310,7 +336,9 @@ class KVManager:
         still in its prefill) sends the batch through :meth:`demand`.
 
         Returns:
-            A :class:`DecodeDemands` (a list, aligned with ``rids``) carrying the sum.
+            A :class:`DecodeBatch` (an immutable sequence of demands aligned with
+            ``rids``, with their ``[rows, bands]`` matrix and total) that :meth:`allocate`
+            of ``(rid, 1 + drafts)`` for the same ``rids`` takes as priced.
 
         Raises:
             InvalidDemandError: ``drafts`` not an int >= 0.
@@ -319,22 +347,22 @@ class KVManager:
             raise InvalidDemandError(f"drafts must be an int >= 0, got {drafts!r}")
         ids = tuple(rids)
         extend = 1 + drafts
-        if self._glue.reaches_point(ids, self._requests):
-            return [self.demand(rid, extend) for rid in ids]
         nb = self.geom.num_bands
+        if self._glue.reaches_point(ids, self._requests):
+            return DecodeBatch.of(self, ids, drafts, [self.demand(rid, extend) for rid in ids],
+                                  nb)
         slots = self._slots_of(ids)
         zero = self._zero()
-        empty = np.zeros((0, nb), dtype=np.int64)
         out = [zero] * len(ids)
         table = self._table
         # page boundary within the step's tokens
         check = (table.tokens[slots] + drafts >= table.need_at[slots]).nonzero()[0]
         if not check.size:
-            return DecodeDemands(out, zero, ids, [], empty)
+            return DecodeBatch.of(self, ids, drafts, out, nb, ())
         matrix = np.stack(table.decode_columns(slots[check], extend), axis=1)
         needs = np.flatnonzero(matrix.any(axis=1))
         if not needs.size:
-            return DecodeDemands(out, zero, ids, [], empty)
+            return DecodeBatch.of(self, ids, drafts, out, nb, ())
         at = check[needs].tolist()
         matrix = matrix[needs]
         memo = self._demand_memo
@@ -346,7 +374,7 @@ class KVManager:
             if d is None:
                 d = memo[key] = Demand(key)
             out[i] = d
-        return DecodeDemands(out, Demand(tuple(matrix.sum(axis=0).tolist())), ids, at, matrix)
+        return DecodeBatch.of(self, ids, drafts, out, nb, at, matrix)
 
     # --- allocation ------------------------------------------------------------------------
 
@@ -358,8 +386,12 @@ class KVManager:
         Args:
             batch: ``(request id, tokens to compute)`` pairs (a prefill chunk, or 1 for a
                 decode); each request at most once.
-            demands: the batch's demands if the caller just computed them with
-                :meth:`demand` (same order, no change in between); computed here otherwise.
+            demands: the batch's demands if the caller just computed them (same order,
+                no change in between): a :class:`DecodeBatch` from this manager's
+                :meth:`decode_demands` for the same request ids, ``1 + drafts`` tokens
+                each, is taken by its total as priced; any other sequence of
+                :class:`Demand` (a list from :meth:`demand`, a value from another
+                manager) is validated once here; ``None``: computed here.
             quote: the allocator's quote (from its ``price``) of the summed demand, if the
                 caller has it; a quote priced before the chain's epoch moved is dropped and
                 the demand priced again.
@@ -381,11 +413,12 @@ class KVManager:
         if quote is not None and not isinstance(quote, Quote):
             raise ForgedQuoteError(f"expected a Quote from the allocator's price, got "
                                    f"{type(quote).__name__}")
-        slots = self._slots_of(ids)
-        if not self._slots_memo_unique():
+        lookup = self._lookup(ids)
+        slots = lookup.slots
+        if not lookup.unique:
             raise InvalidDemandError("a request appears twice in one allocation batch")
         total, nonzero, matrix = self._batch_demand(ids, extends, demands)
-        missing = ([] if self._slots_memo_known()
+        missing = ([] if lookup.known
                    else [ids[i] for i in (slots == 0).nonzero()[0].tolist()])
         if total.is_empty:  # every token on pages already held (most decode steps)
             for rid in missing:
@@ -410,9 +443,11 @@ class KVManager:
         Raises:
             InvalidDemandError: demands that do not match the batch.
         """
-        if (type(demands) is DecodeDemands and demands.total is not None
-                and demands.rids == ids):  # built by decode_demands for this very batch
-            return demands.total, demands.nonzero, demands.matrix
+        if (isinstance(demands, DecodeBatch) and demands.owner is self
+                and demands.rids == ids
+                and (not extends or set(extends) == {1 + demands.drafts})):
+            # priced by decode_demands for this very batch: its total is the take
+            return demands.total, demands.nonzero, demands.needs
         if demands is None:
             demands = [self.demand(rid, extend) for rid, extend in zip(ids, extends,
                                                                       strict=True)]
@@ -516,9 +551,10 @@ class KVManager:
                 request before any changes.
         """
         ids = tuple(rids)
-        slots = self._known_slots(ids)
+        lookup = self._known_lookup(ids)
+        slots = lookup.slots
         table = self._table
-        unique = self._slots_memo_unique()
+        unique = lookup.unique
         if unique:
             n = table.tokens[slots] + 1
         else:  # a request named c times commits c tokens: check its last one

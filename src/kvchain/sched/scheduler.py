@@ -43,7 +43,7 @@ from kvchain.errors import (
 )
 from kvchain.field_types import check_field_types
 from kvchain.layout import smallest_request_pages
-from kvchain.requests.batch import sum_demands
+from kvchain.requests.batch import DecodeBatch, sum_demands
 from kvchain.requests.demand import NOTHING_HELD, lifetime_demand, request_demand
 from kvchain.requests.geometry import StateRollback
 from kvchain.requests.manager import KVManager
@@ -125,9 +125,9 @@ class ScheduledStep:
     """Admission's decision for one step, before allocation (holds a move pin when the
     ledger relies on page moves, so a gate cannot close in between: contract 6)."""
 
+    decode_demands: DecodeBatch  # the decodes' demands and total (aligned with decodes)
     prefills: list[PrefillChunk] = field(default_factory=list)
     decodes: list[DecodeSeq] = field(default_factory=list)
-    decode_demands: list[Demand] = field(default_factory=list)  # aligned with decodes
     prefill_demands: list[Demand] = field(default_factory=list)  # aligned with prefills
     drafts_priced: int = 0  # the drafts per decode its decode demands were priced for
     quote: Quote | None = None  # the price of the step's whole take
@@ -338,9 +338,8 @@ class Scheduler:
     def schedule(self, now: float) -> ScheduledStep:
         """Decide this step's decodes and prefill chunks (no allocation yet)."""
         kv, cfg = self.kv, self.config
-        step = ScheduledStep()
         snap, decode_demands = self._decode_check(now)
-        step.decode_demands = decode_demands
+        step = ScheduledStep(decode_demands)
         step.drafts_priced = priced = self._drafts_priced()
         drafts = kv.geom.spec_tokens
         prefilling: list[Request] = []
@@ -354,7 +353,7 @@ class Scheduler:
             self._pin_if_moves(step, snap)
             return step  # decodes only: the decode check already proved they fit
         budget = ChainPrefillBudget(snap, self.rules, self.chain.planner)
-        budget.reserve(sum_demands(decode_demands, kv.geom.num_bands))
+        budget.reserve(decode_demands.total)
         tokens_left = cfg.max_prefill_tokens
         page = kv.geom.page_size
         # This step's own demand per running request (decodes: from the decode check).
@@ -429,7 +428,7 @@ class Scheduler:
         """Pin the move gate open until allocation when this step's own take needs moves
         (contract 6: a gate closing between admission and allocation must wait)."""
         step.prefill_demands = [self.kv.demand(p.rid, p.tokens) for p in step.prefills]
-        total = sum_demands([*step.prefill_demands, *step.decode_demands],
+        total = sum_demands([*step.prefill_demands, step.decode_demands.total],
                             self.kv.geom.num_bands)
         if total.is_empty:
             return
@@ -465,7 +464,10 @@ class Scheduler:
                          + [(d.rid, 1 + d.drafts) for d in step.decodes])
                 if not batch:
                     break
-                demands = [*step.prefill_demands, *step.decode_demands]
+                # a decode-only step hands the decode batch's value itself (its total
+                # is the take); a mixed one, the list of all its demands
+                demands = ([*step.prefill_demands, *step.decode_demands] if step.prefills
+                           else step.decode_demands)
                 try:
                     self.kv.allocate(batch, demands, step.quote)
                     break
@@ -547,7 +549,8 @@ class Scheduler:
             else:
                 at = next(k for k, d in enumerate(step.decodes) if d.rid == rid)
                 demand = step.decode_demands[at]
-                del step.decodes[at], step.decode_demands[at]
+                del step.decodes[at]
+                step.decode_demands = step.decode_demands.without(at)
             self._retract(victim, now)
         self.unallocatable.append(UnallocatableEvent(rid, now, demand, snap,
                                                      exc.shortfall_bytes))
@@ -780,7 +783,7 @@ class Scheduler:
 
     # --- internals --------------------------------------------------------------------------
 
-    def _decode_check(self, now: float) -> tuple[ChainSnapshot, list[Demand]]:
+    def _decode_check(self, now: float) -> tuple[ChainSnapshot, DecodeBatch]:
         """Make this step's decode tokens fit: reclaim window pages, then retract.
 
         Returns:
@@ -788,19 +791,18 @@ class Scheduler:
         """
         snap = self.chain.snapshot()
         demands = self._decode_demands()
-        if self.chain.planner.fits(snap, sum_demands(demands, self.kv.geom.num_bands)):
+        if self.chain.planner.fits(snap, demands.total):
             return snap, demands
         self.counters.window_pages_reclaimed += self.kv.reclaim_window_pages(self.running)
         while True:
             snap = self.chain.snapshot()
             demands = self._decode_demands()
-            if not self.running or self.chain.planner.fits(
-                    snap, sum_demands(demands, self.kv.geom.num_bands)):
+            if not self.running or self.chain.planner.fits(snap, demands.total):
                 return snap, demands
             victim = max(self.running.values(), key=lambda r: (r.arrival_s, r.rid))
             self._retract(victim, now)
 
-    def _decode_demands(self) -> list[Demand]:
+    def _decode_demands(self) -> DecodeBatch:
         return self.kv.decode_demands([r.rid for r in self.running.values()
                                        if r.computed >= r.prefill_target],
                                       self._drafts_priced())
