@@ -77,6 +77,6 @@ def prepare_run(*, model: str, config: Path | None, spec: Path | None, gpu: str,
         note(chosen)
     warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec)
     note_defaults(model_spec, config)
-    for message in inert_warnings(run, given, sim_config.cache_on(layout)):
+    for message in inert_warnings(run, given, sim_config.cache_on(layout), layout):
         warn(message)
     return PreparedRun(resolved, model_spec, gpu_spec, tr, sim_config, layout)

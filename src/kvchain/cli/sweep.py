@@ -173,7 +173,8 @@ def sweep_command(
             config = point_config(p)
             layout = config.layout()
             config.check_cache(layout)  # e.g. the cache on for a keyless trace
-            for message in inert_warnings(p.run_options(), given, config.cache_on(layout)):
+            for message in inert_warnings(p.run_options(), given, config.cache_on(layout),
+                                          layout):
                 inert.setdefault(message, []).append(f"{p.model}/{p.trace}")
         prepare_out_dir(out)
     except KVChainError as exc:
