@@ -44,13 +44,15 @@ def check_flags(**flags: float | int | None) -> None:
 
 
 def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
-                    spec_file: Path | None = None) -> list[str]:
+                    spec_file: Path | None = None, reads_weights: bool = True) -> list[str]:
     """Warnings for a run that is likely not what the user meant (empty when none).
 
     * ``--buffer-bytes`` larger than the GPU's memory minus the weights of one rank: the
       run assumes memory the GPU does not have.
     * a spec file without ``weight_bytes``: the model has no weights, so a buffer derived
-      from ``--mem-fraction`` takes the whole GPU and the roofline reads no weight bytes.
+      from ``--mem-fraction`` takes the whole GPU, and (``reads_weights``: the roofline
+      clock prices the steps) the step times count no weight bytes. ``plan`` and the step
+      clock (``--clock steps``) read no weights: ``reads_weights=False`` drops that part.
     """
     out = []
     room = gpu.memory_bytes - model.weight_bytes
@@ -59,17 +61,20 @@ def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
                    f"{gpu.memory_bytes:,} B minus {model.weight_bytes:,} B of weights "
                    f"({room:,} B): the run assumes memory the GPU does not have")
     if spec_file is not None and model.weight_bytes == 0:
-        out.append(f"spec file {spec_file} declares no weights (weight_bytes): "
-                   + ("the KV buffer from --mem-fraction takes the whole GPU; "
-                      if buffer_bytes is None else "")
-                   + "step times count no weight reads")
+        why = ((["the KV buffer from --mem-fraction takes the whole GPU"]
+                if buffer_bytes is None else [])
+               + (["step times count no weight reads"] if reads_weights else []))
+        if why:
+            out.append(f"spec file {spec_file} declares no weights (weight_bytes): "
+                       + "; ".join(why))
     return out
 
 
 def warn_buffer(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
-                spec_file: Path | None = None) -> None:
+                spec_file: Path | None = None, reads_weights: bool = True) -> None:
     """Print :func:`buffer_warnings` to stderr, one ``warning:`` line each."""
-    for line in buffer_warnings(model, gpu, buffer_bytes, spec_file=spec_file):
+    for line in buffer_warnings(model, gpu, buffer_bytes, spec_file=spec_file,
+                                reads_weights=reads_weights):
         warn(line)
 
 

@@ -147,7 +147,7 @@ def plan_command(
                                             spec_rollback) if spec_tokens else None)
     except KVChainError as exc:
         fail(exc)
-    warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
+    warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec, reads_weights=False)
     if buffer_bytes is not None and option_typed(ctx, "mem_fraction"):
         warn(mem_fraction_unused(mem_fraction))
     note_defaults(model_spec, config)
