@@ -184,16 +184,27 @@ def overload_hint(summary: SimSummary, trace: Trace) -> str | None:
     the span + :data:`OVERLOAD_SLACK_S`, while requests waited: the queue grew faster than it
     drained, so latencies measure the backlog, not the memory manager. E.g. a 100 s trace
     served in 450 s with 300 requests waiting at the peak.
+
+    The fix it suggests follows what bound: when memory refused admission in some step
+    (``extra["memory_blocked_steps"]`` > 0) or requests were retracted, more KV memory
+    helps; when it never did, the arrivals outran the compute (the GPU's step times), so
+    only slower arrivals or more GPUs help, and the hint says memory did not bind.
     """
     span = trace.duration_s
     took = summary.duration_s
     waiting = summary.peak_waiting or 0
     if waiting == 0 or took <= max(OVERLOAD_FACTOR * span, span + OVERLOAD_SLACK_S):
         return None
-    return (f"overloaded: serving took {took:,.1f} s for arrivals spanning {span:,.1f} s "
-            f"(up to {waiting:,} requests waiting); slow the arrivals (--rate-scale 0.5), "
-            f"give the KV cache more memory (--buffer-bytes, --mem-fraction) or split the "
-            f"model over more GPUs (--tp N)")
+    head = (f"overloaded: serving took {took:,.1f} s for arrivals spanning {span:,.1f} s "
+            f"(up to {waiting:,} requests waiting); ")
+    blocked = summary.extra.get("memory_blocked_steps")
+    if blocked == 0 and summary.retractions == 0:
+        return head + ("the arrival rate is above what the GPU computes (memory never "
+                       "refused admission); slow the arrivals (--rate-scale 0.5) or split "
+                       "the model over more GPUs (--tp N)")
+    return head + ("slow the arrivals (--rate-scale 0.5), give the KV cache more memory "
+                   "(--buffer-bytes, --mem-fraction) or split the model over more GPUs "
+                   "(--tp N)")
 
 
 def prepare_out_dir(out: Path | None) -> None:

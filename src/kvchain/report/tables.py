@@ -169,6 +169,7 @@ EXTRA_LABELS = {
     "prefix_lru_bound_pct": "LRU hit-rate bound (%, the buffer as cache)",
     "requests_rejected_context": "requests rejected past the context",
     "requests_truncated": "requests truncated to the context",
+    "memory_blocked_steps": "steps whose head waiting request memory refused",
     "spec_tokens": "speculative drafts per decode (k, --spec-tokens)",
     "spec_decodes": "speculative decode steps (request x step)",
     "spec_accepted_drafts": "drafts accepted",
