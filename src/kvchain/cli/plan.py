@@ -45,6 +45,7 @@ from kvchain.cli.common import (
 )
 from kvchain.cli.run_options import (
     DEFAULT_MODEL,
+    SPEC_HELP,
     mem_fraction_unused,
     option_typed,
     speculative_warnings,
@@ -91,9 +92,7 @@ HOST_INTERVAL_HELP = ("Tokens between a cached prefix's resume points in the hos
 def plan_command(
     model: Annotated[str, typer.Option(help="Bundled model name.")] = DEFAULT_MODEL,
     config: Annotated[Path | None, typer.Option(help="A Hugging Face config.json.")] = None,
-    spec: Annotated[Path | None, typer.Option(help="A JSON file declaring classes by bytes: "
-                                                   "full, window, window_tokens, local, "
-                                                   "chunk_tokens, state.")] = None,
+    spec: Annotated[Path | None, typer.Option(help=SPEC_HELP)] = None,
     gpu: Annotated[str, typer.Option(help=GPU_HELP)] = "h200",
     mem_fraction: Annotated[float, typer.Option(help=MEM_FRACTION_HELP)] = 0.9,
     buffer_bytes: Annotated[int | None, typer.Option(help="KV buffer bytes of one rank "

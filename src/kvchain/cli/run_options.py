@@ -41,8 +41,10 @@ DEFAULT_GPU = "h200"
 ModelOption = Annotated[str, typer.Option(help="Bundled model name (see `kvchain models`).")]
 ConfigOption = Annotated[Path | None, typer.Option(
     help="A Hugging Face config.json instead of --model.")]
-SpecOption = Annotated[Path | None, typer.Option(
-    help="A JSON file declaring classes by bytes (as for `kvchain plan`).")]
+SPEC_HELP = ("A JSON file declaring classes by bytes per token (all layers, K and V): full, "
+             "window + window_tokens, local + chunk_tokens, state (B per request); several "
+             "window sizes as windows / locals: lists of {\"bytes\": B, \"tokens\": T}.")
+SpecOption = Annotated[Path | None, typer.Option(help=SPEC_HELP)]
 GpuOption = Annotated[str, typer.Option(help="GPU: a100, h100, h200, b200.")]
 TpOption = Annotated[int, typer.Option(
     help="Tensor-parallel size (the simulated GPU is one rank).")]
