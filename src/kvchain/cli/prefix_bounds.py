@@ -25,7 +25,7 @@ from kvchain.sim.prefix_bounds import HitBound, hit_bound
 from kvchain.sim.traces import load_trace
 
 
-@app.command("prefix-bounds")
+@app.command("prefix-bounds", short_help="Hit-rate bounds of a prefix cache on a trace.")
 def prefix_bounds_command(
     trace: Annotated[str, typer.Option("--trace", help="Bundled trace name or a trace file "
                                        "with content block ids (hash_ids).")] = "mooncake",

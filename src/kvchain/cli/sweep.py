@@ -91,7 +91,7 @@ def sweep_defaults_note(data: dict[str, Any], grid: SweepGrid, slo: bool) -> str
     return "chosen for this sweep: " + ", ".join(items) if items else None
 
 
-@app.command("sweep")
+@app.command("sweep", short_help="A grid of simulations, or the highest rate meeting an SLO.")
 @run_options(sweep=True)
 def sweep_command(
     out: Annotated[Path, typer.Option(help="Output folder (sweep.jsonl, sweep.csv, "
