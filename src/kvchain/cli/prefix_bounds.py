@@ -75,7 +75,7 @@ def prefix_bounds_command(
              "nothing")
     if bounds[0].requests == 0:
         fail(f"trace {loaded.name!r} has no content block ids")
-    rows = [{"cache": "infinite" if b.capacity_pages is None else f"LRU {b.capacity_pages:,} p",
+    rows = [{"cache": "infinite" if b.capacity_pages is None else f"LRU {b.capacity_pages:,} pages",
              "capacity_pages": b.capacity_pages, "requests": b.requests,
              "prompt_tokens": b.prompt_tokens, "hit_tokens": b.hit_tokens,
              "hit_rate": round(b.hit_rate, 6)} for b in bounds]
