@@ -370,3 +370,20 @@ def test_sweep_warns_of_cache_aware_order_where_the_cache_is_off(tmp_path):
                                  "--traces", "mooncake", "--workers", "1", "--no-plots"])
     assert result.exit_code == 0, result.output
     assert "cache-aware" not in result.stderr
+
+
+def test_sweep_title_names_only_options_every_point_shares():
+    """Regression: a sweep over h100 and h200 titled itself with the h100 row's
+    buffer_bytes (8579324160) though the h200 rows carry 67289933312. A figure that
+    differs between points is not in the title; one every point shares is, with thousands
+    separators."""
+    from kvchain.report.sweep import sweep_table
+
+    rows = [{**r, "buffer_bytes": 8_579_324_160 if r["gpu"] == "h100" else 67_289_933_312}
+            for r in _sweep_rows(gpu=["h100", "h200"])]
+    assert sweep_table(rows).title == ("sweep: model=gpt-oss-120b, tp=1, trace=mooncake, "
+                                       "manager=kvchain")
+    same = [{**r, "buffer_bytes": 67_289_933_312} for r in _sweep_rows(rate_scale=[1.0, 2.0])]
+    assert sweep_table(same).title == ("sweep: model=gpt-oss-120b, gpu=h200, tp=1, "
+                                       "trace=mooncake, manager=kvchain, "
+                                       "buffer_bytes=67,289,933,312")

@@ -197,3 +197,18 @@ def test_hit_rate_percentages_show_two_decimals() -> None:
     assert cells(text, "prefix-cache hit tokens") == ["100,352"]
     wide = render(comparison_table({"a": run, "b": SUMMARY}, wide=True))
     assert cells(wide, "LRU hit-rate bound (%, the buffer as cache)") == ["12.50", "n/a"]
+
+
+def test_band_table_heads_the_chunk_column_w_slash_c_on_a_local_band():
+    """The W column showed a chunked-local band's chunk size under "W": a layout with a
+    local band heads it "W / C"; one with windows only keeps "W"."""
+    from kvchain.layout import plan_layout
+    from kvchain.model.declared import declare_model
+    from kvchain.report.tables import band_table
+
+    local = declare_model("l", full=1_000, local=1_000, chunk_tokens=64)
+    window = declare_model("w", full=1_000, window=1_000, window_tokens=64)
+    headers = [[c.header for c in band_table(plan_layout(m.classes, buffer_bytes=10_000_000,
+                                                          page_size=16)).columns]
+               for m in (local, window)]
+    assert headers[0][4] == "W / C" and headers[1][4] == "W"

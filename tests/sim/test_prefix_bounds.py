@@ -63,7 +63,7 @@ def test_cli_prints_both_bounds_as_json():
                                       "--capacity-pages", "29127"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
-    assert [r["cache"] for r in rows] == ["infinite", "LRU 29,127 p"]
+    assert [r["cache"] for r in rows] == ["infinite", "LRU 29,127 pages"]
     assert rows[0]["hit_tokens"] == 1_423_136 and rows[0]["prompt_tokens"] == 8_293_542
     assert 0.03 < rows[1]["hit_rate"] < rows[0]["hit_rate"]
 

@@ -17,7 +17,8 @@ from kvchain.errors import ConfigError
 
 app = typer.Typer(
     name="kvchain",
-    help="KV-cache memory manager for hybrid LLMs: plan, simulate, compare, replay.",
+    help="KV-cache memory manager for hybrid LLMs: models, plan, simulate, compare, replay, "
+         "prefix-bounds, sweep.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -44,13 +44,15 @@ def check_flags(**flags: float | int | None) -> None:
 
 
 def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
-                    spec_file: Path | None = None) -> list[str]:
+                    spec_file: Path | None = None, reads_weights: bool = True) -> list[str]:
     """Warnings for a run that is likely not what the user meant (empty when none).
 
     * ``--buffer-bytes`` larger than the GPU's memory minus the weights of one rank: the
       run assumes memory the GPU does not have.
     * a spec file without ``weight_bytes``: the model has no weights, so a buffer derived
-      from ``--mem-fraction`` takes the whole GPU and the roofline reads no weight bytes.
+      from ``--mem-fraction`` takes the whole GPU, and (``reads_weights``: the roofline
+      clock prices the steps) the step times count no weight bytes. ``plan`` and the step
+      clock (``--clock steps``) read no weights: ``reads_weights=False`` drops that part.
     """
     out = []
     room = gpu.memory_bytes - model.weight_bytes
@@ -59,17 +61,20 @@ def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
                    f"{gpu.memory_bytes:,} B minus {model.weight_bytes:,} B of weights "
                    f"({room:,} B): the run assumes memory the GPU does not have")
     if spec_file is not None and model.weight_bytes == 0:
-        out.append(f"spec file {spec_file} declares no weights (weight_bytes): "
-                   + ("the KV buffer from --mem-fraction takes the whole GPU; "
-                      if buffer_bytes is None else "")
-                   + "step times count no weight reads")
+        why = ((["the KV buffer from --mem-fraction takes the whole GPU"]
+                if buffer_bytes is None else [])
+               + (["step times count no weight reads"] if reads_weights else []))
+        if why:
+            out.append(f"spec file {spec_file} declares no weights (weight_bytes): "
+                       + "; ".join(why))
     return out
 
 
 def warn_buffer(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
-                spec_file: Path | None = None) -> None:
+                spec_file: Path | None = None, reads_weights: bool = True) -> None:
     """Print :func:`buffer_warnings` to stderr, one ``warning:`` line each."""
-    for line in buffer_warnings(model, gpu, buffer_bytes, spec_file=spec_file):
+    for line in buffer_warnings(model, gpu, buffer_bytes, spec_file=spec_file,
+                                reads_weights=reads_weights):
         warn(line)
 
 
@@ -179,16 +184,27 @@ def overload_hint(summary: SimSummary, trace: Trace) -> str | None:
     the span + :data:`OVERLOAD_SLACK_S`, while requests waited: the queue grew faster than it
     drained, so latencies measure the backlog, not the memory manager. E.g. a 100 s trace
     served in 450 s with 300 requests waiting at the peak.
+
+    The fix it suggests follows what bound: when memory refused admission in some step
+    (``extra["memory_blocked_steps"]`` > 0) or requests were retracted, more KV memory
+    helps; when it never did, the arrivals outran the compute (the GPU's step times), so
+    only slower arrivals or more GPUs help, and the hint says memory did not bind.
     """
     span = trace.duration_s
     took = summary.duration_s
     waiting = summary.peak_waiting or 0
     if waiting == 0 or took <= max(OVERLOAD_FACTOR * span, span + OVERLOAD_SLACK_S):
         return None
-    return (f"overloaded: serving took {took:,.1f} s for arrivals spanning {span:,.1f} s "
-            f"(up to {waiting:,} requests waiting); slow the arrivals (--rate-scale 0.5), "
-            f"give the KV cache more memory (--buffer-bytes, --mem-fraction) or split the "
-            f"model over more GPUs (--tp N)")
+    head = (f"overloaded: serving took {took:,.1f} s for arrivals spanning {span:,.1f} s "
+            f"(up to {waiting:,} requests waiting); ")
+    blocked = summary.extra.get("memory_blocked_steps")
+    if blocked == 0 and summary.retractions == 0:
+        return head + ("the arrival rate is above what the GPU computes (memory never "
+                       "refused admission); slow the arrivals (--rate-scale 0.5) or split "
+                       "the model over more GPUs (--tp N)")
+    return head + ("slow the arrivals (--rate-scale 0.5), give the KV cache more memory "
+                   "(--buffer-bytes, --mem-fraction) or split the model over more GPUs "
+                   "(--tp N)")
 
 
 def prepare_out_dir(out: Path | None) -> None:

@@ -43,9 +43,16 @@ from kvchain.cli.common import (
     warn,
     warn_buffer,
 )
-from kvchain.cli.run_options import DEFAULT_MODEL, mem_fraction_unused, option_typed
+from kvchain.cli.run_options import (
+    DEFAULT_MODEL,
+    SPEC_HELP,
+    mem_fraction_unused,
+    option_typed,
+    speculative_warnings,
+)
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import get_gpu, local_host_memory_bytes
+from kvchain.layout import ChainLayout
 from kvchain.model.layers import CacheDtype, LifetimeClass
 from kvchain.model.params import WeightFormat
 from kvchain.requests.geometry import StateRollback
@@ -85,9 +92,7 @@ HOST_INTERVAL_HELP = ("Tokens between a cached prefix's resume points in the hos
 def plan_command(
     model: Annotated[str, typer.Option(help="Bundled model name.")] = DEFAULT_MODEL,
     config: Annotated[Path | None, typer.Option(help="A Hugging Face config.json.")] = None,
-    spec: Annotated[Path | None, typer.Option(help="A JSON file declaring classes by bytes: "
-                                                   "full, window, window_tokens, local, "
-                                                   "chunk_tokens, state.")] = None,
+    spec: Annotated[Path | None, typer.Option(help=SPEC_HELP)] = None,
     gpu: Annotated[str, typer.Option(help=GPU_HELP)] = "h200",
     mem_fraction: Annotated[float, typer.Option(help=MEM_FRACTION_HELP)] = 0.9,
     buffer_bytes: Annotated[int | None, typer.Option(help="KV buffer bytes of one rank "
@@ -141,31 +146,45 @@ def plan_command(
                                             spec_rollback) if spec_tokens else None)
     except KVChainError as exc:
         fail(exc)
-    warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec)
+    warn_buffer(model_spec, gpu_spec, buffer_bytes, spec_file=spec, reads_weights=False)
     if buffer_bytes is not None and option_typed(ctx, "mem_fraction"):
         warn(mem_fraction_unused(mem_fraction))
     note_defaults(model_spec, config)
+    typed = frozenset(n for n in ("spec_rollback",) if option_typed(ctx, n))
+    for message in speculative_warnings(spec_tokens, spec_rollback, typed, result.layout):
+        warn(message)
     if as_json:
         print(json.dumps(plan_report(result, host, speculative), indent=2))
         return
     console = Console()
     _print_plan(console, result)
     if speculative is not None:
-        _print_speculative(console, speculative)
+        _print_speculative(console, speculative, result.layout)
     if host is not None:
         _print_host(console, host)
 
 
-def _print_speculative(console: Console, spec: SpeculativeCapacity) -> None:
-    state = ("k more state slots per request" if spec.rollback is StateRollback.CHECKPOINTS
-             else "1 more state slot per request, the accepted tokens replayed")
+def _print_speculative(console: Console, spec: SpeculativeCapacity,
+                       layout: ChainLayout) -> None:
+    """One line: the concurrency with ``k`` drafts per decode beside ``k = 0``, and what
+    the drafts hold on ``layout``'s bands (state slots only with a state band, ``W + k``
+    window tokens only with a window band, ``C + k`` chunk tokens only with a chunked-local
+    band; every band holds ``k`` more tokens)."""
+    holds = ["k more tokens of every band"]
+    if layout.band(LifetimeClass.STATE) is not None:
+        holds.append(f"{spec.rollback.value}: " + (
+            "k more state slots per request" if spec.rollback is StateRollback.CHECKPOINTS
+            else "1 more state slot per request, the accepted tokens replayed"))
+    if layout.band(LifetimeClass.WINDOW) is not None:
+        holds.append("W + k window tokens until verified")
+    if layout.band(LifetimeClass.LOCAL) is not None:
+        holds.append("C + k chunk tokens until verified")
     pools = (f"{spec.pools_concurrent:,}" if spec.pools_holds_none is None
              else f"none ({escape(spec.pools_holds_none)})")
     console.print(f"speculative decoding, k = {spec.spec_tokens} drafts per decode "
-                  f"(--spec-tokens; {spec.rollback.value}: {state}, W + k window tokens "
-                  f"until verified): concurrent requests {spec.chain_concurrent:,} on the "
-                  f"chain (k = 0: {spec.chain_plain:,}), {pools} in the fixed pools (k = 0: "
-                  f"{spec.pools_plain:,})")
+                  f"(--spec-tokens; {', '.join(holds)}): concurrent requests "
+                  f"{spec.chain_concurrent:,} on the chain (k = 0: {spec.chain_plain:,}), "
+                  f"{pools} in the fixed pools (k = 0: {spec.pools_plain:,})")
 
 
 @dataclass(frozen=True, slots=True)

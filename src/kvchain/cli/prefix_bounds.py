@@ -25,7 +25,7 @@ from kvchain.sim.prefix_bounds import HitBound, hit_bound
 from kvchain.sim.traces import load_trace
 
 
-@app.command("prefix-bounds")
+@app.command("prefix-bounds", short_help="Hit-rate bounds of a prefix cache on a trace.")
 def prefix_bounds_command(
     trace: Annotated[str, typer.Option("--trace", help="Bundled trace name or a trace file "
                                        "with content block ids (hash_ids).")] = "mooncake",
@@ -75,7 +75,7 @@ def prefix_bounds_command(
              "nothing")
     if bounds[0].requests == 0:
         fail(f"trace {loaded.name!r} has no content block ids")
-    rows = [{"cache": "infinite" if b.capacity_pages is None else f"LRU {b.capacity_pages:,} p",
+    rows = [{"cache": "infinite" if b.capacity_pages is None else f"LRU {b.capacity_pages:,} pages",
              "capacity_pages": b.capacity_pages, "requests": b.requests,
              "prompt_tokens": b.prompt_tokens, "hit_tokens": b.hit_tokens,
              "hit_rate": round(b.hit_rate, 6)} for b in bounds]

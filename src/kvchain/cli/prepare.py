@@ -75,8 +75,9 @@ def prepare_run(*, model: str, config: Path | None, spec: Path | None, gpu: str,
     chosen = chosen_note(resolved, given, tr, layout)
     if chosen is not None:
         note(chosen)
-    warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec)
+    warn_buffer(model_spec, gpu_spec, run.buffer_bytes, spec_file=spec,
+                reads_weights=run.clock is ClockKind.ROOFLINE)
     note_defaults(model_spec, config)
-    for message in inert_warnings(run, given, sim_config.cache_on(layout)):
+    for message in inert_warnings(run, given, sim_config.cache_on(layout), layout):
         warn(message)
     return PreparedRun(resolved, model_spec, gpu_spec, tr, sim_config, layout)

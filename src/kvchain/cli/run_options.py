@@ -21,6 +21,8 @@ import typer
 
 from kvchain.cache.radix import CacheGeometry, ResumePolicy
 from kvchain.layout import ChainLayout
+from kvchain.model.layers import LifetimeClass
+from kvchain.requests.geometry import StateRollback
 from kvchain.sched.queue import QueuePolicy
 from kvchain.sim.cost import ClockKind
 from kvchain.sim.prefix import default_cache_off_reason
@@ -39,8 +41,10 @@ DEFAULT_GPU = "h200"
 ModelOption = Annotated[str, typer.Option(help="Bundled model name (see `kvchain models`).")]
 ConfigOption = Annotated[Path | None, typer.Option(
     help="A Hugging Face config.json instead of --model.")]
-SpecOption = Annotated[Path | None, typer.Option(
-    help="A JSON file declaring classes by bytes (as for `kvchain plan`).")]
+SPEC_HELP = ("A JSON file declaring classes by bytes per token (all layers, K and V): full, "
+             "window + window_tokens, local + chunk_tokens, state (B per request); several "
+             "window sizes as windows / locals: lists of {\"bytes\": B, \"tokens\": T}.")
+SpecOption = Annotated[Path | None, typer.Option(help=SPEC_HELP)]
 GpuOption = Annotated[str, typer.Option(help="GPU: a100, h100, h200, b200.")]
 TpOption = Annotated[int, typer.Option(
     help="Tensor-parallel size (the simulated GPU is one rank).")]
@@ -194,12 +198,14 @@ def _poisson_arrivals(trace: str) -> bool:
     return fmt is TraceFormat.SHAREGPT_LENGTHS
 
 
-def inert_warnings(run: RunOptions, given: GivenOptions, cache_on: bool) -> list[str]:
+def inert_warnings(run: RunOptions, given: GivenOptions, cache_on: bool,
+                   layout: ChainLayout) -> list[str]:
     """Options the user gave that this run cannot act on, one warning each (``warning:``
     on stderr; the run goes on as it would without them): ``--policy cache-aware`` while
     the prefix cache is off (``cache_on`` False: the order is FCFS), ``--cache-points``
     while the cache is off, ``--step-ms`` with ``--clock roofline`` (step times come from
-    the cost model), ``--mem-fraction`` with ``--buffer-bytes`` (the buffer is given)."""
+    the cost model), ``--mem-fraction`` with ``--buffer-bytes`` (the buffer is given), and
+    the speculative options :func:`speculative_warnings` names (on ``layout``'s bands)."""
     out = []
     if run.policy is QueuePolicy.CACHE_AWARE and not cache_on:
         out.append("--policy cache-aware ranks waiting requests by their cached prefix, "
@@ -212,4 +218,25 @@ def inert_warnings(run: RunOptions, given: GivenOptions, cache_on: bool) -> list
                    f"times come from the GPU cost model; --clock steps uses the tick)")
     if "mem_fraction" in given.typed and run.buffer_bytes is not None:
         out.append(mem_fraction_unused(run.mem_fraction))
+    out += speculative_warnings(run.spec_tokens, run.spec_rollback, given.typed, layout)
+    return out
+
+
+def speculative_warnings(spec_tokens: int, rollback: StateRollback, typed: frozenset[str],
+                         layout: ChainLayout) -> list[str]:
+    """The speculative-decoding options given (``typed``: field names, e.g.
+    ``spec_acceptance``) that a run or plan on ``layout`` cannot act on: ``--spec-acceptance``
+    or ``--spec-rollback`` without ``--spec-tokens`` (``spec_tokens`` 0: no drafts), and
+    ``--spec-rollback replay`` on a chain without a state band (rollback is how a recurrent
+    state undoes rejected drafts; window and full bands just free the drafts' tokens).
+    One warning each; ``simulate``, ``sweep`` and ``plan`` all ask here."""
+    out = []
+    for name in ("spec_acceptance", "spec_rollback"):
+        if name in typed and spec_tokens == 0:
+            out.append(f"--{name.replace('_', '-')} has no effect without --spec-tokens "
+                       f"(no drafts in this run)")
+    if ("spec_rollback" in typed and spec_tokens > 0 and rollback is StateRollback.REPLAY
+            and layout.band(LifetimeClass.STATE) is None):
+        out.append("--spec-rollback replay has no effect: the model has no recurrent state "
+                   "band to roll back (its bands free rejected drafts' tokens)")
     return out

@@ -91,7 +91,7 @@ def sweep_defaults_note(data: dict[str, Any], grid: SweepGrid, slo: bool) -> str
     return "chosen for this sweep: " + ", ".join(items) if items else None
 
 
-@app.command("sweep")
+@app.command("sweep", short_help="A grid of simulations, or the highest rate meeting an SLO.")
 @run_options(sweep=True)
 def sweep_command(
     out: Annotated[Path, typer.Option(help="Output folder (sweep.jsonl, sweep.csv, "
@@ -173,7 +173,8 @@ def sweep_command(
             config = point_config(p)
             layout = config.layout()
             config.check_cache(layout)  # e.g. the cache on for a keyless trace
-            for message in inert_warnings(p.run_options(), given, config.cache_on(layout)):
+            for message in inert_warnings(p.run_options(), given, config.cache_on(layout),
+                                          layout):
                 inert.setdefault(message, []).append(f"{p.model}/{p.trace}")
         prepare_out_dir(out)
     except KVChainError as exc:

@@ -180,7 +180,7 @@ def slo_table(rows: Sequence[Row], target_rps: float | None) -> Table:
     first = next(iter(configs), ())
     shared = ", ".join([f"{k}={first[i]}" for i, k in enumerate(config_keys)
                         if i not in varying and first and first[i] not in (None, "auto")]
-                       + [f"{k}={rows[0][k]}" for k in _changed_options(rows)])
+                       + _changed_options(rows))
     slo = rows[0]["slo"] if rows else ""
     title = f"highest rate meeting {slo}"
     if target_rps is not None:
@@ -260,12 +260,23 @@ def _whole_cells_table(title: str, names: Sequence[str], body: Sequence[Sequence
 
 
 def _changed_options(rows: Sequence[Row]) -> list[str]:
-    """Run options the rows carry beyond the grid's columns: a row has one only when it
-    differs from its default (``SweepPoint.params``), e.g. ``reserve``; they go to a table's
-    title (every point of a sweep shares them)."""
+    """Run options the rows carry beyond the grid's columns that every row shares, as
+    ``key=value`` title parts (integers with thousands separators: ``buffer_bytes=
+    67,289,933,312``). A row carries an option only when it differs from its default
+    (``SweepPoint.params``), e.g. ``reserve``; ``buffer_bytes`` is each point's own buffer,
+    so a sweep over GPUs has none in its title. An option missing from a row or differing
+    between rows is left out: the title names only settings every point really shares."""
     known = [f.name for f in fields(RunOptions)]
-    return [k for k in known if k not in _AXES and k not in ("rate_scale", "mem_fraction")
-            and rows and k in rows[0]]
+    parts = []
+    for k in known:
+        if k in _AXES or k in ("rate_scale", "mem_fraction") or not rows:
+            continue
+        if any(k not in r for r in rows) or len({repr(r[k]) for r in rows}) > 1:
+            continue
+        value = rows[0][k]
+        shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else value
+        parts.append(f"{k}={shown}")
+    return parts
 
 
 # Grid parameters a sweep row carries, in the order a results table shows them.
@@ -289,10 +300,11 @@ def sweep_table(rows: Sequence[Row]) -> Table:
         rows: result rows as :func:`kvchain.sim.sweep.run_point` returns them.
     """
     varying = [a for a in _AXES if len({repr(r.get(a)) for r in rows}) > 1]
-    shared = [a for a in ("model", "gpu", "tp", "trace", "manager", "prefix_cache",
-                          *_changed_options(rows))
+    shared = [f"{a}={rows[0][a]}" for a in ("model", "gpu", "tp", "trace", "manager",
+                                             "prefix_cache")
               if a not in varying and rows and rows[0].get(a) not in (None, "auto")]
-    title = "sweep" + (": " + ", ".join(f"{a}={rows[0][a]}" for a in shared) if shared else "")
+    shared += _changed_options(rows)
+    title = "sweep" + (": " + ", ".join(shared) if shared else "")
     with_hits = any(r.get("prefix_hit_rate_pct") is not None for r in rows)
     metrics = [("done", "finished"), ("req/s", "offered_rate_rps"),
                ("out\ntok/s", "output_tokens_per_s"), ("TTFT\np99", "ttft_p99_s"),

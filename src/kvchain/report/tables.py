@@ -22,6 +22,7 @@ from rich.text import Text
 
 from kvchain.errors import ConfigError
 from kvchain.layout import ChainLayout
+from kvchain.model.layers import LifetimeClass
 from kvchain.sim.metrics import Percentiles, SimSummary
 
 NOT_AVAILABLE = "n/a"
@@ -169,6 +170,7 @@ EXTRA_LABELS = {
     "prefix_lru_bound_pct": "LRU hit-rate bound (%, the buffer as cache)",
     "requests_rejected_context": "requests rejected past the context",
     "requests_truncated": "requests truncated to the context",
+    "memory_blocked_steps": "steps whose head waiting request memory refused",
     "spec_tokens": "speculative drafts per decode (k, --spec-tokens)",
     "spec_decodes": "speculative decode steps (request x step)",
     "spec_accepted_drafts": "drafts accepted",
@@ -304,11 +306,14 @@ def band_table(layout: ChainLayout) -> Table:
     """A table of the chain's bands, low -> high in the buffer (fits 80 columns): one row
     per band (any number of floats) with its label (the lifetime, e.g. ``window``, or
     ``window128`` when a model has several window sizes), anchor (low/high END or float),
-    bytes per token (per slot for state), page bytes, window or chunk ``W`` in tokens, null
-    pages and index-space cap in pages."""
+    bytes per token (per slot for state), page bytes, window ``W`` or chunk ``C`` in tokens
+    (the column is headed ``W / C`` when a band is chunked-local), null pages and
+    index-space cap in pages."""
     table = Table(title=f"chain {layout.shape_name} in {layout.buffer_bytes:,} B "
                         f"({layout.buffer_bytes / 1e9:,.2f} GB), {layout.page_size} tokens/page")
-    for col in ("band", "anchor", "B/token", "page B", "W", "null", "max pages"):
+    local = layout.band(LifetimeClass.LOCAL) is not None
+    for col in ("band", "anchor", "B/token", "page B", "W / C" if local else "W", "null",
+                "max pages"):
         table.add_column(col, justify="left" if col in ("band", "anchor") else "right",
                          no_wrap=True)
     for b in layout.bands:

@@ -495,14 +495,18 @@ class GPUCostModel:
                 raise ConfigError(f"{name} must be in (0, 1], got {value}")
         if not (step_overhead_s >= 0.0 and math.isfinite(step_overhead_s)):
             raise ConfigError(f"step_overhead_s must be >= 0, got {step_overhead_s}")
-        if model.total_params < 1 or not (1 <= model.active_params <= model.total_params) \
-                or model.weight_bytes < 0:
+        violated = [text for bad, text in (
+            (model.total_params < 1, f"total_params >= 1 ({model.total_params})"),
+            (model.active_params < 1, f"active_params >= 1 ({model.active_params})"),
+            (model.active_params > model.total_params >= 1,
+             f"active_params ({model.active_params}) <= total_params "
+             f"({model.total_params})"),
+            (model.weight_bytes < 0, f"weight_bytes >= 0 ({model.weight_bytes})")) if bad]
+        if violated:
             raise ConfigError(
-                f"model {model.name}: need 1 <= active_params ({model.active_params}) <= "
-                f"total_params ({model.total_params}) and weight_bytes >= 0 "
-                f"({model.weight_bytes}); a model declared without weights needs them "
-                f"(spec file: weight_bytes, total_params, active_params) or the step clock "
-                f"(--clock steps)")
+                f"model {model.name}: need {' and '.join(violated)}; a model declared "
+                f"without weights needs them (spec file: weight_bytes, total_params, "
+                f"active_params) or the step clock (--clock steps)")
         self.model = model
         self.gpu = gpu
         self.mfu = mfu

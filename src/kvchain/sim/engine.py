@@ -292,6 +292,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     copy_s = 0.0  # seconds of page copies charged to step times
     copy_steps = 0  # steps that copied (each waits for the previous forward's fence)
     truncated = 0
+    memory_blocked = 0  # steps whose head waiting request memory refused
     fast = config.fast_forward and on_allocated is None and not spec
     fast_steps = 0
 
@@ -324,6 +325,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                               max_tokens=tr.max_tokens, page_keys=keys), tr.arrival_s)
             i += 1
         batch = sched.step(now)
+        memory_blocked += batch.memory_blocked
         if batch.is_empty:
             done += _record_events(sched, recorder)
             if i < total:
@@ -396,6 +398,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         "copy_time_pct": round(100 * copy_s / busy, 4) if busy > 0 else 0.0,
         "requests_rejected_context": sched.counters.rejected_context,
         "requests_truncated": truncated,
+        "memory_blocked_steps": memory_blocked,
     }
     if spec:
         extra.update(spec_bytes.extra(sched, layout.buffer_bytes))
