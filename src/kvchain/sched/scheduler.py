@@ -238,6 +238,7 @@ class Scheduler:
         self.unallocatable: list[UnallocatableEvent] = []
         self._events: list[Event] = []
         self._no_points: set[int] = set()  # requests that keep nothing for the cache
+        self._no_hit: set[int] = set()  # requests served uncached (their hit never fits)
         page = kv.geom.page_size
         if self.config.chunk_size < page or self.config.max_prefill_tokens < page:
             # Admission cuts chunks to whole pages: a smaller cap could never admit one.
@@ -411,11 +412,36 @@ class Scheduler:
     def _attach(self, r: Request) -> bool:
         """Match and lock ``r``'s prompt in the prefix cache (if any, and ``r`` carries
         page keys); its hit tokens count as computed. Returns whether it was attached."""
-        if self.kv.cache is None or r.page_keys is None:
+        if self.kv.cache is None or r.page_keys is None or r.rid in self._no_hit:
             return False
-        r.computed = self.kv.attach(r.rid, r.page_keys, r.prompt_tokens,
-                                    r.rid not in self._no_points)
+        save = r.rid not in self._no_points
+        hit = self.kv.attach(r.rid, r.page_keys, r.prompt_tokens, save)
+        if hit and not self._fits_empty(self._lifetime_demand(
+                r.prompt_tokens, r.output_limit,
+                self.kv.points_for(r.page_keys) if save else ()).plus(self._hit_extra(hit))):
+            # Alone with its hit it could never finish: the hit's window tails and state
+            # checkpoint stay locked for the request's whole life, beyond its own peak (a
+            # request that fits alone must always be able to finish alone). Serve it
+            # uncached, now and after a retraction.
+            self.kv.detach(r.rid)
+            self._no_hit.add(r.rid)
+            return False
+        r.computed = hit
         return True
+
+    def _hit_extra(self, hit_tokens: int) -> Demand:
+        """What a hit of ``hit_tokens`` locks beyond the request's own lifetime demand: per
+        window or chunked-local band its tail ``[resume_start(h), h)`` (dead once the
+        request's window moves on, held until it ends), per state band the checkpoint
+        slot; its full pages are in the lifetime demand already."""
+        h = hit_tokens // self.kv.geom.page_size
+        pages = []
+        for pol in self.kv.geom.policies:
+            if pol.windowed:
+                pages.append(h - pol.resume_start(h))
+            else:
+                pages.append(1 if pol.per_request and h else 0)
+        return Demand(tuple(pages))
 
     def _detach(self, r: Request, budget: ChainPrefillBudget) -> None:
         """Undo :meth:`_attach` of a request not admitted, and rebase the ledger (the
