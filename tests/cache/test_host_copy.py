@@ -30,18 +30,10 @@ from kvchain.errors import (
     UnknownRequestError,
 )
 from kvchain.layout import plan_layout
-from kvchain.model.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl, group_classes
+from kvchain.model.layers import LayerCache, LifetimeClass, TensorDecl, group_classes
 
-FP8 = CacheDtype.FP8
-# P = 4; bands state (S = 48 B, LOW) | window (W = 8, 8 B pages, FLOAT, null page) |
-# full (16 B pages, HIGH), as tests/cache/test_host_tier.py.
-FULL = LayerCache(0, LifetimeClass.FULL, "gqa",
-                  (TensorDecl("k", (2,), FP8), TensorDecl("v", (2,), FP8)))
-WIN = LayerCache(1, LifetimeClass.WINDOW, "gqa",
-                 (TensorDecl("k", (1,), FP8), TensorDecl("v", (1,), FP8)), window=8)
-STATE = LayerCache(2, LifetimeClass.STATE, "mamba2",
-                   (TensorDecl("ssm", (12,), CacheDtype.FP32),))
-LAYOUT = plan_layout(group_classes((FULL, WIN, STATE)), 1_000, page_size=4)
+from .host_layout import FP8, FULL, LAYOUT, STATE, WIN  # noqa: F401 (shared)
+
 S, W, F = 0, 1, 2  # band indices
 GARBAGE = 0xEE
 

@@ -396,13 +396,7 @@ class HostBuffer:
                 twice, or an ``after`` that is no fence (nothing is copied).
             BufferUnsupportedError: a device backend without bytes.
         """
-        region, p, s = self._check(device, band, pages, slots, pages_written=False,
-                                   after=after)
-        if after is not None:
-            after.wait()
-        fence = self._copy(device, band, region, p, s, to_host=True)
-        self._count(0, int(p.size), band.page_bytes)
-        return fence
+        return self._move(device, band, pages, slots, after, to_host=True)
 
     def to_device(self, device: NumpyBuffer | TorchBuffer, band: BandLayout, slots: Any,
                   pages: Any, *, after: Fence | None = None) -> Fence:
@@ -425,12 +419,18 @@ class HostBuffer:
                 a repeated slot (nothing is copied).
             BufferUnsupportedError: a device backend without bytes.
         """
-        region, p, s = self._check(device, band, pages, slots, pages_written=True,
+        return self._move(device, band, pages, slots, after, to_host=False)
+
+    def _move(self, device: NumpyBuffer | TorchBuffer, band: BandLayout, pages: Any,
+              slots: Any, after: Fence | None, *, to_host: bool) -> Fence:
+        """The one copy path of :meth:`to_host` and :meth:`to_device`: check everything,
+        wait on ``after``, copy, count (to host: counters 0-2; to the device: 3-5)."""
+        region, p, s = self._check(device, band, pages, slots, pages_written=not to_host,
                                    after=after)
         if after is not None:
             after.wait()
-        fence = self._copy(device, band, region, p, s, to_host=False)
-        self._count(3, int(p.size), band.page_bytes)
+        fence = self._copy(device, band, region, p, s, to_host=to_host)
+        self._count(0 if to_host else 3, int(p.size), band.page_bytes)
         return fence
 
     def _count(self, at: int, pages: int, page_bytes: int) -> None:
