@@ -86,9 +86,9 @@ def test_speculative_concurrency_by_hand():
     null pages on this layout): a (1,000, 100) request holds ceil((1,099 + k) / 16) = 69
     full pages of 16,000 B and 1 + extra slots of 50e6 B; the chain fits
     floor(1e9 / bytes) of them, the pools floor(9 slots / slots per request)."""
+    from kvchain.bands.geometry import StateRollback
     from kvchain.capacity import speculative_capacity
     from kvchain.layout import plan_layout
-    from kvchain.requests.geometry import StateRollback
 
     layout = plan_layout(declare_model("m", full=1_000, state=50_000_000).classes, 10**9, 16)
     plain_bytes = 69 * 16_000 + 50_000_000  # 51,104,000 B

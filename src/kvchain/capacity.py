@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import fits, largest_fitting, max_units
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
+from kvchain.bands.geometry import RequestGeometry, StateRollback
 from kvchain.errors import BufferTooSmallError, ConfigError
 from kvchain.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES, GPUSpec, kv_buffer_bytes
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import CacheClass, LifetimeClass
 from kvchain.model.spec import ModelSpec
 from kvchain.requests.demand import lifetime_demand
-from kvchain.requests.geometry import RequestGeometry, StateRollback
 
 # Fixed-pool defaults as public engines ship them.
 WINDOW_FULL_TOKENS_RATIO = 0.8  # SGLang --swa-full-tokens-ratio default
@@ -179,7 +179,7 @@ class SpeculativeCapacity:
     (speculative decoding), on the chain and on the fixed pools, beside ``k = 0``.
 
     Each request's lifetime demand is priced by the request layer's speculative geometry
-    (:meth:`kvchain.requests.geometry.RequestGeometry.of`): ``k`` more tokens of every band
+    (:meth:`kvchain.bands.geometry.RequestGeometry.of`): ``k`` more tokens of every band
     (the verify's drafts), window and chunked-local bands holding ``W + k`` tokens until
     verified, and the state band ``k`` more slots (``CHECKPOINTS``: one per draft) or one
     (``REPLAY``: one checkpoint, the accepted tokens recomputed). The fixed pools are the

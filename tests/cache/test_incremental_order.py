@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 
 from kvchain.alloc import Chain, Demand
+from kvchain.bands.policies import FullPolicy, WindowPolicy
 from kvchain.cache.radix import CacheGeometry, PrefixCache
 from kvchain.errors import PlanMismatchError, StaleQuoteError
 from kvchain.layout import plan_layout
 from kvchain.model.layers import CacheClass, LifetimeClass
-from kvchain.requests.policies import FullPolicy, WindowPolicy
 
 FULL = CacheGeometry(4, (FullPolicy(0, 4),))
 WF = CacheGeometry(4, (WindowPolicy(0, 4, 5), FullPolicy(1, 4)))

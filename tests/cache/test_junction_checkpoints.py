@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from kvchain.alloc.chain import Chain
+from kvchain.bands.policies import FullPolicy, StatePolicy
 from kvchain.cache.keys import page_keys_from_tokens
 from kvchain.cache.radix import (
     CacheGeometry,
@@ -25,7 +26,6 @@ from kvchain.cache.radix import (
 from kvchain.catalog.loader import load_model
 from kvchain.layout import plan_layout
 from kvchain.requests.manager import KVManager
-from kvchain.requests.policies import FullPolicy, StatePolicy
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 

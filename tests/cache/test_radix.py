@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvchain.bands.policies import FullPolicy, LocalPolicy, StatePolicy, WindowPolicy
 from kvchain.cache.radix import (
     IN_USE,
     TAILS,
@@ -19,7 +20,6 @@ from kvchain.cache.radix import (
     resume_points,
 )
 from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
-from kvchain.requests.policies import FullPolicy, LocalPolicy, StatePolicy, WindowPolicy
 
 # Band 0 window (W = 5 tokens), band 1 full; P = 4. The tail of point q (pages) is
 # [window_start(4q) // 4, q) = [(4q - 4) // 4, q) = [q - 1, q): one page.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvchain.bands.policies import FullPolicy, StatePolicy, WindowPolicy
 from kvchain.cache.radix import (
     CacheGeometry,
     ResumePolicy,
@@ -24,7 +25,6 @@ from kvchain.cache.radix import (
 from kvchain.catalog.loader import load_model
 from kvchain.errors import InvalidRequestError
 from kvchain.layout import plan_layout
-from kvchain.requests.policies import FullPolicy, StatePolicy, WindowPolicy
 
 from .test_junction_checkpoints import scheduler, serve_one_by_one, tokens
 

@@ -24,11 +24,11 @@ import kvchain.sched.scheduler as scheduler_module
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.pricing import max_units, price
 from kvchain.alloc.snapshot import Demand, RefusalReason
+from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import BufferTooSmallError, CapacityError
 from kvchain.layout import min_window_pages, plan_layout
 from kvchain.model.layers import LifetimeClass
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
-from kvchain.requests.geometry import RequestGeometry
 from kvchain.requests.manager import KVManager
 from kvchain.sched.admission import AdmissionRules, ChainPrefillBudget, NewTokenRatio
 from kvchain.sched.driver import FixedStepDriver

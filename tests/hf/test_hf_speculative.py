@@ -29,8 +29,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="kvchain.hf needs torch")
 pytest.importorskip("transformers", reason="kvchain.hf needs transformers")
 
+from kvchain.bands.geometry import StateRollback  # noqa: E402
 from kvchain.errors import AuditError, ConfigError  # noqa: E402
-from kvchain.requests.geometry import StateRollback  # noqa: E402
 from kvchain.requests.table import RequestTable  # noqa: E402
 
 from .families import build_model  # noqa: E402

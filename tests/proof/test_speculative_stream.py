@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvchain.alloc.chain import Chain
+from kvchain.bands.geometry import StateRollback
 from kvchain.errors import AuditError, CapacityError
 from kvchain.layout import plan_layout
 from kvchain.model.declared import declared_class
 from kvchain.model.layers import LifetimeClass as LC
-from kvchain.requests.geometry import StateRollback
 from kvchain.requests.manager import KVManager
 from kvchain.requests.table import RequestTable
 

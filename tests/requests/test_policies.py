@@ -1,4 +1,4 @@
-"""The band policies (kvchain.requests.policies): each kind's formulas by hand, one request
+"""The band policies (kvchain.bands.policies): each kind's formulas by hand, one request
 (Python ints) and a batch (numpy arrays) through the same line, and the geometry read off a
 layout with N window bands.
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvchain.bands.geometry import RequestGeometry
+from kvchain.bands.policies import FullPolicy, LocalPolicy, StatePolicy, WindowPolicy
 from kvchain.errors import ConfigError, InvalidDemandError
 from kvchain.layout import plan_layout
 from kvchain.model.declared import declared_class
 from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand, tail_spans
-from kvchain.requests.geometry import RequestGeometry
-from kvchain.requests.policies import FullPolicy, LocalPolicy, StatePolicy, WindowPolicy
 
 P = 16
 WIN = WindowPolicy(0, P, 128)

@@ -13,14 +13,14 @@ import pytest
 
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand
+from kvchain.bands.geometry import RequestGeometry, StateRollback
+from kvchain.bands.policies import WindowPolicy
 from kvchain.errors import AuditError, ConfigError, InvalidDemandError
 from kvchain.layout import plan_layout
 from kvchain.model.declared import declared_class
 from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, lifetime_demand, request_demand
-from kvchain.requests.geometry import RequestGeometry, StateRollback
 from kvchain.requests.manager import KVManager
-from kvchain.requests.policies import WindowPolicy
 
 
 def layout():  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ import pytest
 
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand
+from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import (
     AuditError,
     CapacityError,
@@ -24,7 +25,6 @@ from kvchain.errors import (
 )
 from kvchain.layout import plan_layout
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
-from kvchain.requests.geometry import RequestGeometry
 from kvchain.requests.manager import KVManager
 
 from ..cases.helpers import full_class, local_class, state_class, window_class

@@ -12,13 +12,13 @@ import pytest
 
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand
+from kvchain.bands.policies import FullPolicy, WindowPolicy
 from kvchain.errors import AuditError
 from kvchain.layout import plan_layout
 from kvchain.model.declared import declared_class
 from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.demand import HeldPages, request_demand
 from kvchain.requests.manager import KVManager
-from kvchain.requests.policies import FullPolicy, WindowPolicy
 
 
 def two_window_manager() -> KVManager:

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvchain.bands.geometry import RequestGeometry
+from kvchain.bands.policies import FullPolicy, WindowPolicy
 from kvchain.catalog.loader import load_model
 from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError, TraceError
 from kvchain.gpu import get_gpu
 from kvchain.model.declared import declare_model
 from kvchain.model.spec import ModelSpec
 from kvchain.requests.demand import HeldPages, request_demand
-from kvchain.requests.geometry import RequestGeometry
-from kvchain.requests.policies import FullPolicy, WindowPolicy
 from kvchain.sched.admission import (
     AdaptiveReserve,
     FullReserve,

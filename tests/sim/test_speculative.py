@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
+from kvchain.bands.geometry import StateRollback
 from kvchain.catalog.loader import load_model
 from kvchain.cli import _load_commands, app
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
-from kvchain.requests.geometry import StateRollback
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 from kvchain.sim.cost import StepWorkBuilder
 from kvchain.sim.engine import SimConfig, simulate

@@ -6,10 +6,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from kvchain.errors import ConfigError
-from kvchain.layout import ChainLayout
-from kvchain.model.layers import LifetimeClass
-from kvchain.requests.policies import (
+from kvchain.bands.policies import (
     BandPolicy,
     FullPolicy,
     LocalPolicy,
@@ -17,6 +14,9 @@ from kvchain.requests.policies import (
     WindowPolicy,
     _WindowedPolicy,
 )
+from kvchain.errors import ConfigError
+from kvchain.layout import ChainLayout
+from kvchain.model.layers import LifetimeClass
 
 
 class StateRollback(enum.StrEnum):

@@ -72,8 +72,8 @@ import numpy as np
 
 from kvchain.alloc.snapshot import EvictionOrder
 from kvchain.audit import resolve_audit
+from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
-from kvchain.requests.geometry import RequestGeometry
 
 LEAF = 0
 TAILS = 1

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kvchain.bands.geometry import StateRollback
 from kvchain.cache.host_tier import (
     HostTierPlan,
     hit_load_bytes,
@@ -55,7 +56,6 @@ from kvchain.gpu import get_gpu, local_host_memory_bytes
 from kvchain.layout import ChainLayout
 from kvchain.model.layers import CacheDtype, LifetimeClass
 from kvchain.model.params import WeightFormat
-from kvchain.requests.geometry import StateRollback
 from kvchain.sim.cost import (
     DEFAULT_HOST_LINK_EFFICIENCY,
     GPUCostModel,

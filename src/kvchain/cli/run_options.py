@@ -19,10 +19,10 @@ from typing import Annotated, Any, get_type_hints
 
 import typer
 
+from kvchain.bands.geometry import StateRollback
 from kvchain.cache.radix import CacheGeometry, ResumePolicy
 from kvchain.layout import ChainLayout
 from kvchain.model.layers import LifetimeClass
-from kvchain.requests.geometry import StateRollback
 from kvchain.sched.queue import QueuePolicy
 from kvchain.sim.cost import ClockKind
 from kvchain.sim.prefix import default_cache_off_reason

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from kvchain.alloc.chain import Chain
+from kvchain.bands.geometry import StateRollback
 from kvchain.buffer import TorchBuffer
 from kvchain.errors import ConfigError, InvalidRequestError
 from kvchain.hf.attention import ATTENTION_NAME
@@ -45,7 +46,6 @@ from kvchain.hf.layers import model_layer_caches
 from kvchain.hf.speculative import Draft, accepted_drafts
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import group_classes
-from kvchain.requests.geometry import StateRollback
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, RequestStatus, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig

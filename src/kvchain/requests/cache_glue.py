@@ -11,10 +11,10 @@ import numpy as np
 
 from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain
+from kvchain.bands.geometry import RequestGeometry
 from kvchain.cache.radix import Hit, Node, PrefixCache, junction_point, resume_points
 from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError
 from kvchain.requests.demand import tail_spans
-from kvchain.requests.geometry import RequestGeometry
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts
 

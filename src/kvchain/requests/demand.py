@@ -1,5 +1,5 @@
 """The one demand function: what a request must add to compute its next tokens, band by
-band through the geometry's policies (:mod:`kvchain.requests.policies`).
+band through the geometry's policies (:mod:`kvchain.bands.policies`).
 
 :func:`request_demand` turns a request description into a
 :class:`~kvchain.alloc.snapshot.Demand`; admission, reservation, allocation and the decode
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvchain.alloc.snapshot import Demand
+from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import InvalidDemandError
-from kvchain.requests.geometry import RequestGeometry
 
 Spans = tuple[tuple[int, int], ...]
 

@@ -4,7 +4,7 @@ Every request's pages live in one place, the :class:`~kvchain.requests.table.Req
 (a row per request, a 2-D page-id array per band); one request and a decode batch read
 and write the same arrays. The page formulas of each band kind (which pages a chunk needs,
 which the window-tail release drops after a forward) are the band policies'
-(:mod:`kvchain.requests.policies`); :func:`kvchain.requests.demand.request_demand` is the
+(:mod:`kvchain.bands.policies`); :func:`kvchain.requests.demand.request_demand` is the
 one pure demand function. After the forward that computed tokens up to ``L``, window
 pages wholly before the next token's window (the policy's ``first_page(L)``) are released
 (window-tail release); the rows keep the band's null page in their place. The prefix
@@ -20,6 +20,7 @@ import numpy as np
 
 from kvchain.alloc.allocator import Allocator
 from kvchain.alloc.snapshot import Demand, Quote
+from kvchain.bands.geometry import RequestGeometry, StateRollback
 from kvchain.cache.radix import PrefixCache
 from kvchain.errors import (
     AuditError,
@@ -31,7 +32,6 @@ from kvchain.errors import (
 from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
-from kvchain.requests.geometry import RequestGeometry, StateRollback
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts, RequestView
 

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvchain.bands.policies import BandPolicy, grown_pages
 from kvchain.requests.demand import HeldPages
-from kvchain.requests.policies import BandPolicy, grown_pages
 
 
 class RequestTable:
@@ -212,7 +212,7 @@ class RequestTable:
         """Pages each request at ``slots`` must add to compute ``extend`` more tokens (1:
         a decode; ``1 + k``: a speculative decode with ``k`` drafts): one int64 array
         ``[len(slots)]`` per band (a band's column of the batch's demands), each band
-        policy's :meth:`~kvchain.requests.policies.BandPolicy.pages` over the held spans
+        policy's :meth:`~kvchain.bands.policies.BandPolicy.pages` over the held spans
         ``[first, rowlen)`` (the formula ``request_demand`` runs for one request)."""
         t = self.tokens[slots]
         first, rowlen = self.first, self.rowlen

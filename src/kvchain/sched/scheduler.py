@@ -33,6 +33,7 @@ import numpy as np
 
 from kvchain.alloc.allocator import Allocator, MoveHold
 from kvchain.alloc.snapshot import ChainSnapshot, Demand, Quote
+from kvchain.bands.geometry import StateRollback
 from kvchain.errors import (
     AdmissionDivergenceError,
     BufferTooSmallError,
@@ -45,7 +46,6 @@ from kvchain.field_types import check_field_types
 from kvchain.layout import smallest_request_pages
 from kvchain.requests.batch import DecodeBatch, sum_demands
 from kvchain.requests.demand import NOTHING_HELD, lifetime_demand, request_demand
-from kvchain.requests.geometry import StateRollback
 from kvchain.requests.manager import KVManager
 from kvchain.sched.admission import (
     AdmissionRules,

@@ -35,6 +35,7 @@ import numpy as np
 from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain, ChainStats
 from kvchain.alloc.snapshot import ChainSnapshot
+from kvchain.bands.geometry import StateRollback
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.field_types import check_field_types
@@ -42,7 +43,6 @@ from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import LifetimeClass
 from kvchain.model.spec import ModelSpec
-from kvchain.requests.geometry import StateRollback
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig, UnallocatableEvent

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, get_type_hints
 
+from kvchain.bands.geometry import StateRollback
 from kvchain.cache.radix import ResumePolicy
 from kvchain.errors import ConfigError
 from kvchain.field_types import check_field_types
@@ -55,7 +56,6 @@ from kvchain.gpu import GPUSpec
 from kvchain.model.layers import CacheDtype
 from kvchain.model.params import WeightFormat
 from kvchain.model.spec import ModelSpec
-from kvchain.requests.geometry import StateRollback
 from kvchain.sched.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind
