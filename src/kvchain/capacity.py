@@ -21,15 +21,16 @@ from kvchain.alloc.pricing import fits, largest_fitting, max_units
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.bands.geometry import RequestGeometry, StateRollback
 from kvchain.errors import BufferTooSmallError, ConfigError
-from kvchain.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES, GPUSpec, kv_buffer_bytes
+from kvchain.gpu import (
+    DEFAULT_ACTIVATION_RESERVE_BYTES,
+    DEFAULT_MEM_FRACTION,
+    GPUSpec,
+    kv_buffer_bytes,
+)
 from kvchain.layout import ChainLayout, plan_layout
-from kvchain.model.layers import CacheClass, LifetimeClass
 from kvchain.model.spec import ModelSpec
+from kvchain.pool_split import fixed_pool_bytes, ordered_classes
 from kvchain.requests.demand import lifetime_demand
-
-# Fixed-pool defaults as public engines ship them.
-WINDOW_FULL_TOKENS_RATIO = 0.8  # SGLang --swa-full-tokens-ratio default
-STATE_FULL_MEMORY_RATIO = 0.9  # SGLang --mamba-full-memory-ratio default (state : rest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +75,10 @@ def chain_capacity(layout: ChainLayout, prompt: int, output: int,
 def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
     """The same classes as separate pools of fixed bytes (one single-band chain each).
 
-    Split rule (SGLang defaults): the state pool takes ``0.9 / 1.9`` of the buffer
-    (``--mamba-full-memory-ratio 0.9``: state bytes = 0.9 x the rest); each window (or
-    local) pool holds ``0.8 x`` the full pool's tokens (``--swa-full-tokens-ratio 0.8``;
-    SGLang has one window pool, so several window sizes each get that ratio); without a
-    full class the window pools split the rest in proportion to their bytes per token.
+    Split rule (SGLang defaults, :func:`kvchain.pool_split.fixed_pool_bytes`, the one the
+    fixed-pool baseline uses): the state pool takes ``0.9 / 1.9`` of the buffer; each window
+    (or local) pool holds ``0.8 x`` the full pool's tokens; without a full class the pools
+    split the rest in proportion to their bytes per token. Pools come in band order.
 
     Raises:
         BufferTooSmallError: a pool too small for one smallest request (the message names
@@ -87,37 +87,7 @@ def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
     """
     b = layout.buffer_bytes
     classes = [band.cache_class for band in layout.bands]
-    state = next((c for c in classes if c.lifetime is LifetimeClass.STATE), None)
-    rest = b
-    pools: list[tuple[CacheClass, int]] = []
-    if state is not None:
-        state_bytes = int(b * STATE_FULL_MEMORY_RATIO / (1 + STATE_FULL_MEMORY_RATIO))
-        if len(classes) == 1:
-            state_bytes = b
-        pools.append((state, state_bytes))
-        rest = b - state_bytes
-    full = next((c for c in classes if c.lifetime is LifetimeClass.FULL), None)
-    wins = [c for c in classes if c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
-    if full is not None and wins:
-        # Every window (or local) pool holds 0.8 x the full pool's tokens.
-        e_wins = sum(c.bytes_per_token for c in wins)
-        full_tokens = rest / (full.bytes_per_token + WINDOW_FULL_TOKENS_RATIO * e_wins)
-        full_bytes = int(full_tokens * full.bytes_per_token)
-        pools.append((full, full_bytes))
-        left = rest - full_bytes
-        for i, c in enumerate(wins):
-            share = (left if i == len(wins) - 1
-                     else int(full_tokens * WINDOW_FULL_TOKENS_RATIO * c.bytes_per_token))
-            pools.append((c, share))
-            left -= share
-    elif full is not None or wins:
-        pool_classes = [full] if full is not None else wins
-        total_e = sum(c.bytes_per_token for c in pool_classes)
-        left = rest
-        for i, c in enumerate(pool_classes):
-            share = left if i == len(pool_classes) - 1 else int(rest * c.bytes_per_token / total_e)
-            pools.append((c, share))
-            left -= share
+    pools = list(zip(ordered_classes(classes), fixed_pool_bytes(classes, b), strict=True))
     out = []
     for c, nbytes in pools:
         try:
@@ -381,9 +351,10 @@ class CapacityPlan:
     pools_longest: LongestRequest
 
 
-def plan_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, mem_fraction: float = 0.9,
-                  buffer_bytes: int | None = None, page_size: int = 16, prompt: int = 2048,
-                  output: int = 512, slots_held: int | None = None) -> CapacityPlan:
+def plan_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1,
+                  mem_fraction: float = DEFAULT_MEM_FRACTION, buffer_bytes: int | None = None,
+                  page_size: int = 16, prompt: int = 2048, output: int = 512,
+                  slots_held: int | None = None) -> CapacityPlan:
     """Plan ``model`` (already split over ``tp`` ranks: its bytes are one rank's) on one
     ``gpu``: the buffer (``buffer_bytes``, or :func:`kvchain.gpu.kv_buffer_bytes` of the
     GPU's memory at ``mem_fraction`` minus one rank's weights and the default engine

@@ -303,8 +303,12 @@ def local_host_memory_bytes() -> int:
 KV_BUFFER_ALIGN_BYTES = 256
 """Alignment of KV buffers sized by :func:`kv_buffer_bytes` (bytes)."""
 
+DEFAULT_MEM_FRACTION = 0.9
+"""Fraction of GPU memory for weights + KV cache unless told otherwise: vLLM's
+``gpu_memory_utilization`` default (``vllm/config/cache.py``); every entry point's default."""
 
-def kv_buffer_bytes(gpu: GPUSpec, weight_bytes: int, *, mem_fraction: float = 0.9,
+
+def kv_buffer_bytes(gpu: GPUSpec, weight_bytes: int, *, mem_fraction: float = DEFAULT_MEM_FRACTION,
                     activation_reserve_bytes: int | None = None) -> int:
     """Bytes left for the KV buffer on one GPU:
     ``floor(memory_bytes x mem_fraction) - weight_bytes - activation_reserve_bytes``,

@@ -30,18 +30,13 @@ from kvchain.layout import (
     Anchor,
     BandLayout,
     ChainLayout,
-    band_order_key,
     chain_anchors,
     plan_layout,
     smallest_request_bytes,
 )
 from kvchain.model.layers import CacheClass, LifetimeClass
+from kvchain.pool_split import fixed_pool_shares, ordered_classes
 
-# SGLang server_args: ``--swa-full-tokens-ratio`` default 0.8 (window-pool tokens per
-# full-pool token) and ``mamba_full_memory_ratio`` default 0.9 (mamba-pool bytes per
-# full-pool byte), python/sglang/srt/server_args.py.
-SWA_FULL_TOKENS_RATIO = 0.8
-MAMBA_FULL_MEMORY_RATIO = 0.9
 # vLLM ``HybridAttentionMambaModelConfig.verify_and_update_config``: the attention block
 # size is raised to a multiple of the kernel's block alignment (16 tokens for the
 # FlashAttention backend) until one attention page per layer holds a mamba state per layer
@@ -98,11 +93,6 @@ class EqualPageGeometry:
     page_bytes: tuple[int, ...]
 
 
-def _ordered(classes: Sequence[CacheClass]) -> list[CacheClass]:
-    """Classes in the chain's band order (as :func:`~kvchain.layout.plan_layout`)."""
-    return sorted(classes, key=band_order_key)
-
-
 def equal_page_geometry(classes: Sequence[CacheClass], page_size: int = 16) -> EqualPageGeometry:
     """The equal-byte page of vLLM v1's hybrid allocator for ``classes``.
 
@@ -124,7 +114,7 @@ def equal_page_geometry(classes: Sequence[CacheClass], page_size: int = 16) -> E
     """
     if not classes or page_size < 1:
         raise ConfigError(f"equal pages need classes and page_size >= 1, got {page_size}")
-    ordered = _ordered(classes)
+    ordered = ordered_classes(classes)
     counts = [len(c.layers) for c in ordered]
     smallest, largest = min(counts), max(counts)
     group = largest if largest < smallest * 1.5 else smallest
@@ -141,45 +131,6 @@ def equal_page_geometry(classes: Sequence[CacheClass], page_size: int = 16) -> E
     groups = tuple(math.ceil(n / group) for n in counts)
     return EqualPageGeometry(group, tokens, layer_page, block, groups,
                              tuple(k * block for k in groups))
-
-
-def fixed_pool_shares(classes: Sequence[CacheClass]) -> tuple[float, ...]:
-    """Fractions of the buffer each class's own pool gets (layout order, sum 1).
-
-    Rules (SGLang defaults): a state pool gets ``0.9 / 1.9`` of the buffer
-    (``mamba_full_memory_ratio = 0.9``: state bytes = 0.9 x the rest); of the rest, a
-    window (or chunked-local) pool holds ``0.8`` tokens per full-pool token
-    (``--swa-full-tokens-ratio = 0.8``), so full gets ``E_full / (E_full + 0.8 E_win)``.
-
-    Example: gpt-oss-120b (``E_full = E_win``): window 0.8 / 1.8 = 0.444, full 0.556.
-
-    Several window (or local) classes: each holds ``0.8`` tokens per full-pool token
-    (SGLang has one window pool; the ratio is applied to each), so full gets
-    ``E_full / (E_full + 0.8 x sum(E_win))``; without a full class, window pools split
-    the rest by bytes per token.
-    """
-    ordered = _ordered(classes)
-    shares = [0.0] * len(ordered)
-    rest = 1.0
-    state = [i for i, c in enumerate(ordered) if c.lifetime is LifetimeClass.STATE]
-    if state and len(ordered) > 1:
-        shares[state[0]] = MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
-        rest -= shares[state[0]]
-    wins = [i for i, c in enumerate(ordered)
-            if c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
-    full = [i for i, c in enumerate(ordered) if c.lifetime is LifetimeClass.FULL]
-    if wins and full:
-        e_f = ordered[full[0]].bytes_per_token
-        e_w = [SWA_FULL_TOKENS_RATIO * ordered[i].bytes_per_token for i in wins]
-        shares[full[0]] = rest * e_f / (e_f + sum(e_w))
-        for i, e in zip(wins, e_w, strict=True):
-            shares[i] = rest * e / (e_f + sum(e_w))
-    else:
-        others = [i for i in range(len(ordered)) if i not in state or len(ordered) == 1]
-        total_e = sum(max(ordered[i].bytes_per_token, 1) for i in others)
-        for i in others:
-            shares[i] = rest * max(ordered[i].bytes_per_token, 1) / total_e
-    return tuple(shares)
 
 
 def _fixed_pool_pages(layout: ChainLayout, shares: Sequence[float]) -> tuple[int, ...]:
@@ -203,7 +154,7 @@ def _fixed_pool_pages(layout: ChainLayout, shares: Sequence[float]) -> tuple[int
 
 def _equal_page_layout(classes: Sequence[CacheClass], buffer_bytes: int,
                        geo: EqualPageGeometry) -> ChainLayout:
-    ordered = _ordered(classes)
+    ordered = ordered_classes(classes)
     anchors = chain_anchors(len(ordered))
     bands = []
     for c, anchor, pb in zip(ordered, anchors, geo.page_bytes, strict=True):

@@ -270,9 +270,28 @@ class PoolAllocator:
         return vid
 
     def translate(self, band: int, vids: np.ndarray) -> np.ndarray:
-        """Physical index = virtual id (pages never move), int64, same shape."""
-        self._band_index(band)
-        return np.asarray(vids, dtype=np.int64).copy()
+        """Physical index = virtual id (pages never move), int64, same shape.
+
+        The same contract as :meth:`kvchain.alloc.chain.Chain.translate`: only bound ids
+        translate, so a kernel's block table built from either allocator names live pages.
+
+        Raises:
+            InvalidDemandError: band index out of range.
+            UnknownPageError: a non-integer (a float id is never rounded), negative or
+                unbound virtual id.
+        """
+        i = self._band_index(band)
+        v = np.asarray(vids)
+        if v.size == 0:
+            return np.empty(v.shape, dtype=np.int64)
+        if v.dtype.kind not in "iu":
+            raise UnknownPageError(f"virtual ids must be integers, got dtype {v.dtype}")
+        bound = np.fromiter(self._bound[i], dtype=np.int64, count=len(self._bound[i]))
+        missing = ~np.isin(v, bound)
+        if missing.any():
+            bad = v[missing].ravel()[:8].tolist()
+            raise UnknownPageError(f"band {band}: unbound virtual ids {bad}")
+        return v.astype(np.int64, copy=True)
 
     # --- changing -------------------------------------------------------------------------
 

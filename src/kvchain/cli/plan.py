@@ -52,10 +52,11 @@ from kvchain.cli.run_options import (
     speculative_warnings,
 )
 from kvchain.errors import ConfigError, KVChainError
-from kvchain.gpu import get_gpu, local_host_memory_bytes
+from kvchain.gpu import DEFAULT_MEM_FRACTION, get_gpu, local_host_memory_bytes
 from kvchain.layout import ChainLayout
 from kvchain.model.layers import CacheDtype, LifetimeClass
 from kvchain.model.params import WeightFormat
+from kvchain.pool_split import MAMBA_FULL_MEMORY_RATIO, SWA_FULL_TOKENS_RATIO
 from kvchain.sim.cost import (
     DEFAULT_HOST_LINK_EFFICIENCY,
     GPUCostModel,
@@ -94,7 +95,7 @@ def plan_command(
     config: Annotated[Path | None, typer.Option(help="A Hugging Face config.json.")] = None,
     spec: Annotated[Path | None, typer.Option(help=SPEC_HELP)] = None,
     gpu: Annotated[str, typer.Option(help=GPU_HELP)] = "h200",
-    mem_fraction: Annotated[float, typer.Option(help=MEM_FRACTION_HELP)] = 0.9,
+    mem_fraction: Annotated[float, typer.Option(help=MEM_FRACTION_HELP)] = DEFAULT_MEM_FRACTION,
     buffer_bytes: Annotated[int | None, typer.Option(help="KV buffer bytes of one rank "
                                                           "(instead of the GPU memory "
                                                           "model).")] = None,
@@ -419,9 +420,11 @@ def _print_plan(console: Console, result: CapacityPlan) -> None:
                          else "is unknown"))
     rules = []
     if has_state:
-        rules.append("state pool = 0.9/1.9 of the buffer (SGLang --mamba-full-memory-ratio)")
+        r = MAMBA_FULL_MEMORY_RATIO
+        rules.append(f"state pool = {r:g}/{1 + r:g} of the buffer (SGLang "
+                     "--mamba-full-memory-ratio)")
     if len(layout.bands) - has_state > 1:
-        rules.append("window pool tokens = 0.8 x full pool tokens (SGLang "
+        rules.append(f"window pool tokens = {SWA_FULL_TOKENS_RATIO:g} x full pool tokens (SGLang "
                      "--swa-full-tokens-ratio)")
     if rules:
         console.print("fixed pools: " + "; ".join(rules))

@@ -39,7 +39,7 @@ from kvchain.bands.geometry import StateRollback
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.field_types import check_field_types
-from kvchain.gpu import GPUSpec, kv_buffer_bytes
+from kvchain.gpu import DEFAULT_MEM_FRACTION, GPUSpec, kv_buffer_bytes
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import LifetimeClass
 from kvchain.model.spec import ModelSpec
@@ -121,7 +121,7 @@ class SimConfig:
     model: ModelSpec
     gpu: GPUSpec
     trace: Trace
-    mem_fraction: float = 0.9
+    mem_fraction: float = DEFAULT_MEM_FRACTION
     page_size: int = 16
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     buffer_bytes: int | None = None

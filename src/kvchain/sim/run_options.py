@@ -52,7 +52,7 @@ from kvchain.bands.geometry import StateRollback
 from kvchain.cache.radix import ResumePolicy
 from kvchain.errors import ConfigError
 from kvchain.field_types import check_field_types
-from kvchain.gpu import GPUSpec
+from kvchain.gpu import DEFAULT_MEM_FRACTION, GPUSpec
 from kvchain.model.layers import CacheDtype
 from kvchain.model.params import WeightFormat
 from kvchain.model.spec import ModelSpec
@@ -115,7 +115,7 @@ class RunOptions:
     truncate: bool = field(default=False, metadata=option(
         "Cut the prompt of a request past the model's context to context - output tokens "
         "(counted) instead of rejecting it.", flags="--truncate"))
-    mem_fraction: float = field(default=0.9, metadata=option(
+    mem_fraction: float = field(default=DEFAULT_MEM_FRACTION, metadata=option(
         "Fraction of GPU memory for weights + KV cache (vLLM's gpu_memory_utilization).",
         axis=True))
     buffer_bytes: int | None = field(default=None, metadata=option(

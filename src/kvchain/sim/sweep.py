@@ -43,7 +43,7 @@ from typing import Any
 from kvchain.baselines import ManagerKind
 from kvchain.catalog.loader import load_model_source
 from kvchain.errors import ConfigError
-from kvchain.gpu import get_gpu
+from kvchain.gpu import DEFAULT_MEM_FRACTION, get_gpu
 from kvchain.model.layers import CacheDtype
 from kvchain.model.params import WeightFormat
 from kvchain.model.spec import ModelSpec
@@ -185,7 +185,7 @@ class SweepGrid:
     tp: tuple[int, ...] = (1,)
     traces: tuple[str, ...] = ("azure-conv",)
     rate_scales: tuple[float, ...] = (1.0,)
-    mem_fractions: tuple[float, ...] = (0.9,)
+    mem_fractions: tuple[float, ...] = (DEFAULT_MEM_FRACTION,)
     prefix_caches: tuple[str, ...] = ("auto",)
     managers: tuple[str, ...] = tuple(str(k) for k in ManagerKind)
     options: RunOptions = field(default_factory=RunOptions)
