@@ -152,6 +152,13 @@ class ModelSpec:
         return c.bytes_per_slot if c else 0
 
     @property
+    def resident_weight_bytes(self) -> int:
+        """Bytes of weights the GPU holds per rank: the target's plus the draft's (a draft
+        model, EAGLE head or MTP layer is loaded beside the target; the KV buffer gets
+        what is left, :func:`kvchain.gpu.kv_buffer_bytes`)."""
+        return self.weight_bytes + (self.draft.weight_bytes if self.draft else 0)
+
+    @property
     def draft_bands(self) -> tuple[CacheClass, ...]:
         """The draft's own classes (bands of the chain), low -> high in model order; empty
         without a draft or for a draft that shares the target's KV."""
