@@ -124,3 +124,18 @@ def test_layout_refuses_two_classes_of_one_key() -> None:
     a = CacheClass.of((declared_layer(0, FULL, 10),))
     with pytest.raises(LayoutError, match="one lifetime and size of one owner"):
         plan_layout([a, a], 100_000, 16)
+
+
+def test_chain_order_is_by_bytes_not_by_owner() -> None:
+    # A draft whose state slot (9,000 B) is larger than the target's (5,000 B) takes the
+    # LOW END; equal full bytes per token (100 B each) put the target's full band at the
+    # HIGH END (the tie goes to the target), the draft's floats.
+    target = _spec("t", declared_layer(0, STATE, 5000), declared_layer(1, FULL, 100))
+    draft = _spec("d", declared_layer(0, STATE, 9000), declared_layer(1, FULL, 100))
+    layout = plan_layout(with_draft(target, draft).classes, 10_000_000, 16)
+    assert layout.shape_name == "draft.state|state|draft.full|full"
+    assert layout.index_of(STATE) == 1 and layout.index_of(STATE, DRAFT) == 0
+    # A draft full band with more bytes per token than the target's is the END.
+    big = _spec("d", declared_layer(0, FULL, 300))
+    assert plan_layout(with_draft(target, big).classes, 10_000_000,
+                       16).shape_name == "state|full|draft.full"

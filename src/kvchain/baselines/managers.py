@@ -156,26 +156,35 @@ def fixed_pool_shares(classes: Sequence[CacheClass]) -> tuple[float, ...]:
     Several window (or local) classes: each holds ``0.8`` tokens per full-pool token
     (SGLang has one window pool; the ratio is applied to each), so full gets
     ``E_full / (E_full + 0.8 x sum(E_win))``; without a full class, window pools split
-    the rest by bytes per token.
+    the rest by bytes per token. Several full or state classes (a target's and a draft
+    model's): pools of the same count, as :func:`kvchain.capacity.fixed_pool_layouts`.
     """
     ordered = _ordered(classes)
     shares = [0.0] * len(ordered)
     rest = 1.0
     state = [i for i, c in enumerate(ordered) if c.lifetime is LifetimeClass.STATE]
-    if state and len(ordered) > 1:
-        shares[state[0]] = MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
-        rest -= shares[state[0]]
+    if state and len(state) < len(ordered):
+        # Several state classes (a target's and a draft model's) split the state share by
+        # slot bytes: each holds one slot per request (capacity.fixed_pool_layouts).
+        share = MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
+        slots = sum(ordered[i].bytes_per_slot for i in state)
+        for i in state:
+            shares[i] = share * ordered[i].bytes_per_slot / slots
+        rest -= share
     wins = [i for i, c in enumerate(ordered)
             if c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
     full = [i for i, c in enumerate(ordered) if c.lifetime is LifetimeClass.FULL]
     if wins and full:
-        e_f = ordered[full[0]].bytes_per_token
+        # Several full classes hold one token each per request token: E_full is their sum.
+        e_f = sum(ordered[i].bytes_per_token for i in full)
         e_w = [SWA_FULL_TOKENS_RATIO * ordered[i].bytes_per_token for i in wins]
-        shares[full[0]] = rest * e_f / (e_f + sum(e_w))
+        for i in full:
+            shares[i] = rest * ordered[i].bytes_per_token / (e_f + sum(e_w))
         for i, e in zip(wins, e_w, strict=True):
             shares[i] = rest * e / (e_f + sum(e_w))
     else:
-        others = [i for i in range(len(ordered)) if i not in state or len(ordered) == 1]
+        others = [i for i in range(len(ordered))
+                  if i not in state or len(state) == len(ordered)]
         total_e = sum(max(ordered[i].bytes_per_token, 1) for i in others)
         for i in others:
             shares[i] = rest * max(ordered[i].bytes_per_token, 1) / total_e
