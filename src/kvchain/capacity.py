@@ -79,6 +79,12 @@ def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
     fixed-pool baseline uses): the state pool takes ``0.9 / 1.9`` of the buffer; each window
     (or local) pool holds ``0.8 x`` the full pool's tokens; without a full class the pools
     split the rest in proportion to their bytes per token. Pools come in band order.
+    Several state or full classes (a target's and a draft model's) are pools of their own
+    that hold the same count: the state pools split the state share by slot bytes (one
+    slot per request in each), the full pools the full share by bytes per token (one
+    token of each per token of the request), as SGLang's EAGLE draft worker shares the
+    target's token allocator, so its KV pool holds the target's token count
+    (``python/sglang/srt/speculative/eagle_worker.py``).
 
     Raises:
         BufferTooSmallError: a pool too small for one smallest request (the message names
@@ -254,17 +260,20 @@ def _capacity(parts: _Parts, buffer_bytes: int, prompt: int, output: int,
     held_all: list[Demand] = []
     for g, _ in parts:
         slot_pages = [0] * g.num_bands
-        if g.state is not None:
-            slot_pages[g.state] = slots
+        for band in g.states:  # every state band holds the slots (a draft's too)
+            slot_pages[band] = slots
         held_all.append(Demand(tuple(slot_pages)))
     full_tokens = 0
     if all_fit(held_all):  # every pool holds its share of the slots
+        counts = []
         for (g, snap), held in zip(parts, held_all, strict=True):
-            if g.full is None:
+            if not g.fulls:
                 continue
             one_page = [0] * g.num_bands
-            one_page[g.full] = 1
-            full_tokens = max_units(snap, Demand(tuple(one_page)), held) * g.page_size
+            for band in g.fulls:  # a token's KV in every full band (a draft's too)
+                one_page[band] = 1
+            counts.append(max_units(snap, Demand(tuple(one_page)), held) * g.page_size)
+        full_tokens = min(counts) if counts else 0  # every pool must hold them
     return Capacity(longest, concurrent, full_tokens, slots)
 
 
@@ -377,9 +386,10 @@ def plan_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1,
         raise ConfigError(f"tp must be >= 1, got {tp}")
     if buffer_bytes is None:
         reserve = DEFAULT_ACTIVATION_RESERVE_BYTES
-        budget = MemoryBudget(kv_buffer_bytes(gpu, model.weight_bytes, mem_fraction=mem_fraction,
+        weights = model.resident_weight_bytes  # a draft's weights beside the target's
+        budget = MemoryBudget(kv_buffer_bytes(gpu, weights, mem_fraction=mem_fraction,
                                               activation_reserve_bytes=reserve), False,
-                              gpu.memory_bytes, mem_fraction, model.weight_bytes, reserve)
+                              gpu.memory_bytes, mem_fraction, weights, reserve)
     else:
         budget = MemoryBudget(buffer_bytes, True)
     layout = plan_layout(model.classes, budget.buffer_bytes, page_size)

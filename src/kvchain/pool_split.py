@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvchain.layout import band_order_key
+from kvchain.layout import chain_order
 from kvchain.model.layers import CacheClass, LifetimeClass
 
 #: Window (or chunked-local) pool tokens per full-pool token (SGLang ``--swa-full-tokens-ratio``).
@@ -24,7 +24,7 @@ MAMBA_FULL_MEMORY_RATIO = 0.9
 
 def ordered_classes(classes: Sequence[CacheClass]) -> list[CacheClass]:
     """Classes in the chain's band order (as :func:`~kvchain.layout.plan_layout`)."""
-    return sorted(classes, key=band_order_key)
+    return chain_order(classes)
 
 
 def fixed_pool_shares(classes: Sequence[CacheClass]) -> tuple[float, ...]:
@@ -39,6 +39,10 @@ def fixed_pool_shares(classes: Sequence[CacheClass]) -> tuple[float, ...]:
 
     Example: gpt-oss-120b (``E_full = E_win``): window 0.8 / 1.8 = 0.444, full 0.556.
 
+    Several full or state classes (a target's and a draft model's): the full pools share the
+    full part by bytes per token (``E_full`` is their sum), the state pools the state part
+    by slot bytes, so each pool holds the same count of tokens (slots).
+
     Args:
         classes: the model's lifetime classes, any order.
     """
@@ -46,20 +50,28 @@ def fixed_pool_shares(classes: Sequence[CacheClass]) -> tuple[float, ...]:
     shares = [0.0] * len(ordered)
     rest = 1.0
     state = [i for i, c in enumerate(ordered) if c.lifetime is LifetimeClass.STATE]
-    if state and len(ordered) > 1:
-        shares[state[0]] = MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
-        rest -= shares[state[0]]
+    if state and len(state) < len(ordered):
+        # Several state classes (a target's and a draft model's) split the state share by
+        # slot bytes: each holds one slot per request.
+        share = MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
+        slots = sum(ordered[i].bytes_per_slot for i in state)
+        for i in state:
+            shares[i] = share * ordered[i].bytes_per_slot / slots
+        rest -= share
     wins = [i for i, c in enumerate(ordered)
             if c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
     full = [i for i, c in enumerate(ordered) if c.lifetime is LifetimeClass.FULL]
     if wins and full:
-        e_f = ordered[full[0]].bytes_per_token
+        # Several full classes hold one token each per request token: E_full is their sum.
+        e_f = sum(ordered[i].bytes_per_token for i in full)
         e_w = [SWA_FULL_TOKENS_RATIO * ordered[i].bytes_per_token for i in wins]
-        shares[full[0]] = rest * e_f / (e_f + sum(e_w))
+        for i in full:
+            shares[i] = rest * ordered[i].bytes_per_token / (e_f + sum(e_w))
         for i, e in zip(wins, e_w, strict=True):
             shares[i] = rest * e / (e_f + sum(e_w))
     else:
-        others = [i for i in range(len(ordered)) if i not in state or len(ordered) == 1]
+        others = [i for i in range(len(ordered))
+                  if i not in state or len(state) == len(ordered)]
         total_e = sum(max(ordered[i].bytes_per_token, 1) for i in others)
         for i in others:
             shares[i] = rest * max(ordered[i].bytes_per_token, 1) / total_e

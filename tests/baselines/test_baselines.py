@@ -186,3 +186,23 @@ def test_every_manager_is_an_allocator(kind: ManagerKind) -> None:
     with alloc.pin_moves() as pin:
         assert pin.held
     assert not pin.held
+
+
+def test_needed_bytes_count_a_draft_models_full_and_state_bands() -> None:
+    """Regression (round 6): a second full or state class (a draft model's) was filed as a
+    window of 1 token (``min(L, 1) x E``) and a second state class likewise; each full
+    class holds all ``L`` tokens and each state class one slot."""
+    from kvchain.model import declare_model, with_draft
+
+    joined = with_draft(declare_model("t", full=1_000, state=50_000),
+                        declare_model("d", full=300, state=7_000))
+    needed = NeededBytes.of(joined.classes)
+    # 200 tokens x (1,000 + 300) B + the two slots 50,000 + 7,000 B.
+    assert needed.of_request(200, True) == 200 * 1_300 + 57_000
+    assert needed.of_request(200, False) == 260_000
+    # The fixed pools split the state share 50 : 7 and the rest 1,000 : 300.
+    shares = fixed_pool_shares(joined.classes)
+    state_share = 0.9 / 1.9
+    assert shares == pytest.approx((state_share * 50 / 57, state_share * 7 / 57,
+                                    (1 - state_share) * 300 / 1_300,
+                                    (1 - state_share) * 1_000 / 1_300), rel=1e-6)

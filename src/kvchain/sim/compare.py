@@ -69,10 +69,16 @@ class NeededBytes:
 
     @staticmethod
     def of(classes: Sequence[CacheClass]) -> NeededBytes:
-        """Read the terms off a model's classes."""
+        """Read the terms off a model's classes: every full class adds to ``e_full`` and
+        every state class to ``state`` (a target's and its draft model's both count); a
+        second window or local class goes to ``more``."""
         by: dict[LifetimeClass, CacheClass] = {}
         more: list[tuple[int, int, bool]] = []
+        e_full = sum(c.bytes_per_token for c in classes if c.lifetime is LifetimeClass.FULL)
+        state = sum(c.bytes_per_slot for c in classes if c.lifetime is LifetimeClass.STATE)
         for c in classes:
+            if c.lifetime in (LifetimeClass.FULL, LifetimeClass.STATE):
+                continue
             if c.lifetime in by:
                 more.append((c.bytes_per_token, c.window or 1, c.lifetime is LifetimeClass.LOCAL))
             else:
@@ -82,9 +88,7 @@ class NeededBytes:
             c = by.get(kind)
             return (c.bytes_per_token, c.window or 0) if c is not None else (0, 0)
 
-        state = by.get(LifetimeClass.STATE)
-        return NeededBytes(e(LifetimeClass.FULL)[0], *e(LifetimeClass.WINDOW),
-                           *e(LifetimeClass.LOCAL), state.bytes_per_slot if state else 0,
+        return NeededBytes(e_full, *e(LifetimeClass.WINDOW), *e(LifetimeClass.LOCAL), state,
                            tuple(more))
 
     def of_request(self, tokens: int, holds_state: bool) -> int:
