@@ -10,7 +10,9 @@ transformers (:class:`HFUnavailableError` otherwise). The pieces (see ``docs/hf.
   transformers' ``AttentionInterface`` as ``"kvchain_paged"``;
 * :mod:`kvchain.hf.engine` - a batched generation loop on kvchain's scheduler (optionally
   speculative: ``spec_tokens`` drafts per decode, verified and rolled back);
-* :mod:`kvchain.hf.speculative` - the draft model and the verify's acceptance rule.
+* :mod:`kvchain.hf.speculative` - the draft model and the verify's acceptance rule;
+* :mod:`kvchain.hf.checkpoints` - ``CHECKPOINTS`` rollback: the verify's recurrent mixers
+  run position by position and save the state after each position.
 """
 
 from __future__ import annotations

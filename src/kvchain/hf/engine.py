@@ -16,10 +16,17 @@ tokens (the last sampled token and the draft's ``k``) in the same one forward of
 decoding rows, over pages the request layer priced with its speculative demand; the
 verify (:mod:`kvchain.hf.speculative`) keeps ``1 + a`` and ``scheduler.complete`` hands
 ``a`` to ``KVManager.verify``, which releases the rejected drafts' pages. State layers roll
-back by ``REPLAY``: before the verify forward each row's working state slot is copied into
-its checkpoint slot; after a rejection it is copied back and the ``1 + a`` accepted tokens
-are computed again through the target (one forward per distinct ``a``), before the commit
-releases any window page those tokens read.
+back in one of two modes (``rollback``):
+
+* ``REPLAY`` (2 state slots per request): before the verify forward each row's working
+  state slot is copied into its checkpoint slot; after a rejection it is copied back and
+  the ``1 + a`` accepted tokens are computed again through the target (one forward per
+  distinct ``a``), before the commit releases any window page those tokens read;
+* ``CHECKPOINTS`` (``1 + k`` state slots per request, a ring): the verify forward runs
+  each recurrent mixer position by position (:mod:`kvchain.hf.checkpoints`) and saves the
+  state after position ``j`` into ring slot ``(w + j) mod (1 + k)``, ``w`` the ring slot
+  of the working state; the verify makes ring slot ``(w + a) mod (1 + k)`` (the state after
+  the last accepted token) the working slot: an index, nothing copied or recomputed.
 
 Sampling is greedy (argmax of the last position's logits, fp32). Each forward translates
 the rows' virtual page tables (``KVManager.page_table`` -> ``Chain.translate``) at the
@@ -28,6 +35,7 @@ moment it runs, so pages moved by the step's take are read where they now are.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,11 +49,12 @@ from kvchain.buffer import TorchBuffer
 from kvchain.errors import ConfigError, InvalidRequestError
 from kvchain.hf.attention import ATTENTION_NAME
 from kvchain.hf.cache import ChainCache
+from kvchain.hf.checkpoints import per_position_state, recurrent_mixers
 from kvchain.hf.context import ForwardBatch, LayerBinding, forward_context
 from kvchain.hf.layers import model_layer_caches
 from kvchain.hf.speculative import Draft, accepted_drafts
 from kvchain.layout import ChainLayout, plan_layout
-from kvchain.model.layers import group_classes
+from kvchain.model.layers import LifetimeClass, group_classes
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, RequestStatus, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
@@ -84,10 +93,15 @@ class SpecStats:
         accepted: drafts kept (a verify keeps ``1 + a`` tokens).
         rejected: verifies in which the target rejected a draft (its greedy token differs
             from a draft before the output length ends the step).
-        replays: state rollbacks (checkpoint copied back, ``1 + a`` tokens recomputed):
-            every verify that keeps ``a < k`` drafts (rejected, or cut by the output
-            length).
+        replays: ``REPLAY`` state rollbacks (checkpoint copied back, ``1 + a`` tokens
+            recomputed): every verify that keeps ``a < k`` drafts (rejected, or cut by the
+            output length).
         replayed_tokens: tokens recomputed by those replays.
+        checkpoint_rollbacks: ``CHECKPOINTS`` state rollbacks: verifies that keep
+            ``a < k`` drafts, whose working state becomes checkpoint ``a`` (not the state
+            after the last computed position); nothing recomputed.
+        checkpoints_saved: states saved into checkpoint slots under ``CHECKPOINTS``:
+            ``1 + k`` per verify (each for every state layer).
     """
 
     verifies: int = 0
@@ -96,6 +110,8 @@ class SpecStats:
     rejected: int = 0
     replays: int = 0
     replayed_tokens: int = 0
+    checkpoint_rollbacks: int = 0
+    checkpoints_saved: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,15 +140,16 @@ class ChainEngine:
         draft: proposes the drafts of speculative decode steps (e.g.
             :class:`~kvchain.hf.speculative.ModelDraft`); needs ``spec_tokens >= 1``.
         spec_tokens: ``k`` drafts per speculative decode step (0: plain decoding).
-        rollback: how state layers roll back rejected drafts; only
-            ``StateRollback.REPLAY`` is implemented here (``CHECKPOINTS`` needs the state
-            after each of the ``1 + k`` positions, which transformers' chunked recurrent
-            kernels do not return). Models without state layers take either.
+        rollback: how state layers roll back rejected drafts (module docstring):
+            ``StateRollback.REPLAY`` (1 checkpoint slot, recompute after a rejection) or
+            ``StateRollback.CHECKPOINTS`` (``k`` checkpoint slots, the verify's recurrent
+            mixers run position by position, no recompute). Models without state layers
+            take either (only pages roll back).
 
     Raises:
         ConfigError: the model's cache layers cannot be told, bad limits, a draft without
-            ``spec_tokens >= 1`` (or the reverse), or ``CHECKPOINTS`` on a model with
-            state layers.
+            ``spec_tokens >= 1`` (or the reverse), or ``CHECKPOINTS`` on a model whose
+            recurrent mixers cannot be found (:func:`~kvchain.hf.checkpoints.recurrent_mixers`).
         BufferTooSmallError: the buffer cannot hold one smallest request.
     """
 
@@ -158,11 +175,15 @@ class ChainEngine:
         self.buffer = TorchBuffer(self.layout.buffer_bytes, device=str(model.device))
         self.chain = Chain(self.layout, self.buffer)
         self.kv = KVManager(self.chain, spec_tokens=spec_tokens, rollback=rollback)
-        if (spec_tokens and self.kv.geom.state is not None
-                and rollback is not StateRollback.REPLAY):
-            raise ConfigError(f"state rollback {rollback} is not implemented by kvchain.hf "
-                              f"(transformers' recurrent kernels return only the last "
-                              f"position's state); use StateRollback.REPLAY")
+        # CHECKPOINTS on a state model: the mixers the verify runs position by position,
+        # and each request's working ring slot (index into its first 1 + k state slots)
+        self._mixers: dict[int, Any] = {}
+        self._work: dict[int, int] = {}
+        self.checkpointed = (spec_tokens > 0 and self.kv.geom.state is not None
+                             and rollback is StateRollback.CHECKPOINTS)
+        if self.checkpointed:
+            self._mixers = recurrent_mixers(model, [layer.index for layer in self.layers
+                                                    if layer.lifetime is LifetimeClass.STATE])
         self.scheduler = Scheduler(self.kv, SchedulerConfig(
             max_running=max_running, chunk_size=chunk_size,
             max_prefill_tokens=max_prefill_tokens or chunk_size, audit_every_step=audit))
@@ -221,6 +242,8 @@ class ChainEngine:
         accepted: dict[int, int] = {}  # a speculative step's accepted drafts per request
         with torch.no_grad():
             for chunk in batch.prefills:
+                if chunk.start == 0:  # fresh state slots (first chunk, or after retraction)
+                    self._work.pop(chunk.rid, None)
                 chunk_ids = self._seq[chunk.rid][chunk.start:chunk.start + chunk.tokens]
                 logits = self._forward([chunk.rid], [chunk.start], [chunk_ids])
                 r = self.scheduler.request(chunk.rid)
@@ -241,6 +264,7 @@ class ChainEngine:
             if (res.finished_step is None and req is not None
                     and req.status is RequestStatus.FINISHED):
                 res.finished_step = self.step_count
+                self._work.pop(rid, None)
         self.step_count += 1
         if self.flush_every is not None and self.step_count % self.flush_every == 0:
             self.chain.flush_idle()
@@ -270,10 +294,11 @@ class ChainEngine:
                                   f"expected {k}")
         ids = [[self._seq[d.rid][d.context], *dr]
                for d, dr in zip(batch.decodes, drafts, strict=True)]
-        replay = self.kv.geom.state is not None
+        replay = self.kv.geom.state is not None and not self.checkpointed
         if replay:
             self._copy_state(rids, to_checkpoint=True)
-        logits = self._forward(rids, starts, ids, keep=1 + k)  # [B, 1 + k, vocab]
+        # [B, 1 + k, vocab]; CHECKPOINTS: the state after every position saved
+        logits = self._forward(rids, starts, ids, keep=1 + k, checkpoints=self.checkpointed)
         greedy = logits.argmax(dim=-1).tolist()
         found = {rid: self._accept(dr, g) for rid, dr, g in zip(rids, drafts, greedy,
                                                                 strict=True)}
@@ -289,7 +314,22 @@ class ChainEngine:
         self.spec.rejected += sum(found[rid] < m for rid, m in zip(rids, most, strict=True))
         if replay:
             self._replay(batch, accepted, ids, k)
+        if self.checkpointed:
+            ring = 1 + k
+            for rid, a in accepted.items():
+                w = self._work.get(rid, 0)
+                self._work[rid] = self._accepted_checkpoint(w, a, ring)
+                self.spec.checkpoint_rollbacks += a < k
+            self.spec.checkpoints_saved += ring * len(rids)
         return accepted
+
+    @staticmethod
+    def _accepted_checkpoint(work: int, accepted: int, ring: int) -> int:
+        """``CHECKPOINTS`` rollback: the ring slot that holds the state after the last
+        accepted token, ``(work + accepted) mod ring`` (the verify saved the state after
+        its position ``j`` into ring slot ``(work + j) mod ring``); it becomes the working
+        slot."""
+        return (work + accepted) % ring
 
     @staticmethod
     def _accept(drafts: list[int], greedy: list[int]) -> int:
@@ -349,7 +389,8 @@ class ChainEngine:
         res.tokens.append(token)
         self._seq[rid].append(token)
 
-    def _batch(self, rids: list[int], starts: list[int], length: int) -> ForwardBatch:
+    def _batch(self, rids: list[int], starts: list[int], length: int,
+               checkpoints: bool = False) -> ForwardBatch:
         device = self.buffer.device
         geom = self.kv.geom
         tables: dict[int, torch.Tensor] = {}
@@ -367,32 +408,47 @@ class ChainEngine:
             for i, r in enumerate(rows):
                 table[i, :len(r)] = r
             tables[band] = torch.as_tensor(table, device=device)
-        slots = None
+        slots = ckpt = None
         if geom.state is not None:
-            phys = [int(self.chain.translate(geom.state,
-                                             self.kv.page_table(rid, geom.state)[:1])[0])
-                    for rid in rids]
-            slots = torch.as_tensor(phys, dtype=torch.long, device=device)
+            # the working slot: the first one, or under CHECKPOINTS ring slot w; with
+            # checkpoints, position j's state goes to ring slot (w + j) mod (1 + k)
+            ring = 1 + geom.spec_tokens if self.checkpointed else 1
+            cols = np.arange(length if checkpoints else 1)
+            phys = []
+            for rid in rids:
+                have = self.kv.page_table(rid, geom.state)
+                if len(have) < ring:
+                    raise ConfigError(f"request {rid} holds {len(have)} state slots; "
+                                      f"CHECKPOINTS needs {ring}")
+                w = self._work.get(rid, 0)
+                phys.append(self.chain.translate(geom.state, have[(w + cols) % ring]))
+            ring_slots = torch.as_tensor(np.array(phys, dtype=np.int64), device=device)
+            slots = ring_slots[:, 0].contiguous()
+            if checkpoints:
+                ckpt = ring_slots
         fresh = [s == 0 for s in starts]
         if any(fresh) and not all(fresh):
             raise ValueError("a forward mixes rows at position 0 with rows past it")
         start = torch.as_tensor(starts, dtype=torch.long, device=device)
         return ForwardBatch(start, length, geom.page_size, tables, slots, all(fresh),
-                            self.bindings)
+                            self.bindings, ckpt)
 
     def _forward(self, rids: list[int], starts: list[int], ids: list[list[int]],
-                 keep: int | None = None) -> torch.Tensor:
+                 keep: int | None = None, checkpoints: bool = False) -> torch.Tensor:
         """One forward of rows with equal token counts; returns ``[B, vocab]`` logits of
         each row's last token, or with ``keep`` the ``[B, keep, vocab]`` logits of its last
-        ``keep`` tokens."""
-        batch = self._batch(rids, starts, len(ids[0]))
+        ``keep`` tokens. ``checkpoints``: the recurrent mixers run position by position
+        and save the state after each position into the rows' checkpoint ring slots."""
+        batch = self._batch(rids, starts, len(ids[0]), checkpoints)
         device = self.model.device
         input_ids = torch.as_tensor(ids, dtype=torch.long, device=device)
         config = self.model.config
         previous = config._attn_implementation
         self.model.set_attn_implementation(ATTENTION_NAME)
         try:
-            with forward_context(batch):
+            split = (per_position_state(self._mixers, self.cache) if checkpoints
+                     else contextlib.nullcontext())
+            with forward_context(batch), split:
                 self.cache.load(batch)
                 out = self.model(input_ids=input_ids, position_ids=batch.positions(),
                                  cache=self.cache, use_cache=True,
