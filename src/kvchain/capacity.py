@@ -79,6 +79,12 @@ def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
     local) pool holds ``0.8 x`` the full pool's tokens (``--swa-full-tokens-ratio 0.8``;
     SGLang has one window pool, so several window sizes each get that ratio); without a
     full class the window pools split the rest in proportion to their bytes per token.
+    Several state or full classes (a target's and a draft model's) are pools of their own
+    that hold the same count: the state pools split the state share by slot bytes (one
+    slot per request in each), the full pools the full share by bytes per token (one
+    token of each per token of the request), as SGLang's EAGLE draft worker shares the
+    target's token allocator, so its KV pool holds the target's token count
+    (``python/sglang/srt/speculative/eagle_worker.py``).
 
     Raises:
         BufferTooSmallError: a pool too small for one smallest request (the message names
@@ -87,37 +93,33 @@ def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
     """
     b = layout.buffer_bytes
     classes = [band.cache_class for band in layout.bands]
-    state = next((c for c in classes if c.lifetime is LifetimeClass.STATE), None)
+    states = [c for c in classes if c.lifetime is LifetimeClass.STATE]
     rest = b
     pools: list[tuple[CacheClass, int]] = []
-    if state is not None:
+    if states:
         state_bytes = int(b * STATE_FULL_MEMORY_RATIO / (1 + STATE_FULL_MEMORY_RATIO))
-        if len(classes) == 1:
+        if len(states) == len(classes):
             state_bytes = b
-        pools.append((state, state_bytes))
+        pools.extend(_split(states, state_bytes, [c.bytes_per_slot for c in states]))
         rest = b - state_bytes
-    full = next((c for c in classes if c.lifetime is LifetimeClass.FULL), None)
+    fulls = [c for c in classes if c.lifetime is LifetimeClass.FULL]
     wins = [c for c in classes if c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
-    if full is not None and wins:
-        # Every window (or local) pool holds 0.8 x the full pool's tokens.
+    if fulls and wins:
+        # Every window (or local) pool holds 0.8 x the full pools' tokens.
+        e_full = sum(c.bytes_per_token for c in fulls)
         e_wins = sum(c.bytes_per_token for c in wins)
-        full_tokens = rest / (full.bytes_per_token + WINDOW_FULL_TOKENS_RATIO * e_wins)
-        full_bytes = int(full_tokens * full.bytes_per_token)
-        pools.append((full, full_bytes))
+        full_tokens = rest / (e_full + WINDOW_FULL_TOKENS_RATIO * e_wins)
+        full_bytes = int(full_tokens * e_full)
+        pools.extend(_split(fulls, full_bytes, [c.bytes_per_token for c in fulls]))
         left = rest - full_bytes
         for i, c in enumerate(wins):
             share = (left if i == len(wins) - 1
                      else int(full_tokens * WINDOW_FULL_TOKENS_RATIO * c.bytes_per_token))
             pools.append((c, share))
             left -= share
-    elif full is not None or wins:
-        pool_classes = [full] if full is not None else wins
-        total_e = sum(c.bytes_per_token for c in pool_classes)
-        left = rest
-        for i, c in enumerate(pool_classes):
-            share = left if i == len(pool_classes) - 1 else int(rest * c.bytes_per_token / total_e)
-            pools.append((c, share))
-            left -= share
+    elif fulls or wins:
+        pool_classes = fulls or wins
+        pools.extend(_split(pool_classes, rest, [c.bytes_per_token for c in pool_classes]))
     out = []
     for c, nbytes in pools:
         try:
@@ -129,6 +131,18 @@ def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
                 f"buffer) cannot hold one smallest request: it needs "
                 f"{exc.needed_bytes:,} B", needed_bytes=exc.needed_bytes,
                 available_bytes=nbytes) from None
+    return out
+
+
+def _split(classes: list[CacheClass], total: int, weights: list[int]
+           ) -> list[tuple[CacheClass, int]]:
+    """``total`` bytes split over ``classes`` in proportion to ``weights`` (bytes per token
+    or per slot: each pool then holds the same count), the last taking the remainder."""
+    out, left, whole = [], total, sum(weights)
+    for i, (c, w) in enumerate(zip(classes, weights, strict=True)):
+        share = left if i == len(classes) - 1 else int(total * w / whole)
+        out.append((c, share))
+        left -= share
     return out
 
 
@@ -284,17 +298,20 @@ def _capacity(parts: _Parts, buffer_bytes: int, prompt: int, output: int,
     held_all: list[Demand] = []
     for g, _ in parts:
         slot_pages = [0] * g.num_bands
-        if g.state is not None:
-            slot_pages[g.state] = slots
+        for band in g.states:  # every state band holds the slots (a draft's too)
+            slot_pages[band] = slots
         held_all.append(Demand(tuple(slot_pages)))
     full_tokens = 0
     if all_fit(held_all):  # every pool holds its share of the slots
+        counts = []
         for (g, snap), held in zip(parts, held_all, strict=True):
-            if g.full is None:
+            if not g.fulls:
                 continue
             one_page = [0] * g.num_bands
-            one_page[g.full] = 1
-            full_tokens = max_units(snap, Demand(tuple(one_page)), held) * g.page_size
+            for band in g.fulls:  # a token's KV in every full band (a draft's too)
+                one_page[band] = 1
+            counts.append(max_units(snap, Demand(tuple(one_page)), held) * g.page_size)
+        full_tokens = min(counts) if counts else 0  # every pool must hold them
     return Capacity(longest, concurrent, full_tokens, slots)
 
 
@@ -406,9 +423,10 @@ def plan_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, mem_fraction: 
         raise ConfigError(f"tp must be >= 1, got {tp}")
     if buffer_bytes is None:
         reserve = DEFAULT_ACTIVATION_RESERVE_BYTES
-        budget = MemoryBudget(kv_buffer_bytes(gpu, model.weight_bytes, mem_fraction=mem_fraction,
+        weights = model.resident_weight_bytes  # a draft's weights beside the target's
+        budget = MemoryBudget(kv_buffer_bytes(gpu, weights, mem_fraction=mem_fraction,
                                               activation_reserve_bytes=reserve), False,
-                              gpu.memory_bytes, mem_fraction, model.weight_bytes, reserve)
+                              gpu.memory_bytes, mem_fraction, weights, reserve)
     else:
         budget = MemoryBudget(buffer_bytes, True)
     layout = plan_layout(model.classes, budget.buffer_bytes, page_size)

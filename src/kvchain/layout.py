@@ -8,15 +8,17 @@ The chain (docs/design.md §2)::
 
 Band order is fixed by lifetime: state < window and chunked-local < full; several window
 or chunked-local classes (one per window size) lie in order of bytes per request, largest
-first (:func:`band_order_key`). One class is a plain pool (a LOW END); two
-classes are two ENDs; three or more are LOW END | FLOAT ... FLOAT | HIGH END. The ENDs hold
-what is costly to move or grows without bound (state slots, full-attention pages); window
-and chunked-local bands are capped per request and cheapest to move, so they float. The
-order among floats is a fixed, deterministic function of the classes (same labels and
-order on every rank); it barely changes capacity (with moves, whether a demand fits
-depends on live pages plus at most one page of grid rounding per float edge) but decides
-which float the full END runs into and copies: the smallest (docs/pricing.md, "Chains of
-N bands").
+first; several state or full classes (a target's and its draft's) are bands of their own:
+the largest state slot is the LOW END, the full class with the most bytes per token the
+HIGH END, other full classes float lowest (:func:`band_order_key`, :func:`chain_order`).
+One class is a plain pool (a LOW END); two classes are two ENDs; three or more are LOW END
+| FLOAT ... FLOAT | HIGH END. The ENDs hold what is costly to move or grows without bound
+(state slots, full-attention pages); window and chunked-local bands are capped per request
+and cheapest to move, so they float. The order among floats is a fixed, deterministic
+function of the classes (same labels and order on every rank); it barely changes capacity
+(with moves, whether a demand fits depends on live pages plus at most one page of grid
+rounding per float edge) but decides which float the full END runs into and copies: the
+smallest (docs/pricing.md, "Chains of N bands").
 
 Page grids: a LOW END and the FLOAT use the absolute grid (physical page ``j`` at bytes
 ``[j * P, (j + 1) * P)``); a HIGH END is anchored at ``B``, so its grid starts at
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kvchain.errors import BufferTooSmallError, LayoutError
-from kvchain.model.layers import CacheClass, LifetimeClass
+from kvchain.model.layers import TARGET, CacheClass, LayerCache, LifetimeClass, owner_label
 
 MAX_PAGES_PER_BAND = 1 << 28
 """Most pages one band may address: its virtual and physical page tables are int64 arrays
@@ -106,21 +108,38 @@ class ChainLayout:
     bands: tuple[BandLayout, ...]
     state_slots_per_request: int = 1
 
-    def index_of(self, lifetime: LifetimeClass) -> int | None:
-        """Band index (low -> high) of a lifetime class, or ``None`` if absent."""
-        for i, band in enumerate(self.bands):
-            if band.lifetime is lifetime:
-                return i
-        return None
+    def index_of(self, lifetime: LifetimeClass, owner: str | None = TARGET) -> int | None:
+        """Band index (low -> high) of the lowest band of a lifetime class owned by
+        ``owner`` (default: the target's; ``None``: any owner's), or ``None`` if absent."""
+        found = self.indices_of(lifetime, owner)
+        return found[0] if found else None
 
-    def indices_of(self, lifetime: LifetimeClass) -> tuple[int, ...]:
-        """Band indices (low -> high) of every band of a lifetime class."""
-        return tuple(i for i, band in enumerate(self.bands) if band.lifetime is lifetime)
+    def indices_of(self, lifetime: LifetimeClass, owner: str | None = None
+                   ) -> tuple[int, ...]:
+        """Band indices (low -> high) of every band of a lifetime class owned by
+        ``owner`` (default ``None``: every owner's)."""
+        return tuple(i for i, band in enumerate(self.bands) if band.lifetime is lifetime
+                     and (owner is None or band.cache_class.owner == owner))
 
-    def band(self, lifetime: LifetimeClass) -> BandLayout | None:
-        """The band of a lifetime class, or ``None``."""
-        i = self.index_of(lifetime)
+    def band(self, lifetime: LifetimeClass, owner: str | None = TARGET) -> BandLayout | None:
+        """The lowest band of a lifetime class owned by ``owner`` (as :meth:`index_of`),
+        or ``None``."""
+        i = self.index_of(lifetime, owner)
         return None if i is None else self.bands[i]
+
+    def band_of(self, layer: LayerCache) -> int:
+        """Index (low -> high) of the band that holds ``layer``'s cache: the band whose
+        class has the layer's ``(owner, lifetime, window)``. A draft's layer (``owner =
+        "draft"``, its own 0-based index) finds its draft band.
+
+        Raises:
+            LayoutError: no band of the chain holds such a layer.
+        """
+        for i, band in enumerate(self.bands):
+            if band.cache_class.holds(layer):
+                return i
+        raise LayoutError(f"no band of {self.shape_name} holds layer {layer.index} "
+                          f"({layer.owner} {layer.lifetime}, window {layer.window})")
 
     @property
     def reserved_bytes(self) -> int:
@@ -175,22 +194,45 @@ def smallest_request_bytes(layout_bands: Sequence[BandLayout], state_slots: int)
     return sum(n * b.page_bytes for n, b in zip(pages, layout_bands, strict=True))
 
 
-def band_order_key(c: CacheClass) -> tuple[int, int, int, int]:
-    """Sort key of a class in the chain, low -> high: state first, full last, and between
-    them the window and chunked-local classes by their bytes per request, largest first
-    (``W x E`` for a window, ``C x E`` for a local chunk; ties: windows before local, then
-    by size).
+def band_order_key(c: CacheClass, end: bool = True) -> tuple[int, int, int, int, bool, str]:
+    """Sort key of a class in the chain, low -> high: state first (largest slot first),
+    the full END last, and between them the floats: full classes that are not the END
+    (a draft's, :func:`chain_order`) first, then the window and chunked-local classes by
+    their bytes per request, largest first (``W x E`` for a window, ``C x E`` for a local
+    chunk; ties: windows before local, then by size); last ties: the target's class
+    first, then by owner.
+
+    Args:
+        c: the class.
+        end: for a full class, whether it is the chain's full END (the HIGH END); a full
+            class that is not floats, lowest of the floats.
 
     Why: the full END grows the most per step and runs into the float next to it most
     often; the planner then relocates or compacts that float, copying its live pages, so
     the float with the fewest bytes per request belongs there. The state END grows by a
-    few slots per admission, so the largest float sits next to it. Example: windows of 128
-    (16,384 B/token) and 1,024 tokens (8,192 B/token): ``window1024 (8 MiB) | window128 (2
-    MiB) | full``.
+    few slots per admission, so the largest float sits next to it: a floating full band
+    (unbounded bytes per request) sits lowest, next to the states. Example: windows of
+    128 (16,384 B/token) and 1,024 tokens (8,192 B/token): ``window1024 (8 MiB) |
+    window128 (2 MiB) | full``; with a draft's full band, ``draft.full | window1024 |
+    window128 | full``.
     """
-    rank = {LifetimeClass.STATE: 0, LifetimeClass.FULL: 2}.get(c.lifetime, 1)
-    footprint = (c.window or 0) * c.bytes_per_token if rank == 1 else 0
-    return (rank, -footprint, list(LifetimeClass).index(c.lifetime), c.window or 0)
+    if c.lifetime is LifetimeClass.STATE:
+        rank, size = 0, c.bytes_per_slot
+    elif c.lifetime is LifetimeClass.FULL:
+        rank, size = (3, 0) if end else (1, c.bytes_per_token)
+    else:
+        rank, size = 2, (c.window or 0) * c.bytes_per_token
+    return (rank, -size, list(LifetimeClass).index(c.lifetime), c.window or 0,
+            c.owner != TARGET, c.owner)
+
+
+def chain_order(classes: Sequence[CacheClass]) -> list[CacheClass]:
+    """The classes in chain order, low -> high (:func:`band_order_key`): the full END is
+    the full class with the most bytes per token (ties: the target's), the one that grows
+    fastest; other full classes float."""
+    fulls = [c for c in classes if c.lifetime is LifetimeClass.FULL]
+    top = max(fulls, key=lambda c: (c.bytes_per_token, c.owner == TARGET)) if fulls else None
+    return sorted(classes, key=lambda c: band_order_key(c, c is top))
 
 
 def chain_anchors(n: int) -> list[Anchor]:
@@ -212,8 +254,9 @@ def plan_layout(
     """Lay out cache classes as a chain in a buffer of ``buffer_bytes``.
 
     Args:
-        classes: the model's cache classes (any order; at most one state and one full
-            class; window and chunked-local classes of distinct sizes).
+        classes: the model's cache classes (any order; one per ``(owner, lifetime,
+            window)``: several state, full, window or chunked-local classes are several
+            bands, e.g. a target's and its draft's, :func:`kvchain.model.with_draft`).
         buffer_bytes: ``B``, bytes of the KV buffer.
         page_size: ``P``, tokens per page of every token band.
         state_slots_per_request: state slots a request claims (1 + checkpoint slots).
@@ -223,8 +266,8 @@ def plan_layout(
         The layout, bands ordered low -> high.
 
     Raises:
-        LayoutError: no classes, two state or two full classes, two window (or two
-            chunked-local) classes of one size, a zero or negative size, a window below 1,
+        LayoutError: no classes, two classes of one owner, lifetime and window (or chunk)
+            size, a zero or negative size, a window below 1,
             or more than :data:`MAX_PAGES_PER_BAND` pages in a band.
         BufferTooSmallError: the buffer cannot hold one smallest request
             (:func:`smallest_request_pages`: one full page, ``ceil((W - 1) / P) + 1``
@@ -242,14 +285,14 @@ def plan_layout(
         raise LayoutError(f"state_slots_per_request must be >= 1, got {state_slots_per_request}")
     if not classes:
         raise LayoutError("no cache classes to lay out")
-    keys = [(c.lifetime, c.window) for c in classes]
+    keys = [c.key for c in classes]
     if len(set(keys)) != len(keys):
-        raise LayoutError(f"two cache classes of one lifetime and size: "
-                          f"{[f'{lt}/{w}' for lt, w in keys]}")
-    ordered = sorted(classes, key=band_order_key)
+        raise LayoutError(f"two cache classes of one lifetime and size of one owner: "
+                          f"{[owner_label(o, f'{lt}/{w}') for o, lt, w in keys]}")
+    ordered = chain_order(classes)
     labels = [c.label for c in ordered]
     if len(set(labels)) != len(labels):
-        ordered = [c.labelled(f"{c.lifetime.value}{c.window}")
+        ordered = [c.labelled(owner_label(c.owner, f"{c.lifetime.value}{c.window}"))
                    if labels.count(c.label) > 1 else c for c in ordered]
     for c in ordered:
         if c.is_token_class:

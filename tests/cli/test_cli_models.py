@@ -24,7 +24,7 @@ def test_json_output():
     result = invoke("--json")
     assert result.exit_code == 0, result.output
     rows = {row["name"]: row for row in json.loads(result.output)}
-    assert len(rows) == 24
+    assert len(rows) == 25
     oss = rows["gpt-oss-120b"]
     assert (oss["classes"], oss["e_full"], oss["e_win"], oss["w"], oss["s"]) == (
         "window+full",

@@ -41,6 +41,8 @@ EXPECTED = {
         FULL: (12, 12 * 8 * 128 * 2, None),
     },
     "Qwen--Qwen3-8B": {FULL: (36, 36 * 8 * 256 * 2, None)},
+    # 28 layers x 8 KV heads x (128 + 128) x 2 B = 114,688 B per token (the draft of round 6)
+    "Qwen--Qwen3-0.6B": {FULL: (28, 28 * 8 * 256 * 2, None)},
     "meta-llama--Meta-Llama-3.1-8B": {FULL: (32, 32 * 8 * 256 * 2, None)},
     "Qwen--Qwen3-Next-80B-A3B-Thinking": {
         # conv (3, 2*16*128 + 32*128) + recurrent (32, 128, 128), bf16

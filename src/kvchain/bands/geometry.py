@@ -59,12 +59,16 @@ class RequestGeometry:
             decoding). With ``rollback = REPLAY`` one more state slot instead of ``k``.
         rollback: how the state band rolls back (:class:`StateRollback`).
         windows: the window and chunked-local policies, low -> high (derived).
-        full: index of the full-attention band, or ``None`` (derived; the prefix cache's
-            keyed band).
+        fulls: indices of every full-attention band, low -> high (derived; a target's
+            and its draft's are two).
+        states: indices of every state band, low -> high (derived).
+        full: index of the lowest full-attention band, or ``None`` (derived; the prefix
+            cache's keyed band: the cache refuses a chain with several, ``fulls``).
         window: index of the lowest window or chunked-local band, or ``None`` (derived;
             a shorthand for one-window callers: the prefix cache and the request layer
             use every band of ``windows``).
-        state: index of the state band, or ``None`` (derived).
+        state: index of the lowest state band, or ``None`` (derived; the request layer
+            treats every band of ``states`` alike).
 
     Raises:
         ConfigError: a policy whose band or page size does not match its place.
@@ -79,6 +83,8 @@ class RequestGeometry:
     spec_tokens: int = 0
     rollback: StateRollback = StateRollback.CHECKPOINTS
     windows: tuple[_WindowedPolicy, ...] = field(init=False)
+    fulls: tuple[int, ...] = field(init=False)
+    states: tuple[int, ...] = field(init=False)
     full: int | None = field(init=False)
     window: int | None = field(init=False)
     state: int | None = field(init=False)
@@ -91,13 +97,16 @@ class RequestGeometry:
                 raise ConfigError(f"band {b}: policy {pol!r} does not match its place "
                                   f"(page size {self.page_size})")
         windows = tuple(p for p in self.policies if isinstance(p, _WindowedPolicy))
+        fulls, states = self._all_of(FullPolicy), self._all_of(StatePolicy)
         object.__setattr__(self, "windows", windows)
-        object.__setattr__(self, "full", self._first_of(FullPolicy))
+        object.__setattr__(self, "fulls", fulls)
+        object.__setattr__(self, "states", states)
+        object.__setattr__(self, "full", fulls[0] if fulls else None)
         object.__setattr__(self, "window", windows[0].band if windows else None)
-        object.__setattr__(self, "state", self._first_of(StatePolicy))
+        object.__setattr__(self, "state", states[0] if states else None)
 
-    def _first_of(self, kind: type[BandPolicy]) -> int | None:
-        return next((p.band for p in self.policies if isinstance(p, kind)), None)
+    def _all_of(self, kind: type[BandPolicy]) -> tuple[int, ...]:
+        return tuple(p.band for p in self.policies if isinstance(p, kind))
 
     @property
     def num_bands(self) -> int:
@@ -109,8 +118,11 @@ class RequestGeometry:
            rollback: StateRollback = StateRollback.CHECKPOINTS) -> RequestGeometry:
         """Read the geometry off a layout: a policy per band by its lifetime class, for
         speculative steps of ``spec_tokens`` drafts (0: none) rolled back by ``rollback``:
-        the state band's slots are the layout's ``state_slots_per_request`` plus
-        ``spec_tokens`` (``CHECKPOINTS``) or plus 1 (``REPLAY``, when ``spec_tokens > 0``).
+        every state band's slots are the layout's ``state_slots_per_request`` plus
+        ``spec_tokens`` (``CHECKPOINTS``) or plus 1 (``REPLAY``, when ``spec_tokens > 0``):
+        a draft model's state follows the request's tokens like the target's, so it keeps
+        the same checkpoints. ``slot_bytes`` and ``page_bytes`` are the lowest state and
+        full bands' (the prefix cache's budget; it refuses chains with several).
 
         Raises:
             ConfigError: ``spec_tokens`` not an int >= 0, or an unknown ``rollback``.
@@ -133,8 +145,10 @@ class RequestGeometry:
                 policies.append(StatePolicy(i, p, slots))
             else:
                 policies.append(FullPolicy(i, p))
-        full = layout.index_of(LifetimeClass.FULL)
-        state = layout.index_of(LifetimeClass.STATE)
+        fulls = layout.indices_of(LifetimeClass.FULL)
+        states = layout.indices_of(LifetimeClass.STATE)
+        full = fulls[0] if fulls else None
+        state = states[0] if states else None
         return RequestGeometry(
             p, tuple(policies), slots,
             slot_bytes=layout.bands[state].page_bytes if state is not None else 0,

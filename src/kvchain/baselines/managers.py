@@ -30,8 +30,8 @@ from kvchain.layout import (
     Anchor,
     BandLayout,
     ChainLayout,
-    band_order_key,
     chain_anchors,
+    chain_order,
     plan_layout,
     smallest_request_bytes,
 )
@@ -100,7 +100,7 @@ class EqualPageGeometry:
 
 def _ordered(classes: Sequence[CacheClass]) -> list[CacheClass]:
     """Classes in the chain's band order (as :func:`~kvchain.layout.plan_layout`)."""
-    return sorted(classes, key=band_order_key)
+    return chain_order(classes)
 
 
 def equal_page_geometry(classes: Sequence[CacheClass], page_size: int = 16) -> EqualPageGeometry:

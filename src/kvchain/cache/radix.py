@@ -73,7 +73,7 @@ import numpy as np
 from kvchain.alloc.snapshot import EvictionOrder
 from kvchain.audit import resolve_audit
 from kvchain.bands.geometry import RequestGeometry
-from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
+from kvchain.errors import AuditError, ConfigError, InvalidRequestError, PlanMismatchError
 
 LEAF = 0
 TAILS = 1
@@ -391,6 +391,21 @@ def _check_pins(name: str, want: Iterable[_K], have: Mapping[_K, int]) -> None:
                          f"running requests read {sorted(count.items(), key=str)[:8]}")
 
 
+def cache_refusal(geom: CacheGeometry) -> str | None:
+    """Why the prefix cache cannot serve a chain of ``geom``, in words, or ``None`` when it
+    can: a radix node keeps one full-attention page list and one state checkpoint per
+    resume point, so a chain with several full bands or several state bands (a target's
+    and a speculative-decoding draft model's, :func:`kvchain.model.with_draft`) is refused
+    rather than cached in part (docs/design.md, "Draft model bands"). Any number of window
+    and chunked-local bands is served (each keeps its own tails)."""
+    parts = [f"{len(bands)} {kind} bands" for kind, bands in
+             (("full-attention", geom.fulls), ("state", geom.states)) if len(bands) > 1]
+    if not parts:
+        return None
+    return (f"the chain has {' and '.join(parts)} (e.g. a draft model's), and the prefix "
+            f"cache keys one full-attention band and one state band")
+
+
 class PrefixCache:
     """The radix tree and its eviction order (implements the chain's ``Evictor``).
 
@@ -418,13 +433,18 @@ class PrefixCache:
     Raises:
         InvalidRequestError: an interval that is not a positive multiple of the page size,
             or a ``junction_min_tokens`` below 1.
-        ConfigError: a bad ``audit`` flag.
+        ConfigError: a bad ``audit`` flag; a chain the cache cannot key
+            (:func:`cache_refusal`: several full or several state bands).
     """
 
     def __init__(self, geom: CacheGeometry, interval_tokens: int = 512,
                  policy: ResumePolicy = ResumePolicy.BLOCKS, junctions: bool = True,
                  junction_min_tokens: int | None = None, *,
                  audit: bool | None = None) -> None:
+        refused = cache_refusal(geom)
+        if refused is not None:
+            raise ConfigError(f"no prefix cache on this chain: {refused}; run without it "
+                              f"(--no-prefix-cache)")
         p = geom.page_size
         if type(interval_tokens) is not int or interval_tokens < p or interval_tokens % p:
             raise InvalidRequestError(f"interval_tokens must be a positive multiple of the page "

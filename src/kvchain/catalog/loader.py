@@ -1,7 +1,7 @@
 """The bundled model catalog: names and aliases -> :class:`~kvchain.model.spec.ModelSpec`.
 
 Package data under ``kvchain/catalog/data/`` (sources and licenses in ``SOURCES.md``):
-``models.json`` (19 models), ``model_configs/*.json`` (13 verbatim Hugging Face configs)
+``models.json`` (19 models), ``model_configs/*.json`` (14 verbatim Hugging Face configs)
 and ``catalog.json`` (the index: names, aliases, which file describes each model).
 
 A model with a verbatim config is built from it (:func:`~kvchain.model.hf.load_hf_config`);
@@ -24,12 +24,13 @@ from pathlib import Path
 from kvchain.catalog.models_json import entry_config
 from kvchain.catalog.views import bundled_fields
 from kvchain.errors import ConfigError, UnknownModelError
+from kvchain.model.draft import with_draft
 from kvchain.model.hf import load_hf_config
 from kvchain.model.hf_layers import read_config
 from kvchain.model.hf_transformers import ReadThrough
 from kvchain.model.layers import CacheDtype, LifetimeClass
 from kvchain.model.params import WeightFormat
-from kvchain.model.spec import ModelSpec
+from kvchain.model.spec import DraftKind, ModelSpec
 from kvchain.model.spec_file import load_spec_file
 
 
@@ -267,10 +268,56 @@ def load_model_source(
     tp: int = 1,
     state_dtype: CacheDtype | None = None,
     weight_format: WeightFormat | None = None,
+    draft_model: str | None = None,
 ) -> ModelSpec:
     """The model of a run, per tensor-parallel rank: a spec file, a Hugging Face
     ``config.json``, or a bundled name, in that order of precedence (``kvchain plan``,
-    ``simulate``, ``compare`` and ``sweep`` all load their model here).
+    ``simulate``, ``compare`` and ``sweep`` all load their model here); with
+    ``draft_model``, joined with that bundled draft (:func:`load_draft`).
+
+    Raises:
+        UnknownModelError: no bundled model (or draft) has that name.
+        ConfigError and subclasses: as :func:`_load_source` and :func:`load_draft`.
+    """
+    target = _load_source(model, config, spec_file=spec_file, kv_dtype=kv_dtype, tp=tp,
+                          state_dtype=state_dtype, weight_format=weight_format)
+    if draft_model is None:
+        return target
+    return load_draft(target, draft_model, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
+
+
+def load_draft(target: ModelSpec, name: str, *, kv_dtype: CacheDtype | None = None,
+               tp: int = 1, state_dtype: CacheDtype | None = None) -> ModelSpec:
+    """``target`` joined with the bundled model ``name`` as its speculative-decoding draft
+    (:func:`kvchain.model.with_draft`, kind ``MODEL``: a separate small model with KV of
+    its own, e.g. ``Qwen3-0.6B`` for the Qwen3 family, ``gemma-3-1b`` for Gemma 3), loaded
+    at the target's ``tp`` (a draft runs on the target's ranks, its bytes per rank) and
+    the same dtype overrides. The draft must share the target's tokenizer; kvchain holds
+    no vocabularies and does not check it.
+
+    Raises:
+        UnknownModelError: no bundled model has that name.
+        ConfigError: as :func:`load_model` (e.g. a ``tp`` the draft's heads do not
+            divide by) and :func:`~kvchain.model.with_draft`.
+    """
+    try:
+        draft = load_model(name, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
+    except UnknownModelError as exc:  # say which of the two names it was
+        raise UnknownModelError(f"--draft-model: {exc.args[0] if exc.args else exc}") from None
+    return with_draft(target, draft, DraftKind.MODEL)
+
+
+def _load_source(
+    model: str,
+    config: str | Path | None = None,
+    *,
+    spec_file: str | Path | None = None,
+    kv_dtype: CacheDtype | None = None,
+    tp: int = 1,
+    state_dtype: CacheDtype | None = None,
+    weight_format: WeightFormat | None = None,
+) -> ModelSpec:
+    """The target model of :func:`load_model_source` (no draft).
 
     ``kv_dtype`` / ``state_dtype`` override what a config declares (``None``: the config's
     dtype fields, else bf16; :mod:`kvchain.model.hf_dtypes`). ``weight_format`` says how a

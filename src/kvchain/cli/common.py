@@ -55,10 +55,10 @@ def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
       clock (``--clock steps``) read no weights: ``reads_weights=False`` drops that part.
     """
     out = []
-    room = gpu.memory_bytes - model.weight_bytes
+    room = gpu.memory_bytes - model.resident_weight_bytes
     if buffer_bytes is not None and buffer_bytes > room:
         out.append(f"--buffer-bytes {buffer_bytes:,} B is more than {gpu.name}'s "
-                   f"{gpu.memory_bytes:,} B minus {model.weight_bytes:,} B of weights "
+                   f"{gpu.memory_bytes:,} B minus {model.resident_weight_bytes:,} B of weights "
                    f"({room:,} B): the run assumes memory the GPU does not have")
     if spec_file is not None and model.weight_bytes == 0:
         why = ((["the KV buffer from --mem-fraction takes the whole GPU"]
@@ -227,11 +227,12 @@ def prepare_out_dir(out: Path | None) -> None:
 def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,
               kv_dtype: CacheDtype | None = None, tp: int = 1,
               state_dtype: CacheDtype | None = None,
-              weight_format: WeightFormat | None = None) -> ModelSpec:
+              weight_format: WeightFormat | None = None,
+              draft_model: str | None = None) -> ModelSpec:
     """The model of a command: :func:`kvchain.catalog.loader.load_model_source` (a spec
-    file, a Hugging Face config.json, or a catalog name), after refusing options that name
-    the model twice or that a spec file cannot act on (the loader's precedence would drop
-    them silently).
+    file, a Hugging Face config.json, or a catalog name; with ``draft_model``, joined
+    with that bundled draft), after refusing options that name the model twice or that a
+    spec file cannot act on (the loader's precedence would drop them silently).
 
     Raises:
         ConfigError: ``--config`` and ``--spec`` both given; a ``--model`` other than
@@ -246,10 +247,12 @@ def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,
     if source is not None and model != DEFAULT_MODEL:
         raise ConfigError(f"give --model or {source}, not both (each names the model)")
     return load_model_source(model, config, spec_file=spec_file, kv_dtype=kv_dtype, tp=tp,
-                             state_dtype=state_dtype, weight_format=weight_format)
+                             state_dtype=state_dtype, weight_format=weight_format,
+                             draft_model=draft_model)
 
 
 KV_DTYPE_HELP = option_help("kv_dtype")
+DRAFT_MODEL_HELP = option_help("draft_model")
 STATE_DTYPE_HELP = option_help("state_dtype")
 WEIGHT_FORMAT_HELP = option_help("weight_format")
 

@@ -31,8 +31,10 @@ from kvchain.capacity import (
     plan_capacity,
     speculative_capacity,
 )
+from kvchain.catalog.loader import load_draft
 from kvchain.cli import app
 from kvchain.cli.common import (
+    DRAFT_MODEL_HELP,
     KV_DTYPE_HELP,
     STATE_DTYPE_HELP,
     WEIGHT_FORMAT_HELP,
@@ -118,6 +120,7 @@ def plan_command(
     spec_tokens: Annotated[int, typer.Option(help=option_help("spec_tokens"))] = 0,
     spec_rollback: Annotated[StateRollback, typer.Option(help=option_help("spec_rollback"))]
     = StateRollback.CHECKPOINTS,
+    draft_model: Annotated[str | None, typer.Option(help=DRAFT_MODEL_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     *, ctx: typer.Context,
 ) -> None:
@@ -133,12 +136,20 @@ def plan_command(
                     host_interval=host_interval, spec_tokens=spec_tokens)
         if host_bytes is not None and host_fraction is not None:
             raise ConfigError("give --host-bytes or --host-fraction, not both")
-        model_spec = load_spec(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp,
-                               state_dtype=state_dtype, weight_format=weight_format)
+        target = load_spec(model, config, spec_file=spec, kv_dtype=kv_dtype, tp=tp,
+                           state_dtype=state_dtype, weight_format=weight_format)
+        model_spec = (target if draft_model is None else
+                      load_draft(target, draft_model, kv_dtype=kv_dtype, tp=tp,
+                                 state_dtype=state_dtype))
         gpu_spec = get_gpu(gpu)
         result = plan_capacity(model_spec, gpu_spec, tp=tp, mem_fraction=mem_fraction,
                                buffer_bytes=buffer_bytes, page_size=page_size, prompt=prompt,
                                output=output, slots_held=slots_held)
+        draft = None
+        if model_spec.draft is not None:
+            draft = draft_report(result, plan_capacity(
+                target, gpu_spec, tp=tp, mem_fraction=mem_fraction, buffer_bytes=buffer_bytes,
+                page_size=page_size, prompt=prompt, output=output, slots_held=slots_held))
         host = None
         if host_bytes is not None or host_fraction is not None:
             host = host_report(result, host_bytes, host_fraction, host_interval)
@@ -154,10 +165,12 @@ def plan_command(
     for message in speculative_warnings(spec_tokens, spec_rollback, typed, result.layout):
         warn(message)
     if as_json:
-        print(json.dumps(plan_report(result, host, speculative), indent=2))
+        print(json.dumps(plan_report(result, host, speculative, draft), indent=2))
         return
     console = Console()
     _print_plan(console, result)
+    if draft is not None:
+        _print_draft(console, draft)
     if speculative is not None:
         _print_speculative(console, speculative, result.layout)
     if host is not None:
@@ -171,13 +184,13 @@ def _print_speculative(console: Console, spec: SpeculativeCapacity,
     window tokens only with a window band, ``C + k`` chunk tokens only with a chunked-local
     band; every band holds ``k`` more tokens)."""
     holds = ["k more tokens of every band"]
-    if layout.band(LifetimeClass.STATE) is not None:
+    if layout.indices_of(LifetimeClass.STATE):
         holds.append(f"{spec.rollback.value}: " + (
             "k more state slots per request" if spec.rollback is StateRollback.CHECKPOINTS
             else "1 more state slot per request, the accepted tokens replayed"))
-    if layout.band(LifetimeClass.WINDOW) is not None:
+    if layout.indices_of(LifetimeClass.WINDOW):
         holds.append("W + k window tokens until verified")
-    if layout.band(LifetimeClass.LOCAL) is not None:
+    if layout.indices_of(LifetimeClass.LOCAL):
         holds.append("C + k chunk tokens until verified")
     pools = (f"{spec.pools_concurrent:,}" if spec.pools_holds_none is None
              else f"none ({escape(spec.pools_holds_none)})")
@@ -185,6 +198,67 @@ def _print_speculative(console: Console, spec: SpeculativeCapacity,
                   f"(--spec-tokens; {', '.join(holds)}): concurrent requests "
                   f"{spec.chain_concurrent:,} on the chain (k = 0: {spec.chain_plain:,}), "
                   f"{pools} in the fixed pools (k = 0: {spec.pools_plain:,})")
+
+
+@dataclass(frozen=True, slots=True)
+class DraftReport:
+    """The draft model part of ``plan`` (``--draft-model``): what its bands cost and the
+    concurrency with it beside the target alone.
+
+    Attributes:
+        name: the draft model.
+        kind: how it joins (:class:`~kvchain.model.spec.DraftKind` value).
+        bands: its bands as ``(label, bytes per token, bytes per slot)``.
+        bytes_per_token: bytes per token over its token bands (full, window, local), B.
+        bytes_per_slot: bytes per request of its state bands, B.
+        weight_bytes: its weights on one rank, B (taken from the KV buffer).
+        buffer_bytes, buffer_bytes_alone: the KV buffer with the draft and without it, B.
+        chain_concurrent, chain_concurrent_alone: requests of the mix that fit together
+            on the chain with the draft's bands and on the target's alone (its bigger
+            buffer).
+        pools_concurrent, pools_concurrent_alone: the same for the fixed pools.
+    """
+
+    name: str
+    kind: str
+    bands: tuple[tuple[str, int, int], ...]
+    bytes_per_token: int
+    bytes_per_slot: int
+    weight_bytes: int
+    buffer_bytes: int
+    buffer_bytes_alone: int
+    chain_concurrent: int
+    chain_concurrent_alone: int
+    pools_concurrent: int
+    pools_concurrent_alone: int
+
+
+def draft_report(with_draft: CapacityPlan, alone: CapacityPlan) -> DraftReport:
+    """The draft part of a plan: ``with_draft`` (the joined model's plan) beside ``alone``
+    (the target's, same GPU, memory fraction and request mix)."""
+    model = with_draft.model
+    assert model.draft is not None and model.draft_kind is not None
+    bands = model.draft_bands
+    return DraftReport(
+        model.draft.name, model.draft_kind.value,
+        tuple((c.label, c.bytes_per_token, c.bytes_per_slot) for c in bands),
+        sum(c.bytes_per_token for c in bands), sum(c.bytes_per_slot for c in bands),
+        model.draft.weight_bytes, with_draft.budget.buffer_bytes, alone.budget.buffer_bytes,
+        with_draft.chain.concurrent_requests, alone.chain.concurrent_requests,
+        with_draft.pools.concurrent_requests, alone.pools.concurrent_requests)
+
+
+def _print_draft(console: Console, draft: DraftReport) -> None:
+    """One line: the draft's bands and weights, and the concurrency with and without it."""
+    bands = ", ".join(f"{label} {per_token:,} B/token" if per_token else
+                      f"{label} {per_slot:,} B/slot" for label, per_token, per_slot in draft.bands)
+    console.print(f"draft model {escape(draft.name)} ({draft.kind}; --draft-model): "
+                  f"{bands or 'no bands (shares the target KV)'}, weights "
+                  f"{draft.weight_bytes:,} B (KV buffer {draft.buffer_bytes:,} B, alone "
+                  f"{draft.buffer_bytes_alone:,} B): concurrent requests "
+                  f"{draft.chain_concurrent:,} on the chain (target alone: "
+                  f"{draft.chain_concurrent_alone:,}), {draft.pools_concurrent:,} in the fixed "
+                  f"pools (alone: {draft.pools_concurrent_alone:,})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +336,8 @@ def host_report(result: CapacityPlan, host_bytes: int | None, host_fraction: flo
 
 
 def plan_report(result: CapacityPlan, host: HostReport | None = None,
-                speculative: SpeculativeCapacity | None = None) -> dict[str, object]:
+                speculative: SpeculativeCapacity | None = None,
+                draft: DraftReport | None = None) -> dict[str, object]:
     """The JSON document of ``plan --json``. Keys (bytes, tokens, requests; all per
     tensor-parallel rank: ``"scope": "per rank"``, ``"tp"``):
 
@@ -276,7 +351,9 @@ def plan_report(result: CapacityPlan, host: HostReport | None = None,
     ``max_context_tokens``; ``host_tier`` (``null`` without ``--host-bytes`` /
     ``--host-fraction``; :func:`_host_dict`); ``speculative`` (``null`` without
     ``--spec-tokens``: ``spec_tokens``, ``rollback``, the concurrency with and without the
-    drafts on both sides, ``pools_holds_none``).
+    drafts on both sides, ``pools_holds_none``); ``draft`` (``null`` without
+    ``--draft-model``: :class:`DraftReport`'s fields, ``bands`` as ``band``,
+    ``bytes_per_token``, ``bytes_per_slot``).
     """
     budget, layout = result.budget, result.layout
     return {
@@ -307,6 +384,17 @@ def plan_report(result: CapacityPlan, host: HostReport | None = None,
             "pools_concurrent": speculative.pools_concurrent,
             "pools_concurrent_k0": speculative.pools_plain,
             "pools_holds_none": speculative.pools_holds_none},
+        "draft": None if draft is None else {
+            "name": draft.name, "kind": draft.kind,
+            "bands": [{"band": b, "bytes_per_token": t, "bytes_per_slot": s}
+                      for b, t, s in draft.bands],
+            "bytes_per_token": draft.bytes_per_token, "bytes_per_slot": draft.bytes_per_slot,
+            "weight_bytes": draft.weight_bytes, "buffer_bytes": draft.buffer_bytes,
+            "buffer_bytes_alone": draft.buffer_bytes_alone,
+            "chain_concurrent": draft.chain_concurrent,
+            "chain_concurrent_alone": draft.chain_concurrent_alone,
+            "pools_concurrent": draft.pools_concurrent,
+            "pools_concurrent_alone": draft.pools_concurrent_alone},
     }
 
 
@@ -396,7 +484,7 @@ def _print_plan(console: Console, result: CapacityPlan) -> None:
     table.add_column("chain", justify="right")
     table.add_column("fixed pools", justify="right")
     table.add_column("chain/pools", justify="right")
-    has_state = layout.band(LifetimeClass.STATE) is not None
+    has_state = bool(layout.indices_of(LifetimeClass.STATE))  # any owner's
     for label, a, b in _capacity_rows(ours, pools, ours_longest, pools_longest, has_state):
         table.add_row(label, _count(a), _count(b),
                       f"{a / b:.2f}x" if isinstance(a, int) and isinstance(b, int) and b
@@ -420,7 +508,7 @@ def _print_plan(console: Console, result: CapacityPlan) -> None:
     rules = []
     if has_state:
         rules.append("state pool = 0.9/1.9 of the buffer (SGLang --mamba-full-memory-ratio)")
-    if len(layout.bands) - has_state > 1:
+    if layout.indices_of(LifetimeClass.WINDOW) or layout.indices_of(LifetimeClass.LOCAL):
         rules.append("window pool tokens = 0.8 x full pool tokens (SGLang "
                      "--swa-full-tokens-ratio)")
     if rules:

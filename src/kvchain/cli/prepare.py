@@ -61,7 +61,8 @@ def prepare_run(*, model: str, config: Path | None, spec: Path | None, gpu: str,
         run = resolved.options
         model_spec = load_spec(model, config, spec_file=spec, tp=tp,
                                kv_dtype=run.kv_dtype, state_dtype=run.state_dtype,
-                               weight_format=run.weight_format)
+                               weight_format=run.weight_format,
+                               draft_model=run.draft_model)
         gpu_spec = get_gpu(gpu)
         tr = run.load_trace(resolved.trace)
         sim_config = run.sim_config(model_spec, gpu_spec, tr)

@@ -236,7 +236,7 @@ def speculative_warnings(spec_tokens: int, rollback: StateRollback, typed: froze
             out.append(f"--{name.replace('_', '-')} has no effect without --spec-tokens "
                        f"(no drafts in this run)")
     if ("spec_rollback" in typed and spec_tokens > 0 and rollback is StateRollback.REPLAY
-            and layout.band(LifetimeClass.STATE) is None):
+            and not layout.indices_of(LifetimeClass.STATE)):
         out.append("--spec-rollback replay has no effect: the model has no recurrent state "
                    "band to roll back (its bands free rejected drafts' tokens)")
     return out

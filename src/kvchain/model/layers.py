@@ -19,6 +19,12 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+TARGET = "target"
+"""The owner tag of the served (target) model's layers: :attr:`LayerCache.owner`'s default."""
+
+DRAFT = "draft"
+"""The owner tag :func:`kvchain.model.draft.with_draft` gives a draft model's layers."""
+
 
 class LifetimeClass(StrEnum):
     """How long a layer's cache lives; one band per class.
@@ -81,6 +87,11 @@ class LayerCache:
             per-request tensors.
         window: tokens of the sliding window (``WINDOW``) or attention chunk (``LOCAL``);
             ``None`` otherwise.
+        owner: which model of a served pair holds the layer: :data:`TARGET` (the served
+            model, the default) or :data:`DRAFT` (a speculative-decoding draft model's own
+            cache layer, :func:`kvchain.model.draft.with_draft`). ``(owner, index)``
+            identifies a layer: a draft's layers keep the draft model's own 0-based
+            indices.
     """
 
     index: int
@@ -88,6 +99,7 @@ class LayerCache:
     kind: str
     tensors: tuple[TensorDecl, ...]
     window: int | None = None
+    owner: str = TARGET
 
     @property
     def nbytes(self) -> int:
@@ -108,8 +120,10 @@ class CacheClass:
             inside a page).
         label: the class's unique name in its model: the lifetime (``"window"``) when the
             model has one class of that lifetime, else the lifetime and its window in
-            tokens (``"window128"``, ``"window11"``); :func:`group_classes` sets it.
-            Defaults to the lifetime.
+            tokens (``"window128"``, ``"window11"``); a draft's classes carry the prefix
+            ``"draft."`` (``"draft.full"``, ``"draft.state"``); :func:`group_classes` sets
+            it. Defaults to the lifetime (with that prefix for a draft class).
+        owner: :data:`TARGET` or :data:`DRAFT`, the owner of every layer of the class.
     """
 
     lifetime: LifetimeClass
@@ -118,15 +132,26 @@ class CacheClass:
     window: int | None
     layers: tuple[LayerCache, ...]
     label: str = ""
+    owner: str = TARGET
 
     def __post_init__(self) -> None:
         if not self.label:
-            object.__setattr__(self, "label", self.lifetime.value)
+            object.__setattr__(self, "label", owner_label(self.owner, self.lifetime.value))
 
     def labelled(self, label: str) -> CacheClass:
         """The same class under another label."""
         return CacheClass(self.lifetime, self.bytes_per_token, self.bytes_per_slot,
-                          self.window, self.layers, label)
+                          self.window, self.layers, label, self.owner)
+
+    @property
+    def key(self) -> tuple[str, LifetimeClass, int | None]:
+        """``(owner, lifetime, window)``: what tells two classes of one chain apart (two
+        classes with one key would be one band)."""
+        return (self.owner, self.lifetime, self.window)
+
+    def holds(self, layer: LayerCache) -> bool:
+        """True when ``layer`` belongs to this class (its key matches the class's)."""
+        return (layer.owner, layer.lifetime, layer.window) == self.key
 
     @property
     def is_token_class(self) -> bool:
@@ -138,15 +163,19 @@ class CacheClass:
         """Group layers of one lifetime into a class.
 
         Raises:
-            ConfigError: no layers, mixed lifetimes, or differing windows in one class.
+            ConfigError: no layers, mixed lifetimes, mixed owners, or differing windows in
+                one class.
         """
         from kvchain.errors import ConfigError
 
         if not layers:
             raise ConfigError("a cache class needs at least one layer")
-        lifetime = layers[0].lifetime
+        lifetime, owner = layers[0].lifetime, layers[0].owner
         if any(layer.lifetime is not lifetime for layer in layers):
             raise ConfigError(f"layers of different lifetimes in one {lifetime} class")
+        if any(layer.owner != owner for layer in layers):
+            raise ConfigError(f"layers of different owners in one {lifetime} class: "
+                              f"{sorted({layer.owner for layer in layers})}")
         windows = {layer.window for layer in layers}
         if len(windows) != 1:
             # None (no window) sorts first: a plain sort of None and ints raises TypeError.
@@ -154,35 +183,49 @@ class CacheClass:
             raise ConfigError(f"{lifetime} layers with different windows {shown}")
         total = sum(layer.nbytes for layer in layers)
         if lifetime is LifetimeClass.STATE:
-            return CacheClass(lifetime, 0, total, None, layers)
-        return CacheClass(lifetime, total, 0, layers[0].window, layers)
+            return CacheClass(lifetime, 0, total, None, layers, owner=owner)
+        return CacheClass(lifetime, total, 0, layers[0].window, layers, owner=owner)
+
+
+def owner_label(owner: str, label: str) -> str:
+    """A class label as its chain shows it: ``label`` for the target's classes,
+    ``"<owner>.<label>"`` for another owner's (``"draft.full"``)."""
+    return label if owner == TARGET else f"{owner}.{label}"
 
 
 def group_classes(layers: tuple[LayerCache, ...]) -> tuple[CacheClass, ...]:
-    """Group layer caches into classes, one per distinct ``(lifetime, window)``.
+    """Group layer caches into classes, one per distinct ``(owner, lifetime, window)``.
 
-    Order (the layout then orders floats by bytes per request,
-    :func:`kvchain.layout.band_order_key`): state; window classes by window size,
-    smallest first; chunked-local classes by chunk size; full. A lifetime with one class
-    labels it by the lifetime (``"window"``); a lifetime with several labels each by
-    lifetime and window tokens (``"window11"``, ``"window128"``).
+    Order: the target's classes first, then each other owner's (in order of first
+    appearance); within one owner state, window classes by window size, smallest first,
+    chunked-local classes by chunk size, full (the layout then orders the chain,
+    :func:`kvchain.layout.band_order_key`). Within one owner a lifetime with one class
+    labels it by the lifetime (``"window"``), a lifetime with several by lifetime and
+    window tokens (``"window11"``, ``"window128"``); a draft's labels carry the prefix
+    ``"draft."`` (:func:`owner_label`: ``"draft.full"``, ``"draft.state"``).
 
     Example: layers with sliding windows of 128 and 11 tokens and full layers give
-    classes ``window11``, ``window128``, ``full``.
+    classes ``window11``, ``window128``, ``full``; with a draft's full layers added,
+    ``window11``, ``window128``, ``full``, ``draft.full``.
 
     Raises:
         ConfigError: a layer whose window does not suit its lifetime (as
             :meth:`CacheClass.of`).
     """
+    owners = sorted({layer.owner for layer in layers},
+                    key=lambda o: (o != TARGET, [x.owner for x in layers].index(o)))
     out: list[CacheClass] = []
-    for lifetime in LifetimeClass:
-        members = [layer for layer in layers if layer.lifetime is lifetime]
-        if not members:
-            continue
-        windows = sorted({layer.window for layer in members},
-                         key=lambda w: -1 if w is None else w)
-        classes = [CacheClass.of(tuple(x for x in members if x.window == w)) for w in windows]
-        if len(classes) > 1:
-            classes = [c.labelled(f"{lifetime.value}{c.window}") for c in classes]
-        out.extend(classes)
+    for owner in owners:
+        for lifetime in LifetimeClass:
+            members = [x for x in layers if x.lifetime is lifetime and x.owner == owner]
+            if not members:
+                continue
+            windows = sorted({layer.window for layer in members},
+                             key=lambda w: -1 if w is None else w)
+            classes = [CacheClass.of(tuple(x for x in members if x.window == w))
+                       for w in windows]
+            if len(classes) > 1:
+                classes = [c.labelled(owner_label(owner, f"{lifetime.value}{c.window}"))
+                           for c in classes]
+            out.extend(classes)
     return tuple(out)

@@ -181,6 +181,10 @@ EXTRA_LABELS = {
     "spec_overhead_mean_bytes": "speculative memory, time-weighted mean (B)",
     "spec_overhead_peak_pct": "speculative memory, peak (% of buffer)",
     "spec_overhead_mean_pct": "speculative memory, mean (% of buffer)",
+    "draft_peak_bytes": "draft model bands, peak (B held by requests)",
+    "draft_peak_pct": "draft model bands, peak (% of buffer)",
+    "draft_forward_s": "draft model forwards (s, in step times)",
+    "draft_forward_pct": "draft model forwards (% of GPU time)",
 }
 """Display labels of the loop's ``extra`` counters (others show their key)."""
 
@@ -311,7 +315,7 @@ def band_table(layout: ChainLayout) -> Table:
     index-space cap in pages."""
     table = Table(title=f"chain {layout.shape_name} in {layout.buffer_bytes:,} B "
                         f"({layout.buffer_bytes / 1e9:,.2f} GB), {layout.page_size} tokens/page")
-    local = layout.band(LifetimeClass.LOCAL) is not None
+    local = bool(layout.indices_of(LifetimeClass.LOCAL))  # any owner's
     for col in ("band", "anchor", "B/token", "page B", "W / C" if local else "W", "null",
                 "max pages"):
         table.add_column(col, justify="left" if col in ("band", "anchor") else "right",

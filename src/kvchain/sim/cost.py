@@ -325,9 +325,10 @@ class StepWorkBuilder:
         """Add a speculative decode's verify forward: the token sampled last and
         ``drafts`` draft tokens after ``context`` cached tokens, computed as one chunk of
         ``1 + drafts`` tokens (causal among themselves: the target scores every draft in
-        one forward). The drafts' own forwards are not charged (a draft that costs no
-        target forward: an MTP / EAGLE head of about one layer, or n-gram lookup; see
-        docs/design.md, speculative decoding).
+        one forward). The drafts' own forwards are not charged here: without a draft model
+        they are free (an MTP / EAGLE head of about one layer, or n-gram lookup); a draft
+        model with KV of its own is charged by :class:`DraftCostModel` (docs/design.md,
+        speculative decoding and draft model bands).
 
         Raises:
             CostModelError: ``context < 0`` or ``drafts < 0``.
@@ -632,6 +633,88 @@ class GPUCostModel:
     def __repr__(self) -> str:
         return (f"GPUCostModel({self.model.name!r} on {self.gpu.name}, mfu={self.mfu}, "
                 f"mbu={self.mbu}, overhead={self.step_overhead_s} s)")
+
+
+# --- the draft model's forwards (speculative decoding) -------------------------------------
+
+
+class DraftCostModel:
+    """Seconds a speculative step spends in the draft model's forwards (docs/design.md,
+    "Draft model bands").
+
+    The draft (a separate model, an EAGLE head or an MTP layer with KV of its own) computes
+    every token the target computes and proposes ``k`` drafts per decoding request one
+    forward at a time. Per step, as vLLM's proposer runs it (``vllm/v1/spec_decode/
+    eagle.py``, ``propose``: one forward over the tokens the target just computed, then
+    ``num_speculative_tokens - 1`` forwards of one token per request; the draft-model
+    proposer subclasses it):
+
+    * forward 1: every prefill chunk of the step (``c`` tokens after ``s``, the draft's
+      prefill over the prompt) and one token per decoding request at its context;
+    * forwards ``2 .. k``: one token per decoding request at context ``s + i - 1``.
+
+    Each forward is priced by the roofline of the draft's own spec
+    (:class:`GPUCostModel` of ``model.draft``: its weights read once per forward, so ``k``
+    times a step; its own KV read at its own bytes per token and windows; its state read
+    and written), with no per-forward overhead (the step's overhead is charged once, by the
+    target's forward; engines run the draft loop in one CUDA graph). A draft that shares
+    the target's KV (``MTP_SHARED``) or no draft costs nothing
+    (:meth:`of` gives ``None``), as before. Not charged: a draft's state replay under
+    ``REPLAY`` rollback (the target's replay is charged by the simulator).
+
+    Args:
+        draft: the draft's own spec (``ModelSpec.draft``).
+        gpu: the GPU.
+        mfu, mbu: as :class:`GPUCostModel`.
+
+    Raises:
+        ConfigError: as :class:`GPUCostModel` (a draft without weights or parameters).
+    """
+
+    def __init__(self, draft: ModelSpec, gpu: GPUSpec, *, mfu: float = DEFAULT_MFU,
+                 mbu: float = DEFAULT_MBU) -> None:
+        self.cost = GPUCostModel(draft, gpu, mfu=mfu, mbu=mbu, step_overhead_s=0.0)
+        self._builder = self.cost.builder()
+
+    @staticmethod
+    def of(model: ModelSpec, gpu: GPUSpec, *, mfu: float = DEFAULT_MFU,
+           mbu: float = DEFAULT_MBU) -> DraftCostModel | None:
+        """The draft cost of ``model``'s draft, or ``None`` when it has none or its draft
+        shares the target's KV (``MTP_SHARED``: charged as a free head)."""
+        kind = model.draft_kind
+        if model.draft is None or kind is None or kind.shares_target_kv:
+            return None
+        return DraftCostModel(model.draft, gpu, mfu=mfu, mbu=mbu)
+
+    def step_seconds(self, prefills: Iterable[tuple[int, int]],
+                     decodes: Iterable[tuple[int, int]]) -> float:
+        """Seconds of the draft's forwards in one step.
+
+        Args:
+            prefills: ``(tokens, start)`` of every prefill chunk of the step.
+            decodes: ``(context, drafts)`` of every decoding request (``drafts = k``; a
+                decode with 0 drafts still runs forward 1, keeping the draft's KV level
+                with the target's).
+
+        Returns:
+            ``sum over forwards f = 1 .. max(drafts)`` of the draft roofline of that
+            forward's tokens (above); 0 when the step computes nothing.
+        """
+        b, cost = self._builder, self.cost
+        seqs = list(decodes)
+        b.reset()
+        for tokens, start in prefills:
+            b.add_prefill(tokens, start)
+        for context, _ in seqs:
+            b.add_decode(context)
+        total = cost.step_time(b.build())
+        for i in range(1, max((d for _, d in seqs), default=0)):
+            b.reset()
+            for context, drafts in seqs:
+                if drafts > i:
+                    b.add_decode(context + i)
+            total += cost.step_time(b.build())
+        return total
 
 
 # --- host <-> device transfers (the host KV tier) -------------------------------------------

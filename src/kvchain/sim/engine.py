@@ -35,13 +35,13 @@ import numpy as np
 from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain, ChainStats
 from kvchain.alloc.snapshot import ChainSnapshot
-from kvchain.bands.geometry import StateRollback
-from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
+from kvchain.bands.geometry import RequestGeometry, StateRollback
+from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy, cache_refusal
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.field_types import check_field_types
 from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.layout import ChainLayout, plan_layout
-from kvchain.model.layers import LifetimeClass
+from kvchain.model.layers import TARGET, LifetimeClass
 from kvchain.model.spec import ModelSpec
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
@@ -49,6 +49,7 @@ from kvchain.sched.scheduler import Scheduler, SchedulerConfig, UnallocatableEve
 from kvchain.sim.cost import (
     DEFAULT_STEP_MS,
     ClockKind,
+    DraftCostModel,
     GPUCostModel,
     StepClock,
     StepWorkBuilder,
@@ -160,7 +161,7 @@ class SimConfig:
         """
         buffer = self.buffer_bytes
         if buffer is None:
-            buffer = kv_buffer_bytes(self.gpu, self.model.weight_bytes,
+            buffer = kv_buffer_bytes(self.gpu, self.model.resident_weight_bytes,
                                      mem_fraction=self.mem_fraction)
         return plan_layout(self.model.classes, buffer, self.page_size)
 
@@ -179,14 +180,18 @@ class SimConfig:
 
         Raises:
             ConfigError: ``prefix_cache=True`` on a trace without content keys (no request
-                carries ``prefix_block_ids``: nothing could ever hit). Every chain takes the
-                cache (any number of window and chunked-local bands, each keeping its own
-                tails); ``layout`` is the run's chain.
+                carries ``prefix_block_ids``: nothing could ever hit), or on a chain the
+                cache cannot key (:func:`kvchain.cache.radix.cache_refusal`: several full or
+                several state bands, e.g. a draft model's). Any number of window and
+                chunked-local bands takes the cache; ``layout`` is the run's chain.
         """
         if self.prefix_cache and not has_content_keys(self.trace):
             raise ConfigError(f"--prefix-cache: trace {self.trace.name!r} carries no content "
                               "keys (no request has hash_ids), so no prompt could hit; run "
                               "it without --prefix-cache")
+        refused = cache_refusal(RequestGeometry.of(layout)) if self.prefix_cache else None
+        if refused is not None:
+            raise ConfigError(f"--prefix-cache: {refused}; run it without --prefix-cache")
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,9 +278,11 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                            max_context_tokens=context)
     sched = Scheduler(kv, sched_config)
     clock: GPUCostModel | StepClock
+    draft_cost = None  # the draft model's forwards (none: no draft, or a free head)
     if config.clock is ClockKind.ROOFLINE:
         clock = GPUCostModel(config.model, config.gpu)
         builder = clock.builder()
+        draft_cost = DraftCostModel.of(config.model, config.gpu) if spec else None
     else:  # instant compute: no cost model, so a model without weights runs too
         clock = StepClock(config.step_ms / 1000)
         # The largest window (chunk) of each kind: StepWork only counts attention spans.
@@ -362,6 +369,13 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             copy_s += step_copy_s
             copy_steps += 1
         duration = clock.step_time(builder.build()) + step_copy_s
+        if draft_cost is not None:
+            draft_s = draft_cost.step_seconds(((p.tokens, p.start) for p in batch.prefills),
+                                              ((d.context, d.drafts) for d in batch.decodes))
+            duration += draft_s
+            spec_bytes.draft_s += draft_s
+        spec_bytes.step_s += duration
+        spec_bytes.held_draft(kv, sched)
         now += duration
         if accepted:
             spec_bytes.before_verify(kv)
@@ -430,23 +444,34 @@ class _SpecBytes:
     window slack past the accepted tokens included): their bytes are this step's
     transient overhead."""
 
-    slot_bytes: int
     page_bytes: tuple[int, ...]
-    state_band: int | None
+    state_bands: tuple[int, ...]
     spec: int
     extra_slots: int
+    draft_bands: tuple[int, ...] = ()
     rolled: tuple[int, ...] = ()
     peak_bytes: int = 0
     sum_bytes: int = 0
     steps: int = 0
+    draft_peak_bytes: int = 0  # bytes running requests hold in the draft's bands, peak
+    draft_s: float = 0.0  # seconds of the draft model's forwards (DraftCostModel)
+    step_s: float = 0.0  # seconds of every step (forwards and copies)
 
     @staticmethod
     def of(layout: ChainLayout, kv: KVManager) -> _SpecBytes:
-        state = layout.index_of(LifetimeClass.STATE)
-        return _SpecBytes(layout.bands[state].page_bytes if state is not None else 0,
-                          tuple(b.page_bytes for b in layout.bands), state,
-                          kv.geom.spec_tokens,
-                          kv.geom.state_slots - layout.state_slots_per_request)
+        return _SpecBytes(tuple(b.page_bytes for b in layout.bands),
+                          layout.indices_of(LifetimeClass.STATE), kv.geom.spec_tokens,
+                          kv.geom.state_slots - layout.state_slots_per_request,
+                          tuple(i for i, b in enumerate(layout.bands)
+                                if b.cache_class.owner != TARGET))
+
+    def held_draft(self, kv: KVManager, sched: Scheduler) -> None:
+        """After a step's take (drafts held): the bytes of the draft's bands, peak. O(bands)
+        through the request layer's per-band counts; nothing without draft bands."""
+        if self.draft_bands:
+            held = kv.held_per_band(sched.running)
+            self.draft_peak_bytes = max(self.draft_peak_bytes, sum(
+                held[b] * self.page_bytes[b] for b in self.draft_bands))
 
     def before_verify(self, kv: KVManager) -> None:
         self.rolled = tuple(kv.rolled_back_pages)
@@ -455,9 +480,10 @@ class _SpecBytes:
         transient = sum((n - m) * pb for n, m, pb in zip(kv.rolled_back_pages, self.rolled,
                                                          self.page_bytes, strict=True))
         slots = 0
-        if self.state_band is not None:
-            held = kv.held_per_band(sched.running)[self.state_band]
-            slots = held * self.extra_slots // kv.geom.state_slots * self.slot_bytes
+        if self.state_bands:  # every state band (a draft's too) holds the extra slots
+            held = kv.held_per_band(sched.running)
+            slots = sum(held[b] * self.extra_slots // kv.geom.state_slots
+                        * self.page_bytes[b] for b in self.state_bands)
         now = transient + slots
         self.peak_bytes = max(self.peak_bytes, now)
         self.sum_bytes += now
@@ -480,7 +506,13 @@ class _SpecBytes:
             "spec_overhead_mean_bytes": round(mean),
             "spec_overhead_peak_pct": round(100 * self.peak_bytes / buffer_bytes, 4),
             "spec_overhead_mean_pct": round(100 * mean / buffer_bytes, 4),
-        }
+        } | ({} if not (self.draft_bands or self.draft_s) else {  # a draft model's
+            "draft_peak_bytes": self.draft_peak_bytes,
+            "draft_peak_pct": round(100 * self.draft_peak_bytes / buffer_bytes, 4),
+            "draft_forward_s": round(self.draft_s, 6),
+            "draft_forward_pct": round(100 * self.draft_s / self.step_s, 4)
+            if self.step_s else 0.0,
+        })
 
 
 #: Most steps one decode run covers (bounds its arrays: ``steps x running x bands``).

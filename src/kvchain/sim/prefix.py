@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvchain.bands.geometry import RequestGeometry
 from kvchain.cache.keys import page_keys_from_blocks
+from kvchain.cache.radix import cache_refusal
 from kvchain.errors import TraceError
 from kvchain.layout import ChainLayout
 from kvchain.model.layers import LifetimeClass
@@ -106,11 +108,12 @@ def default_cache_off_reason(trace: Trace, layout: ChainLayout) -> str | None:
     """Why the prefix cache is off by default (not asked for either way) for ``trace`` on
     ``layout``, in words, or ``None`` when it is on: it is on whenever the trace carries
     content keys, on every chain (any number of window and chunked-local bands, each
-    keeping its own tails: docs/prefix-cache.md). ``layout`` is the chain the run uses
-    (no chain turns the cache off today)."""
+    keeping its own tails: docs/prefix-cache.md) but one the cache cannot key (several
+    full or several state bands, :func:`kvchain.cache.radix.cache_refusal`). ``layout`` is
+    the chain the run uses."""
     if not has_content_keys(trace):
         return "the trace has no content keys"
-    return None
+    return cache_refusal(RequestGeometry.of(layout))
 
 
 def trace_block_tokens(trace: Trace) -> int:

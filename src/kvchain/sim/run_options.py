@@ -177,6 +177,13 @@ class RunOptions:
     spec_acceptance: float = field(default=0.7, metadata=option(
         "Speculative decoding: probability each draft is accepted given the ones before "
         "it were (seeded by --seed); only with --spec-tokens > 0."))
+    draft_model: str | None = field(default=None, metadata=option(
+        "Speculative decoding with a separate draft model from the catalog (e.g. "
+        "Qwen3-0.6B for Qwen3 targets): its KV joins the chain as bands of its own "
+        "(draft.full, ...), its weights take GPU memory, and the cost model charges its k "
+        "draft decodes and its prefill; needs --spec-tokens > 0. Without it the drafts are "
+        "free (an MTP/EAGLE head). The prefix cache is off with a draft that has full or "
+        "state bands."))
     spec_rollback: StateRollback = field(default=StateRollback.CHECKPOINTS, metadata=option(
         "Speculative decoding on a recurrent state: checkpoints (k more state slots per "
         "request, no recompute) or replay (one more slot; a step with a rejected draft "
@@ -191,6 +198,9 @@ class RunOptions:
             raise ConfigError(f"--chunk-size ({self.chunk_size}) must be at least "
                               f"--page-size ({self.page_size} tokens)")
         self.reserve_config()  # a ratio that does not parse, or one without sglang
+        if self.draft_model is not None and self.spec_tokens == 0:
+            raise ConfigError(f"--draft-model {self.draft_model} drafts nothing without "
+                              f"--spec-tokens > 0")
 
     # --- what the run builds -------------------------------------------------------------
 

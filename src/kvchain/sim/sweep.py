@@ -325,10 +325,10 @@ def _base_trace(trace: str, options: RunOptions) -> Trace:
 
 @functools.lru_cache(maxsize=16)
 def _model(model: str, tp: int, kv_dtype: CacheDtype | None, state_dtype: CacheDtype | None,
-           weight_format: WeightFormat | None) -> ModelSpec:
+           weight_format: WeightFormat | None, draft_model: str | None = None) -> ModelSpec:
     config = Path(model) if model.endswith(".json") else None
     return load_model_source(model, config, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype,
-                             weight_format=weight_format)
+                             weight_format=weight_format, draft_model=draft_model)
 
 
 def point_trace(point: SweepPoint) -> Trace:
@@ -354,7 +354,7 @@ def point_config(point: SweepPoint) -> SimConfig:
     """
     run = point.run_options()
     return run.sim_config(_model(point.model, point.tp, run.kv_dtype, run.state_dtype,
-                                 run.weight_format),
+                                 run.weight_format, run.draft_model),
                           get_gpu(point.gpu), point_trace(point))
 
 
