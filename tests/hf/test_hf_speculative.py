@@ -236,9 +236,9 @@ def test_planted_checkpoints_without_the_per_position_split(
     read stale checkpoints."""
     import contextlib
 
-    import kvchain.hf.engine as engine_mod
+    import kvchain.hf.runner as runner_mod
 
-    monkeypatch.setattr(engine_mod, "per_position_state",
+    monkeypatch.setattr(runner_mod, "per_position_state",
                         lambda mixers, cache: contextlib.nullcontext())
     with pytest.raises(ValueError, match="0 of 4 positions' states saved"):
         _run_checkpoints(build_model("qwen3-next"), "qwen3-next", _prompts())
@@ -319,7 +319,7 @@ def test_speculative_options_refused() -> None:
         ChainEngine(model, 9_000, draft=_draft(model), spec_tokens=-1)
     engine = ChainEngine(model, 26_000, draft=_draft(model), spec_tokens=K,
                          rollback=StateRollback.CHECKPOINTS)  # state layers: both modes
-    assert list(engine._mixers) == [0]
+    assert list(engine.target.mixers) == [0]
     # no state layers: nothing to roll back but pages, either mode is accepted
     ChainEngine(build_model("gemma-3"), 9_000, draft=_draft(model), spec_tokens=K,
                 rollback=StateRollback.CHECKPOINTS)
