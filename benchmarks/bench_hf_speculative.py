@@ -5,8 +5,9 @@ explained in docs/hf.md).
 Table 1, rollback: the speculative workload of ``tests/hf/test_hf_speculative.py`` (four
 requests, k = 3, a noisy copy of the target as a ``ModelDraft``, a flush after every step)
 on the tiny random-weight state families (weight spread 0.2) under ``REPLAY`` and
-``CHECKPOINTS``, alternating, ``R`` times each: equal tokens, median wall time, target
-forwards, tokens recomputed by replay, state bytes per request, ratio to ``REPLAY``.
+``CHECKPOINTS``, alternating, ``R`` times each after one untimed warm-up run: equal
+tokens, median wall time, target forwards, tokens recomputed by replay, state bytes per
+request, ratio to ``REPLAY``.
 
 Table 2, the draft's cache: the cases of ``tests/hf/test_hf_draft_bands.py`` with the
 same draft model as a ``ModelDraft`` (transformers' cache, a ``generate`` over the whole
@@ -70,6 +71,8 @@ def rollback_table(reps: int) -> None:
         model = build_model(family, init_std=CKPT_INIT_STD)
         times: dict[StateRollback, list[float]] = {m: [] for m in modes}
         last: dict[StateRollback, ChainEngine] = {}
+        for mode in modes:  # warm-up, untimed (first calls of each kernel path)
+            run(model, family, mode)
         for _ in range(reps):
             for mode in modes:
                 dt, last[mode] = run(model, family, mode)
@@ -95,6 +98,8 @@ def draft_table(reps: int) -> None:
         kinds = (ModelDraft, ChainDraft)
         times: dict[type, list[float]] = {k: [] for k in kinds}
         last: dict[type, ChainEngine] = {}
+        for kind in kinds:  # warm-up, untimed
+            run(model, family, mode, kind(draft_model), buffer)
         for _ in range(reps):
             for kind in kinds:
                 dt, last[kind] = run(model, family, mode, kind(draft_model), buffer)
