@@ -173,6 +173,27 @@ def test_planted_draft_state_not_restored(monkeypatch: pytest.MonkeyPatch) -> No
     assert all(engine.results[rid].tokens == ref[rid][0] for rid in ref)
 
 
+def test_planted_draft_reads_the_state_before_the_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``CHECKPOINTS`` draft whose every decode reads the state from before the step
+    (ring slot ``w``, not the slot its previous decode saved into) changes the draft's
+    proposals; the target's tokens stay equal."""
+    from kvchain.hf import ChainDraft, ChainEngine, ModelDraft
+
+    model = build_model("qwen3-next", init_std=0.2)
+    draft_model = _draft(model).model
+    prompts = _prompts()
+    own, _ = _run(_engine(model, "qwen3-next", ModelDraft(draft_model), C, 44_000),
+                  prompts)
+    monkeypatch.setattr(ChainEngine, "_draft_read_slot",
+                        staticmethod(lambda work, j, ring: work % ring))
+    engine, _ = _run(_engine(model, "qwen3-next", ChainDraft(draft_model), C, 44_000),
+                     prompts)
+    assert _by_request(engine.proposals) != _by_request(own.proposals)
+    ref = _reference(model, prompts)
+    assert all(engine.results[rid].tokens == ref[rid][0] for rid in ref)
+
+
 def test_draft_bands_are_priced_in_the_one_buffer() -> None:
     """The draft's pages are priced with the target's in one buffer. gemma-3, 12,000 B:
     request 2 (19 prompt tokens, 4 new, k = 3) holds at its peak, per model, full pages

@@ -386,7 +386,7 @@ class ChainEngine:
         for j in range(ring):
             read, write = w, None
             if self.checkpointed:
-                read = (w + max(j - 1, 0)) % ring
+                read = self._draft_read_slot(w, j, ring)
                 write = ((w + j) % ring)[:, None]
             logits = self.drafter.forward(rids, [d.context + j for d in batch.decodes],
                                           [[t] for t in tokens], read=read.tolist(),
@@ -397,6 +397,13 @@ class ChainEngine:
             for row, t in enumerate(tokens):
                 drafts[row].append(t)
         return drafts
+
+    @staticmethod
+    def _draft_read_slot(work: np.ndarray, j: int, ring: int) -> np.ndarray:
+        """``CHECKPOINTS``: the ring slots a chain draft's decode ``j`` reads its state
+        from, the state after position ``j - 1`` that decode ``j - 1`` saved into
+        ``(work + j - 1) mod ring`` (for ``j = 0`` the working slot ``work``)."""
+        return (work + max(j - 1, 0)) % ring
 
     @staticmethod
     def _accepted_checkpoint(work: int, accepted: int, ring: int) -> int:
