@@ -205,6 +205,8 @@ def test_checkpoint_rollback_equals_transformers(family: str, device: str) -> No
     # one forward per prefill chunk and one per step's decodes: nothing recomputed
     assert engine.forwards == planned
     assert engine.chain.stats.pages_copied > 0 and moves  # state slots moved under it
+    if family == "lara-mini":
+        assert engine.chain.stats.relocations > 0  # the planner relocated the window float
     if device == "cpu" and family == "qwen3-next":
         # observed: request 1's slots move while its working state is ring slot 1
         assert any(w != 0 for _, w in moves)
