@@ -5,7 +5,9 @@ workload of ``test_hf_equality`` (four requests, chunked prefill, pages compacte
 steps): each decode step the draft proposes 3 tokens, the target computes the 4 positions
 in one forward over the chain's pages, keeps the longest prefix equal to its own argmax and
 ``KVManager.verify`` releases the rejected drafts' pages; state layers roll back by
-``REPLAY`` (checkpoint slot copied back, accepted tokens recomputed). The tokens must equal
+``REPLAY`` (checkpoint slot copied back, accepted tokens recomputed) or by ``CHECKPOINTS``
+(the verify saves the state after each of the 4 positions in the request's 4 state slots
+and the accepted length's slot becomes the working one; nothing recomputed). The tokens must equal
 ``model.generate`` with transformers' own cache, greedy, and the logits of every token
 must agree within ``LOGIT_TOL`` (the verify forward computes 4 positions where generate
 computes 1: another reduction order).
@@ -32,6 +34,7 @@ pytest.importorskip("transformers", reason="kvchain.hf needs transformers")
 from kvchain.bands.geometry import StateRollback  # noqa: E402
 from kvchain.errors import AuditError, ConfigError  # noqa: E402
 from kvchain.requests.table import RequestTable  # noqa: E402
+from kvchain.sched.request import RequestStatus  # noqa: E402
 
 from .families import build_model  # noqa: E402
 from .test_hf_equality import (  # noqa: E402
@@ -59,6 +62,20 @@ BUFFER = {"gpt-oss": 8_000, "gemma-3": 9_000, "qwen3-next": 9_000, "nemotron-h":
 # to move at these buffers (observed: pages_copied 0 at 8,000-10,000 B, flush every 1-3).
 MOVES = ("gpt-oss", "gemma-3", "lara-mini")
 STATE_FAMILIES = ("qwen3-next", "nemotron-h", "lara-mini")  # lara-mini: state+window+full
+# CHECKPOINTS: each request holds 1 + K = 4 state slots (REPLAY: 2), so the buffers are
+# larger: one slot is 2,048 B in qwen3-next (conv 64 x 4 + recurrent 4 x 8 x 8 fp32 = 512
+# floats) and 4 slots x 2,048 B = 8,192 B of state per request; at these buffers (found by
+# a sweep, 12,000-28,000 B, flush every 1-3 steps) requests run side by side and a flush
+# after every step moves pages, state slots of running requests among them (observed:
+# pages_copied 20 / 20 / 34; see test_checkpoint_rollback_equals_transformers).
+CKPT_BUFFER = {"qwen3-next": 26_000, "nemotron-h": 26_000, "lara-mini": 28_000}
+CKPT_FLUSH = 1
+# Weight spread of the CHECKPOINTS runs: at the families' default spread (and LaraMini's
+# 0.1) the tiny models' greedy tokens barely depend on the recurrent state (qwen3-next
+# alternates 14, 76, ...), so a state one token off goes unseen; at 0.2 the planted
+# sibling's off-by-one checkpoint changes the tokens in all three (swept 0.1-0.3 with draft
+# noise 0.005-0.05; acceptance 8-10 of 24-30 drafts at 0.2 and noise 0.005).
+CKPT_INIT_STD = 0.2
 
 
 def _model(family: str, device: str = "cpu") -> Any:
@@ -86,6 +103,39 @@ def _run_spec(model: Any, family: str, prompts: dict[int, list[int]], **kw: Any)
         engine.add(rid, prompts[rid], new, arrival)
     engine.run(max_steps=200)
     return engine
+
+
+def _run_checkpoints(model: Any, family: str, prompts: dict[int, list[int]],
+                     **kw: Any) -> tuple[Any, list[tuple[int, int]], int]:
+    """The workload under ``CHECKPOINTS`` rollback, stepped by hand: returns the engine,
+    every move of a running request's state slots seen between steps, as (request id,
+    its working ring slot then), and the forwards the steps' batches call for (one per
+    prefill chunk, one for each step's decodes: nothing recomputed)."""
+    from kvchain.hf import ChainEngine
+
+    engine = ChainEngine(model, CKPT_BUFFER[family], page_size=PAGE, chunk_size=8,
+                         flush_every=CKPT_FLUSH, draft=_draft(model, NOISE[family]),
+                         spec_tokens=K, rollback=StateRollback.CHECKPOINTS, **kw)
+    for rid, _, new, arrival in WORKLOAD:
+        engine.add(rid, prompts[rid], new, arrival)
+    band = engine.kv.geom.state
+    seen: dict[int, list[int]] = {}
+    moves: list[tuple[int, int]] = []
+    planned = 0
+    while not engine.idle and engine.step_count < 200:
+        batch = engine.step()
+        planned += len(batch.prefills) + bool(batch.decodes)
+        for rid, req in engine.scheduler.requests.items():
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            slots = engine.kv.page_table(rid, band)
+            if len(slots) != 1 + K:  # not prefilled yet: no slots
+                continue
+            phys = engine.chain.translate(band, slots).tolist()
+            if rid in seen and seen[rid] != phys:
+                moves.append((rid, engine._work.get(rid, 0)))
+            seen[rid] = phys
+    return engine, moves, planned
 
 
 def _same_tokens(engine: Any, ref: dict[int, tuple[list[int], Any]]) -> bool:
@@ -127,6 +177,84 @@ def test_speculative_generation_equals_transformers(family: str, device: str) ->
     assert counters.finished == len(WORKLOAD) and engine.kv.num_requests == 0
     for band in range(engine.chain.num_bands):
         assert engine.chain.bound_pages(band) == engine.layout.bands[band].reserved_pages
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", STATE_FAMILIES)
+def test_checkpoint_rollback_equals_transformers(family: str, device: str) -> None:
+    """``CHECKPOINTS`` rollback on real state models: each request holds ``1 + K = 4``
+    state slots; the verify forward runs the recurrent mixers position by position and
+    saves the state after position ``j`` in ring slot ``(w + j) mod 4``; the verify makes
+    the accepted length's slot the working one. No replay. Tokens equal ``generate``'s
+    while a flush after every step moves pages, running requests' state slots included."""
+    model = build_model(family, device, init_std=CKPT_INIT_STD)
+    prompts = _prompts()
+    engine, moves, planned = _run_checkpoints(model, family, prompts, audit=True)
+    ref = _reference(model, prompts)
+    for rid, _, new, _ in WORKLOAD:
+        assert len(engine.results[rid].tokens) == new
+    assert _same_tokens(engine, ref)
+    assert _worst_logit_gap(engine, ref) <= LOGIT_TOL
+    spec, counters = engine.spec, engine.scheduler.counters
+    assert engine.kv.geom.state_slots == 1 + K  # k checkpoints + the working slot
+    assert spec.verifies > 0 and 0 < spec.accepted < spec.drafted and spec.rejected > 0
+    # every verify that kept a < k drafts rolled back by index, none replayed
+    assert spec.checkpoint_rollbacks > 0 and spec.replays == spec.replayed_tokens == 0
+    assert counters.replayed_tokens == 0  # the scheduler charges no replay either
+    assert spec.checkpoints_saved == (1 + K) * spec.verifies
+    # one forward per prefill chunk and one per step's decodes: nothing recomputed
+    assert engine.forwards == planned
+    assert engine.chain.stats.pages_copied > 0 and moves  # state slots moved under it
+    if family == "lara-mini":
+        assert engine.chain.stats.relocations > 0  # the planner relocated the window float
+    if device == "cpu" and family == "qwen3-next":
+        # observed: request 1's slots move while its working state is ring slot 1
+        assert any(w != 0 for _, w in moves)
+    assert counters.finished == len(WORKLOAD) and engine.kv.num_requests == 0
+    for band in range(engine.chain.num_bands):
+        assert engine.chain.bound_pages(band) == engine.layout.bands[band].reserved_pages
+
+
+@pytest.mark.parametrize("family", STATE_FAMILIES)
+def test_planted_checkpoint_one_position_early(family: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``CHECKPOINTS`` rollback that makes checkpoint ``a - 1`` the working state (the
+    state before the last accepted token) must change the tokens."""
+    from kvchain.hf import ChainEngine
+
+    monkeypatch.setattr(ChainEngine, "_accepted_checkpoint", staticmethod(
+        lambda work, accepted, ring: (work + max(accepted - 1, 0)) % ring))
+    model = build_model(family, init_std=CKPT_INIT_STD)
+    prompts = _prompts()
+    engine, _, _ = _run_checkpoints(model, family, prompts)
+    assert engine.spec.accepted > 0  # some verify kept a >= 1: the planted index differs
+    assert not _same_tokens(engine, _reference(model, prompts))
+
+
+def test_planted_checkpoints_without_the_per_position_split(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``CHECKPOINTS`` verify whose mixers run the ``1 + k`` tokens in one chunked call
+    (no state saved per position) is refused by the state layer's store, not left to
+    read stale checkpoints."""
+    import contextlib
+
+    import kvchain.hf.runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "per_position_state",
+                        lambda mixers, cache: contextlib.nullcontext())
+    with pytest.raises(ValueError, match="0 of 4 positions' states saved"):
+        _run_checkpoints(build_model("qwen3-next"), "qwen3-next", _prompts())
+
+
+def test_recurrent_mixers_found_per_family() -> None:
+    from kvchain.hf.checkpoints import recurrent_mixers
+
+    qwen = build_model("qwen3-next")
+    assert recurrent_mixers(qwen, [0]) == {0: qwen.model.layers[0].linear_attn}
+    nemo = build_model("nemotron-h")  # the block (layer_idx 0) holds the mixer (also 0)
+    assert recurrent_mixers(nemo, [0]) == {0: nemo.model.layers[0].mixer}
+    with pytest.raises(ConfigError, match="state layer 5: found 0 recurrent mixers"):
+        recurrent_mixers(qwen, [5])
 
 
 @pytest.mark.parametrize("family", STATE_FAMILIES)
@@ -191,9 +319,9 @@ def test_speculative_options_refused() -> None:
         ChainEngine(model, 9_000, draft=_draft(model))
     with pytest.raises(ConfigError, match="spec_tokens must be"):
         ChainEngine(model, 9_000, draft=_draft(model), spec_tokens=-1)
-    with pytest.raises(ConfigError, match="REPLAY"):  # state layers: only REPLAY here
-        ChainEngine(model, 9_000, draft=_draft(model), spec_tokens=K,
-                    rollback=StateRollback.CHECKPOINTS)
+    engine = ChainEngine(model, 26_000, draft=_draft(model), spec_tokens=K,
+                         rollback=StateRollback.CHECKPOINTS)  # state layers: both modes
+    assert list(engine.target.mixers) == [0]
     # no state layers: nothing to roll back but pages, either mode is accepted
     ChainEngine(build_model("gemma-3"), 9_000, draft=_draft(model), spec_tokens=K,
                 rollback=StateRollback.CHECKPOINTS)

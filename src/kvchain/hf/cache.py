@@ -15,7 +15,9 @@ update the conv and SSM state tensors in place. :class:`ChainCache` subclasses t
   working state slots are gathered from the state band's views (``[slots, *shape]``) into
   batch tensors the model reads and updates in place; after the forward they are written
   back to the slots. Between forwards the state exists only in the slots, so the chain's
-  compactions move it like any page.
+  compactions move it like any page. In a ``CHECKPOINTS`` verify the state after each
+  position is saved into its own checkpoint slot instead (:meth:`SlotStateLayer.save`,
+  driven by :mod:`kvchain.hf.checkpoints`).
 """
 
 from __future__ import annotations
@@ -82,10 +84,12 @@ class SlotStateLayer(LinearAttentionLayer):
     def __init__(self, binding: LayerBinding) -> None:
         super().__init__(number_of_states=1)
         self.binding = binding
+        self.saved = 0  # positions of the current forward saved to checkpoint slots
 
     def load(self, batch: ForwardBatch) -> None:
         """Gather the rows' slots into batch tensors (zeros for fresh requests)."""
         assert batch.slots is not None
+        self.saved = 0
         for name, states, flags in (("conv", self.conv_states, self.is_conv_states_initialized),
                                     ("recurrent", self.recurrent_states,
                                      self.is_recurrent_states_initialized)):
@@ -102,15 +106,45 @@ class SlotStateLayer(LinearAttentionLayer):
         self.conv_kernel_size[0] = int(conv.shape[-1]) if conv is not None else None
         self.has_previous_state[0] = not batch.fresh
 
+    def save(self, batch: ForwardBatch, position: int) -> None:
+        """Write the batch tensors (the state after ``position`` of this forward's ``T``)
+        into the rows' checkpoint slots ``batch.checkpoints[:, position]``.
+
+        Raises:
+            ValueError: the batch has no checkpoint slots, or ``position`` is not the next
+                one (positions are saved in order ``0 .. T - 1``, once each).
+        """
+        if batch.checkpoints is None or position != self.saved:
+            raise ValueError(f"layer {self.binding.layer.index}: checkpoint {position} saved "
+                             f"out of order (next {self.saved}) or without checkpoint slots")
+        self._write(batch.checkpoints[:, position])
+        self.saved += 1
+
     def store(self, batch: ForwardBatch) -> None:
-        """Write the batch tensors back into the rows' slots."""
+        """Write the batch tensors back into the rows' slots; with checkpoint slots, check
+        instead that every position's state was saved (:meth:`save`).
+
+        Raises:
+            ValueError: a checkpoint forward that saved fewer or more than ``T`` states
+                (its mixer did not run position by position).
+        """
         assert batch.slots is not None
+        if batch.checkpoints is None:
+            self._write(batch.slots)
+        elif self.saved != batch.length:
+            raise ValueError(f"layer {self.binding.layer.index}: {self.saved} of "
+                             f"{batch.length} positions' states saved (the recurrent mixer "
+                             f"did not run per position)")
+        self.saved = 0
+        self.conv_states[0] = None
+        self.recurrent_states[0] = None
+
+    def _write(self, slots: torch.Tensor) -> None:
         for name, states in (("conv", self.conv_states), ("recurrent", self.recurrent_states)):
             view = self.binding.views.get(name)
             data = states[0]
             if view is not None and data is not None:
-                view[batch.slots] = data.to(view.dtype)
-            states[0] = None
+                view[slots] = data.to(view.dtype)
 
 
 class ChainCache(Cache):

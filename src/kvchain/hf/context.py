@@ -68,6 +68,10 @@ class ForwardBatch:
             mixes no fresh rows with others (transformers keeps one "has previous state"
             flag per layer).
         layers: model layer index -> its :class:`LayerBinding`.
+        checkpoints: ``[B, T]`` int64 physical state slots, or ``None``: with them the
+            state after position ``j`` of row ``b`` is written to ``checkpoints[b, j]``
+            (a ``CHECKPOINTS`` verify, :mod:`kvchain.hf.checkpoints`) and nothing else is
+            written back; ``slots`` is still where the state before the forward is read.
     """
 
     start: torch.Tensor
@@ -77,6 +81,7 @@ class ForwardBatch:
     slots: torch.Tensor | None
     fresh: bool
     layers: dict[int, LayerBinding]
+    checkpoints: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:

@@ -16,10 +16,29 @@ tokens (the last sampled token and the draft's ``k``) in the same one forward of
 decoding rows, over pages the request layer priced with its speculative demand; the
 verify (:mod:`kvchain.hf.speculative`) keeps ``1 + a`` and ``scheduler.complete`` hands
 ``a`` to ``KVManager.verify``, which releases the rejected drafts' pages. State layers roll
-back by ``REPLAY``: before the verify forward each row's working state slot is copied into
-its checkpoint slot; after a rejection it is copied back and the ``1 + a`` accepted tokens
-are computed again through the target (one forward per distinct ``a``), before the commit
-releases any window page those tokens read.
+back in one of two modes (``rollback``):
+
+* ``REPLAY`` (2 state slots per request): before the verify forward each row's working
+  state slot is copied into its checkpoint slot; after a rejection it is copied back and
+  the ``1 + a`` accepted tokens are computed again through the target (one forward per
+  distinct ``a``), before the commit releases any window page those tokens read;
+* ``CHECKPOINTS`` (``1 + k`` state slots per request, a ring): the verify forward runs
+  each recurrent mixer position by position (:mod:`kvchain.hf.checkpoints`) and saves the
+  state after position ``j`` into ring slot ``(w + j) mod (1 + k)``, ``w`` the ring slot
+  of the working state; the verify makes ring slot ``(w + a) mod (1 + k)`` (the state after
+  the last accepted token) the working slot: an index, nothing copied or recomputed.
+
+The draft: a :class:`~kvchain.hf.speculative.ModelDraft` keeps transformers' own cache
+(outside the chain); a :class:`~kvchain.hf.speculative.ChainDraft` keeps its KV and state
+in the chain's draft bands (:func:`kvchain.model.with_draft`; a second
+:class:`~kvchain.hf.runner.ModelRunner`): it prefills every prompt chunk the target
+prefills, proposes by ``1 + k`` one-token decodes over its pages at positions
+``L .. L + k`` (the last one writes ``d_k``'s KV and state so that its cache covers the
+same tokens as the target's; its logits are not used), and is rolled back with the target:
+``KVManager.verify`` truncates its pages like the target's, and its state follows the same
+mode (under ``CHECKPOINTS`` its decode ``j`` reads ring slot ``w + j - 1`` and saves into
+``w + j``, so one ring index serves both models; under ``REPLAY`` its checkpoint is copied
+back and the ``1 + a`` kept tokens replayed through it).
 
 Sampling is greedy (argmax of the last position's logits, fp32). Each forward translates
 the rows' virtual page tables (``KVManager.page_table`` -> ``Chain.translate``) at the
@@ -39,13 +58,12 @@ from kvchain.alloc.chain import Chain
 from kvchain.bands.geometry import StateRollback
 from kvchain.buffer import TorchBuffer
 from kvchain.errors import ConfigError, InvalidRequestError
-from kvchain.hf.attention import ATTENTION_NAME
-from kvchain.hf.cache import ChainCache
-from kvchain.hf.context import ForwardBatch, LayerBinding, forward_context
-from kvchain.hf.layers import model_layer_caches
-from kvchain.hf.speculative import Draft, accepted_drafts
+from kvchain.hf.layers import model_spec
+from kvchain.hf.runner import ModelRunner
+from kvchain.hf.speculative import ChainDraft, Draft, accepted_drafts
 from kvchain.layout import ChainLayout, plan_layout
-from kvchain.model.layers import group_classes
+from kvchain.model import with_draft
+from kvchain.model.layers import TARGET
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import EventKind, Request, RequestStatus, StepBatch, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
@@ -84,10 +102,15 @@ class SpecStats:
         accepted: drafts kept (a verify keeps ``1 + a`` tokens).
         rejected: verifies in which the target rejected a draft (its greedy token differs
             from a draft before the output length ends the step).
-        replays: state rollbacks (checkpoint copied back, ``1 + a`` tokens recomputed):
-            every verify that keeps ``a < k`` drafts (rejected, or cut by the output
-            length).
+        replays: ``REPLAY`` state rollbacks (checkpoint copied back, ``1 + a`` tokens
+            recomputed): every verify that keeps ``a < k`` drafts (rejected, or cut by the
+            output length).
         replayed_tokens: tokens recomputed by those replays.
+        checkpoint_rollbacks: ``CHECKPOINTS`` state rollbacks: verifies that keep
+            ``a < k`` drafts, whose working state becomes checkpoint ``a`` (not the state
+            after the last computed position); nothing recomputed.
+        checkpoints_saved: states saved into checkpoint slots under ``CHECKPOINTS``:
+            ``1 + k`` per verify (each for every state layer).
     """
 
     verifies: int = 0
@@ -96,6 +119,8 @@ class SpecStats:
     rejected: int = 0
     replays: int = 0
     replayed_tokens: int = 0
+    checkpoint_rollbacks: int = 0
+    checkpoints_saved: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,25 +146,37 @@ class ChainEngine:
             (``Chain.flush_idle``: waits for the last forward's fence, then compacts every
             band's holes), as an engine does when it has a moment; ``None``: only the moves
             the planner puts into takes.
-        draft: proposes the drafts of speculative decode steps (e.g.
-            :class:`~kvchain.hf.speculative.ModelDraft`); needs ``spec_tokens >= 1``.
+        draft: proposes the drafts of speculative decode steps: a
+            :class:`~kvchain.hf.speculative.ModelDraft` (its cache outside the chain) or
+            a :class:`~kvchain.hf.speculative.ChainDraft` (its KV and state in the
+            chain's draft bands, priced with the target's in one buffer); needs
+            ``spec_tokens >= 1``.
         spec_tokens: ``k`` drafts per speculative decode step (0: plain decoding).
-        rollback: how state layers roll back rejected drafts; only
-            ``StateRollback.REPLAY`` is implemented here (``CHECKPOINTS`` needs the state
-            after each of the ``1 + k`` positions, which transformers' chunked recurrent
-            kernels do not return). Models without state layers take either.
+        rollback: how state layers roll back rejected drafts (module docstring):
+            ``StateRollback.REPLAY`` (1 checkpoint slot, recompute after a rejection) or
+            ``StateRollback.CHECKPOINTS`` (``k`` checkpoint slots, the verify's recurrent
+            mixers run position by position, no recompute). Models without state layers
+            take either (only pages roll back).
+
+    Attributes:
+        target: the target's :class:`~kvchain.hf.runner.ModelRunner`.
+        drafter: a :class:`ChainDraft`'s runner over the draft bands, or ``None``.
+        spec: :class:`SpecStats` of the speculative steps.
+        proposals: every verify's ``(request id, its k drafts)``, in order (what the
+            draft proposed; one entry per request per speculative step).
 
     Raises:
-        ConfigError: the model's cache layers cannot be told, bad limits, a draft without
-            ``spec_tokens >= 1`` (or the reverse), or ``CHECKPOINTS`` on a model with
-            state layers.
+        ConfigError: a model's cache layers cannot be told, bad limits, a draft without
+            ``spec_tokens >= 1`` (or the reverse), a chain draft whose vocabulary differs
+            from the target's, or ``CHECKPOINTS`` on a model whose recurrent mixers
+            cannot be found (:func:`~kvchain.hf.checkpoints.recurrent_mixers`).
         BufferTooSmallError: the buffer cannot hold one smallest request.
     """
 
     def __init__(self, model: Any, buffer_bytes: int, *, page_size: int = 4,
                  chunk_size: int = 8, max_running: int = 8,
                  max_prefill_tokens: int | None = None, audit: bool = False,
-                 flush_every: int | None = None, draft: Draft | None = None,
+                 flush_every: int | None = None, draft: Draft | ChainDraft | None = None,
                  spec_tokens: int = 0,
                  rollback: StateRollback = StateRollback.REPLAY) -> None:
         if flush_every is not None and flush_every < 1:
@@ -152,36 +189,50 @@ class ChainEngine:
         self.spec = SpecStats()
         self.flush_every = flush_every
         self.model = model
-        self.layers = model_layer_caches(model)
-        self.layout: ChainLayout = plan_layout(group_classes(self.layers), buffer_bytes,
-                                               page_size)
+        spec = model_spec(model)
+        if isinstance(draft, ChainDraft):
+            vocab = (model.config.get_text_config(decoder=True).vocab_size,
+                     draft.model.config.get_text_config(decoder=True).vocab_size)
+            if vocab[0] != vocab[1]:
+                raise ConfigError(f"the draft's vocabulary ({vocab[1]} tokens) differs "
+                                  f"from the target's ({vocab[0]})")
+            spec = with_draft(spec, model_spec(draft.model))
+        self.layers = tuple(x for x in spec.layers if x.owner == TARGET)
+        self.layout: ChainLayout = plan_layout(spec.classes, buffer_bytes, page_size)
         self.buffer = TorchBuffer(self.layout.buffer_bytes, device=str(model.device))
         self.chain = Chain(self.layout, self.buffer)
         self.kv = KVManager(self.chain, spec_tokens=spec_tokens, rollback=rollback)
-        if (spec_tokens and self.kv.geom.state is not None
-                and rollback is not StateRollback.REPLAY):
-            raise ConfigError(f"state rollback {rollback} is not implemented by kvchain.hf "
-                              f"(transformers' recurrent kernels return only the last "
-                              f"position's state); use StateRollback.REPLAY")
+        # CHECKPOINTS on a state model: the verify's recurrent mixers run position by
+        # position; each request's working ring slot (index into its 1 + k state slots)
+        self.checkpointed = (spec_tokens > 0 and self.kv.geom.state is not None
+                             and rollback is StateRollback.CHECKPOINTS)
+        self._work: dict[int, int] = {}
+        self.target = ModelRunner(model, self.layers, self.layout, self.buffer, self.chain,
+                                  self.kv, checkpoints=self.checkpointed)
+        self.drafter: ModelRunner | None = None
+        if isinstance(draft, ChainDraft):
+            self.drafter = ModelRunner(draft.model, tuple(x for x in spec.layers
+                                                         if x.owner != TARGET),
+                                       self.layout, self.buffer, self.chain, self.kv,
+                                       checkpoints=self.checkpointed)
         self.scheduler = Scheduler(self.kv, SchedulerConfig(
             max_running=max_running, chunk_size=chunk_size,
             max_prefill_tokens=max_prefill_tokens or chunk_size, audit_every_step=audit))
-        bindings = {}
-        for layer in self.layers:
-            band = self.layout.index_of(layer.lifetime)
-            assert band is not None
-            views = self.buffer.layer_views(self.layout.bands[band], layer)
-            bindings[layer.index] = LayerBinding(layer, band, views)
-        self.bindings = bindings
-        config = model.config.get_text_config(decoder=True)
-        num_layers = max(int(getattr(config, "num_hidden_layers", 0) or 0),
-                         max(bindings) + 1)
-        self.cache = ChainCache(bindings, num_layers)
         self.results: dict[int, GenerationResult] = {}
+        self.proposals: list[tuple[int, list[int]]] = []  # (request id, its k drafts)
         self._pending: list[_Pending] = []
         self._seq: dict[int, list[int]] = {}
         self.step_count = 0
-        self.forwards = 0
+
+    @property
+    def forwards(self) -> int:
+        """Forwards of the target model (prefill chunks, decodes, verifies, replays)."""
+        return self.target.forwards
+
+    @property
+    def draft_forwards(self) -> int:
+        """Forwards of a :class:`ChainDraft` model over its pages (0 otherwise)."""
+        return self.drafter.forwards if self.drafter is not None else 0
 
     # --- requests -----------------------------------------------------------------------
 
@@ -221,8 +272,14 @@ class ChainEngine:
         accepted: dict[int, int] = {}  # a speculative step's accepted drafts per request
         with torch.no_grad():
             for chunk in batch.prefills:
+                if chunk.start == 0:  # fresh state slots (first chunk, or after retraction)
+                    self._work.pop(chunk.rid, None)
                 chunk_ids = self._seq[chunk.rid][chunk.start:chunk.start + chunk.tokens]
-                logits = self._forward([chunk.rid], [chunk.start], [chunk_ids])
+                read = [self._work.get(chunk.rid, 0)]
+                logits = self.target.forward([chunk.rid], [chunk.start], [chunk_ids],
+                                             read=read)
+                if self.drafter is not None:  # the draft's prompt into its own pages
+                    self.drafter.forward([chunk.rid], [chunk.start], [chunk_ids], read=read)
                 r = self.scheduler.request(chunk.rid)
                 if chunk.start + chunk.tokens >= r.prefill_target:
                     self._sample(chunk.rid, logits[0])
@@ -232,7 +289,7 @@ class ChainEngine:
                 rids = [d.rid for d in batch.decodes]
                 starts = [d.context for d in batch.decodes]
                 ids = [[self._seq[d.rid][d.context]] for d in batch.decodes]
-                logits = self._forward(rids, starts, ids)
+                logits = self.target.forward(rids, starts, ids)
                 for row, rid in enumerate(rids):
                     self._sample(rid, logits[row])
         self.scheduler.complete(batch, StepOutcome(0.0, accepted=accepted), now)
@@ -241,6 +298,7 @@ class ChainEngine:
             if (res.finished_step is None and req is not None
                     and req.status is RequestStatus.FINISHED):
                 res.finished_step = self.step_count
+                self._work.pop(rid, None)
         self.step_count += 1
         if self.flush_every is not None and self.step_count % self.flush_every == 0:
             self.chain.flush_idle()
@@ -256,24 +314,36 @@ class ChainEngine:
 
     def _speculative(self, batch: StepBatch) -> dict[int, int]:
         """The decodes of a speculative step: draft, one verify forward of ``1 + k``
-        tokens per row, accept, emit ``1 + a`` tokens, roll the state back by replay.
-        Returns request id -> accepted drafts (what ``scheduler.complete`` verifies)."""
+        tokens per row, accept, emit ``1 + a`` tokens, roll the state back (replay, or
+        the ring index under ``CHECKPOINTS``). Returns request id -> accepted drafts
+        (what ``scheduler.complete`` verifies)."""
         assert self.draft is not None
         k = batch.decodes[0].drafts
         rids = [d.rid for d in batch.decodes]
         starts = [d.context for d in batch.decodes]
-        drafts = [self.draft.propose(self._seq[d.rid][:d.context + 1], k)
-                  for d in batch.decodes]
+        ring = 1 + k
+        work = [self._work.get(rid, 0) for rid in rids]
+        replay = self.kv.geom.state is not None and not self.checkpointed
+        if self.drafter is not None:
+            drafts = self._chain_drafts(batch, k, work, replay)
+        else:
+            assert not isinstance(self.draft, ChainDraft)
+            drafts = [self.draft.propose(self._seq[d.rid][:d.context + 1], k)
+                      for d in batch.decodes]
         for rid, dr in zip(rids, drafts, strict=True):
             if len(dr) != k:
                 raise ConfigError(f"the draft proposed {len(dr)} tokens for request {rid}, "
                                   f"expected {k}")
+            self.proposals.append((rid, list(dr)))
         ids = [[self._seq[d.rid][d.context], *dr]
                for d, dr in zip(batch.decodes, drafts, strict=True)]
-        replay = self.kv.geom.state is not None
         if replay:
-            self._copy_state(rids, to_checkpoint=True)
-        logits = self._forward(rids, starts, ids, keep=1 + k)  # [B, 1 + k, vocab]
+            self.target.copy_state(rids, 0, 1)
+        write = None
+        if self.checkpointed:  # the state after position j into ring slot (w + j) mod ring
+            write = (np.array(work)[:, None] + np.arange(ring)[None, :]) % ring
+        # [B, 1 + k, vocab]
+        logits = self.target.forward(rids, starts, ids, keep=ring, read=work, write=write)
         greedy = logits.argmax(dim=-1).tolist()
         found = {rid: self._accept(dr, g) for rid, dr, g in zip(rids, drafts, greedy,
                                                                 strict=True)}
@@ -289,7 +359,59 @@ class ChainEngine:
         self.spec.rejected += sum(found[rid] < m for rid, m in zip(rids, most, strict=True))
         if replay:
             self._replay(batch, accepted, ids, k)
+        if self.checkpointed:
+            for rid, w in zip(rids, work, strict=True):
+                a = accepted[rid]
+                self._work[rid] = self._accepted_checkpoint(w, a, ring)
+                self.spec.checkpoint_rollbacks += a < k
+            self.spec.checkpoints_saved += ring * len(rids)
         return accepted
+
+    def _chain_drafts(self, batch: StepBatch, k: int, work: list[int],
+                      replay: bool) -> list[list[int]]:
+        """A :class:`ChainDraft`'s ``k`` greedy drafts per row: ``1 + k`` one-token
+        forwards of the draft over its pages, all rows together, at positions
+        ``L + j`` (``j = 0 .. k``; the last computes ``d_k``'s KV and state, its logits
+        unused). Its state: under ``REPLAY`` its working slot is first copied to its
+        checkpoint; under ``CHECKPOINTS`` forward ``j`` reads ring slot ``w + j - 1``
+        (``w`` for ``j = 0``) and saves into ``w + j``, as the target's verify does."""
+        assert self.drafter is not None
+        rids = [d.rid for d in batch.decodes]
+        ring = 1 + k
+        if replay:
+            self.drafter.copy_state(rids, 0, 1)
+        tokens = [self._seq[d.rid][d.context] for d in batch.decodes]
+        drafts: list[list[int]] = [[] for _ in rids]
+        w = np.array(work, dtype=np.int64)
+        for j in range(ring):
+            read, write = w, None
+            if self.checkpointed:
+                read = self._draft_read_slot(w, j, ring)
+                write = ((w + j) % ring)[:, None]
+            logits = self.drafter.forward(rids, [d.context + j for d in batch.decodes],
+                                          [[t] for t in tokens], read=read.tolist(),
+                                          write=write)
+            if j == k:
+                break
+            tokens = [int(t) for t in logits.float().argmax(dim=-1).tolist()]
+            for row, t in enumerate(tokens):
+                drafts[row].append(t)
+        return drafts
+
+    @staticmethod
+    def _draft_read_slot(work: np.ndarray, j: int, ring: int) -> np.ndarray:
+        """``CHECKPOINTS``: the ring slots a chain draft's decode ``j`` reads its state
+        from, the state after position ``j - 1`` that decode ``j - 1`` saved into
+        ``(work + j - 1) mod ring`` (for ``j = 0`` the working slot ``work``)."""
+        return (work + max(j - 1, 0)) % ring
+
+    @staticmethod
+    def _accepted_checkpoint(work: int, accepted: int, ring: int) -> int:
+        """``CHECKPOINTS`` rollback: the ring slot that holds the state after the last
+        accepted token, ``(work + accepted) mod ring`` (the verify saved the state after
+        its position ``j`` into ring slot ``(work + j) mod ring``); it becomes the working
+        slot."""
+        return (work + accepted) % ring
 
     @staticmethod
     def _accept(drafts: list[int], greedy: list[int]) -> int:
@@ -300,7 +422,8 @@ class ChainEngine:
                 k: int) -> None:
         """REPLAY rollback of the rows that kept fewer than ``k`` drafts: working state
         slot <- checkpoint slot, then one forward of the ``1 + a`` kept tokens per group
-        of rows with equal ``a`` (their K/V are written again, the same values)."""
+        of rows with equal ``a`` (their K/V are written again, the same values), through
+        the target and a chain draft."""
         groups: dict[int, list[int]] = {}
         for row, d in enumerate(batch.decodes):
             a = accepted[d.rid]
@@ -308,38 +431,21 @@ class ChainEngine:
                 groups.setdefault(a, []).append(row)
         for a, rows in sorted(groups.items()):
             rids = [batch.decodes[r].rid for r in rows]
+            starts = [batch.decodes[r].context for r in rows]
+            kept = [ids[r][:1 + a] for r in rows]
             self._restore_state(rids)
-            self._forward(rids, [batch.decodes[r].context for r in rows],
-                          [ids[r][:1 + a] for r in rows])
+            self.target.forward(rids, starts, kept)
+            if self.drafter is not None:
+                self.drafter.forward(rids, starts, kept)
             self.spec.replays += len(rows)
             self.spec.replayed_tokens += (1 + a) * len(rows)
 
     def _restore_state(self, rids: list[int]) -> None:
-        """Copy the rows' checkpoint slots back into their working slots."""
-        self._copy_state(rids, to_checkpoint=False)
-
-    def _copy_state(self, rids: list[int], to_checkpoint: bool) -> None:
-        """Working state slot -> checkpoint slot (or back) for every state layer; the
-        slots are translated now (the step's take may have moved them)."""
-        band = self.kv.geom.state
-        assert band is not None
-        work, ckpt = [], []
-        for rid in rids:
-            slots = self.kv.page_table(rid, band)
-            if len(slots) < 2:
-                raise ConfigError(f"request {rid} holds {len(slots)} state slots; REPLAY "
-                                  f"needs a working slot and a checkpoint")
-            phys = self.chain.translate(band, slots[:2])
-            work.append(int(phys[0]))
-            ckpt.append(int(phys[1]))
-        device = self.buffer.device
-        src = torch.as_tensor(work if to_checkpoint else ckpt, device=device)
-        dst = torch.as_tensor(ckpt if to_checkpoint else work, device=device)
-        for binding in self.bindings.values():
-            if binding.band != band:
-                continue
-            for view in binding.views.values():
-                view[dst] = view[src]
+        """Copy the rows' checkpoint slots back into their working slots (target and a
+        chain draft)."""
+        self.target.copy_state(rids, 1, 0)
+        if self.drafter is not None:
+            self.drafter.copy_state(rids, 1, 0)
 
     def _sample(self, rid: int, logits: torch.Tensor) -> None:
         res = self.results[rid]
@@ -348,60 +454,3 @@ class ChainEngine:
         res.logits.append(row)
         res.tokens.append(token)
         self._seq[rid].append(token)
-
-    def _batch(self, rids: list[int], starts: list[int], length: int) -> ForwardBatch:
-        device = self.buffer.device
-        geom = self.kv.geom
-        tables: dict[int, torch.Tensor] = {}
-        for band in {b.band for b in self.bindings.values()}:
-            if band == geom.state:
-                continue
-            rows = [self.chain.translate(band, self.kv.page_table(rid, band)) for rid in rids]
-            width = max(len(r) for r in rows)
-            # Padding (masked by the attention): the band's null page if it has one.
-            pad = 0
-            if self.layout.bands[band].reserved_pages:
-                null = np.array([self.chain.null_page(band)])
-                pad = int(self.chain.translate(band, null)[0])
-            table = np.full((len(rows), width), pad, dtype=np.int64)
-            for i, r in enumerate(rows):
-                table[i, :len(r)] = r
-            tables[band] = torch.as_tensor(table, device=device)
-        slots = None
-        if geom.state is not None:
-            phys = [int(self.chain.translate(geom.state,
-                                             self.kv.page_table(rid, geom.state)[:1])[0])
-                    for rid in rids]
-            slots = torch.as_tensor(phys, dtype=torch.long, device=device)
-        fresh = [s == 0 for s in starts]
-        if any(fresh) and not all(fresh):
-            raise ValueError("a forward mixes rows at position 0 with rows past it")
-        start = torch.as_tensor(starts, dtype=torch.long, device=device)
-        return ForwardBatch(start, length, geom.page_size, tables, slots, all(fresh),
-                            self.bindings)
-
-    def _forward(self, rids: list[int], starts: list[int], ids: list[list[int]],
-                 keep: int | None = None) -> torch.Tensor:
-        """One forward of rows with equal token counts; returns ``[B, vocab]`` logits of
-        each row's last token, or with ``keep`` the ``[B, keep, vocab]`` logits of its last
-        ``keep`` tokens."""
-        batch = self._batch(rids, starts, len(ids[0]))
-        device = self.model.device
-        input_ids = torch.as_tensor(ids, dtype=torch.long, device=device)
-        config = self.model.config
-        previous = config._attn_implementation
-        self.model.set_attn_implementation(ATTENTION_NAME)
-        try:
-            with forward_context(batch):
-                self.cache.load(batch)
-                out = self.model(input_ids=input_ids, position_ids=batch.positions(),
-                                 cache=self.cache, use_cache=True,
-                                 logits_to_keep=keep or 1)
-                self.cache.store(batch)
-        finally:
-            self.model.set_attn_implementation(previous)
-        self.chain.begin_forward(self.buffer.fence())
-        self.forwards += 1
-        if keep is not None:
-            return out.logits[:, -keep:, :]
-        return out.logits[:, -1, :]

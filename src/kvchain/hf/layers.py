@@ -32,6 +32,7 @@ from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerM
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.model.hf import load_hf_config
 from kvchain.model.layers import CacheDtype, LayerCache, LifetimeClass, TensorDecl
+from kvchain.model.spec import ModelSpec
 
 _DTYPES = {
     torch.float32: CacheDtype.FP32,
@@ -145,3 +146,28 @@ def model_layer_caches(model: Any) -> tuple[LayerCache, ...]:
         kind = "recurrent" if is_state else "attention"
         out.append(LayerCache(i, lifetime, kind, tensors[i], window))
     return tuple(out)
+
+
+def model_spec(model: Any) -> ModelSpec:
+    """A :class:`~kvchain.model.spec.ModelSpec` of a loaded transformers model: its cache
+    layers (:func:`model_layer_caches`, one probe forward), layer count, width and heads
+    from its text config, and its parameters counted from the module itself
+    (``total_params = active_params`` = every parameter's element count, since which
+    experts a token reads is not known here; ``weight_bytes`` = elements x element size).
+    What :func:`kvchain.model.with_draft` joins a draft model with.
+
+    Raises:
+        ConfigError: as :func:`model_layer_caches`.
+    """
+    config = model.config.get_text_config(decoder=True)
+    layers = model_layer_caches(model)
+    params = list(model.parameters())
+    count = sum(p.numel() for p in params)
+    return ModelSpec(
+        name=str(getattr(config, "model_type", type(model).__name__)), layers=layers,
+        num_layers=int(getattr(config, "num_hidden_layers", 0) or len(layers)),
+        hidden_size=int(config.hidden_size),
+        num_attention_heads=int(getattr(config, "num_attention_heads", 0) or 0),
+        total_params=count, active_params=count,
+        weight_bytes=sum(p.numel() * p.element_size() for p in params),
+        max_context_tokens=getattr(config, "max_position_embeddings", None))

@@ -14,8 +14,10 @@ token ``t`` not yet computed) runs:
    from Transformers via Speculative Decoding", greedy case), so speculation never changes
    the output.
 
-The draft here keeps its own cache in transformers (one ``generate`` per step over the
-whole sequence: its cache is rebuilt each step, never in the chain).
+Two drafts: :class:`ModelDraft` keeps its own cache in transformers (one ``generate`` per
+step over the whole sequence: its cache is rebuilt each step, never in the chain);
+:class:`ChainDraft` keeps its KV and state in the chain's draft bands, decoded and rolled
+back by :class:`kvchain.hf.ChainEngine` beside the target's.
 """
 
 from __future__ import annotations
@@ -64,6 +66,30 @@ class ModelDraft:
                                       max_new_tokens=k, min_new_tokens=k, do_sample=False)
         self.proposed += k
         return [int(t) for t in out[0, ids.shape[1]:].tolist()]
+
+
+class ChainDraft:
+    """A draft model whose cache lives in the chain: its layers become bands of their own
+    (``draft.full``, ``draft.window``, ``draft.state``; :func:`kvchain.model.with_draft`)
+    in the target's chain, priced with the target's in one buffer.
+    :class:`kvchain.hf.ChainEngine` prefills every prompt chunk through it into its pages,
+    has it propose ``k`` tokens by one-token decodes over its pages, and rolls it back
+    with the target (its pages by ``KVManager.verify``, its state by the engine's
+    rollback mode).
+
+    Args:
+        model: a transformers causal LM with the target's vocabulary (token ids), in eval
+            mode on the target's device.
+
+    Raises:
+        ConfigError: ``model`` is not a transformers model (no ``config``).
+    """
+
+    def __init__(self, model: Any) -> None:
+        if not hasattr(model, "config"):
+            raise ConfigError(f"a chain draft needs a transformers model; got "
+                              f"{type(model).__name__}")
+        self.model = model
 
 
 def accepted_drafts(drafts: Sequence[int], greedy: Sequence[int]) -> int:
