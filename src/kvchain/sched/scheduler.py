@@ -298,8 +298,10 @@ class Scheduler:
             share = self._empty_budget().share_refusal(need)
             self._emit(EventKind.REJECTED, request.rid, now,
                        f"needs {_demand_bytes(self._empty, need):,} B of pages at its peak, "
-                       f"which {self.rules.window.value} admission can never fit on the empty "
-                       f"chain ({self._empty.free_bytes:,} B free)"
+                       f"which can never fit on the empty chain "
+                       f"({self._empty.free_bytes:,} B free"
+                       + (", window bands admitted split" if self.rules.window is
+                          WindowAdmission.SPLIT else "") + ")"
                        + (f": {share}" if share else ""))
             return False
         self.waiting.append(request)
