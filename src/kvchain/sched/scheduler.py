@@ -299,9 +299,7 @@ class Scheduler:
             self._emit(EventKind.REJECTED, request.rid, now,
                        f"needs {_demand_bytes(self._empty, need):,} B of pages at its peak, "
                        f"which can never fit on the empty chain "
-                       f"({self._empty.free_bytes:,} B free"
-                       + (", window bands admitted split" if self.rules.window is
-                          WindowAdmission.SPLIT else "") + ")"
+                       f"({self._empty.free_bytes:,} B free)"
                        + (f": {share}" if share else ""))
             return False
         self.waiting.append(request)
