@@ -79,7 +79,7 @@ MEM_FRACTION_HELP = ("Fraction of GPU memory for weights + KV + the engine's res
 HOST_BYTES_HELP = ("Bytes of a host-memory tier for evicted prefixes: report how many tokens "
                    "of resumable prefix it holds (full pages, window tails and a state "
                    "checkpoint per resume point, split between the classes so that all run "
-                   "out together). Planning only: the simulator has no host tier yet.")
+                   "out together). `simulate --host-bytes` runs one.")
 HOST_FRACTION_HELP = ("The host tier as a fraction of this machine's physical memory "
                       "(instead of --host-bytes).")
 HOST_INTERVAL_HELP = ("Tokens between a cached prefix's resume points in the host tier "
