@@ -298,6 +298,9 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         else:
             cache = PrefixCache(geom, interval_tokens=interval, policy=config.cache_points)
         stats = PrefixCacheStats(interval_tokens=interval)
+        if host is not None:
+            stats.host_slot_bytes = host.page_bytes
+            stats.host_slots = tuple(pool.slots for pool in host.pools)
     kv = KVManager(chain, cache, config.spec_tokens, config.spec_rollback)
     spec = config.spec_tokens
     draws = np.random.default_rng(config.spec_seed)
@@ -424,6 +427,10 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                      waiting=len(sched.waiting))
         if progress is not None and done != before:
             progress(done, total)
+        if host is not None and stats is not None:
+            held = host.held_slots()
+            if not stats.host_timeline or stats.host_timeline[-1][1] != held:
+                stats.host_timeline.append((now, held))
         if stats is not None and sched.counters.prompt_tokens != (
                 stats.timeline[-1][1] if stats.timeline else 0):
             stats.timeline.append((now, sched.counters.prompt_tokens,

@@ -38,6 +38,11 @@ class PrefixCacheStats:
         lru_capacity_pages: that LRU's capacity in pages, or ``None``.
         timeline: ``(t_s, prompt_tokens, hit_tokens)`` cumulative, after each step that
             admitted a request.
+        host_timeline: with a host tier, ``(t_s, slots held per band)`` after each step
+            that changed them (the host occupancy chart,
+            :func:`kvchain.report.plots.host_chart`); empty without one.
+        host_slot_bytes: with a host tier, bytes of one host slot per band (its page
+            bytes) and ``host_slots`` the slots per band; empty without one.
     """
 
     prompt_tokens: int = 0
@@ -52,6 +57,9 @@ class PrefixCacheStats:
     lru_bound: float | None = None
     lru_capacity_pages: int | None = None
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
+    host_timeline: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
+    host_slot_bytes: tuple[int, ...] = ()
+    host_slots: tuple[int, ...] = ()
 
     @property
     def hit_rate(self) -> float:
