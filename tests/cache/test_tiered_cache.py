@@ -100,3 +100,22 @@ def test_a_grant_that_does_not_match_the_plan_is_refused() -> None:
     with pytest.raises(PlanMismatchError):
         c.realize_load(PROMPT, plan, [[40], [41], [43, 44, 45, 46]])
     assert c.match(PROMPT, 20).pages == 0  # nothing changed
+
+
+def test_host_interval_follows_the_spacing_of_the_resume_points() -> None:
+    # P = 4, interval 16 tokens (4 pages). A 56-token prompt (14 pages) keeps points
+    # 4, 8, 12, 14 under blocks (14 / 4 = 3.5 pages = 0.875 intervals: rounded to 1, 16
+    # tokens) and 12, 14 under ends (the last interval boundary and the last page: 14 / 2
+    # = 7 pages = 1.75 intervals, rounded to 2: 32 tokens). A prompt without content keys
+    # is left out; with none at all, the plain interval.
+    from kvchain.cache.radix import ResumePolicy
+    from kvchain.sim.prefix import host_interval_tokens
+    from kvchain.sim.traces import Trace, TraceRequest
+
+    reqs = (TraceRequest(0, 0.0, 56, 1, (1, 2, 3, 4)), TraceRequest(1, 1.0, 400, 1, None))
+    trace = Trace("t", reqs, "test", "test", block_tokens=16)
+    geom = CacheGeometry.of(LAYOUT)
+    assert host_interval_tokens(trace, geom, 16, ResumePolicy.BLOCKS) == 16
+    assert host_interval_tokens(trace, geom, 16, ResumePolicy.ENDS) == 32
+    none = Trace("t", reqs[1:], "test", "test", block_tokens=16)
+    assert host_interval_tokens(none, geom, 16, ResumePolicy.ENDS) == 16

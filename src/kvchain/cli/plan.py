@@ -349,7 +349,7 @@ def _print_host(console: Console, host: HostReport) -> None:
     console.print(f"host tier {tier.host_bytes:,} B ({escape(host.given)}), {spacing}: "
                   f"[bold]{tier.resumable_tokens:,}[/bold] tokens of resumable prefix "
                   f"({tier.intervals:,} intervals of {tier.interval_bytes:,} B: {parts})")
-    table = Table(title="host tier by class (planning only: not simulated yet)")
+    table = Table(title="host tier by class")
     for col in ("class", "page bytes", "per interval", "slots", "bytes"):
         table.add_column(col, justify="left" if col == "class" else "right")
     for c in tier.classes:

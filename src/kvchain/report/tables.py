@@ -182,6 +182,7 @@ EXTRA_LABELS = {
     "spec_overhead_peak_pct": "speculative memory, peak (% of buffer)",
     "spec_overhead_mean_pct": "speculative memory, mean (% of buffer)",
     "host_bytes": "host tier: bytes of its slots (--host-bytes, split by interval)",
+    "host_interval_tokens": "host tier: tokens per resume interval of its split",
     "host_hit_tokens": "host tier: prompt tokens served by load-backs",
     "host_hit_rate_pct": "host tier: hit rate (% of prompt tokens, in the hit rate above)",
     "host_bytes_written": "host tier: bytes written (write-through at insert)",

@@ -70,6 +70,7 @@ from kvchain.sim.prefix import (
     PrefixCacheStats,
     default_cache_off_reason,
     has_content_keys,
+    host_interval_tokens,
     request_page_keys,
     trace_block_tokens,
 )
@@ -291,7 +292,9 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         interval = -(-block // page) * page  # resume points on content-block boundaries
         geom = CacheGeometry.of(layout)
         if config.host_bytes is not None:
-            host = HostTier(layout, config.host_bytes, interval, geom,
+            host_interval = host_interval_tokens(config.trace, geom, interval,
+                                                 config.cache_points.resolve(geom))
+            host = HostTier(layout, config.host_bytes, host_interval, geom,
                             audit=True if audit_every_step else None)
             cache = TieredPrefixCache(geom, host, interval_tokens=interval,
                                       policy=config.cache_points)
@@ -461,6 +464,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         hs = host.stats
         extra.update({
             "host_bytes": host.capacity_bytes,
+            "host_interval_tokens": host.plan.interval_tokens,
             "host_hit_tokens": sched.counters.host_hit_tokens,
             "host_hit_rate_pct": round(100 * sched.counters.host_hit_tokens
                                        / sched.counters.prompt_tokens, 2)

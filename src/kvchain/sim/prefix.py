@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvchain.cache.keys import page_keys_from_blocks
+from kvchain.cache.radix import CacheGeometry, ResumePolicy, resume_points
 from kvchain.errors import TraceError
 from kvchain.layout import ChainLayout
 from kvchain.model.layers import LifetimeClass
@@ -131,6 +132,39 @@ def trace_block_tokens(trace: Trace) -> int:
 def has_content_keys(trace: Trace) -> bool:
     """Whether any request of the trace carries content block ids."""
     return any(r.prefix_block_ids for r in trace.requests)
+
+
+def host_interval_tokens(trace: Trace, geom: CacheGeometry, interval_tokens: int,
+                         policy: ResumePolicy) -> int:
+    """The resume interval a host tier is split by (:func:`kvchain.cache.host_tier.host_tier_plan`)
+    for this trace: the device cache's interval times the mean spacing of the resume
+    points its prompts keep, in intervals (whole pages over points, summed over the
+    trace's prompts with content keys; at least 1, rounded to the nearest whole
+    interval).
+
+    Why: a host tier buys one state slot and one window tail per interval. Where a prompt
+    keeps a checkpoint only every ``K`` intervals (``SPACED`` on a state chain: the
+    checkpoint budget of :func:`kvchain.cache.radix.spaced_budget`), a split by the plain
+    interval leaves ``K - 1`` of every ``K`` state slots empty while the full pages run out
+    (qwen3-next-80b-a3b at 16 GiB: a checkpoint slot is 39.5 MB, three intervals' full
+    pages). ``BLOCKS`` (every interval) gives the plain interval.
+
+    Raises:
+        InvalidRequestError: as :func:`~kvchain.cache.radix.resume_points`.
+    """
+    page = geom.page_size
+    ipages = interval_tokens // page
+    pages = points = 0
+    for r in trace.requests:
+        if not r.prefix_block_ids:
+            continue
+        n = r.prompt_tokens // page
+        pts = resume_points(geom, n, ipages, policy)
+        pages += n
+        points += len(pts)
+    if not points:
+        return interval_tokens
+    return interval_tokens * max(1, round(pages / points / ipages))
 
 
 def request_page_keys(request: TraceRequest, block_tokens: int,
