@@ -1,5 +1,6 @@
 """The host tier's prefix cache (kvchain.cache.host_cache): write-through, host LRU
-eviction with the device's cascade, the audit of host slots, and its planted defects.
+eviction with the device's cascade, the audit of host slots, its planted defects, and a
+hypothesis machine over write / take / give / evict / match.
 
 Geometry (tests/cache/host_layout.py): P = 4 tokens; band 0 state (S = 48 B), band 1
 window (W = 8 tokens, 8 B pages: a resume point q keeps the tail [q - 2, q)), band 2 full
@@ -15,6 +16,9 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from tests.cache.host_layout import LAYOUT
 
 from kvchain.cache.host_cache import HostTier
@@ -171,3 +175,59 @@ def test_seeded_stream_of_writes_matches_and_evictions_keeps_every_invariant(
         assert all(0 <= h <= p.slots for h, p in zip(held, t.pools, strict=True))
         assert t.stats.peak_held_bytes <= t.capacity_bytes
         assert np.all(np.asarray(t.stats.pages_written) >= 0)
+
+
+class HostTierMachine(RuleBasedStateMachine):
+    """Writes of prompts over a small alphabet (shared prefixes), slots taken and given
+    back by another user, evictions for random needs and matches, on the 640-byte tier
+    (2 state slots, 4 window pages, 8 full pages: eviction binds at once); the host
+    tier's audit after every step (slots held once or free, no stranded full page)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tier = tier(640)
+        self.taken: list[tuple[int, np.ndarray]] = []
+
+    @rule(raw=st.lists(st.integers(1, 3), min_size=1, max_size=8),
+          every=st.sampled_from([1, 2, 4]))
+    def write(self, raw: list[int], every: int) -> None:
+        keys = [sum(raw[:i + 1]) * 10 + i for i in range(len(raw))]
+        n = len(keys)
+        points = sorted({*range(every, n + 1, every), n})
+        window = {WIN: {i: 0 for q in points for i in range(max(0, q - 2), q)}}
+        self.tier.write(keys, window, {q: 0 for q in points})
+
+    @rule(band=st.integers(0, 2), n=st.integers(1, 2))
+    def take(self, band: int, n: int) -> None:
+        pool = self.tier.pools[band]
+        order = self.tier.cache.eviction_order()
+        evictable = order.freed(order.units)[band] if order.units else 0
+        if pool.free_count + evictable >= n:
+            self.taken.append((band, self.tier.take_slots(band, n)))
+
+    @rule()
+    def give(self) -> None:
+        if self.taken:
+            self.tier.give_slots(*self.taken.pop())
+
+    @rule(need=st.tuples(st.integers(0, 2), st.integers(0, 4), st.integers(0, 8)))
+    def evict(self, need: tuple[int, int, int]) -> None:
+        before = self.tier.held_slots()
+        if not self.tier.evict_for(list(need)):
+            assert self.tier.held_slots() == before  # refused: nothing evicted
+
+    @rule(raw=st.lists(st.integers(1, 3), min_size=1, max_size=8))
+    def match(self, raw: list[int]) -> None:
+        keys = [sum(raw[:i + 1]) * 10 + i for i in range(len(raw))]
+        hit = self.tier.match(keys, 4 * len(keys) + 1)
+        if hit.pages:
+            assert hit.checkpoint >= 0 and len(hit.window[WIN]) == min(2, hit.pages)
+
+    @invariant()
+    def audited(self) -> None:
+        self.tier.audit()
+
+
+TestHostTierMachine = HostTierMachine.TestCase
+TestHostTierMachine.settings = settings(max_examples=40, stateful_step_count=30,
+                                        deadline=None)
