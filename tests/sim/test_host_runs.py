@@ -61,6 +61,16 @@ def test_load_time_is_the_bytes_over_the_host_link(with_host: SimResult) -> None
     assert expected == pytest.approx(e["host_bytes_loaded"] / 51.2e9)
 
 
+def test_fast_forward_gives_the_per_step_loop_s_numbers(with_host: SimResult) -> None:
+    # The per-step loop is the oracle of fast-forward (tests/sim/test_fast_forward.py);
+    # load-backs happen only in steps with waiting requests, which are never
+    # fast-forwarded, and write-through only at prompt inserts: the same run.
+    slow = simulate(config(64_000_000_000, fast_forward=False)).summary
+    fast = with_host.summary
+    assert (slow.steps, slow.ttft, slow.tpot) == (fast.steps, fast.ttft, fast.tpot)
+    assert {k: v for k, v in slow.extra.items()} == dict(fast.extra)
+
+
 def test_without_host_bytes_nothing_of_the_tier_shows() -> None:
     # The default (no host tier) is the device-only run: no host counters at all.
     result = simulate(config(None))

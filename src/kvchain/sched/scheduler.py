@@ -468,8 +468,12 @@ class Scheduler:
             if self._fits_empty(lifetime.plus(self._hit_extra(plan.host_pages * page))):
                 handle = cache.lock_prefix(keys, plan.full_from)
                 if budget.rebase(self.chain.snapshot()) and self._load_fits(budget, plan):
-                    grant = self.chain.take(plan.demand, self.chain.price(plan.demand))
-                    dups = cache.realize_load(keys, plan, grant.pages)
+                    granted: tuple[tuple[int, ...], ...] = tuple(
+                        () for _ in plan.demand.pages)
+                    if not plan.demand.is_empty:
+                        granted = self.chain.take(plan.demand,
+                                                  self.chain.price(plan.demand)).pages
+                    dups = cache.realize_load(keys, plan, granted)
                     cache.unlock(handle)
                     for band, ids in enumerate(dups):
                         if ids:
