@@ -114,15 +114,16 @@ class TieredPrefixCache(PrefixCache):
         """
         g = self.geom
         p = g.page_size
-        dev = self.match(keys, prompt_tokens)
-        d = dev.pages
         cap_tokens = prompt_tokens
         if below is not None:
             cap_tokens = min(cap_tokens, (below - 1) * p + 1)
-        if (cap_tokens - 1) // p <= d:  # a hit covers at most (tokens - 1) // P pages
+        if cap_tokens <= p:  # a hit covers at most (tokens - 1) // P pages
             return None
-        hh = self.host.match(keys, cap_tokens)
+        hh = self.host.match(keys, cap_tokens)  # first: most prompts miss on the host
         h = hh.pages
+        if not h:
+            return None
+        d = self.match(keys, prompt_tokens).pages
         if h <= d:
             return None
         path, matched = self._path(keys[:h])
