@@ -42,9 +42,13 @@ def test_speculative_and_host_tier_commands_are_in_the_readme_and_run():
     assert commands == ["simulate --spec-tokens 3 --spec-acceptance 0.7",
                         "plan --spec-tokens 3",
                         "plan --model Qwen3-8B --draft-model Qwen3-0.6B --spec-tokens 3",
-                        "plan --host-bytes 274877906944"]
+                        "plan --host-bytes 274877906944",
+                        "simulate --requests 200 --rate-scale 1 --buffer-bytes 4000000000 "
+                        "--host-bytes 64000000000"]
     assert "docs/prefix-cache.md" in section and "docs/design.md" in section
-    for args in commands[1:]:
+    assert "docs/host-tier.md" in section
+    # the host-tier simulate runs in tests/sim/test_host_runs.py (the same slice)
+    for args in commands[1:3]:
         result = run(*args.split())
         assert result.exit_code == 0, result.output
     assert "docs/prefix-cache.md" in _section("## Where things are")

@@ -82,7 +82,7 @@ MEM_FRACTION_HELP = ("Fraction of GPU memory for weights + KV + the engine's res
 HOST_BYTES_HELP = ("Bytes of a host-memory tier for evicted prefixes: report how many tokens "
                    "of resumable prefix it holds (full pages, window tails and a state "
                    "checkpoint per resume point, split between the classes so that all run "
-                   "out together). Planning only: the simulator has no host tier yet.")
+                   "out together). `simulate --host-bytes` runs one.")
 HOST_FRACTION_HELP = ("The host tier as a fraction of this machine's physical memory "
                       "(instead of --host-bytes).")
 HOST_INTERVAL_HELP = ("Tokens between a cached prefix's resume points in the host tier "
@@ -438,7 +438,7 @@ def _print_host(console: Console, host: HostReport) -> None:
     console.print(f"host tier {tier.host_bytes:,} B ({escape(host.given)}), {spacing}: "
                   f"[bold]{tier.resumable_tokens:,}[/bold] tokens of resumable prefix "
                   f"({tier.intervals:,} intervals of {tier.interval_bytes:,} B: {parts})")
-    table = Table(title="host tier by class (planning only: not simulated yet)")
+    table = Table(title="host tier by class")
     for col in ("class", "page bytes", "per interval", "slots", "bytes"):
         table.add_column(col, justify="left" if col == "class" else "right")
     for c in tier.classes:

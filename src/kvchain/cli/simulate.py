@@ -35,7 +35,7 @@ from kvchain.cli.run_options import (
     run_options,
 )
 from kvchain.errors import KVChainError
-from kvchain.report.plots import hit_rate_chart, write_all_plots
+from kvchain.report.plots import hit_rate_chart, host_chart, write_all_plots
 from kvchain.report.tables import summary_table
 from kvchain.sim.cost import ClockKind
 from kvchain.sim.engine import simulate
@@ -110,6 +110,11 @@ def simulate_command(
         if result.prefix_cache is not None:
             plots.append(hit_rate_chart(result.prefix_cache.timeline, out / "hit_rate.png",
                                         result.prefix_cache.bounds()))
+            stats = result.prefix_cache
+            if stats.host_slots:
+                plots.append(host_chart(stats.host_timeline, [b.label for b in layout.bands],
+                                        stats.host_slot_bytes, stats.host_slots,
+                                        out / "host.png"))
     if as_json:
         print(json.dumps({"config": settings, "summary": summary.to_json(), **cache_json},
                          indent=2))

@@ -470,3 +470,39 @@ def hit_rate_chart(timeline: Sequence[tuple[float, int, int]], path: str | Path,
     axes.set_ylabel("hit rate (% of prompt tokens)")
     axes.set_title("prefix-cache hit rate, cumulative")
     return _save(figure, path)
+
+
+def host_chart(timeline: Sequence[tuple[float, Sequence[int]]], labels: Sequence[str],
+               slot_bytes: Sequence[int], slots: Sequence[int], path: str | Path) -> Path:
+    """The host tier's occupancy over time: bytes held per class (stacked), against the
+    bytes of every slot of the tier (dashed), per simulated second.
+
+    Args:
+        timeline: ``(t_s, slots held per band)`` samples
+            (:attr:`kvchain.sim.prefix.PrefixCacheStats.host_timeline`).
+        labels: the bands' labels (chain order).
+        slot_bytes: bytes of one host slot per band.
+        slots: host slots per band (the tier's split).
+        path: the PNG to write.
+    """
+    figure, (axes,) = _new_figure(8.0, 3.2)
+    capacity = sum(n * b for n, b in zip(slots, slot_bytes, strict=True))
+    scale, unit = _byte_unit(max(capacity, 1))
+    if not timeline:
+        _empty_note(axes, "the host tier held nothing")
+    else:
+        t = np.asarray([s[0] for s in timeline])
+        held = np.asarray([list(s[1]) for s in timeline], dtype=float)
+        layers = [held[:, b] * slot_bytes[b] / scale for b in range(len(labels))]
+        axes.stackplot(t, *layers, step="post",
+                       labels=[f"{lab} ({n:,} slots)" for lab, n in
+                               zip(labels, slots, strict=True)],
+                       colors=[_color(lab, i) for i, lab in enumerate(labels)], alpha=0.8)
+        axes.axhline(capacity / scale, linestyle="--", color="#264653",
+                     label=f"host tier ({capacity / scale:,.1f} {unit})")
+        axes.set_ylim(bottom=0)
+        axes.legend(loc="best", fontsize="small")
+    axes.set_xlabel("simulated time (s)")
+    axes.set_ylabel(f"host bytes held ({unit})")
+    axes.set_title("host tier occupancy by class")
+    return _save(figure, path)

@@ -311,6 +311,8 @@ def sweep_table(rows: Sequence[Row]) -> Table:
                ("TPOT\np99", "tpot_p99_s")]
     if with_hits:
         metrics.append(("hit\n%", "prefix_hit_rate_pct"))
+    if any(r.get("host_hit_rate_pct") is not None for r in rows):
+        metrics.append(("host\nhit %", "host_hit_rate_pct"))
 
     def cell(row: Row, key: str) -> str:
         if key == "finished":

@@ -185,6 +185,22 @@ EXTRA_LABELS = {
     "draft_peak_pct": "draft model bands, peak (% of buffer)",
     "draft_forward_s": "draft model forwards (s, in step times)",
     "draft_forward_pct": "draft model forwards (% of GPU time)",
+    "host_bytes": "host tier: bytes of its slots (--host-bytes, split by interval)",
+    "host_interval_tokens": "host tier: tokens per resume interval of its split",
+    "host_hit_tokens": "host tier: prompt tokens served by load-backs",
+    "host_hit_rate_pct": "host tier: hit rate (% of prompt tokens, in the hit rate above)",
+    "host_bytes_written": "host tier: bytes written (write-through at insert)",
+    "host_bytes_loaded": "host tier: bytes loaded back to the device",
+    "host_loads": "host tier: load-backs",
+    "host_loads_shortened": "host tier: load-backs shortened to an earlier resume point",
+    "host_loads_refused": "host tier: host hits refused (no load fit the ledger)",
+    "host_writes_skipped": "host tier: prompts not written (no room)",
+    "host_evicted_pages": "host tier: slots evicted",
+    "host_peak_held_bytes": "host tier: peak bytes held",
+    "host_held_bytes_end": "host tier: bytes held at the end",
+    "host_stranded_full_pages": "host tier: full pages without a resumable state (must be 0)",
+    "load_time_s": "host tier: load-back time (s, before overlap with the forward)",
+    "load_steps": "host tier: steps with load-backs",
 }
 """Display labels of the loop's ``extra`` counters (others show their key)."""
 
@@ -202,6 +218,9 @@ EXTRA_SHORT = {
     "prefix_evicted_pages": "evicted pages",
     "prefix_infinite_bound_pct": "infinite bound (%)",
     "prefix_lru_bound_pct": "LRU bound (%)",
+    "host_hit_rate_pct": "host hit rate (%)",
+    "host_bytes_loaded": "host B loaded",
+    "load_time_s": "load time (s)",
 }
 """Short labels of the ``extra`` counters in side-by-side tables (defined in
 :data:`METRIC_DEFINITIONS`)."""
@@ -221,7 +240,8 @@ METRIC_DEFINITIONS = (
 
 
 PERCENT_EXTRAS = ("u_star_pct", "u_star_mem_pct", "alloc_efficiency_pct",
-                  "prefix_hit_rate_pct", "prefix_infinite_bound_pct", "prefix_lru_bound_pct")
+                  "prefix_hit_rate_pct", "prefix_infinite_bound_pct", "prefix_lru_bound_pct",
+                  "host_hit_rate_pct")
 """``extra`` percentages rounded to 2 decimals where they are made: shown with exactly 2,
 so 12.5 reads ``12.50`` beside a ``5.93`` (``f"{12.5:,}"`` dropped the trailing zero)."""
 

@@ -159,6 +159,25 @@ class DecodeSeq:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadBack:
+    """A load-back from the host tier realized in this step: ``rid``'s prompt resumed after
+    ``start`` tokens on the device alone and after ``end`` once the load is done; ``pages``
+    per band (state slots for a state band) were taken on the device for it and ``nbytes``
+    copied host -> device (charged as transfer time, not prefill compute)."""
+
+    rid: int
+    start: int
+    end: int
+    pages: tuple[int, ...]
+    nbytes: int
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of prefix the load made resumable (``end - start``)."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
 class StepBatch:
     """What one engine step computes.
 
@@ -168,11 +187,19 @@ class StepBatch:
         memory_blocked: admission stopped at a waiting request because the planner found no
             room for even its smallest chunk (memory), not because of the step's token
             budget or ``max_running`` (what memory-blocked U* averages over).
+        loads: load-backs from the host tier realized while this step was scheduled
+            (their bytes move before or during its forward).
     """
 
     prefills: tuple[PrefillChunk, ...] = ()
     decodes: tuple[DecodeSeq, ...] = ()
     memory_blocked: bool = False
+    loads: tuple[LoadBack, ...] = ()
+
+    @property
+    def load_bytes(self) -> int:
+        """Bytes this step's load-backs copy host -> device."""
+        return sum(ld.nbytes for ld in self.loads)
 
     @property
     def prefill_tokens(self) -> int:

@@ -34,6 +34,7 @@ import numpy as np
 from kvchain.alloc.allocator import Allocator, MoveHold
 from kvchain.alloc.snapshot import ChainSnapshot, Demand, Quote
 from kvchain.bands.geometry import StateRollback
+from kvchain.cache.tiered import LoadPlan, TieredPrefixCache
 from kvchain.errors import (
     AdmissionDivergenceError,
     BufferTooSmallError,
@@ -61,6 +62,7 @@ from kvchain.sched.request import (
     DecodeSeq,
     Event,
     EventKind,
+    LoadBack,
     PrefillChunk,
     Request,
     RequestStatus,
@@ -133,6 +135,7 @@ class ScheduledStep:
     quote: Quote | None = None  # the price of the step's whole take
     pin: MoveHold | None = None
     memory_blocked: bool = False  # a waiting request got no chunk for lack of memory
+    loads: list[LoadBack] = field(default_factory=list)  # host load-backs realized
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -199,7 +202,11 @@ class SchedulerCounters:
     accepted_tokens: int = 0  # of which kept by the verify
     spec_decodes: int = 0  # speculative decodes (one per request per step)
     prompt_tokens: int = 0  # prompts admitted (first admission) while a prefix cache is on
-    hit_tokens: int = 0  # of which served by the prefix cache
+    hit_tokens: int = 0  # of which served by the prefix cache (device and host tier)
+    host_hit_tokens: int = 0  # of those, served by a load-back from the host tier
+    loads: int = 0  # load-backs realized
+    loads_shortened: int = 0  # of which at an earlier resume point than the host's deepest
+    loads_refused: int = 0  # host hits not loaded: no shorter load fit the ledger
 
 
 class Scheduler:
@@ -239,6 +246,8 @@ class Scheduler:
         self._events: list[Event] = []
         self._no_points: set[int] = set()  # requests that keep nothing for the cache
         self._no_hit: set[int] = set()  # requests served uncached (their hit never fits)
+        # rid -> (device hit, hit after its load-back) in tokens, until its first admission
+        self._loaded: dict[int, tuple[int, int]] = {}
         page = kv.geom.page_size
         if self.config.chunk_size < page or self.config.max_prefill_tokens < page:
             # Admission cuts chunks to whole pages: a smaller cap could never admit one.
@@ -385,6 +394,7 @@ class Scheduler:
         for admitted, r in enumerate(self._waiting_order()):
             if tokens_left <= 0 or len(self.running) + admitted >= cfg.max_running:
                 break
+            self._load_back(r, budget, step)
             attached = self._attach(r)
             if attached and not budget.rebase(self.chain.snapshot()):
                 self._detach(r, budget)
@@ -428,6 +438,70 @@ class Scheduler:
             return False
         r.computed = hit
         return True
+
+    def _load_back(self, r: Request, budget: ChainPrefillBudget, step: ScheduledStep) -> None:
+        """Load ``r``'s host hit back to the device before it attaches, if the host tier
+        resumes it deeper than the device (:meth:`TieredPrefixCache.plan_load`).
+
+        The load is a demand like any other: its device pages and slots are priced by the
+        step's ledger (:meth:`_load_fits`) on the chain's snapshot with the device prefix
+        it counts on locked; a load that does not fit is shortened to the host's next
+        resume point below, and refused when none fits (the request recomputes). One that
+        fits is taken at once with its own quote (price == outcome: the chain realizes the
+        quote or refuses it) and inserted into the device cache whole - never half-done -
+        so the request's :meth:`_attach` then finds an ordinary device hit there; the
+        ledger is rebased on the chain after the take (:meth:`_after_load`). If the request
+        is then not admitted, the loaded prefix stays as evictable device cache.
+        """
+        cache = self.kv.cache
+        if (not isinstance(cache, TieredPrefixCache) or r.page_keys is None
+                or r.rid in self._no_hit):
+            return
+        keys, page = r.page_keys, self.kv.geom.page_size
+        save = r.rid not in self._no_points
+        lifetime = self._lifetime_demand(r.prompt_tokens, r.output_limit,
+                                         self.kv.points_for(keys) if save else ())
+        plan = cache.plan_load(keys, r.prompt_tokens)
+        deepest = plan.host_pages if plan is not None else 0
+        while plan is not None:
+            # Alone with the hit it must still be able to finish (as _attach requires).
+            if self._fits_empty(lifetime.plus(self._hit_extra(plan.host_pages * page))):
+                handle = cache.lock_prefix(keys, plan.full_from)
+                if budget.rebase(self.chain.snapshot()) and self._load_fits(budget, plan):
+                    granted: tuple[tuple[int, ...], ...] = tuple(
+                        () for _ in plan.demand.pages)
+                    if not plan.demand.is_empty:
+                        granted = self.chain.take(plan.demand,
+                                                  self.chain.price(plan.demand)).pages
+                    dups = cache.realize_load(keys, plan, granted)
+                    cache.unlock(handle)
+                    for band, ids in enumerate(dups):
+                        if ids:
+                            self.chain.release(band, ids)
+                    self._after_load(budget)
+                    nbytes = sum(n * b.page_bytes for n, b in
+                                 zip(plan.demand.pages, self.chain.layout.bands, strict=True))
+                    step.loads.append(LoadBack(r.rid, plan.device_pages * page,
+                                               plan.host_pages * page, plan.demand.pages,
+                                               nbytes))
+                    self._loaded[r.rid] = (plan.device_pages * page, plan.host_pages * page)
+                    self.counters.loads += 1
+                    self.counters.loads_shortened += plan.host_pages < deepest
+                    return
+                cache.unlock(handle)
+                budget.rebase(self.chain.snapshot())
+            plan = cache.plan_load(keys, r.prompt_tokens, below=plan.host_pages)
+        if deepest:
+            self.counters.loads_refused += 1
+
+    def _load_fits(self, budget: ChainPrefillBudget, plan: LoadPlan) -> bool:
+        """Whether the ledger fits a load-back's demand (one pricing decision)."""
+        return budget.fits(plan.demand)
+
+    def _after_load(self, budget: ChainPrefillBudget) -> None:
+        """Price the rest of the step on the chain as the load left it (its pages are
+        taken: the snapshot the ledger was built on no longer holds them)."""
+        budget.rebase(self.chain.snapshot())
 
     def _hit_extra(self, hit_tokens: int) -> Demand:
         """What a hit of ``hit_tokens`` locks beyond the request's own lifetime demand: per
@@ -506,22 +580,29 @@ class Scheduler:
             r = self.requests[p.rid]
             if r.status is RequestStatus.WAITING:
                 self.waiting.remove(r)  # O(1): FCFS admits a prefix, SPF deletes lazily
+                loaded = self._loaded.pop(r.rid, None)
                 if self.kv.cache is not None and r.retractions == 0:
                     r.hit_tokens = self.kv.hit_tokens(r.rid)
                     self.counters.prompt_tokens += r.prompt_tokens
                     self.counters.hit_tokens += r.hit_tokens
+                    if loaded is not None:  # the part of its hit the host tier served
+                        self.counters.host_hit_tokens += max(
+                            0, min(loaded[1], r.hit_tokens) - loaded[0])
                 self.kv.touch(r.rid)
                 r.status = RequestStatus.RUNNING
                 self.running[r.rid] = r
                 self.counters.admitted += 1
                 self._emit(EventKind.ADMITTED, r.rid, now)
-        return StepBatch(tuple(step.prefills), tuple(step.decodes), step.memory_blocked)
+        return StepBatch(tuple(step.prefills), tuple(step.decodes), step.memory_blocked,
+                         tuple(step.loads))
 
     def _check_step(self, step: ScheduledStep) -> None:
         """Refuse a step that does not match the scheduler's requests (before any change)."""
         if (len(step.prefill_demands) != len(step.prefills)
                 or len(step.decode_demands) != len(step.decodes)):
             raise InvalidRequestError("a step's demands do not match its prefills and decodes")
+        if step.loads:
+            self._check_loads(step)
         # Fast path (every step): decodes are distinct running requests, prefills distinct
         # running or waiting ones; only a step that fails it is walked for the message.
         running, requests, waiting = self.running, self.requests, self.waiting
@@ -543,6 +624,26 @@ class Scheduler:
                 raise InvalidRequestError(f"request {rid} is not schedulable in this step "
                                           f"(unknown, finished, rejected or listed twice)")
             seen.add(rid)
+
+    def _check_loads(self, step: ScheduledStep) -> None:
+        """Refuse a step whose load-backs do not match its requests: each names a
+        distinct request that is waiting or is one of the step's prefills (a load serves a
+        prompt), ends past its start on a page boundary, and took pages of the chain's
+        bands."""
+        seen: set[int] = set()
+        prefills = {p.rid for p in step.prefills}
+        page, bands = self.kv.geom.page_size, self.kv.geom.num_bands
+        for ld in step.loads:
+            r = self.requests.get(ld.rid)
+            ok = (r is not None and ld.rid not in seen
+                  and (r in self.waiting or ld.rid in prefills)
+                  and 0 <= ld.start < ld.end and not ld.end % page
+                  and len(ld.pages) == bands and min(ld.pages) >= 0)
+            if not ok:
+                raise InvalidRequestError(f"load-back of request {ld.rid} does not match the "
+                                          f"step (unknown, not waiting, listed twice, or a "
+                                          f"bad span {ld.start}..{ld.end})")
+            seen.add(ld.rid)
 
     def _unallocatable(self, step: ScheduledStep, exc: CapacityError, now: float) -> None:
         """Record an admitted-but-unallocatable take and drop one request from the step."""

@@ -36,7 +36,9 @@ from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain, ChainStats
 from kvchain.alloc.snapshot import ChainSnapshot
 from kvchain.bands.geometry import RequestGeometry, StateRollback
+from kvchain.cache.host_cache import HostTier
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy, cache_refusal
+from kvchain.cache.tiered import TieredPrefixCache
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.field_types import check_field_types
 from kvchain.gpu import DEFAULT_MEM_FRACTION, GPUSpec, kv_buffer_bytes
@@ -53,6 +55,8 @@ from kvchain.sim.cost import (
     GPUCostModel,
     StepClock,
     StepWorkBuilder,
+    host_transfer_time,
+    overlapped_time,
 )
 from kvchain.sim.metrics import (
     DEFAULT_MAX_STEP_SAMPLES,
@@ -67,6 +71,7 @@ from kvchain.sim.prefix import (
     PrefixCacheStats,
     default_cache_off_reason,
     has_content_keys,
+    host_interval_tokens,
     request_page_keys,
     trace_block_tokens,
 )
@@ -117,6 +122,13 @@ class SimConfig:
             request; ``REPLAY``: one more, and a step with a rejected draft also computes
             its ``1 + a`` accepted tokens again, charged as a chunk of the whole model: an
             upper bound, the replay runs through the state layers only).
+        host_bytes: bytes of a host tier below the prefix cache (``None``: none; the
+            default, so a run without it is the device-only run): write-through at insert,
+            load-back priced by admission (:mod:`kvchain.cache.tiered`), each step's
+            load-backs charged at the GPU's host link (:func:`host_transfer_time`),
+            overlapped layer by layer with the step's forward
+            (:func:`~kvchain.sim.cost.overlapped_time`). Needs the prefix cache on and a
+            GPU with a host link figure.
     """
 
     model: ModelSpec
@@ -137,6 +149,7 @@ class SimConfig:
     spec_acceptance: float = 0.7
     spec_seed: int = 0
     spec_rollback: StateRollback = StateRollback.CHECKPOINTS
+    host_bytes: int | None = None
 
     def __post_init__(self) -> None:
         """Refuse a field of the wrong type (:func:`kvchain.field_types.check_field_types`:
@@ -151,6 +164,9 @@ class SimConfig:
         if not 0.0 <= self.spec_acceptance <= 1.0:
             raise ConfigError(f"spec_acceptance must be in [0, 1], got "
                               f"{self.spec_acceptance}")
+        if self.host_bytes is not None and self.host_bytes < 1:
+            raise ConfigError(f"host_bytes must be >= 1 (None: no host tier), got "
+                              f"{self.host_bytes}")
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -192,6 +208,14 @@ class SimConfig:
         refused = cache_refusal(RequestGeometry.of(layout)) if self.prefix_cache else None
         if refused is not None:
             raise ConfigError(f"--prefix-cache: {refused}; run it without --prefix-cache")
+        if self.host_bytes is not None:
+            if not self.cache_on(layout):
+                raise ConfigError("--host-bytes: the host tier sits below the prefix cache, "
+                                  "which is off for this run (--no-prefix-cache, or a trace "
+                                  "without content keys)")
+            if self.gpu.host_link is None:
+                raise ConfigError(f"--host-bytes: GPU {self.gpu.name} has no host link "
+                                  f"figure, so load-backs cannot be timed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +275,8 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
 
     Raises:
         ConfigError / BufferTooSmallError: from the layout; ConfigError from
-            :meth:`SimConfig.check_cache` (prefix-cache settings that cannot take effect).
+            :meth:`SimConfig.check_cache` (prefix-cache or host-tier settings that cannot
+            take effect; a host tier on a memory manager that cannot evict).
         SimulationStuckError: requests left waiting with nothing to run (a bug).
         AdmissionDivergenceError: ``config.scheduler.strict`` and the allocator refused an
             admitted batch (a bug).
@@ -261,14 +286,29 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     config.check_cache(layout)
     use_cache = config.cache_on(layout)
     cache: PrefixCache | None = None
+    host: HostTier | None = None
     stats: PrefixCacheStats | None = None
     block = trace_block_tokens(config.trace)
+    if config.host_bytes is not None and not isinstance(chain, EvictingAllocator):
+        raise ConfigError("--host-bytes: this memory manager has no prefix cache to put a "
+                          "host tier under")
     if use_cache and isinstance(chain, EvictingAllocator):
         page = layout.page_size
         interval = -(-block // page) * page  # resume points on content-block boundaries
-        cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=interval,
-                            policy=config.cache_points)
+        geom = CacheGeometry.of(layout)
+        if config.host_bytes is not None:
+            host_interval = host_interval_tokens(config.trace, geom, interval,
+                                                 config.cache_points.resolve(geom))
+            host = HostTier(layout, config.host_bytes, host_interval, geom,
+                            audit=True if audit_every_step else None)
+            cache = TieredPrefixCache(geom, host, interval_tokens=interval,
+                                      policy=config.cache_points)
+        else:
+            cache = PrefixCache(geom, interval_tokens=interval, policy=config.cache_points)
         stats = PrefixCacheStats(interval_tokens=interval)
+        if host is not None:
+            stats.host_slot_bytes = host.page_bytes
+            stats.host_slots = tuple(pool.slots for pool in host.pools)
     kv = KVManager(chain, cache, config.spec_tokens, config.spec_rollback)
     spec = config.spec_tokens
     draws = np.random.default_rng(config.spec_seed)
@@ -302,6 +342,9 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     memory_blocked = 0  # steps whose head waiting request memory refused
     fast = config.fast_forward and on_allocated is None and not spec
     fast_steps = 0
+    load_s_total = 0.0  # seconds of host -> device load-backs (before overlap)
+    load_steps = 0
+    layers = config.model.num_layers
 
     while i < total or not sched.idle:
         if sched.idle:
@@ -368,7 +411,18 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         if step_copied:
             copy_s += step_copy_s
             copy_steps += 1
-        duration = clock.step_time(builder.build()) + step_copy_s
+        forward = clock.step_time(builder.build())
+        if batch.loads:
+            # Load-backs: their bytes over the host link, overlapped layer by layer with
+            # the forward that reads them (the step's fixed overhead is host work, not
+            # overlapped: as host_hit_ttft).
+            load_s = host_transfer_time(batch.load_bytes, config.gpu)
+            load_s_total += load_s
+            load_steps += 1
+            overhead = clock.step_overhead_s if isinstance(clock, GPUCostModel) else 0.0
+            forward = overhead + overlapped_time(load_s, max(0.0, forward - overhead),
+                                                 max(1, layers))
+        duration = forward + step_copy_s
         if draft_cost is not None:
             draft_s = draft_cost.step_seconds(((p.tokens, p.start) for p in batch.prefills),
                                               ((d.context, d.drafts) for d in batch.decodes))
@@ -390,6 +444,10 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                      waiting=len(sched.waiting))
         if progress is not None and done != before:
             progress(done, total)
+        if host is not None and stats is not None:
+            held = host.held_slots()
+            if not stats.host_timeline or stats.host_timeline[-1][1] != held:
+                stats.host_timeline.append((now, held))
         if stats is not None and sched.counters.prompt_tokens != (
                 stats.timeline[-1][1] if stats.timeline else 0):
             stats.timeline.append((now, sched.counters.prompt_tokens,
@@ -416,6 +474,28 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     }
     if spec:
         extra.update(spec_bytes.extra(sched, layout.buffer_bytes))
+    if host is not None:
+        hs = host.stats
+        extra.update({
+            "host_bytes": host.capacity_bytes,
+            "host_interval_tokens": host.plan.interval_tokens,
+            "host_hit_tokens": sched.counters.host_hit_tokens,
+            "host_hit_rate_pct": round(100 * sched.counters.host_hit_tokens
+                                       / sched.counters.prompt_tokens, 2)
+            if sched.counters.prompt_tokens else 0.0,
+            "host_bytes_written": hs.bytes_written,
+            "host_bytes_loaded": hs.bytes_loaded,
+            "host_loads": sched.counters.loads,
+            "host_loads_shortened": sched.counters.loads_shortened,
+            "host_loads_refused": sched.counters.loads_refused,
+            "host_writes_skipped": hs.writes_skipped,
+            "host_evicted_pages": sum(hs.evicted or ()),
+            "host_peak_held_bytes": hs.peak_held_bytes,
+            "host_held_bytes_end": host.held_bytes,
+            "host_stranded_full_pages": host.stranded_full_pages(),
+            "load_time_s": round(load_s_total, 6),
+            "load_steps": load_steps,
+        })
     if stats is not None and cache is not None:
         stats.prompt_tokens = sched.counters.prompt_tokens
         stats.hit_tokens = sched.counters.hit_tokens

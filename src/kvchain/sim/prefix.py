@@ -11,7 +11,7 @@ from typing import Any
 
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.cache.keys import page_keys_from_blocks
-from kvchain.cache.radix import cache_refusal
+from kvchain.cache.radix import CacheGeometry, ResumePolicy, cache_refusal, resume_points
 from kvchain.errors import TraceError
 from kvchain.layout import ChainLayout
 from kvchain.model.layers import LifetimeClass
@@ -40,6 +40,11 @@ class PrefixCacheStats:
         lru_capacity_pages: that LRU's capacity in pages, or ``None``.
         timeline: ``(t_s, prompt_tokens, hit_tokens)`` cumulative, after each step that
             admitted a request.
+        host_timeline: with a host tier, ``(t_s, slots held per band)`` after each step
+            that changed them (the host occupancy chart,
+            :func:`kvchain.report.plots.host_chart`); empty without one.
+        host_slot_bytes: with a host tier, bytes of one host slot per band (its page
+            bytes) and ``host_slots`` the slots per band; empty without one.
     """
 
     prompt_tokens: int = 0
@@ -54,6 +59,9 @@ class PrefixCacheStats:
     lru_bound: float | None = None
     lru_capacity_pages: int | None = None
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
+    host_timeline: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
+    host_slot_bytes: tuple[int, ...] = ()
+    host_slots: tuple[int, ...] = ()
 
     @property
     def hit_rate(self) -> float:
@@ -126,6 +134,39 @@ def trace_block_tokens(trace: Trace) -> int:
 def has_content_keys(trace: Trace) -> bool:
     """Whether any request of the trace carries content block ids."""
     return any(r.prefix_block_ids for r in trace.requests)
+
+
+def host_interval_tokens(trace: Trace, geom: CacheGeometry, interval_tokens: int,
+                         policy: ResumePolicy) -> int:
+    """The resume interval a host tier is split by (:func:`kvchain.cache.host_tier.host_tier_plan`)
+    for this trace: the device cache's interval times the mean spacing of the resume
+    points its prompts keep, in intervals (whole pages over points, summed over the
+    trace's prompts with content keys; at least 1, rounded to the nearest whole
+    interval).
+
+    Why: a host tier buys one state slot and one window tail per interval. Where a prompt
+    keeps a checkpoint only every ``K`` intervals (``SPACED`` on a state chain: the
+    checkpoint budget of :func:`kvchain.cache.radix.spaced_budget`), a split by the plain
+    interval leaves ``K - 1`` of every ``K`` state slots empty while the full pages run out
+    (qwen3-next-80b-a3b at 16 GiB: a checkpoint slot is 39.5 MB, three intervals' full
+    pages). ``BLOCKS`` (every interval) gives the plain interval.
+
+    Raises:
+        InvalidRequestError: as :func:`~kvchain.cache.radix.resume_points`.
+    """
+    page = geom.page_size
+    ipages = interval_tokens // page
+    pages = points = 0
+    for r in trace.requests:
+        if not r.prefix_block_ids:
+            continue
+        n = r.prompt_tokens // page
+        pts = resume_points(geom, n, ipages, policy)
+        pages += n
+        points += len(pts)
+    if not points:
+        return interval_tokens
+    return interval_tokens * max(1, round(pages / points / ipages))
 
 
 def request_page_keys(request: TraceRequest, block_tokens: int,

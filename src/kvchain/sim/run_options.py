@@ -188,6 +188,11 @@ class RunOptions:
         "Speculative decoding on a recurrent state: checkpoints (k more state slots per "
         "request, no recompute) or replay (one more slot; a step with a rejected draft "
         "recomputes its accepted tokens, charged as a whole-model chunk: an upper bound)."))
+    host_bytes: int | None = field(default=None, metadata=option(
+        "Bytes of a host-memory tier below the prefix cache (default: none): every prompt "
+        "the cache inserts is written through to host, and a prompt the host resumes "
+        "deeper than the device is loaded back, priced by admission like any demand and "
+        "timed at the GPU's host link (docs/host-tier.md)."))
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -245,7 +250,7 @@ class RunOptions:
                          prefix_cache=self.prefix_cache, cache_points=self.cache_points,
                          fast_forward=self.fast_forward, spec_tokens=self.spec_tokens,
                          spec_acceptance=self.spec_acceptance, spec_seed=self.seed,
-                         spec_rollback=self.spec_rollback)
+                         spec_rollback=self.spec_rollback, host_bytes=self.host_bytes)
 
     # --- as data -------------------------------------------------------------------------
 
