@@ -181,6 +181,14 @@ EXTRA_LABELS = {
     "spec_overhead_mean_bytes": "speculative memory, time-weighted mean (B)",
     "spec_overhead_peak_pct": "speculative memory, peak (% of buffer)",
     "spec_overhead_mean_pct": "speculative memory, mean (% of buffer)",
+    "retractions_to_host": "retractions by host copy (of retractions)",
+    "host_bytes_retracted": "bytes copied to host by retractions",
+    "host_bytes_loaded": "bytes loaded back from host on resume",
+    "resume_load_time_s": "resume load-back time (s, in step times)",
+    "host_write_time_s": "retraction copy-out time (s, in step times)",
+    "recompute_tokens_saved": "tokens not prefilled again (host copies)",
+    "host_retract_fallbacks": "host retractions recomputed (host full)",
+    "host_slots_leaked": "host slots held at the end (leaked)",
 }
 """Display labels of the loop's ``extra`` counters (others show their key)."""
 

@@ -390,6 +390,16 @@ class KVManager:
         self._suspended[rid] = sus
         return sus
 
+    def suspend_bytes(self, rid: int) -> int:
+        """Bytes :meth:`suspend` of ``rid`` would copy to host now: ``sum((end - first) x
+        page_bytes)`` over its bands (0 if it holds nothing)."""
+        facts = self._requests.get(rid)
+        if facts is None:
+            return 0
+        spans = self._table.held(facts.slot).spans
+        return sum((end - first) * b.page_bytes
+                   for (first, end), b in zip(spans, self.chain.layout.bands, strict=True))
+
     def is_suspended(self, rid: int) -> bool:
         """Whether ``rid`` is suspended to host."""
         return rid in self._suspended

@@ -44,12 +44,15 @@ from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import LifetimeClass
 from kvchain.model.spec import ModelSpec
 from kvchain.requests.manager import KVManager
+from kvchain.requests.suspend import HostSide, host_side_for
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
+from kvchain.sched.retraction import RetractTo
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig, UnallocatableEvent
 from kvchain.sim.cost import (
     DEFAULT_STEP_MS,
     ClockKind,
     GPUCostModel,
+    HostRetractionCost,
     StepClock,
     StepWorkBuilder,
 )
@@ -116,6 +119,10 @@ class SimConfig:
             request; ``REPLAY``: one more, and a step with a rejected draft also computes
             its ``1 + a`` accepted tokens again, charged as a chunk of the whole model: an
             upper bound, the replay runs through the state layers only).
+        host_bytes: host memory for the host tier (bytes; ``None``: none). Retraction by
+            host copy (``scheduler.retract_to`` ``host`` / ``auto``) takes its slots from
+            it (:func:`retraction_host`); each copy is charged at the GPU's host link
+            (:func:`kvchain.sim.cost.host_transfer_time`) in the step that makes it.
     """
 
     model: ModelSpec
@@ -136,6 +143,7 @@ class SimConfig:
     spec_acceptance: float = 0.7
     spec_seed: int = 0
     spec_rollback: StateRollback = StateRollback.CHECKPOINTS
+    host_bytes: int | None = None
 
     def __post_init__(self) -> None:
         """Refuse a field of the wrong type (:func:`kvchain.field_types.check_field_types`:
@@ -150,6 +158,13 @@ class SimConfig:
         if not 0.0 <= self.spec_acceptance <= 1.0:
             raise ConfigError(f"spec_acceptance must be in [0, 1], got "
                               f"{self.spec_acceptance}")
+        mode = self.scheduler.retract_to
+        if mode is not RetractTo.RECOMPUTE and not self.host_bytes:
+            raise ConfigError(f"--retract-to {mode.value} needs host memory: give "
+                              f"--host-bytes")
+        if mode is RetractTo.AUTO and self.clock is not ClockKind.ROOFLINE:
+            raise ConfigError("--retract-to auto compares the roofline's host-copy and "
+                              "recompute times: it needs --clock roofline")
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -271,11 +286,15 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     context = config.scheduler.max_context_tokens or config.model.max_context_tokens
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step,
                            max_context_tokens=context)
-    sched = Scheduler(kv, sched_config)
+    host = retraction_host(layout, config.host_bytes, block) \
+        if sched_config.retract_to is not RetractTo.RECOMPUTE else None
     clock: GPUCostModel | StepClock
+    host_cost: HostRetractionCost | None = None  # prices host copies (roofline only)
     if config.clock is ClockKind.ROOFLINE:
         clock = GPUCostModel(config.model, config.gpu)
         builder = clock.builder()
+        if host is not None:
+            host_cost = HostRetractionCost(clock)
     else:  # instant compute: no cost model, so a model without weights runs too
         clock = StepClock(config.step_ms / 1000)
         # The largest window (chunk) of each kind: StepWork only counts attention spans.
@@ -283,6 +302,8 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         locals_ = [c.window for c in config.model.cache_classes(LifetimeClass.LOCAL)]
         builder = StepWorkBuilder(max((w for w in windows if w), default=None),
                                   max((c for c in locals_ if c), default=None))
+    sched = Scheduler(kv, sched_config, host=host, retract_cost=host_cost)
+    load_s = write_s = 0.0  # seconds of host copies charged: resumes', suspensions'
     recorder = MetricsRecorder(max_step_samples=config.max_step_samples,
                                prefix_cache=cache is not None)
     null_pages = tuple(b.reserved_pages for b in layout.bands)
@@ -362,6 +383,12 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             copy_s += step_copy_s
             copy_steps += 1
         duration = clock.step_time(builder.build()) + step_copy_s
+        if host_cost is not None and (batch.host_write_bytes or batch.host_read_bytes):
+            # serialized with the forward: no overlap assumed (HostRetractionCost)
+            w, r = (host_cost.transfer_s(batch.host_write_bytes),
+                    host_cost.transfer_s(batch.host_read_bytes))
+            write_s, load_s = write_s + w, load_s + r
+            duration += w + r
         now += duration
         if accepted:
             spec_bytes.before_verify(kv)
@@ -402,6 +429,16 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     }
     if spec:
         extra.update(spec_bytes.extra(sched, layout.buffer_bytes))
+    if host is not None:
+        c = sched.counters
+        extra.update({"retractions_to_host": c.retractions_to_host,
+                      "host_bytes_retracted": c.host_bytes_retracted,
+                      "host_bytes_loaded": c.host_bytes_loaded,
+                      "resume_load_time_s": round(load_s, 6),
+                      "host_write_time_s": round(write_s, 6),
+                      "recompute_tokens_saved": c.recompute_tokens_saved,
+                      "host_retract_fallbacks": c.host_retract_fallbacks,
+                      "host_slots_leaked": sum(host.held.values())})
     if stats is not None and cache is not None:
         stats.prompt_tokens = sched.counters.prompt_tokens
         stats.hit_tokens = sched.counters.hit_tokens
@@ -419,6 +456,23 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     summary = summarize(recorder, extra=extra)
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
                      tuple(sched.unallocatable), stats, fast_steps)
+
+
+def retraction_host(layout: ChainLayout, host_bytes: int | None, block_tokens: int
+                    ) -> HostSide:
+    """The host slots retraction by host copy suspends requests into: ``host_bytes`` split
+    between the chain's classes by the host tier's rule
+    (:func:`kvchain.requests.suspend.host_side_for`, resume intervals of the trace's content
+    block rounded up to whole pages, as the prefix cache's points). The one place a run
+    decides this: a host prefix cache built on the same bytes hands its pools here instead.
+
+    Raises:
+        ConfigError: no ``host_bytes``.
+    """
+    if not host_bytes:
+        raise ConfigError("retraction by host copy needs host memory (--host-bytes)")
+    page = layout.page_size
+    return host_side_for(layout, host_bytes, -(-block_tokens // page) * page)
 
 
 @dataclass(slots=True)

@@ -57,6 +57,7 @@ from kvchain.model.layers import CacheDtype
 from kvchain.model.params import WeightFormat
 from kvchain.model.spec import ModelSpec
 from kvchain.sched.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
+from kvchain.sched.retraction import RetractTo
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind
 from kvchain.sim.engine import SimConfig
@@ -181,6 +182,16 @@ class RunOptions:
         "Speculative decoding on a recurrent state: checkpoints (k more state slots per "
         "request, no recompute) or replay (one more slot; a step with a rejected draft "
         "recomputes its accepted tokens, charged as a whole-model chunk: an upper bound)."))
+    host_bytes: int | None = field(default=None, metadata=option(
+        "Host memory for the host tier, bytes (default: none). --retract-to host / auto "
+        "take their host slots from it, split between the model's cache classes by "
+        "resume interval."))
+    retract_to: RetractTo = field(default=RetractTo.RECOMPUTE, metadata=option(
+        "Where a retracted request's KV goes: recompute (dropped, prefilled again; the "
+        "default), host (copied to host memory and loaded back on resume; recompute when "
+        "the host is full, counted), or auto (host when the roofline's copy out and back "
+        "is faster than the recompute). host and auto need --host-bytes; auto needs "
+        "--clock roofline."))
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -191,6 +202,12 @@ class RunOptions:
             raise ConfigError(f"--chunk-size ({self.chunk_size}) must be at least "
                               f"--page-size ({self.page_size} tokens)")
         self.reserve_config()  # a ratio that does not parse, or one without sglang
+        if self.retract_to is not RetractTo.RECOMPUTE and self.host_bytes is None:
+            raise ConfigError(f"--retract-to {self.retract_to.value} needs --host-bytes (the "
+                              f"host memory its copies go to)")
+        if self.retract_to is RetractTo.AUTO and self.clock is not ClockKind.ROOFLINE:
+            raise ConfigError("--retract-to auto compares the roofline's host-copy and "
+                              "recompute times: it needs --clock roofline")
 
     # --- what the run builds -------------------------------------------------------------
 
@@ -211,7 +228,7 @@ class RunOptions:
         return SchedulerConfig(max_running=self.max_running, chunk_size=self.chunk_size,
                                max_prefill_tokens=max(self.chunk_size, PREFILL_TOKENS_FLOOR),
                                policy=self.policy, strict=self.strict,
-                               reserve=self.reserve_config())
+                               reserve=self.reserve_config(), retract_to=self.retract_to)
 
     def load_trace(self, trace: str) -> Trace:
         """``trace`` (a bundled name or a file) cut by ``end_s`` and ``requests``, its
@@ -235,7 +252,7 @@ class RunOptions:
                          prefix_cache=self.prefix_cache, cache_points=self.cache_points,
                          fast_forward=self.fast_forward, spec_tokens=self.spec_tokens,
                          spec_acceptance=self.spec_acceptance, spec_seed=self.seed,
-                         spec_rollback=self.spec_rollback)
+                         spec_rollback=self.spec_rollback, host_bytes=self.host_bytes)
 
     # --- as data -------------------------------------------------------------------------
 
