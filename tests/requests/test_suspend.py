@@ -180,7 +180,7 @@ def test_planted_defects_make_the_audit_fail() -> None:
     """The audit's two "must be 0" figures, each made non-zero by a planted defect: a
     suspension that leaks a host slot (one more slot taken than recorded) and a record that
     lost a page (one slot less than its demand)."""
-    chain, device, kv = _setup()
+    _, _, kv = _setup()
     host = host_side_for(LAYOUT, 10_000, 16)
     kv.suspend(1, host)
     kv.audit_host(host)
