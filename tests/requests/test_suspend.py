@@ -15,6 +15,7 @@ from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand
 from kvchain.buffer import HostBuffer, NumpyBuffer
 from kvchain.buffer.host_pool import HostPool
+from kvchain.cache.radix import CacheGeometry, PrefixCache
 from kvchain.errors import (
     AuditError,
     BufferArgumentError,
@@ -197,3 +198,42 @@ def test_planted_defects_make_the_audit_fail() -> None:
     sus.slots = (*sus.slots[:F], sus.slots[F][:-1])  # lost its last full page
     with pytest.raises(AuditError, match="host slots for a load-back"):
         kv2.audit_host(host2)
+
+
+def test_a_request_with_a_prefix_cache_hit_comes_back_with_private_pages() -> None:
+    """Request 1's 20-token prompt (5 page keys) is inserted at its prefill end; request 2
+    shares its first 4 keys and hits 16 tokens (the last resume point on the 8-token
+    interval at or below 4 pages), prefills 8 more and commits: it reads 5 shared full pages
+    (its inserted prompt) + 1 own. Suspended, it copies all it reads (1 slot, 2 window, 6
+    full pages) and unlocks the cache; resumed, it holds them as its own (shared 0), the
+    cache keeps its copies, and its bytes are back."""
+    device = NumpyBuffer(LAYOUT.buffer_bytes)
+    chain = Chain(LAYOUT, device)
+    cache = PrefixCache(CacheGeometry.of(LAYOUT), interval_tokens=8)
+    kv = KVManager(chain, cache)
+    keys = (11, 12, 13, 14, 15)
+    kv.attach(1, keys, 20)
+    kv.allocate([(1, 20)])
+    kv.commit(1, 20)
+    kv.free(1)
+    assert kv.attach(2, (*keys[:4], 99), 24) == 16
+    kv.allocate([(2, 8)])
+    kv.commit(2, 8)
+    assert kv.held_per_band([2]) == (1, 2, 6) and kv.pages(2).shared == 5
+    _fill(chain, device, kv, 2, 1)
+    data = _bytes(chain, device, kv, 2)
+    cached = cache.held_counts
+    host = HostSide.of_buffer(HostBuffer(LAYOUT, {"state": 2, "window": 8, "full": 16}), device)
+    assert kv.suspend(2, host).demand == Demand((1, 2, 6))
+    kv.audit()  # the cache's pages unlocked, the request's own released
+    kv.audit_host(host)
+    kv.resume(2)
+    assert kv.held_per_band([2]) == (1, 2, 6) and kv.pages(2).shared == 0
+    assert _bytes(chain, device, kv, 2) == data
+    assert cache.held_counts == cached
+    kv.audit()
+    kv.allocate([(2, 1)])
+    kv.commit(2, 1)
+    kv.free(2)  # its own pages only: the cache's copies stay
+    kv.audit()
+    assert cache.held_counts == cached
