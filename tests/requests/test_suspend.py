@@ -8,12 +8,14 @@ state (one 48 B slot a request) | window (``W = 8`` tokens, 8 B pages, a null pa
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand
-from kvchain.buffer import HostBuffer, NumpyBuffer
+from kvchain.buffer import HostBuffer, NumpyBuffer, TorchBuffer
 from kvchain.buffer.host_pool import HostPool
 from kvchain.cache.radix import CacheGeometry, PrefixCache
 from kvchain.errors import (
@@ -33,7 +35,10 @@ S, W, F = 0, 1, 2
 GARBAGE = 0xEE
 
 
-def _fill(chain: Chain, device: NumpyBuffer, kv: KVManager, rid: int, base: int) -> None:
+Device = NumpyBuffer | TorchBuffer
+
+
+def _fill(chain: Chain, device: Device, kv: KVManager, rid: int, base: int) -> None:
     """Write byte ``base + 16 x band + entry`` into every live page of ``rid``."""
     for band in (S, W, F):
         table = kv.page_table(rid, band)
@@ -46,7 +51,7 @@ def _fill(chain: Chain, device: NumpyBuffer, kv: KVManager, rid: int, base: int)
                                       dtype=np.uint8))
 
 
-def _bytes(chain: Chain, device: NumpyBuffer, kv: KVManager, rid: int) -> list[list[int]]:
+def _bytes(chain: Chain, device: Device, kv: KVManager, rid: int) -> list[list[int]]:
     """The first byte of each live page of ``rid``, per band (the null page skipped)."""
     out = []
     for band in (S, W, F):
@@ -57,14 +62,24 @@ def _bytes(chain: Chain, device: NumpyBuffer, kv: KVManager, rid: int) -> list[l
     return out
 
 
-def _setup() -> tuple[Chain, NumpyBuffer, KVManager]:
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_CUDA = HAS_TORCH and __import__("torch").cuda.is_available()
+
+
+def _device(backend: str) -> NumpyBuffer | TorchBuffer:
+    if backend == "numpy":
+        return NumpyBuffer(LAYOUT.buffer_bytes)
+    return TorchBuffer(LAYOUT.buffer_bytes, backend.removeprefix("torch-"))
+
+
+def _setup(backend: str = "numpy") -> tuple[Chain, NumpyBuffer | TorchBuffer, KVManager]:
     """Request 1 prefills 20 tokens in one chunk and commits them.
 
     Hand count: full ``ceil(20 / 4) = 5`` pages; the window after the commit keeps the pages
     of tokens from ``20 - 8 + 1 = 13`` on, i.e. from page ``13 // 4 = 3``: entries 3 and 4
     (pages 0..2 released, their entries are the null page); state 1 slot.
     """
-    device = NumpyBuffer(LAYOUT.buffer_bytes)
+    device = _device(backend)
     chain = Chain(LAYOUT, device)
     kv = KVManager(chain)
     kv.allocate([(1, 20)])
@@ -86,9 +101,16 @@ def test_host_side_for_splits_by_resume_interval() -> None:
     assert host.held_bytes() == 0
 
 
-def test_suspend_and_resume_round_trip_bytes_and_price() -> None:
-    chain, device, kv = _setup()
-    host = HostSide.of_buffer(HostBuffer(LAYOUT, {"state": 2, "window": 4, "full": 8}), device)
+@pytest.mark.parametrize("backend", [
+    "numpy",
+    pytest.param("torch-cpu", marks=pytest.mark.skipif(not HAS_TORCH, reason="no torch")),
+    pytest.param("torch-cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")),
+])
+def test_suspend_and_resume_round_trip_bytes_and_price(backend: str) -> None:
+    chain, device, kv = _setup(backend)
+    host = HostSide.of_buffer(HostBuffer(LAYOUT, {"state": 2, "window": 4, "full": 8},
+                                         backend="numpy" if backend == "numpy" else "torch"),
+                              device)
     sus = kv.suspend(1, host)
     # Exactly the pages it held: 1 slot, the window's live tail (entries 3, 4), 5 full pages;
     # 48 + 2 x 8 + 5 x 16 = 144 B.
