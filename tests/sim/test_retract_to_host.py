@@ -19,6 +19,7 @@ from kvchain.cli import _load_commands, app
 from kvchain.errors import ConfigError
 from kvchain.gpu import get_gpu
 from kvchain.requests.manager import KVManager
+from kvchain.requests.suspend import Suspended
 from kvchain.sched.admission import ReserveConfig, ReservePolicy
 from kvchain.sched.request import Request
 from kvchain.sched.retraction import RetractTo
@@ -145,3 +146,11 @@ def test_same_tokens_as_recompute(storm: Path) -> None:
     done = [(r.request_id, r.output_done) for r in a.records]
     assert done == [(r.request_id, r.output_done) for r in b.records]
     assert sorted(n for _, n in done) == [OUTPUT] * N
+
+
+def test_a_resume_that_keeps_its_host_slots_is_counted(storm: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # Planted sibling of host_slots_leaked: a load-back that never frees its host slots.
+    monkeypatch.setattr(Suspended, "free_slots", lambda self: None)
+    s = simulate(config(storm, RetractTo.HOST)).summary
+    assert s.extra["host_slots_leaked"] > 0
