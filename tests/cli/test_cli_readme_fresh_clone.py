@@ -40,7 +40,10 @@ def test_speculative_and_host_tier_commands_are_in_the_readme_and_run():
     section = _section("### Speculative decoding and the host tier")
     commands = re.findall(r"^kvchain (.+)$", section, re.M)
     assert commands == ["simulate --spec-tokens 3 --spec-acceptance 0.7",
-                        "plan --spec-tokens 3", "plan --host-bytes 274877906944"]
+                        "plan --spec-tokens 3", "plan --host-bytes 274877906944",
+                        "simulate --trace azure-conv --rate-scale 4 --buffer-bytes 1000000000 "
+                        "--requests 400 --reserve sglang --retract-to host "
+                        "--host-bytes 68719476736"]
     assert "docs/prefix-cache.md" in section and "docs/design.md" in section
     for args in commands[1:]:
         result = run(*args.split())
