@@ -154,3 +154,28 @@ def test_a_resume_that_keeps_its_host_slots_is_counted(storm: Path,
     monkeypatch.setattr(Suspended, "free_slots", lambda self: None)
     s = simulate(config(storm, RetractTo.HOST)).summary
     assert s.extra["host_slots_leaked"] > 0
+
+
+@pytest.mark.parametrize(("model", "buffer"), [("gemma-3-27b", 3_000_000_000),
+                                               ("qwen3-next-80b-a3b", 600_000_000)])
+def test_victims_with_prefix_cache_hits_and_state_slots(tmp_path: Path, model: str,
+                                                        buffer: int) -> None:
+    # 24 requests of 1,100 prompt tokens sharing their first two 512-token blocks (hits),
+    # 400 output tokens, arriving 50 ms apart: victims hold a hit's shared pages (copied to
+    # host with the rest) and, on qwen3-next, a state slot; audited after every step
+    path = tmp_path / "shared.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": 0.05 * i, "input_length": 1100,
+                                        "output_length": 400, "hash_ids": [0, 1, 100 + i]})
+                            + "\n" for i in range(N)))
+    runs = {}
+    for mode in (RetractTo.RECOMPUTE, RetractTo.HOST):
+        sched = SchedulerConfig(retract_to=mode, reserve=ReserveConfig(ReservePolicy.SGLANG))
+        cfg = SimConfig(load_model(model), get_gpu("h200"), load_trace(str(path)),
+                        buffer_bytes=buffer, scheduler=sched, host_bytes=HOST)
+        runs[mode] = simulate(cfg, audit_every_step=True).summary
+    s, x = runs[RetractTo.HOST], runs[RetractTo.HOST].extra
+    assert (s.requests_finished, s.admitted_but_unallocatable, s.leaked_pages) == (N, 0, 0)
+    assert x["retractions_to_host"] == s.retractions > 0 and x["recomputed_tokens"] == 0
+    assert x["host_slots_leaked"] == 0
+    # hits are counted at a request's first admission: the same with either mode
+    assert x["prefix_hit_rate_pct"] == runs[RetractTo.RECOMPUTE].extra["prefix_hit_rate_pct"] > 0
