@@ -259,3 +259,27 @@ def test_a_request_with_a_prefix_cache_hit_comes_back_with_private_pages() -> No
     kv.free(2)  # its own pages only: the cache's copies stay
     kv.audit()
     assert cache.held_counts == cached
+
+
+def test_shared_by_others_counts_the_pages_another_request_locks() -> None:
+    """Request 2 (keys 11..14, 99) inserts its 5-page prompt after a 4-page hit on request
+    1's; request 3 (11..14, 98) hits the same 4 pages (16 tokens, a resume point) and locks
+    them: request 2's path splits at page 4, the node of pages [0, 4) carries 2's two locks
+    (hit, prompt) and 3's, the node of page 4 only 2's: 4 pages shared by others."""
+    chain = Chain(LAYOUT)
+    cache = PrefixCache(CacheGeometry.of(LAYOUT), interval_tokens=8)
+    kv = KVManager(chain, cache)
+    keys = (11, 12, 13, 14, 15)
+    kv.attach(1, keys, 20)
+    kv.allocate([(1, 20)])
+    kv.commit(1, 20)
+    kv.free(1)
+    kv.attach(2, (*keys[:4], 99), 24)
+    kv.allocate([(2, 8)])
+    kv.commit(2, 8)
+    assert kv.shared_by_others(2) == 0  # alone: its locks only
+    assert kv.attach(3, (*keys[:4], 98), 24) == 16
+    assert kv.shared_by_others(2) == 4
+    assert kv.shared_by_others(9) == 0  # holds nothing
+    kv.detach(3)
+    assert kv.shared_by_others(2) == 0

@@ -179,3 +179,16 @@ def test_victims_with_prefix_cache_hits_and_state_slots(tmp_path: Path, model: s
     assert x["host_slots_leaked"] == 0
     # hits are counted at a request's first admission: the same with either mode
     assert x["prefix_hit_rate_pct"] == runs[RetractTo.RECOMPUTE].extra["prefix_hit_rate_pct"] > 0
+    if model == "gemma-3-27b":
+        # auto recomputes every victim here: each one's first 1,024 prompt tokens are read
+        # by the other running requests (KVManager.shared_by_others > 0), so a host copy
+        # would come back as a private second copy of them; the run equals recompute's
+        cfg = SimConfig(load_model(model), get_gpu("h200"), load_trace(str(path)),
+                        buffer_bytes=buffer, host_bytes=HOST, scheduler=SchedulerConfig(
+                            retract_to=RetractTo.AUTO,
+                            reserve=ReserveConfig(ReservePolicy.SGLANG)))
+        auto = simulate(cfg).summary
+        assert auto.extra["retractions_to_host"] == 0
+        base = runs[RetractTo.RECOMPUTE]
+        assert (auto.steps, auto.retractions, auto.extra["recomputed_tokens"]) == (
+            base.steps, base.retractions, base.extra["recomputed_tokens"])

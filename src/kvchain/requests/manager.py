@@ -400,6 +400,13 @@ class KVManager:
         return sum((end - first) * b.page_bytes
                    for (first, end), b in zip(spans, self.chain.layout.bands, strict=True))
 
+    def shared_by_others(self, rid: int) -> int:
+        """Full pages of ``rid``'s prefix-cache pages that another running request also
+        reads (locks): what a suspension to host would copy and its resume hold as a second,
+        private copy (:mod:`kvchain.requests.suspend`). 0 if it holds nothing or no lock."""
+        facts = self._requests.get(rid)
+        return self._glue.shared_by_others(rid, facts) if facts is not None else 0
+
     def is_suspended(self, rid: int) -> bool:
         """Whether ``rid`` is suspended to host."""
         return rid in self._suspended

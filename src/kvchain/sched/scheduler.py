@@ -1008,15 +1008,27 @@ class Scheduler:
         return self.kv.resume_demand(r.rid).plus(future)
 
     def _to_host(self, r: Request) -> bool:
-        """Whether retracting ``r`` copies it to host (``retract_to`` host, or ``auto`` and
-        the cost model finds the copy faster than recomputing its ``computed`` tokens)."""
+        """Whether retracting ``r`` copies it to host: ``retract_to`` host, or ``auto``
+        when (1) no other running request reads ``r``'s prefix-cache pages (copied to host,
+        they would come back as a second, private copy of pages the cache keeps for the
+        others: device memory the sharing saved, lost while ``r`` runs again), and (2) the
+        cost model finds the copy of all it holds faster than recomputing what the prefix
+        cache would not serve it again - its ``computed`` tokens less the prompt tokens the
+        cache matches now (a pure match, its own inserted prompt included, which a
+        recompute re-hits unless it is evicted meanwhile: an optimistic recompute, so
+        ``auto`` leans to recompute where the cache serves the victim)."""
         mode = self.config.retract_to
         if mode is RetractTo.RECOMPUTE or not r.computed:
             return False
         if mode is RetractTo.HOST:
             return True
         assert self.retract_cost is not None
-        return self.retract_cost.host_is_cheaper(r.computed, self.kv.suspend_bytes(r.rid))
+        if self.kv.shared_by_others(r.rid):
+            return False
+        redo = r.computed
+        if r.page_keys is not None and r.rid not in self._no_hit:
+            redo -= min(redo, self.kv.cached_tokens(r.page_keys, r.prompt_tokens))
+        return self.retract_cost.host_is_cheaper(redo, self.kv.suspend_bytes(r.rid))
 
     def _suspend(self, r: Request, now: float) -> bool:
         """Retract ``r`` by host copy; False (nothing changed) when the host pools have no
