@@ -10,7 +10,10 @@ prices like any demand through the one prefill budget; if the host pools have no
 victim is recomputed instead (counted: ``SchedulerCounters.host_retract_fallbacks``).
 ``auto``: host copy when the cost model says it is faster than recomputing - a
 :class:`RetractionCost` compares the time of the copy out and the load back with the time of
-the prefill it saves.
+the prefill it saves (the victim's computed tokens less those the prefix cache would serve
+it again) - and no other running request reads the victim's prefix-cache pages (a host copy
+would come back as a private second copy of them; :meth:`Scheduler._to_host
+<kvchain.sched.scheduler.Scheduler._to_host>`).
 """
 
 from __future__ import annotations
