@@ -781,7 +781,7 @@ class HostRetractionCost:
 
     Example: gpt-oss-120b on an H200 (PCIe 5.0 x16 at 0.8: 51.2 GB/s): a request of
     8,192 tokens holds about 8,192 x 36,864 B = 302 MB of full pages (plus its window
-    tail), 2 x 5.9 ms against a prefill of about 0.1 s: host copy.
+    tail), 2 x 5.9 ms against a prefill of 0.19 s on the roofline: host copy.
 
     Attributes:
         cost: the roofline cost model (its GPU's host link prices the copies).
