@@ -110,6 +110,11 @@ def test_auto_follows_the_roofline(storm: Path) -> None:
     assert cost.host_is_cheaper(100, 1_000)
     # the same prefill against 2 x 51.2 GB (2 s)
     assert not cost.host_is_cheaper(100, 51_200_000_000)
+    # The docstring's example: gpt-oss-120b, 8,192 tokens of full pages (36,864 B a token):
+    # 301,989,888 B / 51.2e9 B/s = 5.898 ms each way, far below the prefill
+    oss = HostRetractionCost(GPUCostModel(load_model("gpt-oss-120b"), get_gpu("h200")))
+    assert oss.transfer_s(8_192 * 36_864) == pytest.approx(5.898e-3, rel=1e-3)
+    assert oss.host_is_cheaper(8_192, 8_192 * 36_864)
     # On the storm the copies are far cheaper than the prefill: auto copies every victim
     s = simulate(config(storm, RetractTo.AUTO)).summary
     assert s.extra["retractions_to_host"] == s.retractions > 0
