@@ -44,7 +44,10 @@ def test_speculative_and_host_tier_commands_are_in_the_readme_and_run():
                         "plan --model Qwen3-8B --draft-model Qwen3-0.6B --spec-tokens 3",
                         "plan --host-bytes 274877906944",
                         "simulate --requests 200 --rate-scale 1 --buffer-bytes 4000000000 "
-                        "--host-bytes 64000000000"]
+                        "--host-bytes 64000000000",
+                        "simulate --trace azure-conv --rate-scale 4 --buffer-bytes 1000000000 "
+                        "--requests 400 --reserve sglang --retract-to host "
+                        "--host-bytes 68719476736"]
     assert "docs/prefix-cache.md" in section and "docs/design.md" in section
     assert "docs/host-tier.md" in section
     # the host-tier simulate runs in tests/sim/test_host_runs.py (the same slice)

@@ -206,6 +206,17 @@ class HostTier:
         self._note_held()
         return slots
 
+    def available_count(self, band: int) -> int:
+        """Slots of ``band`` a caller could take now: the free ones plus every one the host
+        cache's whole LRU walk would free (evicting never lowers another band's count)."""
+        order = self.cache.eviction_order()
+        freed = order.freed(order.units)[band] if order.units else 0
+        return self.pools[band].free_count + int(freed)
+
+    def outside_count(self, band: int) -> int:
+        """Slots of ``band`` held by callers outside the cache (:meth:`take_slots`)."""
+        return self._outside[band]
+
     def give_slots(self, band: int, slots: np.ndarray) -> None:
         """Return slots of ``band`` taken by :meth:`take_slots`.
 

@@ -201,6 +201,14 @@ EXTRA_LABELS = {
     "host_stranded_full_pages": "host tier: full pages without a resumable state (must be 0)",
     "load_time_s": "host tier: load-back time (s, before overlap with the forward)",
     "load_steps": "host tier: steps with load-backs",
+    "retractions_to_host": "retractions by host copy (of retractions)",
+    "host_bytes_retracted": "bytes copied to host by retractions",
+    "resume_bytes_loaded": "bytes loaded back from host on resume",
+    "resume_load_time_s": "resume load-back time (s, in step times)",
+    "host_write_time_s": "retraction copy-out time (s, in step times)",
+    "recompute_tokens_saved": "tokens not prefilled again (host copies)",
+    "host_retract_fallbacks": "host retractions recomputed (host full)",
+    "host_slots_leaked": "host slots held at the end (leaked)",
 }
 """Display labels of the loop's ``extra`` counters (others show their key)."""
 

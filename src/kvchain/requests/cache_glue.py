@@ -103,6 +103,26 @@ class CacheGlue:
         return any(requests[rid].points[-1] * p > int(self.table.tokens[requests[rid].slot])
                    for rid in self._pointed.intersection(ids))
 
+    def shared_by_others(self, rid: int, facts: CacheFacts) -> int:
+        """Full pages of ``rid``'s cached prefix that another request locks too: the pages
+        of every node on its locked path whose lock count exceeds its own locks there (its
+        hit lock, and its prompt lock once inserted). 0 without a cache or a lock."""
+        if self.cache is None or facts.handle is None:
+            return 0
+        own: dict[int, int] = {}
+        for handle in (facts.handle, self._hit_locks.get(rid)):
+            n = handle
+            while n is not None and n.nid:
+                own[n.nid] = own.get(n.nid, 0) + 1
+                n = n.parent
+        pages = 0
+        n = facts.handle  # the deepest: the prompt lock's path holds the hit's
+        while n is not None and n.nid:
+            if n.lock > own.get(n.nid, 0):
+                pages += len(n.keys)
+            n = n.parent
+        return pages
+
     def may_insert(self, ids: tuple[int, ...]) -> bool:
         """Whether a commit of one of ``ids`` may insert its prompt (not inserted yet)."""
         return bool(self._uninserted) and not self._uninserted.isdisjoint(ids)

@@ -15,16 +15,25 @@ cache's part (hits, resume points, the prompt's insert) is
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from kvchain.alloc.allocator import Allocator
 from kvchain.alloc.snapshot import Demand, Quote
 from kvchain.bands.geometry import RequestGeometry, StateRollback
+from kvchain.cache.host_copy import (
+    RequestHostCopy,
+    free_host_copy,
+    load_back_request,
+    offload_request,
+)
 from kvchain.cache.radix import PrefixCache
 from kvchain.errors import (
     AuditError,
+    BufferArgumentError,
     ForgedQuoteError,
+    HostPoolFullError,
     InvalidDemandError,
     ReservedPageError,
     UnknownRequestError,
@@ -32,6 +41,7 @@ from kvchain.errors import (
 from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
+from kvchain.requests.suspend import HostSide, Suspended
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts, RequestView
 
@@ -119,6 +129,7 @@ class KVManager:
         self._demand_memo: dict[tuple[int, ...], Demand] = {}
         self._glue = CacheGlue(chain, cache, self.geom, self._table)
         self.cache = cache
+        self._suspended: dict[int, Suspended] = {}  # requests suspended to host (rid ->)
 
     # --- the cache's counters (kept by the glue) -------------------------------------------
 
@@ -178,9 +189,14 @@ class KVManager:
 
     def demand(self, rid: int, extend: int, headroom: int = 0, headroom_chunk: int = 1,
                horizon: int = 0) -> Demand:
-        """:func:`request_demand` for ``rid`` at its current position."""
+        """:func:`request_demand` for ``rid`` at its current position (a request suspended
+        to host: at its position once resumed, beyond the pages its resume loads back)."""
         facts = self._requests.get(rid)
         if facts is None:
+            sus = self._suspended.get(rid)
+            if sus is not None:
+                return request_demand(self.geom, sus.held, sus.tokens, extend, headroom,
+                                      headroom_chunk, horizon=horizon)
             return request_demand(self.geom, NOTHING_HELD, 0, extend, headroom, headroom_chunk,
                                   horizon=horizon)
         slot = facts.slot
@@ -229,7 +245,8 @@ class KVManager:
             InvalidRequestError: ``rid`` already holds pages, or more keys than whole
                 pages of the prompt.
         """
-        self._glue.check_attach(rid, rid in self._requests, keys, prompt_tokens)
+        self._glue.check_attach(rid, rid in self._requests or rid in self._suspended, keys,
+                                prompt_tokens)
         facts = self._register(rid)
         return self._glue.attach(rid, facts, tuple(keys), prompt_tokens, save_points)
 
@@ -320,6 +337,196 @@ class KVManager:
         """The empty demand of this chain's bands (one shared immutable value)."""
         return self._zero_demand
 
+    # --- retraction by host copy (requests/suspend.py) --------------------------------------
+
+    def suspend(self, rid: int, host: HostSide) -> Suspended:
+        """Suspend running request ``rid`` to host: give every page and state slot it holds
+        (row entries ``[first, end)`` per band, a prefix-cache hit's shared pages
+        included) a host slot of its class, copy the bytes when ``host`` has a buffer,
+        then release its device pages as a retraction does (:meth:`free` without insert:
+        the cache's pages unlocked, its own released). It holds no device page afterwards
+        and comes back with :meth:`resume` (or ``allocate(..., resumes=[rid])``).
+
+        Returns:
+            Its :class:`Suspended` record (also kept here: :meth:`suspended`).
+
+        Raises:
+            UnknownRequestError: ``rid`` holds no pages.
+            HostPoolFullError: a class's pool has fewer free slots than ``rid`` holds
+                pages there (checked for every band first: nothing taken or released).
+            BufferArgumentError: ``host`` has no pool for a band, or its slots are not the
+                band's page bytes (nothing changed).
+        """
+        facts = self._facts(rid)
+        table, slot = self._table, facts.slot
+        held = table.held(slot)
+        bands = self.chain.layout.bands
+        counts = tuple(end - first for first, end in held.spans)
+        for layout, n in zip(bands, counts, strict=True):
+            pool = host.pool(layout.label)
+            if host.page_bytes.get(layout.label) != layout.page_bytes:
+                raise BufferArgumentError(
+                    f"the {layout.label} band has pages of {layout.page_bytes:,} B but its "
+                    f"host slots hold {host.page_bytes.get(layout.label)} B")
+            if n > pool.free_count:
+                raise HostPoolFullError(
+                    f"request {rid} holds {n:,} {layout.label} pages but the host pool has "
+                    f"{pool.free_count:,} free slots", label=layout.label, wanted=n,
+                    free=pool.free_count)
+        labels = tuple(b.label for b in bands)
+        copy: RequestHostCopy | None = None
+        if host.buffer is not None and host.device is not None:
+            copy, fence = offload_request(self, host.device, host.buffer, rid)
+            fence.wait()  # the device pages are released below: the copy must be done
+            host_slots = tuple(part.slots for part in copy.bands)
+        else:
+            host_slots = tuple(host.pool(label).alloc(n)
+                               for label, n in zip(labels, counts, strict=True))
+        tokens = int(table.tokens[slot])
+        self.free(rid, insert=False)
+        sus = Suspended(rid, tokens, held, Demand(counts), host_slots, labels,
+                        sum(n * b.page_bytes for n, b in zip(counts, bands, strict=True)),
+                        host, copy)
+        self._suspended[rid] = sus
+        return sus
+
+    def suspend_bytes(self, rid: int) -> int:
+        """Bytes :meth:`suspend` of ``rid`` would copy to host now: ``sum((end - first) x
+        page_bytes)`` over its bands (0 if it holds nothing)."""
+        facts = self._requests.get(rid)
+        if facts is None:
+            return 0
+        spans = self._table.held(facts.slot).spans
+        return sum((end - first) * b.page_bytes
+                   for (first, end), b in zip(spans, self.chain.layout.bands, strict=True))
+
+    def shared_by_others(self, rid: int) -> int:
+        """Full pages of ``rid``'s prefix-cache pages that another running request also
+        reads (locks): what a suspension to host would copy and its resume hold as a second,
+        private copy (:mod:`kvchain.requests.suspend`). 0 if it holds nothing or no lock."""
+        facts = self._requests.get(rid)
+        return self._glue.shared_by_others(rid, facts) if facts is not None else 0
+
+    def is_suspended(self, rid: int) -> bool:
+        """Whether ``rid`` is suspended to host."""
+        return rid in self._suspended
+
+    def suspended(self, rid: int) -> Suspended:
+        """The record of suspended ``rid``.
+
+        Raises:
+            UnknownRequestError: it is not suspended.
+        """
+        try:
+            return self._suspended[rid]
+        except KeyError:
+            raise UnknownRequestError(f"request {rid} is not suspended to host") from None
+
+    @property
+    def suspended_ids(self) -> tuple[int, ...]:
+        """Requests suspended to host, in suspension order."""
+        return tuple(self._suspended)
+
+    def resume_demand(self, rid: int) -> Demand:
+        """The load-back demand of suspended ``rid``: pages per band it held
+        (:attr:`Suspended.demand`).
+
+        Raises:
+            UnknownRequestError: it is not suspended.
+        """
+        return self.suspended(rid).demand
+
+    def resume(self, rid: int, quote: Quote | None = None) -> Demand:
+        """Load suspended ``rid`` back on its own: ``allocate([], resumes=[rid])``, one take
+        of :meth:`resume_demand` (``quote``: its price from ``chain.price``, if the caller
+        has it).
+
+        Raises:
+            UnknownRequestError: ``rid`` is not suspended (nothing changed).
+            CapacityError: the load-back does not fit (nothing changed: it stays
+                suspended).
+        """
+        self.suspended(rid)
+        return self.allocate([], None, quote, resumes=(rid,))
+
+    def _check_resumes(self, resumes: Sequence[int], ids: tuple[int, ...]
+                       ) -> tuple[Suspended, ...]:
+        """The records of ``resumes``, each suspended, named once, not in ``ids``, with its
+        host slots held (before any change).
+
+        Raises:
+            InvalidDemandError, BufferArgumentError: see :meth:`allocate`.
+        """
+        rids = tuple(resumes)
+        if len(set(rids)) != len(rids) or not set(rids).isdisjoint(ids):
+            raise InvalidDemandError("a resume is named twice or is also in the batch")
+        out = []
+        for rid in rids:
+            if isinstance(rid, bool) or rid not in self._suspended:
+                raise InvalidDemandError(f"request {rid!r} is not suspended to host")
+            sus = self._suspended[rid]
+            sus.check_held()
+            out.append(sus)
+        return tuple(out)
+
+    def _restore(self, sus: Suspended, vids: Sequence[Sequence[int]]) -> None:
+        """Give resumed ``sus`` its new pages ``vids`` (per band, entry order) at the row
+        entries it held, load its host bytes into them and free its host slots."""
+        del self._suspended[sus.rid]
+        facts = self._register(sus.rid)
+        table, slot = self._table, facts.slot
+        table.tokens[slot] = sus.tokens
+        for band, ((first, _), got) in enumerate(zip(sus.held.spans, vids, strict=True)):
+            table.set_row(band, slot, first, got)
+        table.refresh_need(np.asarray([slot], dtype=np.int64))
+        host, copy = sus.host, sus.copy
+        if copy is not None and host.buffer is not None and host.device is not None:
+            rebased = RequestHostCopy(copy.rid, tuple(
+                replace(part, vids=np.asarray(got, dtype=np.int64),
+                        table_pages=end)
+                for part, got, (_, end) in zip(copy.bands, vids, sus.held.spans,
+                                               strict=True)))
+            fence = load_back_request(self, host.device, host.buffer, rebased)
+            free_host_copy(host.buffer, rebased, after=fence)
+        else:
+            sus.free_slots()
+
+    def audit_host(self, host: HostSide) -> None:
+        """Every suspended request's pages are in exactly one place, on host: it holds no
+        device page (no row), each of its pages has one held host slot of its class (none
+        shared with another request), and every held host slot of ``host`` belongs to a
+        suspended request (no leaked host slot); then each pool's own invariant.
+
+        Raises:
+            AuditError: a suspended request that also holds device pages, a record whose
+                slots do not match its demand, a host slot held twice, freed, or leaked.
+        """
+        host.audit()
+        per_label: dict[str, list[np.ndarray]] = {label: [] for label in host.pools}
+        for rid, sus in self._suspended.items():
+            if rid in self._requests:
+                raise AuditError(f"request {rid} is suspended to host and holds device pages")
+            if tuple(int(s.size) for s in sus.slots) != sus.demand.pages:
+                raise AuditError(f"request {rid}: {[int(s.size) for s in sus.slots]} host "
+                                 f"slots for a load-back of {sus.demand.pages}")
+            if sus.host is not host:
+                continue
+            try:
+                sus.check_held()
+            except BufferArgumentError as exc:
+                raise AuditError(f"suspended request {rid}: {exc}") from None
+            for label, s in zip(sus.labels, sus.slots, strict=True):
+                per_label[label].append(s)
+        for label, parts in per_label.items():
+            got = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            if np.unique(got).size != got.size:
+                raise AuditError(f"host pool {label!r}: a slot is held by two suspended "
+                                 f"requests")
+            held = host.pools[label].held_count
+            if held != got.size:
+                raise AuditError(f"host pool {label!r}: {held} slots held, {got.size} by "
+                                 f"suspended requests: {held - got.size} leaked")
+
     # --- decode demands ----------------------------------------------------------------------
 
     def decode_demands(self, rids: Sequence[int], drafts: int = 0) -> DecodeBatch:
@@ -379,9 +586,12 @@ class KVManager:
     # --- allocation ------------------------------------------------------------------------
 
     def allocate(self, batch: Sequence[tuple[int, int]],
-                 demands: Sequence[Demand] | None = None, quote: Quote | None = None) -> Demand:
+                 demands: Sequence[Demand] | None = None, quote: Quote | None = None,
+                 resumes: Sequence[int] = ()) -> Demand:
         """Take the pages a batch needs to compute its tokens, in one chain take (none when
-        the batch needs no page: an empty take binds nothing).
+        the batch needs no page: an empty take binds nothing), together with the load-back
+        of the suspended requests ``resumes`` (:meth:`suspend`): the take's demand is the
+        batch's plus each resume's :attr:`Suspended.demand`, so one quote prices both.
 
         Args:
             batch: ``(request id, tokens to compute)`` pairs (a prefill chunk, or 1 for a
@@ -395,14 +605,22 @@ class KVManager:
             quote: the allocator's quote (from its ``price``) of the summed demand, if the
                 caller has it; a quote priced before the chain's epoch moved is dropped and
                 the demand priced again.
+            resumes: suspended requests to load back in this take (none of them in
+                ``batch``): each gets new pages at the row entries it held, its host bytes
+                copied into them (when its suspension moved bytes), and its host slots
+                freed; it holds its pages again from then on (it computes nothing in this
+                take: its next tokens are a later batch's).
 
         Returns:
-            The summed demand that was taken.
+            The summed demand that was taken (the batch's plus the resumes').
 
         Raises:
             InvalidDemandError: a request listed twice, an entry that is not a pair of
-                ints, a negative or non-integer token count, or demands that do not match
+                ints, a negative or non-integer token count, demands that do not match
+                the batch, or a resume that is not suspended, is named twice or is also in
                 the batch.
+            BufferArgumentError: a resume whose host slots are no longer held (checked
+                before the take).
             ForgedQuoteError: ``quote`` is not a Quote, or was not issued by the allocator
                 for this demand.
             CapacityError: the batch does not fit.
@@ -417,22 +635,38 @@ class KVManager:
         slots = lookup.slots
         if not lookup.unique:
             raise InvalidDemandError("a request appears twice in one allocation batch")
+        if self._suspended and not self._suspended.keys().isdisjoint(ids):
+            raise InvalidDemandError("a request suspended to host computes nothing before "
+                                     "its resume")
         total, nonzero, matrix = self._batch_demand(ids, extends, demands)
+        loads = self._check_resumes(resumes, ids) if resumes else ()
         missing = ([] if lookup.known
                    else [ids[i] for i in (slots == 0).nonzero()[0].tolist()])
-        if total.is_empty:  # every token on pages already held (most decode steps)
+        taken = total
+        for sus in loads:
+            taken = taken.plus(sus.demand)
+        if taken.is_empty:  # every token on pages already held (most decode steps)
             for rid in missing:
                 self._register(rid)
-            return total
+            return taken
         if quote is not None and quote.before.epoch != self.chain.epoch:
             quote = None  # priced before the chain changed: the take prices it again
-        grant = self.chain.take(total, quote)
+        grant = self.chain.take(taken, quote)
         if missing:
             for rid in missing:
                 self._register(rid)
             slots = self._slots_of(ids)  # the new requests' slots (rows empty)
-        self._distribute(grant.pages, ids, extends, slots, nonzero, matrix)
-        return total
+        pages = grant.pages
+        if loads:  # the batch's pages first, then each resume's, band by band
+            cut = list(total.pages)
+            for sus in loads:
+                self._restore(sus, [pages[b][cut[b]:cut[b] + n]
+                                    for b, n in enumerate(sus.demand.pages)])
+                cut = [c + n for c, n in zip(cut, sus.demand.pages, strict=True)]
+            pages = tuple(p[:n] for p, n in zip(pages, total.pages, strict=True))
+        if not total.is_empty:
+            self._distribute(pages, ids, extends, slots, nonzero, matrix)
+        return taken
 
     def _batch_demand(self, ids: tuple[int, ...], extends: tuple[int, ...],
                       demands: Sequence[Demand] | None,

@@ -189,11 +189,18 @@ class StepBatch:
             budget or ``max_running`` (what memory-blocked U* averages over).
         loads: load-backs from the host tier realized while this step was scheduled
             (their bytes move before or during its forward).
+        resumes: requests suspended to host whose pages this step's take loaded back
+            (retraction by host copy; they compute nothing in this step).
+        host_write_bytes: bytes copied device -> host by this step's suspensions.
+        host_read_bytes: bytes copied host -> device by this step's resumes.
     """
 
     prefills: tuple[PrefillChunk, ...] = ()
     decodes: tuple[DecodeSeq, ...] = ()
     memory_blocked: bool = False
+    resumes: tuple[int, ...] = ()
+    host_write_bytes: int = 0
+    host_read_bytes: int = 0
     loads: tuple[LoadBack, ...] = ()
 
     @property
@@ -208,8 +215,8 @@ class StepBatch:
 
     @property
     def is_empty(self) -> bool:
-        """True when the step computes nothing."""
-        return not self.prefills and not self.decodes
+        """True when the step computes nothing and loads nothing back from host."""
+        return not self.prefills and not self.decodes and not self.resumes
 
 
 @dataclass(frozen=True, slots=True)

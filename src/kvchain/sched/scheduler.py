@@ -18,7 +18,10 @@ Policies (stated and tested):
   requests).
 * retraction victim: the running request that arrived last (ties: larger id), as in
   vLLM's recompute preemption; it frees everything and is recomputed from its prompt plus
-  the tokens it had generated.
+  the tokens it had generated - or, with ``retract_to`` ``host`` (or ``auto`` where the
+  cost model finds the copy faster), its pages go to host and are loaded back on resume
+  (:mod:`kvchain.sched.retraction`). Suspended requests resume before any waiting request
+  is admitted, earliest arrival first, each load-back priced in the one prefill budget.
 * a request whose whole life (prompt + output, window peak, state slots) cannot fit the
   empty chain is rejected at once with the reason; nothing else blocks on it.
 """
@@ -40,6 +43,7 @@ from kvchain.errors import (
     BufferTooSmallError,
     CapacityError,
     ConfigError,
+    HostPoolFullError,
     InvalidRequestError,
     UnknownRequestError,
 )
@@ -48,6 +52,7 @@ from kvchain.layout import smallest_request_pages
 from kvchain.requests.batch import DecodeBatch, sum_demands
 from kvchain.requests.demand import NOTHING_HELD, lifetime_demand, request_demand
 from kvchain.requests.manager import KVManager
+from kvchain.requests.suspend import HostSide
 from kvchain.sched.admission import (
     AdmissionRules,
     ChainPrefillBudget,
@@ -69,6 +74,7 @@ from kvchain.sched.request import (
     StepBatch,
     StepOutcome,
 )
+from kvchain.sched.retraction import RetractionCost, RetractTo
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +100,9 @@ class SchedulerConfig:
             reorder (>= 1).
         cache_max_passes: ``cache-aware`` order: times a waiting request may be passed
             over before it goes first (>= 0; the starvation bound).
+        retract_to: where a retracted request's KV goes (:class:`RetractTo`:
+            ``recompute``, the default; ``host`` and ``auto`` need the scheduler's
+            ``host`` side, ``auto`` also its ``retract_cost``).
 
     Raises:
         ConfigError: a limit below 1 (``cache_max_passes`` below 0).
@@ -110,6 +119,7 @@ class SchedulerConfig:
     max_context_tokens: int | None = None
     cache_lookahead: int = CACHE_LOOKAHEAD
     cache_max_passes: int = CACHE_MAX_PASSES
+    retract_to: RetractTo = RetractTo.RECOMPUTE
 
     def __post_init__(self) -> None:
         check_field_types(self)  # e.g. policy="fcfs", max_running=2.5, strict="no"
@@ -136,6 +146,8 @@ class ScheduledStep:
     pin: MoveHold | None = None
     memory_blocked: bool = False  # a waiting request got no chunk for lack of memory
     loads: list[LoadBack] = field(default_factory=list)  # host load-backs realized
+    resumes: list[int] = field(default_factory=list)  # suspended requests loaded back
+    host_write_bytes: int = 0  # bytes its suspensions copied to host
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -207,6 +219,12 @@ class SchedulerCounters:
     loads: int = 0  # load-backs realized
     loads_shortened: int = 0  # of which at an earlier resume point than the host's deepest
     loads_refused: int = 0  # host hits not loaded: no shorter load fit the ledger
+    retractions_to_host: int = 0  # of ``retractions``: suspended to host, not recomputed
+    host_bytes_retracted: int = 0  # bytes those suspensions copied to host
+    resume_bytes_loaded: int = 0  # bytes their resumes loaded back
+    resumes: int = 0  # suspended requests loaded back
+    recompute_tokens_saved: int = 0  # tokens the suspended requests did not prefill again
+    host_retract_fallbacks: int = 0  # host retractions recomputed: the host pools were full
 
 
 class Scheduler:
@@ -218,21 +236,36 @@ class Scheduler:
         ratio: a new-token-ratio estimator: shorthand for an ``sglang`` reservation with
             it (overrides ``config.reserve``).
         reserve: the reservation policy instance (default: built from ``config.reserve``).
+        host: the host slots retraction by host copy suspends requests into (needed by
+            ``config.retract_to`` ``host`` and ``auto``).
+        retract_cost: ``auto``'s cost model (:class:`RetractionCost`).
 
     Raises:
         BufferTooSmallError: the empty chain cannot hold the smallest request (a 1-token
             prompt with 1 output token, its window and state slots) - it would never
             start (field case F1).
         ConfigError: ``chunk_size`` or ``max_prefill_tokens`` below the page size (chunks
-            are cut to whole pages, so no chunk could ever be admitted).
+            are cut to whole pages, so no chunk could ever be admitted); ``retract_to``
+            ``host`` or ``auto`` without ``host``, ``auto`` without ``retract_cost``.
     """
 
     def __init__(self, kv: KVManager, config: SchedulerConfig | None = None,
                  ratio: NewTokenRatio | None = None,
-                 reserve: OutputReserve | None = None) -> None:
+                 reserve: OutputReserve | None = None, host: HostSide | None = None,
+                 retract_cost: RetractionCost | None = None) -> None:
         self.kv = kv
         self.chain: Allocator = kv.chain
         self.config = config or SchedulerConfig()
+        mode = self.config.retract_to
+        if mode is not RetractTo.RECOMPUTE and host is None:
+            raise ConfigError(f"retract_to={mode.value} needs host slots (a HostSide: "
+                              f"--host-bytes in the simulator)")
+        if mode is RetractTo.AUTO and retract_cost is None:
+            raise ConfigError("retract_to=auto needs a cost model to compare the host copy "
+                              "with the recompute")
+        self.host = host
+        self.retract_cost = retract_cost
+        self.suspended: dict[int, Request] = {}  # suspended to host, in suspension order
         if reserve is None:
             reserve = SGLangReserve(ratio) if ratio is not None else self.config.reserve.build()
         self.reserve = reserve
@@ -248,6 +281,8 @@ class Scheduler:
         self._no_hit: set[int] = set()  # requests served uncached (their hit never fits)
         # rid -> (device hit, hit after its load-back) in tokens, until its first admission
         self._loaded: dict[int, tuple[int, int]] = {}
+        self._resume_bytes: dict[int, int] = {}  # suspended request -> bytes its resume loads
+        self._write_bytes = 0  # bytes suspended to host since the last step was scheduled
         page = kv.geom.page_size
         if self.config.chunk_size < page or self.config.max_prefill_tokens < page:
             # Admission cuts chunks to whole pages: a smaller cap could never admit one.
@@ -359,7 +394,8 @@ class Scheduler:
                 prefilling.append(r)
             else:
                 decodes.append(DecodeSeq(r.rid, r.computed, drafts))
-        if not prefilling and not self.waiting:
+        step.host_write_bytes, self._write_bytes = self._write_bytes, 0
+        if not prefilling and not self.waiting and not self.suspended:
             self._pin_if_moves(step, snap)
             return step  # decodes only: the decode check already proved they fit
         budget = ChainPrefillBudget(snap, self.rules, self.chain.planner)
@@ -388,10 +424,14 @@ class Scheduler:
                                 [r.output_done for r in batch],
                                 [r.output_limit for r in batch], page)
         budget.reserve(self.running_futures(running, this_step))
+        if self.suspended and not self._admit_resumes(step, budget):
+            self.counters.admission_decisions += budget.decisions
+            self._pin_if_moves(step, budget.snapshot)
+            return step  # a suspended request waits for room: nobody overtakes it
         # Waiting requests, in policy order, while the ledger fits. A prefix-cache hit
         # locks its pages first (they stop being evictable supply), so the ledger is
         # re-checked on the new snapshot before the rest of the request is priced.
-        for admitted, r in enumerate(self._waiting_order()):
+        for admitted, r in enumerate(self._waiting_order(), len(step.resumes)):
             if tokens_left <= 0 or len(self.running) + admitted >= cfg.max_running:
                 break
             self._load_back(r, budget, step)
@@ -528,7 +568,8 @@ class Scheduler:
         """Pin the move gate open until allocation when this step's own take needs moves
         (contract 6: a gate closing between admission and allocation must wait)."""
         step.prefill_demands = [self.kv.demand(p.rid, p.tokens) for p in step.prefills]
-        total = sum_demands([*step.prefill_demands, step.decode_demands.total],
+        total = sum_demands([*step.prefill_demands, step.decode_demands.total,
+                             *(self.kv.resume_demand(rid) for rid in step.resumes)],
                             self.kv.geom.num_bands)
         if total.is_empty:
             return
@@ -562,20 +603,29 @@ class Scheduler:
             while True:
                 batch = ([(p.rid, p.tokens) for p in step.prefills]
                          + [(d.rid, 1 + d.drafts) for d in step.decodes])
-                if not batch:
+                if not batch and not step.resumes:
                     break
                 # a decode-only step hands the decode batch's value itself (its total
                 # is the take); a mixed one, the list of all its demands
                 demands = ([*step.prefill_demands, *step.decode_demands] if step.prefills
                            else step.decode_demands)
                 try:
-                    self.kv.allocate(batch, demands, step.quote)
+                    self.kv.allocate(batch, demands, step.quote, resumes=step.resumes)
                     break
                 except CapacityError as exc:
                     self._unallocatable(step, exc, now)
         finally:
             if step.pin is not None:
                 step.pin.release()
+        resume_bytes = 0
+        for rid in step.resumes:
+            r = self.suspended.pop(rid)
+            r.status = RequestStatus.RUNNING
+            self.running[rid] = r
+            self.counters.resumes += 1
+            self._emit(EventKind.ADMITTED, rid, now)
+            resume_bytes += self._resume_bytes.pop(rid)
+        self.counters.resume_bytes_loaded += resume_bytes
         for p in step.prefills:
             r = self.requests[p.rid]
             if r.status is RequestStatus.WAITING:
@@ -594,7 +644,8 @@ class Scheduler:
                 self.counters.admitted += 1
                 self._emit(EventKind.ADMITTED, r.rid, now)
         return StepBatch(tuple(step.prefills), tuple(step.decodes), step.memory_blocked,
-                         tuple(step.loads))
+                         resumes=tuple(step.resumes), host_write_bytes=step.host_write_bytes,
+                         host_read_bytes=resume_bytes, loads=tuple(step.loads))
 
     def _check_step(self, step: ScheduledStep) -> None:
         """Refuse a step that does not match the scheduler's requests (before any change)."""
@@ -664,6 +715,9 @@ class Scheduler:
             if rid in self.kv:  # its prefix-cache hit was locked at admission: unlock it
                 self.kv.detach(rid)
                 self.requests[rid].computed = 0
+        elif step.resumes:  # a load-back: the request stays suspended
+            rid = step.resumes.pop()
+            demand = self.kv.resume_demand(rid)
         else:
             in_step = ([p.rid for p in step.prefills] + [d.rid for d in step.decodes])
             victim = max((self.requests[rid] for rid in in_step),
@@ -777,7 +831,7 @@ class Scheduler:
         """
         if type(max_steps) is not int or max_steps < 1:
             raise ConfigError(f"max_steps must be an int >= 1, got {max_steps!r}")
-        if self.waiting or not self.running or self.kv.geom.spec_tokens:
+        if self.waiting or self.suspended or not self.running or self.kv.geom.spec_tokens:
             return None  # speculative steps keep a random count: no closed form
         shortest = max_steps + 1
         for r in self.running.values():
@@ -890,8 +944,8 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        """True when nothing waits or runs."""
-        return not self.waiting and not self.running
+        """True when nothing waits, runs or is suspended to host."""
+        return not self.waiting and not self.running and not self.suspended
 
     def drain_events(self) -> list[Event]:
         """Events since the last call, in order."""
@@ -905,6 +959,8 @@ class Scheduler:
         :meth:`KVManager.audit_settled`) (raises :class:`~kvchain.errors.AuditError`)."""
         self.chain.audit()
         self.kv.audit()
+        if self.host is not None:
+            self.kv.audit_host(self.host)
         if self.kv.geom.spec_tokens:
             self.kv.audit_settled(self.running)
 
@@ -1022,7 +1078,86 @@ class Scheduler:
             return 0
         return self.kv.cached_tokens(r.page_keys, r.prompt_tokens)
 
+    def _admit_resumes(self, step: ScheduledStep, budget: ChainPrefillBudget) -> bool:
+        """Admit suspended requests, earliest arrival first, while the ledger fits each one's
+        load-back plus its future (:meth:`_resume_demand`) and ``max_running`` allows; the
+        admitted are loaded back in this step's take. Returns whether every suspended
+        request was admitted (if not, the waiting queue waits behind it)."""
+        limit = self.config.max_running
+        for r in sorted(self.suspended.values(), key=lambda r: (r.arrival_s, r.rid)):
+            if len(self.running) + len(step.resumes) >= limit:
+                return False
+            need = self._resume_demand(r)
+            if not budget.fits(need):
+                step.memory_blocked = True
+                return False
+            budget.reserve(need)
+            step.resumes.append(r.rid)
+        return True
+
+    def _resume_demand(self, r: Request) -> Demand:
+        """A suspended request's load-back (:meth:`KVManager.resume_demand`: the pages it
+        held) plus its future from its position once loaded, priced as a candidate's: the
+        rest of its prefill, or its next decode token, then its expected output."""
+        rest = r.remaining_prefill
+        output, expected = self._output_reserve(r, False)
+        spec = self._drafts_priced()
+        hc = min(self.kv.geom.page_size, max(rest, 1))
+        extend = 0 if r.in_prefill else 1 + spec  # its next decode (and drafts)
+        future = self.kv.demand(r.rid, extend, rest + output + spec, hc,
+                                rest + expected + spec)
+        return self.kv.resume_demand(r.rid).plus(future)
+
+    def _to_host(self, r: Request) -> bool:
+        """Whether retracting ``r`` copies it to host: ``retract_to`` host, or ``auto``
+        when (1) no other running request reads ``r``'s prefix-cache pages (copied to host,
+        they would come back as a second, private copy of pages the cache keeps for the
+        others: device memory the sharing saved, lost while ``r`` runs again), and (2) the
+        cost model finds the copy of all it holds faster than recomputing what the prefix
+        cache would not serve it again - its ``computed`` tokens less the prompt tokens the
+        cache matches now (a pure match, its own inserted prompt included, which a
+        recompute re-hits unless it is evicted meanwhile: an optimistic recompute, so
+        ``auto`` leans to recompute where the cache serves the victim)."""
+        mode = self.config.retract_to
+        if mode is RetractTo.RECOMPUTE or not r.computed:
+            return False
+        if mode is RetractTo.HOST:
+            return True
+        assert self.retract_cost is not None
+        if self.kv.shared_by_others(r.rid):
+            return False
+        redo = r.computed
+        if r.page_keys is not None and r.rid not in self._no_hit:
+            redo -= min(redo, self.kv.cached_tokens(r.page_keys, r.prompt_tokens))
+        return self.retract_cost.host_is_cheaper(redo, self.kv.suspend_bytes(r.rid))
+
+    def _suspend(self, r: Request, now: float) -> bool:
+        """Retract ``r`` by host copy; False (nothing changed) when the host pools have no
+        room (counted as a fallback to recompute)."""
+        assert self.host is not None
+        try:
+            sus = self.kv.suspend(r.rid, self.host)
+        except HostPoolFullError:
+            self.counters.host_retract_fallbacks += 1
+            return False
+        del self.running[r.rid]
+        self.suspended[r.rid] = r
+        r.status = RequestStatus.WAITING
+        r.retractions += 1
+        self._resume_bytes[r.rid] = sus.nbytes
+        self._write_bytes += sus.nbytes
+        c = self.counters
+        c.retractions += 1
+        c.retractions_to_host += 1
+        c.host_bytes_retracted += sus.nbytes
+        c.recompute_tokens_saved += r.computed
+        self.reserve.on_retract()
+        self._emit(EventKind.RETRACTED, r.rid, now)
+        return True
+
     def _retract(self, r: Request, now: float) -> None:
+        if self._to_host(r) and self._suspend(r, now):
+            return
         self.kv.free(r.rid, insert=False)
         del self.running[r.rid]
         r.status = RequestStatus.WAITING

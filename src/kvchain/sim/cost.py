@@ -848,3 +848,45 @@ def host_hit_ttft(cost: GPUCostModel, prompt_tokens: int, hit_tokens: int, load_
     with_hit_s = overhead + overlapped_time(load_s, suffix_s - overhead,
                                             cost.model.num_layers, overlap)
     return HostHitTiming(recompute_s, load_s, with_hit_s, recompute_s - with_hit_s)
+
+
+@dataclass(frozen=True, slots=True)
+class HostRetractionCost:
+    """``auto`` retraction's question (:class:`kvchain.sched.retraction.RetractionCost`) on
+    the roofline: is a victim's round trip to host faster than recomputing it?
+
+    Model: the copy out at the suspension and the load back at the resume each take
+    :func:`host_transfer_time` of the victim's bytes, serialized with the forwards (as the
+    simulator charges them: no overlap assumed); the recompute is the prefill of the
+    ``computed_tokens`` tokens it held, from context 0 in one forward, without the step's
+    fixed overhead (the overhead is paid by the step either way):
+    ``host_is_cheaper = 2 x transfer(bytes) < step_time(prefill tokens) - overhead``.
+
+    Example: gpt-oss-120b on an H200 (PCIe 5.0 x16 at 0.8: 51.2 GB/s): a request of
+    8,192 tokens holds about 8,192 x 36,864 B = 302 MB of full pages (plus its window
+    tail), 2 x 5.9 ms against a prefill of 0.19 s on the roofline: host copy.
+
+    Attributes:
+        cost: the roofline cost model (its GPU's host link prices the copies).
+        efficiency: fraction of the host link's nominal rate a copy achieves.
+    """
+
+    cost: GPUCostModel
+    efficiency: float = DEFAULT_HOST_LINK_EFFICIENCY
+
+    def transfer_s(self, nbytes: int) -> float:
+        """One copy of ``nbytes`` over the host link (:func:`host_transfer_time`)."""
+        return host_transfer_time(nbytes, self.cost.gpu, efficiency=self.efficiency)
+
+    def recompute_s(self, tokens: int) -> float:
+        """The prefill of ``tokens`` tokens from context 0, less the step overhead."""
+        b = self.cost.builder()
+        b.add_prefill(tokens, 0)
+        return self.cost.step_time(b.build()) - self.cost.step_overhead_s
+
+    def host_is_cheaper(self, computed_tokens: int, host_bytes: int) -> bool:
+        """``2 x transfer_s(host_bytes) < recompute_s(computed_tokens)`` (class docstring;
+        ``False`` for 0 tokens: nothing to save)."""
+        if computed_tokens < 1:
+            return False
+        return 2.0 * self.transfer_s(host_bytes) < self.recompute_s(computed_tokens)

@@ -46,13 +46,16 @@ from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import TARGET, LifetimeClass
 from kvchain.model.spec import ModelSpec
 from kvchain.requests.manager import KVManager
+from kvchain.requests.suspend import HostSide, host_side_for
 from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
+from kvchain.sched.retraction import RetractTo
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig, UnallocatableEvent
 from kvchain.sim.cost import (
     DEFAULT_STEP_MS,
     ClockKind,
     DraftCostModel,
     GPUCostModel,
+    HostRetractionCost,
     StepClock,
     StepWorkBuilder,
     host_transfer_time,
@@ -128,7 +131,10 @@ class SimConfig:
             load-backs charged at the GPU's host link (:func:`host_transfer_time`),
             overlapped layer by layer with the step's forward
             (:func:`~kvchain.sim.cost.overlapped_time`). Needs the prefix cache on and a
-            GPU with a host link figure.
+            GPU with a host link figure. Retraction by host copy
+            (``scheduler.retract_to`` ``host`` / ``auto``) takes its slots from the same
+            bytes (:func:`retraction_host`: the host tier's pools when there is one); each
+            of its copies is charged at the host link in the step that makes it.
     """
 
     model: ModelSpec
@@ -167,6 +173,13 @@ class SimConfig:
         if self.host_bytes is not None and self.host_bytes < 1:
             raise ConfigError(f"host_bytes must be >= 1 (None: no host tier), got "
                               f"{self.host_bytes}")
+        mode = self.scheduler.retract_to
+        if mode is not RetractTo.RECOMPUTE and not self.host_bytes:
+            raise ConfigError(f"--retract-to {mode.value} needs host memory: give "
+                              f"--host-bytes")
+        if mode is RetractTo.AUTO and self.clock is not ClockKind.ROOFLINE:
+            raise ConfigError("--retract-to auto compares the roofline's host-copy and "
+                              "recompute times: it needs --clock roofline")
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -316,13 +329,17 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     context = config.scheduler.max_context_tokens or config.model.max_context_tokens
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step,
                            max_context_tokens=context)
-    sched = Scheduler(kv, sched_config)
+    retract_host = retraction_host(layout, config.host_bytes, block, host) \
+        if sched_config.retract_to is not RetractTo.RECOMPUTE else None
     clock: GPUCostModel | StepClock
     draft_cost = None  # the draft model's forwards (none: no draft, or a free head)
+    host_cost: HostRetractionCost | None = None  # prices host copies (roofline only)
     if config.clock is ClockKind.ROOFLINE:
         clock = GPUCostModel(config.model, config.gpu)
         builder = clock.builder()
         draft_cost = DraftCostModel.of(config.model, config.gpu) if spec else None
+        if retract_host is not None:
+            host_cost = HostRetractionCost(clock)
     else:  # instant compute: no cost model, so a model without weights runs too
         clock = StepClock(config.step_ms / 1000)
         # The largest window (chunk) of each kind: StepWork only counts attention spans.
@@ -330,6 +347,8 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         locals_ = [c.window for c in config.model.cache_classes(LifetimeClass.LOCAL)]
         builder = StepWorkBuilder(max((w for w in windows if w), default=None),
                                   max((c for c in locals_ if c), default=None))
+    sched = Scheduler(kv, sched_config, host=retract_host, retract_cost=host_cost)
+    resume_load_s = suspend_write_s = 0.0  # seconds of host copies charged: resumes', suspensions'
     recorder = MetricsRecorder(max_step_samples=config.max_step_samples,
                                prefix_cache=cache is not None)
     null_pages = tuple(b.reserved_pages for b in layout.bands)
@@ -423,6 +442,12 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             forward = overhead + overlapped_time(load_s, max(0.0, forward - overhead),
                                                  max(1, layers))
         duration = forward + step_copy_s
+        if host_cost is not None and (batch.host_write_bytes or batch.host_read_bytes):
+            # serialized with the forward: no overlap assumed (HostRetractionCost)
+            w, r = (host_cost.transfer_s(batch.host_write_bytes),
+                    host_cost.transfer_s(batch.host_read_bytes))
+            suspend_write_s, resume_load_s = suspend_write_s + w, resume_load_s + r
+            duration += w + r
         if draft_cost is not None:
             draft_s = draft_cost.step_seconds(((p.tokens, p.start) for p in batch.prefills),
                                               ((d.context, d.drafts) for d in batch.decodes))
@@ -496,6 +521,16 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             "load_time_s": round(load_s_total, 6),
             "load_steps": load_steps,
         })
+    if retract_host is not None:
+        c = sched.counters
+        extra.update({"retractions_to_host": c.retractions_to_host,
+                      "host_bytes_retracted": c.host_bytes_retracted,
+                      "resume_bytes_loaded": c.resume_bytes_loaded,
+                      "resume_load_time_s": round(resume_load_s, 6),
+                      "host_write_time_s": round(suspend_write_s, 6),
+                      "recompute_tokens_saved": c.recompute_tokens_saved,
+                      "host_retract_fallbacks": c.host_retract_fallbacks,
+                      "host_slots_leaked": sum(retract_host.held.values())})
     if stats is not None and cache is not None:
         stats.prompt_tokens = sched.counters.prompt_tokens
         stats.hit_tokens = sched.counters.hit_tokens
@@ -513,6 +548,28 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     summary = summarize(recorder, extra=extra)
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
                      tuple(sched.unallocatable), stats, fast_steps)
+
+
+def retraction_host(layout: ChainLayout, host_bytes: int | None, block_tokens: int,
+                    tier: HostTier | None = None) -> HostSide:
+    """The host slots retraction by host copy suspends requests into: the host prefix
+    cache's own pools when the run keeps one (``tier``: the same ``--host-bytes``, one
+    budget; a suspension takes slots through :meth:`HostTier.take_slots
+    <kvchain.cache.host_cache.HostTier.take_slots>`, evicting host cache units as needed),
+    else ``host_bytes`` split between the chain's classes by the host tier's rule
+    (:func:`kvchain.requests.suspend.host_side_for`, resume intervals of the trace's content
+    block rounded up to whole pages, as the prefix cache's points). The one place a run
+    decides this.
+
+    Raises:
+        ConfigError: no ``host_bytes``.
+    """
+    if not host_bytes:
+        raise ConfigError("retraction by host copy needs host memory (--host-bytes)")
+    if tier is not None:
+        return HostSide.of_tier(tier)
+    page = layout.page_size
+    return host_side_for(layout, host_bytes, -(-block_tokens // page) * page)
 
 
 @dataclass(slots=True)

@@ -57,6 +57,7 @@ from kvchain.model.layers import CacheDtype
 from kvchain.model.params import WeightFormat
 from kvchain.model.spec import ModelSpec
 from kvchain.sched.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
+from kvchain.sched.retraction import RetractTo
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind
 from kvchain.sim.engine import SimConfig
@@ -192,7 +193,14 @@ class RunOptions:
         "Bytes of a host-memory tier below the prefix cache (default: none): every prompt "
         "the cache inserts is written through to host, and a prompt the host resumes "
         "deeper than the device is loaded back, priced by admission like any demand and "
-        "timed at the GPU's host link (docs/host-tier.md)."))
+        "timed at the GPU's host link (docs/host-tier.md). --retract-to host / auto take "
+        "their host slots from the same bytes."))
+    retract_to: RetractTo = field(default=RetractTo.RECOMPUTE, metadata=option(
+        "Where a retracted request's KV goes: recompute (dropped, prefilled again; the "
+        "default), host (copied to host memory and loaded back on resume; recompute when "
+        "the host is full, counted), or auto (host when the roofline's copy out and back "
+        "is faster than the recompute). host and auto need --host-bytes; auto needs "
+        "--clock roofline."))
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -206,6 +214,12 @@ class RunOptions:
         if self.draft_model is not None and self.spec_tokens == 0:
             raise ConfigError(f"--draft-model {self.draft_model} drafts nothing without "
                               f"--spec-tokens > 0")
+        if self.retract_to is not RetractTo.RECOMPUTE and self.host_bytes is None:
+            raise ConfigError(f"--retract-to {self.retract_to.value} needs --host-bytes (the "
+                              f"host memory its copies go to)")
+        if self.retract_to is RetractTo.AUTO and self.clock is not ClockKind.ROOFLINE:
+            raise ConfigError("--retract-to auto compares the roofline's host-copy and "
+                              "recompute times: it needs --clock roofline")
 
     # --- what the run builds -------------------------------------------------------------
 
@@ -226,7 +240,7 @@ class RunOptions:
         return SchedulerConfig(max_running=self.max_running, chunk_size=self.chunk_size,
                                max_prefill_tokens=max(self.chunk_size, PREFILL_TOKENS_FLOOR),
                                policy=self.policy, strict=self.strict,
-                               reserve=self.reserve_config())
+                               reserve=self.reserve_config(), retract_to=self.retract_to)
 
     def load_trace(self, trace: str) -> Trace:
         """``trace`` (a bundled name or a file) cut by ``end_s`` and ``requests``, its

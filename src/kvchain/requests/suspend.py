@@ -1,0 +1,296 @@
+"""Retraction by host copy, the request layer's part: a request suspended to the host tier
+and resumed (issue 23, item 5).
+
+A **suspension** takes a running request off the device without losing its KV: every page
+and state slot it reads is given a host slot of its class (one :class:`HostPool` per band
+label), its device pages are released exactly as a retraction releases them
+(:meth:`KVManager.free <kvchain.requests.manager.KVManager.free>`: the prefix cache's
+pages are unlocked, the request's own pages freed), and what it held is kept as counts in
+a :class:`Suspended` record. With a :class:`HostSide` that has a host buffer and a device
+backend, the bytes move too (:func:`kvchain.cache.host_copy.offload_request`); without
+(the simulator's bookkeeping-only chain), only the host slots are accounted.
+
+A **resume** is a load-back demand for exactly the pages it held (:attr:`Suspended.demand`,
+pages per band):
+
+==================  ======================================================================
+band                pages loaded back (row entries ``[first, end)`` as it held them)
+==================  ======================================================================
+full attention      all of them: ``ceil(L / P)`` pages (``L`` its tokens)
+sliding window /    its live tail ``[first, end)`` (the pages before its window were
+chunked local       released before the suspension, their entries are the null page)
+state               its slots (the working slot, and speculative checkpoints if any)
+==================  ======================================================================
+
+priced like any demand by the one snapshot pricing and realized in the step's one take
+(:meth:`KVManager.allocate <kvchain.requests.manager.KVManager.allocate>` with
+``resumes``): the take's quote is its price, so price == outcome; the new pages go to the
+same row entries, the host bytes are copied into them and the host slots are freed. A
+refused take changes nothing: the request stays suspended with its host slots.
+
+What a resumed request no longer has: its prefix-cache facts. It comes back holding every
+page it reads as its own (a hit's shared pages were copied to host with the rest; the cache
+still holds its own copies), with no resume points still to save and no prompt to insert: a
+request suspended before its prompt was inserted never inserts it. This keeps the cache's
+locks and pins out of the host tier (a suspended request holds none), at the price of host
+bytes for pages the cache may also keep (the hit), and of a prompt the cache does not learn.
+
+Which slots: :func:`host_side_for` builds the pools from a byte budget with the host tier's
+own split (:func:`kvchain.cache.host_tier.host_tier_plan`: whole resume intervals per class),
+the one place to point at another host-tier object's pools later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from kvchain.alloc.snapshot import Demand
+from kvchain.buffer.host import HostBuffer
+from kvchain.buffer.host_pool import HostPool
+from kvchain.buffer.numpy_buffer import NumpyBuffer
+from kvchain.buffer.torch_buffer import TorchBuffer
+from kvchain.cache.host_cache import HostTier
+from kvchain.cache.host_copy import RequestHostCopy
+from kvchain.cache.host_tier import host_tier_plan
+from kvchain.errors import BufferArgumentError, ConfigError
+from kvchain.layout import ChainLayout
+from kvchain.requests.demand import HeldPages
+
+
+class SlotPool(Protocol):
+    """What a suspension needs of one class's host slots (:class:`HostPool` has it all)."""
+
+    @property
+    def slots(self) -> int:
+        """Slots of the pool."""
+        ...
+
+    @property
+    def held_count(self) -> int:
+        """Slots held by suspended requests."""
+        ...
+
+    @property
+    def free_count(self) -> int:
+        """Slots a suspension could take now."""
+        ...
+
+    def alloc(self, n: int) -> np.ndarray:
+        """``n`` free slot ids (raises ``HostPoolFullError`` taking nothing when short)."""
+        ...
+
+    def free(self, slots: Any) -> None:
+        """Give held slots back."""
+        ...
+
+    def check_held(self, slots: Any, what: str = "host slot") -> np.ndarray:
+        """The slots as ids, checked held."""
+        ...
+
+    def audit(self) -> None:
+        """The pool's own invariant."""
+        ...
+
+
+class LentPool:
+    """One band's slots of a host prefix cache (:class:`HostTier`) lent to suspensions:
+    :meth:`alloc` takes through :meth:`HostTier.take_slots` (evicting host cache units when
+    the pool is short), :meth:`free` gives back through :meth:`HostTier.give_slots`, and
+    :attr:`held_count` counts only the lent slots, so the suspension audit and the host
+    cache's audit each see their own.
+
+    Args:
+        tier: the run's host tier.
+        band: the band index (chain order).
+    """
+
+    def __init__(self, tier: HostTier, band: int) -> None:
+        self.tier = tier
+        self.band = band
+        self.pool = tier.pools[band]
+
+    @property
+    def slots(self) -> int:
+        """Slots of the band's host pool (shared with the host cache)."""
+        return self.pool.slots
+
+    @property
+    def held_count(self) -> int:
+        """Slots lent out (held by suspended requests)."""
+        return self.tier.outside_count(self.band)
+
+    @property
+    def free_count(self) -> int:
+        """Slots :meth:`alloc` can hand out: free, or freed by evicting host cache units."""
+        return self.tier.available_count(self.band)
+
+    def alloc(self, n: int) -> np.ndarray:
+        """``n`` slots, evicting host cache units as needed.
+
+        Raises:
+            HostPoolFullError: fewer than ``n`` even with every unlocked unit evicted.
+        """
+        return self.tier.take_slots(self.band, n)
+
+    def free(self, slots: Any) -> None:
+        """Give lent slots back to the tier."""
+        self.tier.give_slots(self.band, np.asarray(slots, dtype=np.int64))
+
+    def check_held(self, slots: Any, what: str = "host slot") -> np.ndarray:
+        """As :meth:`HostPool.check_held` on the shared pool."""
+        return self.pool.check_held(slots, what)
+
+    def audit(self) -> None:
+        """The shared pool's own invariant."""
+        self.pool.audit()
+
+
+@dataclass(frozen=True, slots=True)
+class HostSide:
+    """Where suspended requests' pages go: one host slot pool per band label.
+
+    Attributes:
+        pools: band label -> its :class:`HostPool` (every band of the chain needs one, of
+            any size, 0 slots included).
+        buffer: the host buffer whose pools these are, when bytes move (``None``: slots
+            are accounted only, as in the simulator).
+        device: the chain's byte backend (with ``buffer``).
+        page_bytes: band label -> bytes of one slot (the band's page bytes), for byte
+            counts.
+
+    Raises:
+        ConfigError: ``buffer`` without ``device`` or the reverse.
+    """
+
+    pools: Mapping[str, SlotPool]
+    page_bytes: Mapping[str, int]
+    buffer: HostBuffer | None = None
+    device: NumpyBuffer | TorchBuffer | None = None
+
+    def __post_init__(self) -> None:
+        if (self.buffer is None) != (self.device is None):
+            raise ConfigError("a host side that moves bytes needs both its host buffer and "
+                              "the chain's device backend")
+
+    @staticmethod
+    def of_buffer(buffer: HostBuffer, device: NumpyBuffer | TorchBuffer) -> HostSide:
+        """The host side of a host buffer's own pools, copying bytes to and from
+        ``device`` (the chain's backend)."""
+        return HostSide({r.label: buffer.pool(r.label) for r in buffer.regions},
+                        {r.label: r.page_bytes for r in buffer.regions}, buffer, device)
+
+    @staticmethod
+    def of_tier(tier: HostTier) -> HostSide:
+        """The host side of a host prefix cache's pools, lent band by band
+        (:class:`LentPool`): one host budget for the cache and the suspensions (slots are
+        accounted only, as in the simulator)."""
+        return HostSide({c.label: LentPool(tier, b) for b, c in enumerate(tier.plan.classes)},
+                        {c.label: c.page_bytes for c in tier.plan.classes})
+
+    @property
+    def slots(self) -> dict[str, int]:
+        """Slots per band label."""
+        return {label: pool.slots for label, pool in self.pools.items()}
+
+    @property
+    def held(self) -> dict[str, int]:
+        """Slots held per band label."""
+        return {label: pool.held_count for label, pool in self.pools.items()}
+
+    def held_bytes(self) -> int:
+        """Bytes of the held slots: ``sum(held x page_bytes)``."""
+        return sum(pool.held_count * self.page_bytes[label]
+                   for label, pool in self.pools.items())
+
+    def pool(self, label: str) -> SlotPool:
+        """The pool of band ``label``.
+
+        Raises:
+            BufferArgumentError: no pool for that label.
+        """
+        try:
+            return self.pools[label]
+        except KeyError:
+            raise BufferArgumentError(f"no host pool for cache class {label!r} (pools: "
+                                      f"{', '.join(self.pools)})") from None
+
+    def audit(self) -> None:
+        """Every pool's own invariant (:meth:`HostPool.audit`)."""
+        for pool in self.pools.values():
+            pool.audit()
+
+
+def host_side_for(layout: ChainLayout, host_bytes: int, interval_tokens: int) -> HostSide:
+    """Host slot pools for retraction by host copy from a byte budget: one
+    :class:`HostPool` per band, sized by the host tier's split of ``host_bytes``
+    (:func:`kvchain.cache.host_tier.host_tier_plan` with resume intervals of
+    ``interval_tokens``: every class gets the same number of whole intervals), no bytes
+    allocated (accounting only).
+
+    The one helper that decides where retraction's host slots come from: a run that also
+    keeps a host prefix cache can hand its host tier's pools to :class:`HostSide`
+    instead.
+
+    Example: the three-band test chain (``P = 4``; state 48 B, window 8 B, full 16 B
+    pages) with ``K = 16`` tokens and 10,000 B: 76 intervals, so 76 state, 152 window and
+    304 full slots (tests/requests/test_suspend.py).
+
+    Raises:
+        ConfigError: as :func:`host_tier_plan` (``host_bytes`` not a whole number >= 0,
+            ``interval_tokens`` not one >= 1).
+    """
+    plan = host_tier_plan(layout, host_bytes, interval_tokens)
+    return HostSide({c.label: HostPool(c.label, c.slots) for c in plan.classes},
+                    {c.label: c.page_bytes for c in plan.classes})
+
+
+@dataclass(slots=True, eq=False)
+class Suspended:
+    """A request suspended to host (:meth:`KVManager.suspend`).
+
+    Attributes:
+        rid: the request.
+        tokens: tokens whose KV it held (``L``; it resumes at ``L``).
+        held: the spans ``(first, end)`` per band it held and holds again once resumed.
+        demand: pages per band its resume loads back: ``end - first`` per band.
+        slots: per band (band order), the host slots holding its pages, int64 ``[n]`` in
+            entry order (entry ``first + i`` in slot ``slots[band][i]``).
+        labels: the band labels (the pools the slots are in).
+        nbytes: bytes of those slots (``sum(n x page_bytes)``).
+        host: the host side holding them.
+        copy: the byte copy's record, when bytes moved (``None``: accounting only).
+    """
+
+    rid: int
+    tokens: int
+    held: HeldPages
+    demand: Demand
+    slots: tuple[np.ndarray, ...]
+    labels: tuple[str, ...]
+    nbytes: int
+    host: HostSide
+    copy: RequestHostCopy | None = field(default=None)
+
+    @property
+    def pages(self) -> int:
+        """Pages and slots held on host, all bands."""
+        return sum(int(s.size) for s in self.slots)
+
+    def check_held(self) -> None:
+        """Check that every host slot of this record is still held in its pool.
+
+        Raises:
+            BufferArgumentError: a slot freed (a defect: the record lost its copy).
+        """
+        for label, slots in zip(self.labels, self.slots, strict=True):
+            self.host.pool(label).check_held(slots)
+
+    def free_slots(self) -> None:
+        """Return its host slots to their pools (after the load-back read them)."""
+        for label, slots in zip(self.labels, self.slots, strict=True):
+            if slots.size:
+                self.host.pool(label).free(slots)
