@@ -306,9 +306,8 @@ class KVManager:
         memo = self._slots_memo
         if memo is not None and memo.version == table.version and memo.ids == ids:
             # ids[i] == memo.ids[i]: only where memo.ids holds 0 or 1 can ids hold a bool
-            at = memo.zero_one
-            if at is None:
-                at = range(len(ids))
+            at: Sequence[int] = (memo.zero_one if memo.zero_one is not None
+                                 else range(len(ids)))
             for i in at:
                 if type(ids[i]) is bool:
                     raise InvalidDemandError(f"request ids are ints, got {ids!r}")
