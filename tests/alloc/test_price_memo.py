@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from kvchain.alloc import Chain, Demand, Extend, Side, UseHoles, pricing
 from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, _price_uncached, price
 from kvchain.alloc.quotes import MAX_ISSUED_PER_EPOCH, plan_actions
-from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot, RefusalReason
+from kvchain.alloc.snapshot import BandSnapshot, ChainSnapshot, EvictionOrder, RefusalReason
 from kvchain.baselines import CapacityRule, PoolAllocator
 from kvchain.errors import ConfigError, ForgedQuoteError, InvalidDemandError, StaleQuoteError
 from kvchain.layout import Anchor, ChainLayout, plan_layout
@@ -124,7 +125,7 @@ def test_memo_is_bounded_and_an_evicted_demand_is_priced_again() -> None:
         chain.price(Demand((0, n)))
     registry = chain._quotes
     assert len(registry._issued) == MAX_ISSUED_PER_EPOCH
-    assert len(registry._by_demand) == MAX_ISSUED_PER_EPOCH
+    assert len(registry._by_pages) == MAX_ISSUED_PER_EPOCH
     again = chain.price(Demand((0, 1)))  # dropped as the oldest: priced afresh, a token
     assert again is not first and again == first
     assert chain.take(Demand((0, 1)), again).pages == ((), (0,))  # ids start at 0 per band
@@ -147,3 +148,106 @@ def test_a_snapshot_built_by_hand_is_priced_by_value() -> None:
     b = replace(a, epoch=2)
     qa, qb = price(a, Demand((50, 50))), price(b, Demand((50, 50)))
     assert qa.fits and qa.needs_moves and qb.before is b and qa.steps == qb.steps
+
+
+# --- the O(1) repeat (round 6) --------------------------------------------------------------
+
+
+def _counting_chain() -> tuple[Chain, list[int]]:
+    """A chain whose planner counts its solver runs (the general solver, no shortcut, so
+    every planner run is one count)."""
+    runs = [0]
+
+    def counted(snapshot: ChainSnapshot, demand: Demand) -> object:
+        runs[0] += 1
+        return pricing._solve(snapshot, demand)
+
+    return Chain(_layout(), planner=Planner(counted)), runs  # type: ignore[arg-type]
+
+
+def test_a_repeat_runs_no_planner_until_the_epoch_moves() -> None:
+    chain, runs = _counting_chain()
+    d = Demand((4, 4))
+    first = chain.price(d)
+    assert runs == [1]
+    assert chain.price(d) is first  # the same object: the last-answer entry
+    assert chain.price(Demand(d.pages)) is first  # a new Demand on the same tuple
+    assert chain.price(Demand(tuple([4, 4]))) is first  # a new, equal tuple: the lookup
+    other = chain.price(Demand((1, 0)))
+    assert chain.price(d) is first and chain.price(Demand((1, 0))) is other
+    assert runs == [2]  # two distinct demands priced once each
+    chain.take(Demand((1, 0)), other)  # a new epoch: both answers die with it
+    again = chain.price(d)
+    assert again is not first and again.before is chain.snapshot() and runs == [3]
+
+
+@pytest.mark.parametrize("pages", [(True, 0), (1.0, 0), (np.int64(1), 0), ([1], 0), [1, 0],
+                                   (1, 0, 0), (1,)])
+def test_a_lookalike_of_a_priced_demand_is_refused_typed(pages: object) -> None:
+    # (True, 0), (1.0, 0) and (np.int64(1), 0) equal the priced (1, 0) and hash alike: the
+    # repeat must not serve them; ([1], 0) cannot hash; a list is not a tuple; the wrong
+    # number of bands. Each reaches the full validation and is refused, nothing changes.
+    chain = Chain(_layout())
+    quote = chain.price(Demand((1, 0)))
+    epoch = chain.epoch
+    with pytest.raises(InvalidDemandError):
+        chain.price(Demand(pages))  # type: ignore[arg-type]
+    assert chain.epoch == epoch and chain.price(Demand((1, 0))) is quote
+
+
+def test_the_sibling_a_repeat_without_the_type_scan_serves_a_bool(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Planted defect: the registry's repeat trusts equality alone. Then (True, 0) is served
+    # the quote of (1, 0): the type scan is what makes the test above fail-able.
+    from kvchain.alloc import quotes
+
+    def trusting(self: quotes.QuoteRegistry, snapshot: ChainSnapshot,
+                 pages: object) -> object:
+        hit = self._by_pages.get(pages)  # type: ignore[call-overload]
+        return None if hit is None or hit[1].before is not snapshot else hit[1]
+
+    monkeypatch.setattr(quotes.QuoteRegistry, "repeat", trusting)
+    chain = Chain(_layout())
+    quote = chain.price(Demand((1, 0)))
+    assert chain.price(Demand((True, 0))) is quote  # type: ignore[arg-type]
+
+
+def test_a_pending_fence_is_polled_before_a_repeat_is_served() -> None:
+    from kvchain.buffer import ManualFence
+
+    chain = Chain(_layout())
+    fence = ManualFence()
+    chain.begin_forward(fence)
+    d = Demand((2, 2))
+    pending = chain.price(d)
+    assert pending.before.bands[0].fence_pending
+    assert chain.price(d) is pending  # the fence still pending: the same epoch
+    fence.complete()
+    # The completed fence is one epoch bump (_FenceDone) seen by the next query: a new
+    # snapshot whose bands no longer say a fence is pending, and a new quote on it.
+    done = chain.price(d)
+    assert done is not pending and not done.before.bands[0].fence_pending
+
+
+def test_an_evictor_version_bump_is_seen_by_a_repeat() -> None:
+    class Empty:
+        """An evictor holding nothing; only its version moves."""
+
+        version = 0
+
+        def eviction_order(self) -> EvictionOrder:
+            return EvictionOrder.from_units([], 2)
+
+        def evict(self, units: int) -> tuple[np.ndarray, ...]:
+            raise AssertionError("nothing to evict")
+
+    chain = Chain(_layout())
+    evictor = Empty()
+    chain.set_evictor(evictor)  # type: ignore[arg-type]
+    d = Demand((2, 2))
+    first = chain.price(d)
+    assert chain.price(d) is first
+    epoch = chain.epoch
+    evictor.version += 1  # the cache changed: the chain's capacity epoch must move
+    again = chain.price(d)
+    assert again is not first and chain.epoch == epoch + 1 and again.before.epoch == epoch + 1

@@ -411,9 +411,29 @@ class Chain:
         quote may be passed to :meth:`take`. A repeat (the same demand on the same epoch)
         returns the quote already issued, without running the planner.
 
+        The repeat is answered first, in O(1) (the scheduler asks every step, on a chain
+        that mostly did not change): while the snapshot of this epoch is built, no fence
+        is pending (its poll could move the epoch) and the evictor's version is the one
+        the snapshot read, the registry's :meth:`QuoteRegistry.repeat` serves the quote
+        issued for equal pages on that snapshot, with the demand's validation folded into
+        the lookup (and the very query answered last, the same pages object on the same
+        snapshot, is served from the registry's ``last`` entry by two identity tests).
+        Anything else (a first price on the epoch, a pending fence, a moved
+        evictor, a demand not seen or not valid) takes the full path below.
+
         Raises:
             InvalidDemandError: not a Demand, wrong length or negative pages.
         """
+        snap = self._snap
+        if snap is not None and self._fence is None and type(demand) is Demand:
+            evictor = self._evictor
+            if evictor is None or evictor.version == self._evictor_version:
+                priced, pages, quote = self._quotes.last
+                if priced is snap and demand.pages is pages and quote is not None:
+                    return quote  # the last query again
+                quote = self._quotes.repeat(snap, demand.pages)
+                if quote is not None:
+                    return quote
         self._check_demand(demand)
         snap = self.snapshot()
         quote = self._quotes.issued_for(snap, demand)

@@ -14,14 +14,16 @@ raises before anything changes.
 
 The registry is also the allocator's price memo: :meth:`QuoteRegistry.issued_for` finds
 the quote issued for a demand on the current snapshot object, so a repeated capacity query
-is a dictionary lookup, not a planner run. It belongs to one allocator, holds at most
-:data:`MAX_ISSUED_PER_EPOCH` quotes, and dies with the epoch (emptied on every bump; a
-quote of another snapshot object is never served).
+is a dictionary lookup, not a planner run; :meth:`QuoteRegistry.repeat` is that lookup with
+the demand's validation folded in, for the allocator's fast path. It belongs to one
+allocator, holds at most :data:`MAX_ISSUED_PER_EPOCH` quotes, and dies with the epoch
+(emptied on every bump; a quote of another snapshot object is never served).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from kvchain.alloc.snapshot import Action, ChainSnapshot, Demand, LazyPlan, Quote
 from kvchain.errors import ForgedQuoteError, StaleQuoteError
@@ -29,6 +31,9 @@ from kvchain.errors import ForgedQuoteError, StaleQuoteError
 #: Quotes remembered per epoch (oldest dropped first); a caller that prices more demands
 #: than this without taking any must price the one it takes again.
 MAX_ISSUED_PER_EPOCH = 64
+
+_INT_ONLY: Final = {int}  # the element types of a valid demand's pages
+_NOTHING: Final = object()  # in ``QuoteRegistry.last``: no answer (never a snapshot or pages)
 
 
 def plan_actions(quote: Quote) -> tuple[Action, ...]:
@@ -56,12 +61,22 @@ class QuoteRegistry:
         owner: a short name for messages (e.g. ``"chain"``).
     """
 
-    __slots__ = ("_by_demand", "_issued", "_owner")
+    __slots__ = ("_by_pages", "_issued", "_owner", "last")
 
     def __init__(self, owner: str) -> None:
         self._owner = owner
         self._issued: dict[int, _Issued] = {}
-        self._by_demand: dict[Demand, Quote] = {}  # the memo: the latest quote per demand
+        #: The memo's latest answer, ``(snapshot, pages, quote)``: the quote issued (or
+        #: served) last, the snapshot object it was priced on and the very tuple object
+        #: of pages it was asked with (validated). An allocator reads it with two
+        #: identity tests (``snapshot is`` its current one, ``demand.pages is`` these
+        #: pages) to answer the same query asked again without a call. It is an entry of
+        #: this memo, not a second one: set where the memo answers, emptied with it.
+        self.last: tuple[object, object, Quote | None] = (_NOTHING, _NOTHING, None)
+        # the memo: per demand's pages (a validated tuple of ints, its own key object), the
+        # latest quote issued for it; keyed by the tuple, not the Demand, so a lookup hashes
+        # and compares at C speed (a frozen dataclass's __hash__ / __eq__ are Python calls)
+        self._by_pages: dict[tuple[int, ...], tuple[tuple[int, ...], Quote]] = {}
 
     def issue(self, quote: Quote) -> Quote:
         """Register ``quote`` (just priced on the current snapshot) and return it; a quote
@@ -72,11 +87,14 @@ class QuoteRegistry:
             return quote
         if len(issued) >= MAX_ISSUED_PER_EPOCH:
             old = issued.pop(next(iter(issued)))
-            if self._by_demand.get(old.demand) is old.quote:
-                del self._by_demand[old.demand]
+            latest = self._by_pages.get(old.demand.pages)
+            if latest is not None and latest[1] is old.quote:
+                del self._by_pages[old.demand.pages]
+        pages = quote.demand.pages
         issued[id(quote)] = _Issued(quote, quote.demand, quote.before, quote.fits,
                                     quote.steps, plan_actions(quote))
-        self._by_demand[quote.demand] = quote
+        self._by_pages[pages] = (pages, quote)
+        self.last = (quote.before, pages, quote)
         return quote
 
     def issued_for(self, snapshot: ChainSnapshot, demand: Demand) -> Quote | None:
@@ -88,16 +106,47 @@ class QuoteRegistry:
         so identity with the quote's ``before`` is what ties the memo to the epoch even if
         a bump forgot :meth:`clear`. The quote returned may have been altered since it was
         issued; a caller that realizes it passes it through :meth:`check` first."""
-        quote = self._by_demand.get(demand)
-        if quote is not None and quote.before is snapshot:
-            return quote
+        hit = self._by_pages.get(demand.pages)
+        if hit is not None and hit[1].before is snapshot:
+            self.last = (snapshot, demand.pages, hit[1])
+            return hit[1]
         return None
+
+    def repeat(self, snapshot: ChainSnapshot, pages: object) -> Quote | None:
+        """The quote issued on this very ``snapshot`` object for a demand whose pages are
+        ``pages``, or ``None`` (ask the slow path, which validates and prices): the
+        allocator's O(1) answer to a repeated capacity query, for a demand *not yet
+        validated*.
+
+        A hit is served only when ``pages`` is a tuple of exactly-``int`` elements equal
+        to the key of a quote issued here: that key was validated when it was priced
+        (right length, ints >= 0), and equal ints are the same ints, so ``pages`` is
+        valid too. ``(True, 0)`` or ``(1.0, 0)`` equal a validated ``(1, 0)`` and hash
+        alike, but are not all ``int``: they miss, and the slow path refuses them typed.
+        The identity of the key object (the same demand asked again) skips even the type
+        scan. Pure: nothing changes, nothing raises (an unhashable element misses)."""
+        if type(pages) is not tuple:
+            return None
+        try:
+            hit = self._by_pages.get(pages)
+        except TypeError:  # an unhashable element: not a demand this memo has seen
+            return None
+        if hit is None:
+            return None
+        key, quote = hit
+        if quote.before is not snapshot:
+            return None
+        if key is not pages and set(map(type, pages)) != _INT_ONLY:
+            return None
+        self.last = (snapshot, pages, quote)
+        return quote
 
     def clear(self) -> None:
         """Forget every quote (the capacity epoch moved)."""
+        self.last = (_NOTHING, _NOTHING, None)
         if self._issued:
             self._issued.clear()
-            self._by_demand.clear()
+            self._by_pages.clear()
 
     def check(self, quote: Quote, demand: Demand, epoch: int) -> None:
         """Accept ``quote`` for ``demand`` at capacity epoch ``epoch`` or raise.

@@ -52,13 +52,19 @@ class _SlotLookup:
     are computed on first ask from its own immutable ids and slots: every id holds pages
     (``known``), no id is named twice (``unique``)."""
 
-    __slots__ = ("_known", "_unique", "ids", "slots", "version")
+    __slots__ = ("_known", "_unique", "ids", "slots", "version", "zero_one")
 
-    def __init__(self, version: int, ids: tuple[int, ...], slots: np.ndarray) -> None:
+    def __init__(self, version: int, ids: tuple[int, ...], slots: np.ndarray,
+                 zero_one: tuple[int, ...] | None) -> None:
         slots.setflags(write=False)
         self.version = version
         self.ids = ids
         self.slots = slots
+        #: where an equal tuple of ids could hold a ``bool`` (``True == 1``, ``False ==
+        #: 0``): the positions of ids 0 and 1 in ``ids`` (checked free of bools), ``()``
+        #: when neither request was registered (a bool then reads no row), ``None`` when
+        #: 0 or 1 is named more than once (an equal tuple is scanned whole)
+        self.zero_one = zero_one
         self._known: bool | None = None
         self._unique: bool | None = None
 
@@ -75,6 +81,19 @@ class _SlotLookup:
         if self._unique is None:
             self._unique = len(set(self.ids)) == len(self.ids)
         return self._unique
+
+
+def _positions_of_zero_one(ids: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The positions of the ids 0 and 1 in ``ids`` (bool-free), or ``None`` when one of
+    them appears more than once (C-level scans: ``count`` and ``index``)."""
+    out = []
+    for v in (0, 1):
+        n = ids.count(v)
+        if n > 1:
+            return None
+        if n:
+            out.append(ids.index(v))
+    return tuple(out)
 
 
 class KVManager:
@@ -284,27 +303,42 @@ class KVManager:
         self._table.unbind(rid)
         self._glue.forget(rid)
 
-    def _lookup(self, ids: tuple[int, ...]) -> _SlotLookup:
+    def _lookup(self, ids: tuple[int, ...], ints: bool = False) -> _SlotLookup:
         """The slots of request ids at the table's slot version, as one immutable
         :class:`_SlotLookup`. The last one is kept and handed back for the same ids at the
         same version (a decode step asks for one batch three times): a pure memo, as a
         request's slot changes only in :meth:`RequestTable.bind` / ``unbind``, which bump
         the version, and ``ids`` is a tuple; its slots array is read-only.
 
+        A hit costs one tuple comparison and a look at the (at most two) positions where
+        the kept ids are 0 or 1, the only places an equal tuple can hold a bool; a miss
+        scans ``ids`` for bools (skipped when the caller proved that no id is a bool:
+        ``ints``, as :func:`batch_ids` does).
+
         Raises:
             InvalidDemandError: a ``bool`` id while request 0 or 1 holds pages (it would
                 alias that request).
         """
         table = self._table
-        slot_of = table.slot_of
-        if (0 in slot_of or 1 in slot_of) and bool in map(type, ids):  # C-level scan
-            # False == 0 and True == 1 (as dict keys and in the memo's tuple comparison): a
-            # bool would read request 0's or 1's row
-            raise InvalidDemandError(f"request ids are ints, got {ids!r}")
         memo = self._slots_memo
         if memo is not None and memo.version == table.version and memo.ids == ids:
+            # ids[i] == memo.ids[i]: only where memo.ids holds 0 or 1 can ids hold a bool
+            at: Sequence[int] = (memo.zero_one if memo.zero_one is not None
+                                 else range(len(ids)))
+            for i in at:
+                if type(ids[i]) is bool:
+                    raise InvalidDemandError(f"request ids are ints, got {ids!r}")
             return memo
-        memo = self._slots_memo = _SlotLookup(table.version, ids, table.slots_of(ids))
+        slot_of = table.slot_of
+        zero_one: tuple[int, ...] | None = ()
+        if 0 in slot_of or 1 in slot_of:
+            if not ints and bool in map(type, ids):  # C-level scan
+                # False == 0 and True == 1 (as dict keys and in the memo's tuple
+                # comparison): a bool would read request 0's or 1's row
+                raise InvalidDemandError(f"request ids are ints, got {ids!r}")
+            zero_one = _positions_of_zero_one(ids)
+        memo = self._slots_memo = _SlotLookup(table.version, ids, table.slots_of(ids),
+                                              zero_one)
         return memo
 
     def _slots_of(self, ids: tuple[int, ...]) -> np.ndarray:
@@ -631,7 +665,7 @@ class KVManager:
         if quote is not None and not isinstance(quote, Quote):
             raise ForgedQuoteError(f"expected a Quote from the allocator's price, got "
                                    f"{type(quote).__name__}")
-        lookup = self._lookup(ids)
+        lookup = self._lookup(ids, ints=True)  # batch_ids: every id is an int
         slots = lookup.slots
         if not lookup.unique:
             raise InvalidDemandError("a request appears twice in one allocation batch")

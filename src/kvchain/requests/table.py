@@ -32,6 +32,7 @@ grow by doubling; a slot's row is cleared (set to the pad) when its request leav
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 
 import numpy as np
 
@@ -152,8 +153,8 @@ class RequestTable:
 
     def slots_of(self, ids: Sequence[int]) -> np.ndarray:
         """Slots of request ids, int64 (0, the empty slot, for one that holds nothing)."""
-        get = self.slot_of.get
-        return np.fromiter((get(rid, 0) for rid in ids), dtype=np.int64, count=len(ids))
+        return np.fromiter(map(self.slot_of.get, ids, repeat(0)), dtype=np.int64,
+                           count=len(ids))
 
     def set_row(self, band: int, slot: int, first: int, vids: Sequence[int]) -> None:
         """Set ``slot``'s row in ``band`` to ``vids`` at columns ``first ..`` (pads before
