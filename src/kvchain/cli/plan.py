@@ -56,6 +56,7 @@ from kvchain.cli.run_options import (
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import DEFAULT_MEM_FRACTION, get_gpu, local_host_memory_bytes
 from kvchain.layout import ChainLayout
+from kvchain.model.draft import check_spec_tokens
 from kvchain.model.layers import CacheDtype, LifetimeClass
 from kvchain.model.params import WeightFormat
 from kvchain.model.spec import ModelSpec
@@ -143,6 +144,7 @@ def plan_command(
         model_spec = (target if draft_model is None else
                       load_draft(target, draft_model, kv_dtype=kv_dtype, tp=tp,
                                  state_dtype=state_dtype))
+        check_spec_tokens(spec_tokens, model_spec)
         gpu_spec = get_gpu(gpu)
         result = plan_capacity(model_spec, gpu_spec, tp=tp, mem_fraction=mem_fraction,
                                buffer_bytes=buffer_bytes, page_size=page_size, prompt=prompt,
