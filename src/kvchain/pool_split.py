@@ -41,7 +41,9 @@ def fixed_pool_shares(classes: Sequence[CacheClass]) -> tuple[float, ...]:
 
     Several full or state classes (a target's and a draft model's): the full pools share the
     full part by bytes per token (``E_full`` is their sum), the state pools the state part
-    by slot bytes, so each pool holds the same count of tokens (slots).
+    by slot bytes, so each pool holds the same count of tokens (slots). Only state classes
+    (a pure recurrent target with a pure recurrent draft): the state pools split the whole
+    buffer by slot bytes.
 
     Args:
         classes: the model's lifetime classes, any order.
@@ -50,14 +52,18 @@ def fixed_pool_shares(classes: Sequence[CacheClass]) -> tuple[float, ...]:
     shares = [0.0] * len(ordered)
     rest = 1.0
     state = [i for i, c in enumerate(ordered) if c.lifetime is LifetimeClass.STATE]
-    if state and len(state) < len(ordered):
+    if state:
         # Several state classes (a target's and a draft model's) split the state share by
-        # slot bytes: each holds one slot per request.
-        share = MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
+        # slot bytes: each holds one slot per request. Without a token class (a pure
+        # recurrent target and draft) the state share is the whole buffer.
+        share = (MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
+                 if len(state) < len(ordered) else 1.0)
         slots = sum(ordered[i].bytes_per_slot for i in state)
         for i in state:
             shares[i] = share * ordered[i].bytes_per_slot / slots
         rest -= share
+        if len(state) == len(ordered):
+            return tuple(shares)
     wins = [i for i, c in enumerate(ordered)
             if c.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
     full = [i for i, c in enumerate(ordered) if c.lifetime is LifetimeClass.FULL]
@@ -70,8 +76,7 @@ def fixed_pool_shares(classes: Sequence[CacheClass]) -> tuple[float, ...]:
         for i, e in zip(wins, e_w, strict=True):
             shares[i] = rest * e / (e_f + sum(e_w))
     else:
-        others = [i for i in range(len(ordered))
-                  if i not in state or len(state) == len(ordered)]
+        others = [i for i in range(len(ordered)) if i not in state]
         total_e = sum(max(ordered[i].bytes_per_token, 1) for i in others)
         for i in others:
             shares[i] = rest * max(ordered[i].bytes_per_token, 1) / total_e

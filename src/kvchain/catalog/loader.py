@@ -298,12 +298,15 @@ def load_draft(target: ModelSpec, name: str, *, kv_dtype: CacheDtype | None = No
     Raises:
         UnknownModelError: no bundled model has that name.
         ConfigError: as :func:`load_model` (e.g. a ``tp`` the draft's heads do not
-            divide by) and :func:`~kvchain.model.with_draft`.
+            divide by; the message then starts ``--draft-model <name>:``, as it is the
+            draft's, not the target's) and :func:`~kvchain.model.with_draft`.
     """
     try:
         draft = load_model(name, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
     except UnknownModelError as exc:  # say which of the two names it was
         raise UnknownModelError(f"--draft-model: {exc.args[0] if exc.args else exc}") from None
+    except ConfigError as exc:  # e.g. a tp the target's heads divide by and the draft's not
+        raise ConfigError(f"--draft-model {name}: {exc}") from None
     return with_draft(target, draft, DraftKind.MODEL)
 
 

@@ -50,9 +50,10 @@ def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
     * ``--buffer-bytes`` larger than the GPU's memory minus the weights of one rank: the
       run assumes memory the GPU does not have.
     * a spec file without ``weight_bytes``: the model has no weights, so a buffer derived
-      from ``--mem-fraction`` takes the whole GPU, and (``reads_weights``: the roofline
-      clock prices the steps) the step times count no weight bytes. ``plan`` and the step
-      clock (``--clock steps``) read no weights: ``reads_weights=False`` drops that part.
+      from ``--mem-fraction`` takes the whole GPU (but a joined draft's weights), and
+      (``reads_weights``: the roofline clock prices the steps) the step times count no
+      weight bytes. ``plan`` and the step clock (``--clock steps``) read no weights:
+      ``reads_weights=False`` drops that part.
     """
     out = []
     room = gpu.memory_bytes - model.resident_weight_bytes
@@ -61,8 +62,11 @@ def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
                    f"{gpu.memory_bytes:,} B minus {model.resident_weight_bytes:,} B of weights "
                    f"({room:,} B): the run assumes memory the GPU does not have")
     if spec_file is not None and model.weight_bytes == 0:
-        why = ((["the KV buffer from --mem-fraction takes the whole GPU"]
-                if buffer_bytes is None else [])
+        whole = "the KV buffer from --mem-fraction takes the whole GPU"
+        if model.draft is not None and model.draft.weight_bytes:  # the draft's stay resident
+            whole += (f" but the draft {model.draft.name}'s {model.draft.weight_bytes:,} B "
+                      f"of weights")
+        why = (([whole] if buffer_bytes is None else [])
                + (["step times count no weight reads"] if reads_weights else []))
         if why:
             out.append(f"spec file {spec_file} declares no weights (weight_bytes): "

@@ -56,8 +56,10 @@ from kvchain.cli.run_options import (
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.gpu import DEFAULT_MEM_FRACTION, get_gpu, local_host_memory_bytes
 from kvchain.layout import ChainLayout
+from kvchain.model.draft import check_spec_tokens
 from kvchain.model.layers import CacheDtype, LifetimeClass
 from kvchain.model.params import WeightFormat
+from kvchain.model.spec import ModelSpec
 from kvchain.pool_split import MAMBA_FULL_MEMORY_RATIO, SWA_FULL_TOKENS_RATIO
 from kvchain.sim.cost import (
     DEFAULT_HOST_LINK_EFFICIENCY,
@@ -142,6 +144,7 @@ def plan_command(
         model_spec = (target if draft_model is None else
                       load_draft(target, draft_model, kv_dtype=kv_dtype, tp=tp,
                                  state_dtype=state_dtype))
+        check_spec_tokens(spec_tokens, model_spec)
         gpu_spec = get_gpu(gpu)
         result = plan_capacity(model_spec, gpu_spec, tp=tp, mem_fraction=mem_fraction,
                                buffer_bytes=buffer_bytes, page_size=page_size, prompt=prompt,
@@ -494,8 +497,7 @@ def _print_plan(console: Console, result: CapacityPlan) -> None:
     if ours.longest_request_tokens is None:
         console.print("longest request: unbounded (KV) - no full-attention layer (window, "
                       "chunked and state bytes are capped per request); the limit is "
-                      + (f"the model's context length, {context:,} tokens "
-                         "(max_position_embeddings)" if context else
+                      + (_context_words(result.model) if context else
                          "the model's context length (not given by this config)"))
     else:
         assert pools.longest_request_tokens is not None
@@ -503,9 +505,9 @@ def _print_plan(console: Console, result: CapacityPlan) -> None:
                       f"(chain), {_BOUND_WORDS[pools_longest.bound]} (fixed pools); KV "
                       f"bytes allow "
                       f"{ours.longest_request_tokens:,} / {pools.longest_request_tokens:,} "
-                      "tokens, the model's context "
-                      + (f"{context:,} tokens (max_position_embeddings)" if context is not None
-                         else "is unknown"))
+                      "tokens, "
+                      + (_context_words(result.model) if context is not None
+                         else "the model's context is unknown"))
     rules = []
     if has_state:
         r = MAMBA_FULL_MEMORY_RATIO
@@ -533,6 +535,17 @@ def _capacity_rows(ours: Capacity, pools: Capacity, ours_longest: LongestRequest
                  else "full-attention tokens")
         rows.append((label, ours.full_tokens, pools.full_tokens))
     return rows
+
+
+def _context_words(model: ModelSpec) -> str:
+    """Where ``model``'s context (tokens, known) comes from: its config's
+    ``max_position_embeddings``, or with a draft joined the shorter of the target's and the
+    draft's (:func:`~kvchain.model.with_draft` caps it: a draft computes every token)."""
+    context = model.max_context_tokens
+    if model.draft is None:
+        return f"the model's context {context:,} tokens (max_position_embeddings)"
+    return (f"the context {context:,} tokens (the shorter max_position_embeddings of the "
+            f"target and the draft {escape(model.draft.name)})")
 
 
 _BOUND_WORDS = {"kv_bytes": "the KV buffer", "context": "the context length"}

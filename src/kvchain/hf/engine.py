@@ -185,11 +185,16 @@ class ChainEngine:
             raise ConfigError(f"spec_tokens must be an int >= 0, got {spec_tokens!r}")
         if (draft is None) != (spec_tokens == 0):
             raise ConfigError("speculative decoding needs both a draft and spec_tokens >= 1")
+        if (draft is not None and not isinstance(draft, ChainDraft)
+                and not callable(getattr(draft, "propose", None))):
+            raise ConfigError(f"draft must be a ChainDraft or have propose(tokens, k) (e.g. "
+                              f"ModelDraft(model)); got {type(draft).__name__}")
         self.draft = draft
         self.spec = SpecStats()
         self.flush_every = flush_every
         self.model = model
         spec = model_spec(model)
+        self.vocab_size = int(model.config.get_text_config(decoder=True).vocab_size)
         if isinstance(draft, ChainDraft):
             vocab = (model.config.get_text_config(decoder=True).vocab_size,
                      draft.model.config.get_text_config(decoder=True).vocab_size)
@@ -241,14 +246,29 @@ class ChainEngine:
         """Queue a request that arrives at engine step ``arrival_step``.
 
         Raises:
-            InvalidRequestError: an empty prompt, ``max_new_tokens < 1``, or a duplicate id.
+            InvalidRequestError: an empty prompt, ``max_new_tokens < 1``, a duplicate id,
+                or a prompt token that is not an int id in ``[0, vocab_size)`` of the
+                target (checked here, before anything is queued).
         """
         if not prompt or max_new_tokens < 1 or rid in self.results:
             raise InvalidRequestError(f"request {rid}: need a non-empty prompt, "
                                       f"max_new_tokens >= 1 and a new id")
+        bad = self._bad_token(prompt)
+        if bad is not None:
+            raise InvalidRequestError(f"request {rid}: prompt token id {bad!r} is not an int "
+                                      f"in [0, {self.vocab_size}) (the target's vocabulary)")
         self.results[rid] = GenerationResult(rid, [int(t) for t in prompt])
         self._seq[rid] = [int(t) for t in prompt]
         self._pending.append(_Pending(rid, list(prompt), max_new_tokens, arrival_step))
+
+    def _bad_token(self, tokens: Sequence[object]) -> object | None:
+        """The first of ``tokens`` that is not a token id of the target (an int, not a
+        bool, in ``[0, vocab_size)``; numpy integers count), or ``None``."""
+        for t in tokens:
+            if (isinstance(t, bool) or not isinstance(t, (int, np.integer))
+                    or not 0 <= int(t) < self.vocab_size):
+                return t
+        return None
 
     @property
     def idle(self) -> bool:
@@ -334,6 +354,10 @@ class ChainEngine:
             if len(dr) != k:
                 raise ConfigError(f"the draft proposed {len(dr)} tokens for request {rid}, "
                                   f"expected {k}")
+            bad = self._bad_token(dr)
+            if bad is not None:
+                raise ConfigError(f"the draft proposed token id {bad!r} for request {rid}, "
+                                  f"outside the vocabulary [0, {self.vocab_size})")
             self.proposals.append((rid, list(dr)))
         ids = [[self._seq[d.rid][d.context], *dr]
                for d, dr in zip(batch.decodes, drafts, strict=True)]

@@ -81,3 +81,28 @@ def with_draft(target: ModelSpec, draft: ModelSpec, kind: DraftKind = DraftKind.
         target, name=f"{target.name}+{draft.name}", layers=target.layers + own,
         max_context_tokens=min(contexts) if contexts else None, defaulted=defaulted,
         draft=draft, draft_kind=kind)
+
+
+def check_spec_tokens(spec_tokens: int, model: ModelSpec) -> None:
+    """Refuse ``k`` drafts per decode that no request of ``model`` could ever draft.
+
+    A speculative decode of a request holding ``L`` tokens of KV computes ``1 + k`` more
+    (positions ``L .. L + k``); after the shortest prompt (one token, ``L = 1``) that is
+    ``2 + k`` tokens, so with ``2 + k`` past the model's context ``C`` (tokens,
+    ``model.max_context_tokens``; with a draft joined, the shorter of the two), i.e.
+    ``k >= C - 1``, no request could take a single speculative step within its context.
+    Unknown context: nothing is checked.
+
+    Args:
+        spec_tokens: ``k``, drafts per decode (an int >= 0, checked by the caller).
+        model: the served model (its context in tokens).
+
+    Raises:
+        ConfigError: ``k >= C - 1``.
+    """
+    context = model.max_context_tokens
+    if context is not None and spec_tokens + 2 > context:
+        raise ConfigError(f"spec_tokens {spec_tokens:,} (--spec-tokens): a decode after a "
+                          f"one-token prompt holds 2 + k = {spec_tokens + 2:,} tokens, past "
+                          f"{model.name}'s context of {context:,} tokens; k must be at most "
+                          f"the context - 2 = {context - 2:,}")

@@ -25,7 +25,7 @@ from enum import StrEnum
 import numpy as np
 
 from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, largest_fitting
-from kvchain.alloc.snapshot import ChainSnapshot, Demand
+from kvchain.alloc.snapshot import ChainSnapshot, Demand, RefusalReason
 from kvchain.errors import ConfigError
 from kvchain.field_types import check_field_types
 from kvchain.layout import ChainLayout
@@ -122,6 +122,15 @@ class NewTokenRatio:
         return max(1, math.ceil(remaining * self.value - 1e-9))
 
 
+#: What binds when a refusal's bytes fit the free bytes, per planner reason (refusal texts).
+_NOT_BYTES: dict[RefusalReason | None, str] = {
+    RefusalReason.GRID: "no placement of whole pages fits the bands' page grids",
+    RefusalReason.INDEX_CAP: "a band's span would pass its index-space cap",
+    RefusalReason.MOVES_BLOCKED: "only a plan that moves pages fits and the move gate is "
+                                 "closed",
+}
+
+
 class ChainPrefillBudget:
     """The reservation ledger of one scheduling step.
 
@@ -167,9 +176,10 @@ class ChainPrefillBudget:
     def refusal(self, demand: Demand) -> str:
         """Why ``ledger + demand`` does not fit, naming the constraint that binds (for
         refusal messages; pricing only, nothing is reserved): the split share of
-        :meth:`share_refusal` when one binds, otherwise the bytes of pages the ledger and
-        ``demand`` need against the snapshot's free bytes (the planner's own refusal:
-        compaction and moves included).
+        :meth:`share_refusal` when one binds; the planner's own reason when the bytes of
+        pages the ledger and ``demand`` need fit the free bytes (page grids, an index-space
+        cap, a closed move gate); otherwise those bytes against the snapshot's free bytes
+        (the planner's own refusal: compaction and moves included).
         """
         share = self.share_refusal(demand)
         if share is not None:
@@ -177,8 +187,14 @@ class ChainPrefillBudget:
         total = self._reserved.plus(demand)
         need_bytes = sum(n * b.page_bytes
                          for n, b in zip(total.pages, self.snapshot.bands, strict=True))
+        free = self.snapshot.free_bytes
+        reason = (self.planner.price(self.snapshot, total).reason if need_bytes <= free
+                  else None)  # the bytes suffice: say what the planner found binding
+        if reason in _NOT_BYTES:
+            return (f"its {need_bytes:,} B of pages fit the {free:,} B free, but "
+                    f"{_NOT_BYTES[reason]} ({reason})")
         return (f"it needs {need_bytes:,} B of pages and {self.rules.window.value} admission "
-                f"fits at most the {self.snapshot.free_bytes:,} B free")
+                f"fits at most the {free:,} B free")
 
     def share_refusal(self, demand: Demand) -> str | None:
         """Under ``SPLIT``, the first band whose pages of ``ledger + demand`` exceed its

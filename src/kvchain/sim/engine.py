@@ -43,6 +43,7 @@ from kvchain.errors import ConfigError, KVChainError
 from kvchain.field_types import check_field_types
 from kvchain.gpu import DEFAULT_MEM_FRACTION, GPUSpec, kv_buffer_bytes
 from kvchain.layout import ChainLayout, plan_layout
+from kvchain.model.draft import check_spec_tokens
 from kvchain.model.layers import TARGET, LifetimeClass
 from kvchain.model.spec import ModelSpec
 from kvchain.requests.manager import KVManager
@@ -162,7 +163,8 @@ class SimConfig:
         a float page size or buffer, an enum's string, a non-bool flag).
 
         Raises:
-            ConfigError: names the field.
+            ConfigError: names the field; ``spec_tokens`` at or past the model's context
+                (:func:`~kvchain.model.draft.check_spec_tokens`).
         """
         check_field_types(self)
         if self.spec_tokens < 0:
@@ -170,6 +172,7 @@ class SimConfig:
         if not 0.0 <= self.spec_acceptance <= 1.0:
             raise ConfigError(f"spec_acceptance must be in [0, 1], got "
                               f"{self.spec_acceptance}")
+        check_spec_tokens(self.spec_tokens, self.model)
         if self.host_bytes is not None and self.host_bytes < 1:
             raise ConfigError(f"host_bytes must be >= 1 (None: no host tier), got "
                               f"{self.host_bytes}")
