@@ -95,3 +95,62 @@ def test_cli_host_bytes_shows_in_the_summary_and_refuses_bad_values(tmp_path: Pa
     assert bad.exit_code == 2 and "--host-bytes must be >= 1" in bad.output
     off = runner.invoke(app, ["simulate", *ARGS, "--host-bytes", "1000000", "--no-prefix-cache"])
     assert off.exit_code == 2 and "prefix cache" in off.output
+
+
+def test_a_prompt_loaded_in_several_steps_counts_every_load(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: the scheduler kept only a prompt's last load-back (device hit -> end),
+    # so a prompt that loaded 512 -> 4,608, then -> 15,872, then -> 19,456 counted 3,584
+    # host tokens instead of 18,944. The host's part of a prompt's hit is from its first
+    # load's start to its last load's end (capped at the hit it is admitted with).
+    from kvchain.sched.scheduler import Scheduler
+
+    spans: dict[int, list[tuple[int, int]]] = {}
+    admitted_hit: dict[int, int] = {}
+    original = Scheduler.allocate
+
+    def recording(self: Scheduler, step, now):  # type: ignore[no-untyped-def]
+        for ld in step.loads:
+            spans.setdefault(ld.rid, []).append((ld.start, ld.end))
+        batch = original(self, step, now)
+        for p in batch.prefills:
+            r = self.requests[p.rid]
+            if r.rid not in admitted_hit and r.hit_tokens is not None:
+                admitted_hit[r.rid] = r.hit_tokens
+        return batch
+
+    monkeypatch.setattr(Scheduler, "allocate", recording)
+    s = simulate(config(64_000_000_000)).summary
+    assert any(len(v) > 1 for v in spans.values())  # the slice has multi-step loads
+    expected = sum(max(0, min(max(e for _, e in v), admitted_hit.get(rid, 0))
+                          - min(st for st, _ in v)) for rid, v in spans.items())
+    assert s.extra["host_hit_tokens"] == expected > 0
+
+
+def test_host_bytes_without_the_cache_serve_retraction_alone() -> None:
+    # A trace without content keys: no prefix cache, so no host tier; --host-bytes still
+    # gives --retract-to host its slots (before: refused for the missing cache).
+    from kvchain.sched.admission import ReserveConfig, ReservePolicy
+    from kvchain.sched.retraction import RetractTo
+    from kvchain.sched.scheduler import SchedulerConfig
+
+    trace = load_trace("azure-conv", first=400, rate_scale=4.0)
+    sched = SchedulerConfig(retract_to=RetractTo.HOST,
+                            reserve=ReserveConfig(ReservePolicy.SGLANG))
+    cfg = SimConfig(load_model("gpt-oss-120b"), get_gpu("h200"), trace,
+                    buffer_bytes=1_000_000_000, host_bytes=68_719_476_736, scheduler=sched)
+    s = simulate(cfg).summary
+    assert (s.admitted_but_unallocatable, s.leaked_pages) == (0, 0)
+    assert s.extra["retractions_to_host"] > 0 and s.extra["host_slots_leaked"] == 0
+    assert "host_hit_tokens" not in s.extra  # no host prefix tier without the cache
+    # without retraction to host, the same bytes serve nothing: refused with the reason
+    with pytest.raises(ConfigError, match="no content keys"):
+        simulate(SimConfig(load_model("gpt-oss-120b"), get_gpu("h200"), trace,
+                           buffer_bytes=1_000_000_000, host_bytes=68_719_476_736))
+
+
+def test_a_host_tier_too_small_for_one_interval_is_refused() -> None:
+    # gpt-oss-120b: one 512-token interval is 32 full pages + the window tail's pages, far
+    # more than 1,000 B: the tier would hold nothing and write nothing (before: it ran).
+    with pytest.raises(ConfigError, match="holds no resume interval"):
+        simulate(config(1_000))

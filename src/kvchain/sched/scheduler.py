@@ -524,7 +524,10 @@ class Scheduler:
                     step.loads.append(LoadBack(r.rid, plan.device_pages * page,
                                                plan.host_pages * page, plan.demand.pages,
                                                nbytes))
-                    self._loaded[r.rid] = (plan.device_pages * page, plan.host_pages * page)
+                    # a prompt may load in several steps (each to a deeper resume point):
+                    # the host served from its first load's device hit to its last's end
+                    first = self._loaded.get(r.rid, (plan.device_pages * page, 0))[0]
+                    self._loaded[r.rid] = (first, plan.host_pages * page)
                     self.counters.loads += 1
                     self.counters.loads_shortened += plan.host_pages < deepest
                     return

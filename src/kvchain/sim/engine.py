@@ -225,10 +225,13 @@ class SimConfig:
         if refused is not None:
             raise ConfigError(f"--prefix-cache: {refused}; run it without --prefix-cache")
         if self.host_bytes is not None:
-            if not self.cache_on(layout):
-                raise ConfigError("--host-bytes: the host tier sits below the prefix cache, "
-                                  "which is off for this run (--no-prefix-cache, or a trace "
-                                  "without content keys)")
+            retracts = self.scheduler.retract_to is not RetractTo.RECOMPUTE
+            if not self.cache_on(layout) and not retracts:
+                why = ("--no-prefix-cache" if self.prefix_cache is False
+                       else default_cache_off_reason(self.trace, layout))
+                raise ConfigError(f"--host-bytes: the host tier sits below the prefix cache, "
+                                  f"which is off for this run ({why}); host memory serves "
+                                  f"it only for --retract-to host or auto")
             if self.gpu.host_link is None:
                 raise ConfigError(f"--host-bytes: GPU {self.gpu.name} has no host link "
                                   f"figure, so load-backs cannot be timed")
@@ -305,7 +308,9 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     host: HostTier | None = None
     stats: PrefixCacheStats | None = None
     block = trace_block_tokens(config.trace)
-    if config.host_bytes is not None and not isinstance(chain, EvictingAllocator):
+    if (config.host_bytes is not None and use_cache
+            and not isinstance(chain, EvictingAllocator)
+            and config.scheduler.retract_to is RetractTo.RECOMPUTE):
         raise ConfigError("--host-bytes: this memory manager has no prefix cache to put a "
                           "host tier under")
     if use_cache and isinstance(chain, EvictingAllocator):
@@ -317,6 +322,11 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                                                  config.cache_points.resolve(geom))
             host = HostTier(layout, config.host_bytes, host_interval, geom,
                             audit=True if audit_every_step else None)
+            if host.plan.intervals == 0:
+                raise ConfigError(
+                    f"--host-bytes {config.host_bytes:,}: the host tier holds no resume "
+                    f"interval of {host.plan.interval_tokens:,} tokens (one needs "
+                    f"{host.plan.interval_bytes:,} B of slots), so nothing could be written")
             cache = TieredPrefixCache(geom, host, interval_tokens=interval,
                                       policy=config.cache_points)
         else:
@@ -572,7 +582,12 @@ def retraction_host(layout: ChainLayout, host_bytes: int | None, block_tokens: i
     if tier is not None:
         return HostSide.of_tier(tier)
     page = layout.page_size
-    return host_side_for(layout, host_bytes, -(-block_tokens // page) * page)
+    side = host_side_for(layout, host_bytes, -(-block_tokens // page) * page)
+    if not any(side.slots.values()):
+        raise ConfigError(f"--host-bytes {host_bytes:,}: too little host memory for one "
+                          f"resume interval of every cache class, so no retracted request "
+                          f"could ever be copied to host")
+    return side
 
 
 @dataclass(slots=True)
