@@ -83,6 +83,23 @@ def with_draft(target: ModelSpec, draft: ModelSpec, kind: DraftKind = DraftKind.
         draft=draft, draft_kind=kind)
 
 
+def check_draft_drafts(draft_model: str | None, spec_tokens: int) -> None:
+    """Refuse a draft model named without speculative decoding (``k = 0``): it would draft
+    nothing, yet its bands and weights would take memory. One rule for ``plan`` and the
+    run options of ``simulate`` / ``compare`` / ``sweep``.
+
+    Args:
+        draft_model: the draft's catalog name, or ``None``.
+        spec_tokens: ``k``, drafts per decode.
+
+    Raises:
+        ConfigError: a draft with ``k = 0``.
+    """
+    if draft_model is not None and spec_tokens == 0:
+        raise ConfigError(f"--draft-model {draft_model} drafts nothing without "
+                          f"--spec-tokens > 0")
+
+
 def check_spec_tokens(spec_tokens: int, model: ModelSpec) -> None:
     """Refuse ``k`` drafts per decode that no request of ``model`` could ever draft.
 

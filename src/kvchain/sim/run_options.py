@@ -53,6 +53,7 @@ from kvchain.cache.radix import ResumePolicy
 from kvchain.errors import ConfigError
 from kvchain.field_types import check_field_types
 from kvchain.gpu import DEFAULT_MEM_FRACTION, GPUSpec
+from kvchain.model.draft import check_draft_drafts
 from kvchain.model.layers import CacheDtype
 from kvchain.model.params import WeightFormat
 from kvchain.model.spec import ModelSpec
@@ -211,9 +212,7 @@ class RunOptions:
             raise ConfigError(f"--chunk-size ({self.chunk_size}) must be at least "
                               f"--page-size ({self.page_size} tokens)")
         self.reserve_config()  # a ratio that does not parse, or one without sglang
-        if self.draft_model is not None and self.spec_tokens == 0:
-            raise ConfigError(f"--draft-model {self.draft_model} drafts nothing without "
-                              f"--spec-tokens > 0")
+        check_draft_drafts(self.draft_model, self.spec_tokens)
         if self.retract_to is not RetractTo.RECOMPUTE and self.host_bytes is None:
             raise ConfigError(f"--retract-to {self.retract_to.value} needs --host-bytes (the "
                               f"host memory its copies go to)")
