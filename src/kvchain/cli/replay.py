@@ -52,6 +52,8 @@ def replay_command(
                                                 "write with --generate.")] = None,
     cache: Annotated[bool, typer.Option("--cache", help="With --generate: add prefix-cache "
                                         "ops (insert, lock, unlock; takes may evict).")] = False,
+    host: Annotated[bool, typer.Option("--host", help="With --generate: add host ops "
+                                       "(offload, load-back, host eviction).")] = False,
 ) -> None:
     """Replay a recorded operation stream with audits, or generate one (--generate)."""
     console = Console()
@@ -67,7 +69,8 @@ def replay_command(
             if output is None:
                 raise ConfigError("--generate needs -o FILE")
             shapes = SHAPES if generate == "all" else (generate,)
-            sections = [generate_section(s, ops, seed, page_size=page_size, cache=cache)
+            sections = [generate_section(s, ops, seed, page_size=page_size, cache=cache,
+                                         host=host)
                         for s in shapes]
             n = write_stream(output, sections)
             console.print(f"wrote {n:,} operations ({len(sections)} shape(s)) to {output}")
@@ -78,7 +81,8 @@ def replay_command(
         # options would be ignored, silently.
         unused = [flag for flag, value in (("--ops", ops), ("--seed", seed),
                                            ("--page-size", page_size), ("-o", output),
-                                           ("--cache", cache or None)) if value is not None]
+                                           ("--cache", cache or None),
+                                           ("--host", host or None)) if value is not None]
         if unused:
             verb = "applies" if len(unused) == 1 else "apply"
             raise ConfigError(f"{', '.join(unused)} {verb} only with --generate (a recorded "
