@@ -6,7 +6,8 @@ operation and prints per shape: operations, pricing decisions, divergences betwe
 and outcome, audit violations. Exit status 1 on any divergence or violation.
 
 ``kvchain replay --generate SHAPE --ops N --seed S -o FILE`` writes a seeded stream
-instead (``--generate all``: one section per shape).
+instead (``--generate all``: one section per shape; ``--cache`` adds prefix-cache ops,
+``--host`` host offload / load-back / host eviction).
 """
 
 from __future__ import annotations
