@@ -6,7 +6,8 @@ operation and prints per shape: operations, pricing decisions, divergences betwe
 and outcome, audit violations. Exit status 1 on any divergence or violation.
 
 ``kvchain replay --generate SHAPE --ops N --seed S -o FILE`` writes a seeded stream
-instead (``--generate all``: one section per shape).
+instead (``--generate all``: one section per shape; ``--cache`` adds prefix-cache ops,
+``--host`` host offload / load-back / host eviction).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def replay_command(
                                                 "write with --generate.")] = None,
     cache: Annotated[bool, typer.Option("--cache", help="With --generate: add prefix-cache "
                                         "ops (insert, lock, unlock; takes may evict).")] = False,
+    host: Annotated[bool, typer.Option("--host", help="With --generate: add host ops "
+                                       "(offload, load-back, host eviction).")] = False,
 ) -> None:
     """Replay a recorded operation stream with audits, or generate one (--generate)."""
     console = Console()
@@ -67,7 +70,8 @@ def replay_command(
             if output is None:
                 raise ConfigError("--generate needs -o FILE")
             shapes = SHAPES if generate == "all" else (generate,)
-            sections = [generate_section(s, ops, seed, page_size=page_size, cache=cache)
+            sections = [generate_section(s, ops, seed, page_size=page_size, cache=cache,
+                                         host=host)
                         for s in shapes]
             n = write_stream(output, sections)
             console.print(f"wrote {n:,} operations ({len(sections)} shape(s)) to {output}")
@@ -78,7 +82,8 @@ def replay_command(
         # options would be ignored, silently.
         unused = [flag for flag, value in (("--ops", ops), ("--seed", seed),
                                            ("--page-size", page_size), ("-o", output),
-                                           ("--cache", cache or None)) if value is not None]
+                                           ("--cache", cache or None),
+                                           ("--host", host or None)) if value is not None]
         if unused:
             verb = "applies" if len(unused) == 1 else "apply"
             raise ConfigError(f"{', '.join(unused)} {verb} only with --generate (a recorded "

@@ -14,7 +14,13 @@ Stream format (UTF-8, one JSON object per line)::
     {"op": "cache_insert", "pages": [[], [7, 8], [3]]}
     {"op": "cache_lock", "unit": 0}
     {"op": "cache_unlock", "unit": 0}
+    {"op": "host_offload", "pages": [[2], [7, 8], [3]]}
+    {"op": "host_load", "entry": 0, "expect": "fit"}
+    {"op": "host_evict"}
 
+A header may carry ``"host_slots": [4, 16, 8]`` (host slots per band, low -> high): the
+replay then gives the recorder a host store of that size for the host operations (a stream
+without it - every stream written before host operations existed - replays as before).
 The header's geometry builds the chain (``NullBuffer``); each later line is one operation
 (:mod:`kvchain.testing.streams`). Several headers may follow each other in one file: each
 starts a fresh chain (one section per shape). :func:`replay_stream` runs every operation
@@ -44,6 +50,8 @@ class StreamSection:
     geometry: ChainGeometry
     ops: tuple[Op, ...]
     seed: int | None = None
+    host_slots: tuple[int, ...] | None = None
+    """Host slots per band of the host store (``None``: no host operations)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +84,24 @@ class SectionReport:
         return self.divergences == 0 and self.violations == 0
 
 
-def header_json(geometry: ChainGeometry, seed: int | None = None) -> dict[str, object]:
-    """The header line of a section."""
-    return {"kind": "header", "version": STREAM_VERSION, "shape": geometry.shape,
-            **geometry.to_json(), "seed": seed}
+def header_json(geometry: ChainGeometry, seed: int | None = None,
+                host_slots: tuple[int, ...] | None = None) -> dict[str, object]:
+    """The header line of a section (``host_slots`` only when given)."""
+    out: dict[str, object] = {"kind": "header", "version": STREAM_VERSION,
+                              "shape": geometry.shape, **geometry.to_json(), "seed": seed}
+    if host_slots is not None:
+        out["host_slots"] = list(host_slots)
+    return out
+
+
+def _host_slots(data: dict[str, object], nb: int) -> tuple[int, ...] | None:
+    value = data.get("host_slots")
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != nb or not all(
+            type(x) is int and x >= 0 for x in value):
+        raise ConfigError(f"host_slots must be {nb} whole numbers >= 0, got {value!r}")
+    return tuple(value)
 
 
 def write_stream(path: Path, sections: Iterable[StreamSection]) -> int:
@@ -92,7 +114,8 @@ def write_stream(path: Path, sections: Iterable[StreamSection]) -> int:
     try:
         with path.open("w", encoding="utf-8") as out:
             for section in sections:
-                out.write(json.dumps(header_json(section.geometry, section.seed)) + "\n")
+                out.write(json.dumps(header_json(section.geometry, section.seed,
+                                                 section.host_slots)) + "\n")
                 for op in section.ops:
                     out.write(json.dumps(op_to_json(op), separators=(",", ":")) + "\n")
                     n += 1
@@ -115,6 +138,7 @@ def read_stream(path: Path) -> tuple[StreamSection, ...]:
     sections: list[StreamSection] = []
     geometry: ChainGeometry | None = None
     seed: int | None = None
+    host_slots: tuple[int, ...] | None = None
     ops: list[Op] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -130,15 +154,19 @@ def read_stream(path: Path) -> tuple[StreamSection, ...]:
                 raise ConfigError(f"{path}:{number}: unknown stream version "
                                   f"{data.get('version')!r}")
             if geometry is not None:
-                sections.append(StreamSection(geometry, tuple(ops), seed))
+                sections.append(StreamSection(geometry, tuple(ops), seed, host_slots))
             geometry, ops = ChainGeometry.from_json(data), []
             seed = data.get("seed") if isinstance(data.get("seed"), int) else None
+            try:
+                host_slots = _host_slots(data, len(geometry.classes))
+            except ConfigError as exc:
+                raise ConfigError(f"{path}:{number}: {exc}") from None
         elif geometry is None:
             raise ConfigError(f"{path}:{number}: an operation before the header")
         else:
             ops.append(op_from_json(data))
     if geometry is not None:
-        sections.append(StreamSection(geometry, tuple(ops), seed))
+        sections.append(StreamSection(geometry, tuple(ops), seed, host_slots))
     if not sections:
         raise ConfigError(f"{path}: no header line")
     return tuple(sections)
@@ -146,7 +174,8 @@ def read_stream(path: Path) -> tuple[StreamSection, ...]:
 
 def replay_section(section: StreamSection, *, fail_fast: bool = False,
                    cache_defect: str | None = None,
-                   planner: Planner = GENERAL_PLANNER) -> SectionReport:
+                   planner: Planner = GENERAL_PLANNER,
+                   host_defect: str | None = None) -> SectionReport:
     """Replay one section on a fresh chain (``NullBuffer``), auditing after every op.
 
     Args:
@@ -156,13 +185,15 @@ def replay_section(section: StreamSection, *, fail_fast: bool = False,
             the replay's own counters; see :class:`~kvchain.testing.evictor.ReferenceEvictor`).
         planner: the chain's pricing strategy (tests of the divergence count plant a
             mispredicting one; :class:`~kvchain.alloc.pricing.Planner`).
+        host_defect: plant a host defect (:class:`~kvchain.testing.streams.ChainRecorder`).
 
     Raises:
-        ConfigError: the geometry is invalid.
+        ConfigError: the geometry or the host slots are invalid.
     """
     import time
 
-    rec = ChainRecorder(section.geometry.chain(audit=True, planner=planner))  # every audit
+    rec = ChainRecorder(section.geometry.chain(audit=True, planner=planner),  # every audit
+                        host_slots=section.host_slots, host_defect=host_defect)
     rec.cache_defect = cache_defect
     t0 = time.perf_counter()
     for op in section.ops:
@@ -193,14 +224,17 @@ def replay_stream(path: Path, *, fail_fast: bool = False,
 
 
 def generate_section(shape: str, n_ops: int, seed: int, *, page_size: int = 4,
-                     pages: int = 256, cache: bool = False) -> StreamSection:
+                     pages: int = 256, cache: bool = False,
+                     host: bool = False) -> StreamSection:
     """A seeded stream of ``n_ops`` operations on a ``shape`` chain
     (:func:`~kvchain.testing.geometry.shape_geometry` with mixed page bytes,
-    :func:`~kvchain.testing.streams.generate_stream`; ``cache`` adds prefix-cache ops).
+    :func:`~kvchain.testing.streams.generate_stream`; ``cache`` adds prefix-cache ops,
+    ``host`` host offload / load-back / eviction with the default host slots).
 
     Raises:
         ConfigError: an unknown shape or ``n_ops < 0``.
     """
     geometry = shape_geometry(shape, page_size, pages=pages)
-    rec = generate_stream(geometry.chain(), n_ops, seed, audit=False, cache=cache)
-    return StreamSection(geometry, tuple(rec.ops), seed)
+    rec = generate_stream(geometry.chain(), n_ops, seed, audit=False, cache=cache, host=host)
+    slots = tuple(p.slots for p in rec.host.pools) if rec.host is not None else None
+    return StreamSection(geometry, tuple(rec.ops), seed, slots)

@@ -17,11 +17,23 @@ An operation stream is what a serving engine does to a chain, one call at a time
                     to the chain at the first cache op); takes may then evict
 ``CacheLockOp``     a request matches a cached unit: it is locked (not evictable)
 ``CacheUnlockOp``   the request finishes: one lock dropped
+``HostOffloadOp``   a request's held pages of every band leave the chain (released) into
+                    one new entry of the recorder's host store (a
+                    :class:`~kvchain.testing.host_store.ReferenceHostStore`: one
+                    :class:`~kvchain.buffer.host_pool.HostPool` per band); on a chain
+                    with a state band the state slot always goes with the KV; no host
+                    room: refused, nothing moves
+``HostLoadOp``      load-back of a host entry: a take of exactly its pages per band,
+                    priced and checked like every ``TakeOp`` (``expect`` recorded); a fit
+                    frees the entry, a refusal changes nothing and keeps the host copy
+``HostEvictOp``     the host store drops its least recently used entry, all classes
 ==================  ==================================================================
 
-With a cache, the recorder's audit also checks page ownership after every operation:
-every bound page of every band is held by exactly one of the recorder (requests), the
-cache, or the chain (its null page) - a leaked or doubly owned page is a violation.
+With a cache or a host store, the recorder's audit also checks page ownership after every
+operation: every bound page of every band is held by exactly one of the recorder
+(requests), the cache, or the chain (its null page), the rest free - a leaked or doubly
+owned page is a violation; and the host store's audit: every host slot held by exactly one
+entry or free, no entry on a state chain holding KV without its state slot.
 
 :class:`ChainRecorder` runs operations on a chain, checks every take against its price
 (docs/design.md contracts 1-2: after a take ``snapshot() == quote.after``; a refusal changes
@@ -41,9 +53,16 @@ import numpy as np
 from kvchain.alloc import Chain, Demand
 from kvchain.alloc.pricing import max_units
 from kvchain.buffer import ManualFence
-from kvchain.errors import AuditError, CapacityError, ConfigError, KVChainError
+from kvchain.errors import (
+    AuditError,
+    CapacityError,
+    ConfigError,
+    HostPoolFullError,
+    KVChainError,
+)
 from kvchain.model.layers import LifetimeClass
 from kvchain.testing.evictor import ReferenceEvictor
+from kvchain.testing.host_store import HOST_DEFECTS, ReferenceHostStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +126,34 @@ class CacheUnlockOp:
     unit: int
 
 
+@dataclass(frozen=True, slots=True)
+class HostOffloadOp:
+    """Offload held virtual ids (per band) into one new host entry; the chain releases them."""
+
+    pages: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HostLoadOp:
+    """Load host entry ``entry`` back: a take of its slot counts per band; ``expect`` as
+    :class:`TakeOp`'s."""
+
+    entry: int
+    expect: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostEvictOp:
+    """The host store drops its least recently used entry (all its classes together)."""
+
+
 Op = (TakeOp | ReleaseOp | GateOp | FenceHoldOp | FenceCompleteOp | FlushOp | CacheInsertOp
-      | CacheLockOp | CacheUnlockOp)
+      | CacheLockOp | CacheUnlockOp | HostOffloadOp | HostLoadOp | HostEvictOp)
+
+RECORDER_HOST_DEFECTS: tuple[str, ...] = ("load_drops", "offload_keeps")
+"""Planted defects of the recorder's own host path (tests of its audit): ``"load_drops"``
+- a load-back takes one page fewer than its entry holds (the entry is freed all the same);
+``"offload_keeps"`` - an offload leaves one device page bound (the request forgets it)."""
 
 
 def op_to_json(op: Op) -> dict[str, object]:
@@ -132,6 +177,15 @@ def op_to_json(op: Op) -> dict[str, object]:
         return {"op": "cache_lock", "unit": op.unit}
     if isinstance(op, CacheUnlockOp):
         return {"op": "cache_unlock", "unit": op.unit}
+    if isinstance(op, HostOffloadOp):
+        return {"op": "host_offload", "pages": [list(p) for p in op.pages]}
+    if isinstance(op, HostLoadOp):
+        out = {"op": "host_load", "entry": op.entry}
+        if op.expect is not None:
+            out["expect"] = op.expect
+        return out
+    if isinstance(op, HostEvictOp):
+        return {"op": "host_evict"}
     return {"op": "flush_idle"}
 
 
@@ -144,10 +198,7 @@ def op_from_json(data: dict[str, object]) -> Op:
     try:
         kind = data["op"]
         if kind == "take":
-            expect = data.get("expect")
-            if expect not in (None, "fit", "refuse"):
-                raise ValueError(f"expect must be 'fit' or 'refuse', got {expect!r}")
-            return TakeOp(tuple(_int(x) for x in _list(data["pages"])), expect)
+            return TakeOp(tuple(_int(x) for x in _list(data["pages"])), _expect(data))
         if kind == "release":
             return ReleaseOp(_int(data["band"]),
                              tuple(_int(x) for x in _list(data["vids"])))
@@ -160,10 +211,13 @@ def op_from_json(data: dict[str, object]) -> Op:
         if kind == "flush_idle":
             return FlushOp()
         if kind == "cache_insert":
-            bands = data["pages"]
-            if not isinstance(bands, list) or not all(isinstance(b, list) for b in bands):
-                raise ValueError(f"pages must be a list of id lists, got {bands!r}")
-            return CacheInsertOp(tuple(tuple(_int(x) for x in band) for band in bands))
+            return CacheInsertOp(_band_lists(data["pages"]))
+        if kind == "host_offload":
+            return HostOffloadOp(_band_lists(data["pages"]))
+        if kind == "host_load":
+            return HostLoadOp(_int(data["entry"]), _expect(data))
+        if kind == "host_evict":
+            return HostEvictOp()
         if kind == "cache_lock":
             return CacheLockOp(_int(data["unit"]))
         if kind == "cache_unlock":
@@ -171,6 +225,19 @@ def op_from_json(data: dict[str, object]) -> Op:
         raise ValueError(f"unknown op {kind!r}")
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"bad operation {data!r}: {exc}") from exc
+
+
+def _expect(data: dict[str, object]) -> str | None:
+    expect = data.get("expect")
+    if expect is not None and expect not in ("fit", "refuse"):
+        raise ValueError(f"expect must be 'fit' or 'refuse', got {expect!r}")
+    return expect
+
+
+def _band_lists(bands: object) -> tuple[tuple[int, ...], ...]:
+    if not isinstance(bands, list) or not all(isinstance(b, list) for b in bands):
+        raise ValueError(f"pages must be a list of id lists, got {bands!r}")
+    return tuple(tuple(_int(x) for x in band) for band in bands)
 
 
 def _int(value: object) -> int:
@@ -220,17 +287,30 @@ class ChainRecorder:
     Args:
         chain: the chain (it is mutated).
         audit: run ``chain.audit()`` after every operation.
+        host_slots: host slots per band (pages of each band's class) of the host store
+            the host operations use; ``None``: no host store (a host operation is then a
+            violation).
+        host_defect: a planted host defect (:data:`RECORDER_HOST_DEFECTS` in the
+            recorder, :data:`~kvchain.testing.host_store.HOST_DEFECTS` in the store).
 
     Attributes:
         ops: the operations run, in order (a replayable stream).
         held: per band, the virtual ids this recorder holds (taken, not released),
             null pages excluded.
         counts: the counters.
+        host: the host store, or ``None``.
+        last_offload: the entry id the last successful offload created.
+        last_evicted: the entry id the last host eviction dropped (``None``: store empty).
+
+    Raises:
+        ConfigError: an unknown ``host_defect`` or ``host_slots`` of the wrong length.
     """
 
     MAX_MESSAGES = 20
 
-    def __init__(self, chain: Chain, *, audit: bool = True) -> None:
+    def __init__(self, chain: Chain, *, audit: bool = True,
+                 host_slots: tuple[int, ...] | None = None,
+                 host_defect: str | None = None) -> None:
         self.chain = chain
         self.audit = audit
         self.ops: list[Op] = []
@@ -239,6 +319,19 @@ class ChainRecorder:
         self._fence: ManualFence | None = None
         self.cache: ReferenceEvictor | None = None
         self.cache_defect: str | None = None
+        if host_defect is not None and host_defect not in RECORDER_HOST_DEFECTS \
+                + HOST_DEFECTS:
+            raise ConfigError(f"unknown host defect {host_defect!r}; known: "
+                              f"{RECORDER_HOST_DEFECTS + HOST_DEFECTS}")
+        self.host_defect = host_defect
+        self.host: ReferenceHostStore | None = None
+        if host_slots is not None:
+            labels = tuple(b.label for b in chain.layout.bands)
+            self.host = ReferenceHostStore(
+                labels, tuple(host_slots),
+                defect=host_defect if host_defect in HOST_DEFECTS else None)
+        self.last_offload: int | None = None
+        self.last_evicted: int | None = None
 
     def _cache(self) -> ReferenceEvictor:
         """The prefix cache, created and attached to the chain on first use."""
@@ -298,7 +391,7 @@ class ChainRecorder:
         granted = None
         try:
             if isinstance(op, TakeOp):
-                granted = self._take(op)
+                granted = self._take(op.pages, op.expect)
             elif isinstance(op, ReleaseOp):
                 chain.release(op.band, np.asarray(op.vids, dtype=np.int64))
                 gone = set(op.vids)
@@ -326,6 +419,12 @@ class ChainRecorder:
                 self._cache().lock(op.unit)
             elif isinstance(op, CacheUnlockOp):
                 self._cache().unlock(op.unit)
+            elif isinstance(op, HostOffloadOp):
+                self._offload(op)
+            elif isinstance(op, HostLoadOp):
+                granted = self._load(op)
+            elif isinstance(op, HostEvictOp):
+                self.last_evicted = self._host().evict_lru()
             else:
                 chain.flush_idle()
         except KVChainError as exc:
@@ -333,13 +432,71 @@ class ChainRecorder:
         if self.audit:
             try:
                 chain.audit()
-                if self.cache is not None:
+                if self.cache is not None or self.host is not None:
                     self.check_ownership()
+                if self.host is not None:
+                    self.host.audit()
             except AuditError as exc:
                 self._note("violation", f"audit after {op}: {exc}")
         return granted
 
-    def _take(self, op: TakeOp) -> tuple[tuple[int, ...], ...] | None:
+    def _host(self) -> ReferenceHostStore:
+        if self.host is None:
+            raise ConfigError("a host operation on a recorder without a host store "
+                              "(host_slots)")
+        return self.host
+
+    def _offload(self, op: HostOffloadOp) -> None:
+        """Host entry first (all bands or nothing), then the chain releases the pages."""
+        host = self._host()
+        if len(op.pages) != self.chain.num_bands:
+            raise ConfigError(f"host_offload names {len(op.pages)} bands, the chain has "
+                              f"{self.chain.num_bands}")
+        for i, vids in enumerate(op.pages):
+            missing = set(vids) - set(self.held[i])
+            if missing or len(set(vids)) != len(vids):
+                raise ConfigError(f"host_offload of pages not held (or named twice) in band "
+                                  f"{i}: {sorted(missing) or list(vids)}")
+        try:
+            entry = host.offload(tuple(len(v) for v in op.pages))
+        except HostPoolFullError:
+            return  # the host has no room: refused, nothing moved (the pages stay held)
+        self.last_offload = entry.uid
+        for i, vids in enumerate(op.pages):
+            gone = set(vids)
+            self.held[i] = [v for v in self.held[i] if v not in gone]
+            keep = vids[:1] if self.host_defect == "offload_keeps" else ()
+            rest = [v for v in vids if v not in keep]  # planted: ``keep`` stays bound
+            if rest:
+                self.chain.release(i, np.asarray(rest, dtype=np.int64))
+
+    def _load(self, op: HostLoadOp) -> tuple[tuple[int, ...], ...] | None:
+        """A take of exactly the entry's pages; a fit frees the entry, a refusal keeps it."""
+        host = self._host()
+        entry = host.entry(op.entry)
+        counts = list(entry.counts)
+        if self.host_defect == "load_drops":  # planted: one page short
+            first = next((i for i, n in enumerate(counts) if n), None)
+            if first is not None:
+                counts[first] -= 1
+        free_before = tuple(p.free_count for p in host.pools)
+        granted = self._take(tuple(counts), op.expect)
+        if granted is None:
+            if op.entry not in host.entries or free_before != tuple(
+                    p.free_count for p in host.pools):
+                self._note("divergence", f"load-back of entry {op.entry} refused but the "
+                                         f"host copy changed")
+            return None
+        got = tuple(len(g) for g in granted)
+        host.drop(op.entry)
+        if got != entry.counts:
+            self._note("violation", f"load-back of entry {op.entry}: {got} pages loaded, "
+                                    f"the entry held {entry.counts}")
+        return granted
+
+    def _take(self, pages: tuple[int, ...],
+              expect: str | None) -> tuple[tuple[int, ...], ...] | None:
+        op = TakeOp(pages, expect)
         chain = self.chain
         demand = Demand(op.pages)
         before = chain.snapshot()
@@ -373,6 +530,10 @@ class ChainRecorder:
 
 # --- seeded generation -------------------------------------------------------------------
 
+HOST_FRACTION = 0.25
+"""Host slots of a generated host stream, as a fraction of each class's device pages
+(:func:`host_slots_for`): a quarter, so a few suspended requests fill the store."""
+
 
 @dataclass(slots=True)
 class _Request:
@@ -388,9 +549,19 @@ def _band_of(chain: Chain, label: str) -> int | None:
     return None
 
 
+def host_slots_for(chain: Chain, fraction: float = HOST_FRACTION) -> tuple[int, ...]:
+    """Default host slots per band of a generated host stream: ``fraction`` of the pages of
+    that band's class the whole device buffer could hold (``buffer_bytes // page_bytes``),
+    at least 1 - small enough that a long stream fills the store and evicts."""
+    return tuple(max(1, int(chain.layout.buffer_bytes // max(b.page_bytes, 1) * fraction))
+                 for b in chain.layout.bands)
+
+
 def generate_stream(chain: Chain, n_ops: int, seed: int, *,
                     audit: bool = True, cache: bool = False,
-                    cache_defect: str | None = None) -> ChainRecorder:
+                    cache_defect: str | None = None, host: bool = False,
+                    host_slots: tuple[int, ...] | None = None,
+                    host_defect: str | None = None) -> ChainRecorder:
     """Drive ``chain`` with ``n_ops`` seeded operations; returns the recorder (its ``ops``
     is the stream, its ``counts`` the checks).
 
@@ -410,14 +581,29 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
     :class:`~kvchain.testing.evictor.ReferenceEvictor`). Without ``cache`` the stream is
     the same as before the cache existed.
 
+    With ``host``, the recorder gets a host store of ``host_slots`` per band (default
+    :func:`host_slots_for`) and the workload suspends to it: a request whose extension is
+    refused (pressure) is offloaded to host (:class:`HostOffloadOp`, all its pages, state
+    with the KV) instead of finishing, seven times in ten; a running request is also
+    offloaded now and then; suspended requests resume oldest first by a load-back
+    (:class:`HostLoadOp`, priced like every take: a refusal keeps it suspended); when the
+    store has no room for an offload, host evictions (:class:`HostEvictOp`, LRU) drop the
+    oldest suspended requests (they would be recomputed) until it fits. ``host_defect``
+    plants a defect (:class:`ChainRecorder`). Without ``host`` the stream is the same as
+    before host operations existed.
+
     Raises:
-        ConfigError: ``n_ops < 0``.
+        ConfigError: ``n_ops < 0``, or a bad ``host_slots``/``host_defect``.
     """
     if n_ops < 0:
         raise ConfigError(f"n_ops must be >= 0, got {n_ops}")
     rng = random.Random(seed)
-    rec = ChainRecorder(chain, audit=audit)
+    if host and host_slots is None:
+        host_slots = host_slots_for(chain)
+    rec = ChainRecorder(chain, audit=audit, host_slots=host_slots if host else None,
+                        host_defect=host_defect)
     rec.cache_defect = cache_defect
+    suspended: dict[int, _Request] = {}  # host entry id -> the suspended request
     locks: dict[int, int] = {}  # id(request) -> the unit it locked
     layout = chain.layout
     nb = chain.num_bands
@@ -490,9 +676,64 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
             if held_pages:
                 rec.release(i_win, [v for _, v in held_pages])
 
+    def order(req: _Request) -> list[list[int]]:
+        """The request's held ids per band, in a fixed order (full/state as taken, window
+        pages oldest first) - the order a load-back's grant maps back onto."""
+        pages = [list(req.pages.get(i, [])) for i in range(nb)]
+        for band, held_pages in req.window_pages.items():
+            pages[band] = [v for _, v in held_pages]
+        return pages
+
+    def offload(req: _Request) -> bool:
+        """Suspend ``req`` to host (evicting LRU entries for room); False: not offloaded."""
+        assert rec.host is not None
+        pages = order(req)
+        counts = tuple(len(x) for x in pages)
+        if not any(counts) or any(n > pool.slots for n, pool in
+                                  zip(counts, rec.host.pools, strict=True)):
+            return False
+        for _ in range(len(rec.host.entries)):  # bounded: an eviction may free nothing
+            if rec.host.fits(counts):
+                break
+            rec.run(HostEvictOp())
+            if rec.last_evicted is not None:
+                suspended.pop(rec.last_evicted, None)
+        if not rec.host.fits(counts):
+            return False
+        if cache:
+            unit = locks.pop(id(req), None)
+            if unit is not None and rec.cache is not None and any(
+                    u.uid == unit for u in rec.cache.units):
+                rec.run(CacheUnlockOp(unit))
+        before = rec.last_offload
+        rec.run(HostOffloadOp(tuple(tuple(x) for x in pages)))
+        if rec.last_offload is None or rec.last_offload == before:
+            return False  # (a violation was counted)
+        requests.remove(req)
+        suspended[rec.last_offload] = req
+        return True
+
+    def load(uid: int) -> None:
+        """Resume the suspended request of entry ``uid`` by a priced load-back."""
+        assert rec.host is not None
+        req = suspended[uid]
+        counts = rec.host.entry(uid).counts
+        quote = chain.price(Demand(counts))
+        got = rec.run(HostLoadOp(uid, "fit" if quote.fits else "refuse"))
+        if got is None:
+            return
+        del suspended[uid]
+        for i in range(nb):
+            if i in req.window_pages:
+                req.window_pages[i] = [(t, v) for (t, _), v in
+                                       zip(req.window_pages[i], got[i], strict=False)]
+            elif i in req.pages:
+                req.pages[i] = list(got[i])
+        requests.append(req)
+
     kinds = ["prefill", "chunk", "decode", "decode", "finish", "slot", "gate", "fence",
-             "flush", "probe"]
-    weights = [6, 4, 10, 0, 4, 1, 1, 2, 1, 1]
+             "flush", "probe", "offload", "load"]
+    weights = [6, 4, 10, 0, 4, 1, 1, 2, 1, 1, 2 if host else 0, 3 if host else 0]
     while rec.counts.operations < n_ops:
         kind = rng.choices(kinds, weights)[0]
         if kind == "prefill" or (kind in ("chunk", "decode", "finish") and not requests):
@@ -506,8 +747,15 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
                 finish(req) if cache else requests.remove(req)
         elif kind in ("chunk", "decode"):
             req = rng.choice(requests)
-            if not extend(req, 1 if kind == "decode" else rng.randint(1, 2 * p)):
-                finish(req)
+            grew = extend(req, 1 if kind == "decode" else rng.randint(1, 2 * p))
+            if not grew and not (host and rng.random() < 0.7 and offload(req)):
+                finish(req)  # refused: suspended to host, or finished (retracted)
+        elif kind == "offload":
+            if requests:
+                offload(rng.choice(requests))
+        elif kind == "load":
+            if suspended:
+                load(min(suspended))
         elif kind == "finish":
             finish(rng.choice(requests))
         elif kind == "slot" and i_state is not None:
