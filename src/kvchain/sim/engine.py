@@ -322,7 +322,9 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                                                  config.cache_points.resolve(geom))
             host = HostTier(layout, config.host_bytes, host_interval, geom,
                             audit=True if audit_every_step else None)
-            if host.plan.intervals == 0:
+            if host.plan.intervals == 0 and config.scheduler.retract_to is RetractTo.RECOMPUTE:
+                # (with --retract-to host/auto the same bytes also serve suspensions, which
+                # fall back to recompute when they do not fit: counted, not refused)
                 raise ConfigError(
                     f"--host-bytes {config.host_bytes:,}: the host tier holds no resume "
                     f"interval of {host.plan.interval_tokens:,} tokens (one needs "
@@ -582,12 +584,7 @@ def retraction_host(layout: ChainLayout, host_bytes: int | None, block_tokens: i
     if tier is not None:
         return HostSide.of_tier(tier)
     page = layout.page_size
-    side = host_side_for(layout, host_bytes, -(-block_tokens // page) * page)
-    if not any(side.slots.values()):
-        raise ConfigError(f"--host-bytes {host_bytes:,}: too little host memory for one "
-                          f"resume interval of every cache class, so no retracted request "
-                          f"could ever be copied to host")
-    return side
+    return host_side_for(layout, host_bytes, -(-block_tokens // page) * page)
 
 
 @dataclass(slots=True)
