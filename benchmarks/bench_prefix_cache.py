@@ -96,7 +96,7 @@ def main() -> None:
         pages = evicted
         # Release as many pages the way finished requests do: 64 pages per call.
         chain2, cache2 = filled(r)
-        held = [v for nd in cache2.nodes() for v in nd.full][:evicted]
+        held = [v for nd in cache2.nodes() for v in nd.full[0]][:evicted]
         chain2.set_evictor(None)
         t0 = time.perf_counter()
         for i in range(0, len(held), 64):

@@ -62,7 +62,7 @@ def test_window_hit_ends_where_the_tail_is_present():
                     {})
     assert dups == [[], []]
     hit = c.match([1, 2, 3, 4, 9], 20)  # 4 pages match; cap (20 - 1) // 4 = 4
-    assert (hit.pages, hit.full, hit.window, hit.window_first) == (4, (11, 12, 13, 14),
+    assert (hit.pages, hit.full, hit.window, hit.window_first) == (4, {1: (11, 12, 13, 14)},
                                                                    {0: (103,)}, {0: 3})
     hit = c.match([1, 2, 3, 9], 16)  # page 2 has no window page (tombstone): back to 2
     assert (hit.pages, hit.window, hit.window_first) == (2, {0: (101,)}, {0: 1})

@@ -53,7 +53,7 @@ def test_a_cold_device_loads_every_class_of_the_hit() -> None:
     dups = c.realize_load(PROMPT, plan, [[40], [41, 42], [43, 44, 45, 46]])
     assert dups == [[], [], []]
     hit = c.match(PROMPT, 20)
-    assert hit.pages == 4 and hit.full == (43, 44, 45, 46) and hit.checkpoint == 40
+    assert hit.pages == 4 and hit.full == {FULL: (43, 44, 45, 46)} and hit.checkpoint == 40
     assert hit.window[WIN] == (41, 42)
     assert c.host.stats.bytes_loaded == 128 and c.host.stats.tokens_loaded == 16
     # Not written through again: the host held it.

@@ -59,20 +59,28 @@ def test_bad_draft_input_exits_2_with_the_message() -> None:
         no_k.stderr)
 
 
-def test_the_prefix_cache_is_refused_on_draft_bands_and_off_by_default() -> None:
-    asked = run("simulate", "--model", "Qwen3-8B", "--draft-model", "Qwen3-0.6B",
-                "--spec-tokens", "3", "--trace", "mooncake", "--requests", "5",
-                "--prefix-cache")
-    assert asked.exit_code == 2
-    assert ("--prefix-cache: the chain has 2 full-attention bands (e.g. a draft model's), "
-            "and the prefix cache keys one full-attention band and one state band"
-            in flat(asked.stderr))
-    auto = run("simulate", "--model", "Qwen3-8B", "--draft-model", "Qwen3-0.6B",
-               "--spec-tokens", "3", "--trace", "mooncake", "--requests", "5", "--json")
+def test_the_prefix_cache_runs_on_draft_bands_and_the_host_tier_is_refused() -> None:
+    # Qwen3-8B with Qwen3-0.6B: chain draft.full|full, two full bands, each kept per radix
+    # node; auto turns the cache on (the trace has content keys).
+    base = ("simulate", "--model", "Qwen3-8B", "--draft-model", "Qwen3-0.6B",
+            "--spec-tokens", "3", "--trace", "mooncake", "--requests", "5")
+    asked = run(*base, "--prefix-cache", "--json")
+    assert asked.exit_code == 0, asked.output
+    auto = run(*base, "--json")
     assert auto.exit_code == 0, auto.output
-    assert "prefix cache off (auto: the chain has 2 full-attention bands" in flat(auto.stderr)
-    extra = json.loads(auto.stdout)["summary"]["extra"]
-    assert extra["draft_peak_bytes"] > 0 and extra["draft_forward_s"] > 0
+    assert "prefix cache off" not in flat(auto.stderr)
+    for result in (asked, auto):
+        extra = json.loads(result.stdout)["summary"]["extra"]
+        assert "prefix_hit_tokens" in extra
+        assert extra["draft_peak_bytes"] > 0 and extra["draft_forward_s"] > 0
+    host = run(*base, "--prefix-cache", "--host-bytes", "1000000000")
+    assert host.exit_code == 2
+    assert ("--host-bytes: no host tier on this chain: it has 2 full-attention bands (e.g. a draft "
+            "model's)" in flat(host.stderr))
+    # With the cache off the host bytes serve retraction by host copy alone, as before.
+    alone = run(*base, "--no-prefix-cache", "--host-bytes", "1000000000", "--retract-to",
+                "host", "--json")
+    assert alone.exit_code == 0, alone.output
 
 
 def test_draft_model_is_declared_once() -> None:

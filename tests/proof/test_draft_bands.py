@@ -208,18 +208,22 @@ def test_admission_counts_the_draft_bands_and_a_blind_sibling_does_not(
     assert blind.admitted_but_unallocatable > 0
 
 
-def test_the_prefix_cache_refuses_several_full_or_state_bands_and_nothing_else() -> None:
+def test_the_prefix_cache_refuses_several_state_bands_and_nothing_else() -> None:
     from kvchain.cache.radix import CacheGeometry, PrefixCache, cache_refusal
     from kvchain.errors import ConfigError
 
-    for pair in PAIRS:
+    # Two full bands (a target's and its full draft's) are cached, one list per band
+    # (tests/cache/test_draft_chain_cache.py); only two state bands are refused.
+    for pair in ("state+full | full draft", "window+full | full draft"):
         geom = CacheGeometry.of(layout_of(pair, 4_096))
-        with pytest.raises(ConfigError, match="keys one full-attention band and one state"):
-            PrefixCache(geom)
+        assert cache_refusal(geom) is None
+        assert PrefixCache(geom).geom is geom
     two_states = CacheGeometry.of(layout_of("state+full | state+full draft", 4_096))
+    with pytest.raises(ConfigError, match="keeps one state checkpoint per resume point"):
+        PrefixCache(two_states)
     assert cache_refusal(two_states) == (
-        "the chain has 2 full-attention bands and 2 state bands (e.g. a draft model's), "
-        "and the prefix cache keys one full-attention band and one state band")
+        "the chain has 2 state bands (e.g. a draft model's), and the prefix cache keeps one "
+        "state checkpoint per resume point")
     # The rule is about bands, not owners: a draft with only a window band (one full band,
     # the target's) is cached like any chain with two window bands.
     window_draft = with_draft(declare_model("t", full=2, window=1, window_tokens=6),

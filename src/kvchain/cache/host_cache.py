@@ -86,6 +86,19 @@ def checkpoint_id(path: Sequence[tuple[Node, int]], point: int) -> int:
     return -1
 
 
+def host_tier_refusal(geom: CacheGeometry) -> str | None:
+    """Why the host tier cannot serve a chain of ``geom``, in words, or ``None`` when it
+    can: its writes, its load plans (:meth:`kvchain.cache.tiered.TieredPrefixCache.plan_load`)
+    and its split of the host bytes keep one full-attention band, so a chain with several
+    (a target's and a speculative-decoding draft model's) is refused rather than written
+    in part; the device prefix cache serves such a chain (one page list per full band)."""
+    if len(geom.fulls) <= 1:
+        return None
+    return (f"it has {len(geom.fulls)} full-attention bands (e.g. a draft model's), and "
+            f"the host tier keeps one; run without --host-bytes (the device prefix cache "
+            f"serves it), or with --no-prefix-cache for host retraction alone")
+
+
 @dataclass(slots=True)
 class HostTierStats:
     """What the host tier did, for the run's metrics.
@@ -147,7 +160,10 @@ class HostTier:
 
     Raises:
         ConfigError: ``host_bytes`` not a whole number >= 1, or a bad interval (as
-            :func:`host_tier_plan`; an interval that is not a multiple of the page size).
+            :func:`host_tier_plan`; an interval that is not a multiple of the page size);
+            a chain with several full-attention bands (a target's and a draft model's:
+            the host tier's writes, loads and split keep one full band; the device prefix
+            cache serves such a chain, run it without ``--host-bytes``).
     """
 
     def __init__(self, layout: ChainLayout, host_bytes: int, interval_tokens: int,
@@ -161,6 +177,9 @@ class HostTier:
                               f"of the page size {p}, got {interval_tokens!r}")
         self.layout = layout
         self.geom = geom if geom is not None else CacheGeometry.of(layout)
+        refused = host_tier_refusal(self.geom)
+        if refused is not None:
+            raise ConfigError(f"no host tier on this chain: {refused}")
         self.plan: HostTierPlan = host_tier_plan(layout, host_bytes, interval_tokens)
         self.pools = tuple(HostPool(c.label, c.slots) for c in self.plan.classes)
         self.page_bytes = tuple(b.page_bytes for b in layout.bands)

@@ -5,8 +5,9 @@ A node holds a run of consecutive pages of one prompt path (page ``j`` covers to
 keyed by their first page's key. Per lifetime class a node holds (see
 ``docs/prefix-cache.md``):
 
-* **full** pages: one virtual id per page, owned by the cache and shared by reference with
-  every running request whose hit covers them;
+* **full** pages, per full-attention band (any number of them: a target's and a
+  speculative-decoding draft model's, say): one virtual id per page and band, owned by
+  the cache and shared by reference with every running request whose hit covers them;
 * **window** (or chunked-local) pages, per windowed band (any number of them, each by
   its own policy): only the pages ``[policy.resume_start(q), q)`` a hit after a *resume
   point* ``q`` reads (its *tail*); every other page of the band is absent (-1, a
@@ -149,9 +150,9 @@ CacheGeometry = RequestGeometry
 
 
 #: A node's share of the eviction order (:meth:`PrefixCache._refresh`): its LEAF key,
-#: TAILS key, time when unlocked, units, full pages, window pages per window band and
-#: state checkpoints.
-Share = tuple[int, int, int, int, int, tuple[int, ...], int]
+#: TAILS key, time when unlocked, units, full pages per full band, window pages per window
+#: band and state checkpoints.
+Share = tuple[int, int, int, int, tuple[int, ...], tuple[int, ...], int]
 
 
 class Node:
@@ -163,7 +164,8 @@ class Node:
         children: child nodes by the key of their first page.
         start: page index of the first page (tokens ``start * P``).
         keys: the pages' content keys.
-        full: full-band virtual ids, one per page (empty without a full band).
+        full: per full-attention band (in the order of ``geom.fulls``), its virtual ids,
+            one per page (no list without a full band).
         win: per window or chunked-local band (in the order of ``geom.windows``), its
             virtual ids, one per page, -1 where absent (empty without such bands).
         win_live: per window band, its pages present.
@@ -203,7 +205,7 @@ class Node:
     )
 
     def __init__(self, nid: int, parent: Node | None, start: int, keys: list[int],
-                 full: list[int], win: list[list[int]], ckpts: dict[int, int],
+                 full: list[list[int]], win: list[list[int]], ckpts: dict[int, int],
                  time: int) -> None:
         self.nid = nid
         self.parent = parent
@@ -248,7 +250,8 @@ class Hit:
         pages: hit length in pages (tokens ``pages * P``); 0 for a miss.
         node: the node whose end is the hit's end after :meth:`PrefixCache.lock` (before
             locking, the node that contains the hit's last page).
-        full: full-band ids of pages ``[0, pages)``.
+        full: per full-attention band (by band index), the ids of pages ``[0, pages)``
+            (empty for a miss).
         window: per window or chunked-local band (by band index), the ids of its tail
             pages ``[window_first[band], pages)``.
         window_first: per window band, the first page index the request needs to resume
@@ -262,7 +265,7 @@ class Hit:
 
     pages: int
     node: Node | None
-    full: tuple[int, ...] = ()
+    full: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     window: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     window_first: Mapping[int, int] = field(default_factory=dict)
     checkpoint: int = -1
@@ -279,14 +282,14 @@ class Adopted:
     Attributes:
         handle: the request's new lock (the node ending at its prompt's last whole page),
             ``None`` for a prompt of no whole page.
-        full: the cache's full-band ids of pages ``[0, n)`` (empty without a full band).
+        full: per full-attention band (by band index), the cache's ids of pages ``[0, n)``.
         window: per window band (by band index), the cache's ids of pages ``[0, n)``, -1
             where absent.
         dups: per band, the request's pages the cache did not take (it held a copy).
     """
 
     handle: Node | None
-    full: tuple[int, ...]
+    full: Mapping[int, tuple[int, ...]]
     window: Mapping[int, tuple[int, ...]]
     dups: list[list[int]]
 
@@ -393,17 +396,16 @@ def _check_pins(name: str, want: Iterable[_K], have: Mapping[_K, int]) -> None:
 
 def cache_refusal(geom: CacheGeometry) -> str | None:
     """Why the prefix cache cannot serve a chain of ``geom``, in words, or ``None`` when it
-    can: a radix node keeps one full-attention page list and one state checkpoint per
-    resume point, so a chain with several full bands or several state bands (a target's
-    and a speculative-decoding draft model's, :func:`kvchain.model.with_draft`) is refused
-    rather than cached in part (docs/design.md, "Draft model bands"). Any number of window
-    and chunked-local bands is served (each keeps its own tails)."""
-    parts = [f"{len(bands)} {kind} bands" for kind, bands in
-             (("full-attention", geom.fulls), ("state", geom.states)) if len(bands) > 1]
-    if not parts:
+    can: a radix node keeps one state checkpoint per resume point, and a request saves one
+    checkpoint slot per point, so a chain with several state bands (a target's and a
+    speculative-decoding draft model's, :func:`kvchain.model.with_draft`) is refused rather
+    than cached in part (docs/design.md, "Draft model bands"). Any number of full-attention
+    bands (each keeps its own page list per node) and of window and chunked-local bands
+    (each keeps its own tails) is served."""
+    if len(geom.states) <= 1:
         return None
-    return (f"the chain has {' and '.join(parts)} (e.g. a draft model's), and the prefix "
-            f"cache keys one full-attention band and one state band")
+    return (f"the chain has {len(geom.states)} state bands (e.g. a draft model's), and the "
+            f"prefix cache keeps one state checkpoint per resume point")
 
 
 class PrefixCache:
@@ -434,7 +436,7 @@ class PrefixCache:
         InvalidRequestError: an interval that is not a positive multiple of the page size,
             or a ``junction_min_tokens`` below 1.
         ConfigError: a bad ``audit`` flag; a chain the cache cannot key
-            (:func:`cache_refusal`: several full or several state bands).
+            (:func:`cache_refusal`: several state bands).
     """
 
     def __init__(self, geom: CacheGeometry, interval_tokens: int = 512,
@@ -463,7 +465,11 @@ class PrefixCache:
         # The window and chunked-local bands, in the order of ``geom.windows``: every
         # node keeps one id list per band (``Node.win[k]`` is band ``self._wbands[k]``).
         self._wbands = tuple(pol.band for pol in geom.windows)
-        self.root = Node(0, None, 0, [], [], [[] for _ in self._wbands], {}, 0)
+        # The full-attention bands: every node keeps one id list per band
+        # (``Node.full[k]`` is band ``self._fbands[k]``), all as long as its keys.
+        self._fbands = geom.fulls
+        self.root = Node(0, None, 0, [], [[] for _ in self._fbands],
+                         [[] for _ in self._wbands], {}, 0)
         self._clock = 0
         self._version = 0
         self.audit_walks = resolve_audit(audit)
@@ -547,8 +553,8 @@ class PrefixCache:
             self._free_tails(node, freed)
             changed.append(node)
             if kind == LEAF:
-                if g.full is not None:
-                    freed[g.full].extend(node.full)
+                for band, ids in zip(self._fbands, node.full, strict=True):
+                    freed[band].extend(ids)
                 parent = node.parent
                 assert parent is not None
                 del parent.children[node.keys[0]]
@@ -592,8 +598,9 @@ class PrefixCache:
                 row[band] = node.win_live[k] - node.wpin[k]
             if g.state is not None:
                 row[g.state] = len(node.ckpts) - node.cpin
-        if kind == LEAF and g.full is not None:
-            row[g.full] = len(node.full)
+        if kind == LEAF:
+            for band, ids in zip(self._fbands, node.full, strict=True):
+                row[band] = len(ids)
         return row
 
     def _walk_from_scratch(self) -> tuple[EvictionOrder, list[tuple[int, Node]]]:
@@ -742,9 +749,9 @@ class PrefixCache:
                 tk = (self._tails_key(node, not node.children)
                       if tails and node.tail_time < node.time else -1)
                 sig = (-1 if node.children else self._leaf_key(node, False), tk, node.time,
-                       2 if tk >= 0 else 1, len(node.full), tw, tc)
+                       2 if tk >= 0 else 1, tuple(map(len, node.full)), tw, tc)
             elif not node.tlock and tails:
-                sig = (-1, IN_USE + node.tail_time, -1, 1, 0, tw, tc)
+                sig = (-1, IN_USE + node.tail_time, -1, 1, (0,) * len(self._fbands), tw, tc)
             else:
                 sig = None
         old = node.sig
@@ -757,8 +764,8 @@ class PrefixCache:
             if share is None:
                 continue
             self._units += sign * share[3]
-            if g.full is not None:
-                total[g.full] += sign * share[4]
+            for band, pages in zip(self._fbands, share[4], strict=True):
+                total[band] += sign * pages
             for band, pages in zip(self._wbands, share[5], strict=True):
                 total[band] += sign * pages
             if g.state is not None:
@@ -885,7 +892,8 @@ class PrefixCache:
         k = at - node.start
         parent = node.parent
         assert parent is not None and 0 < k < len(node.keys)
-        upper = Node(self._new_id(), parent, node.start, node.keys[:k], node.full[:k],
+        upper = Node(self._new_id(), parent, node.start, node.keys[:k],
+                     [f[:k] for f in node.full],
                      [w[:k] for w in node.win],
                      {p: v for p, v in node.ckpts.items() if p <= at}, node.time)
         upper.tail_time, upper.lock, upper.tlock = node.tail_time, node.lock, node.tlock
@@ -897,7 +905,7 @@ class PrefixCache:
             upper.cpin = sum(1 for v in upper.ckpts.values() if v in self._cpins)
             node.cpin -= upper.cpin
         parent.children[node.keys[0]] = upper
-        node.keys, node.full = node.keys[k:], node.full[k:]
+        node.keys, node.full = node.keys[k:], [f[k:] for f in node.full]
         node.win = [w[k:] for w in node.win]
         node.win_live = [a - b for a, b in zip(node.win_live, upper.win_live, strict=True)]
         node.ckpts = {p: v for p, v in node.ckpts.items() if p > at}
@@ -952,11 +960,12 @@ class PrefixCache:
         cap = min(m, (prompt_tokens - 1) // g.page_size)
         if cap <= 0:
             return Hit(0, None, matched=m) if m else MISS
-        full: list[int] = []
+        fulls: list[list[int]] = [[] for _ in self._fbands]
         wins: list[list[int]] = [[] for _ in self._wbands]
         ckpt_at: dict[int, int] = {}
         for node, j in path:
-            full.extend(node.full[:j])
+            for full, ids in zip(fulls, node.full, strict=True):
+                full.extend(ids[:j])
             for win, ids in zip(wins, node.win, strict=True):
                 win.extend(ids[:j])
             if g.state is not None:
@@ -986,7 +995,9 @@ class PrefixCache:
                    for first, last_absent in zip(firsts, absent, strict=True)):
                 continue
             node = self._node_at(path, t)
-            return Hit(t, node, tuple(full[:t]),
+            return Hit(t, node,
+                       {band: tuple(full[:t]) for band, full in zip(self._fbands, fulls,
+                                                                     strict=True)},
                        {pol.band: tuple(win[first:t])
                         for pol, first, win in zip(pols, firsts, wins, strict=True)},
                        {pol.band: first for pol, first in zip(pols, firsts, strict=True)},
@@ -1185,7 +1196,38 @@ class PrefixCache:
 
     # --- insert ------------------------------------------------------------------------
 
-    def insert(self, keys: Sequence[int], shared: int, full: Sequence[int],
+    def _full_lists(self, full: Sequence[int] | Mapping[int, Sequence[int]],
+                    n: int) -> list[Sequence[int]]:
+        """The offered full pages as one id list per full band (``Node.full``'s order).
+
+        ``full`` is either a mapping full band -> ids of pages ``[0, n)`` naming every full
+        band, or (a chain with at most one full band) that band's ids as a plain sequence.
+
+        Raises:
+            InvalidRequestError: a plain sequence on a chain with several full bands, a
+                mapping that does not name exactly the full bands, or (with a full band)
+                a list whose length is not ``n`` (nothing changes).
+        """
+        fb = self._fbands
+        if isinstance(full, Mapping):
+            if set(full) != set(fb):
+                raise InvalidRequestError(f"full pages offered for bands {sorted(full)}; the "
+                                          f"full-attention bands are {list(fb)}")
+            lists = [full[band] for band in fb]
+        elif len(fb) > 1:
+            raise InvalidRequestError(f"one full page list offered on a chain with "
+                                      f"{len(fb)} full-attention bands {list(fb)}: pass "
+                                      f"one per band (band -> ids)")
+        else:
+            lists = [full] if fb else []
+        for band, ids in zip(fb, lists, strict=True):
+            if len(ids) != n:
+                raise InvalidRequestError(f"full band {band}: {len(ids)} page ids for "
+                                          f"{n} pages")
+        return lists
+
+    def insert(self, keys: Sequence[int], shared: int,
+               full: Sequence[int] | Mapping[int, Sequence[int]],
                window: Mapping[int, Mapping[int, int]],
                ckpts: Mapping[int, int]) -> list[list[int]]:
         """Insert a finished prompt's pages; return, per band, the request's duplicates the
@@ -1194,15 +1236,18 @@ class PrefixCache:
         Args:
             keys: the prompt's page keys, pages ``[0, n)``.
             shared: pages ``[0, shared)`` are already the cache's (the request's hit).
-            full: full-band ids of pages ``[0, n)`` (entries below ``shared`` are the
-                cache's own; ignored without a full band).
+            full: per full-attention band (band index -> ids), the ids of pages
+                ``[0, n)`` (entries below ``shared`` are the cache's own); on a chain with
+                at most one full band, that band's ids alone may be passed (a sequence;
+                ignored without a full band).
             window: per window or chunked-local band (by band index; a band left out
                 offers none), the pages the request offers there, page index -> id
                 (indices >= shared).
             ckpts: state checkpoints the request offers, page count -> slot id.
 
         Raises:
-            InvalidRequestError: ``window`` names a band that is not a window band (nothing
+            InvalidRequestError: ``window`` names a band that is not a window band, or
+                ``full`` does not fit the full bands (:meth:`_full_lists`; nothing
                 changes).
         """
         g = self.geom
@@ -1210,6 +1255,7 @@ class PrefixCache:
         if not set(window) <= set(self._wbands):
             raise InvalidRequestError(f"window pages offered for bands {sorted(window)}; "
                                       f"the window bands are {list(self._wbands)}")
+        fulls = self._full_lists(full, n)
         dups: list[list[int]] = [[] for _ in range(g.num_bands)]
         kept = [0] * g.num_bands  # pages the cache takes, per band (held_counts)
         now = self._tick()
@@ -1229,8 +1275,8 @@ class PrefixCache:
                 child = self._split(child, pos + j)
             changed.append(child)
             child.time = now
-            if g.full is not None:
-                dups[g.full].extend(full[max(pos, shared):pos + j])
+            for band, ids in zip(self._fbands, fulls, strict=True):
+                dups[band].extend(ids[max(pos, shared):pos + j])
             for k, (band, pages) in enumerate(zip(self._wbands, offered, strict=True)):
                 if not pages:
                     continue
@@ -1259,12 +1305,12 @@ class PrefixCache:
         if pos < n:
             new_win = [[pages.pop(i, -1) for i in range(pos, n)] for pages in offered]
             new = Node(self._new_id(), node, pos, list(keys[pos:n]),
-                       list(full[pos:n]) if g.full is not None else [], new_win,
+                       [list(ids[pos:n]) for ids in fulls], new_win,
                        {p: ckpts.pop(p) for p in [p for p in ckpts if pos < p <= n]}, now)
             node.children[keys[pos]] = new
             changed.append(new)
-            if g.full is not None:
-                kept[g.full] += len(new.full)
+            for band, ids in zip(self._fbands, new.full, strict=True):
+                kept[band] += len(ids)
             for band, live in zip(self._wbands, new.win_live, strict=True):
                 kept[band] += live
             if g.state is not None:
@@ -1280,7 +1326,8 @@ class PrefixCache:
         self._bump()
         return dups
 
-    def adopt(self, keys: Sequence[int], shared: int, full: Sequence[int],
+    def adopt(self, keys: Sequence[int], shared: int,
+              full: Sequence[int] | Mapping[int, Sequence[int]],
               window: Mapping[int, Mapping[int, int]], ckpts: Mapping[int, int],
               reading: Mapping[int, Iterable[int]]) -> Adopted:
         """Insert a *running* request's prompt at the end of its prefill and hand it over:
@@ -1306,20 +1353,22 @@ class PrefixCache:
         dups = self.insert(keys, shared, full, window, ckpts)
         n = len(keys)
         new: Node | None = None
-        full_ids: list[int] = []
+        full_ids: list[list[int]] = [[] for _ in self._fbands]
         win_ids: list[list[int]] = [[] for _ in self._wbands]
         if n:
             path, m = self._path(keys)
             assert m == n and path[-1][0].end == n  # insert split the path at n
             for node, _ in path:
-                full_ids.extend(node.full)
+                for ids, full in zip(full_ids, node.full, strict=True):
+                    ids.extend(full)
                 for ids, win in zip(win_ids, node.win, strict=True):
                     ids.extend(win)
             new = self.lock(Hit(n, path[-1][0]), tails=False)
         if new is not None:
             for band, pages in reading.items():
                 self.pin_window(new, band, pages)
-        return Adopted(new, tuple(full_ids),
+        return Adopted(new, {band: tuple(ids)
+                             for band, ids in zip(self._fbands, full_ids, strict=True)},
                        {band: tuple(ids) for band, ids in zip(self._wbands, win_ids, strict=True)},
                        dups)
 
@@ -1338,8 +1387,8 @@ class PrefixCache:
         g = self.geom
         out: list[list[int]] = [[] for _ in range(g.num_bands)]
         for node in self.nodes():
-            if g.full is not None:
-                out[g.full].extend(node.full)
+            for band, ids in zip(self._fbands, node.full, strict=True):
+                out[band].extend(ids)
             for band, win in zip(self._wbands, node.win, strict=True):
                 out[band].extend(v for v in win if v >= 0)
             if g.state is not None:
@@ -1356,7 +1405,8 @@ class PrefixCache:
         return len(dead), cached
 
     def dead_full_page_ids(self, unlocked_only: bool = False) -> list[int]:
-        """Full-band ids of the cached pages no hit can use: on a state chain, page ``j``
+        """Lowest full band's ids (every full band keeps the same pages) of the cached
+        pages no hit can use: on a state chain, page ``j``
         of a node is live iff a checkpoint after ``p > j`` pages exists in that node or in
         its subtree (a hit resumes only at a checkpoint, and uses pages ``[0, p)``); the
         others are dead. Empty without a state band (every page boundary, or every window
@@ -1377,10 +1427,10 @@ class PrefixCache:
             below[node.nid] = deeper or bool(node.ckpts)
             if unlocked_only and node.lock:
                 continue
-            cached += len(node.full)
+            cached += len(node.full[0])
             if g.state is not None and not deeper:
                 last = max(node.ckpts, default=node.start)
-                dead.extend(node.full[last - node.start:])
+                dead.extend(node.full[0][last - node.start:])
         return dead, cached
 
     def audit(self, handles: Sequence[Node],
@@ -1395,7 +1445,6 @@ class PrefixCache:
         Raises:
             AuditError: naming the first thing found wrong.
         """
-        g = self.geom
         held = [len(ids) for ids in self.held_pages()]
         if list(self.held_counts) != held:
             raise AuditError(f"held page counters {list(self.held_counts)} per band, the tree "
@@ -1425,9 +1474,11 @@ class PrefixCache:
                                  f"{parent.end}")
             if not node.keys:
                 raise AuditError(f"node {node.nid}: empty")
-            if g.full is not None and len(node.full) != len(node.keys):
-                raise AuditError(f"node {node.nid}: {len(node.full)} full pages for "
-                                 f"{len(node.keys)} keys")
+            if len(node.full) != len(self._fbands) or any(
+                    len(ids) != len(node.keys) for ids in node.full):
+                raise AuditError(f"node {node.nid}: full pages per band "
+                                 f"{[len(ids) for ids in node.full]} for {len(node.keys)} "
+                                 f"keys and {len(self._fbands)} full bands")
             if len(node.win) != len(self._wbands) or any(
                     len(win) != len(node.keys) or live != sum(1 for v in win if v >= 0)
                     for win, live in zip(node.win, node.win_live, strict=False)):

@@ -77,7 +77,8 @@ class TieredPrefixCache(PrefixCache):
                          audit=audit)
         self.host = host
 
-    def insert(self, keys: Sequence[int], shared: int, full: Sequence[int],
+    def insert(self, keys: Sequence[int], shared: int,
+               full: Sequence[int] | Mapping[int, Sequence[int]],
                window: Mapping[int, Mapping[int, int]],
                ckpts: Mapping[int, int]) -> list[list[int]]:
         """:meth:`PrefixCache.insert`, then write the prompt through to the host tier

@@ -159,8 +159,8 @@ class CacheGlue:
         table = self.table
         table.tokens[slot] = h * g.page_size
         table.shared[slot] = h
-        if g.full is not None:
-            table.set_row(g.full, slot, 0, hit.full)
+        for band in g.fulls:
+            table.set_row(band, slot, 0, hit.full.get(band, ()))
         if h:
             for pol in g.windows:
                 table.set_row(pol.band, slot, hit.window_first[pol.band], hit.window[pol.band])
@@ -369,11 +369,11 @@ class CacheGlue:
                     offer[i] = v
                     read.append(i)
             offer.update(facts.kept.get(band, {}))
-        full = table.live(g.full, slot)[:n].tolist() if g.full is not None else []
+        full = {band: table.live(band, slot)[:n].tolist() for band in g.fulls}
         ad = cache.adopt(keys, h, full, windows, facts.ckpts, reading)
         self._hit_locks[rid] = facts.handle
-        if g.full is not None:
-            table.tables[g.full][slot, :n] = ad.full
+        for band in g.fulls:
+            table.tables[band][slot, :n] = ad.full[band]
         for band, read in reading.items():
             cached = ad.window[band]
             for i in read:

@@ -36,7 +36,7 @@ from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain, ChainStats
 from kvchain.alloc.snapshot import ChainSnapshot
 from kvchain.bands.geometry import RequestGeometry, StateRollback
-from kvchain.cache.host_cache import HostTier
+from kvchain.cache.host_cache import HostTier, host_tier_refusal
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy, cache_refusal
 from kvchain.cache.tiered import TieredPrefixCache
 from kvchain.errors import ConfigError, KVChainError
@@ -213,9 +213,12 @@ class SimConfig:
         Raises:
             ConfigError: ``prefix_cache=True`` on a trace without content keys (no request
                 carries ``prefix_block_ids``: nothing could ever hit), or on a chain the
-                cache cannot key (:func:`kvchain.cache.radix.cache_refusal`: several full or
+                cache cannot key (:func:`kvchain.cache.radix.cache_refusal`:
                 several state bands, e.g. a draft model's). Any number of window and
                 chunked-local bands takes the cache; ``layout`` is the run's chain.
+                ``host_bytes`` with the cache on, on a chain the host tier cannot serve
+                (:func:`kvchain.cache.host_cache.host_tier_refusal`: several full bands;
+                with the cache off the host bytes serve retraction alone, as before).
         """
         if self.prefix_cache and not has_content_keys(self.trace):
             raise ConfigError(f"--prefix-cache: trace {self.trace.name!r} carries no content "
@@ -225,6 +228,9 @@ class SimConfig:
         if refused is not None:
             raise ConfigError(f"--prefix-cache: {refused}; run it without --prefix-cache")
         if self.host_bytes is not None:
+            host_refused = host_tier_refusal(RequestGeometry.of(layout))
+            if host_refused is not None and self.cache_on(layout):
+                raise ConfigError(f"--host-bytes: no host tier on this chain: {host_refused}")
             retracts = self.scheduler.retract_to is not RetractTo.RECOMPUTE
             if not self.cache_on(layout) and not retracts:
                 why = ("--no-prefix-cache" if self.prefix_cache is False

@@ -117,7 +117,7 @@ def default_cache_off_reason(trace: Trace, layout: ChainLayout) -> str | None:
     ``layout``, in words, or ``None`` when it is on: it is on whenever the trace carries
     content keys, on every chain (any number of window and chunked-local bands, each
     keeping its own tails: docs/prefix-cache.md) but one the cache cannot key (several
-    full or several state bands, :func:`kvchain.cache.radix.cache_refusal`). ``layout`` is
+    state bands, :func:`kvchain.cache.radix.cache_refusal`). ``layout`` is
     the chain the run uses."""
     if not has_content_keys(trace):
         return "the trace has no content keys"
