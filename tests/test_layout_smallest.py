@@ -39,3 +39,44 @@ def test_layout_and_scheduler_agree_at_the_boundary():
     with pytest.raises(BufferTooSmallError) as info:
         plan_layout(model.classes, 3 * 256_000 - 1, 256, null_pages=False)
     assert info.value.needed_bytes == 3 * 256_000
+
+
+def test_grid_minimum_agrees_with_the_planner_on_random_chains(monkeypatch):
+    """On chains of 1 full END, 1-3 window floats and maybe a state END, at buffers around
+    the grid minimum (:func:`smallest_request_reach`), the planner places the smallest
+    request on the empty chain exactly when the buffer reaches it (layouts built with the
+    check switched off, so those below it exist to be priced)."""
+    import random
+
+    import kvchain.layout as layout_mod
+    from kvchain.alloc.snapshot import Demand
+    from kvchain.layout import smallest_request_reach
+    from kvchain.model.declared import declared_class
+    from kvchain.model.layers import LifetimeClass as LC
+
+    rng = random.Random(24)
+    checked = binding = 0
+    for _ in range(25):
+        classes = [declared_class(LC.FULL, rng.randint(1, 50))]
+        classes += [declared_class(LC.WINDOW, rng.randint(1, 50), window=w)
+                    for w in rng.sample(range(5, 200), rng.randint(1, 3))]
+        if rng.random() < 0.5:
+            classes.append(declared_class(LC.STATE, rng.randint(100, 5_000)))
+        base = plan_layout(classes, 10**9, 16)
+        need = smallest_request_bytes(base.bands, 1) + base.reserved_bytes
+        reach = smallest_request_reach(base.bands, 1)
+        binding += reach > need
+        for b in {need, reach - 1, reach, reach + 1,
+                  *(rng.randint(need, reach + 64) for _ in range(6))}:
+            if b < need:
+                continue
+            with monkeypatch.context() as m:
+                m.setattr(layout_mod, "smallest_request_reach", lambda *a, **k: 0)
+                lay = plan_layout(classes, b, 16)
+            fits = Chain(lay).price(Demand(smallest_request_pages(lay.bands, 1))).fits
+            assert fits == (b >= reach), (lay.shape_name, b, reach)
+            checked += 1
+            if b < reach:  # and the checked layout refuses it
+                with pytest.raises(BufferTooSmallError):
+                    plan_layout(classes, b, 16)
+    assert checked > 100 and binding > 10  # the grid binds on most of these chains

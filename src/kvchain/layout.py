@@ -194,6 +194,42 @@ def smallest_request_bytes(layout_bands: Sequence[BandLayout], state_slots: int)
     return sum(n * b.page_bytes for n, b in zip(pages, layout_bands, strict=True))
 
 
+def smallest_request_reach(layout_bands: Sequence[BandLayout], state_slots: int) -> int:
+    """Bytes a buffer needs for the smallest request (:func:`smallest_request_pages`) plus
+    the null pages on the empty chain's page grids: the planner's packing of an empty
+    chain, stated once (``docs/pricing.md``, "Chains of N bands": the maximal candidate,
+    ENDs and floats packed leftmost, each float on its own grid).
+
+    The LOW END's pages start at byte 0; each FLOAT starts on the first page of its own
+    grid (``grid_base + j x P_b``) at or above the end of the band below and takes its
+    null page plus its smallest-request pages; the HIGH END is anchored at the buffer's end,
+    so its pages need exactly their bytes above that. With ``x`` the end of the last float
+    and ``n_z x P_z`` the HIGH END's pages, the buffer needs ``x + n_z x P_z`` bytes: at
+    least the pages' bytes, more by each float's grid rounding.
+
+    Example (gemma-3-27b with gemma-3-1b as its draft, ``P = 16``): draft.full 1 x 65,536
+    B ends at 65,536; the window float starts at 6,815,744 (its grid's page 1) and takes
+    (1 null + 65) x 6,815,744 B, ending at 456,654,848; the draft.window float starts at
+    1,267 x 360,448 = 456,687,616 and takes (1 + 33) x 360,448 B, ending at 468,942,848;
+    the full END's 1,310,720 B: 470,253,568 B, against 463,470,592 B of pages.
+
+    Returns:
+        Bytes (the smallest buffer for this packing: the floats' grids do not depend on
+        ``B``, the HIGH END's pages always fit their bytes below ``B``).
+    """
+    pages = smallest_request_pages(layout_bands, state_slots)
+    x = 0
+    last = len(layout_bands) - 1
+    for i, (n, b) in enumerate(zip(pages, layout_bands, strict=True)):
+        span = (b.reserved_pages + n) * b.page_bytes
+        if b.anchor is Anchor.FLOAT:
+            x = -(-(x - b.grid_base) // b.page_bytes) * b.page_bytes + b.grid_base
+        elif i == last and b.anchor is Anchor.HIGH:
+            return x + span
+        x += span
+    return x
+
+
 def band_order_key(c: CacheClass, end: bool = True) -> tuple[int, int, int, int, bool, str]:
     """Sort key of a class in the chain, low -> high: state first (largest slot first),
     the full END last, and between them the floats: full classes that are not the END
@@ -272,10 +308,11 @@ def plan_layout(
         BufferTooSmallError: the buffer cannot hold one smallest request
             (:func:`smallest_request_pages`: one full page, ``ceil((W - 1) / P) + 1``
             pages of every window band, one page of every local band, its state slots) plus
-            the null pages; the message names bytes needed and available. Example (field
-            case F1): ``E_full = E_win = 1,000 B``, ``W = 128``, ``P = 256``,
-            ``B = 600,000``: needs ``256,000 + 2 x 256,000 = 768,000 B`` (+ a null page of
-            256,000 B).
+            the null pages, counted in bytes, or placed on the bands' page grids
+            (:func:`smallest_request_reach`, the planner's packing of the empty chain);
+            the message names bytes needed and available. Example (field case F1):
+            ``E_full = E_win = 1,000 B``, ``W = 128``, ``P = 256``, ``B = 600,000``:
+            needs ``256,000 + 2 x 256,000 = 768,000 B`` (+ a null page of 256,000 B).
     """
     if page_size < 1:
         raise LayoutError(f"page_size must be >= 1 token, got {page_size}")
@@ -337,6 +374,17 @@ def plan_layout(
             f"buffer of {buffer_bytes:,} B cannot hold one smallest request: it needs "
             f"{needed:,} B ({parts}, plus {layout.reserved_bytes:,} B of null pages)",
             needed_bytes=needed,
+            available_bytes=buffer_bytes,
+        )
+    reach = smallest_request_reach(layout.bands, state_slots_per_request)
+    if reach > buffer_bytes:
+        raise BufferTooSmallError(
+            f"buffer of {buffer_bytes:,} B cannot hold one smallest request: its "
+            f"{needed:,} B of pages (with null pages) fit, but no placement of whole pages "
+            f"fits the bands' page grids: packed on them ({layout.shape_name}, each "
+            f"floating band from the first page of its grid above the band below) they "
+            f"need {reach:,} B",
+            needed_bytes=reach,
             available_bytes=buffer_bytes,
         )
     return layout

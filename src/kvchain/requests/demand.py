@@ -162,8 +162,23 @@ def tail_spans(geom: RequestGeometry, points: Sequence[int], after: int = 0,
     return tuple(out)
 
 
+def context_drafts(drafts: int, length: int, context: int | None) -> int:
+    """The drafts a speculative decode may compute at ``length`` tokens in the cache under
+    a model context of ``context`` tokens: ``min(drafts, context - 1 - length)``, never
+    below 0 (``None``: no context, ``drafts``). Positions past ``context - 1`` do not
+    exist, so the step's ``1 + d`` tokens end at position ``context - 1`` at the latest
+    and the request's KV never holds more than ``context`` tokens (vLLM's scheduler cuts a
+    step's tokens, drafts included, at ``max_model_len - 1 - num_computed_tokens``).
+
+    Example: ``k = 3``, ``C = 64``, ``L = 62``: ``min(3, 64 - 1 - 62) = 1`` draft.
+    """
+    if context is None:
+        return drafts
+    return max(0, min(drafts, context - 1 - length))
+
+
 def lifetime_demand(geom: RequestGeometry, prompt: int, output: int,
-                    points: Sequence[int] = ()) -> Demand:
+                    points: Sequence[int] = (), context: int | None = None) -> Demand:
     """A lone request's whole life as one demand on an empty chain: all of its KV
     (``prompt + output - 1`` tokens; the last sampled token is never fed back), its state
     slots, and the window peak of chunks of one page (``ceil((W - 1 + P) / P) + 1``
@@ -171,9 +186,15 @@ def lifetime_demand(geom: RequestGeometry, prompt: int, output: int,
     chunk to what fits. A request whose lifetime demand does not fit the empty chain can
     never finish; one that fits always can, alone (field cases F2, F3, F7) - also after a
     retraction, whose first one-page chunk demands no more than this. With speculative
-    decoding (``geom.spec_tokens = k``) the last step's ``k`` drafts are KV too (its
-    ``1 + k`` tokens are in the cache until the verify), so ``k`` more tokens of every
-    band; the state slots and window slack come from the policies.
+    decoding (``geom.spec_tokens = k``) the last step's drafts are KV too (its ``1 + d``
+    tokens are in the cache until the verify), so ``d`` more tokens of every band, where
+    ``d`` is :func:`context_drafts` at that step's length ``prompt + output - 2``: at most
+    ``k``, and never KV past the model's ``context`` tokens (``None``: no cap); the state
+    slots and window slack come from the policies.
+
+    Example (``P = 16``, one full band, ``k = 3``, ``C = 64``): prompt 60, output 4: the
+    last step at 62 tokens drafts ``min(3, 64 - 1 - 62) = 1``, so 63 + 1 = 64 tokens, 4
+    pages (without the context: 66 tokens, 5 pages).
 
     Raises:
         InvalidDemandError: a prompt or output below 1.
@@ -181,7 +202,10 @@ def lifetime_demand(geom: RequestGeometry, prompt: int, output: int,
     if prompt < 1 or output < 1:
         raise InvalidDemandError(f"prompt and output must be >= 1, got {prompt}, {output}")
     first = min(geom.page_size, prompt)
-    rest = prompt + output - 1 - first + geom.spec_tokens
+    kv = prompt + output - 1
+    if context is not None:
+        kv = max(first, min(kv, context))  # a limit past the context never runs past it
+    rest = kv - first + context_drafts(geom.spec_tokens, kv - 1, context)
     # Later chunks of one page even for a one-page prompt: after a retraction the request
     # is recomputed from prompt + generated tokens, which may span more than a page.
     return request_demand(geom, NOTHING_HELD, 0, first, rest, geom.page_size, points,

@@ -50,7 +50,12 @@ from kvchain.errors import (
 from kvchain.field_types import check_field_types
 from kvchain.layout import smallest_request_pages
 from kvchain.requests.batch import DecodeBatch, sum_demands
-from kvchain.requests.demand import NOTHING_HELD, lifetime_demand, request_demand
+from kvchain.requests.demand import (
+    NOTHING_HELD,
+    context_drafts,
+    lifetime_demand,
+    request_demand,
+)
 from kvchain.requests.manager import KVManager
 from kvchain.requests.suspend import HostSide
 from kvchain.sched.admission import (
@@ -376,7 +381,9 @@ class Scheduler:
 
     def _lifetime_demand(self, prompt: int, output: int,
                          points: tuple[int, ...] = ()) -> Demand:
-        return lifetime_demand(self.kv.geom, prompt, output, points)
+        """:func:`lifetime_demand` under the model's context (drafts capped at it)."""
+        return lifetime_demand(self.kv.geom, prompt, output, points,
+                               self.config.max_context_tokens)
 
     # --- one step ---------------------------------------------------------------------
 
@@ -385,15 +392,13 @@ class Scheduler:
         kv, cfg = self.kv, self.config
         snap, decode_demands = self._decode_check(now)
         step = ScheduledStep(decode_demands)
-        step.drafts_priced = priced = self._drafts_priced()
-        drafts = kv.geom.spec_tokens
+        step.drafts_priced = priced = decode_demands.drafts
         prefilling: list[Request] = []
-        decodes = step.decodes
+        decoding: list[Request] = []
         for r in self.running.values():  # one pass: decodes (running order) and prefills
-            if r.computed < r.prefill_target:
-                prefilling.append(r)
-            else:
-                decodes.append(DecodeSeq(r.rid, r.computed, drafts))
+            (prefilling if r.computed < r.prefill_target else decoding).append(r)
+        drafts = self._step_drafts(kv.geom.spec_tokens, decoding)  # what the engine runs
+        step.decodes.extend(DecodeSeq(r.rid, r.computed, drafts) for r in decoding)
         step.host_write_bytes, self._write_bytes = self._write_bytes, 0
         if not prefilling and not self.waiting and not self.suspended:
             self._pin_if_moves(step, snap)
@@ -596,7 +601,7 @@ class Scheduler:
         """
         try:
             self._check_step(step)
-            drafts = self.kv.geom.spec_tokens
+            drafts = step.decodes[0].drafts if step.decodes else 0
             if step.decodes and step.drafts_priced != drafts:
                 # priced for other drafts than the step computes (a stale step): the take
                 # is the one the engine runs, 1 + drafts tokens per decode
@@ -989,9 +994,29 @@ class Scheduler:
             self._retract(victim, now)
 
     def _decode_demands(self) -> DecodeBatch:
-        return self.kv.decode_demands([r.rid for r in self.running.values()
-                                       if r.computed >= r.prefill_target],
-                                      self._drafts_priced())
+        """The running decodes' demands (running order), priced for this step's drafts
+        (:meth:`_step_drafts` of :meth:`_drafts_priced`)."""
+        decoding = [r for r in self.running.values() if r.computed >= r.prefill_target]
+        return self.kv.decode_demands([r.rid for r in decoding],
+                                      self._step_drafts(self._drafts_priced(), decoding))
+
+    def _step_drafts(self, drafts: int, decoding: Sequence[Request]) -> int:
+        """Drafts per decode of a step whose decodes are ``decoding``: ``drafts`` cut by
+        :func:`context_drafts` at each one's length under ``config.max_context_tokens``,
+        the least of them (a decode batch computes ``1 + d`` tokens for every request, so
+        one request near the end of its context takes fewer drafts for the whole step, and
+        no request's KV runs past the context). ``drafts`` without a context."""
+        context = self.config.max_context_tokens
+        if context is None or not drafts:
+            return drafts
+        return min((context_drafts(drafts, r.computed, context) for r in decoding),
+                   default=drafts)
+
+    def _last_drafts(self, r: Request) -> int:
+        """Drafts priced for ``r``'s last speculative step (its lifetime's ``k`` extra
+        tokens): :func:`context_drafts` at that step's length ``prompt + limit - 2``."""
+        return context_drafts(self._drafts_priced(), r.prompt_tokens + r.output_limit - 2,
+                              self.config.max_context_tokens)
 
     def _drafts_priced(self) -> int:
         """Draft tokens per decode the decode check, the futures and admission price: the
@@ -1032,7 +1057,7 @@ class Scheduler:
         # its last step, in the cache until verified).
         output, expected = self._output_reserve(r, not r.in_prefill)
         if r.in_prefill:
-            spec = self._drafts_priced()
+            spec = self._last_drafts(r)
             output, expected = output + spec, expected + spec
         # Later chunks are reserved at one page: the scheduler cuts them to what fits.
         full_step = self.kv.demand(r.rid, now_tokens, rest_prefill + output,
@@ -1046,7 +1071,7 @@ class Scheduler:
         output, window peak, state slots); after a prefix-cache hit, from the hit on."""
         rest = r.prefill_target - r.computed - chunk
         output, expected = self._output_reserve(r, False)
-        spec = self._drafts_priced()  # its speculative steps' drafts (k tokens more)
+        spec = self._last_drafts(r)  # its speculative steps' drafts (k tokens more)
         output, expected = output + spec, expected + spec
         hc = min(self.kv.geom.page_size, max(rest, 1))
         if r.rid in self.kv:
@@ -1104,9 +1129,10 @@ class Scheduler:
         rest of its prefill, or its next decode token, then its expected output."""
         rest = r.remaining_prefill
         output, expected = self._output_reserve(r, False)
-        spec = self._drafts_priced()
         hc = min(self.kv.geom.page_size, max(rest, 1))
-        extend = 0 if r.in_prefill else 1 + spec  # its next decode (and drafts)
+        spec = self._last_drafts(r)
+        # its next decode (and drafts, cut at the context)
+        extend = 0 if r.in_prefill else 1 + self._step_drafts(self._drafts_priced(), (r,))
         future = self.kv.demand(r.rid, extend, rest + output + spec, hc,
                                 rest + expected + spec)
         return self.kv.resume_demand(r.rid).plus(future)
