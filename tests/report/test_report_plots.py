@@ -85,7 +85,11 @@ def _legend_of_band_chart(samples, monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     monkeypatch.setattr(plots, "_save", keep)
     band_chart(samples, BUFFER, tmp_path / "bands.png")
     (axes,) = seen["figure"].axes
+    seen_title.append(axes.get_title())
     return [t.get_text() for t in axes.get_legend().get_texts()]
+
+
+seen_title: list[str] = []  # the titles _legend_of_band_chart drew, in order
 
 
 def test_band_chart_keys_only_the_owners_it_draws(monkeypatch, tmp_path: Path) -> None:
@@ -106,6 +110,25 @@ def test_band_chart_keys_only_the_owners_it_draws(monkeypatch, tmp_path: Path) -
     texts = _legend_of_band_chart(cached, monkeypatch, tmp_path)
     assert any(t.startswith("prefix cache, evictable") for t in texts)
     assert not any(t.startswith("prefix cache, locked") for t in texts)
+
+
+def test_band_chart_title_names_the_prefix_cache_only_when_it_holds_bytes(
+        monkeypatch, tmp_path: Path) -> None:
+    """The title said "(requests, prefix cache)" on a run without a cache."""
+    seen_title.clear()
+    samples = small_run().step_samples
+    _legend_of_band_chart(samples, monkeypatch, tmp_path)
+    cached = [StepSample(s.t_s, s.duration_s, s.prefill_tokens, s.decode_tokens, s.running,
+                         s.waiting, tuple(
+                             BandSample(b.label, b.lo, b.hi, b.live_bytes, b.hole_bytes,
+                                        b.anchor, cached_bytes=b.live_bytes,
+                                        evictable_bytes=b.live_bytes, request_bytes=0)
+                             for b in s.bands), s.buffer_bytes, s.used_bytes)
+              for s in samples]
+    _legend_of_band_chart(cached, monkeypatch, tmp_path)
+    assert seen_title == [
+        "KV buffer over time: each band's pages by owner (requests; no prefix cache in this run)",
+        "KV buffer over time: each band's pages by owner (requests, prefix cache)"]
 
 
 def _utilization_figure(monkeypatch: pytest.MonkeyPatch, draw):  # type: ignore[no-untyped-def]

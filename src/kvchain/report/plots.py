@@ -149,6 +149,10 @@ _LAYERS = (
 _HOLE_ALPHA = 0.14
 
 
+# bands.png's title; ``owners`` names who holds the bytes drawn.
+_BAND_TITLE = "KV buffer over time: each band's pages by owner ({owners})"
+
+
 def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Path) -> Path:
     """Draw the bands of the chain over time, with who owns their bytes, and save a PNG.
 
@@ -178,7 +182,7 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
         raise ConfigError(f"buffer_bytes must be > 0, got {buffer_bytes}")
     divisor, unit = _byte_unit(buffer_bytes)
     figure, (axes,) = _new_figure(11, 5.5)
-    axes.set_title("KV buffer over time: each band's pages by owner (requests, prefix cache)")
+    axes.set_title(_BAND_TITLE.format(owners="requests; no prefix cache in this run"))
     axes.set_xlabel("simulated time (s)")
     axes.set_ylabel(f"byte offset in the KV buffer ({unit})")
     axes.set_ylim(0, buffer_bytes / divisor)
@@ -217,6 +221,8 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
             axes.step(times, edge / divisor, where="post", color=color, linewidth=0.7)
         handles.append(Patch(facecolor=to_rgba(color, 0.92),
                              label=f"{label} band ({anchor.value} anchored)"))
+    if drawn - {"request"}:  # the title names the prefix cache only where it holds bytes
+        axes.set_title(_BAND_TITLE.format(owners="requests, prefix cache"))
     gray = "#555555"  # the owner keys are shades of gray: each band draws them in its color
     for key, alpha, hatch, text in _LAYERS:
         if key not in drawn:
