@@ -57,3 +57,33 @@ def test_planted_no_check_gets_stuck(monkeypatch: pytest.MonkeyPatch):
                         lambda self, hit: Demand((0,) * self.kv.geom.num_bands))
     with pytest.raises(SimulationStuckError):
         simulate(_config())
+
+
+def _small_gpt_oss() -> SimConfig:
+    """gpt-oss-120b in 100 MB (169 pages a band), 35 Mooncake requests: request 2's hit
+    cannot finish alone, so its attach locks the path (splitting a node) and unlocks it
+    again: the cache's eviction order moves on by two versions in the middle of the
+    admission loop."""
+    return SimConfig(model=load_model("gpt-oss-120b"), gpu=get_gpu("h200"),
+                     trace=load_trace("mooncake", first=35), buffer_bytes=100_000_000)
+
+
+def test_an_undone_attach_leaves_no_stale_snapshot_in_the_ledger():
+    # Regression: the ledger kept pricing on the snapshot from before the undone attach
+    # and its lazy eviction order refused to grow ("eviction order of cache version 44
+    # asked for row 1 at version 46"): `kvchain simulate --buffer-bytes 100000000
+    # --requests 35` stopped with PlanMismatchError.
+    result = simulate(_small_gpt_oss())
+    s = result.summary
+    assert s.requests_finished + s.requests_rejected == 35
+    assert s.admitted_but_unallocatable == 0 and s.leaked_pages == 0
+
+
+def test_planted_stale_ledger_is_caught(monkeypatch: pytest.MonkeyPatch):
+    # The sibling: a ledger not rebased after an attach prices on a stale eviction
+    # order, which the order itself refuses.
+    from kvchain.errors import PlanMismatchError
+
+    monkeypatch.setattr(sched_module.Scheduler, "_rebased", lambda self, budget: True)
+    with pytest.raises(PlanMismatchError, match="asked for row"):
+        simulate(_small_gpt_oss())

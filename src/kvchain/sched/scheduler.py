@@ -441,8 +441,12 @@ class Scheduler:
                 break
             self._load_back(r, budget, step)
             attached = self._attach(r)
-            if attached and not budget.rebase(self.chain.snapshot()):
-                self._detach(r, budget)
+            # A load-back or an attach may change the cache (a lock, or a lock undone by
+            # a hit that can never fit: its node split, the order's version bumped), so
+            # the ledger prices from the chain's snapshot now, never a stale one.
+            if not self._rebased(budget):
+                if attached:
+                    self._detach(r, budget)
                 break
             upper = self._chunk_cap(r, tokens_left)
             c = budget.largest(functools.partial(self._admission_demand, r), upper, page)
@@ -564,6 +568,14 @@ class Scheduler:
             else:
                 pages.append(1 if pol.per_request and h else 0)
         return Demand(tuple(pages))
+
+    def _rebased(self, budget: ChainPrefillBudget) -> bool:
+        """Rebase ``budget`` on the chain's snapshot if it changed since the budget's
+        (the chain caches one snapshot per epoch, and every change of the prefix cache's
+        eviction order is a new epoch: an identity test); return whether what is
+        reserved still fits there (``True`` when nothing changed)."""
+        snap = self.chain.snapshot()
+        return snap is budget.snapshot or budget.rebase(snap)
 
     def _detach(self, r: Request, budget: ChainPrefillBudget) -> None:
         """Undo :meth:`_attach` of a request not admitted, and rebase the ledger (the

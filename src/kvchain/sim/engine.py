@@ -565,7 +565,9 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                       "prefix_hit_tokens": stats.hit_tokens,
                       "prefix_evicted_pages": sum(cache.evicted_pages),
                       "cow_state_copies": kv.cow_state_copies,
-                      **stats.add_bounds(config.trace, layout)})
+                      **stats.add_bounds(config.trace, layout, {
+                          rec.request_id for rec in recorder.records
+                          if rec.admitted_s is not None})})
     summary = summarize(recorder, extra=extra)
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
                      tuple(sched.unallocatable), stats, fast_steps)

@@ -5,7 +5,7 @@ show)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,19 +90,27 @@ class PrefixCacheStats:
             out[f"LRU of the buffer ({self.lru_capacity_pages:,} pages)"] = self.lru_bound
         return out
 
-    def add_bounds(self, trace: Trace, layout: ChainLayout) -> dict[str, float]:
+    def add_bounds(self, trace: Trace, layout: ChainLayout,
+                   admitted: Collection[int] | None = None) -> dict[str, float]:
         """Compute the infinite-cache and LRU bounds of ``trace``'s prompts at the run's
         page size (the LRU holding ``layout.buffer_bytes`` of full-attention pages) into
         this record; return them as ``extra`` counters in percent
-        (``prefix_infinite_bound_pct``, ``prefix_lru_bound_pct``)."""
+        (``prefix_infinite_bound_pct``, ``prefix_lru_bound_pct``).
+
+        ``admitted``: the request ids the run admitted (the requests whose prompts
+        :attr:`prompt_tokens` counts); the bounds are then over those requests alone, so
+        a request rejected (it never fits, or passes the context) or never reached by the
+        run's end weighs in neither rate. ``None``: every request of the trace."""
         page, block = layout.page_size, trace_block_tokens(trace)
-        self.infinite_bound = hit_bound(trace.requests, page, block_tokens=block).hit_rate
+        requests = (trace.requests if admitted is None else
+                    [r for r in trace.requests if r.request_id in admitted])
+        self.infinite_bound = hit_bound(requests, page, block_tokens=block).hit_rate
         extra = {"prefix_infinite_bound_pct": round(100 * self.infinite_bound, 2)}
         full = layout.index_of(LifetimeClass.FULL)
         if full is not None:
             per_token = layout.bands[full].page_bytes // page
             self.lru_capacity_pages = lru_capacity_pages(layout.buffer_bytes, per_token, page)
-            self.lru_bound = hit_bound(trace.requests, page, block_tokens=block,
+            self.lru_bound = hit_bound(requests, page, block_tokens=block,
                                        capacity_pages=self.lru_capacity_pages).hit_rate
             extra["prefix_lru_bound_pct"] = round(100 * self.lru_bound, 2)
         return extra
