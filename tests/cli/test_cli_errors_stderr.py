@@ -75,3 +75,23 @@ def test_bad_audit_switch_is_bad_input(args: list[str], monkeypatch: pytest.Monk
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     assert "KVCHAIN_AUDIT" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+def test_a_run_stopped_by_an_error_exits_1_and_says_stopped(
+        command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typed error raised once the run is under way is no bad input: exit 1 and
+    ``error: stopped: <Type>: ...`` on stderr. ``compare`` printed the bare message with
+    exit 2 (the bad-input code), so a planner took an internal error for a wrong flag."""
+    from kvchain.errors import PlanMismatchError
+    from kvchain.sched.scheduler import Scheduler
+
+    def broken(self, now):  # type: ignore[no-untyped-def]
+        raise PlanMismatchError("planted")
+
+    monkeypatch.setattr(Scheduler, "step", broken)
+    args = [command, "--requests", "3", "--managers", "kvchain"] if command == "compare" \
+        else [command, "--requests", "3"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "error: stopped: PlanMismatchError: planted" in result.stderr

@@ -387,3 +387,28 @@ def test_sweep_title_names_only_options_every_point_shares():
     assert sweep_table(same).title == ("sweep: model=gpt-oss-120b, gpu=h200, tp=1, "
                                        "trace=mooncake, manager=kvchain, "
                                        "buffer_bytes=67,289,933,312")
+
+
+def test_sweep_ray_without_ray_keeps_the_finished_sweep(tmp_path, monkeypatch):
+    # Regression: `--ray` without ray installed cleared sweep.jsonl (4 finished points here)
+    # before it failed on the import, so a re-run without --resume lost them.
+    import builtins
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["sweep", "--grid", str(grid), "--out", str(out), "--workers",
+                               "1", "--no-plots"]).exit_code == 0
+    before = (out / "sweep.jsonl").read_text()
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name == "ray":
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    result = runner.invoke(app, ["sweep", "--grid", str(grid), "--out", str(out), "--ray"])
+    assert result.exit_code == 2
+    assert "--ray needs the optional ray package" in result.output
+    assert (out / "sweep.jsonl").read_text() == before

@@ -120,6 +120,17 @@ def fail(message: object, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def stopped(exc: Exception) -> NoReturn:
+    """A run (simulate, compare, sweep) stopped by a typed error after its input was
+    accepted: ``error: stopped: <Type>: <message>`` on stderr and exit 1 (2 is for bad
+    input, refused before anything runs).
+
+    Raises:
+        typer.Exit: always.
+    """
+    fail(f"stopped: {type(exc).__name__}: {exc}", code=1)
+
+
 def warn(message: str) -> None:
     """Print ``warning: <message>`` on stderr (wrapped to the terminal): the run goes on."""
     stderr_console().print(f"[yellow]warning:[/yellow] {escape(message)}")

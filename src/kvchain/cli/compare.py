@@ -29,6 +29,7 @@ from kvchain.cli.common import (
     hint,
     note_rejections,
     overload_hint,
+    stopped,
 )
 from kvchain.cli.prepare import prepare_run
 from kvchain.cli.run_options import (
@@ -120,7 +121,7 @@ def compare(
             runs = compare_managers(cfg, kinds, progress=lambda k, done, _total: bar.update(
                 tasks[k], completed=done))
     except KVChainError as exc:
-        fail(exc)
+        stopped(exc)
     data = compare_json(runs)
     written = []
     if out is not None:

@@ -15,11 +15,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from kvchain.cache.radix import CacheGeometry
 from kvchain.cli import app
 from kvchain.cli.common import (
-    fail,
     hint,
     note_rejections,
     overload_hint,
     render_bands,
+    stopped,
 )
 from kvchain.cli.prepare import prepare_run
 from kvchain.cli.run_options import (
@@ -88,7 +88,7 @@ def simulate_command(
             result = simulate(sim_config, progress=lambda done, _total: bar.update(
                 task, completed=done))
         except KVChainError as exc:
-            fail(f"stopped: {type(exc).__name__}: {exc}", code=1)
+            stopped(exc)
     wall = time.perf_counter() - started
     summary = result.summary
     settings = {"model": model_spec.name, "gpu": gpu_spec.name, "trace": tr.name,

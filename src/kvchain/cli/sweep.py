@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.cli import app
-from kvchain.cli.common import fail, note, prepare_out_dir, warn
+from kvchain.cli.common import fail, note, prepare_out_dir, stopped, warn
 from kvchain.cli.run_options import GivenOptions, inert_warnings, run_options
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.report.sweep import (
@@ -44,7 +44,13 @@ from kvchain.sim.sweep import (
     slo_tasks,
     upgrade_row,
 )
-from kvchain.sim.sweep_run import default_workers, run_local, run_ray
+from kvchain.sim.sweep_run import (
+    RayUnavailableError,
+    default_workers,
+    require_ray,
+    run_local,
+    run_ray,
+)
 
 
 def _split(text: str | None, key: str) -> list[Any] | None:
@@ -166,6 +172,8 @@ def sweep_command(
         lo, hi = _range(SLO_RANGE if slo_range is None else slo_range)
         tol = SLO_TOL if slo_tol is None else slo_tol
         check_search_bounds(lo, hi, tol)  # before the out folder or any line of output
+        if ray or ray_address is not None:
+            require_ray()  # before the out folder is touched or a finished sweep cleared
         # Validate every configuration here (unknown model/GPU/trace) before any run, and
         # collect the options a configuration cannot act on (the cache off on its chain).
         inert: dict[str, list[str]] = {}
@@ -222,8 +230,10 @@ def sweep_command(
                 new = run_ray(fn, todo_tasks, ray_address, on_done)
             else:
                 new = run_local(fn, todo_tasks, n_workers, on_done)
-        except KVChainError as exc:
+        except RayUnavailableError as exc:
             fail(exc)
+        except KVChainError as exc:
+            stopped(exc)
     wall = time.perf_counter() - started
     by_key = dict(done_rows)
     by_key.update(zip([keys[i] for i in todo], new, strict=True))

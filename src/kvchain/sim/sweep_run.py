@@ -71,6 +71,21 @@ def run_local(fn: Callable[[T], R], tasks: Sequence[T], workers: int,
     return results
 
 
+def require_ray() -> Any:
+    """The ``ray`` module (an optional extra), imported.
+
+    Raises:
+        RayUnavailableError: ray is not installed (say so before anything is written or
+            cleared: ``kvchain sweep --ray`` checks it first).
+    """
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailableError("--ray needs the optional ray package: "
+                                  "pip install 'kvchain[ray]'") from None
+    return ray
+
+
 def run_ray(fn: Callable[[T], R], tasks: Sequence[T], address: str | None = None,
             on_done: OnDone | None = None) -> list[R]:
     """Run the tasks as Ray tasks (one CPU each): on the already initialized Ray, else
@@ -80,11 +95,7 @@ def run_ray(fn: Callable[[T], R], tasks: Sequence[T], address: str | None = None
     Raises:
         RayUnavailableError: ray is not installed.
     """
-    try:
-        import ray
-    except ImportError:
-        raise RayUnavailableError("--ray needs the optional ray package: "
-                                  "pip install 'kvchain[ray]'") from None
+    ray = require_ray()
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     remote = ray.remote(num_cpus=1)(fn)
