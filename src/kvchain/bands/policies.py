@@ -111,11 +111,14 @@ class BandPolicy:
         raise NotImplementedError
 
     def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
-                     first: int, start: int, stop: int, headroom: int) -> int:
-        """Pages the band adds for the prefix cache's resume points ``points`` (page
-        counts) reached by the tokens ``(start, stop]``, whose kept window pages are
-        ``tails`` (``(lo, hi)`` ranges) for a request whose first held page is ``first``
-        and that reserves ``headroom`` later tokens: 0 for a band that keeps nothing."""
+                     first: int, end: int, start: int, extend: int, headroom: int,
+                     chunk: int = 1, horizon: int = 0) -> int:
+        """Pages the band adds to :meth:`pages` (same arguments: a request holding
+        ``[first, end)`` computes ``extend`` tokens from ``start``, then ``headroom`` later
+        tokens in chunks of at most ``chunk``, ``horizon`` expected) for the prefix cache's
+        resume points ``points`` (page counts) reached by the tokens ``(start, start +
+        extend + headroom]``, whose kept window pages are ``tails`` (``(lo, hi)`` ranges):
+        0 for a band that keeps nothing."""
         return 0
 
 
@@ -165,17 +168,27 @@ class _WindowedPolicy(BandPolicy):
         between, so the two do not add up); 0 when nothing is computed now or later."""
         if not (extend or headroom or horizon):
             return start * 0
+        now, later, have = self._spans(first, end, start, extend, headroom, chunk, horizon)
+        return at_least_0(larger(now, later) - have)
+
+    def _spans(self, first: IntLike, end: IntLike, start: IntLike, extend: int,
+               headroom: int, chunk: int, horizon: int) -> tuple[IntLike, IntLike, IntLike]:
+        """``(now, later, have)`` of :meth:`pages`: the pages covering
+        ``[first_page(s), ceil((s + c) / P))`` (the chunk's live span), the most a later
+        step's live span holds (0 without later tokens) and the held pages inside the
+        chunk's span."""
         p = self.page_size
         stop = start + extend
         need_first = self.first_page(start)
         end_page = ceil_div(stop, p)
         have = at_least_0(smaller(end, end_page) - larger(first, need_first))
-        peak = end_page - need_first
+        now = end_page - need_first
+        later = now * 0
         ahead = max(headroom, horizon)
         if ahead:
-            later = ceil_div(stop + ahead, p) - self.first_page(stop)
-            peak = larger(peak, smaller(later, self.later_peak_pages(min(chunk, ahead))))
-        return at_least_0(peak - have)
+            later = at_least_0(smaller(ceil_div(stop + ahead, p) - self.first_page(stop),
+                                       self.later_peak_pages(min(chunk, ahead))))
+        return now, later, have
 
     def resume_start(self, point: int) -> int:
         """``first_page(point * P)``: the window tail a hit after ``point`` pages reads."""
@@ -207,13 +220,32 @@ class _WindowedPolicy(BandPolicy):
         return max(plain, ceil_div(self.tokens + self.spec - 1, p) + 1)
 
     def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
-                     first: int, start: int, stop: int, headroom: int) -> int:
-        """With ``headroom``, the pages of the kept tail ranges ``tails`` (disjoint,
-        sorted) from page ``first`` on: kept for the prefix cache instead of released, so
-        a reservation adds them (an upper bound); 0 without headroom."""
+                     first: int, end: int, start: int, extend: int, headroom: int,
+                     chunk: int = 1, horizon: int = 0) -> int:
+        """With ``headroom``, what the kept tail ranges ``tails`` (disjoint, sorted; kept
+        for the prefix cache instead of released) add to the band's peak from now on:
+        ``max(now, later + T - X) - max(now, later)``, with ``now``, ``later`` the live
+        spans of :meth:`pages` (the chunk's, a later step's), ``T`` the tail pages from
+        page ``first`` on and ``X`` those of them below the chunk's first live page
+        (held now and kept, so never taken again). This chunk's take is its live span
+        (a tail inside it is one of its pages); at a later step every tail may be kept
+        behind the live span (an upper bound: the insert at the prefill end hands them to
+        the cache). 0 without headroom (a step's own take keeps what it holds).
+
+        Example (``P = 16``, ``W = 128``): a first chunk of 8,192 tokens of a
+        13,824-token prompt with tails of 8 pages at each of its 27 block boundaries,
+        later chunks of one page: ``now = 512``, ``later = 1 + 8 = 9``, ``T = 216``,
+        ``X = 0``: ``max(512, 225) - 512 = 0`` pages (adding ``T`` reserved 216 more)."""
         if not headroom:
             return 0
-        return sum(hi - max(lo, first) for lo, hi in tails if hi > first)
+        kept = sum(hi - max(lo, first) for lo, hi in tails if hi > first)
+        if not kept:
+            return 0
+        need_first = int(self.first_page(start))
+        behind = sum(min(hi, need_first) - max(lo, first) for lo, hi in tails
+                     if min(hi, need_first) > max(lo, first))
+        now, later, _ = self._spans(first, end, start, extend, headroom, chunk, horizon)
+        return max(int(now), int(later) + kept - behind) - max(int(now), int(later))
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,10 +293,13 @@ class StatePolicy(BandPolicy):
         return self.slots if end == 0 else 0
 
     def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
-                     first: int, start: int, stop: int, headroom: int) -> int:
+                     first: int, end: int, start: int, extend: int, headroom: int,
+                     chunk: int = 1, horizon: int = 0) -> int:
         """Checkpoint slots for the resume points ``points`` (page counts) reached by the
-        tokens ``(start, stop]``: one per point ``q`` with ``start < q * P <= stop``."""
+        tokens ``(start, stop]``, ``stop = start + extend + headroom``: one per point ``q``
+        with ``start < q * P <= stop``."""
         p = self.page_size
+        stop = start + extend + headroom
         return sum(1 for q in points if start < q * p <= stop)
 
     def peak_pages(self, chunk: int) -> int:

@@ -100,9 +100,10 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
             sorted; :func:`kvchain.cache.radix.resume_points`): one state checkpoint slot
             for each point reached by ``(start, start + extend + headroom]``.
         tails: per band, the window pages kept for those points, as disjoint sorted page
-            ranges ``(lo, hi)`` (:func:`tail_spans`); with headroom, every one from the
-            band's first held page on is added to its demand (kept pages are not released
-            for reuse: an upper bound).
+            ranges ``(lo, hi)`` (:func:`tail_spans`); with headroom, the band's peak
+            from now on holds them beside its live span (``resume_pages`` of the window
+            policy: every one from the band's first held page on at a later step, an
+            upper bound; a tail inside this chunk's span is one of its pages already).
         horizon: later tokens the request is expected to compute, when more than
             ``headroom`` (0: ``headroom``): the window bands' later peak is taken over
             ``max(headroom, horizon)`` tokens, the full band's pages over ``headroom`` (a
@@ -129,14 +130,14 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
         raise InvalidDemandError(f"bad token counts: start={start} extend={extend} "
                                  f"headroom={headroom} headroom_chunk={headroom_chunk} "
                                  f"horizon={horizon}")
-    span, pages, stop = held.span, [], start + extend + headroom
+    span, pages = held.span, []
     for pol in geom.policies:
         b = pol.band
         first, end = span(b)
         got = pol.pages(first, end, start, extend, headroom, headroom_chunk, horizon)
         if points:
-            got += pol.resume_pages(points, tails[b] if b < len(tails) else (), first,
-                                    start, stop, headroom)
+            got += pol.resume_pages(points, tails[b] if b < len(tails) else (), first, end,
+                                    start, extend, headroom, headroom_chunk, horizon)
         pages.append(got)
     return Demand(tuple(pages))
 

@@ -447,12 +447,14 @@ class Scheduler:
             if not self._rebased(budget):
                 if attached:
                     self._detach(r, budget)
+                step.memory_blocked = True  # the locked hit left the ledger short
                 break
             upper = self._chunk_cap(r, tokens_left)
             c = budget.largest(functools.partial(self._admission_demand, r), upper, page)
             if not c and attached:
                 self._detach(r, budget)
                 if self.running or not budget.reserved.is_empty:
+                    step.memory_blocked = upper > 0  # as below: memory refused the chunk
                     break
                 # Alone, the hit itself may be what does not fit (its locked checkpoint is
                 # one state slot more than the request's lifetime): serve it uncached.
