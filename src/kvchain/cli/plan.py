@@ -90,7 +90,10 @@ HOST_FRACTION_HELP = ("The host tier as a fraction of this machine's physical me
 HOST_INTERVAL_HELP = ("Tokens between a cached prefix's resume points in the host tier "
                       "(rounded up to whole pages; 512: the Mooncake traces' content "
                       "blocks). On a state hybrid each resume point costs a state "
-                      "checkpoint.")
+                      "checkpoint. simulate takes no such option: it splits by the "
+                      "trace's own spacing (its content block times the mean spacing of "
+                      "the resume points its prompts keep), so plan with the block size "
+                      "of the trace you will run.")
 
 
 @app.command("plan", short_help="Bands and capacity of one model's chain.")
