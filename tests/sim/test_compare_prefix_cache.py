@@ -67,6 +67,14 @@ def test_equal_pages_of_544_tokens_never_hit_a_shared_first_block():
         summary = run.summary  # type: ignore[attr-defined]
         assert summary.requests_finished == 2
         assert summary.admitted_but_unallocatable == 0 and summary.leaked_pages == 0
+    # compare says why (a user saw 0.00 % with no word why): 544 and 512 divide neither
+    # way; the 16-token pages tile the blocks (512 = 32 x 16) and the ideal's 1-token too.
+    notes = {k: r.straddle_note(512) for k, r in runs.items()}  # type: ignore[attr-defined]
+    assert notes[ManagerKind.EQUAL_PAGE] == (
+        "equal-page: its 544-token pages straddle the trace's 512-token content blocks, so "
+        "prompts share a cached page only where they share every block it overlaps (hit "
+        "rate 0.00 %)")
+    assert [k for k, n in notes.items() if n is not None] == [ManagerKind.EQUAL_PAGE]
 
 
 def test_a_pool_that_keeps_a_released_page_shows_as_a_leak(monkeypatch: pytest.MonkeyPatch):

@@ -27,6 +27,7 @@ from kvchain.cli import app
 from kvchain.cli.common import (
     fail,
     hint,
+    note,
     note_rejections,
     overload_hint,
     stopped,
@@ -49,6 +50,7 @@ from kvchain.report.compare import compare_plot
 from kvchain.report.sweep import print_whole
 from kvchain.report.tables import METRIC_DEFINITIONS, comparison_table
 from kvchain.sim.compare import ManagerRun, check_kinds, compare_managers
+from kvchain.sim.prefix import trace_block_tokens
 from kvchain.sim.traces import TRACE_FORMATS_HELP
 
 
@@ -141,6 +143,9 @@ def compare(
             console.print(f"[bold]{k}[/bold]: {r.rule}")
     for k, r in runs.items():
         note_rejections(r.rejected, who=str(k))
+        straddle = r.straddle_note(trace_block_tokens(tr))
+        if straddle is not None:
+            note(straddle)
     if as_json:
         return  # stdout is the JSON alone; the files are where --out said
     if written:

@@ -134,6 +134,8 @@ class ManagerRun:
             band), or ``None`` when the cache was off; ``summary.extra`` then also has
             ``prefix_hit_rate_pct``, ``prefix_hit_tokens`` and ``prefix_evicted_pages``.
         rejected: ``(request id, reason)`` of every rejected request, in arrival order.
+        page_tokens: tokens per page of the manager's own pages (the equal-page pool's
+            grown block; 1 for the exact-bytes ideal); 0 when not known.
     """
 
     kind: ManagerKind
@@ -146,6 +148,23 @@ class ManagerRun:
     u_star_mem: float | None = None
     prefix_cache: PrefixCacheStats | None = None
     rejected: tuple[tuple[int, str], ...] = ()
+    page_tokens: int = 0
+
+    def straddle_note(self, block_tokens: int) -> str | None:
+        """Why this manager's prefix cache hits less: its pages straddle the trace's
+        content blocks of ``block_tokens`` tokens (neither size divides the other), so a
+        page's key depends on every block it overlaps and two prompts share a page only
+        where they share all of those blocks (the equal-page pool's 544-token pages on a
+        state hybrid, against Mooncake's 512-token blocks: a shared first block alone is
+        no shared page). ``None`` with the cache off, an unknown page size, or pages that
+        tile the blocks."""
+        p, b = self.page_tokens, block_tokens
+        if self.prefix_cache is None or p <= 0 or b <= 0 or p % b == 0 or b % p == 0:
+            return None
+        return (f"{self.kind}: its {p:,}-token pages straddle the trace's {b:,}-token "
+                f"content blocks, so prompts share a cached page only where they share "
+                f"every block it overlaps (hit rate "
+                f"{100 * self.prefix_cache.hit_rate:.2f} %)")
 
 
 class _BytesObserver:
@@ -235,7 +254,7 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
                       tuple(points[::stride]), buffer, u_mem, result.prefix_cache,
                       tuple((r.request_id, r.rejected_reason)
                             for r in result.recorder.records
-                            if r.rejected_reason is not None))
+                            if r.rejected_reason is not None), page)
 
 
 def check_kinds(kinds: Sequence[ManagerKind]) -> None:
