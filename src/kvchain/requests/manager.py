@@ -138,7 +138,6 @@ class KVManager:
                 pads.append(-1)
         self._table = RequestTable(self.geom.policies, pads)
         self._requests: dict[int, CacheFacts] = {}
-        self._by_slot: dict[int, CacheFacts] = {}
         self._slots_memo: _SlotLookup | None = None  # the last lookup (:meth:`_lookup`)
         self._zero_demand = Demand.zeros(self.geom.num_bands)
         # pages per band -> the one Demand of those pages, shared by the decode batches'
@@ -295,11 +294,10 @@ class KVManager:
 
     def _register(self, rid: int) -> CacheFacts:
         facts = self._requests[rid] = CacheFacts(self._table.bind(rid))
-        self._by_slot[facts.slot] = facts
         return facts
 
     def _unregister(self, rid: int) -> None:
-        del self._by_slot[self._requests.pop(rid).slot]
+        del self._requests[rid]
         self._table.unbind(rid)
         self._glue.forget(rid)
 
@@ -867,7 +865,7 @@ class KVManager:
         shared = table.shared[rows]
         if shared.any():
             mine = cols >= shared
-            self._glue.unpin_fronts(band, s, f, c, [self._by_slot[i] for i in s.tolist()])
+            self._glue.unpin_pages(band, vids[~mine])
             self.chain.release(band, vids[mine])
         else:
             self.chain.release(band, vids)
