@@ -566,7 +566,7 @@ class KVManager:
         batch (``drafts = k > 0``: a speculative step, ``1 + k`` tokens each: the token
         sampled last and ``k`` drafts; its window bands hold ``W + k`` tokens).
 
-        Vectorized over the batch (:meth:`RequestTable.decode_columns`: the band policies'
+        Vectorized over the batch (:meth:`RequestTable.decode_rows`: the band policies'
         formulas over the gathered rows); a :class:`Demand` is built only for the requests
         that need a page (about one in ``P`` per band per step; the rest share one empty
         demand). A request that holds nothing gets the demand of its first token. With a
@@ -598,21 +598,20 @@ class KVManager:
         check = (table.tokens[slots] + drafts >= table.need_at[slots]).nonzero()[0]
         if not check.size:
             return DecodeBatch.of(self, ids, drafts, out, nb, ())
-        matrix = np.stack(table.decode_columns(slots[check], extend), axis=1)
-        needs = np.flatnonzero(matrix.any(axis=1))
-        if not needs.size:
+        rows = table.decode_rows(slots[check], extend)
+        at = [i for i, row in zip(check.tolist(), rows, strict=True) if any(row)]
+        if not at:
             return DecodeBatch.of(self, ids, drafts, out, nb, ())
-        at = check[needs].tolist()
-        matrix = matrix[needs]
         memo = self._demand_memo
         if len(memo) > 4_096:
             memo.clear()
-        for i, row in zip(at, matrix.tolist(), strict=True):
-            key = tuple(row)
+        keys = [tuple(row) for row in rows if any(row)]
+        for i, key in zip(at, keys, strict=True):
             d = memo.get(key)
             if d is None:
                 d = memo[key] = Demand(key)
             out[i] = d
+        matrix = np.array(keys, dtype=np.int64)
         return DecodeBatch.of(self, ids, drafts, out, nb, at, matrix)
 
     # --- allocation ------------------------------------------------------------------------

@@ -36,8 +36,15 @@ from itertools import repeat
 
 import numpy as np
 
-from kvchain.bands.policies import BandPolicy, grown_pages
+from kvchain.bands.policies import BandPolicy, IntLike, grown_pages, smaller
 from kvchain.requests.demand import HeldPages
+
+#: Most rows :meth:`RequestTable.decode_rows` and :meth:`RequestTable.refresh_need` run
+#: the band formulas over as Python ints (measured on the decode-step benchmark: a window
+#: band's formula costs about 6 us over a numpy array of any small length and 0.7 us over
+#: ints, so ints win below about 8 rows; docs/benchmarks.md, "Decode step speed").
+SCALAR_ROWS = 8
+_NO_NEED = int(np.iinfo(np.int64).max)  # ``need_at`` of a request no band bounds
 
 
 class RequestTable:
@@ -209,16 +216,29 @@ class RequestTable:
 
     # --- the decode step ----------------------------------------------------------------
 
-    def decode_columns(self, slots: np.ndarray, extend: int = 1) -> list[np.ndarray]:
+    def decode_rows(self, slots: np.ndarray, extend: int = 1) -> list[list[int]]:
         """Pages each request at ``slots`` must add to compute ``extend`` more tokens (1:
-        a decode; ``1 + k``: a speculative decode with ``k`` drafts): one int64 array
-        ``[len(slots)]`` per band (a band's column of the batch's demands), each band
-        policy's :meth:`~kvchain.bands.policies.BandPolicy.pages` over the held spans
-        ``[first, rowlen)`` (the formula ``request_demand`` runs for one request)."""
+        a decode; ``1 + k``: a speculative decode with ``k`` drafts): one list of pages
+        per band per request (a row of the batch's ``[rows, bands]`` demand matrix), each
+        band policy's :meth:`~kvchain.bands.policies.BandPolicy.pages` over the held spans
+        ``[first, rowlen)`` (the formula ``request_demand`` runs for one request).
+
+        The policies' formulas are written over integer arithmetic that serves Python
+        ints and int64 arrays alike; a numpy call costs about 0.5-1 us whatever its
+        length, so up to :data:`SCALAR_ROWS` rows (a small batch's decode step: about one
+        request in ``P`` crosses a page) run them over the rows' ints (three gathers,
+        then a fraction of a microsecond per row and band), more rows over the gathered
+        columns (one formula per band)."""
         t = self.tokens[slots]
-        first, rowlen = self.first, self.rowlen
-        return [pol.pages(first[pol.band][slots], rowlen[pol.band][slots], t, extend)
-                for pol in self.policies]
+        first, rowlen = self.first[:, slots], self.rowlen[:, slots]
+        pols = self.policies
+        if slots.size <= SCALAR_ROWS:
+            ts, fs, rs = t.tolist(), first.T.tolist(), rowlen.T.tolist()
+            return [[pol.pages(f[pol.band], r[pol.band], ti, extend) for pol in pols]
+                    for ti, f, r in zip(ts, fs, rs, strict=True)]
+        cols = [pol.pages(first[pol.band], rowlen[pol.band], t, extend) for pol in pols]
+        out: list[list[int]] = np.stack(cols, axis=1).tolist()
+        return out
 
     def truncate(self, band: int, slots: np.ndarray, keep_end: np.ndarray) -> np.ndarray:
         """Take the pages of rows ``slots`` in ``band`` at columns ``keep_end`` and past
@@ -244,22 +264,41 @@ class RequestTable:
         ``held * P`` over the full band and the window bands' last held page (a decode
         at ``L`` needs page ``L // P`` there first), or 0 (work it out every step) for a
         request with no state slot, an empty window band, or a window band whose held
-        pages start after the token's window (pages missing on the left)."""
+        pages start after the token's window (pages missing on the left). Over the rows'
+        ints up to :data:`SCALAR_ROWS` rows, over the gathered columns above (one
+        formula, :meth:`_need`)."""
         if not slots.size:
             return
         t = self.tokens[slots]
-        need = np.full(slots.size, np.iinfo(np.int64).max, dtype=np.int64)
-        rowlen = self.rowlen
+        first, rowlen = self.first[:, slots], self.rowlen[:, slots]
+        if slots.size <= SCALAR_ROWS:
+            needs = []
+            for ti, f, r in zip(t.tolist(), first.T.tolist(), rowlen.T.tolist(), strict=True):
+                need, zero = self._need(ti, f, r)
+                needs.append(0 if zero else need)
+            self.need_at[slots] = needs
+            return
+        need, zero = self._need(t, first, rowlen)
+        self.need_at[slots] = np.where(zero, 0, need)
+
+    def _need(self, t: IntLike, first: Sequence[IntLike] | np.ndarray,
+              rowlen: Sequence[IntLike] | np.ndarray) -> tuple[IntLike, IntLike]:
+        """:meth:`refresh_need`'s formula for requests at ``t`` tokens holding
+        ``[first[band], rowlen[band])`` per band (ints of one request, or int64 columns
+        of many): ``(need, zero)``, the token count ``need`` below which a decode needs no
+        page, and whether it must be 0 instead (work it out every step)."""
+        need: IntLike = _NO_NEED
+        zero: IntLike = t < 0  # False (every request has t >= 0), of t's kind
         for pol in self.policies:
-            end = rowlen[pol.band][slots]
+            end = rowlen[pol.band]
             if pol.per_request:
-                need[end == 0] = 0
+                zero = zero | (end == 0)
                 continue
-            np.minimum(need, end * pol.page_size, out=need)
+            need = smaller(need, end * pol.page_size)
             if pol.windowed:
-                first = self.first[pol.band][slots]
-                need[(end == first) | (first > pol.first_page(t))] = 0
-        self.need_at[slots] = need
+                f = first[pol.band]
+                zero = zero | (end == f) | (f > pol.first_page(t))
+        return need, zero
 
     # --- a run of decode steps (the simulator's fast-forward) ---------------------------
 
