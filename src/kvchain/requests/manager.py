@@ -847,13 +847,20 @@ class KVManager:
         ``keep_from`` (per row); the cache's shared pages among them are unpinned instead.
         Returns the pages taken out of the rows."""
         table = self._table
-        first, end = table.first[band][slots], table.rowlen[band][slots]
-        drop = np.minimum(keep_from - first, end - first)
-        at = (drop > 0).nonzero()[0]
+        first = table.first[band][slots]
+        # a row drops pages only where its next window starts past its first held page
+        # (then ``min(keep_from, end) - first`` of them): the few rows that crossed a page
+        at = np.flatnonzero(keep_from > first)
         if not at.size:
             return 0
-        s, f, c = slots[at], first[at], drop[at]
-        if int(c.sum()) == at.size:  # one page each (a decode step)
+        s, f = slots[at], first[at]
+        c = np.minimum(keep_from[at], table.rowlen[band][s]) - f
+        if not c.all():  # an empty row (end == first) drops nothing
+            keep = np.flatnonzero(c > 0)
+            if not keep.size:
+                return 0
+            s, f, c = s[keep], f[keep], c[keep]
+        if int(c.sum()) == s.size:  # one page each (a decode step)
             rows, cols = s, f
         else:
             rows = np.repeat(s, c)
