@@ -598,14 +598,14 @@ class KVManager:
         check = (table.tokens[slots] + drafts >= table.need_at[slots]).nonzero()[0]
         if not check.size:
             return DecodeBatch.of(self, ids, drafts, out, nb, ())
-        rows = table.decode_rows(slots[check], extend)
-        at = [i for i, row in zip(check.tolist(), rows, strict=True) if any(row)]
-        if not at:
+        needs, keys = table.decode_rows(slots[check], extend)
+        if not needs:
             return DecodeBatch.of(self, ids, drafts, out, nb, ())
+        where = check.tolist()
+        at = [where[j] for j in needs]
         memo = self._demand_memo
         if len(memo) > 4_096:
             memo.clear()
-        keys = [tuple(row) for row in rows if any(row)]
         for i, key in zip(at, keys, strict=True):
             d = memo.get(key)
             if d is None:

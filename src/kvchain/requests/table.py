@@ -216,11 +216,14 @@ class RequestTable:
 
     # --- the decode step ----------------------------------------------------------------
 
-    def decode_rows(self, slots: np.ndarray, extend: int = 1) -> list[list[int]]:
-        """Pages each request at ``slots`` must add to compute ``extend`` more tokens (1:
-        a decode; ``1 + k``: a speculative decode with ``k`` drafts): one list of pages
-        per band per request (a row of the batch's ``[rows, bands]`` demand matrix), each
-        band policy's :meth:`~kvchain.bands.policies.BandPolicy.pages` over the held spans
+    def decode_rows(self, slots: np.ndarray, extend: int = 1
+                    ) -> tuple[list[int], list[tuple[int, ...]]]:
+        """The requests at ``slots`` that must add pages to compute ``extend`` more tokens
+        (1: a decode; ``1 + k``: a speculative decode with ``k`` drafts), and those pages:
+        ``(at, rows)``, ``at`` their positions in ``slots`` (ascending) and ``rows[j]``
+        the pages per band of ``slots[at[j]]`` (a non-empty row of the batch's
+        ``[rows, bands]`` demand matrix), each band policy's
+        :meth:`~kvchain.bands.policies.BandPolicy.pages` over the held spans
         ``[first, rowlen)`` (the formula ``request_demand`` runs for one request).
 
         The policies' formulas are written over integer arithmetic that serves Python
@@ -228,17 +231,23 @@ class RequestTable:
         length, so up to :data:`SCALAR_ROWS` rows (a small batch's decode step: about one
         request in ``P`` crosses a page) run them over the rows' ints (three gathers,
         then a fraction of a microsecond per row and band), more rows over the gathered
-        columns (one formula per band)."""
+        columns (one formula per band, the empty rows dropped by numpy)."""
         t = self.tokens[slots]
         first, rowlen = self.first[:, slots], self.rowlen[:, slots]
         pols = self.policies
         if slots.size <= SCALAR_ROWS:
-            ts, fs, rs = t.tolist(), first.T.tolist(), rowlen.T.tolist()
-            return [[pol.pages(f[pol.band], r[pol.band], ti, extend) for pol in pols]
-                    for ti, f, r in zip(ts, fs, rs, strict=True)]
-        cols = [pol.pages(first[pol.band], rowlen[pol.band], t, extend) for pol in pols]
-        out: list[list[int]] = np.stack(cols, axis=1).tolist()
-        return out
+            at, rows = [], []
+            for j, (ti, f, r) in enumerate(zip(t.tolist(), first.T.tolist(),
+                                               rowlen.T.tolist(), strict=True)):
+                row = tuple([pol.pages(f[pol.band], r[pol.band], ti, extend) for pol in pols])
+                if any(row):
+                    at.append(j)
+                    rows.append(row)
+            return at, rows
+        matrix = np.stack([pol.pages(first[pol.band], rowlen[pol.band], t, extend)
+                           for pol in pols], axis=1)
+        needs = np.flatnonzero(matrix.any(axis=1))
+        return needs.tolist(), list(map(tuple, matrix[needs].tolist()))
 
     def truncate(self, band: int, slots: np.ndarray, keep_end: np.ndarray) -> np.ndarray:
         """Take the pages of rows ``slots`` in ``band`` at columns ``keep_end`` and past
