@@ -850,13 +850,13 @@ class KVManager:
         first = table.first[band][slots]
         # a row drops pages only where its next window starts past its first held page
         # (then ``min(keep_from, end) - first`` of them): the few rows that crossed a page
-        at = np.flatnonzero(keep_from > first)
+        at = (keep_from > first).nonzero()[0]
         if not at.size:
             return 0
         s, f = slots[at], first[at]
         c = np.minimum(keep_from[at], table.rowlen[band][s]) - f
         if not c.all():  # an empty row (end == first) drops nothing
-            keep = np.flatnonzero(c > 0)
+            keep = (c > 0).nonzero()[0]
             if not keep.size:
                 return 0
             s, f, c = s[keep], f[keep], c[keep]

@@ -246,7 +246,7 @@ class RequestTable:
             return at, rows
         matrix = np.stack([pol.pages(first[pol.band], rowlen[pol.band], t, extend)
                            for pol in pols], axis=1)
-        needs = np.flatnonzero(matrix.any(axis=1))
+        needs = matrix.any(axis=1).nonzero()[0]
         return needs.tolist(), list(map(tuple, matrix[needs].tolist()))
 
     def truncate(self, band: int, slots: np.ndarray, keep_end: np.ndarray) -> np.ndarray:
