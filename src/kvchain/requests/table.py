@@ -33,10 +33,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
-from kvchain.bands.policies import BandPolicy, IntLike, grown_pages, smaller
+from kvchain.bands.policies import BandPolicy, grown_pages, smaller
 from kvchain.requests.demand import HeldPages
 
 #: Most rows :meth:`RequestTable.decode_rows` and :meth:`RequestTable.refresh_need` run
@@ -244,9 +245,9 @@ class RequestTable:
                     at.append(j)
                     rows.append(row)
             return at, rows
-        matrix = np.stack([pol.pages(first[pol.band], rowlen[pol.band], t, extend)
-                           for pol in pols], axis=1)
-        needs = matrix.any(axis=1).nonzero()[0]
+        matrix: np.ndarray = np.stack([pol.pages(first[pol.band], rowlen[pol.band], t, extend)
+                                       for pol in pols], axis=1)
+        needs = np.asarray(matrix.any(axis=1)).nonzero()[0]
         return needs.tolist(), list(map(tuple, matrix[needs].tolist()))
 
     def truncate(self, band: int, slots: np.ndarray, keep_end: np.ndarray) -> np.ndarray:
@@ -290,14 +291,13 @@ class RequestTable:
         need, zero = self._need(t, first, rowlen)
         self.need_at[slots] = np.where(zero, 0, need)
 
-    def _need(self, t: IntLike, first: Sequence[IntLike] | np.ndarray,
-              rowlen: Sequence[IntLike] | np.ndarray) -> tuple[IntLike, IntLike]:
+    def _need(self, t: Any, first: Any, rowlen: Any) -> tuple[Any, Any]:
         """:meth:`refresh_need`'s formula for requests at ``t`` tokens holding
         ``[first[band], rowlen[band])`` per band (ints of one request, or int64 columns
         of many): ``(need, zero)``, the token count ``need`` below which a decode needs no
         page, and whether it must be 0 instead (work it out every step)."""
-        need: IntLike = _NO_NEED
-        zero: IntLike = t < 0  # False (every request has t >= 0), of t's kind
+        need = _NO_NEED
+        zero = t < 0  # False (every request has t >= 0), of t's kind
         for pol in self.policies:
             end = rowlen[pol.band]
             if pol.per_request:
