@@ -76,8 +76,10 @@ def test_a_wrong_int_path_is_caught_by_the_per_request_equality(monkeypatch) -> 
     real = table_module.RequestTable.decode_rows
 
     def no_window(self, slots, extend=1):  # type: ignore[no-untyped-def]
-        at, rows = real(self, slots, extend)
-        return at, [(r[0], 0, r[2]) for r in rows]
+        at, rows, matrix = real(self, slots, extend)
+        matrix = matrix.copy()
+        matrix[:, 1] = 0
+        return at, [(r[0], 0, r[2]) for r in rows], matrix
 
     monkeypatch.setattr(table_module.RequestTable, "decode_rows", no_window)
     with pytest.raises(AssertionError):

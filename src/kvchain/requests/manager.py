@@ -598,7 +598,7 @@ class KVManager:
         check = (table.tokens[slots] + drafts >= table.need_at[slots]).nonzero()[0]
         if not check.size:
             return DecodeBatch.of(self, ids, drafts, out, nb, ())
-        needs, keys = table.decode_rows(slots[check], extend)
+        needs, keys, matrix = table.decode_rows(slots[check], extend)
         if not needs:
             return DecodeBatch.of(self, ids, drafts, out, nb, ())
         where = check.tolist()
@@ -611,7 +611,6 @@ class KVManager:
             if d is None:
                 d = memo[key] = Demand(key)
             out[i] = d
-        matrix = np.array(keys, dtype=np.int64)
         return DecodeBatch.of(self, ids, drafts, out, nb, at, matrix)
 
     # --- allocation ------------------------------------------------------------------------
@@ -735,19 +734,23 @@ class KVManager:
         window band start at its window's first page."""
         table = self._table
         at = np.asarray(nonzero, dtype=np.int64)
+        slots_at = slots[at]
         for pol in self.geom.policies:
             band = pol.band
             vids = pages[band]
             if not vids:
                 continue
             col = matrix[:, band]
-            sel = col.nonzero()[0]
-            counts = col[sel]
-            rows = slots[at[sel]]
+            if col.all():  # every row takes pages of this band (a decode step's crossing)
+                sel, counts, rows = None, col, slots_at
+            else:
+                sel = col.nonzero()[0]
+                counts, rows = col[sel], slots_at[sel]
             if pol.per_request:
-                self._glue.take_slots(band, rows, [ids[i] for i in at[sel].tolist()],
-                                      [extends[i] for i in at[sel].tolist()],
-                                      counts.tolist(), vids, self._requests)
+                pos = at.tolist() if sel is None else at[sel].tolist()
+                self._glue.take_slots(band, rows, [ids[i] for i in pos],
+                                      [extends[i] for i in pos], counts.tolist(), vids,
+                                      self._requests)
                 continue
             starts = table.rowlen[band][rows]
             if pol.windowed:
@@ -758,7 +761,7 @@ class KVManager:
                     table.first[band][rows] = first
                     starts = np.where(empty, first, starts)
             table.append(band, rows, starts, counts, vids)
-        table.refresh_need(slots[at])
+        table.refresh_need(slots_at)
 
     # --- commits -----------------------------------------------------------------------------
 

@@ -218,12 +218,13 @@ class RequestTable:
     # --- the decode step ----------------------------------------------------------------
 
     def decode_rows(self, slots: np.ndarray, extend: int = 1
-                    ) -> tuple[list[int], list[tuple[int, ...]]]:
+                    ) -> tuple[list[int], list[tuple[int, ...]], np.ndarray]:
         """The requests at ``slots`` that must add pages to compute ``extend`` more tokens
         (1: a decode; ``1 + k``: a speculative decode with ``k`` drafts), and those pages:
-        ``(at, rows)``, ``at`` their positions in ``slots`` (ascending) and ``rows[j]``
-        the pages per band of ``slots[at[j]]`` (a non-empty row of the batch's
-        ``[rows, bands]`` demand matrix), each band policy's
+        ``(at, rows, matrix)``, ``at`` their positions in ``slots`` (ascending),
+        ``rows[j]`` the pages per band of ``slots[at[j]]`` (a non-empty row of the batch's
+        ``[rows, bands]`` demand matrix) and ``matrix`` those rows as int64
+        ``[len(at), bands]``, each band policy's
         :meth:`~kvchain.bands.policies.BandPolicy.pages` over the held spans
         ``[first, rowlen)`` (the formula ``request_demand`` runs for one request).
 
@@ -234,9 +235,9 @@ class RequestTable:
         then a fraction of a microsecond per row and band), more rows over the gathered
         columns (one formula per band, the empty rows dropped by numpy)."""
         t = self.tokens[slots]
-        first, rowlen = self.first[:, slots], self.rowlen[:, slots]
         pols = self.policies
         if slots.size <= SCALAR_ROWS:
+            first, rowlen = self.first[:, slots], self.rowlen[:, slots]
             at, rows = [], []
             for j, (ti, f, r) in enumerate(zip(t.tolist(), first.T.tolist(),
                                                rowlen.T.tolist(), strict=True)):
@@ -244,11 +245,14 @@ class RequestTable:
                 if any(row):
                     at.append(j)
                     rows.append(row)
-            return at, rows
-        matrix: np.ndarray = np.stack([pol.pages(first[pol.band], rowlen[pol.band], t, extend)
+            return at, rows, np.array(rows, dtype=np.int64).reshape(len(rows), len(pols))
+        first, rowlen = self.first, self.rowlen  # one band's row gathered at a time below
+        matrix: np.ndarray = np.stack([pol.pages(first[pol.band][slots],
+                                                 rowlen[pol.band][slots], t, extend)
                                        for pol in pols], axis=1)
         needs = np.asarray(matrix.any(axis=1)).nonzero()[0]
-        return needs.tolist(), list(map(tuple, matrix[needs].tolist()))
+        matrix = matrix[needs]
+        return needs.tolist(), list(map(tuple, matrix.tolist())), matrix
 
     def truncate(self, band: int, slots: np.ndarray, keep_end: np.ndarray) -> np.ndarray:
         """Take the pages of rows ``slots`` in ``band`` at columns ``keep_end`` and past
@@ -280,15 +284,19 @@ class RequestTable:
         if not slots.size:
             return
         t = self.tokens[slots]
-        first, rowlen = self.first[:, slots], self.rowlen[:, slots]
         if slots.size <= SCALAR_ROWS:
+            first, rowlen = self.first[:, slots], self.rowlen[:, slots]
             needs = []
             for ti, f, r in zip(t.tolist(), first.T.tolist(), rowlen.T.tolist(), strict=True):
                 need, zero = self._need(ti, f, r)
                 needs.append(0 if zero else need)
             self.need_at[slots] = needs
             return
-        need, zero = self._need(t, first, rowlen)
+        # one band's row gathered at a time (a 2-D gather along the slots costs more)
+        cols = {pol.band: self.rowlen[pol.band][slots] for pol in self.policies}
+        firsts = {pol.band: self.first[pol.band][slots] for pol in self.policies
+                  if pol.windowed}
+        need, zero = self._need(t, firsts, cols)
         self.need_at[slots] = np.where(zero, 0, need)
 
     def _need(self, t: Any, first: Any, rowlen: Any) -> tuple[Any, Any]:
@@ -296,8 +304,8 @@ class RequestTable:
         ``[first[band], rowlen[band])`` per band (ints of one request, or int64 columns
         of many): ``(need, zero)``, the token count ``need`` below which a decode needs no
         page, and whether it must be 0 instead (work it out every step)."""
-        need = _NO_NEED
-        zero = t < 0  # False (every request has t >= 0), of t's kind
+        need: Any = _NO_NEED
+        zero: Any = False  # ``False | array`` is the array's mask
         for pol in self.policies:
             end = rowlen[pol.band]
             if pol.per_request:
