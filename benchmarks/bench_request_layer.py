@@ -2,7 +2,8 @@
 window-tail trimming, and (``--full-hour``) the default ``kvchain simulate`` run.
 
 Run: ``python benchmarks/bench_request_layer.py [--full-hour] [--profile]``, or
-``--scaling [--quick]`` for the decode-step scaling table alone. Ratios are measured in
+``--scaling [--quick]`` for the decode-step scaling table alone, or ``--profile-step`` for
+a cProfile of the decode step of 256 requests (each chain, cache off and on). Ratios are measured in
 the same run; times are this thread's CPU time (``time.thread_time``), so other processes
 on a shared machine inflate them less than wall time would:
 
@@ -260,6 +261,32 @@ def print_scaling(repeats: int, batches: tuple[int, ...]) -> None:
                       f"{per * 1e6:.3f} | {per / first:.2f}x |")
 
 
+def profile_step(running: int = 256, steps: int = 160, top: int = 12) -> None:
+    """cProfile of ``steps`` decode steps of ``running`` requests (after 32 warm-up
+    steps) on each catalog chain, cache off and on: the request layer's functions by
+    cumulative time per step (us; cProfile's own cost inflates small calls about 2x, so
+    read the shares, not the absolute figures)."""
+    for label, model in CATALOG_SHAPES:
+        for cache in (False, True):
+            rig = catalog_rig(model, cache, timed=False)
+            rids = running_batch(rig, running)
+            for _ in range(32):
+                decode_step(rig.kv, rids)
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(steps):
+                decode_step(rig.kv, rids)
+            prof.disable()
+            stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+            rows = sorted(((ct / steps * 1e6, nc / steps, f"{Path(fn).name}:{name}")
+                           for (fn, _, name), (_, nc, _, ct, _) in stats.items()
+                           if "kvchain" in fn), reverse=True)
+            print(f"{label}, cache {'on' if cache else 'off'}, batch {running}: "
+                  f"us per step (cumulative), calls per step")
+            for ct, nc, name in rows[:top]:
+                print(f"  {ct:8.1f}  {nc:6.1f}  {name}")
+
+
 def three_bands() -> ChainSnapshot:
     p = (48, 32, 32)
     return ChainSnapshot(6_784, (
@@ -389,7 +416,13 @@ def main() -> None:
                         help="only the decode-step scaling table (batch 16 to 512)")
     parser.add_argument("--quick", action="store_true",
                         help="with --scaling: a smoke run (1 repeat, batch 16 and 64)")
+    parser.add_argument("--profile-step", action="store_true",
+                        help="only a cProfile of the decode step of 256 requests per chain "
+                             "and cache setting")
     args = parser.parse_args()
+    if args.profile_step:
+        profile_step()
+        return
     if args.scaling:
         if args.quick:
             print_scaling(1, SCALING_BATCHES[:2])

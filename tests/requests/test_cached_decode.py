@@ -103,7 +103,7 @@ def test_a_batched_commit_that_forgets_to_unpin_is_caught(monkeypatch) -> None:
     # left out; the pins then outlive the window and the audit (or the cache's own check on
     # free) reports it.
     kv = prefilled(PROMPTS)
-    monkeypatch.setattr(CacheGlue, "unpin_fronts", lambda *args: None)
+    monkeypatch.setattr(CacheGlue, "unpin_pages", lambda *args: None)
     rids = list(range(len(PROMPTS)))
     with pytest.raises(AuditError):
         for _ in range(60):

@@ -74,6 +74,7 @@ import numpy as np
 from kvchain.alloc.snapshot import EvictionOrder
 from kvchain.audit import resolve_audit
 from kvchain.bands.geometry import RequestGeometry
+from kvchain.cache.page_refs import PageRefs
 from kvchain.errors import AuditError, ConfigError, InvalidRequestError, PlanMismatchError
 
 LEAF = 0
@@ -484,8 +485,8 @@ class PrefixCache:
         self.evicted_pages = [0] * geom.num_bands
         self.evictions = 0
         self._held = [0] * geom.num_bands  # pages / slots held per band (held_counts)
-        # per window band: pinned window page id -> running readers
-        self._wpins: list[dict[int, int]] = [{} for _ in self._wbands]
+        # per window band: running readers per cached window page id (reference counts)
+        self._wrefs = [PageRefs() for _ in self._wbands]
         self._cpins: dict[int, int] = {}  # pinned checkpoint slot id -> running readers
 
     # --- Evictor -------------------------------------------------------------------------
@@ -575,9 +576,9 @@ class PrefixCache:
         for k, band in enumerate(self._wbands):
             if node.win_live[k] <= node.wpin[k]:
                 continue
-            out, pins, win = freed[band], self._wpins[k], node.win[k]
+            out, refs, win = freed[band], self._wrefs[k], node.win[k]
             for i, v in enumerate(win):
-                if v >= 0 and v not in pins:
+                if v >= 0 and not refs.of(v):
                     out.append(v)
                     win[i] = -1
             node.win_live[k] = node.wpin[k]
@@ -897,10 +898,13 @@ class PrefixCache:
                      [w[:k] for w in node.win],
                      {p: v for p, v in node.ckpts.items() if p <= at}, node.time)
         upper.tail_time, upper.lock, upper.tlock = node.tail_time, node.lock, node.tlock
-        for j, pins in enumerate(self._wpins):
+        for j, refs in enumerate(self._wrefs):
             if node.wpin[j]:
-                upper.wpin[j] = sum(1 for v in upper.win[j] if v >= 0 and v in pins)
+                read = [v for v in upper.win[j] if v >= 0 and refs.of(v)]
+                upper.wpin[j] = len(read)
                 node.wpin[j] -= upper.wpin[j]
+                if read:  # these pages are held by the upper node now
+                    refs.node[read] = upper
         if node.cpin:
             upper.cpin = sum(1 for v in upper.ckpts.values() if v in self._cpins)
             node.cpin -= upper.cpin
@@ -1106,7 +1110,6 @@ class PrefixCache:
                 (nothing changes).
         """
         k = self._window_of(band)
-        pins = self._wpins[k]
         found: list[tuple[Node, int]] = []
         for i in pages:
             node = self._node_of(handle, i)
@@ -1114,12 +1117,12 @@ class PrefixCache:
             if v < 0:
                 raise AuditError(f"pin of window page {i}: absent from node {node.nid}")
             found.append((node, v))
-        for node, v in found:
-            c = pins.get(v, 0)
-            if not c:
-                node.wpin[k] += 1
-            pins[v] = c + 1
-        for node, _ in found:
+        if not found:
+            return
+        nodes = [node for node, _ in found]
+        for v in self._wrefs[k].add([v for _, v in found], nodes):
+            self._wrefs[k].node[v].wpin[k] += 1  # its first reader
+        for node in dict.fromkeys(nodes):
             self._refresh(node)
 
     def unpin_window(self, handle: Node, band: int, pages: Iterable[int]) -> None:
@@ -1133,25 +1136,64 @@ class PrefixCache:
                 unpinned (nothing changes).
         """
         k = self._window_of(band)
-        pins = self._wpins[k]
-        found: list[tuple[Node, int]] = []
+        refs = self._wrefs[k]
+        vids: list[int] = []
         asked: dict[int, int] = {}
         for i in pages:
             node = self._node_of(handle, i)
             v = node.win[k][i - node.start] if node.win[k] else -1
             asked[v] = asked.get(v, 0) + 1
-            if v < 0 or pins.get(v, 0) < asked[v]:
+            if v < 0 or refs.of(v) < asked[v]:
                 raise AuditError(f"unpin of window page {i} of node {node.nid}: not pinned")
-            found.append((node, v))
-        for node, v in found:
-            c = pins[v]
-            if c == 1:
-                del pins[v]
-                node.wpin[k] -= 1
-            else:
-                pins[v] = c - 1
-        for node, _ in found:
-            self._refresh(node)
+            vids.append(v)
+        self._unread(k, refs.drop(vids))
+
+    def unpin_pages(self, band: int, vids: np.ndarray | Sequence[int]) -> None:
+        """Drop one reference of each cached page id ``vids`` of window band ``band``
+        (int64 ``[n]``; an id named twice drops two): the batch form of
+        :meth:`unpin_window` for pages named by id, as the request layer reads them from
+        its rows (a decode batch's window fronts). One vectorised decrement of the
+        band's reference counts, then one recount of the eviction order per node that
+        lost its last reader on some page (not per request).
+
+        Raises:
+            AuditError: ``band`` not a window band, or an id read by fewer running requests
+                than it is named (nothing changes).
+        """
+        k = self._window_of(band)
+        self._unread(k, self._wrefs[k].drop(vids))
+
+    def _unread(self, k: int, nodes: list[object]) -> None:
+        """Pages of window band ``k`` (in ``geom.windows``' order) lost their last reader,
+        one entry of ``nodes`` (the node holding it) per page: their nodes' pinned counts
+        fall, and each such node's share of the eviction order is recounted once: where
+        its keys cannot move, by moving the totals (a node locked by a hit has no share
+        either way; a prompt-locked node's ``TAILS`` unit keeps its key and only grows in
+        pages), else by :meth:`_refresh`."""
+        if not nodes:
+            return
+        lost: dict[Node, int] = {}
+        for node in nodes:
+            assert isinstance(node, Node)
+            lost[node] = lost.get(node, 0) + 1
+        band, total = self._wbands[k], self._total
+        for node, c in lost.items():
+            node.wpin[k] -= c
+            sig = node.sig
+            if node.lock and node.tlock and sig is None:
+                continue  # a hit lock keeps the path's tails: no unit before or after
+            if node.lock and not node.tlock and sig is not None and node.parent is not None:
+                # a prompt-locked node's TAILS unit: the same unit and key (its tail time),
+                # only its pages in this band grow (nothing else changed since its share
+                # was counted): the total moves by as many
+                tw = sig[5]
+                now = node.win_live[k] - node.wpin[k]
+                total[band] += now - tw[k]
+                node.sig = (sig[0], sig[1], sig[2], sig[3], sig[4],
+                            (*tw[:k], now, *tw[k + 1:]), sig[6])
+                self._version += 1
+                continue
+            self._refresh(node)  # an unlocked node holds no pin; tails that were all pinned
 
     def pin_checkpoint(self, handle: Node, point: int) -> None:
         """Pin the checkpoint after ``point`` pages on ``handle``'s path (a hit resumes
@@ -1191,8 +1233,8 @@ class PrefixCache:
     def pinned(self) -> tuple[dict[tuple[int, int], int], dict[int, int]]:
         """Copies of the pin counts: ``(window band, page id)`` -> readers, checkpoint id
         -> readers."""
-        return ({(band, v): c for band, pins in zip(self._wbands, self._wpins, strict=True)
-                 for v, c in pins.items()}, dict(self._cpins))
+        return ({(band, v): c for band, refs in zip(self._wbands, self._wrefs, strict=True)
+                 for v, c in refs.items().items()}, dict(self._cpins))
 
     # --- insert ------------------------------------------------------------------------
 
@@ -1494,8 +1536,12 @@ class PrefixCache:
             if node.tail_time > node.time:
                 raise AuditError(f"node {node.nid}: tail time {node.tail_time} after its time "
                                  f"{node.time}")
-            wp = [sum(1 for v in win if v >= 0 and v in pins)
-                  for win, pins in zip(node.win, self._wpins, strict=True)]
+            wp = [sum(1 for v in win if v >= 0 and refs.of(v))
+                  for win, refs in zip(node.win, self._wrefs, strict=True)]
+            for win, refs in zip(node.win, self._wrefs, strict=True):
+                if any(refs.of(v) and refs.node[v] is not node for v in win if v >= 0):
+                    raise AuditError(f"node {node.nid}: a read window page is recorded at "
+                                     f"another node")
             cp = sum(1 for v in node.ckpts.values() if v in self._cpins)
             if (wp, cp) != (node.wpin, node.cpin):
                 raise AuditError(f"node {node.nid}: pins counted ({node.wpin}, {node.cpin}), "
@@ -1504,7 +1550,7 @@ class PrefixCache:
                 raise AuditError(f"node {node.nid}: pinned pages on an unlocked node")
             wpins += sum(wp)
             cpins += cp
-        npins = sum(len(pins) for pins in self._wpins)
+        npins = sum(len(refs) for refs in self._wrefs)
         if (wpins, cpins) != (npins, len(self._cpins)):
             raise AuditError(f"{npins} window pages and {len(self._cpins)} checkpoints "
                              f"pinned, {wpins} and {cpins} found in the tree")

@@ -250,16 +250,12 @@ class CacheGlue:
                 cache.unpin_window(handle, pol.band, range(first, min(shared, end)))
         self._unpin_checkpoint(facts)
 
-    def unpin_fronts(self, band: int, slots: np.ndarray, firsts: np.ndarray,
-                     counts: np.ndarray, facts: Sequence[CacheFacts]) -> None:
-        """The rows ``slots`` dropped ``counts`` pages of ``band`` from page ``firsts``:
-        unpin the cache's shared pages among them (the request stops reading them)."""
-        if self.cache is None:
-            return
-        shared = self.table.shared[slots].tolist()
-        for f, c, h, fa in zip(firsts.tolist(), counts.tolist(), shared, facts, strict=True):
-            if f < h and fa.handle is not None:
-                self.cache.unpin_window(fa.handle, band, range(f, min(f + c, h)))
+    def unpin_pages(self, band: int, vids: np.ndarray) -> None:
+        """Rows of a decode batch dropped the cache's window pages ``vids`` of ``band``
+        (int64, read from the rows: one reference each) from their fronts: drop those
+        references in one batch (:meth:`PrefixCache.unpin_pages`)."""
+        if self.cache is not None and vids.size:
+            self.cache.unpin_pages(band, vids)
 
     # --- pages in and out ------------------------------------------------------------------
 

@@ -138,7 +138,6 @@ class KVManager:
                 pads.append(-1)
         self._table = RequestTable(self.geom.policies, pads)
         self._requests: dict[int, CacheFacts] = {}
-        self._by_slot: dict[int, CacheFacts] = {}
         self._slots_memo: _SlotLookup | None = None  # the last lookup (:meth:`_lookup`)
         self._zero_demand = Demand.zeros(self.geom.num_bands)
         # pages per band -> the one Demand of those pages, shared by the decode batches'
@@ -295,11 +294,10 @@ class KVManager:
 
     def _register(self, rid: int) -> CacheFacts:
         facts = self._requests[rid] = CacheFacts(self._table.bind(rid))
-        self._by_slot[facts.slot] = facts
         return facts
 
     def _unregister(self, rid: int) -> None:
-        del self._by_slot[self._requests.pop(rid).slot]
+        del self._requests[rid]
         self._table.unbind(rid)
         self._glue.forget(rid)
 
@@ -568,7 +566,7 @@ class KVManager:
         batch (``drafts = k > 0``: a speculative step, ``1 + k`` tokens each: the token
         sampled last and ``k`` drafts; its window bands hold ``W + k`` tokens).
 
-        Vectorized over the batch (:meth:`RequestTable.decode_columns`: the band policies'
+        Vectorized over the batch (:meth:`RequestTable.decode_rows`: the band policies'
         formulas over the gathered rows); a :class:`Demand` is built only for the requests
         that need a page (about one in ``P`` per band per step; the rest share one empty
         demand). A request that holds nothing gets the demand of its first token. With a
@@ -600,17 +598,15 @@ class KVManager:
         check = (table.tokens[slots] + drafts >= table.need_at[slots]).nonzero()[0]
         if not check.size:
             return DecodeBatch.of(self, ids, drafts, out, nb, ())
-        matrix = np.stack(table.decode_columns(slots[check], extend), axis=1)
-        needs = np.flatnonzero(matrix.any(axis=1))
-        if not needs.size:
+        needs, keys, matrix = table.decode_rows(slots[check], extend)
+        if not needs:
             return DecodeBatch.of(self, ids, drafts, out, nb, ())
-        at = check[needs].tolist()
-        matrix = matrix[needs]
+        where = check.tolist()
+        at = [where[j] for j in needs]
         memo = self._demand_memo
         if len(memo) > 4_096:
             memo.clear()
-        for i, row in zip(at, matrix.tolist(), strict=True):
-            key = tuple(row)
+        for i, key in zip(at, keys, strict=True):
             d = memo.get(key)
             if d is None:
                 d = memo[key] = Demand(key)
@@ -738,19 +734,23 @@ class KVManager:
         window band start at its window's first page."""
         table = self._table
         at = np.asarray(nonzero, dtype=np.int64)
+        slots_at = slots[at]
         for pol in self.geom.policies:
             band = pol.band
             vids = pages[band]
             if not vids:
                 continue
             col = matrix[:, band]
-            sel = col.nonzero()[0]
-            counts = col[sel]
-            rows = slots[at[sel]]
+            if col.all():  # every row takes pages of this band (a decode step's crossing)
+                sel, counts, rows = None, col, slots_at
+            else:
+                sel = col.nonzero()[0]
+                counts, rows = col[sel], slots_at[sel]
             if pol.per_request:
-                self._glue.take_slots(band, rows, [ids[i] for i in at[sel].tolist()],
-                                      [extends[i] for i in at[sel].tolist()],
-                                      counts.tolist(), vids, self._requests)
+                pos = at.tolist() if sel is None else at[sel].tolist()
+                self._glue.take_slots(band, rows, [ids[i] for i in pos],
+                                      [extends[i] for i in pos], counts.tolist(), vids,
+                                      self._requests)
                 continue
             starts = table.rowlen[band][rows]
             if pol.windowed:
@@ -761,7 +761,7 @@ class KVManager:
                     table.first[band][rows] = first
                     starts = np.where(empty, first, starts)
             table.append(band, rows, starts, counts, vids)
-        table.refresh_need(slots[at])
+        table.refresh_need(slots_at)
 
     # --- commits -----------------------------------------------------------------------------
 
@@ -850,13 +850,20 @@ class KVManager:
         ``keep_from`` (per row); the cache's shared pages among them are unpinned instead.
         Returns the pages taken out of the rows."""
         table = self._table
-        first, end = table.first[band][slots], table.rowlen[band][slots]
-        drop = np.minimum(keep_from - first, end - first)
-        at = (drop > 0).nonzero()[0]
+        first = table.first[band][slots]
+        # a row drops pages only where its next window starts past its first held page
+        # (then ``min(keep_from, end) - first`` of them): the few rows that crossed a page
+        at = (keep_from > first).nonzero()[0]
         if not at.size:
             return 0
-        s, f, c = slots[at], first[at], drop[at]
-        if int(c.sum()) == at.size:  # one page each (a decode step)
+        s, f = slots[at], first[at]
+        c = np.minimum(keep_from[at], table.rowlen[band][s]) - f
+        if not c.all():  # an empty row (end == first) drops nothing
+            keep = (c > 0).nonzero()[0]
+            if not keep.size:
+                return 0
+            s, f, c = s[keep], f[keep], c[keep]
+        if int(c.sum()) == s.size:  # one page each (a decode step)
             rows, cols = s, f
         else:
             rows = np.repeat(s, c)
@@ -867,7 +874,7 @@ class KVManager:
         shared = table.shared[rows]
         if shared.any():
             mine = cols >= shared
-            self._glue.unpin_fronts(band, s, f, c, [self._by_slot[i] for i in s.tolist()])
+            self._glue.unpin_pages(band, vids[~mine])
             self.chain.release(band, vids[mine])
         else:
             self.chain.release(band, vids)

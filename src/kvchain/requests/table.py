@@ -33,11 +33,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
-from kvchain.bands.policies import BandPolicy, grown_pages
+from kvchain.bands.policies import BandPolicy, grown_pages, smaller
 from kvchain.requests.demand import HeldPages
+
+#: Most rows :meth:`RequestTable.decode_rows` and :meth:`RequestTable.refresh_need` run
+#: the band formulas over as Python ints (measured on the decode-step benchmark: a window
+#: band's formula costs about 6 us over a numpy array of any small length and 0.7 us over
+#: ints, so ints win below about 8 rows; docs/benchmarks.md, "Decode step speed").
+SCALAR_ROWS = 8
+_NO_NEED = int(np.iinfo(np.int64).max)  # ``need_at`` of a request no band bounds
 
 
 class RequestTable:
@@ -209,16 +217,42 @@ class RequestTable:
 
     # --- the decode step ----------------------------------------------------------------
 
-    def decode_columns(self, slots: np.ndarray, extend: int = 1) -> list[np.ndarray]:
-        """Pages each request at ``slots`` must add to compute ``extend`` more tokens (1:
-        a decode; ``1 + k``: a speculative decode with ``k`` drafts): one int64 array
-        ``[len(slots)]`` per band (a band's column of the batch's demands), each band
-        policy's :meth:`~kvchain.bands.policies.BandPolicy.pages` over the held spans
-        ``[first, rowlen)`` (the formula ``request_demand`` runs for one request)."""
+    def decode_rows(self, slots: np.ndarray, extend: int = 1
+                    ) -> tuple[list[int], list[tuple[int, ...]], np.ndarray]:
+        """The requests at ``slots`` that must add pages to compute ``extend`` more tokens
+        (1: a decode; ``1 + k``: a speculative decode with ``k`` drafts), and those pages:
+        ``(at, rows, matrix)``, ``at`` their positions in ``slots`` (ascending),
+        ``rows[j]`` the pages per band of ``slots[at[j]]`` (a non-empty row of the batch's
+        ``[rows, bands]`` demand matrix) and ``matrix`` those rows as int64
+        ``[len(at), bands]``, each band policy's
+        :meth:`~kvchain.bands.policies.BandPolicy.pages` over the held spans
+        ``[first, rowlen)`` (the formula ``request_demand`` runs for one request).
+
+        The policies' formulas are written over integer arithmetic that serves Python
+        ints and int64 arrays alike; a numpy call costs about 0.5-1 us whatever its
+        length, so up to :data:`SCALAR_ROWS` rows (a small batch's decode step: about one
+        request in ``P`` crosses a page) run them over the rows' ints (three gathers,
+        then a fraction of a microsecond per row and band), more rows over the gathered
+        columns (one formula per band, the empty rows dropped by numpy)."""
         t = self.tokens[slots]
-        first, rowlen = self.first, self.rowlen
-        return [pol.pages(first[pol.band][slots], rowlen[pol.band][slots], t, extend)
-                for pol in self.policies]
+        pols = self.policies
+        if slots.size <= SCALAR_ROWS:
+            first, rowlen = self.first[:, slots], self.rowlen[:, slots]
+            at, rows = [], []
+            for j, (ti, f, r) in enumerate(zip(t.tolist(), first.T.tolist(),
+                                               rowlen.T.tolist(), strict=True)):
+                row = tuple([pol.pages(f[pol.band], r[pol.band], ti, extend) for pol in pols])
+                if any(row):
+                    at.append(j)
+                    rows.append(row)
+            return at, rows, np.array(rows, dtype=np.int64).reshape(len(rows), len(pols))
+        first, rowlen = self.first, self.rowlen  # one band's row gathered at a time below
+        matrix: np.ndarray = np.stack([pol.pages(first[pol.band][slots],
+                                                 rowlen[pol.band][slots], t, extend)
+                                       for pol in pols], axis=1)
+        needs = np.asarray(matrix.any(axis=1)).nonzero()[0]
+        matrix = matrix[needs]
+        return needs.tolist(), list(map(tuple, matrix.tolist())), matrix
 
     def truncate(self, band: int, slots: np.ndarray, keep_end: np.ndarray) -> np.ndarray:
         """Take the pages of rows ``slots`` in ``band`` at columns ``keep_end`` and past
@@ -244,22 +278,44 @@ class RequestTable:
         ``held * P`` over the full band and the window bands' last held page (a decode
         at ``L`` needs page ``L // P`` there first), or 0 (work it out every step) for a
         request with no state slot, an empty window band, or a window band whose held
-        pages start after the token's window (pages missing on the left)."""
+        pages start after the token's window (pages missing on the left). Over the rows'
+        ints up to :data:`SCALAR_ROWS` rows, over the gathered columns above (one
+        formula, :meth:`_need`)."""
         if not slots.size:
             return
         t = self.tokens[slots]
-        need = np.full(slots.size, np.iinfo(np.int64).max, dtype=np.int64)
-        rowlen = self.rowlen
+        if slots.size <= SCALAR_ROWS:
+            first, rowlen = self.first[:, slots], self.rowlen[:, slots]
+            needs = []
+            for ti, f, r in zip(t.tolist(), first.T.tolist(), rowlen.T.tolist(), strict=True):
+                need, zero = self._need(ti, f, r)
+                needs.append(0 if zero else need)
+            self.need_at[slots] = needs
+            return
+        # one band's row gathered at a time (a 2-D gather along the slots costs more)
+        cols = {pol.band: self.rowlen[pol.band][slots] for pol in self.policies}
+        firsts = {pol.band: self.first[pol.band][slots] for pol in self.policies
+                  if pol.windowed}
+        need, zero = self._need(t, firsts, cols)
+        self.need_at[slots] = np.where(zero, 0, need)
+
+    def _need(self, t: Any, first: Any, rowlen: Any) -> tuple[Any, Any]:
+        """:meth:`refresh_need`'s formula for requests at ``t`` tokens holding
+        ``[first[band], rowlen[band])`` per band (ints of one request, or int64 columns
+        of many): ``(need, zero)``, the token count ``need`` below which a decode needs no
+        page, and whether it must be 0 instead (work it out every step)."""
+        need: Any = _NO_NEED
+        zero: Any = False  # ``False | array`` is the array's mask
         for pol in self.policies:
-            end = rowlen[pol.band][slots]
+            end = rowlen[pol.band]
             if pol.per_request:
-                need[end == 0] = 0
+                zero = zero | (end == 0)
                 continue
-            np.minimum(need, end * pol.page_size, out=need)
+            need = smaller(need, end * pol.page_size)
             if pol.windowed:
-                first = self.first[pol.band][slots]
-                need[(end == first) | (first > pol.first_page(t))] = 0
-        self.need_at[slots] = need
+                f = first[pol.band]
+                zero = zero | (end == f) | (f > pol.first_page(t))
+        return need, zero
 
     # --- a run of decode steps (the simulator's fast-forward) ---------------------------
 
