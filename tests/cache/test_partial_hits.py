@@ -282,3 +282,27 @@ def test_window_state_chain_with_overlapping_tails_reuses_the_gap():
         out[partial] = (hits, chunks[1], taken[1][full])
     assert out[False] == ([0, 5632, 6000, 6000], [(368, 0), (2000, 0)], 149)
     assert out[True] == ([0, 5632, 6000, 6000], [(2000, 368)], 126)
+
+
+def test_the_gap_takes_the_steps_token_budget():
+    # 4,096 prefill tokens per step (chunk 4,096). Request 1 (partial, fresh state under
+    # ends: gap 4,080 tokens, first chunk 16) and request 2 (a cold 100-token prompt)
+    # wait together: request 1's first chunk takes 16 + 4,080 = 4,096 tokens, the whole
+    # budget, so request 2 starts only in the next step (with 4,096 - 16 = 4,080 left for
+    # it, had the gap not been charged, it would have started in the same step).
+    layout = plan_layout(load_model("qwen3-next-80b-a3b").classes, 16 * GIB, P)
+    cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=512,
+                        policy=ResumePolicy.ENDS)
+    sched = Scheduler(KVManager(CountingChain(layout), cache),
+                      SchedulerConfig(max_prefill_tokens=4096, chunk_size=4096,
+                                      partial_hits=True, audit_every_step=True))
+    serve(sched, SHARED[:1])
+    now = 100.0
+    sched.add(Request(1, 8000, 2, now, page_keys=page_keys_from_tokens(SHARED[1], P)), now)
+    sched.add(Request(2, 100, 2, now, page_keys=page_keys_from_tokens(tokens(9, 100), P)),
+              now)
+    first = sched.step(now)
+    assert [(c.rid, c.tokens, c.recompute) for c in first.prefills] == [(1, 16, 4080)]
+    sched.complete(first, StepOutcome(0.01, frozenset()), now + 0.01)
+    second = sched.step(now + 0.01)
+    assert (2, 100, 0) in [(c.rid, c.tokens, c.recompute) for c in second.prefills]

@@ -200,8 +200,9 @@ class CacheGlue:
                 junction = junction_point(cache.geom, facts.cow_at, hit.matched, len(keys),
                                           own, cache.junction_min_pages)
             facts.points = self.points_for(keys, h, junction)
-            if hit.gap and (junction == h or h in own):
+            if hit.gap and h < len(keys) and (junction == h or h in own):
                 # the state passes H at the gap's end (whose tails the cache holds): keep it
+                # (for the insert at its prefill's end; a prompt cached whole has none)
                 facts.points = (h, *facts.points)
             facts.cut = junction * g.page_size
         if facts.points:
