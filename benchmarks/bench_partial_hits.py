@@ -15,7 +15,11 @@ Run from the worktree root (``shared`` about 2 s, ``mooncake`` about 10-15 s per
 CPU cores)::
 
     .venv/bin/python benchmarks/bench_partial_hits.py shared
-    .venv/bin/python benchmarks/bench_partial_hits.py mooncake [N] [BUFFER_BYTES]
+    .venv/bin/python benchmarks/bench_partial_hits.py mooncake [N] [BUFFER_BYTES] [lru]
+
+``lru`` runs the cache's eviction without its dead-leaves-first rule (the plain LRU order,
+as the planted ``LruOnlyCache`` of ``tests/cache/test_seeded_cache_runs.py``): whether that
+rule is what limits partial hits.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from kvchain.alloc.chain import Chain
 from kvchain.alloc.snapshot import Demand, Quote
+from kvchain.cache.radix import PrefixCache
 from kvchain.catalog.loader import load_model
 from kvchain.gpu import get_gpu
 from kvchain.sched.scheduler import SchedulerConfig
@@ -78,12 +83,16 @@ def run(trace: Trace, buffer: int, partial: bool) -> dict[str, Any]:
             "unallocatable": s.admitted_but_unallocatable, "leaked": s.leaked_pages}
 
 
-def main(which: str = "shared", n: int = 600, buffer: int = 17_179_869_184) -> None:
+def main(which: str = "shared", n: int = 600, buffer: int = 17_179_869_184,
+         order: str = "dead-first") -> None:
     trace = shared_trace() if which == "shared" else load_trace("mooncake", first=n)
+    if order == "lru":  # the cache's eviction order without dead leaves first (a probe)
+        PrefixCache._dead = lambda self, node, tails_gone: False  # type: ignore[method-assign]
+        PrefixCache._dies = lambda self, node, joined: False  # type: ignore[method-assign]
     for partial in (False, True):
         print(f"{which} partial_hits={partial}: {run(trace, buffer, partial)}")
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main(*(args[:1]), *(int(a) for a in args[1:3]))  # type: ignore[arg-type]
+    main(*(args[:1]), *(int(a) for a in args[1:3]), *(args[3:4]))  # type: ignore[arg-type]

@@ -13,7 +13,8 @@ A stream that is not idle after its 40,000 steps is re-run without partial hits:
 stops there too it is listed and not counted (a fault outside partial hits), else the
 failure is raised.
 
-Run from the worktree root (about 8 minutes on 2 CPU cores for 200,000 operations)::
+Run from the worktree root (about 7 minutes on 2 CPU cores for 1,000,000 operations, most
+of them decode tokens; about 90 s for 200,000)::
 
     .venv/bin/python benchmarks/fuzz_partial_hits.py [OPS]
 """
