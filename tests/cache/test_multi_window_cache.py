@@ -152,8 +152,9 @@ class FirstWindowOnlyGlue(cache_glue.CacheGlue):
     """Planted defect: keeps the tails of the first window band only (the others' tail
     pages are released as the window moves, as without a cache)."""
 
-    def attach(self, rid, facts, keys, prompt_tokens, save_points):  # type: ignore[no-untyped-def]
-        h = super().attach(rid, facts, keys, prompt_tokens, save_points)
+    def attach(self, rid, facts, keys, prompt_tokens, save_points,  # type: ignore[no-untyped-def]
+               max_gap=0):
+        h = super().attach(rid, facts, keys, prompt_tokens, save_points, max_gap)
         first = self.geom.windows[0].band
         facts.retain = {b: s for b, s in facts.retain.items() if b == first}
         return h

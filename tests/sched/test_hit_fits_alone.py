@@ -54,7 +54,7 @@ def test_planted_no_check_gets_stuck(monkeypatch: pytest.MonkeyPatch):
     from kvchain.alloc.snapshot import Demand
 
     monkeypatch.setattr(sched_module.Scheduler, "_hit_extra",
-                        lambda self, hit: Demand((0,) * self.kv.geom.num_bands))
+                        lambda self, hit, gap=0: Demand((0,) * self.kv.geom.num_bands))
     with pytest.raises(SimulationStuckError):
         simulate(_config())
 

@@ -112,13 +112,15 @@ class BandPolicy:
 
     def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
                      first: int, end: int, start: int, extend: int, headroom: int,
-                     chunk: int = 1, horizon: int = 0) -> int:
+                     chunk: int = 1, horizon: int = 0, recompute: int = 0) -> int:
         """Pages the band adds to :meth:`pages` (same arguments: a request holding
         ``[first, end)`` computes ``extend`` tokens from ``start``, then ``headroom`` later
         tokens in chunks of at most ``chunk``, ``horizon`` expected) for the prefix cache's
-        resume points ``points`` (page counts) reached by the tokens ``(start, start +
-        extend + headroom]``, whose kept window pages are ``tails`` (``(lo, hi)`` ranges):
-        0 for a band that keeps nothing."""
+        resume points ``points`` (page counts) reached by the tokens ``(start - recompute,
+        start + extend + headroom]``, whose kept window pages are ``tails`` (``(lo, hi)``
+        ranges): 0 for a band that keeps nothing. ``recompute``: tokens before ``start``
+        the extend computes again (a partial hit's gap: held pages, but the state passes
+        them)."""
         return 0
 
 
@@ -221,7 +223,7 @@ class _WindowedPolicy(BandPolicy):
 
     def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
                      first: int, end: int, start: int, extend: int, headroom: int,
-                     chunk: int = 1, horizon: int = 0) -> int:
+                     chunk: int = 1, horizon: int = 0, recompute: int = 0) -> int:
         """With ``headroom``, what the kept tail ranges ``tails`` (disjoint, sorted; kept
         for the prefix cache instead of released) add to the band's peak from now on:
         ``max(now, later + T - X) - max(now, later)``, with ``now``, ``later`` the live
@@ -294,13 +296,13 @@ class StatePolicy(BandPolicy):
 
     def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
                      first: int, end: int, start: int, extend: int, headroom: int,
-                     chunk: int = 1, horizon: int = 0) -> int:
-        """Checkpoint slots for the resume points ``points`` (page counts) reached by the
-        tokens ``(start, stop]``, ``stop = start + extend + headroom``: one per point ``q``
-        with ``start < q * P <= stop``."""
+                     chunk: int = 1, horizon: int = 0, recompute: int = 0) -> int:
+        """Checkpoint slots for the resume points ``points`` (page counts) the state
+        passes, the tokens ``(start - recompute, stop]``, ``stop = start + extend +
+        headroom``: one per point ``q`` with ``start - recompute < q * P <= stop``."""
         p = self.page_size
-        stop = start + extend + headroom
-        return sum(1 for q in points if start < q * p <= stop)
+        lo, stop = start - recompute, start + extend + headroom
+        return sum(1 for q in points if lo < q * p <= stop)
 
     def peak_pages(self, chunk: int) -> int:
         """``slots``: a chunk never needs more."""

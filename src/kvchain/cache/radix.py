@@ -262,6 +262,12 @@ class Hit:
             least ``pages``: where the prompt leaves the cached path, or where the path
             ends; the *junction* a request saves a checkpoint at when it lies past the
             hit (:func:`junction_point`).
+        gap: pages of a *partial hit* recomputed before the request's own prefill (0 for
+            an ordinary hit): the full and window pages ``[0, pages)`` are the cache's,
+            but the state resumes after ``pages - gap`` pages (``checkpoint`` is the one
+            there, -1 at 0: a fresh state), so tokens ``[(pages - gap) P, pages P)`` are
+            run through the model again, writing no KV (:meth:`PrefixCache.match` with
+            ``max_gap``).
     """
 
     pages: int
@@ -271,6 +277,7 @@ class Hit:
     window_first: Mapping[int, int] = field(default_factory=dict)
     checkpoint: int = -1
     matched: int = 0
+    gap: int = 0
 
 
 MISS = Hit(0, None)
@@ -951,14 +958,28 @@ class PrefixCache:
 
     # --- match, lock, unlock -------------------------------------------------------------
 
-    def match(self, keys: Sequence[int], prompt_tokens: int) -> Hit:
+    def match(self, keys: Sequence[int], prompt_tokens: int, max_gap: int = 0) -> Hit:
         """The longest resumable prefix of a prompt (pure: nothing is locked or touched).
 
         Args:
             keys: the prompt's page keys (``floor(L / P)`` of them).
             prompt_tokens: ``L``; at least one token is always computed, so a hit covers
                 at most ``(L - 1) // P`` pages.
+            max_gap: most pages a *partial hit* may recompute (0: none, the default). On
+                a chain with a state band the ordinary hit ``C`` ends at the deepest
+                checkpoint where every window band holds its tail; with ``max_gap > 0``
+                the hit's pages end instead at ``H``, the deepest page count ``<= C +
+                max_gap`` (and ``<=`` the cap) where every window band holds its tail (no
+                checkpoint needed), and the state resumes at ``C`` (``Hit.gap = H - C``;
+                the window tails at ``C`` are on the locked path, which a hit lock keeps:
+                the gap's window layers read them). Without a state band every tail point
+                resumes, so the hit is the same as without ``max_gap``.
+
+        Raises:
+            InvalidRequestError: ``max_gap < 0``.
         """
+        if max_gap < 0:
+            raise InvalidRequestError(f"max_gap must be >= 0 pages, got {max_gap}")
         g = self.geom
         path, m = self._path(keys)
         cap = min(m, (prompt_tokens - 1) // g.page_size)
@@ -993,20 +1014,28 @@ class PrefixCache:
                 last_absent.append(la)
             absent.append(last_absent)
         pols = g.windows
-        for t in candidates:
-            firsts = [pol.resume_start(t) for pol in pols]
-            if any(t > first and last_absent[t - 1] >= first
-                   for first, last_absent in zip(firsts, absent, strict=True)):
-                continue
-            node = self._node_at(path, t)
-            return Hit(t, node,
-                       {band: tuple(full[:t]) for band, full in zip(self._fbands, fulls,
-                                                                     strict=True)},
-                       {pol.band: tuple(win[first:t])
-                        for pol, first, win in zip(pols, firsts, wins, strict=True)},
-                       {pol.band: first for pol, first in zip(pols, firsts, strict=True)},
-                       ckpt_at.get(t, -1), m)
-        return Hit(0, None, matched=m)
+
+        def tails_at(t: int) -> bool:  # every window band holds its whole tail at t
+            return not any(t > first and last_absent[t - 1] >= first
+                           for first, last_absent in zip(
+                               (pol.resume_start(t) for pol in pols), absent, strict=True))
+
+        c = next((t for t in candidates if tails_at(t)), 0)
+        t = c
+        if max_gap and g.state is not None:
+            # A partial hit: the deepest tail point in (C, C + max_gap], if any.
+            t = next((u for u in range(min(cap, c + max_gap), c, -1) if tails_at(u)), c)
+        if not t:
+            return Hit(0, None, matched=m)
+        firsts = [pol.resume_start(t) for pol in pols]
+        node = self._node_at(path, t)
+        return Hit(t, node,
+                   {band: tuple(full[:t]) for band, full in zip(self._fbands, fulls,
+                                                                 strict=True)},
+                   {pol.band: tuple(win[first:t])
+                    for pol, first, win in zip(pols, firsts, wins, strict=True)},
+                   {pol.band: first for pol, first in zip(pols, firsts, strict=True)},
+                   ckpt_at.get(c, -1), m, t - c)
 
     @staticmethod
     def _node_at(path: list[tuple[Node, int]], t: int) -> Node:
@@ -1194,6 +1223,15 @@ class PrefixCache:
                 self._version += 1
                 continue
             self._refresh(node)  # an unlocked node holds no pin; tails that were all pinned
+
+    def checkpoint_at(self, handle: Node, point: int) -> int:
+        """The state slot of the checkpoint after ``point`` pages on ``handle``'s locked
+        path, or -1 when there is none (the audit of what a request resumes from).
+
+        Raises:
+            AuditError: page ``point - 1`` is not on the path.
+        """
+        return self._node_of(handle, point - 1).ckpts.get(point, -1)
 
     def pin_checkpoint(self, handle: Node, point: int) -> None:
         """Pin the checkpoint after ``point`` pages on ``handle``'s path (a hit resumes

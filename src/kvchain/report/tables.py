@@ -166,6 +166,8 @@ EXTRA_LABELS = {
     "prefix_hit_tokens": "prefix-cache hit tokens",
     "prefix_evicted_pages": "pages evicted from the prefix cache",
     "cow_state_copies": "state checkpoints copied on a hit",
+    "partial_hits": "partial hits (pages shared past the checkpoint, gap recomputed)",
+    "partial_tokens": "partial-hit gap tokens (pages reused, recomputed: not hits)",
     "prefix_infinite_bound_pct": "infinite-cache hit-rate bound (%, same requests)",
     "prefix_lru_bound_pct": "LRU hit-rate bound (%, the buffer as cache)",
     "requests_rejected_context": "requests rejected past the context",

@@ -13,7 +13,7 @@ from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.cache.radix import Hit, Node, PrefixCache, junction_point, resume_points
-from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError
+from kvchain.errors import AuditError, ConfigError, InvalidDemandError, InvalidRequestError
 from kvchain.requests.demand import tail_spans
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts
@@ -51,7 +51,9 @@ class CacheGlue:
         self.checkpoints_saved = 0
         self.junctions_saved = 0
         self.prompts_inserted = 0
-        self._hits: dict[int, int] = {}  # rid -> hit pages at attach (the cache's before it)
+        # rid -> (hit pages, gap pages) at attach (the cache's pages before it; the state
+        # resumed after hit - gap pages)
+        self._hits: dict[int, tuple[int, int]] = {}
         self._pointed: set[int] = set()  # requests with resume points still to come
         self._uninserted: set[int] = set()  # requests whose prompt is not in the cache yet
         # rid -> its hit lock, for requests whose prompt is inserted (``handle`` is then
@@ -84,7 +86,12 @@ class CacheGlue:
 
     def hit_tokens(self, rid: int) -> int:
         """See :meth:`KVManager.hit_tokens`."""
-        return self._hits.get(rid, 0) * self.geom.page_size
+        h, gap = self._hits.get(rid, (0, 0))
+        return (h - gap) * self.geom.page_size
+
+    def partial_tokens(self, rid: int) -> int:
+        """See :meth:`KVManager.partial_tokens`."""
+        return self._hits.get(rid, (0, 0))[1] * self.geom.page_size
 
     def reaches_point(self, ids: tuple[int, ...], requests: Mapping[int, CacheFacts]) -> bool:
         """Whether the next token of one of ``ids`` reaches one of its resume points."""
@@ -144,16 +151,24 @@ class CacheGlue:
                                       f"{prompt_tokens} tokens")
 
     def attach(self, rid: int, facts: CacheFacts, keys: tuple[int, ...], prompt_tokens: int,
-               save_points: bool) -> int:
+               save_points: bool, max_gap: int = 0) -> int:
         """Lock ``rid``'s hit and write it into its (new) row: the hit's full pages and
         window tail by reference (``shared``), its resume points and kept tails; pin what
         it reads of the cache (its window tail, the checkpoint it resumes from). Returns
-        the hit tokens."""
+        the hit tokens (the pages it shares, ``H P``).
+
+        With ``max_gap`` pages (> 0) the hit may be *partial* (:meth:`PrefixCache.match`):
+        the row holds the cache's pages ``[0, H)`` exactly as for a hit at ``H`` (so every
+        demand, release and the insert are those of that hit), the state resumes from the
+        checkpoint at ``C = H - gap`` (``facts.cow_at``; none at 0: a fresh slot) and
+        ``facts.gap`` tokens are recomputed by its first chunk before the chunk's own
+        tokens. Its junction point is found from ``C`` (where its state resumes), so a
+        junction at ``H`` is kept too: the state passes there at the gap's end."""
         facts.keys = keys
         cache = self.cache
         if cache is None:
             return 0
-        hit: Hit = cache.match(keys, prompt_tokens)
+        hit: Hit = cache.match(keys, prompt_tokens, max_gap)
         handle = facts.handle = cache.lock(hit)
         g, h, slot = self.geom, hit.pages, facts.slot
         table = self.table
@@ -165,7 +180,9 @@ class CacheGlue:
             for pol in g.windows:
                 table.set_row(pol.band, slot, hit.window_first[pol.band], hit.window[pol.band])
         facts.cow_src = hit.checkpoint
-        self._hits[rid] = h
+        facts.cow_at = h - hit.gap
+        facts.gap = hit.gap * g.page_size
+        self._hits[rid] = (h, hit.gap)
         if h < len(keys):
             self._uninserted.add(rid)
         if handle is not None:
@@ -175,13 +192,18 @@ class CacheGlue:
             for pol in g.windows:
                 cache.pin_window(handle, pol.band, range(hit.window_first[pol.band], h))
             if hit.checkpoint >= 0:
-                cache.pin_checkpoint(handle, h)
+                cache.pin_checkpoint(handle, facts.cow_at)
         if save_points:
             junction = 0
+            own = self.points_for(keys)
             if cache.junctions:
-                junction = junction_point(cache.geom, h, hit.matched, len(keys),
-                                          self.points_for(keys), cache.junction_min_pages)
+                junction = junction_point(cache.geom, facts.cow_at, hit.matched, len(keys),
+                                          own, cache.junction_min_pages)
             facts.points = self.points_for(keys, h, junction)
+            if hit.gap and h < len(keys) and (junction == h or h in own):
+                # the state passes H at the gap's end (whose tails the cache holds): keep it
+                # (for the insert at its prefill's end; a prompt cached whole has none)
+                facts.points = (h, *facts.points)
             facts.cut = junction * g.page_size
         if facts.points:
             self._pointed.add(rid)
@@ -233,8 +255,8 @@ class CacheGlue:
         """Drop the request's pin of the checkpoint its hit resumes from (copied or given
         up)."""
         if facts.cow_src >= 0 and self.cache is not None and facts.handle is not None:
-            # Not copied before: no slot taken, so no prefill ran and ``shared`` is the hit.
-            self.cache.unpin_checkpoint(facts.handle, int(self.table.shared[facts.slot]))
+            # Not copied before: no slot taken, so no prefill ran; it sits at ``cow_at``.
+            self.cache.unpin_checkpoint(facts.handle, facts.cow_at)
         facts.cow_src = -1
 
     def _unpin_all(self, facts: CacheFacts) -> None:
@@ -282,8 +304,8 @@ class CacheGlue:
                 got = got[n_slots:]
                 if facts.cow_src >= 0:
                     self._copy_checkpoint(band, facts)
-            tokens = int(table.tokens[slot])
-            reached = [q for q in facts.points if tokens < q * p <= tokens + extend]
+            tokens = int(table.tokens[slot]) - facts.gap  # a partial hit's gap runs first
+            reached = [q for q in facts.points if tokens < q * p <= tokens + facts.gap + extend]
             if len(reached) != len(got):
                 raise InvalidDemandError(f"request {rid}: {len(got)} checkpoint slots for "
                                          f"{len(reached)} resume points")
@@ -328,8 +350,9 @@ class CacheGlue:
         self.chain.release(band, out)
 
     def count_junction(self, facts: CacheFacts, now: int, new: int) -> None:
-        """Count a prefill that computes its junction point (``now < cut <= new``)."""
-        if facts.cut and now < facts.cut <= new:
+        """Count a prefill that computes its junction point (``now - gap < cut <= new``:
+        a partial hit's gap is computed by its first chunk too)."""
+        if facts.cut and now - facts.gap < facts.cut <= new:
             self.junctions_saved += 1
 
     def maybe_insert(self, rid: int, facts: CacheFacts, tokens: int) -> None:
@@ -454,4 +477,36 @@ class CacheGlue:
                              if i < shared)
             if facts.cow_src >= 0:
                 cpins.append(facts.cow_src)
+            self._check_resume(rid, facts)
         self.cache.audit(hit_locks, (wpins, cpins), prompt_locks)
+
+    def _check_resume(self, rid: int, facts: CacheFacts) -> None:
+        """Check that a request whose state has not resumed yet (a checkpoint to copy, or
+        a partial hit's gap to recompute) resumes at a checkpoint it really has: its
+        resume point plus its gap is where its pages end (``cow_at P + gap = tokens``),
+        and the cache holds the checkpoint it will copy at ``cow_at`` on its locked path
+        (or ``cow_at = 0``: a fresh state).
+
+        Raises:
+            AuditError: either fails (e.g. a gap not recomputed, or the state taken at
+                ``H`` where the cache has no checkpoint).
+        """
+        if facts.cow_src < 0 and not facts.gap:
+            return
+        tokens = int(self.table.tokens[facts.slot])
+        if facts.cow_at * self.geom.page_size + facts.gap != tokens:
+            raise AuditError(f"request {rid}: its state resumes after {facts.cow_at} pages "
+                             f"with {facts.gap} tokens to recompute, but its pages end at "
+                             f"{tokens} tokens")
+        if facts.cow_src >= 0:
+            have = (self.cache.checkpoint_at(facts.handle, facts.cow_at)
+                    if self.cache is not None and facts.handle is not None and facts.cow_at
+                    else -1)
+            if have != facts.cow_src:
+                raise AuditError(f"request {rid}: resumes from checkpoint slot "
+                                 f"{facts.cow_src} after {facts.cow_at} pages, but the "
+                                 f"cache holds {have} there")
+        elif facts.cow_at and self.geom.state is not None and \
+                not self.table.rowlen[self.geom.state, facts.slot]:
+            raise AuditError(f"request {rid}: resumes after {facts.cow_at} pages with no "
+                             f"checkpoint to copy and no state slot")

@@ -84,7 +84,7 @@ def _token_counts(*counts: object) -> tuple[int, ...]:
 def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
                    headroom: int = 0, headroom_chunk: int = 1,
                    points: Sequence[int] = (), tails: Sequence[Spans] = (),
-                   horizon: int = 0) -> Demand:
+                   horizon: int = 0, recompute: int = 0) -> Demand:
     """Pages a request must add to compute ``extend`` tokens from position ``start``, plus
     the pages of ``headroom`` later tokens (the one pure demand function).
 
@@ -109,6 +109,9 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
             ``max(headroom, horizon)`` tokens, the full band's pages over ``headroom`` (a
             window's pages do not grow with tokens, so a request that will decode past its
             reserved share of a batch's growth needs its window's whole later peak).
+        recompute: tokens ``[start - recompute, start)`` this extend computes again before
+            its own (a partial prefix-cache hit's gap: their pages are held, so they add
+            none; the state passes them, so a resume point among them is reached).
 
     Returns:
         Demand per band: its policy's ``pages`` (full: pages to cover ``[0, s + c +
@@ -126,10 +129,11 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
             and type(headroom_chunk) is int and type(horizon) is int):
         start, extend, headroom, headroom_chunk, horizon = _token_counts(
             start, extend, headroom, headroom_chunk, horizon)
-    if start < 0 or extend < 0 or headroom < 0 or headroom_chunk < 1 or horizon < 0:
+    if (start < 0 or extend < 0 or headroom < 0 or headroom_chunk < 1 or horizon < 0
+            or not 0 <= recompute <= start):
         raise InvalidDemandError(f"bad token counts: start={start} extend={extend} "
                                  f"headroom={headroom} headroom_chunk={headroom_chunk} "
-                                 f"horizon={horizon}")
+                                 f"horizon={horizon} recompute={recompute}")
     span, pages = held.span, []
     for pol in geom.policies:
         b = pol.band
@@ -137,7 +141,8 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
         got = pol.pages(first, end, start, extend, headroom, headroom_chunk, horizon)
         if points:
             got += pol.resume_pages(points, tails[b] if b < len(tails) else (), first, end,
-                                    start, extend, headroom, headroom_chunk, horizon)
+                                    start, extend, headroom, headroom_chunk, horizon,
+                                    recompute)
         pages.append(got)
     return Demand(tuple(pages))
 

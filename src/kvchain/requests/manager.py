@@ -220,7 +220,7 @@ class KVManager:
         slot = facts.slot
         return request_demand(self.geom, self._table.held(slot), int(self._table.tokens[slot]),
                               extend, headroom, headroom_chunk, facts.points, facts.tails,
-                              horizon)
+                              horizon, facts.gap)
 
     @property
     def num_requests(self) -> int:
@@ -248,13 +248,15 @@ class KVManager:
         return facts.cut if facts is not None else 0
 
     def attach(self, rid: int, keys: Sequence[int], prompt_tokens: int,
-               save_points: bool = True) -> int:
+               save_points: bool = True, max_gap: int = 0) -> int:
         """Match a waiting request's prompt against the cache and lock its hit: from now
         on ``rid`` holds the hit's pages by reference (tokens = hit) and its demands price
         only the rest. Undo with :meth:`detach` if it is not admitted. With
         ``save_points`` it keeps window tails and state checkpoints at its resume points
         for the cache, and a junction point where its prompt leaves the cached path
-        (:meth:`CacheGlue.attach`).
+        (:meth:`CacheGlue.attach`). With ``max_gap`` pages (> 0) the hit may be partial:
+        the returned tokens are the pages it shares, and :meth:`recompute_tokens` of
+        them must be recomputed by its first chunk (its state resumes before them).
 
         Returns:
             Hit tokens (0 for a miss or without a cache).
@@ -266,7 +268,20 @@ class KVManager:
         self._glue.check_attach(rid, rid in self._requests or rid in self._suspended, keys,
                                 prompt_tokens)
         facts = self._register(rid)
-        return self._glue.attach(rid, facts, tuple(keys), prompt_tokens, save_points)
+        return self._glue.attach(rid, facts, tuple(keys), prompt_tokens, save_points,
+                                 max_gap)
+
+    def recompute_tokens(self, rid: int) -> int:
+        """Tokens of ``rid``'s partial hit its next chunk must recompute before its own
+        (their pages are the cache's: computed, never allocated), 0 once that chunk is
+        committed, for an ordinary hit, or when not attached."""
+        facts = self._requests.get(rid)
+        return facts.gap if facts is not None else 0
+
+    def partial_tokens(self, rid: int) -> int:
+        """Tokens of ``rid``'s hit whose pages it shares but recomputes (a partial hit's
+        gap, :meth:`CacheGlue.attach`; 0 for an ordinary hit or none)."""
+        return self._glue.partial_tokens(rid)
 
     def detach(self, rid: int) -> None:
         """Undo :meth:`attach` of a request that was not admitted (it took nothing yet).
@@ -287,7 +302,8 @@ class KVManager:
 
     def hit_tokens(self, rid: int) -> int:
         """Tokens of ``rid`` served by the cache at :meth:`attach` (0 if none or not
-        attached; unchanged when its prompt is inserted at the end of its prefill)."""
+        attached; unchanged when its prompt is inserted at the end of its prefill): the
+        compute saved, so a partial hit counts only where its state resumes (``C``)."""
         return self._glue.hit_tokens(rid)
 
     # --- rows ------------------------------------------------------------------------------
@@ -787,6 +803,7 @@ class KVManager:
         if tokens < 0 or self._uncovered(slot, new_tokens):
             raise InvalidDemandError(f"request {rid}: {tokens} tokens not covered by its pages")
         self._glue.count_junction(facts, now, new_tokens)
+        facts.gap = 0  # a partial hit's gap was run by this chunk
         table.tokens[slot] = new_tokens
         released = self.release_window_tail(rid)
         self._glue.maybe_insert(rid, facts, new_tokens)

@@ -32,6 +32,11 @@ class CacheFacts:
             (-1: none).
         cut: the junction checkpoint's token position (0: none): a prefill chunk that
             would pass it ends there instead, so the state after it is a chunk's end state.
+        cow_at: the page count ``cow_src`` was saved at: the hit's pages, or for a partial
+            hit the point ``C`` its state resumes from (0: a fresh state).
+        gap: tokens of a partial hit still to recompute (``[C P, shared P)``), run by its
+            first chunk before the chunk's own tokens and cleared by that chunk's commit
+            (0: none).
     """
 
     slot: int
@@ -44,6 +49,8 @@ class CacheFacts:
     ckpts: dict[int, int] = field(default_factory=dict)
     cow_src: int = -1
     cut: int = 0
+    cow_at: int = 0
+    gap: int = 0
 
 
 class RequestView:

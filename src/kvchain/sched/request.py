@@ -140,11 +140,16 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class PrefillChunk:
-    """A prefill chunk: ``tokens`` prompt tokens computed from position ``start``."""
+    """A prefill chunk: ``tokens`` prompt tokens computed from position ``start``, after
+    ``recompute`` tokens ``[start - recompute, start)`` run again (a partial prefix-cache
+    hit's gap: their KV is the cache's, so the forward writes none there and the chunk
+    allocates nothing for them; the recurrent state passes them; 0 for any other chunk).
+    The forward computes ``recompute + tokens`` tokens from ``start - recompute``."""
 
     rid: int
     start: int
     tokens: int
+    recompute: int = 0
 
 
 @dataclass(frozen=True, slots=True)

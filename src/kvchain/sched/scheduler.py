@@ -108,6 +108,12 @@ class SchedulerConfig:
         retract_to: where a retracted request's KV goes (:class:`RetractTo`:
             ``recompute``, the default; ``host`` and ``auto`` need the scheduler's
             ``host`` side, ``auto`` also its ``retract_cost``).
+        partial_hits: prefix-cache hits may be *partial* on a chain with a state band
+            (off by default: it needs a model runner that can run a forward over
+            positions whose KV is cached without writing it, which kvchain's real-model
+            runner has not): a hit shares the cache's pages up to ``H`` and its first
+            chunk recomputes the gap ``[C, H)`` from the deepest checkpoint ``C`` below
+            (:meth:`KVManager.attach` with ``max_gap``; docs/prefix-cache.md).
 
     Raises:
         ConfigError: a limit below 1 (``cache_max_passes`` below 0).
@@ -125,6 +131,7 @@ class SchedulerConfig:
     cache_lookahead: int = CACHE_LOOKAHEAD
     cache_max_passes: int = CACHE_MAX_PASSES
     retract_to: RetractTo = RetractTo.RECOMPUTE
+    partial_hits: bool = False
 
     def __post_init__(self) -> None:
         check_field_types(self)  # e.g. policy="fcfs", max_running=2.5, strict="no"
@@ -220,6 +227,8 @@ class SchedulerCounters:
     spec_decodes: int = 0  # speculative decodes (one per request per step)
     prompt_tokens: int = 0  # prompts admitted (first admission) while a prefix cache is on
     hit_tokens: int = 0  # of which served by the prefix cache (device and host tier)
+    partial_hits: int = 0  # admissions whose hit was partial (a gap recomputed)
+    partial_tokens: int = 0  # their gap tokens: pages shared, tokens recomputed
     host_hit_tokens: int = 0  # of those, served by a load-back from the host tier
     loads: int = 0  # load-backs realized
     loads_shortened: int = 0  # of which at an earlier resume point than the host's deepest
@@ -361,7 +370,11 @@ class Scheduler:
         relies on). A chunk that would pass the request's junction checkpoint (a page
         boundary, :meth:`KVManager.chunk_cut`) ends there: the state saved for the cache
         is that chunk's end state, and the rest of the prompt is a next chunk."""
-        cap = min(self.config.chunk_size, tokens_left)
+        # A partial hit's gap is computed by its first chunk: it takes token budget (and
+        # chunk room) but no pages (:meth:`_gap_limit`).
+        cap = min(self.config.chunk_size, tokens_left) - self.kv.recompute_tokens(r.rid)
+        if cap <= 0:
+            return 0
         cut = self.kv.chunk_cut(r.rid) - r.computed
         if 0 < cut < min(cap, r.remaining_prefill):
             return cut
@@ -418,8 +431,9 @@ class Scheduler:
                 chunk_demand = kv.demand(r.rid, c)
                 budget.reserve(chunk_demand)
                 this_step[r.rid] = (c, chunk_demand)
-                step.prefills.append(PrefillChunk(r.rid, r.computed, c))
-                tokens_left -= c
+                gap = kv.recompute_tokens(r.rid)
+                step.prefills.append(PrefillChunk(r.rid, r.computed, c, gap))
+                tokens_left -= c + gap
         running = list(self.running.values())
         # The decoding batch (admission.AdaptiveReserve: the lockstep peak is theirs;
         # prefills and candidates reserve their whole expected output).
@@ -464,8 +478,9 @@ class Scheduler:
                 step.memory_blocked = upper > 0  # upper 0: the token budget stopped it
                 break
             budget.reserve(self._admission_demand(r, c))
-            step.prefills.append(PrefillChunk(r.rid, r.computed, c))
-            tokens_left -= c
+            gap = kv.recompute_tokens(r.rid)
+            step.prefills.append(PrefillChunk(r.rid, r.computed, c, gap))
+            tokens_left -= c + gap
         self.counters.admission_decisions += budget.decisions
         self._pin_if_moves(step, budget.snapshot)
         return step
@@ -476,10 +491,11 @@ class Scheduler:
         if self.kv.cache is None or r.page_keys is None or r.rid in self._no_hit:
             return False
         save = r.rid not in self._no_points
-        hit = self.kv.attach(r.rid, r.page_keys, r.prompt_tokens, save)
+        hit = self.kv.attach(r.rid, r.page_keys, r.prompt_tokens, save, self._gap_limit())
+        extra = self._hit_extra(hit, self.kv.recompute_tokens(r.rid))
         if hit and not self._fits_empty(self._lifetime_demand(
                 r.prompt_tokens, r.output_limit,
-                self.kv.points_for(r.page_keys) if save else ()).plus(self._hit_extra(hit))):
+                self.kv.points_for(r.page_keys) if save else ()).plus(extra)):
             # Alone with its hit it could never finish: the hit's window tails and state
             # checkpoint stay locked for the request's whole life, beyond its own peak (a
             # request that fits alone must always be able to finish alone). Serve it
@@ -557,18 +573,36 @@ class Scheduler:
         taken: the snapshot the ledger was built on no longer holds them)."""
         budget.rebase(self.chain.snapshot())
 
-    def _hit_extra(self, hit_tokens: int) -> Demand:
+    def _gap_limit(self) -> int:
+        """Most pages a partial hit may recompute (``KVManager.attach``'s ``max_gap``): 0
+        unless ``config.partial_hits``; else one page less than the smaller of the chunk
+        size and the step's prefill tokens, in whole pages, so the gap and at least one
+        page of the request's own prompt fit its first chunk (the gap runs in that chunk).
+        E.g. 8,192 tokens, ``P = 16``: 511 pages (8,176 tokens)."""
+        if not self.config.partial_hits:
+            return 0
+        cfg = self.config
+        return max(0, min(cfg.chunk_size, cfg.max_prefill_tokens) // self.kv.geom.page_size
+                   - 1)
+
+    def _hit_extra(self, hit_tokens: int, gap_tokens: int = 0) -> Demand:
         """What a hit of ``hit_tokens`` locks beyond the request's own lifetime demand: per
         window or chunked-local band its tail ``[resume_start(h), h)`` (dead once the
         request's window moves on, held until it ends), per state band the checkpoint
-        slot; its full pages are in the lifetime demand already."""
-        h = hit_tokens // self.kv.geom.page_size
+        slot; its full pages are in the lifetime demand already. A partial hit
+        (``gap_tokens`` recomputed: its state resumes at ``c = h - gap``) locks the
+        checkpoint at ``c`` (none at 0) and, per window band, the tail at ``c`` too (its
+        gap reads it): the union of ``[resume_start(c), c)`` and ``[resume_start(h), h)``."""
+        page = self.kv.geom.page_size
+        h = hit_tokens // page
+        c = h - gap_tokens // page
         pages = []
         for pol in self.kv.geom.policies:
             if pol.windowed:
-                pages.append(h - pol.resume_start(h))
+                tail = set(range(pol.resume_start(h), h)) | set(range(pol.resume_start(c), c))
+                pages.append(len(tail))
             else:
-                pages.append(1 if pol.per_request and h else 0)
+                pages.append(1 if pol.per_request and c else 0)
         return Demand(tuple(pages))
 
     def _rebased(self, budget: ChainPrefillBudget) -> bool:
@@ -657,6 +691,9 @@ class Scheduler:
                     r.hit_tokens = self.kv.hit_tokens(r.rid)
                     self.counters.prompt_tokens += r.prompt_tokens
                     self.counters.hit_tokens += r.hit_tokens
+                    gap = self.kv.partial_tokens(r.rid)
+                    self.counters.partial_hits += gap > 0
+                    self.counters.partial_tokens += gap
                     if loaded is not None:  # the part of its hit the host tier served
                         self.counters.host_hit_tokens += max(
                             0, min(loaded[1], r.hit_tokens) - loaded[0])
@@ -676,6 +713,14 @@ class Scheduler:
             raise InvalidRequestError("a step's demands do not match its prefills and decodes")
         if step.loads:
             self._check_loads(step)
+        kv = self.kv
+        for p in step.prefills:
+            # A partial hit's gap is recomputed by its first chunk, exactly: a chunk that
+            # skips it would resume the state where no checkpoint is.
+            if p.recompute != kv.recompute_tokens(p.rid):
+                raise InvalidRequestError(
+                    f"request {p.rid}: its chunk at {p.start} recomputes {p.recompute} "
+                    f"tokens, but its partial hit needs {kv.recompute_tokens(p.rid)}")
         # Fast path (every step): decodes are distinct running requests, prefills distinct
         # running or waiting ones; only a step that fails it is walked for the message.
         running, requests, waiting = self.running, self.requests, self.waiting

@@ -216,6 +216,8 @@ class SimConfig:
                 cache cannot key (:func:`kvchain.cache.radix.cache_refusal`:
                 several state bands, e.g. a draft model's). Any number of window and
                 chunked-local bands takes the cache; ``layout`` is the run's chain.
+                ``scheduler.partial_hits`` with the cache on, on a chain without a state
+                band (a partial hit could never differ from an ordinary one).
                 ``host_bytes`` with the cache on, on a chain the host tier cannot serve
                 (:func:`kvchain.cache.host_cache.host_tier_refusal`: several full bands;
                 with the cache off the host bytes serve retraction alone, as before).
@@ -227,6 +229,11 @@ class SimConfig:
         refused = cache_refusal(RequestGeometry.of(layout)) if self.prefix_cache else None
         if refused is not None:
             raise ConfigError(f"--prefix-cache: {refused}; run it without --prefix-cache")
+        if (self.scheduler.partial_hits and self.cache_on(layout)
+                and RequestGeometry.of(layout).state is None):
+            raise ConfigError("--partial-hits: the model has no recurrent state band, so "
+                              "every hit already ends where its pages match (there is no "
+                              "checkpoint to recompute from); run it without --partial-hits")
         if self.host_bytes is not None:
             host_refused = host_tier_refusal(RequestGeometry.of(layout))
             if host_refused is not None and self.cache_on(layout):
@@ -430,7 +437,8 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             on_allocated(sched, batch, now)
         builder.reset()
         for p in batch.prefills:
-            builder.add_prefill(p.tokens, p.start)
+            # a partial hit's gap is prefill compute at its own context (every layer runs)
+            builder.add_prefill(p.tokens + p.recompute, p.start - p.recompute)
         accepted: dict[int, int] = {}
         if spec and batch.decodes:
             ok = draws.random((len(batch.decodes), spec)) < config.spec_acceptance
@@ -561,8 +569,13 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         stats.cow_bytes = kv.cow_bytes
         stats.checkpoints_saved = kv.checkpoints_saved
         stats.junctions_saved = kv.junctions_saved
+        stats.partial_hits = sched.counters.partial_hits
+        stats.partial_tokens = sched.counters.partial_tokens
         extra.update({"prefix_hit_rate_pct": round(100 * stats.hit_rate, 2),
                       "prefix_hit_tokens": stats.hit_tokens,
+                      **({"partial_hits": stats.partial_hits,
+                          "partial_tokens": stats.partial_tokens}
+                         if config.scheduler.partial_hits else {}),
                       "prefix_evicted_pages": sum(cache.evicted_pages),
                       "cow_state_copies": kv.cow_state_copies,
                       **stats.add_bounds(config.trace, layout, {

@@ -33,6 +33,10 @@ class PrefixCacheStats:
         interval_tokens: tokens between resume points.
         junctions_saved: prefills that saved a junction checkpoint (and window tail) where
             their prompt left a cached path (``KVManager.junctions_saved``).
+        partial_hits: admissions whose hit was partial (``--partial-hits``): they shared
+            the cache's pages past the deepest checkpoint and recomputed the gap.
+        partial_tokens: those gaps' tokens: pages reused, compute not saved (not in
+            ``hit_tokens``).
         infinite_bound: the infinite-cache hit rate of the same requests at the same page
             size (:func:`kvchain.sim.prefix_bounds.hit_bound`), or ``None`` if not computed.
         lru_bound: the LRU bound's hit rate with the run's whole buffer as full-attention
@@ -55,6 +59,8 @@ class PrefixCacheStats:
     checkpoints_saved: int = 0
     interval_tokens: int = 0
     junctions_saved: int = 0
+    partial_hits: int = 0
+    partial_tokens: int = 0
     infinite_bound: float | None = None
     lru_bound: float | None = None
     lru_capacity_pages: int | None = None
@@ -75,6 +81,7 @@ class PrefixCacheStats:
                 "cow_state_copies": self.cow_state_copies, "cow_bytes": self.cow_bytes,
                 "checkpoints_saved": self.checkpoints_saved,
                 "junctions_saved": self.junctions_saved,
+                "partial_hits": self.partial_hits, "partial_tokens": self.partial_tokens,
                 "interval_tokens": self.interval_tokens,
                 "infinite_cache_bound": _rounded(self.infinite_bound),
                 "lru_bound": _rounded(self.lru_bound),

@@ -167,6 +167,15 @@ class RunOptions:
         "auto: spaced for models with a "
         "recurrent state, blocks otherwise. Ignored while the cache is off; an explicit "
         "value on a model with two or more window bands is refused (exit 2)."))
+    partial_hits: bool = field(default=False, metadata=option(
+        "Partial prefix-cache hits on a model with a recurrent state: a hit shares the "
+        "cached full-attention (and window) pages as far as they match and resume, and "
+        "recomputes the tokens from the deepest state checkpoint below, every layer, "
+        "writing no KV there: pages saved, not compute (counted as partial_tokens, not "
+        "hits). Off by default: it needs a model runner that can run a forward over cached "
+        "positions, which kvchain's real-model runner has not. Ignored while the cache is "
+        "off; with the cache on, a model without a recurrent state is refused (exit 2).",
+        flags="--partial-hits/--no-partial-hits"))
     fast_forward: bool = field(default=True, metadata=option(
         "Advance runs of decode-only steps between events in one update (the same results "
         "as the per-step loop); --no-fast-forward runs every step through the per-step "
@@ -240,7 +249,8 @@ class RunOptions:
         return SchedulerConfig(max_running=self.max_running, chunk_size=self.chunk_size,
                                max_prefill_tokens=max(self.chunk_size, PREFILL_TOKENS_FLOOR),
                                policy=self.policy, strict=self.strict,
-                               reserve=self.reserve_config(), retract_to=self.retract_to)
+                               reserve=self.reserve_config(), retract_to=self.retract_to,
+                               partial_hits=self.partial_hits)
 
     def load_trace(self, trace: str) -> Trace:
         """``trace`` (a bundled name or a file) cut by ``end_s`` and ``requests``, its
