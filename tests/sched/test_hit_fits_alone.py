@@ -53,8 +53,12 @@ def test_planted_no_check_gets_stuck(monkeypatch: pytest.MonkeyPatch):
     # The sibling: a hit counted as locking nothing beyond the lifetime is the old code.
     from kvchain.alloc.snapshot import Demand
 
+    from kvchain.requests.manager import KVManager
+
     monkeypatch.setattr(sched_module.Scheduler, "_hit_extra",
                         lambda self, hit, gap=0: Demand((0,) * self.kv.geom.num_bands))
+    monkeypatch.setattr(KVManager, "hit_holds",
+                        lambda self, rid: Demand((0,) * self.geom.num_bands))
     with pytest.raises(SimulationStuckError):
         simulate(_config())
 

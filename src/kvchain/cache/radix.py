@@ -1454,6 +1454,26 @@ class PrefixCache:
 
     # --- integrity -----------------------------------------------------------------------
 
+    def lock_holds(self, handle: Node | None) -> tuple[int, ...]:
+        """Per band, what a hit lock on ``handle``'s path keeps beyond its full pages: the
+        window (and chunked-local) pages present on the path, and its state checkpoints
+        (a hit lock keeps every tail and checkpoint of the path, not only those the hit
+        resumes from: :meth:`lock`); 0 for the full bands (a request's own KV counts
+        them) and all 0 for ``None``. ``O(path)``.
+
+        Example: a hit of 36 pages on a state | local | window | full chain whose path
+        keeps resume points every 4 pages holds 9 checkpoints, not the one it copies."""
+        g = self.geom
+        out = [0] * g.num_bands
+        n: Node | None = handle
+        while n is not None and n.nid:
+            for band, live in zip(self._wbands, n.win_live, strict=True):
+                out[band] += live
+            if g.state is not None:
+                out[g.state] += len(n.ckpts)
+            n = n.parent
+        return tuple(out)
+
     @property
     def held_counts(self) -> tuple[int, ...]:
         """Pages (state slots for a state band) the cache holds per band, locked or not:

@@ -300,6 +300,17 @@ class KVManager:
         if facts is not None:
             self._glue.touch(facts)
 
+    def hit_holds(self, rid: int) -> Demand:
+        """What ``rid``'s hit lock keeps locked beyond its full pages, per band (its path's
+        window pages and checkpoints, :meth:`PrefixCache.lock_holds`): zeros without a
+        cache, a hit, or when not attached."""
+        facts = self._requests.get(rid)
+        cache = self._glue.cache
+        handle = facts.handle if facts is not None else None
+        if cache is None or handle is None:
+            return Demand.zeros(self.geom.num_bands)
+        return Demand(cache.lock_holds(handle))
+
     def hit_tokens(self, rid: int) -> int:
         """Tokens of ``rid`` served by the cache at :meth:`attach` (0 if none or not
         attached; unchanged when its prompt is inserted at the end of its prefill): the

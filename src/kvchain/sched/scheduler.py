@@ -492,14 +492,19 @@ class Scheduler:
             return False
         save = r.rid not in self._no_points
         hit = self.kv.attach(r.rid, r.page_keys, r.prompt_tokens, save, self._gap_limit())
-        extra = self._hit_extra(hit, self.kv.recompute_tokens(r.rid))
+        # What the hit lock keeps: at least the tail and checkpoint the hit resumes from,
+        # and every other tail and checkpoint of its locked path.
+        extra = Demand(tuple(max(a, b) for a, b in zip(
+            self._hit_extra(hit, self.kv.recompute_tokens(r.rid)).pages,
+            self.kv.hit_holds(r.rid).pages, strict=True)))
         if hit and not self._fits_empty(self._lifetime_demand(
                 r.prompt_tokens, r.output_limit,
                 self.kv.points_for(r.page_keys) if save else ()).plus(extra)):
-            # Alone with its hit it could never finish: the hit's window tails and state
-            # checkpoint stay locked for the request's whole life, beyond its own peak (a
-            # request that fits alone must always be able to finish alone). Serve it
-            # uncached, now and after a retraction.
+            # Alone with its hit it could never finish: the hit path's window tails and
+            # state checkpoints stay locked for the request's whole life, beyond its own
+            # peak (a request that fits alone must always be able to finish alone; seeded
+            # stream 131 stalled when only the hit's own tail and checkpoint were counted:
+            # its path kept 9 checkpoints). Serve it uncached, now and after a retraction.
             self.kv.detach(r.rid)
             self._no_hit.add(r.rid)
             return False
