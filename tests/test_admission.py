@@ -146,3 +146,20 @@ def test_refusal_without_split_names_bytes():
     # 64 pages of 32 B free; 40 + 30 pages ask for 2,240 B.
     assert budget.refusal(Demand((40, 30))) == ("it needs 2,240 B of pages and joint "
                                                 "admission fits at most the 2,048 B free")
+
+
+def test_refusal_on_a_chain_without_window_band_names_no_window_rule():
+    # A state | full chain has no window rule (WindowAdmission.NONE): the message read
+    # "... and none admission fits at most ...".
+    from kvchain.alloc.chain import Chain
+    from kvchain.layout import plan_layout
+    from kvchain.model.declared import declared_class
+    from kvchain.model.layers import LifetimeClass as LC
+
+    layout = plan_layout([declared_class(LC.STATE, 1_000), declared_class(LC.FULL, 100)],
+                         100_000, 4)
+    chain = Chain(layout)
+    budget = ChainPrefillBudget(chain.snapshot(), AdmissionRules.for_layout(chain.layout))
+    # 2,000 full pages of 400 B ask for 800,000 B of the 100,000 B buffer.
+    text = budget.refusal(Demand((0, 2_000)))
+    assert text == "it needs 800,000 B of pages and admission fits at most the 100,000 B free"

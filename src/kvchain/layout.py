@@ -360,11 +360,25 @@ def plan_layout(
         bands.append(BandLayout(c, anchor, page_tokens, page_bytes, grid_base,
                                 (buffer_bytes - grid_base) // page_bytes, reserved))
     layout = ChainLayout(buffer_bytes, page_size, tuple(bands), state_slots_per_request)
+    check_smallest_request(layout, state_slots_per_request)
+    return layout
 
-    needed = smallest_request_bytes(layout.bands, state_slots_per_request)
+
+def check_smallest_request(layout: ChainLayout, state_slots: int) -> None:
+    """Refuse a layout whose buffer cannot hold one smallest request claiming
+    ``state_slots`` slots in every state band (:func:`plan_layout`'s own check; a caller
+    whose requests claim more slots than the layout's ``state_slots_per_request``, e.g.
+    ``1 + k`` under speculative decoding with ``k`` checkpoint slots, checks again with
+    its count).
+
+    Raises:
+        BufferTooSmallError: as :func:`plan_layout` (bytes, then the page grids).
+    """
+    buffer_bytes = layout.buffer_bytes
+    needed = smallest_request_bytes(layout.bands, state_slots)
     needed += layout.reserved_bytes
     if needed > buffer_bytes:
-        pages = smallest_request_pages(layout.bands, state_slots_per_request)
+        pages = smallest_request_pages(layout.bands, state_slots)
         parts = ", ".join(
             f"{b.label} {n} x {b.page_bytes:,} B"
             + (f" (a {b.cache_class.window:,}-token window spans up to {n} pages)"
@@ -376,7 +390,7 @@ def plan_layout(
             needed_bytes=needed,
             available_bytes=buffer_bytes,
         )
-    reach = smallest_request_reach(layout.bands, state_slots_per_request)
+    reach = smallest_request_reach(layout.bands, state_slots)
     if reach > buffer_bytes:
         raise BufferTooSmallError(
             f"buffer of {buffer_bytes:,} B cannot hold one smallest request: its "
@@ -387,4 +401,3 @@ def plan_layout(
             needed_bytes=reach,
             available_bytes=buffer_bytes,
         )
-    return layout

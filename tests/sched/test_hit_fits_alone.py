@@ -52,7 +52,6 @@ def test_the_hit_locks_its_window_tail_beyond_the_lifetime():
 def test_planted_no_check_gets_stuck(monkeypatch: pytest.MonkeyPatch):
     # The sibling: a hit counted as locking nothing beyond the lifetime is the old code.
     from kvchain.alloc.snapshot import Demand
-
     from kvchain.requests.manager import KVManager
 
     monkeypatch.setattr(sched_module.Scheduler, "_hit_extra",

@@ -144,7 +144,10 @@ class PoolAllocator:
             pools = tuple(int(p) for p in pool_pages)
             for b, p in zip(layout.bands, pools, strict=True):
                 if p < max(1, b.reserved_pages):
-                    raise ConfigError(f"{b.label} pool of {p} pages holds no request")
+                    raise ConfigError(
+                        f"fixed pools: the {b.label} pool of {p} pages (its share of the "
+                        f"{layout.buffer_bytes:,} B buffer) holds no request; give the "
+                        f"buffer more bytes or compare without fixed-pools")
             if sum(p * b.page_bytes for p, b in zip(pools, layout.bands, strict=True)) \
                     > layout.buffer_bytes:
                 raise ConfigError(f"pools {pools} exceed the buffer of "

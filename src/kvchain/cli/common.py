@@ -121,13 +121,17 @@ def fail(message: object, code: int = 2) -> NoReturn:
 
 
 def stopped(exc: Exception) -> NoReturn:
-    """A run (simulate, compare, sweep) stopped by a typed error after its input was
-    accepted: ``error: stopped: <Type>: <message>`` on stderr and exit 1 (2 is for bad
-    input, refused before anything runs).
+    """A run (simulate, compare, sweep) ended by a typed error: a
+    :class:`~kvchain.errors.ConfigError` is bad input found as the run sets up (a host
+    tier too small for one resume interval, a buffer with an empty fixed pool): ``error:
+    <message>`` and exit 2, as for every bad option; any other error stopped the run:
+    ``error: stopped: <Type>: <message>`` and exit 1.
 
     Raises:
         typer.Exit: always.
     """
+    if isinstance(exc, ConfigError):
+        fail(exc)
     fail(f"stopped: {type(exc).__name__}: {exc}", code=1)
 
 

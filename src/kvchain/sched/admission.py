@@ -193,8 +193,10 @@ class ChainPrefillBudget:
         if reason in _NOT_BYTES:
             return (f"its {need_bytes:,} B of pages fit the {free:,} B free, but "
                     f"{_NOT_BYTES[reason]} ({reason})")
-        return (f"it needs {need_bytes:,} B of pages and {self.rules.window.value} admission "
-                f"fits at most the {free:,} B free")
+        how = ("" if self.rules.window is WindowAdmission.NONE  # no window band: no rule
+               else f"{self.rules.window.value} ")
+        return (f"it needs {need_bytes:,} B of pages and {how}admission fits at most the "
+                f"{free:,} B free")
 
     def share_refusal(self, demand: Demand) -> str | None:
         """Under ``SPLIT``, the first band whose pages of ``ledger + demand`` exceed its

@@ -323,7 +323,8 @@ class Scheduler:
 
     def add(self, request: Request, now: float) -> bool:
         """Queue a request; reject it at once if it exceeds the model's context
-        (``config.max_context_tokens``) or can never fit the empty chain.
+        (``config.max_context_tokens``) or can never fit the empty chain. A ``max_tokens``
+        past the context is capped at it (``context - prompt_tokens``).
 
         Returns:
             True if queued, False if rejected (an ``REJECTED`` event says why).
@@ -345,6 +346,13 @@ class Scheduler:
                        f"context: {request.prompt_tokens:,} prompt + {request.output_tokens:,} "
                        f"output tokens exceed the model's context of {context:,} tokens")
             return False
+        if (context is not None and request.max_tokens is not None
+                and request.prompt_tokens + request.max_tokens > context):
+            # No request generates past the context, so neither does its limit: admission
+            # reserves against the limit, and one past the context (a client's max_tokens
+            # of 200,000 on a 131,072-token model) would reserve what never fits, while
+            # the never-fits check (capped at the context) let it wait forever.
+            request.max_tokens = context - request.prompt_tokens  # >= output_tokens here
         need = self._lifetime_demand(request.prompt_tokens, request.output_limit)
         points = self.kv.points_for(request.page_keys)
         if points and self._fits_empty(need) and not self._fits_empty(

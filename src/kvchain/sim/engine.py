@@ -27,7 +27,8 @@ number comes out as the per-step loop gives it (``--no-fast-forward``, the oracl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -39,10 +40,10 @@ from kvchain.bands.geometry import RequestGeometry, StateRollback
 from kvchain.cache.host_cache import HostTier, host_tier_refusal
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy, cache_refusal
 from kvchain.cache.tiered import TieredPrefixCache
-from kvchain.errors import ConfigError, KVChainError
+from kvchain.errors import BufferUnsupportedError, ConfigError, KVChainError
 from kvchain.field_types import check_field_types
 from kvchain.gpu import DEFAULT_MEM_FRACTION, GPUSpec, kv_buffer_bytes
-from kvchain.layout import ChainLayout, plan_layout
+from kvchain.layout import ChainLayout, check_smallest_request, plan_layout
 from kvchain.model.draft import check_spec_tokens
 from kvchain.model.layers import TARGET, LifetimeClass
 from kvchain.model.spec import ModelSpec
@@ -78,8 +79,9 @@ from kvchain.sim.prefix import (
     host_interval_tokens,
     request_page_keys,
     trace_block_tokens,
+    truncated_request,
 )
-from kvchain.sim.traces import Trace
+from kvchain.sim.traces import Trace, TraceRequest
 
 
 class SimulationStuckError(KVChainError, RuntimeError):
@@ -189,13 +191,20 @@ class SimConfig:
 
         Raises:
             ConfigError: a memory fraction that leaves no room for the KV buffer.
-            BufferTooSmallError: a buffer that cannot hold one smallest request.
+            BufferTooSmallError: a buffer that cannot hold one smallest request (with
+                its speculative checkpoint slots, ``spec_tokens`` under CHECKPOINTS).
         """
         buffer = self.buffer_bytes
         if buffer is None:
             buffer = kv_buffer_bytes(self.gpu, self.model.resident_weight_bytes,
                                      mem_fraction=self.mem_fraction)
-        return plan_layout(self.model.classes, buffer, self.page_size)
+        layout = plan_layout(self.model.classes, buffer, self.page_size)
+        # A speculative request claims more state slots (its checkpoints): the smallest
+        # request must fit with them, or the run could admit none.
+        slots = RequestGeometry.of(layout, self.spec_tokens, self.spec_rollback).state_slots
+        if slots > layout.state_slots_per_request:
+            check_smallest_request(layout, slots)
+        return layout
 
     def cache_on(self, layout: ChainLayout) -> bool:
         """Whether the run serves cached prefixes on ``layout``: ``prefix_cache`` when
@@ -333,8 +342,9 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         if config.host_bytes is not None:
             host_interval = host_interval_tokens(config.trace, geom, interval,
                                                  config.cache_points.resolve(geom))
-            host = HostTier(layout, config.host_bytes, host_interval, geom,
-                            audit=True if audit_every_step else None)
+            with _host_bytes_refused(config.host_bytes):
+                host = HostTier(layout, config.host_bytes, host_interval, geom,
+                                audit=True if audit_every_step else None)
             if host.plan.intervals == 0 and config.scheduler.retract_to is RetractTo.RECOMPUTE:
                 # (with --retract-to host/auto the same bytes also serve suspensions, which
                 # fall back to recompute when they do not fit: counted, not refused)
@@ -357,8 +367,10 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     context = config.scheduler.max_context_tokens or config.model.max_context_tokens
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step,
                            max_context_tokens=context)
-    retract_host = retraction_host(layout, config.host_bytes, block, host) \
-        if sched_config.retract_to is not RetractTo.RECOMPUTE else None
+    retract_host = None
+    if sched_config.retract_to is not RetractTo.RECOMPUTE:
+        with _host_bytes_refused(config.host_bytes):
+            retract_host = retraction_host(layout, config.host_bytes, block, host)
     clock: GPUCostModel | StepClock
     draft_cost = None  # the draft model's forwards (none: no draft, or a free head)
     host_cost: HostRetractionCost | None = None  # prices host copies (roofline only)
@@ -393,6 +405,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     load_steps = 0
     layers = config.model.num_layers
 
+    served: list[TraceRequest] = []  # the requests as served (truncated), arrival order
     while i < total or not sched.idle:
         if sched.idle:
             now = max(now, requests[i].arrival_s)
@@ -409,15 +422,16 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                 continue
         while i < total and requests[i].arrival_s <= now:
             tr = requests[i]
-            prompt = tr.prompt_tokens
             if (config.truncate_to_context and context is not None
-                    and prompt + tr.output_tokens > context and tr.output_tokens < context):
-                prompt = context - tr.output_tokens
+                    and tr.prompt_tokens + tr.output_tokens > context
+                    and tr.output_tokens < context):
+                tr = truncated_request(tr, context - tr.output_tokens, block)
                 truncated += 1
+            served.append(tr)
+            prompt = tr.prompt_tokens
             recorder.on_arrival(tr.request_id, tr.arrival_s, prompt_tokens=prompt,
                                 output_tokens=tr.output_tokens)
-            keys = (request_page_keys(tr, block, layout.page_size)
-                    if cache is not None and prompt == tr.prompt_tokens else None)
+            keys = request_page_keys(tr, block, layout.page_size) if cache is not None else None
             sched.add(Request(tr.request_id, prompt, tr.output_tokens, tr.arrival_s,
                               max_tokens=tr.max_tokens, page_keys=keys), tr.arrival_s)
             i += 1
@@ -578,12 +592,26 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                          if config.scheduler.partial_hits else {}),
                       "prefix_evicted_pages": sum(cache.evicted_pages),
                       "cow_state_copies": kv.cow_state_copies,
-                      **stats.add_bounds(config.trace, layout, {
+                      **stats.add_bounds(replace(config.trace, requests=tuple(served)),
+                                         layout, {
                           rec.request_id for rec in recorder.records
                           if rec.admitted_s is not None})})
     summary = summarize(recorder, extra=extra)
     return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
                      tuple(sched.unallocatable), stats, fast_steps)
+
+
+@contextmanager
+def _host_bytes_refused(host_bytes: int | None) -> Iterator[None]:
+    """Host pools this machine cannot index (``--host-bytes`` of 10**18, say: free lists
+    of hundreds of billions of slot ids) are bad input, named as the option: a
+    :class:`~kvchain.errors.ConfigError` instead of the pool's
+    :class:`~kvchain.errors.BufferUnsupportedError`."""
+    try:
+        yield
+    except BufferUnsupportedError as exc:
+        raise ConfigError(f"--host-bytes {host_bytes:,}: more host memory than this machine "
+                          f"can index ({exc})") from None
 
 
 def retraction_host(layout: ChainLayout, host_bytes: int | None, block_tokens: int,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvchain.bands.geometry import RequestGeometry
@@ -182,6 +182,24 @@ def host_interval_tokens(trace: Trace, geom: CacheGeometry, interval_tokens: int
     if not points:
         return interval_tokens
     return interval_tokens * max(1, round(pages / points / ipages))
+
+
+def truncated_request(request: TraceRequest, prompt_tokens: int,
+                      block_tokens: int) -> TraceRequest:
+    """``request`` with its prompt cut to its first ``prompt_tokens`` tokens (``--truncate``
+    keeps the head: the model reads the start of a prompt past its context), and its
+    content blocks to those the head covers (``ceil(prompt_tokens / block_tokens)``), so
+    the prefix cache keys it as the prompt it serves and its bounds count that prompt.
+
+    Raises:
+        TraceError: ``prompt_tokens`` not in ``[1, request.prompt_tokens]``.
+    """
+    if not 1 <= prompt_tokens <= request.prompt_tokens:
+        raise TraceError(f"request {request.request_id}: cannot truncate a prompt of "
+                         f"{request.prompt_tokens:,} tokens to {prompt_tokens:,}")
+    ids = request.prefix_block_ids
+    kept = None if ids is None else ids[:-(-prompt_tokens // block_tokens)]
+    return replace(request, prompt_tokens=prompt_tokens, prefix_block_ids=kept)
 
 
 def request_page_keys(request: TraceRequest, block_tokens: int,

@@ -156,7 +156,8 @@ class RunOptions:
     prefix_cache: bool | None = field(default=None, metadata=option(
         "Serve cached prompt prefixes (default: on when the trace has content keys, e.g. "
         "mooncake's hash_ids). --prefix-cache on a trace without content keys, or on a "
-        "model with two or more window bands, is refused (exit 2).",
+        "chain the cache cannot key (several recurrent-state bands, e.g. a draft model's), "
+        "is refused (exit 2); any number of window and chunked-local bands takes it.",
         flags="--prefix-cache/--no-prefix-cache", axis=True))
     cache_points: ResumePolicy = field(default=ResumePolicy.AUTO, metadata=option(
         "Where cached prompts keep window tails and state checkpoints: every content "
@@ -165,8 +166,7 @@ class RunOptions:
         "max(2, min(buffer bytes // 64, its own pages' bytes) // checkpoint bytes) "
         "checkpoints, K the least spacing within that; every block where it allows), or "
         "auto: spaced for models with a "
-        "recurrent state, blocks otherwise. Ignored while the cache is off; an explicit "
-        "value on a model with two or more window bands is refused (exit 2)."))
+        "recurrent state, blocks otherwise. Ignored while the cache is off."))
     partial_hits: bool = field(default=False, metadata=option(
         "Partial prefix-cache hits on a model with a recurrent state: a hit shares the "
         "cached full-attention (and window) pages as far as they match and resume, and "
