@@ -115,8 +115,9 @@ class RunOptions:
         "Seed of the Poisson arrivals of a length-only trace (sharegpt) and of the "
         "speculative acceptance draws (--spec-acceptance)."))
     truncate: bool = field(default=False, metadata=option(
-        "Cut the prompt of a request past the model's context to context - output tokens "
-        "(counted) instead of rejecting it.", flags="--truncate"))
+        "Cut the prompt of a request past the model's context to its first context - "
+        "output tokens (counted; the prefix cache keys the head it keeps) instead of "
+        "rejecting it.", flags="--truncate"))
     mem_fraction: float = field(default=DEFAULT_MEM_FRACTION, metadata=option(
         "Fraction of GPU memory for weights + KV cache (vLLM's gpu_memory_utilization).",
         axis=True))
