@@ -174,8 +174,14 @@ class KVManager:
 
     @property
     def prompts_inserted(self) -> int:
-        """Prompts inserted into the cache at the end of their prefill."""
+        """Prompts inserted into the cache whole (at the end of their prefill)."""
         return self._glue.prompts_inserted
+
+    @property
+    def chunk_inserts(self) -> int:
+        """Inserts of a prompt's pages so far: one per prefill chunk that completed whole
+        pages (incremental insertion; a prompt's last one inserts it whole)."""
+        return self._glue.chunk_inserts
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -220,7 +226,7 @@ class KVManager:
                                   horizon=horizon)
         slot = facts.slot
         return request_demand(self.geom, self._table.held(slot), int(self._table.tokens[slot]),
-                              extend, headroom, headroom_chunk, facts.points, facts.tails,
+                              extend, headroom, headroom_chunk, facts.points,
                               horizon)
 
     @property
@@ -768,8 +774,8 @@ class KVManager:
     def commit(self, rid: int, tokens: int) -> int:
         """Record that a forward computed ``tokens`` more tokens of ``rid``, then release
         its window pages wholly before the next token's window (window-tail release).
-        With a prefix cache, the commit that completes the prompt's whole pages inserts
-        them into the cache (:meth:`CacheGlue.insert_prompt`).
+        With a prefix cache, a commit that completes whole prompt pages inserts the
+        prompt's pages so far into the cache (:meth:`CacheGlue.maybe_insert`).
 
         Returns:
             Window pages released by the window-tail release (duplicates handed back at
