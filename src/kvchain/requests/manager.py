@@ -108,7 +108,8 @@ class KVManager:
         cache: a prefix cache over the same chain (attached to it as its evictor), or
             ``None``. With a cache, requests that carry page keys are matched by
             :meth:`attach`, point at the cache's pages for their hit, and insert their
-            prompt's pages at the end of their prefill (:meth:`commit`).
+            prompt's pages as their prefill computes them, at the commit of every chunk
+            that completes whole pages (:meth:`commit`).
         spec_tokens: drafts ``k`` of a speculative decode step (0: none). A request then
             claims ``k`` more state slots with its first chunk (the checkpoints a rollback
             picks from), and its demands count the window slack and ``k`` more tokens
@@ -294,7 +295,7 @@ class KVManager:
 
     def hit_tokens(self, rid: int) -> int:
         """Tokens of ``rid`` served by the cache at :meth:`attach` (0 if none or not
-        attached; unchanged when its prompt is inserted at the end of its prefill)."""
+        attached; unchanged when its prompt's pages are inserted as it prefills)."""
         return self._glue.hit_tokens(rid)
 
     # --- rows ------------------------------------------------------------------------------
@@ -578,7 +579,8 @@ class KVManager:
         formulas over the gathered rows); a :class:`Demand` is built only for the requests
         that need a page (about one in ``P`` per band per step; the rest share one empty
         demand). A request that holds nothing gets the demand of its first token. With a
-        prefix cache the same (kept window tails count only with headroom); a request
+        prefix cache the same (no kept window tail is reserved: each goes to the cache at
+        the commit of the chunk that reaches its point); a request
         whose next token reaches one of its resume points (a checkpoint slot more: one
         still in its prefill) sends the batch through :meth:`demand`.
 
@@ -1091,7 +1093,7 @@ class KVManager:
         hit, and its whole prompt once its prefill completed: :meth:`commit` inserted it
         then): it unpins and unlocks them, and releases its own pages (output pages, a
         prefill cut short, its state slots and saved checkpoints). Nothing new is inserted
-        here (policy: the prompt only, inserted once at the end of its prefill). ``insert``
+        here (policy: the prompt only, inserted by its prefill chunks' commits). ``insert``
         marks a finished request (rather than a retracted one): its prompt's path is
         touched, so the LRU order counts from when the last request using it ended (as
         vLLM's free-block queue).
