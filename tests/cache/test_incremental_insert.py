@@ -125,17 +125,18 @@ def test_a_second_request_hits_a_prompt_still_in_its_prefill() -> None:
     kv.audit()
 
 
-class NoChunkInsert(CacheGlue):
+_MAYBE_INSERT = CacheGlue.maybe_insert
+
+
+def insert_at_prefill_end_only(self, rid, facts, tokens):  # type: ignore[no-untyped-def]
     """Planted defect: the prompt is inserted only once its prefill ends (the old path),
     so a chunk's reached tails stay the request's though its reservation counts none."""
-
-    def maybe_insert(self, rid, facts, tokens):  # type: ignore[no-untyped-def]
-        if facts.keys and tokens >= len(facts.keys) * self.geom.page_size:
-            super().maybe_insert(rid, facts, tokens)
+    if facts.keys and tokens >= len(facts.keys) * self.geom.page_size:
+        _MAYBE_INSERT(self, rid, facts, tokens)
 
 
 def test_a_tail_kept_but_not_inserted_is_caught_by_the_audit(monkeypatch) -> None:
-    monkeypatch.setattr(CacheGlue, "maybe_insert", NoChunkInsert.maybe_insert)
+    monkeypatch.setattr(CacheGlue, "maybe_insert", insert_at_prefill_end_only)
     kv = manager()
     kv.attach(0, page_keys_from_tokens(TOKENS, P), 150)
     kv.allocate([(0, 96)])
