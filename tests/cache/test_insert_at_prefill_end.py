@@ -1,4 +1,6 @@
-"""A request's prompt enters the prefix cache when its prefill completes, not when it ends:
+"""A request's prompt enters the prefix cache as its prefill computes it (at the end of
+every chunk that completes whole pages: tests/cache/test_incremental_insert.py), not when
+it ends:
 its resume points' window tails and checkpoints are evictable cache units at once, the
 window pages it still reads are pinned (its tail lock) and become evictable, never released,
 as its window moves past them; a concurrent request sharing the prompt hits meanwhile.
@@ -145,18 +147,26 @@ def test_retraction_before_and_after_the_prefill_end_leaks_nothing():
     cache = kv.cache
     assert cache is not None
     keys = page_keys_from_tokens(A_TOKENS, P)
-    # Retracted after a 64-token chunk: 4 pages computed of 9; nothing enters the cache and
-    # every page (4 full, window, working slot + checkpoint 4) goes back to the chain.
+    # Retracted after a 64-token chunk: 4 pages computed of 9, inserted at the chunk's
+    # commit (incremental insertion): the 4 full pages, window pages 2, 3 (the tail of
+    # point 4, [(64 - 31) // 16, 4) = [2, 3], also the next token's window) and checkpoint
+    # 4; pages 0, 1 were released. The retraction unlocks and unpins them: one LEAF unit
+    # (state 1, window 2, full 4); the request's own working slot goes back to the chain.
     kv.attach(0, keys, 150)
     kv.allocate([(0, 64)])
     kv.commit(0, 64)
     kv.free(0, insert=False)
     kv.audit()
-    assert cache.held_pages() == [[], [], []]
-    assert all(kv.chain.bound_pages(b) == kv.chain.layout.bands[b].reserved_pages
-               for b in range(3))
+    assert [len(b) for b in cache.held_pages()] == [1, 2, 4]
+    assert cache.eviction_order().cumulative == ((0, 0, 0), (1, 2, 4))
+    assert cache.pinned() == ({}, {})
+    assert all(kv.chain.bound_pages(b) - kv.chain.layout.bands[b].reserved_pages
+               == len(cache.held_pages()[b]) for b in range(3))
     # Retracted after its prefill: the prompt stays cached (inserted at the prefill end),
     # unlocked and unpinned; the request's own pages are released.
+    kv = manager()
+    cache = kv.cache
+    assert cache is not None
     prefill_a(kv)
     kv.free(0, insert=False)
     kv.audit()

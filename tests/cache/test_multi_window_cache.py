@@ -162,11 +162,14 @@ class FirstWindowOnlyGlue(cache_glue.CacheGlue):
 
 @pytest.mark.parametrize("shape", ["window128|window1024|full", "window128|local2048|full"])
 def test_a_glue_keeping_the_first_window_bands_tail_only_loses_the_hits(monkeypatch, shape):
-    # The second windowed band keeps only the pages its window covers at each prompt's
-    # end ([436, 500) or [384, 500)): no hit point <= 375 has its tail there, so nothing
-    # hits, against [0, 5,632, 6,000 x 6] above.
+    # The second windowed band keeps only the pages its window covers at each chunk's end
+    # (inserted there): request 0's one chunk ends at 500 pages ([436, 500) or
+    # [384, 500)): no hit point <= 375 has its tail there, so request 1 hits nothing
+    # (against 5,632 above). Request 1's prefill is cut at its junction, 375 pages (the
+    # scheduler's chunk cut), so the commit there inserts its window [311, 375) (local:
+    # [256, 375)) as it stands: requests 2..7 still hit 6,000 tokens.
     monkeypatch.setattr(manager, "CacheGlue", FirstWindowOnlyGlue)
-    assert serve(scheduler(shape), PROMPTS) == [0] * 8
+    assert serve(scheduler(shape), PROMPTS) == [0, 0] + [6000] * 6
 
 
 class FirstWindowPinsCache(PrefixCache):

@@ -1,7 +1,9 @@
-"""Window tails kept for the prefix cache in a reservation: counted once, beside the live
-span they are not already part of (regression: they were added on top of the window's
-whole peak, so a first chunk's own tails were reserved twice and a long prompt's admission
-asked for a quarter more window pages than it can ever hold).
+"""Window tails kept for the prefix cache in a reservation: none is reserved beside a
+step's live span. A tail of a point a step reaches lies inside that step's span, and the
+step's commit hands it to the cache (incremental insertion,
+tests/cache/test_incremental_insert.py), so no later step holds it. (History: the tails were
+first added on top of the window's whole peak, then once beside a later step's span until
+the prefill end; both reserved pages the request never holds at once.)
 
 ``P = 16``, ``W = 128`` (a tail is the 8 pages ``[q - 8, q)`` before a resume point ``q``:
 ``first_page(16 q) = (16 q - 127) // 16 = q - 8``), resume points every 32 pages (512
@@ -33,49 +35,47 @@ def test_tail_spans_by_hand() -> None:
 
 def test_a_first_chunk_reserves_its_span_only() -> None:
     # First chunk of 1,024 tokens at 0, nothing held, 1,024 tokens later: live span now
-    # [0, 64) = 64 pages; a later one-page chunk 1 + ceil(127 / 16) = 9 pages, beside at
-    # most all 32 tail pages: 41 <= 64, so the tails add nothing (before: 64 + 32 = 96,
-    # though after the chunk the band holds 16 pages and at most 32 + 9 later).
+    # [0, 64) = 64 pages; a later one-page chunk 1 + ceil(127 / 16) = 9 pages; the tails
+    # add nothing (first fix: max(64, 9 + 32) - 64 = 0 too; before it: 64 + 32 = 96).
     assert WIN.pages(0, 0, 0, 1_024, 1_024, P) == 64
-    assert WIN.resume_pages(POINTS, TAILS, 0, 0, 0, 1_024, 1_024, P) == 0
+    assert WIN.resume_pages(POINTS, 0, 0, 0, 1_024, 1_024, P) == 0
 
 
-def test_a_short_first_chunk_reserves_the_later_tails() -> None:
-    # First chunk of 256 tokens: now [0, 16) = 16 pages; later 9 + 32 tails = 41 pages:
-    # the tails add 41 - 16 = 25 (before: 32).
+def test_a_short_first_chunk_reserves_no_later_tail() -> None:
+    # First chunk of 256 tokens: now [0, 16) = 16 pages; a later one-page step 9 pages,
+    # and the tails add nothing: each goes to the cache at the commit of the chunk that
+    # reaches its point (before incremental insertion: max(16, 9 + 32) - 16 = 25 more).
     assert WIN.pages(0, 0, 0, 256, 1_792, P) == 16
-    assert WIN.resume_pages(POINTS, TAILS, 0, 0, 0, 256, 1_792, P) == 25
+    assert WIN.resume_pages(POINTS, 0, 0, 0, 256, 1_792, P) == 0
 
 
 def test_tails_held_behind_the_chunk_are_not_taken_again() -> None:
-    # Holding window pages [24, 40) at 640 tokens (a chunk ended there; the tail [24, 32)
-    # kept behind the window, which starts at page (640 - 127) // 16 = 32), a chunk of 512
-    # tokens, 896 later: now [32, 72) = 40 pages of which [32, 40) held (have 8), later 9;
-    # tails from page 24 on: T = 32, X = 8 of them below page 32 (held and kept).
-    # pages = max(40, 9) - 8 = 32 (the chunk's new pages [40, 72)); tails add
-    # max(40, 9 + 32 - 8) - 40 = 0 (before: 32, so 64 reserved for a 32-page take).
-    assert WIN.pages(24, 40, 640, 512, 896, P) == 32
-    assert WIN.resume_pages(POINTS, TAILS, 24, 40, 640, 512, 896, P) == 0
+    # Holding window pages [32, 40) at 640 tokens (a chunk ended there; the tail [24, 32)
+    # of point 32 went to the cache at its commit; the window starts at page
+    # (640 - 127) // 16 = 32), a chunk of 512 tokens, 896 later: now [32, 72) = 40 pages of
+    # which [32, 40) held (have 8), later 9: pages = max(40, 9) - 8 = 32 (the chunk's new
+    # pages [40, 72)); the tails add 0.
+    assert WIN.pages(32, 40, 640, 512, 896, P) == 32
+    assert WIN.resume_pages(POINTS, 32, 40, 640, 512, 896, P) == 0
 
 
 def test_the_step_take_adds_no_tail() -> None:
     # Without headroom (a step's own chunk) kept tails add nothing, as before.
-    assert WIN.resume_pages(POINTS, TAILS, 0, 0, 0, 1_024, 0, P) == 0
+    assert WIN.resume_pages(POINTS, 0, 0, 0, 1_024, 0, P) == 0
 
 
 def test_request_demand_counts_the_tails_once() -> None:
     # Through the one demand function on a window | full chain: full pages of 2,048
-    # tokens = 128; window max(64, 9 + 32) = 64 (before: 96).
+    # tokens = 128; window max(64, 9) = 64 (first: 96).
     layout = plan_layout([declared_class(LC.WINDOW, 1, 128), declared_class(LC.FULL, 1)],
                          1 << 24, P)
     g = RequestGeometry.of(layout)
     win, full = g.windows[0].band, g.fulls[0]
-    tails = tail_spans(g, POINTS)
-    d = request_demand(g, NOTHING_HELD, 0, 1_024, 1_024, P, POINTS, tails)
+    d = request_demand(g, NOTHING_HELD, 0, 1_024, 1_024, P, POINTS)
     assert (d.pages[win], d.pages[full]) == (64, 128)
-    # A request holding [24, 40) of the window band and 40 full pages at 640 tokens:
+    # A request holding [32, 40) of the window band and 40 full pages at 640 tokens:
     # window 32 (above), full ceil(2,048 / 16) - 40 = 88.
     spans = [(0, 0)] * g.num_bands
-    spans[win], spans[full] = (24, 40), (0, 40)
-    d = request_demand(g, HeldPages(tuple(spans)), 640, 512, 896, P, POINTS, tails)
+    spans[win], spans[full] = (32, 40), (0, 40)
+    d = request_demand(g, HeldPages(tuple(spans)), 640, 512, 896, P, POINTS)
     assert (d.pages[win], d.pages[full]) == (32, 88)

@@ -110,17 +110,24 @@ class BandPolicy:
         """Most pages of the band a chunk of ``chunk`` tokens needs at any start."""
         raise NotImplementedError
 
-    def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
-                     first: int, end: int, start: int, extend: int, headroom: int,
-                     chunk: int = 1, horizon: int = 0, recompute: int = 0) -> int:
+    def resume_pages(self, points: Sequence[int], first: int, end: int, start: int,
+                     extend: int, headroom: int, chunk: int = 1, horizon: int = 0,
+                     recompute: int = 0) -> int:
         """Pages the band adds to :meth:`pages` (same arguments: a request holding
         ``[first, end)`` computes ``extend`` tokens from ``start``, then ``headroom`` later
         tokens in chunks of at most ``chunk``, ``horizon`` expected) for the prefix cache's
         resume points ``points`` (page counts) reached by the tokens ``(start - recompute,
-        start + extend + headroom]``, whose kept window pages are ``tails`` (``(lo, hi)``
-        ranges): 0 for a band that keeps nothing. ``recompute``: tokens before ``start``
-        the extend computes again (a partial hit's gap: held pages, but the state passes
-        them)."""
+        start + extend + headroom]``: 0 for a band that takes no page of its own there.
+        ``recompute``: tokens before ``start`` the extend computes again (a partial hit's
+        gap: held pages, but the state passes them).
+
+        Window and chunked-local bands add 0: the tail ``[resume_start(q), q)`` kept for a
+        point ``q`` reached by a step lies inside that step's live span
+        (``resume_start(q) = first_page(qP) >= first_page(s)`` and ``q <= ceil((s + c) /
+        P)``), and the commit that computes it hands it to the prefix cache
+        (incremental insertion, :meth:`kvchain.requests.cache_glue.CacheGlue.maybe_insert`),
+        so no step holds a tail beside its live span (it is then evictable cache, which the
+        planner counts as supply)."""
         return 0
 
 
@@ -221,34 +228,6 @@ class _WindowedPolicy(BandPolicy):
             return plain
         return max(plain, ceil_div(self.tokens + self.spec - 1, p) + 1)
 
-    def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
-                     first: int, end: int, start: int, extend: int, headroom: int,
-                     chunk: int = 1, horizon: int = 0, recompute: int = 0) -> int:
-        """With ``headroom``, what the kept tail ranges ``tails`` (disjoint, sorted; kept
-        for the prefix cache instead of released) add to the band's peak from now on:
-        ``max(now, later + T - X) - max(now, later)``, with ``now``, ``later`` the live
-        spans of :meth:`pages` (the chunk's, a later step's), ``T`` the tail pages from
-        page ``first`` on and ``X`` those of them below the chunk's first live page
-        (held now and kept, so never taken again). This chunk's take is its live span
-        (a tail inside it is one of its pages); at a later step every tail may be kept
-        behind the live span (an upper bound: the insert at the prefill end hands them to
-        the cache). 0 without headroom (a step's own take keeps what it holds).
-
-        Example (``P = 16``, ``W = 128``): a first chunk of 8,192 tokens of a
-        13,824-token prompt with tails of 8 pages at each of its 27 block boundaries,
-        later chunks of one page: ``now = 512``, ``later = 1 + 8 = 9``, ``T = 216``,
-        ``X = 0``: ``max(512, 225) - 512 = 0`` pages (adding ``T`` reserved 216 more)."""
-        if not headroom:
-            return 0
-        kept = sum(hi - max(lo, first) for lo, hi in tails if hi > first)
-        if not kept:
-            return 0
-        need_first = int(self.first_page(start))
-        behind = sum(min(hi, need_first) - max(lo, first) for lo, hi in tails
-                     if min(hi, need_first) > max(lo, first))
-        now, later, _ = self._spans(first, end, start, extend, headroom, chunk, horizon)
-        return max(int(now), int(later) + kept - behind) - max(int(now), int(later))
-
 
 @dataclass(frozen=True, slots=True)
 class WindowPolicy(_WindowedPolicy):
@@ -294,9 +273,9 @@ class StatePolicy(BandPolicy):
             return np.where(end == 0, self.slots, 0)
         return self.slots if end == 0 else 0
 
-    def resume_pages(self, points: Sequence[int], tails: Sequence[tuple[int, int]],
-                     first: int, end: int, start: int, extend: int, headroom: int,
-                     chunk: int = 1, horizon: int = 0, recompute: int = 0) -> int:
+    def resume_pages(self, points: Sequence[int], first: int, end: int, start: int,
+                     extend: int, headroom: int, chunk: int = 1, horizon: int = 0,
+                     recompute: int = 0) -> int:
         """Checkpoint slots for the resume points ``points`` (page counts) the state
         passes, the tokens ``(start - recompute, stop]``, ``stop = start + extend +
         headroom``: one per point ``q`` with ``start - recompute < q * P <= stop``."""

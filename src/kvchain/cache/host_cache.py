@@ -12,8 +12,9 @@ checkpoint is dropped only by a unit that the walk orders as on the device, and 
 leaf left without a checkpoint is dead and goes next (:meth:`HostTier.evict_for`).
 
 Write policy: **write-through at insert** (docs/host-tier.md, "Write policy"): when the
-device cache inserts a prompt at the end of its prefill, the host tier gets a copy of
-what that prompt offers and the host does not hold yet - the full pages past the host's
+device cache inserts a prompt's pages (at the commit of each prefill chunk that completes
+whole pages), the host tier gets a copy of what that insert offers and the host does not
+hold yet - the full pages past the host's
 own matched prefix, the window tails of its resume points, the checkpoints. On a state
 chain only the prefix up to the deepest checkpoint offered is written (full pages past it
 could never be resumed from: the 0-of-8 host hits of sglang #39436). A write that cannot

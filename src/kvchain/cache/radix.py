@@ -26,9 +26,10 @@ band, every page boundary is a resume point.
 
 Locks: a running request locks the path root..X of its cached prefix (a count on every
 node): its hit at admission (:meth:`PrefixCache.lock`: the path and its tails, as a prefix
-in use by running requests keeps whatever lets later ones resume from it), and its whole
-prompt once its prefill completes and the prompt is inserted (:meth:`PrefixCache.adopt`:
-a *prompt lock*, full pages only). A locked node is never a ``LEAF`` unit: its full pages
+in use by running requests keeps whatever lets later ones resume from it), and its
+prompt's path so far once a prefill chunk's commit inserts it (:meth:`PrefixCache.adopt`:
+a *prompt lock*, full pages only; each later chunk's insert locks the longer path and the
+request layer drops the shorter one). A locked node is never a ``LEAF`` unit: its full pages
 stay. On a node only prompt locks hold, the window pages and checkpoints are evictable (a
 ``TAILS`` unit) except those a running request still reads, which it *pins*: the window
 pages inside its current window (a tail lock, dropped page by page as its window moves past
@@ -1410,8 +1411,9 @@ class PrefixCache:
               full: Sequence[int] | Mapping[int, Sequence[int]],
               window: Mapping[int, Mapping[int, int]], ckpts: Mapping[int, int],
               reading: Mapping[int, Iterable[int]]) -> Adopted:
-        """Insert a *running* request's prompt at the end of its prefill and hand it over:
-        the request locks the whole prompt's path (a prompt lock: full pages), the window
+        """Insert a *running* request's prompt pages so far (at the commit of a prefill
+        chunk that completed whole pages; the whole prompt at its last) and hand them over:
+        the request locks their path (a prompt lock: full pages), the window
         pages it still reads are pinned (its tail lock), and everything else it offered (the
         window tails and checkpoints of its resume points) is at once evictable cache. (vLLM
         likewise caches a block as soon as it is computed, SGLang inserts an unfinished
@@ -1419,7 +1421,8 @@ class PrefixCache:
         Caching" design page; SGLang ``cache_unfinished_req``.)
 
         Args:
-            keys, shared, full, window, ckpts: as :meth:`insert` (``keys`` has ``n`` pages).
+            keys, shared, full, window, ckpts: as :meth:`insert` (``keys`` has ``n`` pages:
+                the prompt's first ``n``).
             reading: per window band (by band index), the page indices ``< n`` the
                 request still reads there (its current window); they are pinned on the
                 new path.

@@ -98,7 +98,7 @@ def _band_series(
     """Per band label: arrays of bytes (NaN where a sample lacks the band): ``lo``, ``hi``,
     ``live``, and the owners of the live bytes: ``request`` (requests' own pages plus the
     null page; ``live - cached`` when a sample did not count requests), ``locked`` (cached,
-    locked by a running request: its hit, or its own prompt cached at its prefill end) and
+    locked by a running request: its hit, or its own prompt's pages cached as it prefills) and
     ``evictable`` (cached, unlocked); ``request + locked + evictable == live`` whenever the
     sample's owners add up."""
     labels = list(dict.fromkeys(b.label for s in samples for b in s.bands))
@@ -159,8 +159,8 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
     x = simulated time (s), y = byte offset in the KV buffer. Per band (one color each):
     from the band's anchor outward (the bottom for a LOW END band, the top for a HIGH END
     band, the low edge for the FLOAT band), requests' own pages (solid), the prefix cache's
-    pages locked by running requests (their hits and their own prompts, cached at the
-    prefill end; cross-hatched), the cache's evictable
+    pages locked by running requests (their hits and their own prompts' pages, cached
+    chunk by chunk as they prefill; cross-hatched), the cache's evictable
     (unlocked) pages (hatched, lighter), then the band's holes up to its far frontier
     (pale); white = free gaps between bands. Pages of the three owners interleave in the
     real band: the chart stacks their byte totals (:class:`~kvchain.sim.metrics.BandSample`

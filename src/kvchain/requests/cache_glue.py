@@ -1,6 +1,7 @@
 """The prefix cache's part of the request layer: a request's hit (its shared pages, locks
 and pins), its resume points (window tails kept, state checkpoints saved), the insert of
-its prompt at the end of its prefill, and what it hands back when it ends. The manager
+its prompt's pages at the end of every prefill chunk that completes whole pages, and what
+it hands back when it ends. The manager
 calls these at fixed points; without a cache every call is a no-op."""
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ class CacheGlue:
             and their bytes.
         checkpoints_saved: state checkpoint slots taken at resume points.
         junctions_saved: prefills that computed their junction point.
-        prompts_inserted: prompts inserted at the end of their prefill.
+        prompts_inserted: prompts inserted whole (at the end of their prefill).
+        chunk_inserts: inserts of a prompt's pages so far, one per prefill chunk that
+            completed whole pages (the last one inserts the whole prompt).
 
     Every window and chunked-local band is handled alike, each by its own policy
     (``geom.windows``): its hit tail ``[policy.resume_start(h), h)`` shared and pinned, its
@@ -51,6 +54,7 @@ class CacheGlue:
         self.checkpoints_saved = 0
         self.junctions_saved = 0
         self.prompts_inserted = 0
+        self.chunk_inserts = 0
         # rid -> (hit pages, gap pages) at attach (the cache's pages before it; the state
         # resumed after hit - gap pages)
         self._hits: dict[int, tuple[int, int]] = {}
@@ -356,26 +360,34 @@ class CacheGlue:
             self.junctions_saved += 1
 
     def maybe_insert(self, rid: int, facts: CacheFacts, tokens: int) -> None:
-        """Insert the prompt of a commit that completed its whole pages (policy: the
-        prompt only, once)."""
-        if rid in self._uninserted and facts.keys and \
-                tokens >= len(facts.keys) * self.geom.page_size:
-            self._insert_prompt(rid, facts)
+        """Insert the prompt pages a commit completed: at the end of every prefill chunk
+        that completes whole pages past what the cache holds of the prompt
+        (``min(tokens // P, len(keys)) > shared``), pages ``[0, that)`` (incremental
+        insertion; the last such commit inserts the whole prompt)."""
+        if rid not in self._uninserted or not facts.keys:
+            return
+        n = min(tokens // self.geom.page_size, len(facts.keys))
+        if n > int(self.table.shared[facts.slot]):
+            self._insert_prompt(rid, facts, n)
 
-    def _insert_prompt(self, rid: int, facts: CacheFacts) -> None:
-        """Insert the request's prompt pages into the cache now and hand over what it only
-        kept for the cache. Afterwards it holds pages ``[0, n)`` by reference
-        (``shared = n``) under a prompt lock of the whole path (its hit lock stays: the hit
-        path keeps its tails while it runs); its window pages below ``n`` are the cache's,
-        pinned while its window covers them; the window tails and the checkpoints of its
-        resume points are evictable cache units at once. It runs after the commit's
-        window-tail release, so the window pages offered are exactly the kept tails and
-        the next token's window below ``n``. Where the cache already held a page (another
-        request inserted the same prefix meanwhile), the request switches to the cache's
-        copy and its own is released."""
+    def _insert_prompt(self, rid: int, facts: CacheFacts, n: int) -> None:
+        """Insert the request's prompt pages ``[0, n)`` (``shared < n <= len(keys)``) into
+        the cache now and hand over what it only kept for the cache up to there.
+        Afterwards it holds pages ``[0, n)`` by reference (``shared = n``) under a prompt
+        lock of the path so far (an earlier prompt lock, of a shorter path, is dropped: the
+        lock moves with the inserted prefix; its hit lock stays: the hit path keeps its
+        tails while it runs); its window pages below ``n`` are the cache's, pinned while
+        its window covers them; the window tails and the checkpoints of the resume points
+        ``<= n`` are evictable cache units at once, so its reservation no longer holds
+        them (:meth:`~kvchain.bands.policies.BandPolicy.resume_pages`). It runs after the
+        commit's window-tail release, so the window pages offered are exactly the kept
+        tails and the next token's window below ``n`` (a kept page is always a tail of a
+        point ``<= n``: a later point's tail lies inside the next token's window). Where
+        the cache already held a page (another request inserted the same prefix
+        meanwhile), the request switches to the cache's copy and its own is released."""
         cache, keys, table = self.cache, facts.keys, self.table
         assert cache is not None and keys is not None
-        g, n, slot = self.geom, len(keys), facts.slot
+        g, slot = self.geom, facts.slot
         h = int(table.shared[slot])
         windows: dict[int, dict[int, int]] = {}
         reading: dict[int, list[int]] = {}
@@ -387,10 +399,15 @@ class CacheGlue:
                 if h <= i < n:
                     offer[i] = v
                     read.append(i)
-            offer.update(facts.kept.get(band, {}))
+            kept = facts.kept.get(band, {})
+            offer.update((i, v) for i, v in kept.items() if i < n)
+        ckpts = {q: v for q, v in facts.ckpts.items() if q <= n}
         full = {band: table.live(band, slot)[:n].tolist() for band in g.fulls}
-        ad = cache.adopt(keys, h, full, windows, facts.ckpts, reading)
-        self._hit_locks[rid] = facts.handle
+        ad = cache.adopt(keys[:n], h, full, windows, ckpts, reading)
+        if rid in self._hit_locks:  # an earlier chunk's prompt lock: the new one covers it
+            cache.unlock(facts.handle, tails=False)
+        else:
+            self._hit_locks[rid] = facts.handle
         for band in g.fulls:
             table.tables[band][slot, :n] = ad.full[band]
         for band, read in reading.items():
@@ -399,11 +416,20 @@ class CacheGlue:
                 table.tables[band][slot, i] = cached[i]
         facts.handle = ad.handle
         table.shared[slot] = n
-        facts.kept, facts.ckpts = {}, {}
-        facts.points, facts.tails, facts.retain = (), (), {}
-        self._pointed.discard(rid)
-        self._uninserted.discard(rid)
-        self.prompts_inserted += 1
+        facts.kept = {band: rest for band, kept in facts.kept.items()
+                      if (rest := {i: v for i, v in kept.items() if i >= n})}
+        facts.ckpts = {q: v for q, v in facts.ckpts.items() if q > n}
+        facts.points = tuple(q for q in facts.points if q > n)
+        facts.tails = tail_spans(g, facts.points, n) if facts.points else ()
+        facts.retain = ({pol.band: frozenset(i for lo, hi in facts.tails[pol.band]
+                                             for i in range(lo, hi)) for pol in g.windows}
+                        if facts.tails else {})
+        if not facts.points:
+            self._pointed.discard(rid)
+        self.chunk_inserts += 1
+        if n == len(keys):
+            self._uninserted.discard(rid)
+            self.prompts_inserted += 1
         for band, ids in enumerate(ad.dups):
             if ids:
                 self.chain.release(band, ids)
@@ -446,14 +472,27 @@ class CacheGlue:
             held[g.state].extend(facts.ckpts.values())
 
     def audit(self, requests: Mapping[int, CacheFacts]) -> None:
-        """The cache's own audit with the locks and pins the requests hold.
+        """The cache's own audit with the locks and pins the requests hold, and that no
+        request still holds a window tail or checkpoint of a resume point its commits
+        reached (incremental insertion hands them to the cache at the commit; the
+        reservation counts none of them: :meth:`maybe_insert`).
 
         Raises:
-            AuditError: as :meth:`PrefixCache.audit`.
+            AuditError: as :meth:`PrefixCache.audit`; or a request holding kept window
+                pages, or a checkpoint of a point ``q`` with ``q * P <=`` its tokens.
         """
         if self.cache is None:
             return
         table = self.table
+        p = self.geom.page_size
+        for rid, facts in requests.items():
+            tokens = int(table.tokens[facts.slot])
+            kept = sum(len(k) for k in facts.kept.values())
+            late = [q for q in facts.ckpts if q * p <= tokens]
+            if kept or late:
+                raise AuditError(f"request {rid} at {tokens} tokens holds {kept} kept window "
+                                 f"pages and checkpoints {late} of resume points it reached: "
+                                 f"they were not handed to the cache at the commit")
         wpins: list[tuple[int, int]] = []
         cpins: list[int] = []
         hit_locks: list[Node] = []

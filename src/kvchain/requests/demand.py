@@ -83,8 +83,8 @@ def _token_counts(*counts: object) -> tuple[int, ...]:
 
 def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
                    headroom: int = 0, headroom_chunk: int = 1,
-                   points: Sequence[int] = (), tails: Sequence[Spans] = (),
-                   horizon: int = 0, recompute: int = 0) -> Demand:
+                   points: Sequence[int] = (), horizon: int = 0,
+                   recompute: int = 0) -> Demand:
     """Pages a request must add to compute ``extend`` tokens from position ``start``, plus
     the pages of ``headroom`` later tokens (the one pure demand function).
 
@@ -98,12 +98,10 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
         headroom_chunk: the largest chunk those later tokens come in (1 for decode).
         points: the request's prefix-cache resume points still to come (page counts,
             sorted; :func:`kvchain.cache.radix.resume_points`): one state checkpoint slot
-            for each point reached by ``(start, start + extend + headroom]``.
-        tails: per band, the window pages kept for those points, as disjoint sorted page
-            ranges ``(lo, hi)`` (:func:`tail_spans`); with headroom, the band's peak
-            from now on holds them beside its live span (``resume_pages`` of the window
-            policy: every one from the band's first held page on at a later step, an
-            upper bound; a tail inside this chunk's span is one of its pages already).
+            for each point reached by ``(start, start + extend + headroom]``. The window
+            tails kept for them add nothing: each lies inside the live span of the step
+            that reaches its point and goes to the cache at that step's commit
+            (``resume_pages`` of the window policy).
         horizon: later tokens the request is expected to compute, when more than
             ``headroom`` (0: ``headroom``): the window bands' later peak is taken over
             ``max(headroom, horizon)`` tokens, the full band's pages over ``headroom`` (a
@@ -140,9 +138,8 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
         first, end = span(b)
         got = pol.pages(first, end, start, extend, headroom, headroom_chunk, horizon)
         if points:
-            got += pol.resume_pages(points, tails[b] if b < len(tails) else (), first, end,
-                                    start, extend, headroom, headroom_chunk, horizon,
-                                    recompute)
+            got += pol.resume_pages(points, first, end, start, extend, headroom,
+                                    headroom_chunk, horizon, recompute)
         pages.append(got)
     return Demand(tuple(pages))
 
@@ -214,5 +211,4 @@ def lifetime_demand(geom: RequestGeometry, prompt: int, output: int,
     rest = kv - first + context_drafts(geom.spec_tokens, kv - 1, context)
     # Later chunks of one page even for a one-page prompt: after a retraction the request
     # is recomputed from prompt + generated tokens, which may span more than a page.
-    return request_demand(geom, NOTHING_HELD, 0, first, rest, geom.page_size, points,
-                          tail_spans(geom, points))
+    return request_demand(geom, NOTHING_HELD, 0, first, rest, geom.page_size, points)

@@ -108,7 +108,8 @@ class KVManager:
         cache: a prefix cache over the same chain (attached to it as its evictor), or
             ``None``. With a cache, requests that carry page keys are matched by
             :meth:`attach`, point at the cache's pages for their hit, and insert their
-            prompt's pages at the end of their prefill (:meth:`commit`).
+            prompt's pages as their prefill computes them, at the commit of every chunk
+            that completes whole pages (:meth:`commit`).
         spec_tokens: drafts ``k`` of a speculative decode step (0: none). A request then
             claims ``k`` more state slots with its first chunk (the checkpoints a rollback
             picks from), and its demands count the window slack and ``k`` more tokens
@@ -173,8 +174,14 @@ class KVManager:
 
     @property
     def prompts_inserted(self) -> int:
-        """Prompts inserted into the cache at the end of their prefill."""
+        """Prompts inserted into the cache whole (at the end of their prefill)."""
         return self._glue.prompts_inserted
+
+    @property
+    def chunk_inserts(self) -> int:
+        """Inserts of a prompt's pages so far: one per prefill chunk that completed whole
+        pages (incremental insertion; a prompt's last one inserts it whole)."""
+        return self._glue.chunk_inserts
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -219,7 +226,7 @@ class KVManager:
                                   horizon=horizon)
         slot = facts.slot
         return request_demand(self.geom, self._table.held(slot), int(self._table.tokens[slot]),
-                              extend, headroom, headroom_chunk, facts.points, facts.tails,
+                              extend, headroom, headroom_chunk, facts.points,
                               horizon, facts.gap)
 
     @property
@@ -313,7 +320,7 @@ class KVManager:
 
     def hit_tokens(self, rid: int) -> int:
         """Tokens of ``rid`` served by the cache at :meth:`attach` (0 if none or not
-        attached; unchanged when its prompt is inserted at the end of its prefill): the
+        attached; unchanged when its prompt's pages are inserted as it prefills): the
         compute saved, so a partial hit counts only where its state resumes (``C``)."""
         return self._glue.hit_tokens(rid)
 
@@ -597,7 +604,8 @@ class KVManager:
         formulas over the gathered rows); a :class:`Demand` is built only for the requests
         that need a page (about one in ``P`` per band per step; the rest share one empty
         demand). A request that holds nothing gets the demand of its first token. With a
-        prefix cache the same (kept window tails count only with headroom); a request
+        prefix cache the same (no kept window tail is reserved: each goes to the cache at
+        the commit of the chunk that reaches its point); a request
         whose next token reaches one of its resume points (a checkpoint slot more: one
         still in its prefill) sends the batch through :meth:`demand`.
 
@@ -795,8 +803,8 @@ class KVManager:
     def commit(self, rid: int, tokens: int) -> int:
         """Record that a forward computed ``tokens`` more tokens of ``rid``, then release
         its window pages wholly before the next token's window (window-tail release).
-        With a prefix cache, the commit that completes the prompt's whole pages inserts
-        them into the cache (:meth:`CacheGlue.insert_prompt`).
+        With a prefix cache, a commit that completes whole prompt pages inserts the
+        prompt's pages so far into the cache (:meth:`CacheGlue.maybe_insert`).
 
         Returns:
             Window pages released by the window-tail release (duplicates handed back at
@@ -1120,7 +1128,7 @@ class KVManager:
         hit, and its whole prompt once its prefill completed: :meth:`commit` inserted it
         then): it unpins and unlocks them, and releases its own pages (output pages, a
         prefill cut short, its state slots and saved checkpoints). Nothing new is inserted
-        here (policy: the prompt only, inserted once at the end of its prefill). ``insert``
+        here (policy: the prompt only, inserted by its prefill chunks' commits). ``insert``
         marks a finished request (rather than a retracted one): its prompt's path is
         touched, so the LRU order counts from when the last request using it ended (as
         vLLM's free-block queue).

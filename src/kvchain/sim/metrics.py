@@ -382,7 +382,7 @@ class StepSample:
     @property
     def locked_bytes(self) -> int:
         """Bytes of the prefix cache's locked pages (a running request's hit, or its own
-        prompt cached at its prefill end): ``cached_bytes - evictable_bytes``."""
+        prompt's pages, cached as it prefills): ``cached_bytes - evictable_bytes``."""
         return _locked_bytes(self.cached_bytes, self.evictable_bytes)
 
 
