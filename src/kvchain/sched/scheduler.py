@@ -505,9 +505,12 @@ class Scheduler:
         extra = Demand(tuple(max(a, b) for a, b in zip(
             self._hit_extra(hit, self.kv.recompute_tokens(r.rid)).pages,
             self.kv.hit_holds(r.rid).pages, strict=True)))
+        # Its own resume points past the hit (those at or below it are on the locked path,
+        # in ``extra`` already).
+        h = hit // self.kv.geom.page_size
+        own = tuple(q for q in self.kv.points_for(r.page_keys) if q > h) if save else ()
         if hit and not self._fits_empty(self._lifetime_demand(
-                r.prompt_tokens, r.output_limit,
-                self.kv.points_for(r.page_keys) if save else ()).plus(extra)):
+                r.prompt_tokens, r.output_limit, own).plus(extra)):
             # Alone with its hit it could never finish: the hit path's window tails and
             # state checkpoints stay locked for the request's whole life, beyond its own
             # peak (a request that fits alone must always be able to finish alone; seeded
