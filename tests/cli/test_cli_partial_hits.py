@@ -51,6 +51,8 @@ def test_ignored_while_the_cache_is_off():
     result = run("simulate", "--model", "gpt-oss-120b", "--trace", "mooncake",
                  "--requests", "5", "--partial-hits", "--no-prefix-cache", "--json")
     assert result.exit_code == 0, result.output
+    # ... and says so (it did nothing silently)
+    assert "--partial-hits has no effect: the prefix cache is off" in result.stderr
 
 
 def test_a_sweep_grid_value_that_is_not_a_bool_exits_2(tmp_path):

@@ -44,3 +44,21 @@ def test_bounds_count_only_admitted_requests():
     assert s.extra["prefix_hit_rate_pct"] == 25.0
     assert s.extra["prefix_infinite_bound_pct"] == 50.0
     assert s.extra["prefix_lru_bound_pct"] == 50.0  # 4 GB of full pages hold both prompts
+
+
+def test_a_prompt_without_content_keys_is_a_miss_of_the_bounds_too():
+    # Requests 0 and 2 as above (1,024 tokens, blocks (1, 2)) and request 1: 1,024 tokens
+    # without hash_ids, which the run counts (its prompt is admitted, it cannot hit) and
+    # the bounds skipped: 1,024 / 2,048 = 50 % against the run's 512 / 3,072. Now both
+    # count it: the infinite cache hits request 2's 1,024 tokens of 3,072 = 33.33 %.
+    trace = Trace("unkeyed-between", (
+        TraceRequest(0, 0.0, 1_024, 2, prefix_block_ids=(1, 2)),
+        TraceRequest(1, 50.0, 1_024, 2),
+        TraceRequest(2, 100.0, 1_024, 2, prefix_block_ids=(1, 2)),
+    ), source="test", license="test")
+    result = simulate(SimConfig(load_model("gpt-oss-120b"), get_gpu("h200"), trace,
+                                buffer_bytes=4_000_000_000,
+                                cache_points=ResumePolicy.BLOCKS))
+    assert result.prefix_cache is not None
+    assert (result.prefix_cache.prompt_tokens, result.prefix_cache.hit_tokens) == (3_072, 512)
+    assert result.summary.extra["prefix_infinite_bound_pct"] == 33.33

@@ -203,8 +203,8 @@ def inert_warnings(run: RunOptions, given: GivenOptions, cache_on: bool,
     """Options the user gave that this run cannot act on, one warning each (``warning:``
     on stderr; the run goes on as it would without them): ``--policy cache-aware`` while
     the prefix cache is off (``cache_on`` False: the order is FCFS), ``--cache-points``
-    while the cache is off, ``--step-ms`` with ``--clock roofline`` (step times come from
-    the cost model), ``--mem-fraction`` with ``--buffer-bytes`` (the buffer is given), and
+    and ``--partial-hits`` while the cache is off, ``--step-ms`` with ``--clock
+    roofline`` (step times come from the cost model), ``--mem-fraction`` with ``--buffer-bytes`` (the buffer is given), and
     the speculative options :func:`speculative_warnings` names (on ``layout``'s bands)."""
     out = []
     if run.policy is QueuePolicy.CACHE_AWARE and not cache_on:
@@ -213,6 +213,8 @@ def inert_warnings(run: RunOptions, given: GivenOptions, cache_on: bool,
     if "cache_points" in given.typed and not cache_on:
         out.append(f"--cache-points {run.cache_points.value} has no effect: the prefix "
                    f"cache is off in this run")
+    if run.partial_hits and not cache_on:
+        out.append("--partial-hits has no effect: the prefix cache is off in this run")
     if "step_ms" in given.typed and run.clock is ClockKind.ROOFLINE:
         out.append(f"--step-ms {run.step_ms:g} has no effect with --clock roofline (step "
                    f"times come from the GPU cost model; --clock steps uses the tick)")

@@ -190,7 +190,7 @@ EXTRA_LABELS = {
     "host_bytes": "host tier: bytes of its slots (--host-bytes)",
     "host_interval_tokens": "host tier: tokens per resume interval of its split",
     "host_hit_tokens": "host tier: prompt tokens served by load-backs",
-    "host_hit_rate_pct": "host tier: hit rate (% of prompts, part of the hit rate)",
+    "host_hit_rate_pct": "host tier: hit rate (% of prompt tokens, in the hit rate)",
     "host_bytes_written": "host tier: bytes written (write-through at insert)",
     "host_bytes_loaded": "host tier: bytes loaded back to the device",
     "host_loads": "host tier: load-backs",

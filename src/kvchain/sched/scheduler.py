@@ -361,7 +361,8 @@ class Scheduler:
         if not self._fits_empty(need):
             request.status = RequestStatus.REJECTED
             self.counters.rejected += 1
-            share = self._empty_budget().share_refusal(need)
+            share = self._empty_budget().share_refusal(need) or _band_cap_refusal(
+                self._empty, need)
             self._emit(EventKind.REJECTED, request.rid, now,
                        f"needs {_demand_bytes(self._empty, need):,} B of pages at its peak, "
                        f"which can never fit on the empty chain "
@@ -1318,3 +1319,18 @@ class Scheduler:
 
 def _demand_bytes(snapshot: ChainSnapshot, demand: Demand) -> int:
     return sum(d * b.page_bytes for d, b in zip(demand.pages, snapshot.bands, strict=True))
+
+
+def _band_cap_refusal(empty: ChainSnapshot, need: Demand) -> str | None:
+    """Why ``need`` can never fit the empty chain although its bytes fit the free bytes:
+    the first band whose pages exceed what that band can ever hold (``cap``: a fixed
+    pool's size, or a band's index-space cap); ``None`` when the bytes themselves do not
+    fit or no band binds. E.g. fixed pools on jet-nemotron-2b in 300 MB: a request of
+    196,509,696 B needs more full pages than the full pool's 2,676."""
+    if _demand_bytes(empty, need) > empty.free_bytes:
+        return None
+    for d, b in zip(need.pages, empty.bands, strict=True):
+        if d > b.cap - b.live:
+            return (f"its {d:,} {b.label} pages pass the {b.cap - b.live:,} that band can "
+                    f"ever hold (its pool or index space)")
+    return None

@@ -15,7 +15,7 @@ from kvchain.cache.radix import CacheGeometry, ResumePolicy, cache_refusal, resu
 from kvchain.errors import TraceError
 from kvchain.layout import ChainLayout
 from kvchain.model.layers import LifetimeClass
-from kvchain.sim.prefix_bounds import hit_bound, lru_capacity_pages
+from kvchain.sim.prefix_bounds import HitBound, hit_bound, lru_capacity_pages
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
 
 
@@ -107,18 +107,27 @@ class PrefixCacheStats:
         ``admitted``: the request ids the run admitted (the requests whose prompts
         :attr:`prompt_tokens` counts); the bounds are then over those requests alone, so
         a request rejected (it never fits, or passes the context) or never reached by the
-        run's end weighs in neither rate. ``None``: every request of the trace."""
+        run's end weighs in neither rate. ``None``: every request of the trace. A prompt
+        without content keys counts as a miss in both, as in the run's rate."""
         page, block = layout.page_size, trace_block_tokens(trace)
         requests = (trace.requests if admitted is None else
                     [r for r in trace.requests if r.request_id in admitted])
-        self.infinite_bound = hit_bound(requests, page, block_tokens=block).hit_rate
+        # A prompt without content keys can never hit, but the run's hit rate counts its
+        # tokens: so do the bounds (hit_bound skips it), as misses.
+        unkeyed = sum(r.prompt_tokens for r in requests if not r.prefix_block_ids)
+
+        def rate(bound: HitBound) -> float:
+            total = bound.prompt_tokens + unkeyed
+            return bound.hit_tokens / total if total else 0.0
+
+        self.infinite_bound = rate(hit_bound(requests, page, block_tokens=block))
         extra = {"prefix_infinite_bound_pct": round(100 * self.infinite_bound, 2)}
         full = layout.index_of(LifetimeClass.FULL)
         if full is not None:
             per_token = layout.bands[full].page_bytes // page
             self.lru_capacity_pages = lru_capacity_pages(layout.buffer_bytes, per_token, page)
-            self.lru_bound = hit_bound(requests, page, block_tokens=block,
-                                       capacity_pages=self.lru_capacity_pages).hit_rate
+            self.lru_bound = rate(hit_bound(requests, page, block_tokens=block,
+                                            capacity_pages=self.lru_capacity_pages))
             extra["prefix_lru_bound_pct"] = round(100 * self.lru_bound, 2)
         return extra
 
