@@ -205,7 +205,8 @@ def inert_warnings(run: RunOptions, given: GivenOptions, cache_on: bool,
     the prefix cache is off (``cache_on`` False: the order is FCFS), ``--cache-points``
     and ``--partial-hits`` while the cache is off, ``--step-ms`` with ``--clock
     roofline`` (step times come from the cost model), ``--mem-fraction`` with
-    ``--buffer-bytes`` (the buffer is given), and the speculative options :func:`speculative_warnings` names (on ``layout``'s bands)."""
+    ``--buffer-bytes`` (the buffer is given), and the speculative options
+    :func:`speculative_warnings` names (on ``layout``'s bands)."""
     out = []
     if run.policy is QueuePolicy.CACHE_AWARE and not cache_on:
         out.append("--policy cache-aware ranks waiting requests by their cached prefix, "
