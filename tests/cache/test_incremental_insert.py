@@ -146,12 +146,18 @@ def test_a_tail_kept_but_not_inserted_is_caught_by_the_audit(monkeypatch) -> Non
         kv.audit()
 
 
-def test_an_inserted_tail_freed_while_read_is_caught_by_the_audit() -> None:
+def after_first_chunk():  # type: ignore[no-untyped-def]
+    """The manager and its cache after request 0's first chunk of 96 tokens."""
     kv = manager()
     cache = kv.cache
     assert cache is not None
     kv.attach(0, page_keys_from_tokens(TOKENS, P), 150)
     chunk(kv, 96)
+    return kv, cache
+
+
+def test_an_inserted_tail_freed_while_read_is_caught_by_the_audit() -> None:
+    kv, cache = after_first_chunk()
     # Planted: the cache drops the pin of page 5 (the request reads it: its window starts
     # at page 4), so a TAILS unit would free it under the running request.
     handle = kv.pages(0).handle
@@ -163,11 +169,7 @@ def test_an_inserted_tail_freed_while_read_is_caught_by_the_audit() -> None:
 
 
 def test_a_prompt_lock_not_moved_is_caught_by_the_audit() -> None:
-    kv = manager()
-    cache = kv.cache
-    assert cache is not None
-    kv.attach(0, page_keys_from_tokens(TOKENS, P), 150)
-    chunk(kv, 96)
+    kv, cache = after_first_chunk()
     # Planted: a second prompt lock of the path so far (the lock of chunk 1 left behind
     # when chunk 2 locks its longer path): no request holds it.
     handle = kv.pages(0).handle

@@ -53,12 +53,14 @@ class CountingChain(Chain):
         return grant
 
 
-def qwen_scheduler(partial: bool, buffer_bytes: int = 16 * GIB) -> Scheduler:
+def qwen_scheduler(partial: bool, buffer_bytes: int = 16 * GIB, *,
+                   policy: ResumePolicy = ResumePolicy.AUTO, chunk: int = 8192) -> Scheduler:
+    """qwen3-next-80b-a3b at ``buffer_bytes``, resume interval 512 tokens, ``chunk``
+    prefill tokens per step and per chunk, audits after every step."""
     layout = plan_layout(load_model("qwen3-next-80b-a3b").classes, buffer_bytes, P)
-    cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=512,
-                        policy=ResumePolicy.AUTO)
+    cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=512, policy=policy)
     return Scheduler(KVManager(CountingChain(layout), cache),
-                     SchedulerConfig(max_prefill_tokens=8192, chunk_size=8192,
+                     SchedulerConfig(max_prefill_tokens=chunk, chunk_size=chunk,
                                      partial_hits=partial, audit_every_step=True))
 
 
@@ -133,12 +135,7 @@ def test_a_partial_hit_from_a_fresh_state():
     # ends placement (points 480, 500 only): request 1 has no checkpoint at or below 375,
     # so C = 0: the partial hit shares 375 pages and recomputes all 6,000 tokens from a
     # fresh state (no copy); its full pages are 126 instead of 501.
-    layout = plan_layout(load_model("qwen3-next-80b-a3b").classes, 16 * GIB, P)
-    cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=512,
-                        policy=ResumePolicy.ENDS)
-    sched = Scheduler(KVManager(CountingChain(layout), cache),
-                      SchedulerConfig(max_prefill_tokens=8192, chunk_size=8192,
-                                      partial_hits=True, audit_every_step=True))
+    sched = qwen_scheduler(True, policy=ResumePolicy.ENDS, chunk=8192)
     hits, chunks, taken = serve(sched, SHARED[:3])
     assert hits == [0, 0, 6000]
     assert chunks[1] == [(2000, 6000)]
@@ -150,12 +147,7 @@ def test_a_gap_past_the_chunk_is_shortened():
     # chunk 4,096 tokens: max_gap = 4,096 // 16 - 1 = 255 pages. Fresh state (ends), 375
     # pages matched: H = min(375, 0 + 255) = 255 pages (4,080 tokens), gap 4,080; the
     # first chunk is 4,096 - 4,080 = 16 tokens (one page), then the rest in chunks.
-    layout = plan_layout(load_model("qwen3-next-80b-a3b").classes, 16 * GIB, P)
-    cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=512,
-                        policy=ResumePolicy.ENDS)
-    sched = Scheduler(KVManager(CountingChain(layout), cache),
-                      SchedulerConfig(max_prefill_tokens=4096, chunk_size=4096,
-                                      partial_hits=True, audit_every_step=True))
+    sched = qwen_scheduler(True, policy=ResumePolicy.ENDS, chunk=4096)
     hits, chunks, _ = serve(sched, SHARED[:2])
     assert hits == [0, 0]
     assert chunks[1][0] == (16, 4080)
@@ -290,12 +282,7 @@ def test_the_gap_takes_the_steps_token_budget():
     # wait together: request 1's first chunk takes 16 + 4,080 = 4,096 tokens, the whole
     # budget, so request 2 starts only in the next step (with 4,096 - 16 = 4,080 left for
     # it, had the gap not been charged, it would have started in the same step).
-    layout = plan_layout(load_model("qwen3-next-80b-a3b").classes, 16 * GIB, P)
-    cache = PrefixCache(CacheGeometry.of(layout), interval_tokens=512,
-                        policy=ResumePolicy.ENDS)
-    sched = Scheduler(KVManager(CountingChain(layout), cache),
-                      SchedulerConfig(max_prefill_tokens=4096, chunk_size=4096,
-                                      partial_hits=True, audit_every_step=True))
+    sched = qwen_scheduler(True, policy=ResumePolicy.ENDS, chunk=4096)
     serve(sched, SHARED[:1])
     now = 100.0
     sched.add(Request(1, 8000, 2, now, page_keys=page_keys_from_tokens(SHARED[1], P)), now)

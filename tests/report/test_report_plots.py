@@ -92,6 +92,17 @@ def _legend_of_band_chart(samples, monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 seen_title: list[str] = []  # the titles _legend_of_band_chart drew, in order
 
 
+def _all_cached_evictable(samples):  # type: ignore[no-untyped-def]
+    """The same steps with every live byte the prefix cache's, evictable."""
+    return [StepSample(s.t_s, s.duration_s, s.prefill_tokens, s.decode_tokens, s.running,
+                       s.waiting, tuple(
+                           BandSample(b.label, b.lo, b.hi, b.live_bytes, b.hole_bytes,
+                                      b.anchor, cached_bytes=b.live_bytes,
+                                      evictable_bytes=b.live_bytes, request_bytes=0)
+                           for b in s.bands), s.buffer_bytes, s.used_bytes)
+            for s in samples]
+
+
 def test_band_chart_keys_only_the_owners_it_draws(monkeypatch, tmp_path: Path) -> None:
     """A run without a prefix cache (no cached bytes) lists no prefix-cache keys (a newcomer
     read "prefix cache, locked" on a --no-prefix-cache chart); one with evictable cached
@@ -100,13 +111,7 @@ def test_band_chart_keys_only_the_owners_it_draws(monkeypatch, tmp_path: Path) -
     texts = _legend_of_band_chart(samples, monkeypatch, tmp_path)
     assert not any("prefix cache" in t for t in texts)
     assert any(t.startswith("holes") for t in texts)
-    cached = [StepSample(s.t_s, s.duration_s, s.prefill_tokens, s.decode_tokens, s.running,
-                         s.waiting, tuple(
-                             BandSample(b.label, b.lo, b.hi, b.live_bytes, b.hole_bytes,
-                                        b.anchor, cached_bytes=b.live_bytes,
-                                        evictable_bytes=b.live_bytes, request_bytes=0)
-                             for b in s.bands), s.buffer_bytes, s.used_bytes)
-              for s in samples]
+    cached = _all_cached_evictable(samples)
     texts = _legend_of_band_chart(cached, monkeypatch, tmp_path)
     assert any(t.startswith("prefix cache, evictable") for t in texts)
     assert not any(t.startswith("prefix cache, locked") for t in texts)
@@ -118,13 +123,7 @@ def test_band_chart_title_names_the_prefix_cache_only_when_it_holds_bytes(
     seen_title.clear()
     samples = small_run().step_samples
     _legend_of_band_chart(samples, monkeypatch, tmp_path)
-    cached = [StepSample(s.t_s, s.duration_s, s.prefill_tokens, s.decode_tokens, s.running,
-                         s.waiting, tuple(
-                             BandSample(b.label, b.lo, b.hi, b.live_bytes, b.hole_bytes,
-                                        b.anchor, cached_bytes=b.live_bytes,
-                                        evictable_bytes=b.live_bytes, request_bytes=0)
-                             for b in s.bands), s.buffer_bytes, s.used_bytes)
-              for s in samples]
+    cached = _all_cached_evictable(samples)
     _legend_of_band_chart(cached, monkeypatch, tmp_path)
     assert seen_title == [
         "KV buffer over time: each band's pages by owner (requests; no prefix cache in this run)",
