@@ -63,6 +63,8 @@ def test_a_run_reports_its_bounds_and_its_rate(tmp_path: Path):
     result = simulate(config)
     extra = result.summary.extra
     assert extra["prefix_hit_tokens"] == 1536
+    # the same hits per request (requests.csv's hit_tokens): 0, 1,024 and 512
+    assert [r.hit_tokens for r in result.recorder.records] == [0, 1024, 512]
     assert extra["prefix_infinite_bound_pct"] == extra["prefix_lru_bound_pct"] == 42.86
     assert extra["prefix_hit_rate_pct"] == 42.86
     assert "prefix_cache_off_window_bands" not in extra

@@ -58,7 +58,7 @@ def scripted_run() -> MetricsRecorder:
     rec = MetricsRecorder()
     # r0: TTFT 0.5, 5 tokens, TPOT (2.5 - 0.5) / 4 = 0.5, e2e 2.5, queue 0.25
     rec.on_arrival(0, 0.0, prompt_tokens=100, output_tokens=5)
-    rec.on_admitted(0, 0.25)
+    rec.on_admitted(0, 0.25, hit_tokens=64)  # 64 of its 100 prompt tokens from the cache
     rec.on_first_token(0, 0.5)
     for t in (1.0, 1.5, 2.0, 2.5):
         rec.on_token(0, t)
@@ -70,10 +70,10 @@ def scripted_run() -> MetricsRecorder:
     rec.on_finished(1, 1.5)
     # r2: retracted once, re-admitted, recomputed; TTFT 2.0, TPOT (6 - 3) / 2 = 1.5
     rec.on_arrival(2, 1.0, prompt_tokens=30, output_tokens=3)
-    rec.on_admitted(2, 2.0)
+    rec.on_admitted(2, 2.0, hit_tokens=16)
     rec.on_first_token(2, 3.0)
     rec.on_retracted(2, 3.5)
-    rec.on_admitted(2, 4.0)
+    rec.on_admitted(2, 4.0)  # the re-admission keeps the first admission's 16 hit tokens
     rec.on_first_token(2, 5.0)  # the recompute prefill emits token 2
     rec.on_token(2, 6.0)
     rec.on_finished(2, 6.0)
@@ -264,8 +264,12 @@ def test_event_errors_leave_recorder_unchanged() -> None:
         rec.on_retracted(7, 2.0)
     with pytest.raises(MetricsError, match=">= 1"):
         rec.on_arrival(9, 2.0, prompt_tokens=0, output_tokens=2)
+    for hit in (-1, 5):  # request 7 has 4 prompt tokens: a hit lies in [0, 4]
+        with pytest.raises(MetricsError, match=r"hit_tokens=.* outside \[0, 4\]"):
+            rec.on_admitted(7, 2.0, hit_tokens=hit)
     record = rec.record(7)
     assert (record.admitted_s, record.output_done, record.retractions) == (None, 0, 0)
+    assert record.hit_tokens == 0
     rec.on_admitted(7, 2.0)
     rec.on_first_token(7, 3.0)
     with pytest.raises(MetricsError, match="no first token before"):
@@ -327,6 +331,8 @@ def test_write_outputs_round_trip(tmp_path: Path) -> None:
     assert rows[1]["tpot_s"] == ""
     assert rows[2]["retractions"] == "1"
     assert rows[3]["rejected_reason"].startswith("never fits") and rows[3]["ttft_s"] == ""
+    # hit tokens as scripted: r0 64, r1 none, r2 16 (its first admission's), r3 never admitted
+    assert [row["hit_tokens"] for row in rows] == ["64", "0", "16", "0", "0"]
     with pytest.raises(ConfigError, match="not JSON"):
         write_outputs(tmp_path / "run2", rec, summary, config={"bad": object()})
     assert not (tmp_path / "run2").exists()

@@ -832,7 +832,7 @@ def _record_events(sched: Scheduler, recorder: MetricsRecorder) -> int:
     for ev in sched.drain_events():
         kind = ev.kind
         if kind is EventKind.ADMITTED:
-            recorder.on_admitted(ev.rid, ev.time_s)
+            recorder.on_admitted(ev.rid, ev.time_s, sched.requests[ev.rid].hit_tokens)
         elif kind is EventKind.FIRST_TOKEN:
             recorder.on_first_token(ev.rid, ev.time_s)
         elif kind is EventKind.FINISHED:

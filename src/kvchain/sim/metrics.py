@@ -87,6 +87,9 @@ class RequestRecord:
         rejected_reason: why it was rejected (never admitted to completion), or None.
         output_done: output tokens generated so far; a retraction keeps them (recompute
             preemption recomputes prompt + generated tokens and continues).
+        hit_tokens: prompt tokens the prefix cache served at the first admission (device
+            or host tier; 0 with the cache off or on a miss). A re-admission after a
+            retraction keeps it, as ``admitted_s``.
     """
 
     request_id: int
@@ -99,6 +102,7 @@ class RequestRecord:
     retractions: int = 0
     rejected_reason: str | None = None
     output_done: int = 0
+    hit_tokens: int = 0
 
     @property
     def ttft_s(self) -> float | None:
@@ -628,11 +632,26 @@ class MetricsRecorder:
             self._first_arrival_s = t_s
         self._saw(t_s)
 
-    def on_admitted(self, request_id: int, t_s: float) -> None:
-        """The scheduler admits the request (first admission time kept on re-admission)."""
+    def on_admitted(self, request_id: int, t_s: float, hit_tokens: int = 0) -> None:
+        """The scheduler admits the request (first admission time kept on re-admission).
+
+        Args:
+            hit_tokens: prompt tokens the prefix cache served at this admission (kept
+                from the first admission only).
+
+        Raises:
+            MetricsError: an unknown request, a non-finite time, or ``hit_tokens``
+                outside ``[0, prompt_tokens]``.
+        """
         record = self._record(request_id, t_s, "on_admitted")
+        _check(
+            isinstance(hit_tokens, int) and 0 <= hit_tokens <= record.prompt_tokens,
+            f"on_admitted: request {request_id}: hit_tokens={hit_tokens!r} outside "
+            f"[0, {record.prompt_tokens}]",
+        )
         if record.admitted_s is None:
             record.admitted_s = t_s
+            record.hit_tokens = hit_tokens
         self._saw(t_s)
 
     def on_first_token(self, request_id: int, t_s: float) -> None:
@@ -1176,6 +1195,7 @@ REQUEST_CSV_COLUMNS = (
     "queue_s",
     "retractions",
     "rejected_reason",
+    "hit_tokens",
 )
 """Columns of requests.csv (times in seconds; an empty cell = not happened / undefined)."""
 
