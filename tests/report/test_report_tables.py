@@ -128,6 +128,18 @@ def test_narrow_comparison_of_four_managers_fits_80_columns() -> None:
     row = next(line for line in text.splitlines() if line.lstrip().startswith("TTFT p50"))
     assert row.split()[-4:] == ["62.5"] * 4
     assert not any(line.lstrip().startswith("TTFT p90") for line in text.splitlines())
+    assert not any("partial" in line for line in text.splitlines())  # no run has them
+
+
+def test_narrow_comparison_shows_partial_hits_where_a_run_has_them() -> None:
+    # one run with --partial-hits (3 partial hits, 96 gap tokens), one without: the narrow
+    # table keeps both rows, n/a for the run that has no such counters
+    partial = replace(SUMMARY, extra=MappingProxyType({**SUMMARY.extra, "partial_hits": 3,
+                                                       "partial_tokens": 96}))
+    text = render(comparison_table({"partial": partial, "plain": SUMMARY}))
+    rows = {line.strip().rsplit(None, 2)[0]: line.split()[-2:] for line in text.splitlines()
+            if line.strip().startswith("partial")}
+    assert rows == {"partial hits": ["3", "n/a"], "partial gap tokens": ["96", "n/a"]}
 
 
 def test_nonzero_bug_counters_are_red() -> None:

@@ -226,6 +226,8 @@ EXTRA_SHORT = {
     "prefix_hit_rate_pct": "hit rate (%)",
     "prefix_hit_tokens": "hit tokens",
     "prefix_evicted_pages": "evicted pages",
+    "partial_hits": "partial hits",
+    "partial_tokens": "partial gap tokens",
     "prefix_infinite_bound_pct": "infinite bound (%)",
     "prefix_lru_bound_pct": "LRU bound (%)",
     "host_hit_rate_pct": "host hit rate (%)",
@@ -289,8 +291,10 @@ def summary_table(summary: SimSummary, *, title: str) -> Table:
 
 
 NARROW_EXTRAS = ("u_star_pct", "u_star_mem_pct", "alloc_efficiency_pct", "pages_copied",
-                 "prefix_hit_rate_pct", "prefix_hit_tokens", "prefix_evicted_pages")
-"""``extra`` counters the narrow side-by-side table shows (``wide`` shows all)."""
+                 "prefix_hit_rate_pct", "prefix_hit_tokens", "prefix_evicted_pages",
+                 "partial_hits", "partial_tokens")
+"""``extra`` counters the narrow side-by-side table shows (``wide`` shows all; the partial
+hit rows only where a run has them, i.e. ran with ``--partial-hits``)."""
 
 
 def comparison_table(
