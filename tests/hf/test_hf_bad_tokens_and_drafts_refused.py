@@ -8,6 +8,9 @@
   and failed at the first speculative step with an ``AttributeError``.
 * A draft proposing a token id outside the vocabulary failed inside the verify's embedding
   (``IndexError``); it is refused as the proposals are read, like a wrong count.
+* A request longer than the model's context (``max_position_embeddings``) was run past its
+  positions: the engine gave its scheduler no context length. It is rejected, as the
+  simulator's scheduler rejects it.
 """
 
 from __future__ import annotations
@@ -70,3 +73,16 @@ def test_draft_token_outside_the_vocabulary_refused() -> None:
     engine.add(0, [1, 2, 3], 4)
     with pytest.raises(ConfigError, match="outside the vocabulary"):
         engine.run()
+
+
+def test_request_past_the_context_rejected_not_run() -> None:
+    from kvchain.hf import ChainEngine
+
+    model = build_model("gemma-3")  # max_position_embeddings = 256 (families.COMMON)
+    engine = ChainEngine(model, 200_000)
+    engine.add(0, [1] * 250, 7)  # 250 + 7 = 257 > 256: rejected
+    engine.add(1, [1] * 250, 6)  # 250 + 6 = 256: exactly the context, runs
+    results = engine.run()
+    assert results[0].rejected is not None and results[0].rejected.startswith("context:")
+    assert results[0].tokens == []  # nothing generated
+    assert results[1].rejected is None and len(results[1].tokens) == 6

@@ -186,13 +186,14 @@ def test_a_request_that_can_never_fit_says_why() -> None:
     """A request too long for the chain was left with no token and no word (the scheduler
     rejects it at arrival); its result now carries the rejection's reason. The other
     request still generates. gpt-oss at 5,500 B holds the 19-token workload requests but
-    not a 400-token prompt: its full pages alone need ceil((400 + 3 - 1) / 4) = 101."""
+    not a 240-token prompt (within the tiny model's 256-token context): its full pages
+    alone need ceil((240 + 3 - 1) / 4) = 61, of 512 B each (4 tokens x 128 B), 31,232 B."""
     from kvchain.hf import ChainEngine
 
     model = build_model("gpt-oss")
     engine = ChainEngine(model, BUFFER["gpt-oss"], page_size=PAGE, chunk_size=8)
     engine.add(0, list(range(1, 20)), 3)
-    engine.add(1, [5] * 400, 3)
+    engine.add(1, [5] * 240, 3)
     results = engine.run(max_steps=100)
     assert results[1].tokens == [] and results[1].rejected is not None
     assert "can never fit on the empty chain" in results[1].rejected

@@ -80,7 +80,8 @@ class GenerationResult:
         logits: per generated token, the ``[vocab]`` fp32 logits it was sampled from (CPU).
         finished_step: engine step at which it finished (``None`` while running).
         rejected: why the scheduler rejected the request at its arrival (it can never fit
-            the chain: the rejection's own reason, with its bytes), ``None`` otherwise; a
+            the chain, or its prompt plus ``max_new_tokens`` exceeds the model's context:
+            the rejection's own reason, with its bytes or tokens), ``None`` otherwise; a
             rejected request generates no token.
     """
 
@@ -220,9 +221,12 @@ class ChainEngine:
                                                          if x.owner != TARGET),
                                        self.layout, self.buffer, self.chain, self.kv,
                                        checkpoints=self.checkpointed)
+        # the model's context (max_position_embeddings; with a chain draft the shorter of
+        # the two): a request past it is rejected at add, never run past its positions
         self.scheduler = Scheduler(self.kv, SchedulerConfig(
             max_running=max_running, chunk_size=chunk_size,
-            max_prefill_tokens=max_prefill_tokens or chunk_size, audit_every_step=audit))
+            max_prefill_tokens=max_prefill_tokens or chunk_size, audit_every_step=audit,
+            max_context_tokens=spec.max_context_tokens))
         self.results: dict[int, GenerationResult] = {}
         self.proposals: list[tuple[int, list[int]]] = []  # (request id, its k drafts)
         self._pending: list[_Pending] = []
@@ -243,7 +247,10 @@ class ChainEngine:
 
     def add(self, rid: int, prompt: Sequence[int], max_new_tokens: int,
             arrival_step: int = 0) -> None:
-        """Queue a request that arrives at engine step ``arrival_step``.
+        """Queue a request that arrives at engine step ``arrival_step``. One whose prompt
+        plus ``max_new_tokens`` exceeds the model's context (``max_position_embeddings``)
+        is rejected at that step, as the scheduler rejects it: its
+        :attr:`GenerationResult.rejected` starts with ``"context:"`` and it runs nothing.
 
         Raises:
             InvalidRequestError: an empty prompt, ``max_new_tokens < 1``, a duplicate id,
