@@ -1,11 +1,14 @@
 """kvchain's request layer against SGLang's unified hybrid KV allocator, on the same op
 streams, in one process (issue 20's side-by-side targets).
 
-Run: ``python benchmarks/bench_vs_sglang.py [--quick]``. Without SGLang importable it
-prints why, then the kvchain side of every op stream alone (the ratio columns say
-``-``). SGLang on a CPU-only machine, beside the CPU torch (what the allocator modules'
-imports need, nothing that pulls a CUDA build): ``pip install --no-deps sglang==0.5.23
-psutil pybase64 triton starlette msgspec pyzmq aiohttp multidict yarl propcache
+Run: ``python benchmarks/bench_vs_sglang.py [--quick]``; ``--profile OP`` (``trim``,
+``capacity``, ...) prints cProfile's statistics of the kvchain side of one op instead.
+Without SGLang importable it prints why, then the kvchain side of every op stream alone
+(the ratio columns say ``-``). SGLang on a CPU-only machine, in a virtual environment of
+its own beside the CPU torch (``python -m venv --system-site-packages VENV``, kvchain
+into it with ``pip install --no-deps -e .``; then what the allocator modules' imports
+need, nothing that pulls a CUDA build): ``pip install --no-deps sglang==0.5.23 psutil
+pybase64 triton starlette msgspec pyzmq aiohttp multidict yarl propcache
 aiohappyeyeballs aiosignal frozenlist dill apache-tvm-ffi sentencepiece
 compressed-tensors loguru gguf``. Times are this thread's CPU time
 (``time.thread_time``); each op runs in blocks, the kvchain and SGLang blocks
@@ -67,9 +70,11 @@ does not depend on the bytes per slot, and a pool of this many slots then fits i
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib
 import importlib.abc
 import importlib.machinery
+import pstats
 import statistics
 import sys
 import time
@@ -122,6 +127,18 @@ class KvchainOps:
         self.kv = self.rig.kv
         self.decoding = running_batch(self.rig, decode_batch)
         self.next_rid = 100_000
+        self.profile: cProfile.Profile | None = None  # on around the timed calls if set
+
+    def _start(self) -> float:
+        if self.profile is not None:
+            self.profile.enable()
+        return time.thread_time()
+
+    def _stop(self, t0: float) -> float:
+        spent = time.thread_time() - t0
+        if self.profile is not None:
+            self.profile.disable()
+        return spent
 
     def _new(self, tokens: int) -> int:
         rid, self.next_rid = self.next_rid, self.next_rid + 1
@@ -130,58 +147,59 @@ class KvchainOps:
         return rid
 
     def decode(self, calls: int) -> float:
-        t0 = time.thread_time()
+        t0 = self._start()
         for _ in range(calls):
             decode_step(self.kv, self.decoding)
-        return (time.thread_time() - t0) / calls
+        return self._stop(t0) / calls
 
     def trim(self, calls: int) -> float:
         spent = 0.0
         for _ in range(calls):
             rid = self._new(PROMPT)
             self.kv.allocate([(rid, PROMPT)])
-            t0 = time.thread_time()
+            t0 = self._start()
             self.kv.commit(rid, PROMPT)
-            spent += time.thread_time() - t0
+            spent += self._stop(t0)
             self.kv.free(rid)
         return spent / calls
 
     def capacity(self, calls: int) -> float:
         chain, demand = self.rig.chain, self.kv.demand(self.next_rid, CHUNK)
         chain.price(demand)
-        t0 = time.thread_time()
+        t0 = self._start()
         for _ in range(calls):
             chain.price(demand)
-        return (time.thread_time() - t0) / calls
+        return self._stop(t0) / calls
 
     def capacity_fresh(self, calls: int) -> float:
-        """As :meth:`capacity`, asked with an equal demand built anew each call (as the
-        scheduler's demands are each step): the price memo's value lookup."""
+        """As :meth:`capacity`, asked with an equal demand built anew each call around the
+        same pages tuple: the ``Demand`` build, then the registry's identity test on the
+        pages of its last answer."""
         chain, pages = self.rig.chain, self.kv.demand(self.next_rid, CHUNK).pages
         chain.price(Demand(pages))
-        t0 = time.thread_time()
+        t0 = self._start()
         for _ in range(calls):
             chain.price(Demand(pages))
-        return (time.thread_time() - t0) / calls
+        return self._stop(t0) / calls
 
     def capacity_tuple(self, calls: int) -> float:
         """As :meth:`capacity_fresh`, with a new pages tuple each call too (the
         scheduler's build of a step's total): the memo's lookup by value."""
         chain, pages = self.rig.chain, list(self.kv.demand(self.next_rid, CHUNK).pages)
         chain.price(Demand(tuple(pages)))
-        t0 = time.thread_time()
+        t0 = self._start()
         for _ in range(calls):
             chain.price(Demand(tuple(pages)))
-        return (time.thread_time() - t0) / calls
+        return self._stop(t0) / calls
 
     def prefill(self, calls: int) -> float:
         spent = 0.0
         for _ in range(calls):
             rid = self._new(CHUNK)
-            t0 = time.thread_time()
+            t0 = self._start()
             demand = self.kv.demand(rid, CHUNK)
             self.kv.allocate([(rid, CHUNK)], [demand])
-            spent += time.thread_time() - t0
+            spent += self._stop(t0)
             self.kv.commit(rid, CHUNK)
             self.kv.free(rid)
         return spent / calls
@@ -194,9 +212,9 @@ class KvchainOps:
             self.kv.commit(rid, CHUNK)
             for _ in range(PAGE):
                 decode_step(self.kv, [rid])
-            t0 = time.thread_time()
+            t0 = self._start()
             self.kv.free(rid)
-            spent += time.thread_time() - t0
+            spent += self._stop(t0)
         return spent / calls
 
 
@@ -529,8 +547,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 1 repeat of each block, fewer calls")
+    parser.add_argument("--profile", choices=sorted({m for _, m, _, _ in OPS}),
+                        help="instead of the table: cProfile of the kvchain side of one op "
+                             "(its timed calls only), per chain, cache off and on")
     args = parser.parse_args()
     repeats = 1 if args.quick else 7
+    if args.profile:
+        profile_op(args.profile, repeats)
+        return
     mods, notes = load_sglang()
     for note in notes:
         print(f"note: {note}")
@@ -569,6 +593,26 @@ def main() -> None:
     if mods is not None:
         print(f"over the {TARGET}x target: {len(over)} of {2 * len(OPS) * len(CATALOG_SHAPES)}"
               f" cells" + "".join(f"\n  {cell}" for cell in over))
+
+
+def profile_op(method: str, repeats: int, top: int = 25) -> None:
+    """Print cProfile's statistics of the kvchain side of op ``method`` (its timed calls
+    only: what the table's kvchain columns measure, plus the profiler's own cost of
+    about 1 us a call), per chain and cache setting: ``repeats`` blocks after one
+    unprofiled block of warm-up, the ``top`` kvchain functions by cumulative time."""
+    label, calls, batch = next((op, c, b) for op, m, c, b in OPS if m == method)
+    for chain_label, model in CATALOG_SHAPES:
+        for cache in (False, True):
+            ops_kv = KvchainOps(model, cache, batch)
+            run = getattr(ops_kv, method)
+            run(calls)
+            ops_kv.profile = prof = cProfile.Profile()
+            spent = statistics.median(run(calls) for _ in range(repeats))
+            print(f"## {chain_label} / {label} / cache {'on' if cache else 'off'}: "
+                  f"{spent * 1e6:.2f} us per call under the profiler, "
+                  f"{repeats * calls} calls")
+            stats = pstats.Stats(prof, stream=sys.stdout)
+            stats.sort_stats("cumulative").print_stats("kvchain", top)
 
 
 def _bind(method: Callable[[int], float], calls: int) -> Callable[[], float]:
