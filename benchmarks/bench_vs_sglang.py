@@ -48,7 +48,11 @@ and on; SGLang at its allocator, without a radix cache):
   same pages tuple; (third row) an equal ``Demand`` of a new pages tuple each call
   (``Demand(tuple(pages))``, as the scheduler builds its step's total: ``sum_demands``,
   ``Demand(tuple(totals[j].tolist()))``), which the memo finds by value, not identity;
-  SGLang: ``available_size()`` (memoized per epoch of its chain; no argument).
+  (fourth row) that query asked once after each decode step of the running batch, so
+  each is the first on a new epoch (the planner runs; the scheduler's one pricing per
+  step follows its previous step's take, so it is mostly this case);
+  SGLang: ``available_size()`` (memoized per epoch of its chain; no argument; in the
+  fourth row recomputed after the step's allocation).
 * ``prefill``: allocation of a 2,048-token chunk of a new request (64 requests running).
   kvchain: ``demand`` + ``allocate``; SGLang: the length tensors, ``get_last_loc_torch``,
   ``alloc_extend`` and the table write.
@@ -191,6 +195,19 @@ class KvchainOps:
         for _ in range(calls):
             chain.price(Demand(tuple(pages)))
         return self._stop(t0) / calls
+
+    def capacity_first(self, calls: int) -> float:
+        """The query of :meth:`capacity_tuple` asked once after each decode step of the
+        running batch (which moves the chain's epoch): the first price on an epoch, the
+        planner's run, as the scheduler's one pricing per step mostly is."""
+        chain, pages = self.rig.chain, list(self.kv.demand(self.next_rid, CHUNK).pages)
+        spent = 0.0
+        for _ in range(calls):
+            decode_step(self.kv, self.decoding)
+            t0 = self._start()
+            chain.price(Demand(tuple(pages)))
+            spent += self._stop(t0)
+        return spent / calls
 
     def prefill(self, calls: int) -> float:
         spent = 0.0
@@ -465,6 +482,15 @@ class SGLangOps:
     def capacity_tuple(self, calls: int) -> float:
         return self.capacity(calls)  # available_size() takes no demand
 
+    def capacity_first(self, calls: int) -> float:
+        spent = 0.0
+        for _ in range(calls):
+            self._decode_step(self.decoding)
+            t0 = time.thread_time()
+            self.alloc.available_size()
+            spent += time.thread_time() - t0
+        return spent / calls
+
     def capacity(self, calls: int) -> float:
         available = self.alloc.available_size
         available()
@@ -509,6 +535,7 @@ OPS = (("decode bs256", "decode", PAGE, 256), ("decode bs64", "decode", PAGE, 64
        ("capacity query (equal demand, new object)", "capacity_fresh", 2_000, BACKGROUND),
        ("capacity query (equal demand, new pages tuple)", "capacity_tuple", 2_000,
         BACKGROUND),
+       ("capacity query (first after a decode step)", "capacity_first", 64, BACKGROUND),
        ("prefill (2,048-token chunk)", "prefill", 8, BACKGROUND),
        ("release (finished request)", "release", 8, BACKGROUND))
 
