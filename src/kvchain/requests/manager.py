@@ -41,7 +41,7 @@ from kvchain.errors import (
 )
 from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
-from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
+from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand, request_demands
 from kvchain.requests.plan import StepPlan
 from kvchain.requests.suspend import HostSide, Suspended
 from kvchain.requests.table import RequestTable
@@ -603,6 +603,27 @@ class KVManager:
 
     # --- decode demands ----------------------------------------------------------------------
 
+    def demand_pair(self, rid: int, extend: int, headroom: int = 0, headroom_chunk: int = 1,
+                    horizon: int = 0) -> tuple[Demand, Demand]:
+        """``(self.demand(rid, extend), self.demand(rid, extend, headroom, headroom_chunk,
+        horizon))`` in one demand computation (:func:`request_demands`): what a chunk takes
+        and what admission reserves for it. A request that holds nothing (and is not
+        suspended) is priced from nothing held.
+
+        Raises:
+            InvalidDemandError: as :func:`request_demand`.
+        """
+        facts = self._requests.get(rid)
+        if facts is None:
+            sus = self._suspended.get(rid)
+            held, tokens = (sus.held, sus.tokens) if sus is not None else (NOTHING_HELD, 0)
+            return request_demands(self.geom, held, tokens, extend, headroom, headroom_chunk,
+                                   horizon=horizon)
+        slot = facts.slot
+        return request_demands(self.geom, self._table.held(slot),
+                               int(self._table.tokens[slot]), extend, headroom,
+                               headroom_chunk, facts.points, horizon, facts.gap)
+
     def decode_demands(self, rids: Sequence[int], drafts: int = 0) -> DecodeBatch:
         """``[self.demand(rid, 1 + drafts) for rid in rids]`` (equal values), for a decode
         batch (``drafts = k > 0``: a speculative step, ``1 + k`` tokens each: the token
@@ -634,8 +655,8 @@ class KVManager:
         lookup = self._lookup(ids)
         if self._glue.reaches_point(ids, self._requests):
             demands = [self.demand(rid, extend) for rid in ids]
-            zero = self._zero().pages
-            at = [i for i, d in enumerate(demands) if d.pages != zero]
+            empty = self._zero().pages
+            at = [i for i, d in enumerate(demands) if d.pages != empty]
             return self._decode_value(lookup, drafts, demands, at, np.array(
                 [demands[i].pages for i in at], dtype=np.int64))
         slots = lookup.slots

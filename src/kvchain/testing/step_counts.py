@@ -48,8 +48,9 @@ class StepCounts:
             that chunk, or as a row of ``KVManager.decode_demands``; calls nested inside
             another counted one, and a running request's future (``Scheduler._future``:
             its reservation beyond this step), are not counted.
-        demand_calls: calls of the pure ``request_demand`` in all (admission's chunk
-            search and the futures included: other demands than the take's).
+        demand_calls: calls of the pure ``request_demand`` (or ``request_demands``: a
+            chunk's take and reservation in one) in all, admission's chunk search and the
+            running requests' futures included.
         price: calls of the chain's ``price`` (a take without a usable quote prices
             inside ``take``: counted too).
         validations: batch validations at top level: ``Scheduler._check_step``,
@@ -149,8 +150,9 @@ def counting(sched: Scheduler) -> Iterator[StepCounts]:
     pure_depth = _Depth()
     for mod_name in _DEMAND_USERS:
         mod = importlib.import_module(mod_name)
-        if hasattr(mod, "request_demand"):
-            patch(mod, "request_demand", _wrap(mod.request_demand, pure_depth, on_pure))
+        for name in ("request_demand", "request_demands"):
+            if hasattr(mod, name):
+                patch(mod, name, _wrap(getattr(mod, name), pure_depth, on_pure))
     try:
         yield out
     finally:
