@@ -47,7 +47,6 @@ from kvchain.requests.suspend import HostSide, Suspended
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts, RequestView
 
-
 #: plans a manager remembers as its own (:meth:`KVManager._issue`): a step builds one or
 #: two (the decode check's batch, the step's plan), a retried step a few more
 _ISSUED = 16
@@ -818,7 +817,9 @@ class KVManager:
 
     def _current(self, plan: StepPlan) -> _SlotLookup:
         """The slot lookup of ``plan``'s rows, if it is this manager's and its rows are as
-        at its build (tokens, slots; past an epoch move, their demands too).
+        at its build: their tokens, and, once the chain's epoch or the table's slot
+        version moved (a take, a release, a cache lock, a request bound or unbound), their
+        demands (computed again and compared: the slow path).
 
         Raises:
             StalePlanError: it is not (nothing changed).
@@ -827,12 +828,10 @@ class KVManager:
             raise StalePlanError("a step plan is applied by the manager that built it "
                                  "(the value it issued, not a copy)")
         table = self._table
-        if plan.version != table.version:
-            raise StalePlanError("a request was bound or unbound since the plan was built")
         lookup = self._lookup(plan.rids, ints=True)  # built from checked ids
         if not np.array_equal(table.tokens[lookup.slots], plan.at):
             raise StalePlanError("a request's tokens moved since the plan was built")
-        if plan.epoch != self.chain.epoch and any(
+        if (plan.epoch != self.chain.epoch or plan.version != table.version) and any(
                 self.demand(rid, n) != d
                 for rid, n, d in zip(plan.rids, plan.tokens, plan.demands, strict=True)):
             raise StalePlanError("a request's pages changed since the plan was built")

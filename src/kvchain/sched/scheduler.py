@@ -413,7 +413,7 @@ class Scheduler:
         """Decide this step's decodes and prefill chunks (no allocation yet), and build its
         one :class:`~kvchain.requests.plan.StepPlan` from the demands admission computed
         (:meth:`_plan_step`: validated and priced once)."""
-        kv, cfg = self.kv, self.config
+        kv = self.kv
         snap, decode_demands = self._decode_check(now)
         step = ScheduledStep(decode_demands)
         step.drafts_priced = priced = decode_demands.drafts

@@ -1,0 +1,134 @@
+"""The step plan (``KVManager.plan`` / ``apply``): one immutable value per take, built and
+validated once, applied as it is; a stale or foreign plan is a typed error that changes
+nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvchain.alloc import Demand
+from kvchain.alloc.chain import Chain
+from kvchain.errors import InvalidDemandError, StalePlanError
+from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
+from kvchain.requests.batch import DecodeBatch
+from kvchain.requests.manager import KVManager
+from kvchain.requests.plan import StepPlan
+
+# a 40-token window and a full band, 4-token pages
+WINDOW_FULL = [declared_class(LC.WINDOW, 1_024, 40), declared_class(LC.FULL, 1_024)]
+DECODES = [(0, 1), (1, 1), (2, 1)]
+
+
+def _prefilled(prompts: list[int]) -> KVManager:
+    kv = KVManager(Chain(plan_layout(WINDOW_FULL, 40_000_000, 4)))
+    batch = list(enumerate(prompts))
+    kv.allocate(batch)
+    for rid, n in batch:
+        kv.commit(rid, n)
+    return kv
+
+
+def _state(kv: KVManager) -> tuple[object, ...]:
+    return (kv.chain.epoch, kv.chain.stats.takes, kv.num_requests,
+            tuple((rid, kv.tokens(rid), kv.held(rid)) for rid in range(5)))
+
+
+def test_the_plan_by_hand() -> None:
+    # P = 4, W = 40. Request 0 holds 4 tokens (1 page): its token 4 starts page 1 in both
+    # bands, (1, 1); request 1 holds 5 (2 pages): token 5 is on page 1, (0, 0); request
+    # 2 holds 8 (2 pages): token 8 starts page 2, (1, 1). Total (2, 2), priced once.
+    kv = _prefilled([4, 5, 8])
+    plan = kv.plan(DECODES)
+    assert isinstance(plan, StepPlan) and DecodeBatch is StepPlan  # one kind of value
+    assert plan.rids == (0, 1, 2) and plan.tokens == (1, 1, 1)
+    assert plan.matrix.tolist() == [[1, 1], [0, 0], [1, 1]] and plan.nonzero == (0, 2)
+    assert plan.total == plan.taken == Demand((2, 2))
+    assert plan.quote is not None and plan.quote.fits and plan.quote.demand == plan.taken
+    assert plan.at is not None and plan.at.tolist() == [4, 5, 8]
+    with pytest.raises(ValueError):
+        plan.at[0] = 0  # read-only, as the matrix
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.total = Demand((0, 0))  # type: ignore[misc]
+    takes = kv.chain.stats.takes
+    assert kv.apply(plan) == Demand((2, 2))
+    assert kv.chain.stats.takes == takes + 1  # one take
+    assert [kv.held(rid).span(kv.geom.full)[1] for rid in (0, 1, 2)] == [2, 2, 3]
+
+
+def test_a_plan_after_a_commit_is_stale_and_changes_nothing() -> None:
+    kv = _prefilled([4, 5, 8])
+    plan = kv.plan(DECODES)
+    kv.commit(1, 1)  # request 1: 5 -> 6 tokens (its page 1 covers them: no take)
+    before = _state(kv)
+    with pytest.raises(StalePlanError):
+        kv.apply(plan)
+    assert _state(kv) == before
+
+
+def test_a_plan_whose_rows_took_pages_since_is_stale() -> None:
+    # Request 0 takes its page for token 4 on its own: its tokens stay 4, but its demand
+    # for token 4 is now (0, 0), not the plan's (1, 1) (the chain's epoch moved, so the
+    # rows' demands are checked again). Applied twice, a plan is stale the same way.
+    kv = _prefilled([4, 5, 8])
+    plan = kv.plan(DECODES)
+    kv.allocate([(0, 1)])
+    before = _state(kv)
+    with pytest.raises(StalePlanError):
+        kv.apply(plan)
+    assert _state(kv) == before
+    again = kv.plan(DECODES)  # now (0, 0) + (0, 0) + (1, 1)
+    assert again.total == Demand((1, 1))
+    assert kv.apply(again) == Demand((1, 1))
+    before = _state(kv)
+    with pytest.raises(StalePlanError):
+        kv.apply(again)
+    assert _state(kv) == before
+
+
+def test_a_moved_epoch_that_leaves_the_rows_alone_is_repriced() -> None:
+    # Request 3 (not a row) takes 4 tokens: the epoch moves, the plan's quote is stale,
+    # the rows' demands are as planned: the take prices again and realizes (2, 2).
+    kv = _prefilled([4, 5, 8])
+    plan = kv.plan(DECODES)
+    kv.allocate([(3, 4)])
+    assert plan.quote is not None and plan.quote.before.epoch != kv.chain.epoch
+    assert kv.apply(plan) == Demand((2, 2))
+
+
+def test_a_foreign_or_copied_plan_is_refused() -> None:
+    a, b = _prefilled([4, 5, 8]), _prefilled([4, 5, 8])
+    theirs = b.plan(DECODES)
+    mine = a.plan(DECODES)
+    copied = dataclasses.replace(mine, demands=(Demand((0, 0)),) * 3)
+    before = _state(a)
+    for bad in (theirs, copied, dataclasses.replace(theirs, owner=a), "plan"):
+        with pytest.raises(StalePlanError):
+            a.apply(bad)  # type: ignore[arg-type]
+        assert _state(a) == before
+    assert issubclass(StalePlanError, InvalidDemandError)
+    assert a.apply(mine) == Demand((2, 2))
+
+
+def test_a_plan_validates_at_its_boundary_and_changes_nothing() -> None:
+    kv = _prefilled([4, 5, 8])
+    before = _state(kv)
+    for batch, demands in (([(0, 1), (0, 1)], None), ([(0, -1)], None),
+                           ([(0, 1)], [Demand((1, 1, 1))]), ([(0, 1)], [])):
+        with pytest.raises(InvalidDemandError):
+            kv.plan(batch, demands)
+        assert _state(kv) == before
+
+
+def test_a_decode_batch_is_reused_by_the_plan_not_recomputed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    kv = _prefilled([4, 5, 8])
+    batch = kv.decode_demands([0, 1, 2])
+    calls = []
+    monkeypatch.setattr(kv, "demand", lambda *a, **k: calls.append(a))  # no demand
+    plan = kv.plan(DECODES, batch)
+    assert plan.demands is batch.demands and plan.total == Demand((2, 2))
+    assert not calls
