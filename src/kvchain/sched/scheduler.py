@@ -1010,53 +1010,70 @@ class Scheduler:
                 running.get(rid) is None or running[rid].computed != start
                 for rid, start in zip(run.rids, run.starts, strict=True))):
             raise InvalidRequestError("the decode run does not match the running requests")
-        kv, rids = self.kv, list(run.rids)
+        rids = list(run.rids)
         totals = run.demand.sum(axis=1)  # [steps, bands]
         taking = totals.any(axis=1)
-        pending = 0  # quiet steps whose tokens are not committed yet
-        done = 0
-        counted = False  # requests' counts already moved by ``done`` steps
+        cursor = _RunCursor()
         try:
             for j in range(steps):
                 take, release = bool(taking[j]), bool(run.released[j])
-                if take:
-                    quote = self.chain.price(Demand(tuple(totals[j].tolist())))
-                    if not quote.fits or quote.needs_moves or quote.evicted_units:
-                        break
-                    kv.skip_decodes(rids, pending)
-                    pending = 0
-                    at = run.demand[j].any(axis=1).nonzero()[0].tolist()
-                    kv.allocate([(rids[i], 1) for i in at],
-                                [Demand(tuple(row)) for row in run.demand[j][at].tolist()],
-                                quote)
-                if take or release:
-                    kv.skip_decodes(rids, pending)
-                    pending = 0
-                    kv.commit_decodes(rids)
-                else:
-                    pending += 1
-                done += 1
-                finishing = done == run.shortest
-                if finishing:  # as complete(): counts move, the ones at their end finish
-                    kv.skip_decodes(rids, pending)
-                    pending = 0
-                    self._advance(rids, done)
-                    counted = True
-                    for rid in rids:
-                        r = running[rid]
-                        if r.output_done >= r.output_tokens:
-                            self._finish(r, times[j])
-                self.reserve.on_step()
-                self.counters.steps += 1
-                if self.config.audit_every_step and (take or release or finishing):
-                    self.audit()
+                if take and not self._run_take(run, j, rids, totals[j], cursor):
+                    break
+                changed = self._run_commit(run, rids, take or release, times[j], cursor)
                 if after_step is not None:
-                    after_step(j, take or release or finishing)
+                    after_step(j, changed)
         finally:
-            if not counted:
-                kv.skip_decodes(rids, pending)
-                self._advance(rids, done)
-        return done
+            if not cursor.counted:
+                self.kv.skip_decodes(rids, cursor.pending)
+                self._advance(rids, cursor.done)
+        return cursor.done
+
+    def _run_take(self, run: DecodeRun, j: int, rids: list[int], total: np.ndarray,
+                  cursor: _RunCursor) -> bool:
+        """Take step ``j``'s pages of a decode run (``total``: pages per band) through
+        its step plan, if the chain prices them without moves or evictions; returns
+        whether it did (else the run stops before step ``j``)."""
+        kv = self.kv
+        quote = self.chain.price(Demand(tuple(total.tolist())))
+        if not quote.fits or quote.needs_moves or quote.evicted_units:
+            return False
+        kv.skip_decodes(rids, cursor.pending)
+        cursor.pending = 0
+        at = run.demand[j].any(axis=1).nonzero()[0].tolist()
+        kv.apply(kv.plan([(rids[i], 1) for i in at],
+                         [Demand(tuple(row)) for row in run.demand[j][at].tolist()],
+                         quote=quote))
+        return True
+
+    def _run_commit(self, run: DecodeRun, rids: list[int], changed: bool, now: float,
+                    cursor: _RunCursor) -> bool:
+        """Complete one step of a decode run at ``now``: commit the batch where it took or
+        releases pages (``changed``), else only count it; in the step where the first
+        requests reach their end, move every count and finish them. Returns whether
+        pages moved or requests finished."""
+        kv = self.kv
+        if changed:
+            kv.skip_decodes(rids, cursor.pending)
+            cursor.pending = 0
+            kv.commit_decodes(rids)
+        else:
+            cursor.pending += 1
+        cursor.done += 1
+        finishing = cursor.done == run.shortest
+        if finishing:  # as complete(): counts move, the ones at their end finish
+            kv.skip_decodes(rids, cursor.pending)
+            cursor.pending = 0
+            self._advance(rids, cursor.done)
+            cursor.counted = True
+            for rid in rids:
+                r = self.running[rid]
+                if r.output_done >= r.output_tokens:
+                    self._finish(r, now)
+        self.reserve.on_step()
+        self.counters.steps += 1
+        if self.config.audit_every_step and (changed or finishing):
+            self.audit()
+        return changed or finishing
 
     def _advance(self, rids: Iterable[int], steps: int) -> None:
         """Count ``steps`` decode steps of running ``rids`` (computed and output tokens)."""
@@ -1361,6 +1378,16 @@ class Scheduler:
             return self.requests[rid]
         except KeyError:
             raise UnknownRequestError(f"no request {rid}") from None
+
+
+@dataclass(slots=True)
+class _RunCursor:
+    """Where :meth:`Scheduler.run_decodes` is: steps done, quiet steps whose tokens are
+    not committed yet, and whether the requests' counts already moved by ``done``."""
+
+    done: int = 0
+    pending: int = 0
+    counted: bool = False
 
 
 def _itself(d: Demand) -> Demand:
