@@ -752,21 +752,23 @@ class KVManager:
         if self._suspended and not self._suspended.keys().isdisjoint(ids):
             raise InvalidDemandError("a request suspended to host computes nothing before "
                                      "its resume")
-        rows, drafts = self._batch_demand(ids, extends, lookup, demands)
+        rows, total, drafts, at = self._batch_demand(ids, extends, lookup, demands)
         loads = self._check_resumes(resumes, ids) if resumes else ()
         load = None
         for sus in loads:
             load = sus.demand if load is None else load.plus(sus.demand)
-        value = StepPlan.frozen(self, ids, drafts, rows[0], rows[1], rows[2],
-                                extends=extends, resumes=tuple(s.rid for s in loads),
-                                loads=load, version=lookup.version,
-                                at=self._table.tokens[lookup.slots], epoch=self.chain.epoch)
-        taken = value.taken
+        taken = total if load is None else total.plus(load)
         if taken.is_empty:
-            return self._issue(value)
-        if quote is None or quote.before.epoch != self.chain.epoch:
+            quote = None
+        elif quote is None or quote.before.epoch != self.chain.epoch:
             quote = self.chain.price(taken)  # the take's token: the step's one price
-        return self._issue(value.priced(quote))
+        # (a price may build the epoch's snapshot: with a prefix cache, a new epoch; the
+        # plan holds from the chain the quote priced)
+        return self._issue(StepPlan.frozen(
+            self, ids, drafts, rows[0], rows[1], rows[2], total=total, extends=extends,
+            resumes=tuple(s.rid for s in loads),
+            loads=load, quote=quote,
+            version=lookup.version, at=at, epoch=self.chain.epoch))
 
     def apply(self, plan: StepPlan) -> Demand:
         """Realize ``plan`` in one chain take (none when it takes nothing), trusting it: no
@@ -904,21 +906,24 @@ class KVManager:
 
     def _batch_demand(self, ids: tuple[int, ...], extends: tuple[int, ...],
                       lookup: _SlotLookup, demands: Sequence[Demand] | None,
-                      ) -> tuple[tuple[tuple[Demand, ...], tuple[int, ...], np.ndarray], int]:
+                      ) -> tuple[tuple[tuple[Demand, ...], tuple[int, ...], np.ndarray], Demand,
+                                 int, np.ndarray]:
         """The rows' demands, the positions of the non-empty ones and their ``[len(nonzero),
-        bands]`` matrix (computed when ``demands`` is ``None``), with the drafts of the
-        decode batch they came from (0 otherwise).
+        bands]`` matrix (computed when ``demands`` is ``None``), their total, the drafts
+        of the decode batch they came from (0 otherwise) and the rows' tokens now.
 
         Raises:
             InvalidDemandError: demands that do not match the batch.
         """
+        tokens = self._table.tokens[lookup.slots]
         if (self._issued_here(demands) and isinstance(demands, StepPlan)
                 and demands.rids == ids and demands.tokens == extends
                 and demands.version == lookup.version and demands.at is not None
                 and demands.epoch == self.chain.epoch
-                and np.array_equal(self._table.tokens[lookup.slots], demands.at)):
+                and np.array_equal(tokens, demands.at)):
             # computed by this manager for these very rows, which have not moved since
-            return (demands.demands, demands.nonzero, demands.needs), demands.drafts
+            return ((demands.demands, demands.nonzero, demands.needs), demands.total,
+                    demands.drafts, demands.at)
         if demands is None:
             demands = [self.demand(rid, extend) for rid, extend in zip(ids, extends,
                                                                       strict=True)]
@@ -928,9 +933,12 @@ class KVManager:
         check_demands(ids, extends, demands, nb)
         zero = (0,) * nb
         nonzero = tuple(i for i, d in enumerate(demands) if d.pages != zero)
-        matrix = (np.array([demands[i].pages for i in nonzero], dtype=np.int64) if nonzero
-                  else np.zeros((0, nb), dtype=np.int64))
-        return (tuple(demands), nonzero, matrix), 0
+        if not nonzero:
+            return ((tuple(demands), (), np.zeros((0, nb), dtype=np.int64)), self._zero(), 0,
+                    tokens)
+        matrix = np.array([demands[i].pages for i in nonzero], dtype=np.int64)
+        total = Demand(tuple(matrix.sum(axis=0).tolist()))
+        return (tuple(demands), nonzero, matrix), total, 0, tokens
 
     def _distribute(self, pages: tuple[tuple[int, ...], ...], ids: tuple[int, ...],
                     extends: tuple[int, ...], slots: np.ndarray, nonzero: Sequence[int],

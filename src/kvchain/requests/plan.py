@@ -105,14 +105,17 @@ class StepPlan(Sequence[Demand]):
                demands: tuple[Demand, ...], nonzero: tuple[int, ...], needs: np.ndarray,
                **basis: object) -> StepPlan:
         """The value over ``needs`` (made read-only; ``at`` too, if given), its total
-        their column sums; ``basis``: the other fields (``extends``, ``resumes``,
-        ``loads``, ``quote``, ``version``, ``at``, ``epoch``)."""
+        their column sums (or ``basis["total"]``, when the caller has them); ``basis``: the
+        other fields (``extends``, ``resumes``, ``loads``, ``quote``, ``version``, ``at``,
+        ``epoch``)."""
         needs.setflags(write=False)
         at = basis.get("at")
         if isinstance(at, np.ndarray):
             at.setflags(write=False)
-        total = Demand(tuple(needs.sum(axis=0).tolist())) if len(nonzero) else \
-            Demand.zeros(needs.shape[1])
+        total = basis.pop("total", None)
+        if not isinstance(total, Demand):
+            total = (Demand(tuple(needs.sum(axis=0).tolist())) if len(nonzero)
+                     else Demand.zeros(needs.shape[1]))
         return cls(owner, rids, drafts, demands, nonzero, needs, total,
                    **basis)  # type: ignore[arg-type]
 
@@ -137,9 +140,10 @@ class StepPlan(Sequence[Demand]):
         out.setflags(write=False)
         return out
 
-    def priced(self, quote: Quote | None) -> StepPlan:
-        """The same plan with ``quote`` as the price of its take (a new value)."""
-        return replace(self, quote=quote)
+    def priced(self, quote: Quote | None, epoch: int | None = None) -> StepPlan:
+        """The same plan with ``quote`` as the price of its take (a new value), built
+        against the chain at ``epoch`` (``None``: the same)."""
+        return replace(self, quote=quote, epoch=self.epoch if epoch is None else epoch)
 
     def without(self, row: int) -> StepPlan:
         """The same plan less the row ``row`` (a retracted or dropped request): a new
