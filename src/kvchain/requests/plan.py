@@ -29,10 +29,12 @@ class StepPlan(Sequence[Demand]):
     sequence of :class:`Demand` (one per row, aligned with ``rids``); nothing about it
     changes after it is built (a plan without one row is a new value: :meth:`without`).
 
-    :meth:`KVManager.apply` takes it as priced when ``owner`` is that manager and the
-    rows are as they were at the build (``version``: the request table's slot version;
-    ``at``: the rows' token counts; ``epoch``: the chain's epoch, past which the rows'
-    demands are checked again and the take re-prices); otherwise it raises
+    :meth:`KVManager.apply` takes it as priced when it is a value that manager issued
+    (the object itself, as a quote is the chain's token: a ``dataclasses.replace`` copy is
+    not one) and the rows are as they were at the build (``at``: the rows' token counts;
+    past a move of ``version``, the request table's slot version, or of ``epoch``, the
+    chain's epoch after the plan's price, the rows' demands are computed again and
+    compared, and the take re-prices a stale quote); otherwise it raises
     :class:`~kvchain.errors.StalePlanError` and changes nothing.
 
     Attributes:

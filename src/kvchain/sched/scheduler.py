@@ -5,7 +5,7 @@ One step::
     schedule(now)          decode check -> (window-tail reclaim -> retract) ->
                            ChainPrefillBudget: this step's decodes, running prefills'
                            next chunks, futures of running requests, then waiting requests
-    allocate(step)         ONE kv.allocate (one chain.take) for every decode and chunk
+    allocate(step)         ONE kv.apply of the step plan (one chain.take) for every decode and chunk
     driver.run(batch)      (the engine, the simulator's cost model, or a fake)
     complete(batch, out)   commit tokens, window-tail release, first tokens, finishes
 
