@@ -172,3 +172,18 @@ def test_a_stale_epoch_plan_recomputes_its_rows(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(kv, "demand", counted)
     assert kv.apply(stale) == Demand((2, 2)) and len(calls) == 3
+
+
+def test_a_decode_batch_reused_after_its_rows_moved_gives_a_stale_plan() -> None:
+    # The batch was computed at tokens (4, 5, 8); request 1 commits a token (5 -> 6, on
+    # its page 1: no take) before the plan reuses the batch: the plan keeps the batch's
+    # tokens, so its apply finds row 1 moved and refuses, changing nothing.
+    kv = _prefilled([4, 5, 8])
+    batch = kv.decode_demands([0, 1, 2])
+    kv.commit(1, 1)
+    plan = kv.plan(DECODES, batch)
+    assert plan.at is not None and plan.at.tolist() == [4, 5, 8]
+    before = _state(kv)
+    with pytest.raises(StalePlanError):
+        kv.apply(plan)
+    assert _state(kv) == before

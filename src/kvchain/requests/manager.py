@@ -910,20 +910,22 @@ class KVManager:
                                  int, np.ndarray]:
         """The rows' demands, the positions of the non-empty ones and their ``[len(nonzero),
         bands]`` matrix (computed when ``demands`` is ``None``), their total, the drafts
-        of the decode batch they came from (0 otherwise) and the rows' tokens now.
+        of the decode batch they came from (0 otherwise) and the rows' tokens they were
+        computed at (now, or the reused batch's).
 
         Raises:
             InvalidDemandError: demands that do not match the batch.
         """
-        tokens = self._table.tokens[lookup.slots]
         if (self._issued_here(demands) and isinstance(demands, StepPlan)
                 and demands.rids == ids and demands.tokens == extends
                 and demands.version == lookup.version and demands.at is not None
-                and demands.epoch == self.chain.epoch
-                and np.array_equal(tokens, demands.at)):
-            # computed by this manager for these very rows, which have not moved since
+                and demands.epoch == self.chain.epoch):
+            # computed by this manager for these very rows on this chain: the plan keeps
+            # the rows' tokens they were computed at, which apply compares with the rows'
+            # tokens then (a row that moved since makes the plan stale there)
             return ((demands.demands, demands.nonzero, demands.needs), demands.total,
                     demands.drafts, demands.at)
+        tokens = self._table.tokens[lookup.slots]
         if demands is None:
             demands = [self.demand(rid, extend) for rid, extend in zip(ids, extends,
                                                                       strict=True)]
