@@ -187,3 +187,24 @@ def test_a_decode_batch_reused_after_its_rows_moved_gives_a_stale_plan() -> None
     with pytest.raises(StalePlanError):
         kv.apply(plan)
     assert _state(kv) == before
+
+
+def test_a_decode_batch_is_its_own_plan_checked_once() -> None:
+    # plan(batch) of a fresh issued decode batch: its rows, priced once: (2, 2) by hand
+    kv = _prefilled([4, 5, 8])
+    plan = kv.plan(kv.decode_demands([0, 1, 2]))
+    assert plan.rids == (0, 1, 2) and plan.taken == Demand((2, 2))
+    assert plan.quote is not None and plan.quote.demand == Demand((2, 2))
+    assert kv.apply(plan) == Demand((2, 2))
+    # a batch naming a request twice, or a stale one, is read as its pairs and refused
+    # (twice) or found stale at its apply (a commit since), changing nothing
+    before = _state(kv)
+    with pytest.raises(InvalidDemandError):
+        kv.plan(kv.decode_demands([0, 0]))
+    assert _state(kv) == before
+    batch = kv.decode_demands([0, 1, 2])
+    kv.commit(0, 1)
+    before = _state(kv)
+    with pytest.raises(StalePlanError):
+        kv.apply(kv.plan(batch))
+    assert _state(kv) == before

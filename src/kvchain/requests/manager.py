@@ -708,7 +708,7 @@ class KVManager:
 
     # --- the step plan: built and validated once, applied as it is -------------------------
 
-    def plan(self, batch: Sequence[tuple[int, int]],
+    def plan(self, batch: Sequence[tuple[int, int]] | StepPlan,
              demands: Sequence[Demand] | None = None, resumes: Sequence[int] = (),
              quote: Quote | None = None) -> StepPlan:
         """The one immutable :class:`StepPlan` of a step's take: validated here, once; its
@@ -716,7 +716,11 @@ class KVManager:
 
         Args:
             batch: ``(request id, tokens to compute)`` pairs (a prefill chunk, or
-                ``1 + drafts`` for a decode); each request at most once.
+                ``1 + drafts`` for a decode); each request at most once. Or a decode
+                batch from :meth:`decode_demands` itself (its rows, ``1 + drafts`` tokens
+                each): one this manager issued on the chain and table as they are is
+                checked for distinct int ids, none suspended, and priced as it is;
+                another is read as its pairs and its demands.
             demands: the rows' demands if the caller just computed them (same order, no
                 change in between): a plan of this manager (:meth:`decode_demands`) for
                 the same rows and tokens, still current, is taken as it is; any other
@@ -742,10 +746,14 @@ class KVManager:
             On every error nothing changed (building a plan changes nothing but the
             chain's quote registry).
         """
-        ids, extends = batch_ids(batch)
         if quote is not None and not isinstance(quote, Quote):
             raise ForgedQuoteError(f"expected a Quote from the allocator's price, got "
                                    f"{type(quote).__name__}")
+        if isinstance(batch, StepPlan):
+            if demands is None and not resumes and self._fresh_batch(batch):
+                return self._priced(batch, quote)
+            demands, batch = batch, list(zip(batch.rids, batch.tokens, strict=True))
+        ids, extends = batch_ids(batch)
         lookup = self._lookup(ids, ints=True)  # batch_ids: every id is an int
         if not lookup.unique:
             raise InvalidDemandError("a request appears twice in one allocation batch")
@@ -769,6 +777,31 @@ class KVManager:
             resumes=tuple(s.rid for s in loads),
             loads=load, quote=quote,
             version=lookup.version, at=at, epoch=self.chain.epoch))
+
+    def _fresh_batch(self, batch: StepPlan) -> bool:
+        """Whether ``batch``, handed to :meth:`plan` as the batch itself, is a decode batch
+        this manager issued on the chain and table as they are, whose rows are distinct
+        ints, none suspended (then it is its own plan's rows: the one validation)."""
+        if not (self._issued_here(batch) and batch.at is not None and not batch.resumes
+                and batch.epoch == self.chain.epoch
+                and batch.version == self._table.version):
+            return False
+        ids = batch.rids
+        if not set(map(type, ids)) <= {int}:
+            return False
+        lookup = self._lookup(ids, ints=True)
+        return lookup.unique and (not self._suspended
+                                  or self._suspended.keys().isdisjoint(ids))
+
+    def _priced(self, batch: StepPlan, quote: Quote | None) -> StepPlan:
+        """``batch`` as a plan priced once (``quote`` kept if current), built against the
+        chain after its price."""
+        taken = batch.total
+        if taken.is_empty:
+            return batch
+        if quote is None or quote.before.epoch != self.chain.epoch:
+            quote = self.chain.price(taken)
+        return self._issue(batch.priced(quote, self.chain.epoch))
 
     def apply(self, plan: StepPlan) -> Demand:
         """Realize ``plan`` in one chain take (none when it takes nothing), trusting it: no

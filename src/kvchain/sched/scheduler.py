@@ -672,16 +672,16 @@ class Scheduler:
             step.drafts_priced = drafts
         step.basis = (self._version, tuple(step.prefills), tuple(step.decodes),
                       tuple(step.resumes))
-        rows = ([(p.rid, p.tokens) for p in step.prefills]
-                + [(d.rid, 1 + d.drafts) for d in step.decodes])
-        if not rows and not step.resumes:
+        if not step.prefills and not step.decodes and not step.resumes:
             step.plan, step.quote = None, None
             return
-        # a decode-only step hands the decode batch's value itself (its rows are the
-        # plan's); a mixed one, the list of all its demands
-        demands = ([*step.prefill_demands, *step.decode_demands] if step.prefills
-                   else step.decode_demands)
-        step.plan = self.kv.plan(rows, demands, step.resumes)
+        if step.prefills or step.resumes:  # the rows' pairs and all their demands
+            rows = ([(p.rid, p.tokens) for p in step.prefills]
+                    + [(d.rid, 1 + d.drafts) for d in step.decodes])
+            step.plan = self.kv.plan(rows, [*step.prefill_demands, *step.decode_demands],
+                                     step.resumes)
+        else:  # a decode-only step: the decode batch's value is the plan's rows
+            step.plan = self.kv.plan(step.decode_demands)
         step.quote = step.plan.quote
         if pin and step.quote is not None and step.quote.needs_moves and step.pin is None:
             step.pin = self.chain.pin_moves()
