@@ -736,15 +736,11 @@ class KVManager:
             The plan (``quote`` set unless the take is empty).
 
         Raises:
-            InvalidDemandError: a request listed twice, an entry that is not a pair of
-                ints, a negative or non-integer token count, a request suspended to host,
-                demands that do not match the batch, or a resume that is not suspended,
-                is named twice or is also in the batch.
-            BufferArgumentError: a resume whose host slots are no longer held.
-            ForgedQuoteError: ``quote`` is not a Quote.
-
-            On every error nothing changed (building a plan changes nothing but the
-            chain's quote registry).
+            InvalidDemandError: a request listed twice, an entry not a pair of ints, a
+                negative or non-integer token count, a request suspended to host, demands
+                that do not match the batch, a resume not suspended, named twice or in
+                the batch. BufferArgumentError: a resume's host slots no longer held.
+                ForgedQuoteError: ``quote`` is not a Quote. Nothing changed on any.
         """
         if quote is not None and not isinstance(quote, Quote):
             raise ForgedQuoteError(f"expected a Quote from the allocator's price, got "
@@ -753,13 +749,7 @@ class KVManager:
             if demands is None and not resumes and self._fresh_batch(batch):
                 return self._priced(batch, quote)
             demands, batch = batch, list(zip(batch.rids, batch.tokens, strict=True))
-        ids, extends = batch_ids(batch)
-        lookup = self._lookup(ids, ints=True)  # batch_ids: every id is an int
-        if not lookup.unique:
-            raise InvalidDemandError("a request appears twice in one allocation batch")
-        if self._suspended and not self._suspended.keys().isdisjoint(ids):
-            raise InvalidDemandError("a request suspended to host computes nothing before "
-                                     "its resume")
+        ids, extends, lookup = self._checked_rows(batch)
         rows, total, drafts, at = self._batch_demand(ids, extends, lookup, demands)
         loads = self._check_resumes(resumes, ids) if resumes else ()
         load = None
@@ -777,6 +767,23 @@ class KVManager:
             resumes=tuple(s.rid for s in loads),
             loads=load, quote=quote,
             version=lookup.version, at=at, epoch=self.chain.epoch))
+
+    def _checked_rows(self, batch: Sequence[tuple[int, int]],
+                      ) -> tuple[tuple[int, ...], tuple[int, ...], _SlotLookup]:
+        """A batch's request ids, token counts and slot lookup, checked: pairs of ints,
+        each request once, none suspended to host.
+
+        Raises:
+            InvalidDemandError: see :meth:`plan`.
+        """
+        ids, extends = batch_ids(batch)
+        lookup = self._lookup(ids, ints=True)  # batch_ids: every id is an int
+        if not lookup.unique:
+            raise InvalidDemandError("a request appears twice in one allocation batch")
+        if self._suspended and not self._suspended.keys().isdisjoint(ids):
+            raise InvalidDemandError("a request suspended to host computes nothing before "
+                                     "its resume")
+        return ids, extends, lookup
 
     def _fresh_batch(self, batch: StepPlan) -> bool:
         """Whether ``batch``, handed to :meth:`plan` as the batch itself, is a decode batch
