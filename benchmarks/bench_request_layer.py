@@ -195,9 +195,15 @@ def admit(rig: Rig, prompts: dict[int, int]) -> None:
 
 
 def decode_step(kv: KVManager, rids: list[int]) -> None:
-    """One decode step through the scheduler's path: demands, one allocate, one commit."""
+    """One decode step through the scheduler's path: demands, one take, one commit. Where
+    the request layer has the step plan (``KVManager.plan`` / ``apply``), the scheduler's
+    decode-only step plans the decode batch itself and applies it; before it, it
+    allocated the ``(rid, 1)`` batch with the decode batch's demands."""
     demands = kv.decode_demands(rids)
-    kv.allocate([(rid, 1) for rid in rids], demands)
+    if hasattr(kv, "apply"):
+        kv.apply(kv.plan(demands))
+    else:
+        kv.allocate([(rid, 1) for rid in rids], demands)
     kv.commit_decodes(rids)
 
 

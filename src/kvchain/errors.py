@@ -225,3 +225,10 @@ class StaleHostCopyError(RequestError, ValueError):
 class AdmissionDivergenceError(RequestError, AssertionError):
     """Admission accepted work that the allocator then refused: a bug, never expected."""
 
+
+
+class StalePlanError(InvalidDemandError):
+    """A step plan (``kvchain.requests.plan.StepPlan``) applied to a manager that did not
+    build it, or after the requests it was built for changed (a token committed, a request
+    bound or unbound, pages taken or released that change a row's demand); nothing was
+    applied."""

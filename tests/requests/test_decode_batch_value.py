@@ -104,9 +104,17 @@ def test_a_value_from_another_manager_is_validated_once() -> None:
         with pytest.raises(InvalidDemandError):
             a2.allocate([(rid, 1) for rid in rids], demands)
         assert _state(a2) == before
-    # the same forged value owned by a2 would be trusted: the owner is what decides
+    # the same forged value naming a2 as its owner is refused too: a value a2 did not
+    # issue (built by hand, or a copy of one of its own with other demands) is validated
+    # like any list, never trusted
     own = dataclasses.replace(forged, owner=a2)
-    assert a2.allocate([(rid, 1) for rid in rids], own) == Demand((2, 2))
+    copied = dataclasses.replace(a2.decode_demands(rids), demands=bad)
+    for demands in (own, copied):
+        with pytest.raises(InvalidDemandError):
+            a2.allocate([(rid, 1) for rid in rids], demands)
+        assert _state(a2) == before
+    # its own issued value is trusted: (1, 1) + (0, 0) + (1, 1) = (2, 2)
+    assert a2.allocate([(rid, 1) for rid in rids], a2.decode_demands(rids)) == Demand((2, 2))
 
 
 def test_a_value_for_other_requests_or_tokens_is_validated() -> None:

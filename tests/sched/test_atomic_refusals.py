@@ -78,7 +78,9 @@ def test_scheduler_refuses_a_step_naming_unknown_or_repeated_requests() -> None:
                 prefill_demands=[*step.prefill_demands, *step.prefill_demands]),
         replace(step, decodes=[DecodeSeq(1, 0)],
                 decode_demands=sched.kv.decode_demands([1])),  # request 1 is waiting
-        replace(step, prefill_demands=[]),  # demands do not match
+        # demands that do not match, on a step that is not the one schedule() planned
+        # (its basis dropped: it is checked, then planned again)
+        replace(step, basis=None, prefill_demands=[]),
     ]
     for bad in bad_steps:
         with pytest.raises(InvalidRequestError):
@@ -115,19 +117,19 @@ def test_unallocatable_running_request_is_retracted_and_the_rest_allocated(
     sched.add(Request(2, 32, 8, 0.5), 0.5)
     batch = sched.step(0.5)
     sched.complete(batch, StepOutcome(0.01), 0.51)  # both prefilled: pages 0-1 per band
-    real_allocate = sched.kv.allocate
+    real_apply = sched.kv.apply
     calls = [0]
     handed: list[object] = []
 
     def refuses_once(*args: object, **kwargs: object) -> Demand:
         calls[0] += 1
-        handed.append(args[1])
+        handed.append(args[0])
         if calls[0] == 1:
             raise CapacityError("planted", shortfall_bytes=16_000, demand=Demand((2, 2)),
                                 reason="bytes")
-        return real_allocate(*args, **kwargs)  # type: ignore[arg-type]
+        return real_apply(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sched.kv, "allocate", refuses_once)
+    monkeypatch.setattr(sched.kv, "apply", refuses_once)
     if strict:
         with pytest.raises(AdmissionDivergenceError):
             sched.step(0.52)
@@ -142,8 +144,8 @@ def test_unallocatable_running_request_is_retracted_and_the_rest_allocated(
     assert event.demand == Demand((1, 1))
     assert sched.requests[2].status is RequestStatus.WAITING
     assert (sched.counters.divergences, sched.counters.retractions) == (1, 1)
-    # the retake got a new decode batch value without request 2 (not the first one
-    # changed in place): request 1's own decode of token 32, (1, 1) as request 2's above
+    # the retake got a new step plan without request 2 (not the first one changed in
+    # place): request 1's own decode of token 32, (1, 1) as request 2's above
     first, again = handed
     assert isinstance(first, DecodeBatch) and isinstance(again, DecodeBatch)
     assert first.rids == (1, 2) and first.total == Demand((2, 2))

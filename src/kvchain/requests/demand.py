@@ -123,6 +123,42 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
     Example (``P = 16``, ``W = 128``, nothing held, a 17-token extend at 0): full 2 pages,
     window 2 pages (field case F5).
     """
+    start, extend, headroom, headroom_chunk, horizon = _checked(
+        start, extend, headroom, headroom_chunk, horizon, recompute)
+    return _pages(geom, held, start, extend, headroom, headroom_chunk, points, horizon,
+                  recompute)
+
+
+def request_demands(geom: RequestGeometry, held: HeldPages, start: int, extend: int,
+                    headroom: int = 0, headroom_chunk: int = 1,
+                    points: Sequence[int] = (), horizon: int = 0,
+                    recompute: int = 0) -> tuple[Demand, Demand]:
+    """:func:`request_demand` of the ``extend`` tokens alone and with the ``headroom``
+    later tokens, from one check of the arguments: ``(take, reserved)``, where ``take``
+    is ``request_demand(geom, held, start, extend, points=points, recompute=recompute)``
+    (what the step takes) and ``reserved`` is ``request_demand`` with every argument (what
+    admission reserves for it). Admission computes both once and the step plan reuses the
+    first (issue 20, item 4).
+
+    Raises:
+        InvalidDemandError: as :func:`request_demand`.
+    """
+    start, extend, headroom, headroom_chunk, horizon = _checked(
+        start, extend, headroom, headroom_chunk, horizon, recompute)
+    take = _pages(geom, held, start, extend, 0, 1, points, 0, recompute)
+    if not headroom and not horizon:
+        return take, take
+    return take, _pages(geom, held, start, extend, headroom, headroom_chunk, points,
+                        horizon, recompute)
+
+
+def _checked(start: int, extend: int, headroom: int, headroom_chunk: int, horizon: int,
+             recompute: int) -> tuple[int, int, int, int, int]:
+    """The token counts of :func:`request_demand` as ints, checked.
+
+    Raises:
+        InvalidDemandError: as :func:`request_demand`.
+    """
     if not (type(start) is int and type(extend) is int and type(headroom) is int
             and type(headroom_chunk) is int and type(horizon) is int):
         start, extend, headroom, headroom_chunk, horizon = _token_counts(
@@ -132,10 +168,17 @@ def request_demand(geom: RequestGeometry, held: HeldPages, start: int, extend: i
         raise InvalidDemandError(f"bad token counts: start={start} extend={extend} "
                                  f"headroom={headroom} headroom_chunk={headroom_chunk} "
                                  f"horizon={horizon} recompute={recompute}")
+    return start, extend, headroom, headroom_chunk, horizon
+
+
+def _pages(geom: RequestGeometry, held: HeldPages, start: int, extend: int, headroom: int,
+           headroom_chunk: int, points: Sequence[int], horizon: int, recompute: int,
+           ) -> Demand:
+    """The demand of checked counts: per band its policy's ``pages`` plus its
+    ``resume_pages`` (see :func:`request_demand`)."""
     span, pages = held.span, []
     for pol in geom.policies:
-        b = pol.band
-        first, end = span(b)
+        first, end = span(pol.band)
         got = pol.pages(first, end, start, extend, headroom, headroom_chunk, horizon)
         if points:
             got += pol.resume_pages(points, first, end, start, extend, headroom,

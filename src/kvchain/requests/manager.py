@@ -36,14 +36,20 @@ from kvchain.errors import (
     HostPoolFullError,
     InvalidDemandError,
     ReservedPageError,
+    StalePlanError,
     UnknownRequestError,
 )
 from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
-from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
+from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand, request_demands
+from kvchain.requests.plan import StepPlan
 from kvchain.requests.suspend import HostSide, Suspended
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts, RequestView
+
+#: plans a manager remembers as its own (:meth:`KVManager._issue`): a step builds one or
+#: two (the decode check's batch, the step's plan), a retried step a few more
+_ISSUED = 16
 
 
 class _SlotLookup:
@@ -146,6 +152,7 @@ class KVManager:
         # pages, so which instance a row gets never changes a result), bounded by
         # clearing it past 4,096 distinct rows
         self._demand_memo: dict[tuple[int, ...], Demand] = {}
+        self._issued: dict[int, StepPlan] = {}  # the last plans built here (_issue)
         self._glue = CacheGlue(chain, cache, self.geom, self._table)
         self.cache = cache
         self._suspended: dict[int, Suspended] = {}  # requests suspended to host (rid ->)
@@ -595,6 +602,27 @@ class KVManager:
 
     # --- decode demands ----------------------------------------------------------------------
 
+    def demand_pair(self, rid: int, extend: int, headroom: int = 0, headroom_chunk: int = 1,
+                    horizon: int = 0) -> tuple[Demand, Demand]:
+        """``(self.demand(rid, extend), self.demand(rid, extend, headroom, headroom_chunk,
+        horizon))`` in one demand computation (:func:`request_demands`): what a chunk takes
+        and what admission reserves for it. A request that holds nothing (and is not
+        suspended) is priced from nothing held.
+
+        Raises:
+            InvalidDemandError: as :func:`request_demand`.
+        """
+        facts = self._requests.get(rid)
+        if facts is None:
+            sus = self._suspended.get(rid)
+            held, tokens = (sus.held, sus.tokens) if sus is not None else (NOTHING_HELD, 0)
+            return request_demands(self.geom, held, tokens, extend, headroom, headroom_chunk,
+                                   horizon=horizon)
+        slot = facts.slot
+        return request_demands(self.geom, self._table.held(slot),
+                               int(self._table.tokens[slot]), extend, headroom,
+                               headroom_chunk, facts.points, horizon, facts.gap)
+
     def decode_demands(self, rids: Sequence[int], drafts: int = 0) -> DecodeBatch:
         """``[self.demand(rid, 1 + drafts) for rid in rids]`` (equal values), for a decode
         batch (``drafts = k > 0``: a speculative step, ``1 + k`` tokens each: the token
@@ -610,9 +638,11 @@ class KVManager:
         still in its prefill) sends the batch through :meth:`demand`.
 
         Returns:
-            A :class:`DecodeBatch` (an immutable sequence of demands aligned with
-            ``rids``, with their ``[rows, bands]`` matrix and total) that :meth:`allocate`
-            of ``(rid, 1 + drafts)`` for the same ``rids`` takes as priced.
+            A :class:`DecodeBatch` (the :class:`~kvchain.requests.plan.StepPlan` of the
+            batch, unpriced: an immutable sequence of demands aligned with ``rids``, with
+            their ``[rows, bands]`` matrix and total, and the rows' state it was computed
+            on) that :meth:`plan` / :meth:`allocate` of ``(rid, 1 + drafts)`` for the same
+            ``rids`` take as computed, and :meth:`apply` takes as it is.
 
         Raises:
             InvalidDemandError: ``drafts`` not an int >= 0.
@@ -621,21 +651,24 @@ class KVManager:
             raise InvalidDemandError(f"drafts must be an int >= 0, got {drafts!r}")
         ids = tuple(rids)
         extend = 1 + drafts
-        nb = self.geom.num_bands
+        lookup = self._lookup(ids)
         if self._glue.reaches_point(ids, self._requests):
-            return DecodeBatch.of(self, ids, drafts, [self.demand(rid, extend) for rid in ids],
-                                  nb)
-        slots = self._slots_of(ids)
+            demands = [self.demand(rid, extend) for rid in ids]
+            empty = self._zero().pages
+            at = [i for i, d in enumerate(demands) if d.pages != empty]
+            return self._decode_value(lookup, drafts, demands, at, np.array(
+                [demands[i].pages for i in at], dtype=np.int64))
+        slots = lookup.slots
         zero = self._zero()
         out = [zero] * len(ids)
         table = self._table
         # page boundary within the step's tokens
         check = (table.tokens[slots] + drafts >= table.need_at[slots]).nonzero()[0]
         if not check.size:
-            return DecodeBatch.of(self, ids, drafts, out, nb, ())
+            return self._decode_value(lookup, drafts, out, ())
         needs, keys, matrix = table.decode_rows(slots[check], extend)
         if not needs:
-            return DecodeBatch.of(self, ids, drafts, out, nb, ())
+            return self._decode_value(lookup, drafts, out, ())
         where = check.tolist()
         at = [where[j] for j in needs]
         memo = self._demand_memo
@@ -646,27 +679,250 @@ class KVManager:
             if d is None:
                 d = memo[key] = Demand(key)
             out[i] = d
-        return DecodeBatch.of(self, ids, drafts, out, nb, at, matrix)
+        return self._decode_value(lookup, drafts, out, at, matrix)
+
+    def _decode_value(self, lookup: _SlotLookup, drafts: int, demands: Sequence[Demand],
+                      nonzero: Sequence[int], needs: np.ndarray | None = None) -> StepPlan:
+        """The decode batch's plan over ``lookup``'s rows, with the rows' token counts and
+        the chain's epoch it was computed on."""
+        if needs is None or not len(nonzero):
+            needs = np.zeros((0, self.geom.num_bands), dtype=np.int64)
+        return self._issue(StepPlan.frozen(
+            self, lookup.ids, drafts, tuple(demands), tuple(nonzero), needs,
+            version=lookup.version, at=self._table.tokens[lookup.slots],
+            epoch=self.chain.epoch))
+
+    def _issue(self, plan: StepPlan) -> StepPlan:
+        """Record ``plan`` as built here (the plan object itself is the token, as a quote
+        is the chain's: a copy with other fields, ``dataclasses.replace``, is not one);
+        the last :data:`_ISSUED` are kept."""
+        issued = self._issued
+        issued[id(plan)] = plan
+        if len(issued) > _ISSUED:
+            del issued[next(iter(issued))]
+        return plan
+
+    def _issued_here(self, plan: object) -> bool:
+        """Whether ``plan`` is one of the plans this manager issued (identity)."""
+        return self._issued.get(id(plan)) is plan
+
+    # --- the step plan: built and validated once, applied as it is -------------------------
+
+    def plan(self, batch: Sequence[tuple[int, int]] | StepPlan,
+             demands: Sequence[Demand] | None = None, resumes: Sequence[int] = (),
+             quote: Quote | None = None) -> StepPlan:
+        """The one immutable :class:`StepPlan` of a step's take: validated here, once; its
+        demands computed once (or taken from the caller); its take priced once.
+
+        Args:
+            batch: ``(request id, tokens to compute)`` pairs (a prefill chunk, or
+                ``1 + drafts`` for a decode); each request at most once. Or a decode
+                batch from :meth:`decode_demands` itself (its rows, ``1 + drafts`` tokens
+                each): one this manager issued on the chain and table as they are is
+                checked for distinct int ids, none suspended, and priced as it is;
+                another is read as its pairs and its demands.
+            demands: the rows' demands if the caller just computed them (same order, no
+                change in between): a plan of this manager (:meth:`decode_demands`) for
+                the same rows and tokens, still current, is taken as it is; any other
+                sequence of :class:`Demand` (a list from :meth:`demand`, a value from
+                another manager) is validated once here; ``None``: computed here.
+            resumes: suspended requests to load back in the same take (none of them in
+                ``batch``; see :meth:`allocate`).
+            quote: the chain's price of the take (the rows' total plus the resumes'
+                load-backs), if the caller has it; priced here when absent or priced
+                before the chain's epoch moved (an empty take is not priced).
+
+        Returns:
+            The plan (``quote`` set unless the take is empty).
+
+        Raises:
+            InvalidDemandError: a request listed twice, an entry not a pair of ints, a
+                negative or non-integer token count, a request suspended to host, demands
+                that do not match the batch, a resume not suspended, named twice or in
+                the batch. BufferArgumentError: a resume's host slots no longer held.
+                ForgedQuoteError: ``quote`` is not a Quote. Nothing changed on any.
+        """
+        if quote is not None and not isinstance(quote, Quote):
+            raise ForgedQuoteError(f"expected a Quote from the allocator's price, got "
+                                   f"{type(quote).__name__}")
+        if isinstance(batch, StepPlan):
+            if demands is None and not resumes and self._fresh_batch(batch):
+                return self._priced(batch, quote)
+            demands, batch = batch, list(zip(batch.rids, batch.tokens, strict=True))
+        ids, extends, lookup = self._checked_rows(batch)
+        rows, total, drafts, at = self._batch_demand(ids, extends, lookup, demands)
+        loads = self._check_resumes(resumes, ids) if resumes else ()
+        load = None
+        for sus in loads:
+            load = sus.demand if load is None else load.plus(sus.demand)
+        taken = total if load is None else total.plus(load)
+        if taken.is_empty:
+            quote = None
+        elif quote is None or quote.before.epoch != self.chain.epoch:
+            quote = self.chain.price(taken)  # the take's token: the step's one price
+        # (a price may build the epoch's snapshot: with a prefix cache, a new epoch; the
+        # plan holds from the chain the quote priced)
+        return self._issue(StepPlan.frozen(
+            self, ids, drafts, rows[0], rows[1], rows[2], total=total, extends=extends,
+            resumes=tuple(s.rid for s in loads),
+            loads=load, quote=quote,
+            version=lookup.version, at=at, epoch=self.chain.epoch))
+
+    def _checked_rows(self, batch: Sequence[tuple[int, int]],
+                      ) -> tuple[tuple[int, ...], tuple[int, ...], _SlotLookup]:
+        """A batch's request ids, token counts and slot lookup, checked: pairs of ints,
+        each request once, none suspended to host.
+
+        Raises:
+            InvalidDemandError: see :meth:`plan`.
+        """
+        ids, extends = batch_ids(batch)
+        lookup = self._lookup(ids, ints=True)  # batch_ids: every id is an int
+        if not lookup.unique:
+            raise InvalidDemandError("a request appears twice in one allocation batch")
+        if self._suspended and not self._suspended.keys().isdisjoint(ids):
+            raise InvalidDemandError("a request suspended to host computes nothing before "
+                                     "its resume")
+        return ids, extends, lookup
+
+    def _fresh_batch(self, batch: StepPlan) -> bool:
+        """Whether ``batch``, handed to :meth:`plan` as the batch itself, is a decode batch
+        this manager issued on the chain and table as they are, whose rows are distinct
+        ints, none suspended (then it is its own plan's rows: the one validation)."""
+        if not (self._issued_here(batch) and batch.at is not None and not batch.resumes
+                and batch.epoch == self.chain.epoch
+                and batch.version == self._table.version):
+            return False
+        ids = batch.rids
+        if not set(map(type, ids)) <= {int}:
+            return False
+        lookup = self._lookup(ids, ints=True)
+        return lookup.unique and (not self._suspended
+                                  or self._suspended.keys().isdisjoint(ids))
+
+    def _priced(self, batch: StepPlan, quote: Quote | None) -> StepPlan:
+        """``batch`` as a plan priced once (``quote`` kept if current), built against the
+        chain after its price."""
+        taken = batch.total
+        if taken.is_empty:
+            return batch
+        if quote is None or quote.before.epoch != self.chain.epoch:
+            quote = self.chain.price(taken)
+        return self._issue(batch.priced(quote, self.chain.epoch))
+
+    def apply(self, plan: StepPlan) -> Demand:
+        """Realize ``plan`` in one chain take (none when it takes nothing), trusting it: no
+        second validation, no demand computed again while the chain's epoch is the one
+        it was built at. Its rows get their pages (band by band in row order), its new
+        requests their rows, its resumes their pages back (:meth:`allocate`).
+
+        If the chain's epoch moved since the build (a prefix-cache lock, another take),
+        the rows' demands are checked against the rows now, and a plan priced before is
+        priced again by the take, as ``Chain.take`` does.
+
+        Returns:
+            The demand taken (:attr:`StepPlan.taken`).
+
+        Raises:
+            StalePlanError: ``plan`` is not a plan this manager built, or its rows changed
+                since (a token committed, a request bound or unbound, a row's demand
+                moved), or a resume is no longer suspended.
+            BufferArgumentError: a resume whose host slots are no longer held.
+            ForgedQuoteError, StaleQuoteError: its quote is not the chain's for its take.
+            CapacityError: the take does not fit.
+
+            On every error the chain and every request are as before.
+        """
+        lookup = self._current(plan)
+        loads = self._current_resumes(plan)
+        taken = plan.taken
+        ids = plan.rids
+        missing = ([] if lookup.known
+                   else [ids[i] for i in (lookup.slots == 0).nonzero()[0].tolist()])
+        if taken.is_empty:  # every token on pages already held (most decode steps)
+            for rid in missing:
+                self._register(rid)
+            return taken
+        quote = plan.quote
+        if quote is not None and quote.before.epoch != self.chain.epoch:
+            quote = None  # priced before the chain changed: the take prices it again
+        grant = self.chain.take(taken, quote)
+        slots = lookup.slots
+        if missing:
+            for rid in missing:
+                self._register(rid)
+            slots = self._slots_of(ids)  # the new requests' slots (rows empty)
+        pages = self._restore_all(loads, plan.total, grant.pages)
+        if not plan.total.is_empty:
+            self._distribute(pages, ids, plan.tokens, slots, plan.nonzero, plan.needs)
+        return taken
+
+    def _current(self, plan: StepPlan) -> _SlotLookup:
+        """The slot lookup of ``plan``'s rows, if it is this manager's and its rows are as
+        at its build: their tokens, and, once the chain's epoch or the table's slot
+        version moved (a take, a release, a cache lock, a request bound or unbound), their
+        demands (computed again and compared: the slow path).
+
+        Raises:
+            StalePlanError: it is not (nothing changed).
+        """
+        if not self._issued_here(plan) or plan.at is None:
+            raise StalePlanError("a step plan is applied by the manager that built it "
+                                 "(the value it issued, not a copy)")
+        table = self._table
+        lookup = self._lookup(plan.rids, ints=True)  # built from checked ids
+        if not np.array_equal(table.tokens[lookup.slots], plan.at):
+            raise StalePlanError("a request's tokens moved since the plan was built")
+        if (plan.epoch != self.chain.epoch or plan.version != table.version) and any(
+                self.demand(rid, n) != d
+                for rid, n, d in zip(plan.rids, plan.tokens, plan.demands, strict=True)):
+            raise StalePlanError("a request's pages changed since the plan was built")
+        return lookup
+
+    def _current_resumes(self, plan: StepPlan) -> tuple[Suspended, ...]:
+        """The records of ``plan``'s resumes, each still suspended with its host slots held.
+
+        Raises:
+            StalePlanError: one is no longer suspended. BufferArgumentError: its host
+                slots are gone.
+        """
+        out = []
+        for rid in plan.resumes:
+            sus = self._suspended.get(rid)
+            if sus is None:
+                raise StalePlanError(f"request {rid} is no longer suspended to host")
+            sus.check_held()
+            out.append(sus)
+        return tuple(out)
+
+    def _restore_all(self, loads: Sequence[Suspended], total: Demand,
+                     pages: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+        """Give each resume its cut of a take's pages (the rows' pages first, then each
+        resume's, band by band) and return the rows' pages."""
+        if not loads:
+            return pages
+        cut = list(total.pages)
+        for sus in loads:
+            self._restore(sus, [pages[b][cut[b]:cut[b] + n]
+                                for b, n in enumerate(sus.demand.pages)])
+            cut = [c + n for c, n in zip(cut, sus.demand.pages, strict=True)]
+        return tuple(p[:n] for p, n in zip(pages, total.pages, strict=True))
 
     # --- allocation ------------------------------------------------------------------------
 
     def allocate(self, batch: Sequence[tuple[int, int]],
                  demands: Sequence[Demand] | None = None, quote: Quote | None = None,
                  resumes: Sequence[int] = ()) -> Demand:
-        """Take the pages a batch needs to compute its tokens, in one chain take (none when
-        the batch needs no page: an empty take binds nothing), together with the load-back
-        of the suspended requests ``resumes`` (:meth:`suspend`): the take's demand is the
-        batch's plus each resume's :attr:`Suspended.demand`, so one quote prices both.
+        """``apply(plan(batch, demands, resumes, quote))``: take the pages a batch needs to
+        compute its tokens, in one chain take (none when the batch needs no page: an empty
+        take binds nothing), together with the load-back of the suspended requests
+        ``resumes`` (:meth:`suspend`): the take's demand is the batch's plus each resume's
+        :attr:`Suspended.demand`, so one quote prices both.
 
         Args:
             batch: ``(request id, tokens to compute)`` pairs (a prefill chunk, or 1 for a
                 decode); each request at most once.
-            demands: the batch's demands if the caller just computed them (same order,
-                no change in between): a :class:`DecodeBatch` from this manager's
-                :meth:`decode_demands` for the same request ids, ``1 + drafts`` tokens
-                each, is taken by its total as priced; any other sequence of
-                :class:`Demand` (a list from :meth:`demand`, a value from another
-                manager) is validated once here; ``None``: computed here.
+            demands: the batch's demands if the caller just computed them (:meth:`plan`).
             quote: the allocator's quote (from its ``price``) of the summed demand, if the
                 caller has it; a quote priced before the chain's epoch moved is dropped and
                 the demand priced again.
@@ -680,73 +936,36 @@ class KVManager:
             The summed demand that was taken (the batch's plus the resumes').
 
         Raises:
-            InvalidDemandError: a request listed twice, an entry that is not a pair of
-                ints, a negative or non-integer token count, demands that do not match
-                the batch, or a resume that is not suspended, is named twice or is also in
-                the batch.
-            BufferArgumentError: a resume whose host slots are no longer held (checked
-                before the take).
-            ForgedQuoteError: ``quote`` is not a Quote, or was not issued by the allocator
-                for this demand.
+            InvalidDemandError, BufferArgumentError, ForgedQuoteError: as :meth:`plan`.
+            ForgedQuoteError: ``quote`` was not issued by the allocator for this demand.
             CapacityError: the batch does not fit.
 
             On every error the chain and every request are as before.
         """
-        ids, extends = batch_ids(batch)
-        if quote is not None and not isinstance(quote, Quote):
-            raise ForgedQuoteError(f"expected a Quote from the allocator's price, got "
-                                   f"{type(quote).__name__}")
-        lookup = self._lookup(ids, ints=True)  # batch_ids: every id is an int
-        slots = lookup.slots
-        if not lookup.unique:
-            raise InvalidDemandError("a request appears twice in one allocation batch")
-        if self._suspended and not self._suspended.keys().isdisjoint(ids):
-            raise InvalidDemandError("a request suspended to host computes nothing before "
-                                     "its resume")
-        total, nonzero, matrix = self._batch_demand(ids, extends, demands)
-        loads = self._check_resumes(resumes, ids) if resumes else ()
-        missing = ([] if lookup.known
-                   else [ids[i] for i in (slots == 0).nonzero()[0].tolist()])
-        taken = total
-        for sus in loads:
-            taken = taken.plus(sus.demand)
-        if taken.is_empty:  # every token on pages already held (most decode steps)
-            for rid in missing:
-                self._register(rid)
-            return taken
-        if quote is not None and quote.before.epoch != self.chain.epoch:
-            quote = None  # priced before the chain changed: the take prices it again
-        grant = self.chain.take(taken, quote)
-        if missing:
-            for rid in missing:
-                self._register(rid)
-            slots = self._slots_of(ids)  # the new requests' slots (rows empty)
-        pages = grant.pages
-        if loads:  # the batch's pages first, then each resume's, band by band
-            cut = list(total.pages)
-            for sus in loads:
-                self._restore(sus, [pages[b][cut[b]:cut[b] + n]
-                                    for b, n in enumerate(sus.demand.pages)])
-                cut = [c + n for c, n in zip(cut, sus.demand.pages, strict=True)]
-            pages = tuple(p[:n] for p, n in zip(pages, total.pages, strict=True))
-        if not total.is_empty:
-            self._distribute(pages, ids, extends, slots, nonzero, matrix)
-        return taken
+        return self.apply(self.plan(batch, demands, resumes, quote))
 
     def _batch_demand(self, ids: tuple[int, ...], extends: tuple[int, ...],
-                      demands: Sequence[Demand] | None,
-                      ) -> tuple[Demand, Sequence[int], np.ndarray]:
-        """The batch's summed demand, the positions of its non-empty demands and their
-        ``[len(nonzero), bands]`` matrix (computed when ``demands`` is ``None``).
+                      lookup: _SlotLookup, demands: Sequence[Demand] | None,
+                      ) -> tuple[tuple[tuple[Demand, ...], tuple[int, ...], np.ndarray], Demand,
+                                 int, np.ndarray]:
+        """The rows' demands, the positions of the non-empty ones and their ``[len(nonzero),
+        bands]`` matrix (computed when ``demands`` is ``None``), their total, the drafts
+        of the decode batch they came from (0 otherwise) and the rows' tokens they were
+        computed at (now, or the reused batch's).
 
         Raises:
             InvalidDemandError: demands that do not match the batch.
         """
-        if (isinstance(demands, DecodeBatch) and demands.owner is self
-                and demands.rids == ids
-                and (not extends or set(extends) == {1 + demands.drafts})):
-            # priced by decode_demands for this very batch: its total is the take
-            return demands.total, demands.nonzero, demands.needs
+        if (self._issued_here(demands) and isinstance(demands, StepPlan)
+                and demands.rids == ids and demands.tokens == extends
+                and demands.version == lookup.version and demands.at is not None
+                and demands.epoch == self.chain.epoch):
+            # computed by this manager for these very rows on this chain: the plan keeps
+            # the rows' tokens they were computed at, which apply compares with the rows'
+            # tokens then (a row that moved since makes the plan stale there)
+            return ((demands.demands, demands.nonzero, demands.needs), demands.total,
+                    demands.drafts, demands.at)
+        tokens = self._table.tokens[lookup.slots]
         if demands is None:
             demands = [self.demand(rid, extend) for rid, extend in zip(ids, extends,
                                                                       strict=True)]
@@ -755,10 +974,13 @@ class KVManager:
         nb = self.geom.num_bands
         check_demands(ids, extends, demands, nb)
         zero = (0,) * nb
-        nonzero = [i for i, d in enumerate(demands) if d.pages != zero]
+        nonzero = tuple(i for i, d in enumerate(demands) if d.pages != zero)
+        if not nonzero:
+            return ((tuple(demands), (), np.zeros((0, nb), dtype=np.int64)), self._zero(), 0,
+                    tokens)
         matrix = np.array([demands[i].pages for i in nonzero], dtype=np.int64)
-        total = Demand(tuple(matrix.sum(axis=0).tolist())) if nonzero else self._zero()
-        return total, nonzero, matrix
+        total = Demand(tuple(matrix.sum(axis=0).tolist()))
+        return (tuple(demands), nonzero, matrix), total, 0, tokens
 
     def _distribute(self, pages: tuple[tuple[int, ...], ...], ids: tuple[int, ...],
                     extends: tuple[int, ...], slots: np.ndarray, nonzero: Sequence[int],

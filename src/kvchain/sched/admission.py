@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -30,6 +31,8 @@ from kvchain.errors import ConfigError
 from kvchain.field_types import check_field_types
 from kvchain.layout import ChainLayout
 from kvchain.model.layers import LifetimeClass
+
+_V = TypeVar("_V")  # what a chunk search computes per candidate (largest_fit)
 
 
 class WindowAdmission(StrEnum):
@@ -244,16 +247,37 @@ class ChainPrefillBudget:
         (0 if none), or ``upper`` itself if it fits: a monotone search over the same
         predicate (chunk caps). A request's demand is not strictly monotone in its chunk (a
         bigger chunk leaves less to reserve later), so ``upper`` and one page are always
-        tried as well."""
+        tried as well (:meth:`largest_fit`, whose value it drops)."""
+        return self.largest_fit(demand_of, upper, step, _itself)[0]
+
+    def largest_fit(self, value_of: Callable[[int], _V], upper: int, step: int,
+                    demand: Callable[[Any], Demand]) -> tuple[int, _V | None]:
+        """:meth:`largest` over ``demand(value_of(t))``, with the value computed for the
+        chunk it returns (``None`` with 0): each candidate's value is computed once, and
+        the caller reuses the fitted one (the step plan's demand: issue 20, item 4)."""
         if upper <= 0:
-            return 0
-        if self.fits(demand_of(upper)):
-            return upper  # the common case, and exact where the demand is not monotone
+            return 0, None
+        seen: dict[int, _V] = {}
+
+        def fits(t: int) -> bool:
+            got = seen[t] = value_of(t)
+            return self.fits(demand(got))
+
+        if fits(upper):
+            return upper, seen[upper]  # the common case, exact where not monotone
         units = upper // step
-        best = largest_fitting(lambda n: self.fits(demand_of(n * step)), units) * step
-        if best == 0 and units and self.fits(demand_of(step)):
-            return step  # the search assumes monotone demands; one page always gets a try
-        return best
+        best = largest_fitting(lambda n: fits(n * step), units) * step
+        if best == 0 and units and fits(step):
+            return step, seen[step]  # the search assumes monotone demands: one page tried
+        if not best:
+            return 0, None
+        return best, seen[best] if best in seen else value_of(best)
+
+
+
+def _itself(d: Demand) -> Demand:
+    """The identity (a search whose values are the demands themselves)."""
+    return d
 
 
 def _split_remainders(snapshot: ChainSnapshot) -> tuple[int, ...]:

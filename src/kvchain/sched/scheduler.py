@@ -5,7 +5,7 @@ One step::
     schedule(now)          decode check -> (window-tail reclaim -> retract) ->
                            ChainPrefillBudget: this step's decodes, running prefills'
                            next chunks, futures of running requests, then waiting requests
-    allocate(step)         ONE kv.allocate (one chain.take) for every decode and chunk
+    allocate(step)         ONE kv.apply of the step plan (one chain.take) for every decode and chunk
     driver.run(batch)      (the engine, the simulator's cost model, or a fake)
     complete(batch, out)   commit tokens, window-tail release, first tokens, finishes
 
@@ -50,13 +50,9 @@ from kvchain.errors import (
 from kvchain.field_types import check_field_types
 from kvchain.layout import smallest_request_pages
 from kvchain.requests.batch import DecodeBatch, sum_demands
-from kvchain.requests.demand import (
-    NOTHING_HELD,
-    context_drafts,
-    lifetime_demand,
-    request_demand,
-)
+from kvchain.requests.demand import context_drafts, lifetime_demand
 from kvchain.requests.manager import KVManager
+from kvchain.requests.plan import StepPlan
 from kvchain.requests.suspend import HostSide
 from kvchain.sched.admission import (
     AdmissionRules,
@@ -154,7 +150,10 @@ class ScheduledStep:
     decodes: list[DecodeSeq] = field(default_factory=list)
     prefill_demands: list[Demand] = field(default_factory=list)  # aligned with prefills
     drafts_priced: int = 0  # the drafts per decode its decode demands were priced for
-    quote: Quote | None = None  # the price of the step's whole take
+    quote: Quote | None = None  # the price of the step's whole take (the plan's)
+    plan: StepPlan | None = None  # the step's one take (None: nothing to take)
+    # (scheduler version, prefills, decodes, resumes) the plan was built for
+    basis: tuple[object, ...] | None = None
     pin: MoveHold | None = None
     memory_blocked: bool = False  # a waiting request got no chunk for lack of memory
     loads: list[LoadBack] = field(default_factory=list)  # host load-backs realized
@@ -297,6 +296,7 @@ class Scheduler:
         self._loaded: dict[int, tuple[int, int]] = {}
         self._resume_bytes: dict[int, int] = {}  # suspended request -> bytes its resume loads
         self._write_bytes = 0  # bytes suspended to host since the last step was scheduled
+        self._version = 0  # bumped by every allocate, complete and retraction (a step's basis)
         page = kv.geom.page_size
         if self.config.chunk_size < page or self.config.max_prefill_tokens < page:
             # Admission cuts chunks to whole pages: a smaller cap could never admit one.
@@ -410,8 +410,10 @@ class Scheduler:
     # --- one step ---------------------------------------------------------------------
 
     def schedule(self, now: float) -> ScheduledStep:
-        """Decide this step's decodes and prefill chunks (no allocation yet)."""
-        kv, cfg = self.kv, self.config
+        """Decide this step's decodes and prefill chunks (no allocation yet), and build its
+        one :class:`~kvchain.requests.plan.StepPlan` from the demands admission computed
+        (:meth:`_plan_step`: validated and priced once)."""
+        kv = self.kv
         snap, decode_demands = self._decode_check(now)
         step = ScheduledStep(decode_demands)
         step.drafts_priced = priced = decode_demands.drafts
@@ -423,26 +425,15 @@ class Scheduler:
         step.decodes.extend(DecodeSeq(r.rid, r.computed, drafts) for r in decoding)
         step.host_write_bytes, self._write_bytes = self._write_bytes, 0
         if not prefilling and not self.waiting and not self.suspended:
-            self._pin_if_moves(step, snap)
+            self._plan_step(step)
             return step  # decodes only: the decode check already proved they fit
         budget = ChainPrefillBudget(snap, self.rules, self.chain.planner)
         budget.reserve(decode_demands.total)
-        tokens_left = cfg.max_prefill_tokens
-        page = kv.geom.page_size
         # This step's own demand per running request (decodes: from the decode check).
         this_step = {d.rid: (1 + priced, demand)
                      for d, demand in zip(step.decodes, decode_demands, strict=True)}
         # Running prefills continue first, then everyone's future is reserved.
-        for r in prefilling:
-            upper = self._chunk_cap(r, tokens_left)
-            c = budget.largest(functools.partial(kv.demand, r.rid), upper, page)
-            if c:
-                chunk_demand = kv.demand(r.rid, c)
-                budget.reserve(chunk_demand)
-                this_step[r.rid] = (c, chunk_demand)
-                gap = kv.recompute_tokens(r.rid)
-                step.prefills.append(PrefillChunk(r.rid, r.computed, c, gap))
-                tokens_left -= c + gap
+        tokens_left = self._continue_prefills(step, budget, prefilling, this_step)
         running = list(self.running.values())
         # The decoding batch (admission.AdaptiveReserve: the lockstep peak is theirs;
         # prefills and candidates reserve their whole expected output).
@@ -450,15 +441,44 @@ class Scheduler:
         self.reserve.begin_step([r.computed + 1 for r in batch],
                                 [r.output_left - 1 for r in batch],
                                 [r.output_done for r in batch],
-                                [r.output_limit for r in batch], page)
+                                [r.output_limit for r in batch], kv.geom.page_size)
         budget.reserve(self.running_futures(running, this_step))
-        if self.suspended and not self._admit_resumes(step, budget):
-            self.counters.admission_decisions += budget.decisions
-            self._pin_if_moves(step, budget.snapshot)
-            return step  # a suspended request waits for room: nobody overtakes it
-        # Waiting requests, in policy order, while the ledger fits. A prefix-cache hit
-        # locks its pages first (they stop being evictable supply), so the ledger is
-        # re-checked on the new snapshot before the rest of the request is priced.
+        if not self.suspended or self._admit_resumes(step, budget):
+            # (a suspended request that waits for room: nobody overtakes it)
+            self._admit_waiting(step, budget, tokens_left)
+        self.counters.admission_decisions += budget.decisions
+        self._plan_step(step)
+        return step
+
+    def _continue_prefills(self, step: ScheduledStep, budget: ChainPrefillBudget,
+                           prefilling: Sequence[Request],
+                           this_step: dict[int, tuple[int, Demand]]) -> int:
+        """Give each running prefill the largest chunk the ledger fits, reserving its
+        demand (the one the chunk search computed: it is the step plan's row) and
+        recording it in ``this_step``; returns the prefill tokens left for new work."""
+        kv, tokens_left = self.kv, self.config.max_prefill_tokens
+        for r in prefilling:
+            upper = self._chunk_cap(r, tokens_left)
+            found = budget.largest_fit(functools.partial(kv.demand, r.rid), upper,
+                                       kv.geom.page_size, _itself)
+            c, chunk_demand = found
+            if c and chunk_demand is not None:
+                budget.reserve(chunk_demand)
+                this_step[r.rid] = (c, chunk_demand)
+                gap = kv.recompute_tokens(r.rid)
+                step.prefills.append(PrefillChunk(r.rid, r.computed, c, gap))
+                step.prefill_demands.append(chunk_demand)
+                tokens_left -= c + gap
+        return tokens_left
+
+    def _admit_waiting(self, step: ScheduledStep, budget: ChainPrefillBudget,
+                       tokens_left: int) -> None:
+        """Waiting requests, in policy order, while the ledger fits. A prefix-cache hit
+        locks its pages first (they stop being evictable supply), so the ledger is
+        re-checked on the new snapshot before the rest of the request is priced. Each
+        admitted chunk's demand and reservation come from one computation
+        (:meth:`_admission_pair`), the demand kept for the step plan."""
+        cfg, page = self.config, self.kv.geom.page_size
         for admitted, r in enumerate(self._waiting_order(), len(step.resumes)):
             if tokens_left <= 0 or len(self.running) + admitted >= cfg.max_running:
                 break
@@ -473,8 +493,10 @@ class Scheduler:
                 step.memory_blocked = True  # the locked hit left the ledger short
                 break
             upper = self._chunk_cap(r, tokens_left)
-            c = budget.largest(functools.partial(self._admission_demand, r), upper, page)
-            if not c and attached:
+            pair_of = functools.partial(self._admission_pair, r)
+            found: tuple[int, tuple[Demand, Demand] | None] = budget.largest_fit(
+                pair_of, upper, page, _reserved)
+            if not found[0] and attached:
                 self._detach(r, budget)
                 if self.running or not budget.reserved.is_empty:
                     step.memory_blocked = upper > 0  # as below: memory refused the chunk
@@ -482,17 +504,16 @@ class Scheduler:
                 # Alone, the hit itself may be what does not fit (its locked checkpoint is
                 # one state slot more than the request's lifetime): serve it uncached.
                 upper = self._chunk_cap(r, tokens_left)
-                c = budget.largest(functools.partial(self._admission_demand, r), upper, page)
-            if not c:
+                found = budget.largest_fit(pair_of, upper, page, _reserved)
+            c, pair = found
+            if not c or pair is None:
                 step.memory_blocked = upper > 0  # upper 0: the token budget stopped it
                 break
-            budget.reserve(self._admission_demand(r, c))
-            gap = kv.recompute_tokens(r.rid)
+            budget.reserve(pair[1])
+            gap = self.kv.recompute_tokens(r.rid)
             step.prefills.append(PrefillChunk(r.rid, r.computed, c, gap))
+            step.prefill_demands.append(pair[0])
             tokens_left -= c + gap
-        self.counters.admission_decisions += budget.decisions
-        self._pin_if_moves(step, budget.snapshot)
-        return step
 
     def _attach(self, r: Request) -> bool:
         """Match and lock ``r``'s prompt in the prefix cache (if any, and ``r`` carries
@@ -637,21 +658,39 @@ class Scheduler:
         r.computed = 0
         budget.rebase(self.chain.snapshot())
 
-    def _pin_if_moves(self, step: ScheduledStep, snap: ChainSnapshot) -> None:
-        """Pin the move gate open until allocation when this step's own take needs moves
-        (contract 6: a gate closing between admission and allocation must wait)."""
-        step.prefill_demands = [self.kv.demand(p.rid, p.tokens) for p in step.prefills]
-        total = sum_demands([*step.prefill_demands, step.decode_demands.total,
-                             *(self.kv.resume_demand(rid) for rid in step.resumes)],
-                            self.kv.geom.num_bands)
-        if total.is_empty:
+    def _plan_step(self, step: ScheduledStep, pin: bool = True) -> None:
+        """Build the step's one plan (``KVManager.plan``: validated there, its take priced
+        once) from the demands admission computed (the chunks' and the decode check's:
+        reused, not computed again), and pin the move gate open until allocation when the
+        take needs moves (contract 6: a gate closing between admission and allocation
+        must wait). A decode batch priced for other drafts than the step's decodes
+        compute (a stale step) is computed again for the take the engine runs."""
+        drafts = step.decodes[0].drafts if step.decodes else 0
+        if step.decodes and step.decode_demands.drafts != drafts:
+            step.decode_demands = self.kv.decode_demands([d.rid for d in step.decodes],
+                                                         drafts)
+            step.drafts_priced = drafts
+        step.basis = (self._version, tuple(step.prefills), tuple(step.decodes),
+                      tuple(step.resumes))
+        if not step.prefills and not step.decodes and not step.resumes:
+            step.plan, step.quote = None, None
             return
-        step.quote = self.chain.price(total)  # the take's token (one pricing per step)
-        if step.quote.needs_moves:
+        if step.prefills or step.resumes:  # the rows' pairs and all their demands
+            rows = ([(p.rid, p.tokens) for p in step.prefills]
+                    + [(d.rid, 1 + d.drafts) for d in step.decodes])
+            step.plan = self.kv.plan(rows, [*step.prefill_demands, *step.decode_demands],
+                                     step.resumes)
+        else:  # a decode-only step: the decode batch's value is the plan's rows
+            step.plan = self.kv.plan(step.decode_demands)
+        step.quote = step.plan.quote
+        if pin and step.quote is not None and step.quote.needs_moves and step.pin is None:
             step.pin = self.chain.pin_moves()
 
     def allocate(self, step: ScheduledStep, now: float) -> StepBatch:
-        """Allocate the step's pages in one take and move admitted requests to running.
+        """Apply the step's plan in one take and move admitted requests to running. The
+        plan :meth:`schedule` built for this very step is applied as it is; a step that
+        was changed since, or built for an earlier state, is checked
+        (:meth:`_check_step`) and planned again.
 
         If the allocator refuses the admitted batch (a bug), the refusal is recorded as an
         :class:`UnallocatableEvent` (counted in ``counters.divergences``), the most recently
@@ -665,31 +704,29 @@ class Scheduler:
                 admitted batch; nothing was allocated.
         """
         try:
-            self._check_step(step)
-            drafts = step.decodes[0].drafts if step.decodes else 0
-            if step.decodes and step.drafts_priced != drafts:
-                # priced for other drafts than the step computes (a stale step): the take
-                # is the one the engine runs, 1 + drafts tokens per decode
-                step.decode_demands = self.kv.decode_demands([d.rid for d in step.decodes],
-                                                             drafts)
-                step.quote = None
-            while True:
-                batch = ([(p.rid, p.tokens) for p in step.prefills]
-                         + [(d.rid, 1 + d.drafts) for d in step.decodes])
-                if not batch and not step.resumes:
-                    break
-                # a decode-only step hands the decode batch's value itself (its total
-                # is the take); a mixed one, the list of all its demands
-                demands = ([*step.prefill_demands, *step.decode_demands] if step.prefills
-                           else step.decode_demands)
+            if step.basis != (self._version, tuple(step.prefills), tuple(step.decodes),
+                              tuple(step.resumes)):
+                self._check_step(step)  # not the step as schedule() planned it
+                self._plan_step(step, pin=False)
+            while step.plan is not None:
                 try:
-                    self.kv.allocate(batch, demands, step.quote, resumes=step.resumes)
+                    self.kv.apply(step.plan)
                     break
                 except CapacityError as exc:
                     self._unallocatable(step, exc, now)
+                    self._plan_step(step, pin=False)
         finally:
             if step.pin is not None:
                 step.pin.release()
+        self._version += 1
+        resume_bytes = self._resumed(step, now)
+        self._admitted(step, now)
+        return StepBatch(tuple(step.prefills), tuple(step.decodes), step.memory_blocked,
+                         resumes=tuple(step.resumes), host_write_bytes=step.host_write_bytes,
+                         host_read_bytes=resume_bytes, loads=tuple(step.loads))
+
+    def _resumed(self, step: ScheduledStep, now: float) -> int:
+        """Move the step's resumed requests to running; returns the bytes they loaded."""
         resume_bytes = 0
         for rid in step.resumes:
             r = self.suspended.pop(rid)
@@ -699,29 +736,32 @@ class Scheduler:
             self._emit(EventKind.ADMITTED, rid, now)
             resume_bytes += self._resume_bytes.pop(rid)
         self.counters.resume_bytes_loaded += resume_bytes
+        return resume_bytes
+
+    def _admitted(self, step: ScheduledStep, now: float) -> None:
+        """Move the step's newly admitted prefills from waiting to running, counting their
+        prefix-cache hits at their first admission."""
         for p in step.prefills:
             r = self.requests[p.rid]
-            if r.status is RequestStatus.WAITING:
-                self.waiting.remove(r)  # O(1): FCFS admits a prefix, SPF deletes lazily
-                loaded = self._loaded.pop(r.rid, None)
-                if self.kv.cache is not None and r.retractions == 0:
-                    r.hit_tokens = self.kv.hit_tokens(r.rid)
-                    self.counters.prompt_tokens += r.prompt_tokens
-                    self.counters.hit_tokens += r.hit_tokens
-                    gap = self.kv.partial_tokens(r.rid)
-                    self.counters.partial_hits += gap > 0
-                    self.counters.partial_tokens += gap
-                    if loaded is not None:  # the part of its hit the host tier served
-                        self.counters.host_hit_tokens += max(
-                            0, min(loaded[1], r.hit_tokens) - loaded[0])
-                self.kv.touch(r.rid)
-                r.status = RequestStatus.RUNNING
-                self.running[r.rid] = r
-                self.counters.admitted += 1
-                self._emit(EventKind.ADMITTED, r.rid, now)
-        return StepBatch(tuple(step.prefills), tuple(step.decodes), step.memory_blocked,
-                         resumes=tuple(step.resumes), host_write_bytes=step.host_write_bytes,
-                         host_read_bytes=resume_bytes, loads=tuple(step.loads))
+            if r.status is not RequestStatus.WAITING:
+                continue
+            self.waiting.remove(r)  # O(1): FCFS admits a prefix, SPF deletes lazily
+            loaded = self._loaded.pop(r.rid, None)
+            if self.kv.cache is not None and r.retractions == 0:
+                r.hit_tokens = self.kv.hit_tokens(r.rid)
+                self.counters.prompt_tokens += r.prompt_tokens
+                self.counters.hit_tokens += r.hit_tokens
+                gap = self.kv.partial_tokens(r.rid)
+                self.counters.partial_hits += gap > 0
+                self.counters.partial_tokens += gap
+                if loaded is not None:  # the part of its hit the host tier served
+                    self.counters.host_hit_tokens += max(
+                        0, min(loaded[1], r.hit_tokens) - loaded[0])
+            self.kv.touch(r.rid)
+            r.status = RequestStatus.RUNNING
+            self.running[r.rid] = r
+            self.counters.admitted += 1
+            self._emit(EventKind.ADMITTED, r.rid, now)
 
     def _check_step(self, step: ScheduledStep) -> None:
         """Refuse a step that does not match the scheduler's requests (before any change)."""
@@ -843,6 +883,7 @@ class Scheduler:
                                               f"running request of this batch (completed "
                                               f"twice?)")
                 seen.add(rid)
+        self._version += 1  # a step planned before this commit is planned again
         for p in batch.prefills:
             r = self.requests[p.rid]
             kv.commit(r.rid, p.tokens)
@@ -969,53 +1010,70 @@ class Scheduler:
                 running.get(rid) is None or running[rid].computed != start
                 for rid, start in zip(run.rids, run.starts, strict=True))):
             raise InvalidRequestError("the decode run does not match the running requests")
-        kv, rids = self.kv, list(run.rids)
+        rids = list(run.rids)
         totals = run.demand.sum(axis=1)  # [steps, bands]
         taking = totals.any(axis=1)
-        pending = 0  # quiet steps whose tokens are not committed yet
-        done = 0
-        counted = False  # requests' counts already moved by ``done`` steps
+        cursor = _RunCursor()
         try:
             for j in range(steps):
                 take, release = bool(taking[j]), bool(run.released[j])
-                if take:
-                    quote = self.chain.price(Demand(tuple(totals[j].tolist())))
-                    if not quote.fits or quote.needs_moves or quote.evicted_units:
-                        break
-                    kv.skip_decodes(rids, pending)
-                    pending = 0
-                    at = run.demand[j].any(axis=1).nonzero()[0].tolist()
-                    kv.allocate([(rids[i], 1) for i in at],
-                                [Demand(tuple(row)) for row in run.demand[j][at].tolist()],
-                                quote)
-                if take or release:
-                    kv.skip_decodes(rids, pending)
-                    pending = 0
-                    kv.commit_decodes(rids)
-                else:
-                    pending += 1
-                done += 1
-                finishing = done == run.shortest
-                if finishing:  # as complete(): counts move, the ones at their end finish
-                    kv.skip_decodes(rids, pending)
-                    pending = 0
-                    self._advance(rids, done)
-                    counted = True
-                    for rid in rids:
-                        r = running[rid]
-                        if r.output_done >= r.output_tokens:
-                            self._finish(r, times[j])
-                self.reserve.on_step()
-                self.counters.steps += 1
-                if self.config.audit_every_step and (take or release or finishing):
-                    self.audit()
+                if take and not self._run_take(run, j, rids, totals[j], cursor):
+                    break
+                changed = self._run_commit(run, rids, take or release, times[j], cursor)
                 if after_step is not None:
-                    after_step(j, take or release or finishing)
+                    after_step(j, changed)
         finally:
-            if not counted:
-                kv.skip_decodes(rids, pending)
-                self._advance(rids, done)
-        return done
+            if not cursor.counted:
+                self.kv.skip_decodes(rids, cursor.pending)
+                self._advance(rids, cursor.done)
+        return cursor.done
+
+    def _run_take(self, run: DecodeRun, j: int, rids: list[int], total: np.ndarray,
+                  cursor: _RunCursor) -> bool:
+        """Take step ``j``'s pages of a decode run (``total``: pages per band) through
+        its step plan, if the chain prices them without moves or evictions; returns
+        whether it did (else the run stops before step ``j``)."""
+        kv = self.kv
+        quote = self.chain.price(Demand(tuple(total.tolist())))
+        if not quote.fits or quote.needs_moves or quote.evicted_units:
+            return False
+        kv.skip_decodes(rids, cursor.pending)
+        cursor.pending = 0
+        at = run.demand[j].any(axis=1).nonzero()[0].tolist()
+        kv.apply(kv.plan([(rids[i], 1) for i in at],
+                         [Demand(tuple(row)) for row in run.demand[j][at].tolist()],
+                         quote=quote))
+        return True
+
+    def _run_commit(self, run: DecodeRun, rids: list[int], changed: bool, now: float,
+                    cursor: _RunCursor) -> bool:
+        """Complete one step of a decode run at ``now``: commit the batch where it took or
+        releases pages (``changed``), else only count it; in the step where the first
+        requests reach their end, move every count and finish them. Returns whether
+        pages moved or requests finished."""
+        kv = self.kv
+        if changed:
+            kv.skip_decodes(rids, cursor.pending)
+            cursor.pending = 0
+            kv.commit_decodes(rids)
+        else:
+            cursor.pending += 1
+        cursor.done += 1
+        finishing = cursor.done == run.shortest
+        if finishing:  # as complete(): counts move, the ones at their end finish
+            kv.skip_decodes(rids, cursor.pending)
+            cursor.pending = 0
+            self._advance(rids, cursor.done)
+            cursor.counted = True
+            for rid in rids:
+                r = self.running[rid]
+                if r.output_done >= r.output_tokens:
+                    self._finish(r, now)
+        self.reserve.on_step()
+        self.counters.steps += 1
+        if self.config.audit_every_step and (changed or finishing):
+            self.audit()
+        return changed or finishing
 
     def _advance(self, rids: Iterable[int], steps: int) -> None:
         """Count ``steps`` decode steps of running ``rids`` (computed and output tokens)."""
@@ -1144,16 +1202,20 @@ class Scheduler:
 
     def _admission_demand(self, r: Request, chunk: int) -> Demand:
         """A waiting request's first chunk plus its future (rest of the prefill, expected
-        output, window peak, state slots); after a prefix-cache hit, from the hit on."""
+        output, window peak, state slots); after a prefix-cache hit, from the hit on
+        (:meth:`_admission_pair`'s second value)."""
+        return self._admission_pair(r, chunk)[1]
+
+    def _admission_pair(self, r: Request, chunk: int) -> tuple[Demand, Demand]:
+        """``(the chunk's own demand, the chunk plus its future)`` for waiting ``r``, in one
+        demand computation (:meth:`KVManager.demand_pair`): what the step takes and what
+        admission reserves."""
         rest = r.prefill_target - r.computed - chunk
         output, expected = self._output_reserve(r, False)
         spec = self._last_drafts(r)  # its speculative steps' drafts (k tokens more)
         output, expected = output + spec, expected + spec
         hc = min(self.kv.geom.page_size, max(rest, 1))
-        if r.rid in self.kv:
-            return self.kv.demand(r.rid, chunk, rest + output, hc, rest + expected)
-        return request_demand(self.kv.geom, NOTHING_HELD, 0, chunk, rest + output, hc,
-                              horizon=rest + expected)
+        return self.kv.demand_pair(r.rid, chunk, rest + output, hc, rest + expected)
 
     def _output_reserve(self, r: Request, decoding: bool) -> tuple[int, int]:
         """``(reserved, expected)``: KV tokens of future output the policy reserves for
@@ -1261,6 +1323,7 @@ class Scheduler:
         return True
 
     def _retract(self, r: Request, now: float) -> None:
+        self._version += 1
         if self._to_host(r) and self._suspend(r, now):
             return
         self.kv.free(r.rid, insert=False)
@@ -1315,6 +1378,26 @@ class Scheduler:
             return self.requests[rid]
         except KeyError:
             raise UnknownRequestError(f"no request {rid}") from None
+
+
+@dataclass(slots=True)
+class _RunCursor:
+    """Where :meth:`Scheduler.run_decodes` is: steps done, quiet steps whose tokens are
+    not committed yet, and whether the requests' counts already moved by ``done``."""
+
+    done: int = 0
+    pending: int = 0
+    counted: bool = False
+
+
+def _itself(d: Demand) -> Demand:
+    """The identity (a chunk search whose values are the demands themselves)."""
+    return d
+
+
+def _reserved(pair: tuple[Demand, Demand]) -> Demand:
+    """What admission reserves of an :meth:`Scheduler._admission_pair`."""
+    return pair[1]
 
 
 def _demand_bytes(snapshot: ChainSnapshot, demand: Demand) -> int:
