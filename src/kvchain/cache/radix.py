@@ -1364,9 +1364,13 @@ class PrefixCache:
             if child is None:
                 break
             run = child.keys
-            j, m = 1, min(len(run), n - pos)
-            while j < m and run[j] == keys[pos + j]:
-                j += 1
+            m = min(len(run), n - pos)
+            if run[:m] == list(keys[pos:pos + m]):  # the common case, compared in C
+                j = m
+            else:
+                j = 1
+                while j < m and run[j] == keys[pos + j]:
+                    j += 1
             if j < len(run):
                 child = self._split(child, pos + j)
             changed.append(child)
@@ -1377,8 +1381,10 @@ class PrefixCache:
                 if not pages:
                     continue
                 win = child.win[k]
-                for i in range(pos, pos + j):
-                    v = pages.pop(i, -1)
+                # only the offered pages in this node, ascending (not every page of it:
+                # a later chunk's insert passes the whole path before it)
+                for i in sorted(i for i in pages if pos <= i < pos + j):
+                    v = pages.pop(i)
                     if v < 0:
                         continue
                     if win[i - pos] < 0:
