@@ -47,7 +47,10 @@ order of a logical clock (ties: leaf before tails, then node id):
   count as used *now*: they come after every unlocked unit (among themselves, oldest
   ``tail_time`` first): supply the planner may take, but only as a last resort.
   Its time is the last time a hit *ended* in it (or it was inserted), which is older than
-  its LRU time when later hits only pass through it.
+  its LRU time when later hits only pass through it. A prompt inserted chunk by chunk
+  gives every node past its hit the latest chunk's time, and a hit ending below a run of
+  nodes that share its last node's tail time refreshes the run (:meth:`PrefixCache.touch`):
+  the order does not depend on where the chunks split the path.
 
 On a chain with a state band an unlocked leaf with no checkpoint is *dead* (its window
 pages, if any, go just before it): no hit can use its full pages, so its ``LEAF`` goes before every
@@ -1087,16 +1090,28 @@ class PrefixCache:
 
     def touch(self, handle: Node | None, window_first: int) -> None:
         """LRU touch of a used hit: every node of the path (``time``), and the nodes whose
-        tails it resumed from (``tail_time``: the hit's last node and those holding window
-        pages at or after ``window_first``)."""
+        tails it resumed from (``tail_time``: the hit's last node, those holding window
+        pages at or after ``window_first``, and the run of nodes right above the last one
+        that share its tail time, i.e. were inserted or last used together with it).
+
+        The run makes the order independent of where the path is split: a prompt
+        inserted chunk by chunk (:meth:`adopt` gives its nodes one tail time) keeps its
+        tails as one unit of recency, as the same prompt inserted whole in one node did.
+        Without it a later turn's hit refreshed only the last chunk's node; the earlier
+        chunks' ``TAILS`` units (window pages only) went before the prompt's ``LEAF``
+        (full pages only), so each eviction freed one band and the other band's demand
+        was met by compaction (docs/benchmarks.md "Page copies of incremental insertion
+        (round 8)")."""
         if handle is None:
             return
         now = self._tick()
-        handle.tail_time = now
+        old = handle.tail_time
+        together = True
         n: Node | None = handle
         while n is not None and n.nid:
             n.time = now
-            if n.end > window_first:
+            together = together and n.tail_time == old
+            if together or n.end > window_first:
                 n.tail_time = now
             self._refresh(n)
             n = n.parent
@@ -1349,9 +1364,13 @@ class PrefixCache:
             if child is None:
                 break
             run = child.keys
-            j, m = 1, min(len(run), n - pos)
-            while j < m and run[j] == keys[pos + j]:
-                j += 1
+            m = min(len(run), n - pos)
+            if run[:m] == list(keys[pos:pos + m]):  # the common case, compared in C
+                j = m
+            else:
+                j = 1
+                while j < m and run[j] == keys[pos + j]:
+                    j += 1
             if j < len(run):
                 child = self._split(child, pos + j)
             changed.append(child)
@@ -1362,8 +1381,10 @@ class PrefixCache:
                 if not pages:
                     continue
                 win = child.win[k]
-                for i in range(pos, pos + j):
-                    v = pages.pop(i, -1)
+                # only the offered pages in this node, ascending (not every page of it:
+                # a later chunk's insert passes the whole path before it)
+                for i in sorted(i for i in pages if pos <= i < pos + j):
+                    v = pages.pop(i)
                     if v < 0:
                         continue
                     if win[i - pos] < 0:
@@ -1410,7 +1431,8 @@ class PrefixCache:
     def adopt(self, keys: Sequence[int], shared: int,
               full: Sequence[int] | Mapping[int, Sequence[int]],
               window: Mapping[int, Mapping[int, int]], ckpts: Mapping[int, int],
-              reading: Mapping[int, Iterable[int]]) -> Adopted:
+              reading: Mapping[int, Iterable[int]], own_from: int | None = None,
+              ) -> Adopted:
         """Insert a *running* request's prompt pages so far (at the commit of a prefill
         chunk that completed whole pages; the whole prompt at its last) and hand them over:
         the request locks their path (a prompt lock: full pages), the window
@@ -1426,6 +1448,15 @@ class PrefixCache:
             reading: per window band (by band index), the page indices ``< n`` the
                 request still reads there (its current window); they are pinned on the
                 new path.
+            own_from: where the request's own prompt starts (its hit's pages at
+                admission, ``<= shared``; ``None``: ``shared``). The tails and
+                checkpoints on the path past it take this insert's time (``tail_time``),
+                as if the prompt so far were inserted whole now: an earlier chunk's
+                nodes keep no older tail time than the chunk that extends them, so their
+                ``TAILS`` units do not come before the prompt's ``LEAF`` in the LRU walk
+                (they did: the window-only and full-only evictions that split them cost
+                the default run 53x the page copies, docs/benchmarks.md "Page copies of
+                incremental insertion (round 8)").
 
         Returns:
             The new prompt lock (release with ``unlock(handle, tails=False)``; the
@@ -1435,13 +1466,18 @@ class PrefixCache:
         """
         dups = self.insert(keys, shared, full, window, ckpts)
         n = len(keys)
+        own = shared if own_from is None else own_from
         new: Node | None = None
         full_ids: list[list[int]] = [[] for _ in self._fbands]
         win_ids: list[list[int]] = [[] for _ in self._wbands]
         if n:
             path, m = self._path(keys)
             assert m == n and path[-1][0].end == n  # insert split the path at n
+            now = self._clock  # the insert's tick: every node of the path has it as time
             for node, _ in path:
+                if node.end > own and node.tail_time != now:
+                    node.tail_time = now
+                    self._refresh(node)
                 for ids, full in zip(full_ids, node.full, strict=True):
                     ids.extend(full)
                 for ids, win in zip(win_ids, node.win, strict=True):

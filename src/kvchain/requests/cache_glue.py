@@ -403,7 +403,8 @@ class CacheGlue:
             offer.update((i, v) for i, v in kept.items() if i < n)
         ckpts = {q: v for q, v in facts.ckpts.items() if q <= n}
         full = {band: table.live(band, slot)[:n].tolist() for band in g.fulls}
-        ad = cache.adopt(keys[:n], h, full, windows, ckpts, reading)
+        ad = cache.adopt(keys[:n], h, full, windows, ckpts, reading,
+                         own_from=self._hits.get(rid, (h, 0))[0])
         if rid in self._hit_locks:  # an earlier chunk's prompt lock: the new one covers it
             cache.unlock(facts.handle, tails=False)
         else:
