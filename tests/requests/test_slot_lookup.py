@@ -1,4 +1,4 @@
-"""The request-id -> slot memo of a decode step (``KVManager._lookup``): an equal batch of
+"""The request-id -> slot memo of a decode step (``SlotIndex.lookup``): an equal batch of
 ids is answered by one tuple comparison plus a look at the positions of ids 0 and 1 (the
 only places an equal tuple can hold a bool), and still refuses a bool there."""
 
@@ -11,7 +11,7 @@ from kvchain.errors import InvalidDemandError
 from kvchain.layout import plan_layout
 from kvchain.model.declared import declared_class
 from kvchain.model.layers import LifetimeClass as LC
-from kvchain.requests import manager as manager_module
+from kvchain.requests import lookup as lookup_module
 from kvchain.requests.manager import KVManager
 
 
@@ -53,7 +53,7 @@ def test_the_sibling_positions_that_miss_request_1_alias_it(
     # Planted defect: the memo records no position to check. Then True, equal to 1 as a
     # dict key and in the tuple comparison, is served request 1's slot: commit_decodes
     # commits one token to request 1 (5 -> 6), what the check above refuses.
-    monkeypatch.setattr(manager_module, "_positions_of_zero_one", lambda ids: ())
+    monkeypatch.setattr(lookup_module, "positions_of_zero_one", lambda ids: ())
     kv = _running(4)
     kv.decode_demands([3, 1, 2])
     kv.commit_decodes([3, True, 2])

@@ -41,59 +41,10 @@ from kvchain.errors import (
 from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
+from kvchain.requests.lookup import SlotIndex
 from kvchain.requests.suspend import HostSide, Suspended
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts, RequestView
-
-
-class _SlotLookup:
-    """The slots of one tuple of request ids at one slot version of the request table
-    (int64, read-only; 0 for an id that holds nothing), with two facts about them that
-    are computed on first ask from its own immutable ids and slots: every id holds pages
-    (``known``), no id is named twice (``unique``)."""
-
-    __slots__ = ("_known", "_unique", "ids", "slots", "version", "zero_one")
-
-    def __init__(self, version: int, ids: tuple[int, ...], slots: np.ndarray,
-                 zero_one: tuple[int, ...] | None) -> None:
-        slots.setflags(write=False)
-        self.version = version
-        self.ids = ids
-        self.slots = slots
-        #: where an equal tuple of ids could hold a ``bool`` (``True == 1``, ``False ==
-        #: 0``): the positions of ids 0 and 1 in ``ids`` (checked free of bools), ``()``
-        #: when neither request was registered (a bool then reads no row), ``None`` when
-        #: 0 or 1 is named more than once (an equal tuple is scanned whole)
-        self.zero_one = zero_one
-        self._known: bool | None = None
-        self._unique: bool | None = None
-
-    @property
-    def known(self) -> bool:
-        """Every id holds pages (no slot 0)."""
-        if self._known is None:
-            self._known = bool(self.slots.all())
-        return self._known
-
-    @property
-    def unique(self) -> bool:
-        """No id appears twice."""
-        if self._unique is None:
-            self._unique = len(set(self.ids)) == len(self.ids)
-        return self._unique
-
-
-def _positions_of_zero_one(ids: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The positions of the ids 0 and 1 in ``ids`` (bool-free), or ``None`` when one of
-    them appears more than once (C-level scans: ``count`` and ``index``)."""
-    out = []
-    for v in (0, 1):
-        n = ids.count(v)
-        if n > 1:
-            return None
-        if n:
-            out.append(ids.index(v))
-    return tuple(out)
 
 
 class KVManager:
@@ -139,7 +90,12 @@ class KVManager:
                 pads.append(-1)
         self._table = RequestTable(self.geom.policies, pads)
         self._requests: dict[int, CacheFacts] = {}
-        self._slots_memo: _SlotLookup | None = None  # the last lookup (:meth:`_lookup`)
+        index = SlotIndex(self._table)  # request ids -> slots, the last batch's kept
+        self._lookup = index.lookup
+        self._slots_of = index.slots_of
+        self._known_lookup = index.known_lookup
+        self._known_slots = index.known_slots
+        self._checked_slots = index.checked_slots
         self._zero_demand = Demand.zeros(self.geom.num_bands)
         # pages per band -> the one Demand of those pages, shared by the decode batches'
         # rows: interning of immutable values (a Demand is a frozen value compared by its
@@ -334,70 +290,6 @@ class KVManager:
         del self._requests[rid]
         self._table.unbind(rid)
         self._glue.forget(rid)
-
-    def _lookup(self, ids: tuple[int, ...], ints: bool = False) -> _SlotLookup:
-        """The slots of request ids at the table's slot version, as one immutable
-        :class:`_SlotLookup`. The last one is kept and handed back for the same ids at the
-        same version (a decode step asks for one batch three times): a pure memo, as a
-        request's slot changes only in :meth:`RequestTable.bind` / ``unbind``, which bump
-        the version, and ``ids`` is a tuple; its slots array is read-only.
-
-        A hit costs one tuple comparison and a look at the (at most two) positions where
-        the kept ids are 0 or 1, the only places an equal tuple can hold a bool; a miss
-        scans ``ids`` for bools (skipped when the caller proved that no id is a bool:
-        ``ints``, as :func:`batch_ids` does).
-
-        Raises:
-            InvalidDemandError: a ``bool`` id while request 0 or 1 holds pages (it would
-                alias that request).
-        """
-        table = self._table
-        memo = self._slots_memo
-        if memo is not None and memo.version == table.version and memo.ids == ids:
-            # ids[i] == memo.ids[i]: only where memo.ids holds 0 or 1 can ids hold a bool
-            at: Sequence[int] = (memo.zero_one if memo.zero_one is not None
-                                 else range(len(ids)))
-            for i in at:
-                if type(ids[i]) is bool:
-                    raise InvalidDemandError(f"request ids are ints, got {ids!r}")
-            return memo
-        slot_of = table.slot_of
-        zero_one: tuple[int, ...] | None = ()
-        if 0 in slot_of or 1 in slot_of:
-            if not ints and bool in map(type, ids):  # C-level scan
-                # False == 0 and True == 1 (as dict keys and in the memo's tuple
-                # comparison): a bool would read request 0's or 1's row
-                raise InvalidDemandError(f"request ids are ints, got {ids!r}")
-            zero_one = _positions_of_zero_one(ids)
-        memo = self._slots_memo = _SlotLookup(table.version, ids, table.slots_of(ids),
-                                              zero_one)
-        return memo
-
-    def _slots_of(self, ids: tuple[int, ...]) -> np.ndarray:
-        """Slots of request ids (0, the empty slot, for one that holds nothing), int64,
-        read-only (:meth:`_lookup`)."""
-        return self._lookup(ids).slots
-
-    def _checked_slots(self, ids: tuple[int, ...], what: str = "decode run") -> np.ndarray:
-        """Slots of ``ids``, every one registered and named once (else the typed error)."""
-        lookup = self._known_lookup(ids)
-        if not lookup.unique:
-            raise InvalidDemandError(f"a request appears twice in one {what}")
-        return lookup.slots
-
-    def _known_slots(self, ids: tuple[int, ...]) -> np.ndarray:
-        """Slots of ``ids``, every one registered (else :class:`UnknownRequestError`)."""
-        return self._known_lookup(ids).slots
-
-    def _known_lookup(self, ids: tuple[int, ...]) -> _SlotLookup:
-        """:meth:`_lookup` of ``ids``, every one registered (else
-        :class:`UnknownRequestError`)."""
-        lookup = self._lookup(ids)
-        slots = lookup.slots
-        if not lookup.known:
-            rid = ids[int((slots == 0).nonzero()[0][0])]
-            raise UnknownRequestError(f"request {rid} holds no pages")
-        return lookup
 
     def _zero(self) -> Demand:
         """The empty demand of this chain's bands (one shared immutable value)."""
