@@ -264,13 +264,13 @@ class HostRetractDriver:
         before = self._state()
         if not quote.fits:
             with contextlib.suppress(CapacityError):
-                self.kv.resume(rid)
+                self.kv.suspensions.resume(rid)
             self.counts.resumes_refused += 1
-            if self._state() != before or not self.kv.is_suspended(rid):
+            if self._state() != before or not self.kv.suspensions.is_suspended(rid):
                 self._violation("refusals_that_changed", f"a refused resume of {rid} changed "
                                 f"the chain, the host or the request")
             return
-        self.kv.resume(rid, quote)
+        self.kv.suspensions.resume(rid, quote)
         data = self.away.pop(rid)
         self.running.append(rid)
         self.counts.resumed += 1
