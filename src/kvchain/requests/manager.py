@@ -33,6 +33,7 @@ from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
 from kvchain.requests.lookup import SlotIndex
+from kvchain.requests.speculative import Speculation
 from kvchain.requests.suspend import HostSide, Suspended, Suspensions
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts, RequestView
@@ -71,8 +72,6 @@ class KVManager:
                  rollback: StateRollback = StateRollback.CHECKPOINTS) -> None:
         self.chain = chain
         self.geom = RequestGeometry.of(chain.layout, spec_tokens, rollback)
-        # pages per band released by verify's rollback (rejected drafts' pages)
-        self.rolled_back_pages = [0] * self.geom.num_bands
         pads = []
         for band in range(self.geom.num_bands):
             try:
@@ -95,6 +94,7 @@ class KVManager:
         self._demand_memo: dict[tuple[int, ...], Demand] = {}
         self._glue = CacheGlue(chain, cache, self.geom, self._table)
         self.cache = cache
+        self.speculation = Speculation(self)  # verify of speculative steps
         self.suspensions = Suspensions(self)  # requests suspended to host
         self._suspended = self.suspensions.records  # the one record (rid ->), read here
 
@@ -644,84 +644,10 @@ class KVManager:
 
     def verify(self, rids: Sequence[int], accepted: Sequence[int] | np.ndarray,
                drafts: int) -> int:
-        """Settle a speculative step: request ``rids[i]`` computed ``1 + k`` tokens (its
-        :meth:`allocate` of ``(rid, 1 + k)``) and keeps ``1 + accepted[i]`` of them.
-
-        Rollback first, for the whole batch in array operations: in every full, window and
-        chunked-local band the pages at or past ``ceil((L + 1 + a) / P)`` (``L`` the
-        tokens before the step) are taken out of the rows and released in one
-        ``chain.release`` per band (a page holding an accepted token stays). Then the
-        commit of ``1 + a`` tokens as :meth:`commit_decodes` (window-tail release: the
-        window slack behind the new window goes too; the prefix cache's prompt insert,
-        if due, through :meth:`commit`). State slots are not released: a request holds
-        its ``k`` checkpoint slots for its whole life (the state after the last accepted
-        token is one of them and becomes the working state; nothing is recomputed), or
-        under ``REPLAY`` its one checkpoint (the engine copies it back and recomputes the
-        ``1 + a`` accepted tokens after a rejection: compute, no pages). The
-        rejected drafts were never committed, so the prefix cache never sees them.
-        ``accepted`` all 0 with ``k = 0`` is :meth:`commit_decodes`.
-
-        Args:
-            rids: the step's decoding requests, each once.
-            accepted: drafts accepted per request (``0 <= a <= k``), aligned with ``rids``.
-            drafts: ``k``, the drafts each request computed in the step.
-
-        Returns:
-            Pages released (rollback and window-tail release, all bands).
-
-        Raises:
-            UnknownRequestError: a request that holds no pages.
-            InvalidDemandError: a request named twice, ``accepted`` not integers in
-                ``[0, drafts]`` of the batch's length, or ``1 + drafts`` tokens not
-                covered by a request's pages in a band that keeps every token or a window
-                band. Checked for the whole batch before anything changes.
-        """
-        ids = tuple(rids)
-        slots = self._checked_slots(ids, "verify")
-        acc = np.asarray(accepted)
-        if not isinstance(accepted, np.ndarray) and bool in set(map(type, accepted)):
-            acc = np.asarray(accepted, dtype=object)  # True would read as 1: refused below
-        if type(drafts) is not int or drafts < 0:
-            raise InvalidDemandError(f"drafts must be an int >= 0, got {drafts!r}")
-        if (acc.shape != (len(ids),) or (acc.size and acc.dtype.kind not in "iu")
-                or (acc.size and not 0 <= int(acc.min()) <= int(acc.max()) <= drafts)):
-            raise InvalidDemandError(f"accepted drafts must be {len(ids)} integers in "
-                                     f"[0, {drafts}], got {accepted!r}")
-        acc = acc.astype(np.int64)
-        table = self._table
-        n = table.tokens[slots] + 1 + acc
-        computed = table.tokens[slots] + 1 + drafts  # the step's tokens: all covered
-        for pol in self.geom.policies:
-            if pol.per_request:
-                continue
-            band = pol.band
-            end = table.rowlen[band][slots]
-            short = end * pol.page_size < computed
-            if pol.windowed:
-                short &= end > table.first[band][slots]  # an empty window band: no pages
-            if short.any():
-                at = int(short.nonzero()[0][0])
-                raise InvalidDemandError(f"request {ids[at]}: {1 + drafts} tokens not covered "
-                                         f"by its pages")
-        # every request checked: nothing below fails half-way
-        released = 0
-        for pol in self.geom.policies:
-            if pol.per_request:
-                continue
-            vids = table.truncate(pol.band, slots, -(-n // pol.page_size))
-            if vids.size:
-                self.chain.release(pol.band, vids)
-                released += int(vids.size)
-                self.rolled_back_pages[pol.band] += int(vids.size)
-        if type(self).commit is not KVManager.commit or self._glue.may_insert(ids):
-            released += sum(self.commit(rid, 1 + int(a))
-                            for rid, a in zip(ids, acc.tolist(), strict=True))
-        else:
-            table.tokens[slots] = n
-            for pol in self.geom.windows:
-                released += self._release_fronts(pol.band, slots, pol.first_page(n))
-        table.refresh_need(slots)
-        return released
+        """:meth:`Speculation.verify <kvchain.requests.speculative.Speculation.verify>`:
+        settle a speculative step (rollback, then the commit of the accepted tokens; its
+        errors). Returns pages released."""
+        return self.speculation.verify(rids, accepted, drafts)
 
     def audit_settled(self, rids: Iterable[int]) -> None:
         """What :meth:`verify` leaves, checked for requests ``rids`` (an audit: run it after

@@ -675,11 +675,12 @@ class _SpecBytes:
                 held[b] * self.page_bytes[b] for b in self.draft_bands))
 
     def before_verify(self, kv: KVManager) -> None:
-        self.rolled = tuple(kv.rolled_back_pages)
+        self.rolled = tuple(kv.speculation.rolled_back_pages)
 
     def after_verify(self, kv: KVManager, sched: Scheduler) -> None:
-        transient = sum((n - m) * pb for n, m, pb in zip(kv.rolled_back_pages, self.rolled,
-                                                         self.page_bytes, strict=True))
+        rolled = kv.speculation.rolled_back_pages
+        transient = sum((n - m) * pb for n, m, pb in zip(rolled, self.rolled, self.page_bytes,
+                                                         strict=True))
         slots = 0
         if self.state_bands:  # every state band (a draft's too) holds the extra slots
             held = kv.held_per_band(sched.running)
