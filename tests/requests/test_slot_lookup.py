@@ -43,9 +43,9 @@ def test_a_bool_in_an_equal_batch_is_refused_at_the_position_of_request_1() -> N
 def test_a_batch_naming_request_0_twice_is_scanned_whole() -> None:
     kv = _running(4)
     ids = [0, 2, 0, 3]
-    kv.block_table(ids, 1)  # memo with 0 named twice: no positions, a whole scan on a hit
+    kv.reads.block_table(ids, 1)  # memo with 0 named twice: no positions, a whole scan on a hit
     with pytest.raises(InvalidDemandError, match="request ids are ints"):
-        kv.block_table([0, 2, False, 3], 1)
+        kv.reads.block_table([0, 2, False, 3], 1)
 
 
 def test_the_sibling_positions_that_miss_request_1_alias_it(

@@ -84,7 +84,7 @@ def _setup(backend: str = "numpy") -> tuple[Chain, NumpyBuffer | TorchBuffer, KV
     kv = KVManager(chain)
     kv.allocate([(1, 20)])
     kv.commit(1, 20)
-    assert kv.held_per_band([1]) == (1, 2, 5)
+    assert kv.reads.held_per_band([1]) == (1, 2, 5)
     _fill(chain, device, kv, 1, 1)
     return chain, device, kv
 
@@ -131,7 +131,7 @@ def test_suspend_and_resume_round_trip_bytes_and_price(backend: str) -> None:
     taken = kv.suspensions.resume(1, quote)
     assert taken == Demand((1, 2, 5))
     assert chain.snapshot() == quote.after  # price == outcome
-    assert kv.held_per_band([1]) == (1, 2, 5) and kv.tokens(1) == 20
+    assert kv.reads.held_per_band([1]) == (1, 2, 5) and kv.tokens(1) == 20
     assert _bytes(chain, device, kv, 1) == EXPECT
     assert host.held_bytes() == 0 and not kv.suspensions.is_suspended(1)
     kv.audit()
@@ -241,7 +241,7 @@ def test_a_request_with_a_prefix_cache_hit_comes_back_with_private_pages() -> No
     assert kv.attach(2, (*keys[:4], 99), 24) == 16
     kv.allocate([(2, 8)])
     kv.commit(2, 8)
-    assert kv.held_per_band([2]) == (1, 2, 6) and kv.pages(2).shared == 5
+    assert kv.reads.held_per_band([2]) == (1, 2, 6) and kv.pages(2).shared == 5
     _fill(chain, device, kv, 2, 1)
     data = _bytes(chain, device, kv, 2)
     cached = cache.held_counts
@@ -250,7 +250,7 @@ def test_a_request_with_a_prefix_cache_hit_comes_back_with_private_pages() -> No
     kv.audit()  # the cache's pages unlocked, the request's own released
     kv.audit_host(host)
     kv.suspensions.resume(2)
-    assert kv.held_per_band([2]) == (1, 2, 6) and kv.pages(2).shared == 0
+    assert kv.reads.held_per_band([2]) == (1, 2, 6) and kv.pages(2).shared == 0
     assert _bytes(chain, device, kv, 2) == data
     assert cache.held_counts == cached
     kv.audit()

@@ -670,7 +670,7 @@ class _SpecBytes:
         """After a step's take (drafts held): the bytes of the draft's bands, peak. O(bands)
         through the request layer's per-band counts; nothing without draft bands."""
         if self.draft_bands:
-            held = kv.held_per_band(sched.running)
+            held = kv.reads.held_per_band(sched.running)
             self.draft_peak_bytes = max(self.draft_peak_bytes, sum(
                 held[b] * self.page_bytes[b] for b in self.draft_bands))
 
@@ -683,7 +683,7 @@ class _SpecBytes:
                                                          strict=True))
         slots = 0
         if self.state_bands:  # every state band (a draft's too) holds the extra slots
-            held = kv.held_per_band(sched.running)
+            held = kv.reads.held_per_band(sched.running)
             slots = sum(held[b] * self.extra_slots // kv.geom.state_slots
                         * self.page_bytes[b] for b in self.state_bands)
         now = transient + slots

@@ -278,7 +278,7 @@ class HostRetractDriver:
             self._violation("price_mismatches", f"the resume of {rid} did not realize its "
                             f"quote")
         got = self._bytes(rid)
-        if (self.kv.held_per_band([rid]) != demand.pages
+        if (self.kv.reads.held_per_band([rid]) != demand.pages
                 or any(not np.array_equal(a, b) for a, b in zip(got, data, strict=True))):
             self._violation("lost_pages", f"request {rid} came back without the pages or "
                             f"bytes it held")
