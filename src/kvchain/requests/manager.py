@@ -23,12 +23,12 @@ from kvchain.alloc.snapshot import Demand, Quote
 from kvchain.bands.geometry import RequestGeometry, StateRollback
 from kvchain.cache.radix import PrefixCache
 from kvchain.errors import (
-    AuditError,
     ForgedQuoteError,
     InvalidDemandError,
     ReservedPageError,
     UnknownRequestError,
 )
+from kvchain.requests.audit import Audit
 from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand
@@ -95,6 +95,7 @@ class KVManager:
         self._demand_memo: dict[tuple[int, ...], Demand] = {}
         self._glue = CacheGlue(chain, cache, self.geom, self._table)
         self.cache = cache
+        self.audits = Audit(self)  # the page and rollback audits
         self.reads = Reads(self)  # page and block tables, pages per band
         self.speculation = Speculation(self)  # verify of speculative steps
         self.suspensions = Suspensions(self)  # requests suspended to host
@@ -652,34 +653,9 @@ class KVManager:
         return self.speculation.verify(rids, accepted, drafts)
 
     def audit_settled(self, rids: Iterable[int]) -> None:
-        """What :meth:`verify` leaves, checked for requests ``rids`` (an audit: run it after
-        a rollback): no page of a full, window or chunked-local band at or past
-        ``ceil(L / P)`` (``L`` its tokens: no rejected draft's page kept), no window page
-        before its window (``first_page(L)``: the window slack released), and its state
-        slots exactly the geometry's ``state_slots`` (its checkpoints, none leaked or
-        lost).
-
-        Raises:
-            AuditError: the first request that holds more or less.
-            UnknownRequestError: a request that holds no pages.
-        """
-        table = self._table
-        for rid in rids:
-            slot = self._facts(rid).slot
-            tokens = int(table.tokens[slot])
-            for pol in self.geom.policies:
-                first, end = table.span(pol.band, slot)
-                if pol.per_request:
-                    if end and end != self.geom.state_slots:
-                        raise AuditError(f"request {rid}: {end} state slots, "
-                                         f"{self.geom.state_slots} claimed")
-                    continue
-                if end > -(-tokens // pol.page_size):
-                    raise AuditError(f"request {rid}: band {pol.band} holds {end} pages for "
-                                     f"{tokens} tokens (a rolled-back page kept)")
-                if pol.windowed and end > first and first < pol.first_page(tokens):
-                    raise AuditError(f"request {rid}: band {pol.band} keeps page {first} "
-                                     f"behind its window (slack not released)")
+        """:meth:`Audit.settled <kvchain.requests.audit.Audit.settled>`: what
+        :meth:`verify` leaves, for requests ``rids`` (raises AuditError)."""
+        self.audits.settled(rids)
 
     def release_window_tail(self, rid: int) -> int:
         """Release ``rid``'s pages wholly before its next token's window, in every window
@@ -815,48 +791,9 @@ class KVManager:
         virtual page ids in ``band``, token order (int64 ``[pages]``; its errors)."""
         return self.reads.page_table(rid, band)
 
-    # --- integrity -------------------------------------------------------------------------
+    # --- integrity (:class:`Audit`) ---------------------------------------------------------
 
     def audit(self) -> None:
-        """Every bound page of the chain is held by exactly one request or the prefix cache,
-        or is a null page; every shared page a request reads is the cache's.
-
-        Raises:
-            AuditError: a leaked page (bound, held by nobody) or a page held twice.
-        """
-        table = self._table
-        held: list[list[int]] = [[] for _ in range(self.geom.num_bands)]
-        shared: list[list[int]] = [[] for _ in range(self.geom.num_bands)]
-        for facts in self._requests.values():
-            slot = facts.slot
-            h = int(table.shared[slot])
-            for pol in self.geom.policies:
-                first = int(table.first[pol.band, slot])
-                for i, v in enumerate(table.live(pol.band, slot).tolist(), first):
-                    (shared if i < h and not pol.per_request else held)[pol.band].append(v)
-            self._glue.kept_pages(facts, held)
-        cached = self._glue.held_pages()
-        for band in range(self.geom.num_bands):
-            self._audit_band(band, held[band], shared[band],
-                             cached[band] if cached is not None else [])
-        self._glue.audit(self._requests)
-
-    def _audit_band(self, band: int, held: list[int], shared: list[int],
-                    in_cache: list[int]) -> None:
-        """One band of :meth:`audit`: requests' own pages, the cache's, the null pages."""
-        if len(set(held)) != len(held):
-            raise AuditError(f"band {band}: a page is held by two requests")
-        owned = set(in_cache)
-        if len(owned) != len(in_cache) or owned & set(held):
-            raise AuditError(f"band {band}: a page held twice by the cache or by the cache "
-                             "and a request")
-        if not owned.issuperset(shared):
-            raise AuditError(f"band {band}: a request uses a shared page the cache does not "
-                             "hold")
-        reserved = self.chain.layout.bands[band].reserved_pages
-        total = len(held) + len(in_cache)
-        bound = self.chain.bound_pages(band)
-        if bound != total + reserved:
-            raise AuditError(f"band {band}: {bound} pages bound, {len(held)} held by "
-                             f"requests + {len(in_cache)} by the cache + {reserved} null: "
-                             f"{bound - total - reserved} leaked")
+        """:meth:`Audit.pages <kvchain.requests.audit.Audit.pages>`: every bound page held
+        once (a request, the cache or a null page; raises AuditError)."""
+        self.audits.pages()
