@@ -101,38 +101,12 @@ class KVManager:
         self.suspensions = Suspensions(self)  # requests suspended to host
         self._suspended = self.suspensions.records  # the one record (rid ->), read here
 
-    # --- the cache's counters (kept by the glue) -------------------------------------------
-
     @property
-    def cow_state_copies(self) -> int:
-        """Cache checkpoints copied into a working state slot (hits that resumed)."""
-        return self._glue.cow_state_copies
-
-    @property
-    def cow_bytes(self) -> int:
-        """Bytes of those copies."""
-        return self._glue.cow_bytes
-
-    @property
-    def checkpoints_saved(self) -> int:
-        """State checkpoint slots taken at resume points."""
-        return self._glue.checkpoints_saved
-
-    @property
-    def junctions_saved(self) -> int:
-        """Prefills that computed their junction point."""
-        return self._glue.junctions_saved
-
-    @property
-    def prompts_inserted(self) -> int:
-        """Prompts inserted into the cache whole (at the end of their prefill)."""
-        return self._glue.prompts_inserted
-
-    @property
-    def chunk_inserts(self) -> int:
-        """Inserts of a prompt's pages so far: one per prefill chunk that completed whole
-        pages (incremental insertion; a prompt's last one inserts it whole)."""
-        return self._glue.chunk_inserts
+    def glue(self) -> CacheGlue:
+        """The prefix cache's part (:class:`CacheGlue`), whose counters the simulator
+        reports: ``cow_state_copies``, ``cow_bytes``, ``checkpoints_saved``,
+        ``junctions_saved``, ``prompts_inserted``, ``chunk_inserts``."""
+        return self._glue
 
     # --- queries ---------------------------------------------------------------------------
 

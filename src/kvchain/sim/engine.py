@@ -579,10 +579,10 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         stats.hit_tokens = sched.counters.hit_tokens
         stats.evicted_pages = {b.label: n for b, n in zip(layout.bands, cache.evicted_pages,
                                                           strict=True)}
-        stats.cow_state_copies = kv.cow_state_copies
-        stats.cow_bytes = kv.cow_bytes
-        stats.checkpoints_saved = kv.checkpoints_saved
-        stats.junctions_saved = kv.junctions_saved
+        stats.cow_state_copies = kv.glue.cow_state_copies
+        stats.cow_bytes = kv.glue.cow_bytes
+        stats.checkpoints_saved = kv.glue.checkpoints_saved
+        stats.junctions_saved = kv.glue.junctions_saved
         stats.partial_hits = sched.counters.partial_hits
         stats.partial_tokens = sched.counters.partial_tokens
         extra.update({"prefix_hit_rate_pct": round(100 * stats.hit_rate, 2),
@@ -591,7 +591,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                           "partial_tokens": stats.partial_tokens}
                          if config.scheduler.partial_hits else {}),
                       "prefix_evicted_pages": sum(cache.evicted_pages),
-                      "cow_state_copies": kv.cow_state_copies,
+                      "cow_state_copies": kv.glue.cow_state_copies,
                       **stats.add_bounds(replace(config.trace, requests=tuple(served)),
                                          layout, {
                           rec.request_id for rec in recorder.records
