@@ -132,7 +132,7 @@ def decode_steps(classes, batched: bool, running: int = 256, steps: int = 96,
             if tables:
                 t5 = clock()
                 for band in range(len(layout.bands)):
-                    kv.block_table(rids, band)
+                    kv.reads.block_table(rids, band)
                 parts["block tables"] += clock() - t5
         else:
             t0 = clock()

@@ -68,7 +68,7 @@ def test_three_chunks_insert_as_they_go() -> None:
     assert cache.eviction_order().cumulative == ((0, 0), (2, 0))
     assert sorted(cache.pinned()[0]) == sorted((WINDOW, v) for v in req.band(WINDOW))
     assert not req.kept and req.points == (8, 9)
-    assert (kv.prompts_inserted, kv.hit_tokens(0)) == (0, 0)  # not whole yet, no hit
+    assert (kv.glue.prompts_inserted, kv.hit_tokens(0)) == (0, 0)  # not whole yet, no hit
     # The reservation of the rest (chunk 2 of 32 tokens, 22 later in one-page chunks), by
     # hand: full ceil(150 / 16) - 6 = 4; window: the chunk's span [(96 - 31) // 16,
     # ceil(128 / 16)) = [4, 8) = 4 pages, 2 of them held; a later step's span
@@ -98,7 +98,7 @@ def test_three_chunks_insert_as_they_go() -> None:
     assert (req.shared, req.first(WINDOW), len(req.band(WINDOW))) == (9, 7, 3)
     assert [len(b) for b in cache.held_pages()] == [7, 9]
     assert cache.eviction_order().cumulative == ((0, 0), (4, 0), (5, 0))
-    assert (kv.prompts_inserted, kv.chunk_inserts) == (1, 3)
+    assert (kv.glue.prompts_inserted, kv.glue.chunk_inserts) == (1, 3)
     # The chain holds the cache's 7 + 9 pages and the request's own window/full page 9.
     assert [kv.chain.bound_pages(b) - kv.chain.layout.bands[b].reserved_pages
             for b in (WINDOW, FULL)] == [8, 10]

@@ -71,7 +71,7 @@ def test_prefill_end_hands_tails_and_checkpoints_to_the_cache():
     # and the 3 unpinned tail pages (2, 3, 6); pages 7, 8 are pinned (A reads them); the
     # 9 full pages are locked.
     assert cache.eviction_order().cumulative == ((0, 0, 0), (3, 3, 0))
-    assert kv.prompts_inserted == 1 and not req.ckpts and not req.kept
+    assert kv.glue.prompts_inserted == 1 and not req.ckpts and not req.kept
     assert kv.hit_tokens(0) == 0  # the insert is not a hit
     # Ten decodes (positions 150-159, all on page 9) to 160 tokens: the window then starts
     # at 160 - 31 = 129 (page 8): page 7 is unpinned (evictable, not released): 4 window
@@ -88,7 +88,7 @@ def test_prefill_end_hands_tails_and_checkpoints_to_the_cache():
     # unlocks: the prompt node is one LEAF unit with everything the cache holds.
     kv.free(0)
     kv.audit()
-    assert kv.prompts_inserted == 1
+    assert kv.glue.prompts_inserted == 1
     assert cache.eviction_order().cumulative == ((0, 0, 0), (3, 5, 9))
 
 
@@ -108,11 +108,11 @@ def test_a_concurrent_request_hits_the_prompt_while_it_decodes():
     assert sorted(wpins.values()) == [1, 1, 2] and list(cpins.values()) == [1]
     # B's first chunk copies checkpoint 8 into its own slot and drops that pin.
     kv.allocate([(1, 12)])
-    assert kv.cow_state_copies == 1 and cache.pinned()[1] == {}
+    assert kv.glue.cow_state_copies == 1 and cache.pinned()[1] == {}
     kv.commit(1, 12)
     kv.audit()
     # B's prompt has 8 whole pages (140 // 16), all hit: nothing to insert.
-    assert kv.prompts_inserted == 1
+    assert kv.glue.prompts_inserted == 1
     kv.free(1)
     kv.free(0)
     kv.audit()

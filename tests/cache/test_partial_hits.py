@@ -116,7 +116,7 @@ def test_shared_system_prompt_partial_hit_reuses_the_gap_pages():
     assert taken[2][full] == 126 - 0  # [375, 501): an ordinary hit at 375
     c = sched.counters
     assert (c.partial_hits, c.partial_tokens) == (1, 880)
-    assert sched.kv.cow_state_copies == 7  # request 1 copied C's checkpoint, 2..7 H's
+    assert sched.kv.glue.cow_state_copies == 7  # request 1 copied C's checkpoint, 2..7 H's
 
 
 def test_without_partial_hits_the_hit_stops_at_the_checkpoint():
@@ -140,7 +140,7 @@ def test_a_partial_hit_from_a_fresh_state():
     assert hits == [0, 0, 6000]
     assert chunks[1] == [(2000, 6000)]
     assert taken[1][1] == 126
-    assert sched.kv.cow_state_copies == 1  # request 2 only: request 1 started fresh
+    assert sched.kv.glue.cow_state_copies == 1  # request 2 only: request 1 started fresh
 
 
 def test_a_gap_past_the_chunk_is_shortened():

@@ -98,7 +98,7 @@ def test_cached_runs_are_exact_and_leak_nothing(shape):
     assert c.hit_tokens > 0
     assert sched.kv.cache is not None and sched.kv.cache.evictions > 0
     if shape == "full":  # every page boundary resumes: no junction is ever needed
-        assert sched.kv.junctions_saved == 0
+        assert sched.kv.glue.junctions_saved == 0
 
 
 @pytest.mark.parametrize("shape", [s for s in SHAPES if s != "full"])
@@ -109,7 +109,7 @@ def test_cached_runs_with_junction_checkpoints(shape):
     sched = run(shape, seed=7, n=150, policy=ResumePolicy.ENDS)
     c = sched.counters
     assert c.divergences == 0 and c.finished + c.rejected == 150
-    assert sched.kv.junctions_saved > 0 and c.hit_tokens > 0
+    assert sched.kv.glue.junctions_saved > 0 and c.hit_tokens > 0
     assert sched.kv.cache is not None and sched.kv.cache.evictions > 0
 
 
@@ -117,7 +117,7 @@ def test_ends_policy_on_the_three_band_shape():
     sched = run("state|window|full", seed=9, n=150, policy=ResumePolicy.ENDS)
     c = sched.counters
     assert c.divergences == 0 and c.finished + c.rejected == 150 and c.hit_tokens > 0
-    assert sched.kv.junctions_saved > 0
+    assert sched.kv.glue.junctions_saved > 0
 
 
 def test_junctions_add_hits_on_the_state_shape_under_eviction():
@@ -127,7 +127,7 @@ def test_junctions_add_hits_on_the_state_shape_under_eviction():
     off = run("state|full", seed=9, n=150, policy=ResumePolicy.ENDS,
               cache_cls=lambda *a, **k: PrefixCache(*a, junctions=False, **k))
     assert on.counters.divergences == off.counters.divergences == 0
-    assert off.kv.junctions_saved == 0 < on.kv.junctions_saved
+    assert off.kv.glue.junctions_saved == 0 < on.kv.glue.junctions_saved
     assert on.counters.hit_tokens > off.counters.hit_tokens
 
 

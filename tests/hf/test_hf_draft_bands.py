@@ -119,7 +119,7 @@ def test_draft_in_the_chain_equals_transformers(family: str, rollback: StateRoll
     token_draft_bands = [b for b in _draft_bands(engine)
                          if engine.layout.bands[b].cache_class.label != "draft.state"]
     for b in token_draft_bands:  # the verify released rejected drafts' pages there too
-        assert engine.kv.rolled_back_pages[b] > 0
+        assert engine.kv.speculation.rolled_back_pages[b] > 0
     # each target forward has its draft forward (prefill chunk, replay), except the
     # verify, for which the draft ran 1 + k one-token decodes: k more per decode step
     assert engine.draft_forwards == engine.forwards + K * decode_steps

@@ -88,7 +88,7 @@ def _garbage(engine: Any, rid: int, seed: int = 0) -> None:
 
 
 def _physical(engine: Any, rid: int) -> list[list[int]]:
-    return [engine.kv.block_table([rid], band)[0].tolist()
+    return [engine.kv.reads.block_table([rid], band)[0].tolist()
             for band in range(engine.chain.num_bands)]
 
 

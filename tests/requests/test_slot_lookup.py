@@ -1,4 +1,4 @@
-"""The request-id -> slot memo of a decode step (``KVManager._lookup``): an equal batch of
+"""The request-id -> slot memo of a decode step (``SlotIndex.lookup``): an equal batch of
 ids is answered by one tuple comparison plus a look at the positions of ids 0 and 1 (the
 only places an equal tuple can hold a bool), and still refuses a bool there."""
 
@@ -11,7 +11,7 @@ from kvchain.errors import InvalidDemandError
 from kvchain.layout import plan_layout
 from kvchain.model.declared import declared_class
 from kvchain.model.layers import LifetimeClass as LC
-from kvchain.requests import manager as manager_module
+from kvchain.requests import lookup as lookup_module
 from kvchain.requests.manager import KVManager
 
 
@@ -43,9 +43,9 @@ def test_a_bool_in_an_equal_batch_is_refused_at_the_position_of_request_1() -> N
 def test_a_batch_naming_request_0_twice_is_scanned_whole() -> None:
     kv = _running(4)
     ids = [0, 2, 0, 3]
-    kv.block_table(ids, 1)  # memo with 0 named twice: no positions, a whole scan on a hit
+    kv.reads.block_table(ids, 1)  # memo with 0 named twice: no positions, a whole scan on a hit
     with pytest.raises(InvalidDemandError, match="request ids are ints"):
-        kv.block_table([0, 2, False, 3], 1)
+        kv.reads.block_table([0, 2, False, 3], 1)
 
 
 def test_the_sibling_positions_that_miss_request_1_alias_it(
@@ -53,7 +53,7 @@ def test_the_sibling_positions_that_miss_request_1_alias_it(
     # Planted defect: the memo records no position to check. Then True, equal to 1 as a
     # dict key and in the tuple comparison, is served request 1's slot: commit_decodes
     # commits one token to request 1 (5 -> 6), what the check above refuses.
-    monkeypatch.setattr(manager_module, "_positions_of_zero_one", lambda ids: ())
+    monkeypatch.setattr(lookup_module, "positions_of_zero_one", lambda ids: ())
     kv = _running(4)
     kv.decode_demands([3, 1, 2])
     kv.commit_decodes([3, True, 2])

@@ -77,7 +77,7 @@ def test_speculative_step_and_rollback_by_hand() -> None:
     # (page 3 of each rolled back: 2 pages); window-tail release: first_page(12) = 1 ->
     # page 0 goes: 3 released in all; state slots stay (4)
     assert kv.verify([0], [1], 3) == 3
-    assert kv.rolled_back_pages == [0, 1, 1]
+    assert kv.speculation.rolled_back_pages == [0, 1, 1]
     assert kv.tokens(0) == 12
     assert kv.held(0) == HeldPages(((0, 4), (1, 3), (0, 3)))
     kv.audit()

@@ -84,7 +84,7 @@ def _setup(backend: str = "numpy") -> tuple[Chain, NumpyBuffer | TorchBuffer, KV
     kv = KVManager(chain)
     kv.allocate([(1, 20)])
     kv.commit(1, 20)
-    assert kv.held_per_band([1]) == (1, 2, 5)
+    assert kv.reads.held_per_band([1]) == (1, 2, 5)
     _fill(chain, device, kv, 1, 1)
     return chain, device, kv
 
@@ -117,7 +117,7 @@ def test_suspend_and_resume_round_trip_bytes_and_price(backend: str) -> None:
     assert sus.demand == Demand((1, 2, 5)) == kv.resume_demand(1)
     assert sus.nbytes == 144 and host.held_bytes() == 144
     assert host.held == {"state": 1, "window": 2, "full": 5}
-    assert 1 not in kv and kv.is_suspended(1) and kv.suspended_ids == (1,)
+    assert 1 not in kv and kv.suspensions.is_suspended(1) and kv.suspensions.ids == (1,)
     # On the device only the null page is bound: everything went to host.
     assert [chain.bound_pages(b) for b in (S, W, F)] == [0, 1, 0]
     kv.audit()
@@ -128,12 +128,12 @@ def test_suspend_and_resume_round_trip_bytes_and_price(backend: str) -> None:
     kv.free(2)
     quote = chain.price(kv.resume_demand(1))
     assert quote.fits
-    taken = kv.resume(1, quote)
+    taken = kv.suspensions.resume(1, quote)
     assert taken == Demand((1, 2, 5))
     assert chain.snapshot() == quote.after  # price == outcome
-    assert kv.held_per_band([1]) == (1, 2, 5) and kv.tokens(1) == 20
+    assert kv.reads.held_per_band([1]) == (1, 2, 5) and kv.tokens(1) == 20
     assert _bytes(chain, device, kv, 1) == EXPECT
-    assert host.held_bytes() == 0 and not kv.is_suspended(1)
+    assert host.held_bytes() == 0 and not kv.suspensions.is_suspended(1)
     kv.audit()
     kv.audit_host(host)
     # It goes on as if never suspended: 1 more token, then finishes.
@@ -155,7 +155,7 @@ def test_accounting_only_host_side() -> None:
     sus = kv.suspend(1, host)
     assert sus.copy is None and host.held == {"state": 1, "window": 2, "full": 5}
     kv.audit_host(host)
-    kv.resume(1)
+    kv.suspensions.resume(1)
     assert host.held == {"state": 0, "window": 0, "full": 0}
     kv.audit_host(host)
 
@@ -185,8 +185,8 @@ def test_refusals_are_typed_and_change_nothing() -> None:
     snap = chain.snapshot()
     assert not chain.price(kv.resume_demand(1)).fits
     with pytest.raises(CapacityError):
-        kv.resume(1)
-    assert chain.snapshot() == snap and kv.is_suspended(1)
+        kv.suspensions.resume(1)
+    assert chain.snapshot() == snap and kv.suspensions.is_suspended(1)
     assert host.held == {"state": 1, "window": 2, "full": 5}
     # A suspended request computes nothing, is not resumed twice, and cannot be attached.
     with pytest.raises(InvalidDemandError):
@@ -241,7 +241,7 @@ def test_a_request_with_a_prefix_cache_hit_comes_back_with_private_pages() -> No
     assert kv.attach(2, (*keys[:4], 99), 24) == 16
     kv.allocate([(2, 8)])
     kv.commit(2, 8)
-    assert kv.held_per_band([2]) == (1, 2, 6) and kv.pages(2).shared == 5
+    assert kv.reads.held_per_band([2]) == (1, 2, 6) and kv.pages(2).shared == 5
     _fill(chain, device, kv, 2, 1)
     data = _bytes(chain, device, kv, 2)
     cached = cache.held_counts
@@ -249,8 +249,8 @@ def test_a_request_with_a_prefix_cache_hit_comes_back_with_private_pages() -> No
     assert kv.suspend(2, host).demand == Demand((1, 2, 6))
     kv.audit()  # the cache's pages unlocked, the request's own released
     kv.audit_host(host)
-    kv.resume(2)
-    assert kv.held_per_band([2]) == (1, 2, 6) and kv.pages(2).shared == 0
+    kv.suspensions.resume(2)
+    assert kv.reads.held_per_band([2]) == (1, 2, 6) and kv.pages(2).shared == 0
     assert _bytes(chain, device, kv, 2) == data
     assert cache.held_counts == cached
     kv.audit()

@@ -55,10 +55,10 @@ def test_block_tables_of_two_requests_by_hand() -> None:
     assert null == 0
     # full: request 0 got ids 0, 1, 2 and request 1 id 3; the full band reserves no null
     # page, so the short row is padded with -1.
-    assert kv.block_table([0, 1], full, physical=False).tolist() == [[0, 1, 2], [3, -1, -1]]
+    assert kv.reads.block_table([0, 1], full, physical=False).tolist() == [[0, 1, 2], [3, -1, -1]]
     # window: request 0 got 1, 2, 3 and request 1 got 4. After 9 tokens the next token's
     # window starts at 9 - 10 + 1 = 0: page 0 is kept. Request 1 holds page 0 only.
-    assert kv.block_table([0, 1], window, physical=False).tolist() == [[1, 2, 3],
+    assert kv.reads.block_table([0, 1], window, physical=False).tolist() == [[1, 2, 3],
                                                                       [4, null, null]]
     # four decodes of request 0 (positions 9 .. 12): the one at 12 needs a 4th page in
     # both bands (full id 4, window id 5, the lowest free); after it the next token's
@@ -69,38 +69,39 @@ def test_block_tables_of_two_requests_by_hand() -> None:
         kv.allocate([(0, 1)], kv.decode_demands([0]))
         released.append(kv.commit_decodes([0]))
     assert released == [0, 0, 0, 1]
-    assert kv.block_table([1, 0], window, physical=False).tolist() == [[4, null, null, null],
+    assert kv.reads.block_table([1, 0], window, physical=False).tolist() == [[4, null, null, null],
                                                                       [null, 2, 3, 5]]
-    assert kv.block_table([0, 1], full, physical=False).tolist() == [[0, 1, 2, 4],
+    assert kv.reads.block_table([0, 1], full, physical=False).tolist() == [[0, 1, 2, 4],
                                                                     [3, -1, -1, -1]]
     # physical ids: the allocator's translate of the virtual ones, pads kept
-    virt = kv.block_table([0, 1], full, physical=False)
-    phys = kv.block_table([0, 1], full)
+    virt = kv.reads.block_table([0, 1], full, physical=False)
+    phys = kv.reads.block_table([0, 1], full)
     assert phys.dtype == np.int64 and phys.shape == (2, 4)
     assert phys[1, 1:].tolist() == [-1, -1, -1]
     assert phys[virt >= 0].tolist() == kv.chain.translate(full, virt[virt >= 0]).tolist()
-    assert (kv.block_table([0, 1], window)
-            == kv.chain.translate(window, kv.block_table([0, 1], window, physical=False))).all()
-    assert kv.block_table([], full).shape == (0, 0)
+    virt_window = kv.reads.block_table([0, 1], window, physical=False)
+    assert (kv.reads.block_table([0, 1], window)
+            == kv.chain.translate(window, virt_window)).all()
+    assert kv.reads.block_table([], full).shape == (0, 0)
     # pages held per band from the arrays: full 4 + 1; window 3 (pages 1-3 of request 0,
     # page 0 released) + 1; an unknown id (7) counts nothing, and no ids is all zeros
     counts = [0, 0]
     counts[full], counts[window] = 5, 4
-    assert kv.held_per_band([0, 1, 7]) == tuple(counts)
+    assert kv.reads.held_per_band([0, 1, 7]) == tuple(counts)
     counts[full], counts[window] = 4, 3
-    assert kv.held_per_band([0]) == tuple(counts)
-    assert kv.held_per_band([]) == (0, 0)
+    assert kv.reads.held_per_band([0]) == tuple(counts)
+    assert kv.reads.held_per_band([]) == (0, 0)
 
 
 def test_block_table_refuses_unknown_requests_and_bands() -> None:
     kv = _manager("window|full")
     kv.allocate([(0, 5)])
     with pytest.raises(UnknownRequestError):
-        kv.block_table([0, 7], 0)
+        kv.reads.block_table([0, 7], 0)
     with pytest.raises(InvalidDemandError):
-        kv.block_table([0], 2)
+        kv.reads.block_table([0], 2)
     with pytest.raises(InvalidDemandError):
-        kv.block_table([0], True)
+        kv.reads.block_table([0], True)
 
 
 def test_rows_are_cleared_and_slots_reused_after_free() -> None:
@@ -108,13 +109,13 @@ def test_rows_are_cleared_and_slots_reused_after_free() -> None:
     kv.allocate([(0, 12)])  # 3 pages
     kv.free(0)
     kv.allocate([(1, 4)])  # 1 page, the freed slot again: no stale columns
-    assert kv.block_table([1], 0, physical=False).shape == (1, 1)
+    assert kv.reads.block_table([1], 0, physical=False).shape == (1, 1)
 
 
 def test_many_requests_grow_slots_and_columns() -> None:
     kv = _manager("full")
     kv.allocate([(rid, 4 * (rid + 1)) for rid in range(100)])  # > 64 slots, > 16 columns
-    table = kv.block_table(list(range(100)), 0, physical=False)
+    table = kv.reads.block_table(list(range(100)), 0, physical=False)
     assert table.shape == (100, 100)  # request 99 holds 100 pages
     for rid in (0, 63, 64, 99):
         assert table[rid, :rid + 1].tolist() == kv.page_table(rid, 0).tolist()
@@ -130,9 +131,9 @@ def table_mismatches(kv: KVManager) -> list[str]:
     rids = sorted(kv._requests)
     out = []
     for band in range(kv.geom.num_bands):
-        virt = kv.block_table(rids, band, physical=False)
+        virt = kv.reads.block_table(rids, band, physical=False)
         try:
-            table = kv.block_table(rids, band)
+            table = kv.reads.block_table(rids, band)
         except UnknownPageError as exc:  # a released (unbound) id left in a row
             out.append(f"band {band}: {exc}")
             continue
@@ -303,7 +304,7 @@ def test_commit_decodes_rejects_a_bad_batch_before_any_change(cached: bool) -> N
     kv.allocate([(0, 9), (2, 4)])
     kv.commit(0, 9)
     kv.commit(2, 4)
-    before = kv.block_table([0, 2], kv.geom.full, physical=False).tolist()
+    before = kv.reads.block_table([0, 2], kv.geom.full, physical=False).tolist()
     with pytest.raises(InvalidDemandError):  # request 2's 5th token has no page
         kv.commit_decodes([0, 2])
     with pytest.raises(UnknownRequestError):  # request 77 holds nothing
@@ -311,7 +312,7 @@ def test_commit_decodes_rejects_a_bad_batch_before_any_change(cached: bool) -> N
     with pytest.raises(InvalidDemandError):  # 9 + 4 = 13 tokens > 12 covered
         kv.commit_decodes([0, 0, 0, 0])
     assert (kv.tokens(0), kv.tokens(2)) == (9, 4)
-    assert kv.block_table([0, 2], kv.geom.full, physical=False).tolist() == before
+    assert kv.reads.block_table([0, 2], kv.geom.full, physical=False).tolist() == before
     kv.audit()
     # the sibling: a batch naming request 0 three times fits (9 + 3 = 12) and commits 3
     kv.commit_decodes([0, 0, 0])
@@ -327,11 +328,11 @@ def test_bool_request_ids_do_not_alias_requests_0_and_1() -> None:
     kv.allocate([(0, 9), (1, 3)])
     kv.commit(0, 9)
     kv.commit(1, 3)
-    assert kv.block_table([1], full, physical=False).tolist() == [[3]]  # warms the memo
-    for call in (lambda: kv.block_table([True], full), lambda: kv.decode_demands([False]),
-                 lambda: kv.commit_decodes([True]), lambda: kv.block_table([0, False], full)):
+    assert kv.reads.block_table([1], full, physical=False).tolist() == [[3]]  # warms the memo
+    for call in (lambda: kv.reads.block_table([True], full), lambda: kv.decode_demands([False]),
+                 lambda: kv.commit_decodes([True]), lambda: kv.reads.block_table([0, False], full)):
         with pytest.raises(InvalidDemandError, match="request ids are ints"):
             call()
     assert (kv.tokens(0), kv.tokens(1)) == (9, 3)
     # the sibling: numpy ints are ids like Python ints
-    assert kv.block_table([np.int64(1)], full, physical=False).tolist() == [[3]]
+    assert kv.reads.block_table([np.int64(1)], full, physical=False).tolist() == [[3]]

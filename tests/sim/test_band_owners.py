@@ -196,7 +196,7 @@ def test_step_samples_section_of_an_empty_recorder(tmp_path: Path):
 
 def uncached_run() -> SimResult:
     # The same 40 requests in 1.5 GB without the cache: requests own every live page but
-    # the window band's null page (counted by KVManager.held_per_band from the arrays).
+    # the window band's null page (counted by Reads.held_per_band from the arrays).
     config = SimConfig(load_model("gpt-oss-120b"), H200, load_trace("mooncake", first=40),
                        buffer_bytes=1_500_000_000, clock=ClockKind.STEPS, prefix_cache=False,
                        scheduler=SchedulerConfig(chunk_size=4096, max_prefill_tokens=8192))
@@ -213,17 +213,17 @@ def test_owners_add_up_without_the_cache():
 def test_planted_stale_window_start_breaks_the_uncached_identity(monkeypatch):
     # Sibling: held_per_band counting one window page too many per request (a window start
     # one page late in the arrays' sum) shows up as negative unowned bytes.
-    from kvchain.requests.manager import KVManager
+    from kvchain.requests.reads import Reads
 
-    real = KVManager.held_per_band
+    real = Reads.held_per_band
 
     def stale(self, rids):  # type: ignore[no-untyped-def]
         ids = tuple(rids)
         counts = list(real(self, ids))
-        counts[self.geom.window] += len([r for r in ids if r in self])
+        counts[self._kv.geom.window] += len([r for r in ids if r in self._kv])
         return tuple(counts)
 
-    monkeypatch.setattr(KVManager, "held_per_band", stale)
+    monkeypatch.setattr(Reads, "held_per_band", stale)
     window = [b for s in uncached_run().recorder.step_samples for b in s.bands
               if b.label == "window"]
     # a gpt-oss-120b window page: 16 tokens x 36,864 B (18 sliding-window layers x 8 KV

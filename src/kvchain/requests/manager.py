@@ -15,91 +15,35 @@ cache's part (hits, resume points, the prompt's insert) is
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
 import numpy as np
 
 from kvchain.alloc.allocator import Allocator
 from kvchain.alloc.snapshot import Demand, Quote
 from kvchain.bands.geometry import RequestGeometry, StateRollback
-from kvchain.cache.host_copy import (
-    RequestHostCopy,
-    free_host_copy,
-    load_back_request,
-    offload_request,
-)
 from kvchain.cache.radix import PrefixCache
 from kvchain.errors import (
-    AuditError,
-    BufferArgumentError,
     ForgedQuoteError,
-    HostPoolFullError,
     InvalidDemandError,
     ReservedPageError,
     StalePlanError,
     UnknownRequestError,
 )
+from kvchain.requests.audit import Audit
 from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand, request_demands
+from kvchain.requests.lookup import SlotIndex, SlotLookup
 from kvchain.requests.plan import StepPlan
-from kvchain.requests.suspend import HostSide, Suspended
+from kvchain.requests.reads import Reads
+from kvchain.requests.speculative import Speculation
+from kvchain.requests.suspend import HostSide, Suspended, Suspensions
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts, RequestView
 
 #: plans a manager remembers as its own (:meth:`KVManager._issue`): a step builds one or
 #: two (the decode check's batch, the step's plan), a retried step a few more
 _ISSUED = 16
-
-
-class _SlotLookup:
-    """The slots of one tuple of request ids at one slot version of the request table
-    (int64, read-only; 0 for an id that holds nothing), with two facts about them that
-    are computed on first ask from its own immutable ids and slots: every id holds pages
-    (``known``), no id is named twice (``unique``)."""
-
-    __slots__ = ("_known", "_unique", "ids", "slots", "version", "zero_one")
-
-    def __init__(self, version: int, ids: tuple[int, ...], slots: np.ndarray,
-                 zero_one: tuple[int, ...] | None) -> None:
-        slots.setflags(write=False)
-        self.version = version
-        self.ids = ids
-        self.slots = slots
-        #: where an equal tuple of ids could hold a ``bool`` (``True == 1``, ``False ==
-        #: 0``): the positions of ids 0 and 1 in ``ids`` (checked free of bools), ``()``
-        #: when neither request was registered (a bool then reads no row), ``None`` when
-        #: 0 or 1 is named more than once (an equal tuple is scanned whole)
-        self.zero_one = zero_one
-        self._known: bool | None = None
-        self._unique: bool | None = None
-
-    @property
-    def known(self) -> bool:
-        """Every id holds pages (no slot 0)."""
-        if self._known is None:
-            self._known = bool(self.slots.all())
-        return self._known
-
-    @property
-    def unique(self) -> bool:
-        """No id appears twice."""
-        if self._unique is None:
-            self._unique = len(set(self.ids)) == len(self.ids)
-        return self._unique
-
-
-def _positions_of_zero_one(ids: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The positions of the ids 0 and 1 in ``ids`` (bool-free), or ``None`` when one of
-    them appears more than once (C-level scans: ``count`` and ``index``)."""
-    out = []
-    for v in (0, 1):
-        n = ids.count(v)
-        if n > 1:
-            return None
-        if n:
-            out.append(ids.index(v))
-    return tuple(out)
 
 
 class KVManager:
@@ -135,8 +79,6 @@ class KVManager:
                  rollback: StateRollback = StateRollback.CHECKPOINTS) -> None:
         self.chain = chain
         self.geom = RequestGeometry.of(chain.layout, spec_tokens, rollback)
-        # pages per band released by verify's rollback (rejected drafts' pages)
-        self.rolled_back_pages = [0] * self.geom.num_bands
         pads = []
         for band in range(self.geom.num_bands):
             try:
@@ -145,7 +87,12 @@ class KVManager:
                 pads.append(-1)
         self._table = RequestTable(self.geom.policies, pads)
         self._requests: dict[int, CacheFacts] = {}
-        self._slots_memo: _SlotLookup | None = None  # the last lookup (:meth:`_lookup`)
+        index = SlotIndex(self._table)  # request ids -> slots, the last batch's kept
+        self._lookup = index.lookup
+        self._slots_of = index.slots_of
+        self._known_lookup = index.known_lookup
+        self._known_slots = index.known_slots
+        self._checked_slots = index.checked_slots
         self._zero_demand = Demand.zeros(self.geom.num_bands)
         # pages per band -> the one Demand of those pages, shared by the decode batches'
         # rows: interning of immutable values (a Demand is a frozen value compared by its
@@ -155,40 +102,18 @@ class KVManager:
         self._issued: dict[int, StepPlan] = {}  # the last plans built here (_issue)
         self._glue = CacheGlue(chain, cache, self.geom, self._table)
         self.cache = cache
-        self._suspended: dict[int, Suspended] = {}  # requests suspended to host (rid ->)
-
-    # --- the cache's counters (kept by the glue) -------------------------------------------
-
-    @property
-    def cow_state_copies(self) -> int:
-        """Cache checkpoints copied into a working state slot (hits that resumed)."""
-        return self._glue.cow_state_copies
+        self.audits = Audit(self)  # the page and rollback audits
+        self.reads = Reads(self)  # page and block tables, pages per band
+        self.speculation = Speculation(self)  # verify of speculative steps
+        self.suspensions = Suspensions(self)  # requests suspended to host
+        self._suspended = self.suspensions.records  # the one record (rid ->), read here
 
     @property
-    def cow_bytes(self) -> int:
-        """Bytes of those copies."""
-        return self._glue.cow_bytes
-
-    @property
-    def checkpoints_saved(self) -> int:
-        """State checkpoint slots taken at resume points."""
-        return self._glue.checkpoints_saved
-
-    @property
-    def junctions_saved(self) -> int:
-        """Prefills that computed their junction point."""
-        return self._glue.junctions_saved
-
-    @property
-    def prompts_inserted(self) -> int:
-        """Prompts inserted into the cache whole (at the end of their prefill)."""
-        return self._glue.prompts_inserted
-
-    @property
-    def chunk_inserts(self) -> int:
-        """Inserts of a prompt's pages so far: one per prefill chunk that completed whole
-        pages (incremental insertion; a prompt's last one inserts it whole)."""
-        return self._glue.chunk_inserts
+    def glue(self) -> CacheGlue:
+        """The prefix cache's part (:class:`CacheGlue`), whose counters the simulator
+        reports: ``cow_state_copies``, ``cow_bytes``, ``checkpoints_saved``,
+        ``junctions_saved``, ``prompts_inserted``, ``chunk_inserts``."""
+        return self._glue
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -342,136 +267,34 @@ class KVManager:
         self._table.unbind(rid)
         self._glue.forget(rid)
 
-    def _lookup(self, ids: tuple[int, ...], ints: bool = False) -> _SlotLookup:
-        """The slots of request ids at the table's slot version, as one immutable
-        :class:`_SlotLookup`. The last one is kept and handed back for the same ids at the
-        same version (a decode step asks for one batch three times): a pure memo, as a
-        request's slot changes only in :meth:`RequestTable.bind` / ``unbind``, which bump
-        the version, and ``ids`` is a tuple; its slots array is read-only.
-
-        A hit costs one tuple comparison and a look at the (at most two) positions where
-        the kept ids are 0 or 1, the only places an equal tuple can hold a bool; a miss
-        scans ``ids`` for bools (skipped when the caller proved that no id is a bool:
-        ``ints``, as :func:`batch_ids` does).
-
-        Raises:
-            InvalidDemandError: a ``bool`` id while request 0 or 1 holds pages (it would
-                alias that request).
-        """
-        table = self._table
-        memo = self._slots_memo
-        if memo is not None and memo.version == table.version and memo.ids == ids:
-            # ids[i] == memo.ids[i]: only where memo.ids holds 0 or 1 can ids hold a bool
-            at: Sequence[int] = (memo.zero_one if memo.zero_one is not None
-                                 else range(len(ids)))
-            for i in at:
-                if type(ids[i]) is bool:
-                    raise InvalidDemandError(f"request ids are ints, got {ids!r}")
-            return memo
-        slot_of = table.slot_of
-        zero_one: tuple[int, ...] | None = ()
-        if 0 in slot_of or 1 in slot_of:
-            if not ints and bool in map(type, ids):  # C-level scan
-                # False == 0 and True == 1 (as dict keys and in the memo's tuple
-                # comparison): a bool would read request 0's or 1's row
-                raise InvalidDemandError(f"request ids are ints, got {ids!r}")
-            zero_one = _positions_of_zero_one(ids)
-        memo = self._slots_memo = _SlotLookup(table.version, ids, table.slots_of(ids),
-                                              zero_one)
-        return memo
-
-    def _slots_of(self, ids: tuple[int, ...]) -> np.ndarray:
-        """Slots of request ids (0, the empty slot, for one that holds nothing), int64,
-        read-only (:meth:`_lookup`)."""
-        return self._lookup(ids).slots
-
-    def _checked_slots(self, ids: tuple[int, ...], what: str = "decode run") -> np.ndarray:
-        """Slots of ``ids``, every one registered and named once (else the typed error)."""
-        lookup = self._known_lookup(ids)
-        if not lookup.unique:
-            raise InvalidDemandError(f"a request appears twice in one {what}")
-        return lookup.slots
-
-    def _known_slots(self, ids: tuple[int, ...]) -> np.ndarray:
-        """Slots of ``ids``, every one registered (else :class:`UnknownRequestError`)."""
-        return self._known_lookup(ids).slots
-
-    def _known_lookup(self, ids: tuple[int, ...]) -> _SlotLookup:
-        """:meth:`_lookup` of ``ids``, every one registered (else
-        :class:`UnknownRequestError`)."""
-        lookup = self._lookup(ids)
-        slots = lookup.slots
-        if not lookup.known:
-            rid = ids[int((slots == 0).nonzero()[0][0])]
-            raise UnknownRequestError(f"request {rid} holds no pages")
-        return lookup
-
     def _zero(self) -> Demand:
         """The empty demand of this chain's bands (one shared immutable value)."""
         return self._zero_demand
 
-    # --- retraction by host copy (requests/suspend.py) --------------------------------------
+    # --- retraction by host copy (:class:`Suspensions`; the scheduler's calls) -------------
 
     def suspend(self, rid: int, host: HostSide) -> Suspended:
-        """Suspend running request ``rid`` to host: give every page and state slot it holds
-        (row entries ``[first, end)`` per band, a prefix-cache hit's shared pages
-        included) a host slot of its class, copy the bytes when ``host`` has a buffer,
-        then release its device pages as a retraction does (:meth:`free` without insert:
-        the cache's pages unlocked, its own released). It holds no device page afterwards
-        and comes back with :meth:`resume` (or ``allocate(..., resumes=[rid])``).
-
-        Returns:
-            Its :class:`Suspended` record (also kept here: :meth:`suspended`).
-
-        Raises:
-            UnknownRequestError: ``rid`` holds no pages.
-            HostPoolFullError: a class's pool has fewer free slots than ``rid`` holds
-                pages there (checked for every band first: nothing taken or released).
-            BufferArgumentError: ``host`` has no pool for a band, or its slots are not the
-                band's page bytes (nothing changed).
-        """
-        facts = self._facts(rid)
-        table, slot = self._table, facts.slot
-        held = table.held(slot)
-        bands = self.chain.layout.bands
-        counts = tuple(end - first for first, end in held.spans)
-        for layout, n in zip(bands, counts, strict=True):
-            pool = host.pool(layout.label)
-            if host.page_bytes.get(layout.label) != layout.page_bytes:
-                raise BufferArgumentError(
-                    f"the {layout.label} band has pages of {layout.page_bytes:,} B but its "
-                    f"host slots hold {host.page_bytes.get(layout.label)} B")
-            if n > pool.free_count:
-                raise HostPoolFullError(
-                    f"request {rid} holds {n:,} {layout.label} pages but the host pool has "
-                    f"{pool.free_count:,} free slots", label=layout.label, wanted=n,
-                    free=pool.free_count)
-        labels = tuple(b.label for b in bands)
-        copy: RequestHostCopy | None = None
-        if host.buffer is not None and host.device is not None:
-            copy, fence = offload_request(self, host.device, host.buffer, rid)
-            fence.wait()  # the device pages are released below: the copy must be done
-            host_slots = tuple(part.slots for part in copy.bands)
-        else:
-            host_slots = tuple(host.pool(label).alloc(n)
-                               for label, n in zip(labels, counts, strict=True))
-        tokens = int(table.tokens[slot])
-        self.free(rid, insert=False)
-        sus = Suspended(rid, tokens, held, Demand(counts), host_slots, labels,
-                        sum(n * b.page_bytes for n, b in zip(counts, bands, strict=True)),
-                        host, copy)
-        self._suspended[rid] = sus
-        return sus
+        """:meth:`Suspensions.suspend` (its errors)."""
+        return self.suspensions.suspend(rid, host)
 
     def suspend_bytes(self, rid: int) -> int:
-        """Bytes :meth:`suspend` of ``rid`` would copy to host now: ``sum((end - first) x
-        page_bytes)`` over its bands (0 if it holds nothing)."""
-        facts = self._requests.get(rid)
-        if facts is None:
-            return 0
-        spans = self._table.held(facts.slot).spans
-        return sum((end - first) * b.page_bytes
-                   for (first, end), b in zip(spans, self.chain.layout.bands, strict=True))
+        """:meth:`Suspensions.suspend_bytes`."""
+        return self.suspensions.suspend_bytes(rid)
+
+    def resume_demand(self, rid: int) -> Demand:
+        """:meth:`Suspensions.resume_demand` (its errors)."""
+        return self.suspensions.resume_demand(rid)
+
+    def audit_host(self, host: HostSide) -> None:
+        """:meth:`Suspensions.audit` (its errors)."""
+        self.suspensions.audit(host)
+
+    def _check_resumes(self, resumes: Sequence[int], ids: tuple[int, ...]
+                       ) -> tuple[Suspended, ...]:
+        return self.suspensions.check_resumes(resumes, ids)
+
+    def _restore(self, sus: Suspended, vids: Sequence[Sequence[int]]) -> None:
+        self.suspensions.restore(sus, vids)
 
     def shared_by_others(self, rid: int) -> int:
         """Full pages of ``rid``'s prefix-cache pages that another running request also
@@ -479,126 +302,6 @@ class KVManager:
         private copy (:mod:`kvchain.requests.suspend`). 0 if it holds nothing or no lock."""
         facts = self._requests.get(rid)
         return self._glue.shared_by_others(rid, facts) if facts is not None else 0
-
-    def is_suspended(self, rid: int) -> bool:
-        """Whether ``rid`` is suspended to host."""
-        return rid in self._suspended
-
-    def suspended(self, rid: int) -> Suspended:
-        """The record of suspended ``rid``.
-
-        Raises:
-            UnknownRequestError: it is not suspended.
-        """
-        try:
-            return self._suspended[rid]
-        except KeyError:
-            raise UnknownRequestError(f"request {rid} is not suspended to host") from None
-
-    @property
-    def suspended_ids(self) -> tuple[int, ...]:
-        """Requests suspended to host, in suspension order."""
-        return tuple(self._suspended)
-
-    def resume_demand(self, rid: int) -> Demand:
-        """The load-back demand of suspended ``rid``: pages per band it held
-        (:attr:`Suspended.demand`).
-
-        Raises:
-            UnknownRequestError: it is not suspended.
-        """
-        return self.suspended(rid).demand
-
-    def resume(self, rid: int, quote: Quote | None = None) -> Demand:
-        """Load suspended ``rid`` back on its own: ``allocate([], resumes=[rid])``, one take
-        of :meth:`resume_demand` (``quote``: its price from ``chain.price``, if the caller
-        has it).
-
-        Raises:
-            UnknownRequestError: ``rid`` is not suspended (nothing changed).
-            CapacityError: the load-back does not fit (nothing changed: it stays
-                suspended).
-        """
-        self.suspended(rid)
-        return self.allocate([], None, quote, resumes=(rid,))
-
-    def _check_resumes(self, resumes: Sequence[int], ids: tuple[int, ...]
-                       ) -> tuple[Suspended, ...]:
-        """The records of ``resumes``, each suspended, named once, not in ``ids``, with its
-        host slots held (before any change).
-
-        Raises:
-            InvalidDemandError, BufferArgumentError: see :meth:`allocate`.
-        """
-        rids = tuple(resumes)
-        if len(set(rids)) != len(rids) or not set(rids).isdisjoint(ids):
-            raise InvalidDemandError("a resume is named twice or is also in the batch")
-        out = []
-        for rid in rids:
-            if isinstance(rid, bool) or rid not in self._suspended:
-                raise InvalidDemandError(f"request {rid!r} is not suspended to host")
-            sus = self._suspended[rid]
-            sus.check_held()
-            out.append(sus)
-        return tuple(out)
-
-    def _restore(self, sus: Suspended, vids: Sequence[Sequence[int]]) -> None:
-        """Give resumed ``sus`` its new pages ``vids`` (per band, entry order) at the row
-        entries it held, load its host bytes into them and free its host slots."""
-        del self._suspended[sus.rid]
-        facts = self._register(sus.rid)
-        table, slot = self._table, facts.slot
-        table.tokens[slot] = sus.tokens
-        for band, ((first, _), got) in enumerate(zip(sus.held.spans, vids, strict=True)):
-            table.set_row(band, slot, first, got)
-        table.refresh_need(np.asarray([slot], dtype=np.int64))
-        host, copy = sus.host, sus.copy
-        if copy is not None and host.buffer is not None and host.device is not None:
-            rebased = RequestHostCopy(copy.rid, tuple(
-                replace(part, vids=np.asarray(got, dtype=np.int64),
-                        table_pages=end)
-                for part, got, (_, end) in zip(copy.bands, vids, sus.held.spans,
-                                               strict=True)))
-            fence = load_back_request(self, host.device, host.buffer, rebased)
-            free_host_copy(host.buffer, rebased, after=fence)
-        else:
-            sus.free_slots()
-
-    def audit_host(self, host: HostSide) -> None:
-        """Every suspended request's pages are in exactly one place, on host: it holds no
-        device page (no row), each of its pages has one held host slot of its class (none
-        shared with another request), and every held host slot of ``host`` belongs to a
-        suspended request (no leaked host slot); then each pool's own invariant.
-
-        Raises:
-            AuditError: a suspended request that also holds device pages, a record whose
-                slots do not match its demand, a host slot held twice, freed, or leaked.
-        """
-        host.audit()
-        per_label: dict[str, list[np.ndarray]] = {label: [] for label in host.pools}
-        for rid, sus in self._suspended.items():
-            if rid in self._requests:
-                raise AuditError(f"request {rid} is suspended to host and holds device pages")
-            if tuple(int(s.size) for s in sus.slots) != sus.demand.pages:
-                raise AuditError(f"request {rid}: {[int(s.size) for s in sus.slots]} host "
-                                 f"slots for a load-back of {sus.demand.pages}")
-            if sus.host is not host:
-                continue
-            try:
-                sus.check_held()
-            except BufferArgumentError as exc:
-                raise AuditError(f"suspended request {rid}: {exc}") from None
-            for label, s in zip(sus.labels, sus.slots, strict=True):
-                per_label[label].append(s)
-        for label, parts in per_label.items():
-            got = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-            if np.unique(got).size != got.size:
-                raise AuditError(f"host pool {label!r}: a slot is held by two suspended "
-                                 f"requests")
-            held = host.pools[label].held_count
-            if held != got.size:
-                raise AuditError(f"host pool {label!r}: {held} slots held, {got.size} by "
-                                 f"suspended requests: {held - got.size} leaked")
 
     # --- decode demands ----------------------------------------------------------------------
 
@@ -681,7 +384,7 @@ class KVManager:
             out[i] = d
         return self._decode_value(lookup, drafts, out, at, matrix)
 
-    def _decode_value(self, lookup: _SlotLookup, drafts: int, demands: Sequence[Demand],
+    def _decode_value(self, lookup: SlotLookup, drafts: int, demands: Sequence[Demand],
                       nonzero: Sequence[int], needs: np.ndarray | None = None) -> StepPlan:
         """The decode batch's plan over ``lookup``'s rows, with the rows' token counts and
         the chain's epoch it was computed on."""
@@ -769,7 +472,7 @@ class KVManager:
             version=lookup.version, at=at, epoch=self.chain.epoch))
 
     def _checked_rows(self, batch: Sequence[tuple[int, int]],
-                      ) -> tuple[tuple[int, ...], tuple[int, ...], _SlotLookup]:
+                      ) -> tuple[tuple[int, ...], tuple[int, ...], SlotLookup]:
         """A batch's request ids, token counts and slot lookup, checked: pairs of ints,
         each request once, none suspended to host.
 
@@ -857,7 +560,7 @@ class KVManager:
             self._distribute(pages, ids, plan.tokens, slots, plan.nonzero, plan.needs)
         return taken
 
-    def _current(self, plan: StepPlan) -> _SlotLookup:
+    def _current(self, plan: StepPlan) -> SlotLookup:
         """The slot lookup of ``plan``'s rows, if it is this manager's and its rows are as
         at its build: their tokens, and, once the chain's epoch or the table's slot
         version moved (a take, a release, a cache lock, a request bound or unbound), their
@@ -945,7 +648,7 @@ class KVManager:
         return self.apply(self.plan(batch, demands, resumes, quote))
 
     def _batch_demand(self, ids: tuple[int, ...], extends: tuple[int, ...],
-                      lookup: _SlotLookup, demands: Sequence[Demand] | None,
+                      lookup: SlotLookup, demands: Sequence[Demand] | None,
                       ) -> tuple[tuple[tuple[Demand, ...], tuple[int, ...], np.ndarray], Demand,
                                  int, np.ndarray]:
         """The rows' demands, the positions of the non-empty ones and their ``[len(nonzero),
@@ -1140,114 +843,15 @@ class KVManager:
 
     def verify(self, rids: Sequence[int], accepted: Sequence[int] | np.ndarray,
                drafts: int) -> int:
-        """Settle a speculative step: request ``rids[i]`` computed ``1 + k`` tokens (its
-        :meth:`allocate` of ``(rid, 1 + k)``) and keeps ``1 + accepted[i]`` of them.
-
-        Rollback first, for the whole batch in array operations: in every full, window and
-        chunked-local band the pages at or past ``ceil((L + 1 + a) / P)`` (``L`` the
-        tokens before the step) are taken out of the rows and released in one
-        ``chain.release`` per band (a page holding an accepted token stays). Then the
-        commit of ``1 + a`` tokens as :meth:`commit_decodes` (window-tail release: the
-        window slack behind the new window goes too; the prefix cache's prompt insert,
-        if due, through :meth:`commit`). State slots are not released: a request holds
-        its ``k`` checkpoint slots for its whole life (the state after the last accepted
-        token is one of them and becomes the working state; nothing is recomputed), or
-        under ``REPLAY`` its one checkpoint (the engine copies it back and recomputes the
-        ``1 + a`` accepted tokens after a rejection: compute, no pages). The
-        rejected drafts were never committed, so the prefix cache never sees them.
-        ``accepted`` all 0 with ``k = 0`` is :meth:`commit_decodes`.
-
-        Args:
-            rids: the step's decoding requests, each once.
-            accepted: drafts accepted per request (``0 <= a <= k``), aligned with ``rids``.
-            drafts: ``k``, the drafts each request computed in the step.
-
-        Returns:
-            Pages released (rollback and window-tail release, all bands).
-
-        Raises:
-            UnknownRequestError: a request that holds no pages.
-            InvalidDemandError: a request named twice, ``accepted`` not integers in
-                ``[0, drafts]`` of the batch's length, or ``1 + drafts`` tokens not
-                covered by a request's pages in a band that keeps every token or a window
-                band. Checked for the whole batch before anything changes.
-        """
-        ids = tuple(rids)
-        slots = self._checked_slots(ids, "verify")
-        acc = np.asarray(accepted)
-        if not isinstance(accepted, np.ndarray) and bool in set(map(type, accepted)):
-            acc = np.asarray(accepted, dtype=object)  # True would read as 1: refused below
-        if type(drafts) is not int or drafts < 0:
-            raise InvalidDemandError(f"drafts must be an int >= 0, got {drafts!r}")
-        if (acc.shape != (len(ids),) or (acc.size and acc.dtype.kind not in "iu")
-                or (acc.size and not 0 <= int(acc.min()) <= int(acc.max()) <= drafts)):
-            raise InvalidDemandError(f"accepted drafts must be {len(ids)} integers in "
-                                     f"[0, {drafts}], got {accepted!r}")
-        acc = acc.astype(np.int64)
-        table = self._table
-        n = table.tokens[slots] + 1 + acc
-        computed = table.tokens[slots] + 1 + drafts  # the step's tokens: all covered
-        for pol in self.geom.policies:
-            if pol.per_request:
-                continue
-            band = pol.band
-            end = table.rowlen[band][slots]
-            short = end * pol.page_size < computed
-            if pol.windowed:
-                short &= end > table.first[band][slots]  # an empty window band: no pages
-            if short.any():
-                at = int(short.nonzero()[0][0])
-                raise InvalidDemandError(f"request {ids[at]}: {1 + drafts} tokens not covered "
-                                         f"by its pages")
-        # every request checked: nothing below fails half-way
-        released = 0
-        for pol in self.geom.policies:
-            if pol.per_request:
-                continue
-            vids = table.truncate(pol.band, slots, -(-n // pol.page_size))
-            if vids.size:
-                self.chain.release(pol.band, vids)
-                released += int(vids.size)
-                self.rolled_back_pages[pol.band] += int(vids.size)
-        if type(self).commit is not KVManager.commit or self._glue.may_insert(ids):
-            released += sum(self.commit(rid, 1 + int(a))
-                            for rid, a in zip(ids, acc.tolist(), strict=True))
-        else:
-            table.tokens[slots] = n
-            for pol in self.geom.windows:
-                released += self._release_fronts(pol.band, slots, pol.first_page(n))
-        table.refresh_need(slots)
-        return released
+        """:meth:`Speculation.verify <kvchain.requests.speculative.Speculation.verify>`:
+        settle a speculative step (rollback, then the commit of the accepted tokens; its
+        errors). Returns pages released."""
+        return self.speculation.verify(rids, accepted, drafts)
 
     def audit_settled(self, rids: Iterable[int]) -> None:
-        """What :meth:`verify` leaves, checked for requests ``rids`` (an audit: run it after
-        a rollback): no page of a full, window or chunked-local band at or past
-        ``ceil(L / P)`` (``L`` its tokens: no rejected draft's page kept), no window page
-        before its window (``first_page(L)``: the window slack released), and its state
-        slots exactly the geometry's ``state_slots`` (its checkpoints, none leaked or
-        lost).
-
-        Raises:
-            AuditError: the first request that holds more or less.
-            UnknownRequestError: a request that holds no pages.
-        """
-        table = self._table
-        for rid in rids:
-            slot = self._facts(rid).slot
-            tokens = int(table.tokens[slot])
-            for pol in self.geom.policies:
-                first, end = table.span(pol.band, slot)
-                if pol.per_request:
-                    if end and end != self.geom.state_slots:
-                        raise AuditError(f"request {rid}: {end} state slots, "
-                                         f"{self.geom.state_slots} claimed")
-                    continue
-                if end > -(-tokens // pol.page_size):
-                    raise AuditError(f"request {rid}: band {pol.band} holds {end} pages for "
-                                     f"{tokens} tokens (a rolled-back page kept)")
-                if pol.windowed and end > first and first < pol.first_page(tokens):
-                    raise AuditError(f"request {rid}: band {pol.band} keeps page {first} "
-                                     f"behind its window (slack not released)")
+        """:meth:`Audit.settled <kvchain.requests.audit.Audit.settled>`: what
+        :meth:`verify` leaves, for requests ``rids`` (raises AuditError)."""
+        self.audits.settled(rids)
 
     def release_window_tail(self, rid: int) -> int:
         """Release ``rid``'s pages wholly before its next token's window, in every window
@@ -1376,159 +980,16 @@ class KVManager:
                 released += len(ids)
         return released
 
-    # --- kernels ---------------------------------------------------------------------------
+    # --- kernels (:class:`Reads`) ------------------------------------------------------------
 
     def page_table(self, rid: int, band: int) -> np.ndarray:
-        """Virtual page ids of ``rid`` in ``band`` in token order (int64, shape ``[pages]``,
-        a copy of its row).
+        """:meth:`Reads.page_table <kvchain.requests.reads.Reads.page_table>`: ``rid``'s
+        virtual page ids in ``band``, token order (int64 ``[pages]``; its errors)."""
+        return self.reads.page_table(rid, band)
 
-        For a window band, entry ``j`` is the page of tokens ``[j * P, (j + 1) * P)``;
-        released entries hold the band's null page. Translate with
-        ``chain.translate(band, table)`` (one call per batch).
-
-        Raises:
-            UnknownRequestError: ``rid`` holds no pages.
-            InvalidDemandError: no band ``band`` in this chain.
-        """
-        slot = self._facts(rid).slot
-        if isinstance(band, bool) or not isinstance(band, int | np.integer) \
-                or not 0 <= band < self.geom.num_bands:
-            raise InvalidDemandError(f"no band {band} in this chain")
-        table = self._table
-        return table.tables[band][slot, :table.rowlen[band, slot]].copy()
-
-    def held_per_band(self, rids: Iterable[int]) -> tuple[int, ...]:
-        """Pages per band (state slots for a state band; low -> high) that requests ``rids``
-        hold, read from the table in O(bands) numpy calls: every band's pages from its
-        first live one to the last. Ids that hold nothing count 0; an id given twice
-        counts twice (as a sum over the ids given).
-
-        Without a prefix cache this is every page the requests own (what the band samples
-        count each step); with one, a request's hit pages are the cache's and its saved
-        checkpoints are not in its rows: :meth:`owned_per_band` counts those.
-
-        Raises:
-            InvalidDemandError: a ``bool`` request id (it would alias request 0 or 1).
-        """
-        ids = tuple(rids)
-        if not ids:
-            return (0,) * self.geom.num_bands
-        slots = self._slots_of(ids)
-        table = self._table
-        counts = (table.rowlen[:, slots] - table.first[:, slots]).sum(axis=1)
-        return tuple(counts.tolist())
-
-    def owned_per_band(self, rids: Iterable[int]) -> tuple[int, ...]:
-        """Pages per band that requests ``rids`` hold as their own: :meth:`held_per_band`
-        less the prefix cache's shared pages in their rows, plus the window pages they
-        keep for the cache and their saved state checkpoints (ids that hold nothing are
-        skipped). The split :meth:`audit` checks page by page.
-
-        Raises:
-            InvalidDemandError: a ``bool`` request id.
-        """
-        ids = tuple(rid for rid in rids if rid in self._requests)
-        if not ids:
-            return (0,) * self.geom.num_bands
-        slots = self._slots_of(ids)
-        table = self._table
-        counts = list(self.held_per_band(ids))
-        shared = table.shared[slots]
-        for pol in self.geom.policies:
-            band = pol.band
-            if pol.per_request:
-                counts[band] += sum(len(self._requests[rid].ckpts) for rid in ids)
-                continue
-            first, end = table.first[band][slots], table.rowlen[band][slots]
-            counts[band] -= int((np.minimum(shared, end) - np.minimum(first, shared)).clip(0)
-                                .sum())
-            if pol.windowed:
-                counts[band] += sum(len(self._requests[rid].kept.get(band, ())) for rid in ids)
-        return tuple(counts)
-
-    def block_table(self, rids: Sequence[int], band: int, physical: bool = True) -> np.ndarray:
-        """The block table of a batch in ``band``: the layout paged-attention kernels take
-        (vLLM's and FlashInfer's ``block_tables``: one row per sequence, one page id per
-        column, in token order).
-
-        Args:
-            rids: request ids, one row each, in this order.
-            band: band index.
-            physical: physical page indices on the band's grid (through the allocator's
-                ``translate``, as kernels address pages); ``False``: virtual ids.
-
-        Returns:
-            int64 ``[len(rids), max_pages]``, ``max_pages`` the longest row among ``rids``.
-            Row ``i`` is :meth:`page_table` of ``rids[i]`` (translated), then padding.
-            Padding and released window pages hold the band's null page; in a band that
-            reserves none (full and state bands: they release nothing before the request
-            ends) padding is ``-1`` (a kernel reads a row only up to its request's length,
-            ``ceil(L / P)`` pages). A gather of the request table's rows and one
-            ``translate``.
-
-        Raises:
-            InvalidDemandError: no band ``band`` in this chain, or a ``bool`` request id.
-            UnknownRequestError: a request that holds no pages.
-        """
-        if isinstance(band, bool) or not isinstance(band, int | np.integer) \
-                or not 0 <= band < self.geom.num_bands:
-            raise InvalidDemandError(f"no band {band} in this chain")
-        ids = tuple(rids)
-        slots = self._known_slots(ids)
-        table = self._table
-        width = int(table.rowlen[band][slots].max()) if slots.size else 0
-        vids = table.tables[band][slots, :width]
-        if not physical or not vids.size:
-            return vids
-        if table.pads[band] >= 0:
-            return self.chain.translate(band, vids)
-        out = np.full(vids.shape, -1, dtype=np.int64)
-        valid = vids >= 0
-        out[valid] = self.chain.translate(band, vids[valid])
-        return out
-
-    # --- integrity -------------------------------------------------------------------------
+    # --- integrity (:class:`Audit`) ---------------------------------------------------------
 
     def audit(self) -> None:
-        """Every bound page of the chain is held by exactly one request or the prefix cache,
-        or is a null page; every shared page a request reads is the cache's.
-
-        Raises:
-            AuditError: a leaked page (bound, held by nobody) or a page held twice.
-        """
-        table = self._table
-        held: list[list[int]] = [[] for _ in range(self.geom.num_bands)]
-        shared: list[list[int]] = [[] for _ in range(self.geom.num_bands)]
-        for facts in self._requests.values():
-            slot = facts.slot
-            h = int(table.shared[slot])
-            for pol in self.geom.policies:
-                first = int(table.first[pol.band, slot])
-                for i, v in enumerate(table.live(pol.band, slot).tolist(), first):
-                    (shared if i < h and not pol.per_request else held)[pol.band].append(v)
-            self._glue.kept_pages(facts, held)
-        cached = self._glue.held_pages()
-        for band in range(self.geom.num_bands):
-            self._audit_band(band, held[band], shared[band],
-                             cached[band] if cached is not None else [])
-        self._glue.audit(self._requests)
-
-    def _audit_band(self, band: int, held: list[int], shared: list[int],
-                    in_cache: list[int]) -> None:
-        """One band of :meth:`audit`: requests' own pages, the cache's, the null pages."""
-        if len(set(held)) != len(held):
-            raise AuditError(f"band {band}: a page is held by two requests")
-        owned = set(in_cache)
-        if len(owned) != len(in_cache) or owned & set(held):
-            raise AuditError(f"band {band}: a page held twice by the cache or by the cache "
-                             "and a request")
-        if not owned.issuperset(shared):
-            raise AuditError(f"band {band}: a request uses a shared page the cache does not "
-                             "hold")
-        reserved = self.chain.layout.bands[band].reserved_pages
-        total = len(held) + len(in_cache)
-        bound = self.chain.bound_pages(band)
-        if bound != total + reserved:
-            raise AuditError(f"band {band}: {bound} pages bound, {len(held)} held by "
-                             f"requests + {len(in_cache)} by the cache + {reserved} null: "
-                             f"{bound - total - reserved} leaked")
+        """:meth:`Audit.pages <kvchain.requests.audit.Audit.pages>`: every bound page held
+        once (a request, the cache or a null page; raises AuditError)."""
+        self.audits.pages()

@@ -42,23 +42,38 @@ the one place to point at another host-tier object's pools later.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from kvchain.alloc.snapshot import Demand
+from kvchain.alloc.snapshot import Demand, Quote
 from kvchain.buffer.host import HostBuffer
 from kvchain.buffer.host_pool import HostPool
 from kvchain.buffer.numpy_buffer import NumpyBuffer
 from kvchain.buffer.torch_buffer import TorchBuffer
 from kvchain.cache.host_cache import HostTier
-from kvchain.cache.host_copy import RequestHostCopy
+from kvchain.cache.host_copy import (
+    RequestHostCopy,
+    free_host_copy,
+    load_back_request,
+    offload_request,
+)
 from kvchain.cache.host_tier import host_tier_plan
-from kvchain.errors import BufferArgumentError, ConfigError
+from kvchain.errors import (
+    AuditError,
+    BufferArgumentError,
+    ConfigError,
+    HostPoolFullError,
+    InvalidDemandError,
+    UnknownRequestError,
+)
 from kvchain.layout import ChainLayout
 from kvchain.requests.demand import HeldPages
+
+if TYPE_CHECKING:
+    from kvchain.requests.manager import KVManager
 
 
 class SlotPool(Protocol):
@@ -250,7 +265,7 @@ def host_side_for(layout: ChainLayout, host_bytes: int, interval_tokens: int) ->
 
 @dataclass(slots=True, eq=False)
 class Suspended:
-    """A request suspended to host (:meth:`KVManager.suspend`).
+    """A request suspended to host (:meth:`Suspensions.suspend`).
 
     Attributes:
         rid: the request.
@@ -294,3 +309,212 @@ class Suspended:
         for label, slots in zip(self.labels, self.slots, strict=True):
             if slots.size:
                 self.host.pool(label).free(slots)
+
+
+class Suspensions:
+    """A :class:`~kvchain.requests.manager.KVManager`'s requests suspended to host: the
+    only record of them (request id -> :class:`Suspended`, in suspension order), the
+    suspension, the load-back's checks and restore, and their audit. The manager owns one
+    (``kv.suspensions``) and its ``allocate(..., resumes=...)`` loads records back in the
+    step's one take.
+
+    Args:
+        kv: the manager whose requests these are.
+    """
+
+    def __init__(self, kv: KVManager) -> None:
+        self._kv = kv
+        self.records: dict[int, Suspended] = {}
+
+    def suspend(self, rid: int, host: HostSide) -> Suspended:
+        """Suspend running request ``rid`` to host: give every page and state slot it holds
+        (row entries ``[first, end)`` per band, a prefix-cache hit's shared pages
+        included) a host slot of its class, copy the bytes when ``host`` has a buffer,
+        then release its device pages as a retraction does (``KVManager.free`` without
+        insert: the cache's pages unlocked, its own released). It holds no device page
+        afterwards and comes back with :meth:`resume` (or ``allocate(..., resumes=[rid])``).
+
+        Returns:
+            Its :class:`Suspended` record (also kept here: :meth:`suspended`).
+
+        Raises:
+            UnknownRequestError: ``rid`` holds no pages.
+            HostPoolFullError: a class's pool has fewer free slots than ``rid`` holds
+                pages there (checked for every band first: nothing taken or released).
+            BufferArgumentError: ``host`` has no pool for a band, or its slots are not the
+                band's page bytes (nothing changed).
+        """
+        kv = self._kv
+        slot = kv._facts(rid).slot
+        held = kv._table.held(slot)
+        bands = kv.chain.layout.bands
+        counts = tuple(end - first for first, end in held.spans)
+        self._check_room(rid, host, counts)
+        labels = tuple(b.label for b in bands)
+        copy: RequestHostCopy | None = None
+        if host.buffer is not None and host.device is not None:
+            copy, fence = offload_request(kv, host.device, host.buffer, rid)
+            fence.wait()  # the device pages are released below: the copy must be done
+            host_slots = tuple(part.slots for part in copy.bands)
+        else:
+            host_slots = tuple(host.pool(label).alloc(n)
+                               for label, n in zip(labels, counts, strict=True))
+        tokens = int(kv._table.tokens[slot])
+        kv.free(rid, insert=False)
+        sus = Suspended(rid, tokens, held, Demand(counts), host_slots, labels,
+                        sum(n * b.page_bytes for n, b in zip(counts, bands, strict=True)),
+                        host, copy)
+        self.records[rid] = sus
+        return sus
+
+    def _check_room(self, rid: int, host: HostSide, counts: tuple[int, ...]) -> None:
+        """That ``host`` has, per band, a pool of the band's page bytes with ``counts``
+        free slots (errors: :meth:`suspend`)."""
+        for layout, n in zip(self._kv.chain.layout.bands, counts, strict=True):
+            pool = host.pool(layout.label)
+            if host.page_bytes.get(layout.label) != layout.page_bytes:
+                raise BufferArgumentError(
+                    f"the {layout.label} band has pages of {layout.page_bytes:,} B but its "
+                    f"host slots hold {host.page_bytes.get(layout.label)} B")
+            if n > pool.free_count:
+                raise HostPoolFullError(
+                    f"request {rid} holds {n:,} {layout.label} pages but the host pool has "
+                    f"{pool.free_count:,} free slots", label=layout.label, wanted=n,
+                    free=pool.free_count)
+
+    def suspend_bytes(self, rid: int) -> int:
+        """Bytes :meth:`suspend` of ``rid`` would copy to host now: ``sum((end - first) x
+        page_bytes)`` over its bands (0 if it holds nothing)."""
+        kv = self._kv
+        if rid not in kv:
+            return 0
+        spans = kv.held(rid).spans
+        return sum((end - first) * b.page_bytes
+                   for (first, end), b in zip(spans, kv.chain.layout.bands, strict=True))
+
+    def is_suspended(self, rid: int) -> bool:
+        """Whether ``rid`` is suspended to host."""
+        return rid in self.records
+
+    def suspended(self, rid: int) -> Suspended:
+        """The record of suspended ``rid``.
+
+        Raises:
+            UnknownRequestError: it is not suspended.
+        """
+        try:
+            return self.records[rid]
+        except KeyError:
+            raise UnknownRequestError(f"request {rid} is not suspended to host") from None
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """Requests suspended to host, in suspension order."""
+        return tuple(self.records)
+
+    def resume_demand(self, rid: int) -> Demand:
+        """The load-back demand of suspended ``rid``: pages per band it held
+        (:attr:`Suspended.demand`).
+
+        Raises:
+            UnknownRequestError: it is not suspended.
+        """
+        return self.suspended(rid).demand
+
+    def resume(self, rid: int, quote: Quote | None = None) -> Demand:
+        """Load suspended ``rid`` back on its own: ``kv.allocate([], resumes=[rid])``, one
+        take of :meth:`resume_demand` (``quote``: its price from ``chain.price``, if the
+        caller has it).
+
+        Raises:
+            UnknownRequestError: ``rid`` is not suspended (nothing changed).
+            CapacityError: the load-back does not fit (nothing changed: it stays
+                suspended).
+        """
+        self.suspended(rid)
+        return self._kv.allocate([], None, quote, resumes=(rid,))
+
+    def check_resumes(self, resumes: Sequence[int], ids: tuple[int, ...]
+                      ) -> tuple[Suspended, ...]:
+        """The records of ``resumes``, each suspended, named once, not in ``ids`` (the
+        take's batch), with its host slots held (before any change).
+
+        Raises:
+            InvalidDemandError: a resume not suspended, named twice or also in ``ids``.
+            BufferArgumentError: a resume whose host slots are no longer held.
+        """
+        rids = tuple(resumes)
+        if len(set(rids)) != len(rids) or not set(rids).isdisjoint(ids):
+            raise InvalidDemandError("a resume is named twice or is also in the batch")
+        out = []
+        for rid in rids:
+            if isinstance(rid, bool) or rid not in self.records:
+                raise InvalidDemandError(f"request {rid!r} is not suspended to host")
+            sus = self.records[rid]
+            sus.check_held()
+            out.append(sus)
+        return tuple(out)
+
+    def restore(self, sus: Suspended, vids: Sequence[Sequence[int]]) -> None:
+        """Give resumed ``sus`` its new pages ``vids`` (per band, entry order) at the row
+        entries it held, load its host bytes into them and free its host slots."""
+        kv = self._kv
+        del self.records[sus.rid]
+        slot = kv._register(sus.rid).slot
+        table = kv._table
+        table.tokens[slot] = sus.tokens
+        for band, ((first, _), got) in enumerate(zip(sus.held.spans, vids, strict=True)):
+            table.set_row(band, slot, first, got)
+        table.refresh_need(np.asarray([slot], dtype=np.int64))
+        host, copy = sus.host, sus.copy
+        if copy is not None and host.buffer is not None and host.device is not None:
+            rebased = RequestHostCopy(copy.rid, tuple(
+                replace(part, vids=np.asarray(got, dtype=np.int64), table_pages=end)
+                for part, got, (_, end) in zip(copy.bands, vids, sus.held.spans,
+                                               strict=True)))
+            fence = load_back_request(kv, host.device, host.buffer, rebased)
+            free_host_copy(host.buffer, rebased, after=fence)
+        else:
+            sus.free_slots()
+
+    def audit(self, host: HostSide) -> None:
+        """Every suspended request's pages are in exactly one place, on host: it holds no
+        device page (no row), each of its pages has one held host slot of its class (none
+        shared with another request), and every held host slot of ``host`` belongs to a
+        suspended request (no leaked host slot); then each pool's own invariant.
+
+        Raises:
+            AuditError: a suspended request that also holds device pages, a record whose
+                slots do not match its demand, a host slot held twice, freed, or leaked.
+        """
+        host.audit()
+        per_label: dict[str, list[np.ndarray]] = {label: [] for label in host.pools}
+        for rid, sus in self.records.items():
+            self._audit_record(rid, sus, host, per_label)
+        for label, parts in per_label.items():
+            got = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            if np.unique(got).size != got.size:
+                raise AuditError(f"host pool {label!r}: a slot is held by two suspended "
+                                 f"requests")
+            held = host.pools[label].held_count
+            if held != got.size:
+                raise AuditError(f"host pool {label!r}: {held} slots held, {got.size} by "
+                                 f"suspended requests: {held - got.size} leaked")
+
+    def _audit_record(self, rid: int, sus: Suspended, host: HostSide,
+                      per_label: dict[str, list[np.ndarray]]) -> None:
+        """One record of :meth:`audit`: off the device, slots matching its demand and
+        held; its slots in ``host`` added to ``per_label``."""
+        if rid in self._kv:
+            raise AuditError(f"request {rid} is suspended to host and holds device pages")
+        if tuple(int(s.size) for s in sus.slots) != sus.demand.pages:
+            raise AuditError(f"request {rid}: {[int(s.size) for s in sus.slots]} host "
+                             f"slots for a load-back of {sus.demand.pages}")
+        if sus.host is not host:
+            return
+        try:
+            sus.check_held()
+        except BufferArgumentError as exc:
+            raise AuditError(f"suspended request {rid}: {exc}") from None
+        for label, s in zip(sus.labels, sus.slots, strict=True):
+            per_label[label].append(s)

@@ -579,10 +579,10 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         stats.hit_tokens = sched.counters.hit_tokens
         stats.evicted_pages = {b.label: n for b, n in zip(layout.bands, cache.evicted_pages,
                                                           strict=True)}
-        stats.cow_state_copies = kv.cow_state_copies
-        stats.cow_bytes = kv.cow_bytes
-        stats.checkpoints_saved = kv.checkpoints_saved
-        stats.junctions_saved = kv.junctions_saved
+        stats.cow_state_copies = kv.glue.cow_state_copies
+        stats.cow_bytes = kv.glue.cow_bytes
+        stats.checkpoints_saved = kv.glue.checkpoints_saved
+        stats.junctions_saved = kv.glue.junctions_saved
         stats.partial_hits = sched.counters.partial_hits
         stats.partial_tokens = sched.counters.partial_tokens
         extra.update({"prefix_hit_rate_pct": round(100 * stats.hit_rate, 2),
@@ -591,7 +591,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                           "partial_tokens": stats.partial_tokens}
                          if config.scheduler.partial_hits else {}),
                       "prefix_evicted_pages": sum(cache.evicted_pages),
-                      "cow_state_copies": kv.cow_state_copies,
+                      "cow_state_copies": kv.glue.cow_state_copies,
                       **stats.add_bounds(replace(config.trace, requests=tuple(served)),
                                          layout, {
                           rec.request_id for rec in recorder.records
@@ -670,19 +670,20 @@ class _SpecBytes:
         """After a step's take (drafts held): the bytes of the draft's bands, peak. O(bands)
         through the request layer's per-band counts; nothing without draft bands."""
         if self.draft_bands:
-            held = kv.held_per_band(sched.running)
+            held = kv.reads.held_per_band(sched.running)
             self.draft_peak_bytes = max(self.draft_peak_bytes, sum(
                 held[b] * self.page_bytes[b] for b in self.draft_bands))
 
     def before_verify(self, kv: KVManager) -> None:
-        self.rolled = tuple(kv.rolled_back_pages)
+        self.rolled = tuple(kv.speculation.rolled_back_pages)
 
     def after_verify(self, kv: KVManager, sched: Scheduler) -> None:
-        transient = sum((n - m) * pb for n, m, pb in zip(kv.rolled_back_pages, self.rolled,
-                                                         self.page_bytes, strict=True))
+        rolled = kv.speculation.rolled_back_pages
+        transient = sum((n - m) * pb for n, m, pb in zip(rolled, self.rolled, self.page_bytes,
+                                                         strict=True))
         slots = 0
         if self.state_bands:  # every state band (a draft's too) holds the extra slots
-            held = kv.held_per_band(sched.running)
+            held = kv.reads.held_per_band(sched.running)
             slots = sum(held[b] * self.extra_slots // kv.geom.state_slots
                         * self.page_bytes[b] for b in self.state_bands)
         now = transient + slots

@@ -276,13 +276,13 @@ def band_samples(
 def request_owned_pages(kv: KVManager, rids: Iterable[int]) -> tuple[int, ...]:
     """Pages per band (low -> high) that requests ``rids`` hold as their own: their prefix-
     cache hit excluded (the cache owns it), state checkpoints and window pages saved for
-    the cache included until the request hands them over (:meth:`KVManager.owned_per_band`,
+    the cache included until the request hands them over (:meth:`Reads.owned_per_band`,
     array sums over the request table; without a prefix cache
-    :meth:`KVManager.held_per_band`: every page a request holds is its own). Ids ``kv``
+    ``held_per_band``: every page a request holds is its own). Ids ``kv``
     holds nothing for are skipped."""
     if kv.cache is None:
-        return kv.held_per_band(rids)
-    return kv.owned_per_band(rids)
+        return kv.reads.held_per_band(rids)
+    return kv.reads.owned_per_band(rids)
 
 
 @dataclass(frozen=True, slots=True)

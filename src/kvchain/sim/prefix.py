@@ -32,7 +32,7 @@ class PrefixCacheStats:
         checkpoints_saved: state checkpoint slots written by prefills for the cache.
         interval_tokens: tokens between resume points.
         junctions_saved: prefills that saved a junction checkpoint (and window tail) where
-            their prompt left a cached path (``KVManager.junctions_saved``).
+            their prompt left a cached path (``CacheGlue.junctions_saved``).
         partial_hits: admissions whose hit was partial (``--partial-hits``): they shared
             the cache's pages past the deepest checkpoint and recomputed the gap.
         partial_tokens: those gaps' tokens: pages reused, compute not saved (not in

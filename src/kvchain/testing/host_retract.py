@@ -264,13 +264,13 @@ class HostRetractDriver:
         before = self._state()
         if not quote.fits:
             with contextlib.suppress(CapacityError):
-                self.kv.resume(rid)
+                self.kv.suspensions.resume(rid)
             self.counts.resumes_refused += 1
-            if self._state() != before or not self.kv.is_suspended(rid):
+            if self._state() != before or not self.kv.suspensions.is_suspended(rid):
                 self._violation("refusals_that_changed", f"a refused resume of {rid} changed "
                                 f"the chain, the host or the request")
             return
-        self.kv.resume(rid, quote)
+        self.kv.suspensions.resume(rid, quote)
         data = self.away.pop(rid)
         self.running.append(rid)
         self.counts.resumed += 1
@@ -278,7 +278,7 @@ class HostRetractDriver:
             self._violation("price_mismatches", f"the resume of {rid} did not realize its "
                             f"quote")
         got = self._bytes(rid)
-        if (self.kv.held_per_band([rid]) != demand.pages
+        if (self.kv.reads.held_per_band([rid]) != demand.pages
                 or any(not np.array_equal(a, b) for a, b in zip(got, data, strict=True))):
             self._violation("lost_pages", f"request {rid} came back without the pages or "
                             f"bytes it held")
