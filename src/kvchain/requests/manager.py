@@ -716,7 +716,8 @@ class KVManager:
             return taken
         if quote is not None and quote.before.epoch != self.chain.epoch:
             quote = None  # priced before the chain changed: the take prices it again
-        grant = self.chain.take(taken, quote)
+        grant = self.chain.take(taken, quote,
+                                self._glue.copies(ids, slots, nonzero, matrix, self._requests))
         if missing:
             for rid in missing:
                 self._register(rid)
