@@ -25,11 +25,12 @@ rule is what limits partial hits.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from kvchain.alloc.chain import Chain
-from kvchain.alloc.snapshot import Demand, Quote
+from kvchain.alloc.snapshot import CopyPages, Demand, Quote
 from kvchain.cache.radix import PrefixCache
 from kvchain.catalog.loader import load_model
 from kvchain.gpu import get_gpu
@@ -46,8 +47,9 @@ class CountingChain(Chain):
         super().__init__(layout)
         self.taken = [0] * len(layout.bands)  # not the null pages reserved at start
 
-    def take(self, demand: Demand, quote: Quote | None = None) -> Any:
-        grant = super().take(demand, quote)
+    def take(self, demand: Demand, quote: Quote | None = None,
+             copies: Sequence[CopyPages] = ()) -> Any:
+        grant = super().take(demand, quote, copies)
         for b, n in enumerate(demand.pages):
             self.taken[b] += n
         return grant

@@ -72,7 +72,7 @@ def test_two_readers_of_one_page_drop_it_together_once() -> None:
     assert cache.pinned()[0] == {(0, 101): 2, (0, 102): 1}
     cache.unpin_pages(0, np.array([101, 101]))
     assert cache.pinned()[0] == {(0, 102): 1}
-    assert first.wpin == [1]
+    assert first.pins == [1, 0]
     assert cache.eviction_order().materialize().cumulative == ((0, 0), (1, 0))
     cache.check_order()
 
@@ -113,7 +113,7 @@ class TotalsForgottenCache(PrefixCache):
     def _unread(self, k: int, nodes: list[object]) -> None:  # type: ignore[override]
         for node in nodes:
             assert isinstance(node, Node)
-            node.wpin[k] -= 1
+            node.pins[k] -= 1
         self._version += 1
 
 

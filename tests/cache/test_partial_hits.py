@@ -46,8 +46,8 @@ class CountingChain(Chain):
         super().__init__(layout)
         self.taken = [0] * len(layout.bands)  # not the null pages the chain reserves
 
-    def take(self, demand, quote=None):  # type: ignore[no-untyped-def]
-        grant = super().take(demand, quote)
+    def take(self, demand, quote=None, copies=()):  # type: ignore[no-untyped-def]
+        grant = super().take(demand, quote, copies)
         for b, n in enumerate(demand.pages):
             self.taken[b] += n
         return grant

@@ -173,20 +173,17 @@ def suffix_property(ops, cache_cls: type = PrefixCache, audit: bool | None = Non
                 c.insert(chain_keys, 0, full, win, ck)
             elif kind == 1:
                 hit = c.match(chain_keys, 4 * len(keys) + 1)
-                h = c.lock(hit)
-                if h is not None:  # pin what a request resuming there reads (as attach)
+                h = c.acquire(hit)  # locks it, references what a request reads (as attach)
+                if h is not None:
                     handles.append(h)
                     hits.append(hit)
-                    for band, first in hit.window_first.items():
-                        c.pin_window(h, band, range(first, hit.pages))
-                    if hit.checkpoint >= 0:
-                        c.pin_checkpoint(h, hit.pages)
             elif kind == 2 and handles:
                 h, hit = handles.pop(0), hits.pop(0)
                 for band, first in hit.window_first.items():
                     c.unpin_window(h, band, range(first, hit.pages))
                 if hit.checkpoint >= 0:
-                    c.unpin_checkpoint(h, hit.pages)
+                    assert geom.state is not None
+                    c.unpin_pages(geom.state, [hit.checkpoint])
                 c.unlock(h)
             else:
                 order = c.eviction_order()

@@ -20,7 +20,7 @@ import numpy as np
 from kvchain.alloc.chain import ChainStats, Grant
 from kvchain.alloc.evictor import Evictor
 from kvchain.alloc.pricing import Planner
-from kvchain.alloc.snapshot import ChainSnapshot, Demand, Quote
+from kvchain.alloc.snapshot import ChainSnapshot, CopyPages, Demand, Quote
 from kvchain.layout import ChainLayout
 
 
@@ -85,12 +85,15 @@ class Allocator(Protocol):
         """The snapshot with nothing held but the null pages."""
         ...
 
-    def price(self, demand: Demand) -> Quote:
-        """The planner's quote for ``demand`` now; the only quote ``take`` accepts."""
+    def price(self, demand: Demand, copies: Sequence[CopyPages] = ()) -> Quote:
+        """The planner's quote for ``demand`` now, with the copy actions ``copies``
+        appended to its plan; the only quote ``take`` accepts."""
         ...
 
-    def take(self, demand: Demand, quote: Quote | None = None) -> Grant:
-        """Bind ``demand.pages[i]`` new virtual pages per band, all or nothing."""
+    def take(self, demand: Demand, quote: Quote | None = None,
+             copies: Sequence[CopyPages] = ()) -> Grant:
+        """Bind ``demand.pages[i]`` new virtual pages per band, all or nothing, then run
+        the copies ``copies`` (held pages into pages just bound)."""
         ...
 
     def release(self, band: int, vids: Sequence[int] | np.ndarray) -> None:

@@ -37,13 +37,14 @@ import numpy as np
 
 from kvchain.alloc.band import Band, PageMoves
 from kvchain.alloc.evictor import Evictor
-from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, check_demand
+from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, check_demand, with_copies
 from kvchain.alloc.pricing import apply_action as plan_apply_action
 from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import (
     Action,
     ChainSnapshot,
     Compact,
+    CopyPages,
     Demand,
     Evict,
     EvictionOrder,
@@ -143,7 +144,11 @@ class GateState:
 
 @dataclass(frozen=True, slots=True)
 class ChainStats:
-    """Cumulative counters of a chain (pages, bytes, counts of actions)."""
+    """Cumulative counters of a chain (pages, bytes, counts of actions).
+
+    ``pages_copied`` / ``bytes_copied`` count the moves (Compact, Relocate);
+    ``copies`` / ``copy_bytes`` the pages and bytes of ``CopyPages`` actions (the prefix
+    cache's checkpoint copies on a hit), through the same buffer copy path."""
 
     takes: int
     releases: int
@@ -153,6 +158,8 @@ class ChainStats:
     relocations: int
     fence_waits: int
     pages_evicted: int = 0
+    copies: int = 0
+    copy_bytes: int = 0
 
 
 class MovePin:
@@ -195,6 +202,15 @@ class _Release:
 
 
 @dataclass(frozen=True, slots=True)
+class _Copy:
+    """A ``CopyPages`` step with its destinations resolved to the take's new ids."""
+
+    band: int
+    src: np.ndarray
+    dst: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
 class _SetGate:
     open: bool
 
@@ -209,7 +225,7 @@ class _FenceDone:
     pass
 
 
-_Mutation = Action | _Release | _SetGate | _BeginForward | _FenceDone
+_Mutation = Action | _Copy | _Release | _SetGate | _BeginForward | _FenceDone
 
 
 def float_starts(layout: ChainLayout) -> list[int]:
@@ -313,6 +329,7 @@ class Chain:
         self._takes = self._releases = 0
         self._pages_copied = self._bytes_copied = 0
         self._compactions = self._relocations = self._fence_waits = 0
+        self._copies = self._copy_bytes = 0
         self._null: tuple[int | None, ...] = (None,) * len(self._bands)
         self._evictor: Evictor | None = None
         self._evictor_version = -1  # the evictor version the cached snapshot saw
@@ -349,7 +366,8 @@ class Chain:
         """Cumulative counters (pages and bytes copied by compactions and relocations)."""
         return ChainStats(self._takes, self._releases, self._pages_copied,
                           self._bytes_copied, self._compactions, self._relocations,
-                          self._fence_waits, self._evicted_pages)
+                          self._fence_waits, self._evicted_pages, self._copies,
+                          self._copy_bytes)
 
     def band(self, band: int) -> Band:
         """The band object (tables and holes) of band index ``band``; read it, do not
@@ -404,8 +422,11 @@ class Chain:
             self._empty_snapshot = Chain(self.layout).snapshot()
         return self._empty_snapshot
 
-    def price(self, demand: Demand) -> Quote:
-        """The planner's quote for ``demand`` on the current snapshot (nothing changes).
+    def price(self, demand: Demand, copies: Sequence[CopyPages] = ()) -> Quote:
+        """The planner's quote for ``demand`` on the current snapshot (nothing changes),
+        with the copy actions ``copies`` appended to its plan when it fits
+        (:func:`~kvchain.alloc.pricing.with_copies`: their bytes are the quote's
+        ``copy_bytes``; such a quote is a token for :meth:`take` but never a memo answer).
 
         The quote is registered as issued by this chain until its epoch moves: only such a
         quote may be passed to :meth:`take`. A repeat (the same demand on the same epoch)
@@ -422,8 +443,13 @@ class Chain:
         evictor, a demand not seen or not valid) takes the full path below.
 
         Raises:
-            InvalidDemandError: not a Demand, wrong length or negative pages.
+            InvalidDemandError: not a Demand, wrong length or negative pages; a bad copy
+                (:func:`~kvchain.alloc.pricing.with_copies`).
         """
+        if copies:
+            base = self.price(demand)
+            copying = with_copies(base, copies)
+            return copying if copying is base else self._quotes.issue(copying, memo=False)
         snap = self._snap
         if snap is not None and self._fence is None and type(demand) is Demand:
             evictor = self._evictor
@@ -488,7 +514,8 @@ class Chain:
 
     # --- the take path ------------------------------------------------------------------
 
-    def take(self, demand: Demand, quote: Quote | None = None) -> Grant:
+    def take(self, demand: Demand, quote: Quote | None = None,
+             copies: Sequence[CopyPages] = ()) -> Grant:
         """Bind ``demand.pages[i]`` new virtual pages in every band ``i``, all or nothing.
 
         Args:
@@ -498,12 +525,17 @@ class Chain:
                 Quotes are tokens (docs/architecture.md): a quote built by hand, issued by
                 another allocator, altered after pricing or priced before the chain
                 changed is refused.
+            copies: copy actions appended to the plan (:meth:`price` with ``copies``):
+                held pages copied into pages this take binds, after they are bound; the
+                quote realized (``Grant.quote``) carries them. Pass them here or in the
+                quote, not both.
 
         Returns:
             A :class:`Grant`; afterwards ``snapshot() == grant.quote.after``.
 
         Raises:
-            InvalidDemandError: wrong length, negative or non-integer pages.
+            InvalidDemandError: wrong length, negative or non-integer pages; a bad copy
+                (:func:`~kvchain.alloc.pricing.with_copies`), or copies given twice.
             ForgedQuoteError: ``quote`` was not issued by this chain for ``demand``, or
                 was altered.
             StaleQuoteError: ``quote`` was priced at an earlier epoch.
@@ -519,10 +551,10 @@ class Chain:
         if quote is None:
             quote = self._quotes.issued_for(snap, demand)
             if quote is None:
-                quote = self.planner.quote(snap, demand)
+                quote = with_copies(self.planner.quote(snap, demand), copies)
                 return self._realize(demand, quote, verify_predictions=False)
         self._quotes.check(quote, demand, self._epoch)  # a memo hit is checked as well
-        return self._realize(demand, quote, verify_predictions=False)
+        return self._realize(demand, with_copies(quote, copies), verify_predictions=False)
 
     def _realize(self, demand: Demand, quote: Quote, *, verify_predictions: bool) -> Grant:
         """Check every step of ``quote`` against the chain, then apply them (the one take
@@ -562,7 +594,13 @@ class Chain:
             action = step.action
             if audit and isinstance(action, Evict) and self._evictor is not None:
                 self._evictor.eviction_order().materialize()  # comparable after it moves
-            vids = self._apply(action)
+            if isinstance(action, CopyPages):  # its destinations: this take's new ids
+                got = taken[action.band]
+                new = np.concatenate(got) if got else np.empty(0, dtype=np.int64)
+                vids = self._apply(_Copy(action.band, np.asarray(action.src, dtype=np.int64),
+                                         new[list(action.dst)]))
+            else:
+                vids = self._apply(action)
             if vids is not None and isinstance(action, UseHoles | Extend):
                 taken[action.band].append(vids)
             if audit:
@@ -666,6 +704,27 @@ class Chain:
     def _pre_wait_fence(self, action: WaitFence, dry: _DryRun) -> None:
         dry.fence_pending = False
 
+    def _pre_copy(self, action: CopyPages, dry: _DryRun) -> None:
+        """A copy's sources are pages held now (bound, not a null page) and its
+        destinations positions among the pages the plan binds in the band before it.
+        No gate or fence check: it moves no held page and writes only a page this take
+        binds (:class:`~kvchain.alloc.snapshot.CopyPages`)."""
+        band = action.band
+        if isinstance(band, bool) or not isinstance(band, int) or not (
+                0 <= band < len(self._bands)):
+            raise PlanMismatchError(f"{action}: no band {band!r}")
+        b = self._bands[band]
+        src = np.asarray(action.src, dtype=np.int64)
+        if (not src.size or src.size != len(action.dst) or int(src.min()) < 0
+                or int(src.max()) >= b.n_phys or (b.v2p[src] < 0).any()
+                or (self._null[band] is not None and (src == self._null[band]).any())):
+            raise PlanMismatchError(f"{action}: its sources are not held pages of band {band}")
+        if any(not 0 <= d < dry.bound[band] for d in action.dst) or \
+                len(set(action.dst)) != len(action.dst):
+            raise PlanMismatchError(f"{action}: destinations outside the {dry.bound[band]} "
+                                    f"pages the plan binds in band {band} before it")
+        plan_apply_action(dry.snap, action)
+
     def _pre_may_move(self, action: Compact | Relocate, dry: _DryRun) -> None:
         if not self._gate_open:
             raise MovesBlockedError(f"{action}: the move gate is closed")
@@ -680,6 +739,7 @@ class Chain:
         Relocate: _pre_relocate,
         WaitFence: _pre_wait_fence,
         Evict: _pre_evict,
+        CopyPages: _pre_copy,
     }
 
     def release(self, band: int, vids: Sequence[int] | np.ndarray) -> None:
@@ -882,6 +942,26 @@ class Chain:
             self._fence = None
         self._fence_waits += 1
 
+    def _apply_copy(self, action: _Copy) -> None:
+        """Copy the resolved sources into the resolved destinations through the buffer's
+        one copy path (as a move copies), counted in ``copies`` / ``copy_bytes``.
+
+        Raises:
+            PlanMismatchError: a source no longer held (the plan's ``Evict`` freed it: an
+                evictor that gave up a page a running request references), before any
+                byte is copied.
+        """
+        b = self._bands[action.band]
+        src = b.v2p[action.src]
+        if (src < 0).any():
+            raise PlanMismatchError(f"copy of band {action.band} ids "
+                                    f"{action.src[src < 0][:8].tolist()}: freed before the "
+                                    f"copy ran (evicted while referenced)")
+        n = int(src.size)
+        self.buffer.copy_pages(b.layout, src, b.v2p[action.dst])
+        self._copies += n
+        self._copy_bytes += n * b.page_bytes
+
     def _apply_release(self, action: _Release) -> None:
         self._bands[action.band].release(action.vids)
 
@@ -930,6 +1010,7 @@ class Chain:
         Relocate: _relocate,
         WaitFence: _apply_wait_fence,
         Evict: _apply_evict,
+        _Copy: _apply_copy,
         _Release: _apply_release,
         _SetGate: _apply_set_gate,
         _BeginForward: _apply_begin_forward,

@@ -51,7 +51,7 @@ is refused by the byte bound (shortfall 48 B).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from kvchain.alloc.snapshot import (
@@ -59,6 +59,7 @@ from kvchain.alloc.snapshot import (
     BandSnapshot,
     ChainSnapshot,
     Compact,
+    CopyPages,
     Demand,
     Evict,
     Extend,
@@ -96,6 +97,12 @@ def apply_action(snapshot: ChainSnapshot, action: Action) -> ChainSnapshot:
         )
     if isinstance(action, Evict):
         return _evicted(snapshot, action.units)
+    if isinstance(action, CopyPages):
+        if not 0 <= action.band < len(snapshot.bands) or not action.src \
+                or len(action.src) != len(action.dst):
+            raise PlanMismatchError(f"{action}: no such band, or sources and destinations "
+                                    f"differ in number")
+        return snapshot  # a copy changes no count or frontier
     i = action.band
     band = snapshot.bands[i]
     low_limit = snapshot.bands[i - 1].hi if i > 0 else 0
@@ -789,6 +796,54 @@ def _float_moves(bands: tuple[BandSnapshot, ...],
     out.extend(Relocate(m.band, m.relocate_lo) for m in reversed(ups))  # type: ignore[arg-type]
     out.extend(Relocate(m.band, m.relocate_lo) for m in downs)  # type: ignore[arg-type]
     return out
+
+
+# --- copies appended to a plan ---------------------------------------------------------
+
+
+def with_copies(quote: Quote, copies: Sequence[CopyPages]) -> Quote:
+    """``quote`` with the copy actions ``copies`` appended to its plan (pure): the same
+    demand, snapshot, moves and ``copied_bytes``; the copies run last, once their
+    destinations are bound, and predict the snapshot before them (a copy changes no
+    count), so price == outcome holds for the plan as for ``quote``'s. Their bytes are
+    the new quote's :attr:`~kvchain.alloc.snapshot.Quote.copy_bytes`. No copies gives
+    ``quote`` itself; a refusal is returned as it is (nothing is taken, nothing copied).
+
+    Raises:
+        InvalidDemandError: a copy that is not a :class:`CopyPages`, names no band of the
+            chain, has no source, sources and destinations of different lengths, an id
+            or position that is not an int >= 0, a destination position outside the
+            pages the demand binds in that band or named twice (over all copies of the
+            band), or ``quote`` already carries copies.
+    """
+    if not copies or not quote.fits:
+        return quote
+    steps = quote.steps
+    actions = steps.actions if isinstance(steps, LazyPlan) else tuple(s.action for s in steps)
+    if any(isinstance(a, CopyPages) for a in actions):
+        raise InvalidDemandError("the quote already carries copies")
+    pages = quote.demand.pages
+    used: dict[int, set[int]] = {}
+    for c in copies:
+        if not isinstance(c, CopyPages):
+            raise InvalidDemandError(f"a copy must be a CopyPages, got {type(c).__name__}")
+        band = c.band
+        if type(band) is not int or not 0 <= band < len(pages):
+            raise InvalidDemandError(f"{c}: no band {band!r} on a chain of {len(pages)}")
+        if not c.src or len(c.src) != len(c.dst):
+            raise InvalidDemandError(f"{c}: {len(c.src)} sources for {len(c.dst)} "
+                                     f"destinations (at least one each)")
+        if any(type(v) is not int or v < 0 for v in (*c.src, *c.dst)):
+            raise InvalidDemandError(f"{c}: ids and positions must be ints >= 0")
+        taken = used.setdefault(band, set())
+        for d in c.dst:
+            if d >= pages[band] or d in taken:
+                raise InvalidDemandError(f"{c}: destination position {d} of band {band} is "
+                                         f"outside the {pages[band]} pages the demand binds "
+                                         f"or named twice")
+            taken.add(d)
+    plan = LazyPlan(quote.before, (*actions, *copies), apply_action)
+    return Quote(quote.demand, quote.before, plan, True, 0, None, quote.copied_bytes)
 
 
 # --- public API ---------------------------------------------------------------------------

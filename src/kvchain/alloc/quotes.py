@@ -78,9 +78,13 @@ class QuoteRegistry:
         # and compares at C speed (a frozen dataclass's __hash__ / __eq__ are Python calls)
         self._by_pages: dict[tuple[int, ...], tuple[tuple[int, ...], Quote]] = {}
 
-    def issue(self, quote: Quote) -> Quote:
+    def issue(self, quote: Quote, memo: bool = True) -> Quote:
         """Register ``quote`` (just priced on the current snapshot) and return it; a quote
-        already registered (a memo hit of :meth:`issued_for`) is returned as it is."""
+        already registered (a memo hit of :meth:`issued_for`) is returned as it is. With
+        ``memo`` off it is registered as a token only, never served by
+        :meth:`issued_for` or :meth:`repeat` (a quote with copies appended,
+        :func:`~kvchain.alloc.pricing.with_copies`: a plain price of the same pages must
+        not be answered with it)."""
         issued = self._issued
         rec = issued.get(id(quote))
         if rec is not None and rec.quote is quote:
@@ -93,6 +97,8 @@ class QuoteRegistry:
         pages = quote.demand.pages
         issued[id(quote)] = _Issued(quote, quote.demand, quote.before, quote.fits,
                                     quote.steps, plan_actions(quote))
+        if not memo:
+            return quote
         self._by_pages[pages] = (pages, quote)
         self.last = (quote.before, pages, quote)
         return quote

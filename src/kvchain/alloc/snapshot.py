@@ -28,11 +28,17 @@ Plan actions (all page counts > 0), each paired with the predicted snapshot afte
 ``Evict``         the prefix cache gives up its first ``units`` eviction units (see
                   :class:`EvictionOrder`): on every band ``i``, ``freed[i]`` live pages
                   become holes (live -= freed, holes += freed; frontiers stay). No copy.
+``CopyPages``     copy held pages ``src`` of a band into pages this take binds (positions
+                  ``dst`` in the band's grant): the prefix cache's state checkpoint copied
+                  into a request's new working slot on a hit. No count or frontier
+                  changes (the predicted snapshot is the one before it); copies
+                  ``len(src)`` pages.
 ================  =========================================================================
 
 Execution order inside a plan is always: ``Evict``; ``WaitFence``; ``Compact`` of ENDs;
-``Compact``/``Relocate`` of the float; ``UseHoles``; ``Extend`` - so every copy happens
-before any new page is handed out and every extension lands on free bytes.
+``Compact``/``Relocate`` of the float; ``UseHoles``; ``Extend``; ``CopyPages`` - so every
+move happens before any new page is handed out, every extension lands on free bytes, and
+a copy's destinations are bound before it runs.
 """
 
 from __future__ import annotations
@@ -536,7 +542,27 @@ class WaitFence:
     """Wait for the in-flight forward's fence before copying."""
 
 
-Action = UseHoles | Extend | Compact | Relocate | WaitFence | Evict
+@dataclass(frozen=True, slots=True)
+class CopyPages:
+    """Copy the held pages ``src`` of band ``band`` (virtual ids) into the pages the same
+    take binds at positions ``dst`` of the band's grant (0-based, in grant order: holes
+    first, then extensions), page ``src[i]`` into position ``dst[i]``.
+
+    The prefix cache's checkpoint copy on a hit is one: the cached state slot (``src``)
+    copied into the request's own working slot, taken by the step's take. It changes no
+    count or frontier, so its predicted snapshot is the one before it; it moves no held
+    page, so the move gate does not apply to it, and it needs no fence wait (its source
+    was written by a forward whose commit inserted it, its destination is a page no
+    forward has been given yet). Its bytes are ``len(src) * page_bytes`` of the band
+    (:attr:`Quote.copy_bytes`).
+    """
+
+    band: int
+    src: tuple[int, ...]
+    dst: tuple[int, ...]
+
+
+Action = UseHoles | Extend | Compact | Relocate | WaitFence | Evict | CopyPages
 
 
 @dataclass(frozen=True, slots=True)
@@ -637,8 +663,9 @@ class Quote:
         shortfall_bytes: on refusal, positive: extra free bytes the best candidate needs
             (0 when it fits).
         reason: on refusal, why; ``None`` when it fits.
-        copied_bytes: upper bound of bytes the plan copies (sum of ``pages x P`` of its
-            Compact and Relocate actions; 0 for an in-place plan).
+        copied_bytes: upper bound of bytes the plan's moves copy (sum of ``pages x P`` of
+            its Compact and Relocate actions; 0 for an in-place plan). The bytes of its
+            ``CopyPages`` actions are :attr:`copy_bytes`.
     """
 
     demand: Demand
@@ -660,6 +687,17 @@ class Quote:
         steps = self.steps
         actions = steps.actions if isinstance(steps, LazyPlan) else [s.action for s in steps]
         return sum(a.units for a in actions if isinstance(a, Evict))
+
+    @property
+    def copy_bytes(self) -> int:
+        """Bytes the plan's ``CopyPages`` actions copy: ``len(src) x P`` of their band
+        each (0 without one), read off the actions so it always says what the plan
+        does."""
+        steps = self.steps
+        actions = steps.actions if isinstance(steps, LazyPlan) else [s.action for s in steps]
+        bands = self.before.bands
+        return sum(len(a.src) * bands[a.band].page_bytes for a in actions
+                   if isinstance(a, CopyPages))
 
     @property
     def needs_moves(self) -> bool:

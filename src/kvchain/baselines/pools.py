@@ -51,11 +51,12 @@ import numpy as np
 
 from kvchain.alloc.chain import ChainStats, Grant, page_ids
 from kvchain.alloc.evictor import Evictor
-from kvchain.alloc.pricing import GENERAL_PLANNER, validate_demand
+from kvchain.alloc.pricing import GENERAL_PLANNER, validate_demand, with_copies
 from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import (
     BandSnapshot,
     ChainSnapshot,
+    CopyPages,
     Demand,
     Evict,
     EvictionOrder,
@@ -168,6 +169,7 @@ class PoolAllocator:
         self._evictor: Evictor | None = None
         self._evictor_version = -1  # the evictor version the cached snapshot saw
         self._evicted = [0] * n  # pages (slots) evicted per band
+        self._copies = self._copy_bytes = 0  # CopyPages realized (counted, no bytes move)
         reserved = Demand(tuple(b.reserved_pages for b in layout.bands))
         self._null: tuple[int | None, ...] = (None,) * n
         if not reserved.is_empty:
@@ -193,8 +195,11 @@ class PoolAllocator:
 
     @property
     def stats(self) -> ChainStats:
-        """Takes, releases and pages evicted through the evictor; nothing is ever copied."""
-        return ChainStats(self._takes, self._releases, 0, 0, 0, 0, 0, sum(self._evicted))
+        """Takes, releases and pages evicted through the evictor; nothing is ever moved,
+        and ``CopyPages`` actions are counted (pages, bytes they stand for) though the
+        pools keep counts only."""
+        return ChainStats(self._takes, self._releases, 0, 0, 0, 0, 0, sum(self._evicted),
+                          self._copies, self._copy_bytes)
 
     @property
     def evicted_pages(self) -> tuple[int, ...]:
@@ -243,13 +248,18 @@ class PoolAllocator:
         live = [b.reserved_pages for b in self.layout.bands]
         return self._snapshot_of(live)
 
-    def price(self, demand: Demand) -> Quote:
+    def price(self, demand: Demand, copies: Sequence[CopyPages] = ()) -> Quote:
         """The planner's quote for ``demand`` on :meth:`snapshot` (nothing changes); the
-        only kind of quote :meth:`take` accepts (until the next take or release).
+        only kind of quote :meth:`take` accepts (until the next take or release). With
+        ``copies``, as :meth:`kvchain.alloc.chain.Chain.price`: appended to the plan.
 
         Raises:
-            InvalidDemandError: not a Demand, wrong length or negative pages.
+            InvalidDemandError: not a Demand, wrong length or negative pages; a bad copy.
         """
+        if copies:
+            base = self.price(demand)
+            copying = with_copies(base, copies)
+            return copying if copying is base else self._quotes.issue(copying, memo=False)
         snap = self.snapshot()
         validate_demand(snap, demand)
         quote = self._quotes.issued_for(snap, demand)  # a repeat: the quote issued before
@@ -298,13 +308,17 @@ class PoolAllocator:
 
     # --- changing -------------------------------------------------------------------------
 
-    def take(self, demand: Demand, quote: Quote | None = None) -> Grant:
+    def take(self, demand: Demand, quote: Quote | None = None,
+             copies: Sequence[CopyPages] = ()) -> Grant:
         """Bind ``demand.pages[i]`` new ids in every band ``i`` if the rule admits them.
 
         Args:
             demand: pages per band.
             quote: a quote :meth:`price` issued for ``demand`` since the last change, or
                 ``None`` (priced now).
+            copies: copy actions appended to the plan (as
+                :meth:`kvchain.alloc.chain.Chain.take`); the pools keep no bytes, so a
+                copy is checked (its sources held, before anything changes) and counted.
 
         A quote whose plan begins with ``Evict(k)`` first has the evictor give up its
         first ``k`` units; the freed ids are checked (``order.freed(k)`` per band, held,
@@ -312,7 +326,7 @@ class PoolAllocator:
         is released, then the demand is bound.
 
         Raises:
-            InvalidDemandError: not a Demand, wrong length or negative pages.
+            InvalidDemandError: not a Demand, wrong length or negative pages; a bad copy.
             ForgedQuoteError / StaleQuoteError: ``quote`` is not a live quote of this
                 allocator for ``demand``.
             CapacityError: the rule refuses (shortfall in bytes, measured after evicting
@@ -332,6 +346,7 @@ class PoolAllocator:
             quote = self.planner.quote(snap, demand)
         else:
             self._quotes.check(quote, demand, self._epoch)  # a memo hit is checked as well
+        quote = with_copies(quote, copies)
         if not quote.fits:
             reason = quote.reason.value if quote.reason is not None else "bytes"
             raise CapacityError(
@@ -340,6 +355,12 @@ class PoolAllocator:
         steps = quote.steps
         actions = steps.actions if isinstance(steps, LazyPlan) else [s.action for s in steps]
         evict = actions[0] if actions and isinstance(actions[0], Evict) else None
+        copy_acts = [a for a in actions if isinstance(a, CopyPages)]
+        for c in copy_acts:
+            if not set(c.src) <= self._bound[c.band] or (
+                    self._null[c.band] is not None and self._null[c.band] in c.src):
+                raise PlanMismatchError(f"{c}: its sources are not held pages of band "
+                                        f"{c.band}")
         freed = self._evict(evict.units, snap, demand) if evict is not None else None
         if freed is not None:
             for i, ids in enumerate(freed):
@@ -359,6 +380,12 @@ class PoolAllocator:
                 self._next[i] += 1
             bound.update(got)
             pages.append(tuple(got))
+        for c in copy_acts:
+            if not set(c.src) <= self._bound[c.band]:
+                raise PlanMismatchError(f"copy of band {c.band} ids {list(c.src)}: freed "
+                                        f"before the copy ran (evicted while referenced)")
+            self._copies += len(c.src)
+            self._copy_bytes += len(c.src) * self.layout.bands[c.band].page_bytes
         self._takes += 1
         self._changed()
         return Grant(quote, tuple(pages))

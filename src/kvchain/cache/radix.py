@@ -179,9 +179,10 @@ class Node:
         tlock: of which hits (their path keeps its tails: no ``TAILS`` unit).
         time: logical time of the last hit through or insert into this node.
         tail_time: logical time of the last hit that ended here (or insert).
-        wpin: per window band, its pages of this node pinned by running requests (never
-            evicted).
-        cpin: checkpoints of this node pinned by running requests (never evicted).
+        pins: per window band (``geom.windows``' order), then for the state band (the
+            last entry; 0 without one), its pages (checkpoints) of this node that running
+            requests reference (:class:`~kvchain.cache.page_refs.PageRefs`, one per band):
+            never evicted while referenced.
         sig: the node's share of the eviction order as last counted (``None``: none):
             its LEAF key, TAILS key, time when unlocked, units, full, window and state
             pages (:meth:`PrefixCache._refresh`).
@@ -191,13 +192,13 @@ class Node:
     __slots__ = (
         "children",
         "ckpts",
-        "cpin",
         "full",
         "keys",
         "lock",
         "lser",
         "nid",
         "parent",
+        "pins",
         "sig",
         "start",
         "tail_time",
@@ -206,7 +207,6 @@ class Node:
         "tser",
         "win",
         "win_live",
-        "wpin",
     )
 
     def __init__(self, nid: int, parent: Node | None, start: int, keys: list[int],
@@ -225,8 +225,7 @@ class Node:
         self.tlock = 0
         self.time = time
         self.tail_time = time
-        self.wpin = [0] * len(win)
-        self.cpin = 0
+        self.pins = [0] * (len(win) + 1)  # window bands, then the state band
         self.sig: Share | None = None  # its share of the order
         self.lser = 0  # serial of its live LEAF entry in the ready heap (0: none)
         self.tser = 0  # serial of its live TAILS entry (0: none)
@@ -239,12 +238,12 @@ class Node:
     def has_tails(self) -> bool:
         """Whether a ``TAILS`` unit would free anything (an unpinned window page or
         checkpoint)."""
-        return (len(self.ckpts) > self.cpin
-                or any(a > b for a, b in zip(self.win_live, self.wpin, strict=True)))
+        return (len(self.ckpts) > self.pins[-1]
+                or any(a > b for a, b in zip(self.win_live, self.pins, strict=False)))
 
     def tail_windows(self) -> tuple[int, ...]:
         """Per window band, the pages a ``TAILS`` unit would free (present, unpinned)."""
-        return tuple(a - b for a, b in zip(self.win_live, self.wpin, strict=True))
+        return tuple(a - b for a, b in zip(self.win_live, self.pins, strict=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -496,9 +495,10 @@ class PrefixCache:
         self.evicted_pages = [0] * geom.num_bands
         self.evictions = 0
         self._held = [0] * geom.num_bands  # pages / slots held per band (held_counts)
-        # per window band: running readers per cached window page id (reference counts)
-        self._wrefs = [PageRefs() for _ in self._wbands]
-        self._cpins: dict[int, int] = {}  # pinned checkpoint slot id -> running readers
+        # Running readers per cached page id (reference counts), one PageRefs per window
+        # band (``geom.windows``' order) and, last, the state band's (checkpoint slots a
+        # hit resumes from, until copied): one mechanism for every tail a request reads.
+        self._refs = [PageRefs() for _ in range(len(self._wbands) + 1)]
 
     # --- Evictor -------------------------------------------------------------------------
 
@@ -585,18 +585,19 @@ class PrefixCache:
         """Free ``node``'s unpinned window pages and checkpoints into ``freed``."""
         g = self.geom
         for k, band in enumerate(self._wbands):
-            if node.win_live[k] <= node.wpin[k]:
+            if node.win_live[k] <= node.pins[k]:
                 continue
-            out, refs, win = freed[band], self._wrefs[k], node.win[k]
+            out, refs, win = freed[band], self._refs[k], node.win[k]
             for i, v in enumerate(win):
                 if v >= 0 and not refs.of(v):
                     out.append(v)
                     win[i] = -1
-            node.win_live[k] = node.wpin[k]
-        if len(node.ckpts) > node.cpin and g.state is not None:
-            if node.cpin:
-                keep = {p: v for p, v in node.ckpts.items() if v in self._cpins}
-                freed[g.state].extend(v for v in node.ckpts.values() if v not in self._cpins)
+            node.win_live[k] = node.pins[k]
+        if len(node.ckpts) > node.pins[-1] and g.state is not None:
+            if node.pins[-1]:
+                crefs = self._refs[-1]
+                keep = {p: v for p, v in node.ckpts.items() if crefs.of(v)}
+                freed[g.state].extend(v for v in node.ckpts.values() if not crefs.of(v))
                 node.ckpts = keep
             else:
                 freed[g.state].extend(node.ckpts.values())
@@ -607,9 +608,9 @@ class PrefixCache:
         row = [0] * g.num_bands
         if not tails_gone:
             for k, band in enumerate(self._wbands):
-                row[band] = node.win_live[k] - node.wpin[k]
+                row[band] = node.win_live[k] - node.pins[k]
             if g.state is not None:
-                row[g.state] = len(node.ckpts) - node.cpin
+                row[g.state] = len(node.ckpts) - node.pins[-1]
         if kind == LEAF:
             for band, ids in zip(self._fbands, node.full, strict=True):
                 row[band] = len(ids)
@@ -755,7 +756,7 @@ class PrefixCache:
             sig = None
         else:
             tw = node.tail_windows()
-            tc = len(node.ckpts) - node.cpin
+            tc = len(node.ckpts) - node.pins[-1]
             tails = tc > 0 or any(tw)
             if not node.lock:
                 tk = (self._tails_key(node, not node.children)
@@ -909,16 +910,14 @@ class PrefixCache:
                      [w[:k] for w in node.win],
                      {p: v for p, v in node.ckpts.items() if p <= at}, node.time)
         upper.tail_time, upper.lock, upper.tlock = node.tail_time, node.lock, node.tlock
-        for j, refs in enumerate(self._wrefs):
-            if node.wpin[j]:
-                read = [v for v in upper.win[j] if v >= 0 and refs.of(v)]
-                upper.wpin[j] = len(read)
-                node.wpin[j] -= upper.wpin[j]
+        held = [*upper.win, list(upper.ckpts.values())]  # per PageRefs, the upper ids
+        for j, refs in enumerate(self._refs):
+            if node.pins[j]:
+                read = [v for v in held[j] if v >= 0 and refs.of(v)]
+                upper.pins[j] = len(read)
+                node.pins[j] -= upper.pins[j]
                 if read:  # these pages are held by the upper node now
                     refs.node[read] = upper
-        if node.cpin:
-            upper.cpin = sum(1 for v in upper.ckpts.values() if v in self._cpins)
-            node.cpin -= upper.cpin
         parent.children[node.keys[0]] = upper
         node.keys, node.full = node.keys[k:], [f[k:] for f in node.full]
         node.win = [w[k:] for w in node.win]
@@ -1144,10 +1143,93 @@ class PrefixCache:
             raise AuditError(f"band {band} is not a window band of the cache "
                              f"(window bands {list(self._wbands)})") from None
 
+    def _tail_of(self, band: int) -> int:
+        """The index of band ``band``'s reference counts (``self._refs``, ``Node.pins``):
+        a window band's in ``geom.windows``, the state band's last.
+
+        Raises:
+            AuditError: ``band`` is neither a window or chunked-local band nor the state
+                band of the chain.
+        """
+        if band in self._wbands:
+            return self._wbands.index(band)
+        if self.geom.state is not None and band == self.geom.state:
+            return len(self._wbands)
+        raise AuditError(f"band {band} is not a window band nor the state band of the cache "
+                         f"(window bands {list(self._wbands)}, state band {self.geom.state})")
+
+    def _ref(self, k: int, vids: Sequence[int], nodes: Sequence[Node]) -> None:
+        """One more reader of each cached id ``vids`` of reference counts ``k``, held by
+        ``nodes`` (aligned): a node's pinned count rises by its ids that had no reader,
+        and each node's share of the eviction order is recounted once."""
+        if not vids:
+            return
+        refs = self._refs[k]
+        for v in refs.add(vids, nodes):
+            refs.node[v].pins[k] += 1  # its first reader
+        for node in dict.fromkeys(nodes):
+            self._refresh(node)
+
+    def acquire(self, hit: Hit) -> Node | None:
+        """Lock ``hit`` (a hit lock, :meth:`lock`) and reference what the request reads of
+        the cache: in every window band its tail pages ``[window_first, pages)`` (the
+        window a resumed request reads), and the checkpoint its state resumes from
+        (``hit.checkpoint``, after ``pages - gap`` pages) until that is copied into the
+        request's own slot. Referenced pages are never evicted; drop the references with
+        :meth:`unpin_pages` (by id) and the lock with :meth:`unlock`. Returns the handle
+        (``None`` for a miss: nothing locked).
+
+        Raises:
+            AuditError: a tail page or the checkpoint is not on the path (a hit that is
+                not this cache's current match); nothing is locked or referenced then.
+        """
+        handle = self.lock(hit)
+        if handle is None:
+            return None
+        reads: list[tuple[int, list[int], list[Node]]] = []
+        try:
+            for pol in self.geom.windows:
+                k = self._wbands.index(pol.band)
+                reads.append((k, *self._tail_ids(handle, k, range(hit.window_first[pol.band],
+                                                                    hit.pages))))
+            if hit.checkpoint >= 0:
+                point = hit.pages - hit.gap
+                node = self._node_of(handle, point - 1)
+                if node.ckpts.get(point, -1) != hit.checkpoint:
+                    raise AuditError(f"checkpoint {hit.checkpoint} after {point} pages: "
+                                     f"absent from node {node.nid}")
+                reads.append((len(self._wbands), [hit.checkpoint], [node]))
+        except AuditError:
+            self.unlock(handle)  # as before (a split at the hit's end stays: same pages)
+            raise
+        for k, vids, nodes in reads:
+            self._ref(k, vids, nodes)
+        return handle
+
+    def _tail_ids(self, handle: Node, k: int, pages: Iterable[int],
+                  ) -> tuple[list[int], list[Node]]:
+        """The ids of window band ``k``'s pages at page indices ``pages`` of ``handle``'s
+        path and the nodes holding them.
+
+        Raises:
+            AuditError: a page not on the path, or absent (a tombstone).
+        """
+        vids: list[int] = []
+        nodes: list[Node] = []
+        for i in pages:
+            node = self._node_of(handle, i)
+            v = node.win[k][i - node.start] if node.win[k] else -1
+            if v < 0:
+                raise AuditError(f"pin of window page {i}: absent from node {node.nid}")
+            vids.append(v)
+            nodes.append(node)
+        return vids, nodes
+
     def pin_window(self, handle: Node, band: int, pages: Iterable[int]) -> None:
-        """Pin the cached pages of window band ``band`` at page indices ``pages`` of
+        """Reference the cached pages of window band ``band`` at page indices ``pages`` of
         ``handle``'s locked path: a running request reads them (its window in that band
-        covers them), so no ``TAILS`` unit frees them until :meth:`unpin_window`.
+        covers them), so no ``TAILS`` unit frees them until the references are dropped
+        (:meth:`unpin_pages`, :meth:`unpin_window`).
 
         Raises:
             AuditError: ``band`` not a window band, or a page not on the path or not
@@ -1155,20 +1237,7 @@ class PrefixCache:
                 (nothing changes).
         """
         k = self._window_of(band)
-        found: list[tuple[Node, int]] = []
-        for i in pages:
-            node = self._node_of(handle, i)
-            v = node.win[k][i - node.start] if node.win[k] else -1
-            if v < 0:
-                raise AuditError(f"pin of window page {i}: absent from node {node.nid}")
-            found.append((node, v))
-        if not found:
-            return
-        nodes = [node for node, _ in found]
-        for v in self._wrefs[k].add([v for _, v in found], nodes):
-            self._wrefs[k].node[v].wpin[k] += 1  # its first reader
-        for node in dict.fromkeys(nodes):
-            self._refresh(node)
+        self._ref(k, *self._tail_ids(handle, k, pages))
 
     def unpin_window(self, handle: Node, band: int, pages: Iterable[int]) -> None:
         """Undo :meth:`pin_window` for page indices ``pages`` of window band ``band`` (the
@@ -1181,7 +1250,7 @@ class PrefixCache:
                 unpinned (nothing changes).
         """
         k = self._window_of(band)
-        refs = self._wrefs[k]
+        refs = self._refs[k]
         vids: list[int] = []
         asked: dict[int, int] = {}
         for i in pages:
@@ -1194,36 +1263,40 @@ class PrefixCache:
         self._unread(k, refs.drop(vids))
 
     def unpin_pages(self, band: int, vids: np.ndarray | Sequence[int]) -> None:
-        """Drop one reference of each cached page id ``vids`` of window band ``band``
-        (int64 ``[n]``; an id named twice drops two): the batch form of
-        :meth:`unpin_window` for pages named by id, as the request layer reads them from
-        its rows (a decode batch's window fronts). One vectorised decrement of the
-        band's reference counts, then one recount of the eviction order per node that
-        lost its last reader on some page (not per request).
+        """Drop one reference of each cached page id ``vids`` of band ``band`` (int64
+        ``[n]``; an id named twice drops two): a window band's pages a request stopped
+        reading (a decode batch's window fronts, as the request layer reads them from its
+        rows), or the state band's checkpoint a hit resumed from (copied into the
+        request's own slot, or given up). One vectorised decrement of the band's
+        reference counts, then one recount of the eviction order per node that lost its
+        last reader on some page (not per request).
 
         Raises:
-            AuditError: ``band`` not a window band, or an id read by fewer running requests
-                than it is named (nothing changes).
+            AuditError: ``band`` neither a window band nor the state band, or an id read
+                by fewer running requests than it is named (nothing changes).
         """
-        k = self._window_of(band)
-        self._unread(k, self._wrefs[k].drop(vids))
+        k = self._tail_of(band)
+        self._unread(k, self._refs[k].drop(vids))
 
     def _unread(self, k: int, nodes: list[object]) -> None:
-        """Pages of window band ``k`` (in ``geom.windows``' order) lost their last reader,
-        one entry of ``nodes`` (the node holding it) per page: their nodes' pinned counts
-        fall, and each such node's share of the eviction order is recounted once: where
-        its keys cannot move, by moving the totals (a node locked by a hit has no share
-        either way; a prompt-locked node's ``TAILS`` unit keeps its key and only grows in
-        pages), else by :meth:`_refresh`."""
+        """Pages of reference counts ``k`` (a window band in ``geom.windows``' order, or
+        the state band, last) lost their last reader, one entry of ``nodes`` (the node
+        holding it) per page: their nodes' pinned counts fall, and each such node's share
+        of the eviction order is recounted once: where its keys cannot move, by moving
+        the totals (a node locked by a hit has no share either way; a prompt-locked
+        node's ``TAILS`` unit keeps its key and only grows in pages), else by
+        :meth:`_refresh`."""
         if not nodes:
             return
         lost: dict[Node, int] = {}
         for node in nodes:
             assert isinstance(node, Node)
             lost[node] = lost.get(node, 0) + 1
-        band, total = self._wbands[k], self._total
+        state = k == len(self._wbands)
+        band = self.geom.state if state else self._wbands[k]
+        total = self._total
         for node, c in lost.items():
-            node.wpin[k] -= c
+            node.pins[k] -= c
             sig = node.sig
             if node.lock and node.tlock and sig is None:
                 continue  # a hit lock keeps the path's tails: no unit before or after
@@ -1231,11 +1304,17 @@ class PrefixCache:
                 # a prompt-locked node's TAILS unit: the same unit and key (its tail time),
                 # only its pages in this band grow (nothing else changed since its share
                 # was counted): the total moves by as many
+                assert band is not None
                 tw = sig[5]
-                now = node.win_live[k] - node.wpin[k]
-                total[band] += now - tw[k]
-                node.sig = (sig[0], sig[1], sig[2], sig[3], sig[4],
-                            (*tw[:k], now, *tw[k + 1:]), sig[6])
+                if state:
+                    now = len(node.ckpts) - node.pins[k]
+                    total[band] += now - sig[6]
+                    node.sig = (*sig[:6], now)
+                else:
+                    now = node.win_live[k] - node.pins[k]
+                    total[band] += now - tw[k]
+                    node.sig = (sig[0], sig[1], sig[2], sig[3], sig[4],
+                                (*tw[:k], now, *tw[k + 1:]), sig[6])
                 self._version += 1
                 continue
             self._refresh(node)  # an unlocked node holds no pin; tails that were all pinned
@@ -1249,46 +1328,11 @@ class PrefixCache:
         """
         return self._node_of(handle, point - 1).ckpts.get(point, -1)
 
-    def pin_checkpoint(self, handle: Node, point: int) -> None:
-        """Pin the checkpoint after ``point`` pages on ``handle``'s path (a hit resumes
-        from it until it is copied into the request's own slot).
-
-        Raises:
-            AuditError: no checkpoint there.
-        """
-        node = self._node_of(handle, point - 1)
-        v = node.ckpts.get(point, -1)
-        if v < 0:
-            raise AuditError(f"pin of checkpoint {point}: absent from node {node.nid}")
-        c = self._cpins.get(v, 0)
-        if not c:
-            node.cpin += 1
-        self._cpins[v] = c + 1
-        self._refresh(node)
-
-    def unpin_checkpoint(self, handle: Node, point: int) -> None:
-        """Undo :meth:`pin_checkpoint`.
-
-        Raises:
-            AuditError: the checkpoint is not pinned.
-        """
-        node = self._node_of(handle, point - 1)
-        v = node.ckpts.get(point, -1)
-        c = self._cpins.get(v, 0)
-        if v < 0 or not c:
-            raise AuditError(f"unpin of checkpoint {point} of node {node.nid}: not pinned")
-        if c == 1:
-            del self._cpins[v]
-            node.cpin -= 1
-        else:
-            self._cpins[v] = c - 1
-        self._refresh(node)
-
     def pinned(self) -> tuple[dict[tuple[int, int], int], dict[int, int]]:
-        """Copies of the pin counts: ``(window band, page id)`` -> readers, checkpoint id
-        -> readers."""
-        return ({(band, v): c for band, refs in zip(self._wbands, self._wrefs, strict=True)
-                 for v, c in refs.items().items()}, dict(self._cpins))
+        """Copies of the reference counts: ``(window band, page id)`` -> readers,
+        checkpoint slot id -> readers."""
+        return ({(band, v): c for band, refs in zip(self._wbands, self._refs, strict=False)
+                 for v, c in refs.items().items()}, self._refs[-1].items())
 
     # --- insert ------------------------------------------------------------------------
 
@@ -1590,7 +1634,7 @@ class PrefixCache:
                              f"holds {held}")
         if pins is not None:
             _check_pins("window page", pins[0], self.pinned()[0])
-            _check_pins("checkpoint", pins[1], self._cpins)
+            _check_pins("checkpoint", pins[1], self._refs[-1].items())
         wpins = cpins = 0
         expected: dict[int, int] = {}
         texpected: dict[int, int] = {}
@@ -1634,21 +1678,22 @@ class PrefixCache:
                 raise AuditError(f"node {node.nid}: tail time {node.tail_time} after its time "
                                  f"{node.time}")
             wp = [sum(1 for v in win if v >= 0 and refs.of(v))
-                  for win, refs in zip(node.win, self._wrefs, strict=True)]
-            for win, refs in zip(node.win, self._wrefs, strict=True):
+                  for win, refs in zip(node.win, self._refs, strict=False)]
+            for win, refs in zip([*node.win, list(node.ckpts.values())], self._refs,
+                                 strict=True):
                 if any(refs.of(v) and refs.node[v] is not node for v in win if v >= 0):
                     raise AuditError(f"node {node.nid}: a read window page is recorded at "
                                      f"another node")
-            cp = sum(1 for v in node.ckpts.values() if v in self._cpins)
-            if (wp, cp) != (node.wpin, node.cpin):
-                raise AuditError(f"node {node.nid}: pins counted ({node.wpin}, {node.cpin}), "
+            cp = sum(1 for v in node.ckpts.values() if self._refs[-1].of(v))
+            if [*wp, cp] != node.pins:
+                raise AuditError(f"node {node.nid}: pins counted {node.pins}, "
                                  f"held ({wp}, {cp})")
             if (any(wp) or cp) and not node.lock:
                 raise AuditError(f"node {node.nid}: pinned pages on an unlocked node")
             wpins += sum(wp)
             cpins += cp
-        npins = sum(len(refs) for refs in self._wrefs)
-        if (wpins, cpins) != (npins, len(self._cpins)):
-            raise AuditError(f"{npins} window pages and {len(self._cpins)} checkpoints "
+        npins = sum(len(refs) for refs in self._refs[:-1])
+        if (wpins, cpins) != (npins, len(self._refs[-1])):
+            raise AuditError(f"{npins} window pages and {len(self._refs[-1])} checkpoints "
                              f"pinned, {wpins} and {cpins} found in the tree")
         self.check_order()

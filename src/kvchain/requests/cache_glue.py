@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from kvchain.alloc.allocator import Allocator, EvictingAllocator
-from kvchain.alloc.chain import Chain
+from kvchain.alloc.snapshot import CopyPages
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.cache.radix import Hit, Node, PrefixCache, junction_point, resume_points
 from kvchain.errors import AuditError, ConfigError, InvalidDemandError, InvalidRequestError
@@ -63,6 +63,8 @@ class CacheGlue:
         # rid -> its hit lock, for requests whose prompt is inserted (``handle`` is then
         # their prompt lock).
         self._hit_locks: dict[int, Node | None] = {}
+        # requests whose hit's checkpoint is still to copy into their own slot (cow_src)
+        self._copying: set[int] = set()
         if cache is not None:
             if not isinstance(chain, EvictingAllocator):
                 raise ConfigError("the prefix cache needs an allocator with an evictor hook "
@@ -173,7 +175,8 @@ class CacheGlue:
         if cache is None:
             return 0
         hit: Hit = cache.match(keys, prompt_tokens, max_gap)
-        handle = facts.handle = cache.lock(hit)
+        # the hit locked, its window tails and its checkpoint (until copied) referenced
+        handle = facts.handle = cache.acquire(hit)
         g, h, slot = self.geom, hit.pages, facts.slot
         table = self.table
         table.tokens[slot] = h * g.page_size
@@ -189,14 +192,8 @@ class CacheGlue:
         self._hits[rid] = (h, hit.gap)
         if h < len(keys):
             self._uninserted.add(rid)
-        if handle is not None:
-            # Pin what the request reads of the cache: its window tail in every window
-            # band, its checkpoint (until copied); the rest of the locked path's tails
-            # stays evictable.
-            for pol in g.windows:
-                cache.pin_window(handle, pol.band, range(hit.window_first[pol.band], h))
-            if hit.checkpoint >= 0:
-                cache.pin_checkpoint(handle, facts.cow_at)
+        if hit.checkpoint >= 0 and handle is not None:
+            self._copying.add(rid)
         if save_points:
             junction = 0
             own = self.points_for(keys)
@@ -239,6 +236,7 @@ class CacheGlue:
     def forget(self, rid: int) -> None:
         """Drop what the glue keeps of ``rid`` (it left the manager)."""
         self._hits.pop(rid, None)
+        self._copying.discard(rid)
         self._pointed.discard(rid)
         self._uninserted.discard(rid)
 
@@ -255,26 +253,27 @@ class CacheGlue:
 
     # --- pins --------------------------------------------------------------------------------
 
-    def _unpin_checkpoint(self, facts: CacheFacts) -> None:
-        """Drop the request's pin of the checkpoint its hit resumes from (copied or given
-        up)."""
-        if facts.cow_src >= 0 and self.cache is not None and facts.handle is not None:
-            # Not copied before: no slot taken, so no prefill ran; it sits at ``cow_at``.
-            self.cache.unpin_checkpoint(facts.handle, facts.cow_at)
+    def _drop_checkpoint(self, facts: CacheFacts) -> None:
+        """Drop the request's reference to the checkpoint its hit resumes from (copied
+        into its own slot, or given up): the state band's reference counts, as its window
+        pages' (:meth:`PrefixCache.unpin_pages`)."""
+        if facts.cow_src >= 0 and self.cache is not None and self.geom.state is not None:
+            self.cache.unpin_pages(self.geom.state, [facts.cow_src])
         facts.cow_src = -1
 
     def _unpin_all(self, facts: CacheFacts) -> None:
-        """Drop every pin the request holds: the cache's window pages in its window and the
-        checkpoint it has not copied yet."""
-        cache, handle = self.cache, facts.handle
-        if cache is None or handle is None:
+        """Drop every reference the request holds: the cache's window pages in its window
+        (read from its rows, by id) and the checkpoint it has not copied yet."""
+        cache = self.cache
+        if cache is None or facts.handle is None:
             return
         shared = int(self.table.shared[facts.slot])
         for pol in self.geom.windows:
             first, end = self.table.span(pol.band, facts.slot)
             if end > first and first < shared:
-                cache.unpin_window(handle, pol.band, range(first, min(shared, end)))
-        self._unpin_checkpoint(facts)
+                cache.unpin_pages(pol.band,
+                                  self.table.live(pol.band, facts.slot)[:min(shared, end) - first])
+        self._drop_checkpoint(facts)
 
     def unpin_pages(self, band: int, vids: np.ndarray) -> None:
         """Rows of a decode batch dropped the cache's window pages ``vids`` of ``band``
@@ -306,8 +305,11 @@ class CacheGlue:
             if not table.rowlen[band, slot]:
                 table.put_row(band, slot, 0, got[:n_slots])
                 got = got[n_slots:]
-                if facts.cow_src >= 0:
-                    self._copy_checkpoint(band, facts)
+                if facts.cow_src >= 0:  # the take copied it into the first slot (copies)
+                    self.cow_state_copies += 1
+                    self.cow_bytes += self.chain.layout.bands[band].page_bytes
+                    self._copying.discard(rid)
+                    self._drop_checkpoint(facts)
             tokens = int(table.tokens[slot]) - facts.gap  # a partial hit's gap runs first
             reached = [q for q in facts.points if tokens < q * p <= tokens + facts.gap + extend]
             if len(reached) != len(got):
@@ -317,17 +319,33 @@ class CacheGlue:
                 facts.ckpts[q] = v
             self.checkpoints_saved += len(got)
 
-    def _copy_checkpoint(self, band: int, facts: CacheFacts) -> None:
-        """Copy the cache's checkpoint into the request's working slot (copy on write)."""
-        layout = self.chain.layout.bands[band]
-        chain = self.chain
-        if isinstance(chain, Chain):  # a baseline's pools keep counts only
-            src = chain.translate(band, np.asarray([facts.cow_src], dtype=np.int64))
-            dst = chain.translate(band, self.table.live(band, facts.slot)[:1])
-            chain.buffer.copy_pages(layout, src, dst)
-        self.cow_state_copies += 1
-        self.cow_bytes += layout.page_bytes
-        self._unpin_checkpoint(facts)
+    def copies(self, ids: tuple[int, ...], slots: np.ndarray, nonzero: Sequence[int],
+               matrix: np.ndarray, requests: Mapping[int, CacheFacts]) -> tuple[CopyPages, ...]:
+        """The copy actions of a take for the batch ``ids`` (``slots`` their rows,
+        ``nonzero`` the positions of its non-empty demands, ``matrix`` those demands,
+        ``[len(nonzero), bands]``): every request that takes its first state slots in it
+        and resumes from a cache checkpoint gets that checkpoint (``cow_src``) copied
+        into its working slot, the first of its state pages in the grant (the take's
+        pages of a band are cut in batch order: :meth:`take_slots`). At most one
+        :class:`~kvchain.alloc.snapshot.CopyPages` (the state band's); none without a
+        checkpoint to copy (most steps: one set test)."""
+        band = self.geom.state
+        if (not self._copying or band is None or not len(nonzero)
+                or self._copying.isdisjoint(ids)):
+            return ()
+        src: list[int] = []
+        dst: list[int] = []
+        at = 0
+        for pos, n in zip(nonzero, matrix[:, band].tolist(), strict=True):
+            if not n:
+                continue
+            facts = requests.get(ids[pos])
+            if (facts is not None and facts.cow_src >= 0
+                    and not self.table.rowlen[band, int(slots[pos])]):
+                src.append(facts.cow_src)
+                dst.append(at)
+            at += n
+        return (CopyPages(band, tuple(src), tuple(dst)),) if src else ()
 
     def drop_window_pages(self, facts: CacheFacts, band: int, first: int,
                           vids: np.ndarray) -> None:
@@ -349,8 +367,7 @@ class CacheGlue:
             else:
                 out.append(v)
         if first < shared and self.cache is not None and facts.handle is not None:
-            self.cache.unpin_window(facts.handle, band,
-                                    range(first, min(first + len(vids), shared)))
+            self.cache.unpin_pages(band, vids[:shared - first])
         self.chain.release(band, out)
 
     def count_junction(self, facts: CacheFacts, now: int, new: int) -> None:

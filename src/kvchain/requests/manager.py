@@ -549,8 +549,9 @@ class KVManager:
         quote = plan.quote
         if quote is not None and quote.before.epoch != self.chain.epoch:
             quote = None  # priced before the chain changed: the take prices it again
-        grant = self.chain.take(taken, quote)
         slots = lookup.slots
+        grant = self.chain.take(taken, quote, self._glue.copies(
+            ids, slots, plan.nonzero, plan.needs, self._requests))
         if missing:
             for rid in missing:
                 self._register(rid)
