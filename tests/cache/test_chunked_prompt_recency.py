@@ -1,6 +1,6 @@
 """A prompt inserted chunk by chunk keeps its window tails as one unit of recency with its
 full pages, as the same prompt inserted whole did (regression: the README's default run
-copied 53x the pages after incremental insertion, docs/benchmarks.md "Page copies of
+copied 53x the pages after incremental insertion, docs/benchmarks-history.md "Page copies of
 incremental insertion (round 8)").
 
 The tiny model of tests/cache/test_incremental_insert.py: window | full, P = 16 tokens,
