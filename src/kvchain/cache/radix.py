@@ -305,6 +305,19 @@ class Adopted:
     dups: list[list[int]]
 
 
+def _shared_run(run: Sequence[int], keys: Sequence[int], pos: int) -> int:
+    """How many leading keys of a node's ``run`` equal ``keys[pos:]`` (at least 1: the
+    caller found the child by ``keys[pos]``); one slice comparison in the common case of
+    a whole run matching, else a walk to the first difference."""
+    m = min(len(run), len(keys) - pos)
+    if run[:m] == list(keys[pos:pos + m]):  # the common case, compared in C
+        return m
+    j = 1
+    while j < m and run[j] == keys[pos + j]:
+        j += 1
+    return j
+
+
 def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
                   policy: ResumePolicy = ResumePolicy.BLOCKS) -> tuple[int, ...]:
     """Page counts where a cached prompt of ``whole_pages`` pages keeps window tails and
@@ -945,13 +958,7 @@ class PrefixCache:
             if child is None:
                 break
             run = child.keys
-            m = min(len(run), n - pos)
-            if run[:m] == list(keys[pos:pos + m]):  # the common case, compared in C
-                j = m
-            else:
-                j = 1
-                while j < m and run[j] == keys[pos + j]:
-                    j += 1
+            j = _shared_run(run, keys, pos)
             path.append((child, j))
             pos += j
             if j < len(run):
@@ -1408,13 +1415,7 @@ class PrefixCache:
             if child is None:
                 break
             run = child.keys
-            m = min(len(run), n - pos)
-            if run[:m] == list(keys[pos:pos + m]):  # the common case, compared in C
-                j = m
-            else:
-                j = 1
-                while j < m and run[j] == keys[pos + j]:
-                    j += 1
+            j = _shared_run(run, keys, pos)
             if j < len(run):
                 child = self._split(child, pos + j)
             changed.append(child)
