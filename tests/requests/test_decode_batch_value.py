@@ -10,34 +10,10 @@ import numpy as np
 import pytest
 
 from kvchain.alloc import Demand
-from kvchain.alloc.chain import Chain
 from kvchain.errors import InvalidDemandError
-from kvchain.layout import plan_layout
-from kvchain.model.declared import declared_class
-from kvchain.model.layers import LifetimeClass as LC
 from kvchain.requests.batch import DecodeBatch
-from kvchain.requests.manager import KVManager
 
-# a 40-token window and a full band, 4-token pages
-WINDOW_FULL = [declared_class(LC.WINDOW, 1_024, 40), declared_class(LC.FULL, 1_024)]
-
-
-def _manager() -> KVManager:
-    return KVManager(Chain(plan_layout(WINDOW_FULL, 40_000_000, 4)))
-
-
-def _prefilled(prompts: list[int]) -> KVManager:
-    kv = _manager()
-    batch = list(enumerate(prompts))
-    kv.allocate(batch)
-    for rid, n in batch:
-        kv.commit(rid, n)
-    return kv
-
-
-def _state(kv: KVManager) -> tuple[object, ...]:
-    return (kv.chain.epoch, kv.chain.stats.takes,
-            tuple((rid, kv.tokens(rid), kv.held(rid)) for rid in (0, 1, 2)))
+from .window_full import manager, prefilled, state
 
 
 def test_the_value_by_hand_and_without_a_row() -> None:
@@ -45,7 +21,7 @@ def test_the_value_by_hand_and_without_a_row() -> None:
     # token 4 starts page 1 in both bands: (1, 1). Request 1: 5 tokens on 2 pages,
     # token 5 is on page 1: (0, 0). Request 2: 8 tokens on 2 pages, token 8 starts
     # page 2: (1, 1). Total (2, 2).
-    kv = _prefilled([4, 5, 8])
+    kv = prefilled([4, 5, 8])
     got = kv.decode_demands([0, 1, 2])
     assert isinstance(got, DecodeBatch)
     assert got.rids == (0, 1, 2) and got.drafts == 0
@@ -67,7 +43,7 @@ def test_the_value_by_hand_and_without_a_row() -> None:
 
 
 def test_the_value_cannot_be_changed_in_place() -> None:
-    kv = _prefilled([4, 5, 8])
+    kv = prefilled([4, 5, 8])
     got = kv.decode_demands([0, 1, 2])
     with pytest.raises(ValueError):
         got.matrix[0, 0] = 0  # read-only array
@@ -82,28 +58,28 @@ def test_the_value_cannot_be_changed_in_place() -> None:
 
 
 def test_allocate_takes_its_own_value_as_priced() -> None:
-    kv = _prefilled([4, 5, 8])
+    kv = prefilled([4, 5, 8])
     got = kv.decode_demands([0, 1, 2])
     assert kv.allocate([(0, 1), (1, 1), (2, 1)], got) == Demand((2, 2))
     assert [kv.held(rid).span(kv.geom.full)[1] for rid in (0, 1, 2)] == [2, 2, 3]
 
 
 def test_a_value_from_another_manager_is_validated_once() -> None:
-    a, b = _prefilled([4, 5, 8]), _prefilled([4, 5, 8])
+    a, b = prefilled([4, 5, 8]), prefilled([4, 5, 8])
     rids = (0, 1, 2)
     # b's value for the same state: validated by a, then taken as its demands say
     assert a.allocate([(rid, 1) for rid in rids], b.decode_demands(rids)) == Demand((2, 2))
     # planted: a value of b whose demands have 3 bands on this 2-band chain is refused
     # by a (validated), and nothing changes; the same forged value is refused as a list
-    a2, b2 = _prefilled([4, 5, 8]), _prefilled([4, 5, 8])
+    a2, b2 = prefilled([4, 5, 8]), prefilled([4, 5, 8])
     good = b2.decode_demands(rids)
     bad = (Demand((1, 1, 1)), good[1], good[2])
     forged = DecodeBatch(b2, good.rids, 0, bad, good.nonzero, good.needs, good.total)
-    before = _state(a2)
+    before = state(a2, (0, 1, 2))
     for demands in (forged, list(bad)):
         with pytest.raises(InvalidDemandError):
             a2.allocate([(rid, 1) for rid in rids], demands)
-        assert _state(a2) == before
+        assert state(a2, (0, 1, 2)) == before
     # the same forged value naming a2 as its owner is refused too: a value a2 did not
     # issue (built by hand, or a copy of one of its own with other demands) is validated
     # like any list, never trusted
@@ -112,25 +88,25 @@ def test_a_value_from_another_manager_is_validated_once() -> None:
     for demands in (own, copied):
         with pytest.raises(InvalidDemandError):
             a2.allocate([(rid, 1) for rid in rids], demands)
-        assert _state(a2) == before
+        assert state(a2, (0, 1, 2)) == before
     # its own issued value is trusted: (1, 1) + (0, 0) + (1, 1) = (2, 2)
     assert a2.allocate([(rid, 1) for rid in rids], a2.decode_demands(rids)) == Demand((2, 2))
 
 
 def test_a_value_for_other_requests_or_tokens_is_validated() -> None:
-    kv = _prefilled([4, 5, 8])
+    kv = prefilled([4, 5, 8])
     got = kv.decode_demands([0, 1, 2])
-    before = _state(kv)
+    before = state(kv, (0, 1, 2))
     with pytest.raises(InvalidDemandError):  # 3 demands for 2 entries: not its batch
         kv.allocate([(0, 1), (2, 1)], got)
-    assert _state(kv) == before
+    assert state(kv, (0, 1, 2)) == before
     # its rows, but priced for 1 token and the batch asks 2: validated as a list (the
     # demands are well formed, so the take is theirs: (2, 2))
     assert kv.allocate([(0, 2), (1, 2), (2, 2)], got) == Demand((2, 2))
 
 
 def test_building_from_misaligned_demands_is_refused() -> None:
-    kv = _manager()
+    kv = manager()
     with pytest.raises(InvalidDemandError):
         DecodeBatch.of(kv, (0, 1), 0, [Demand((0, 0))], 2)
     with pytest.raises(InvalidDemandError):
@@ -144,7 +120,7 @@ def test_building_from_misaligned_demands_is_refused() -> None:
 
 def test_the_slot_lookup_memo_follows_the_slot_version() -> None:
     # Requests 0 (4 tokens: its next token starts page 1: (1, 1)) and 1 (5 tokens: (0, 0)).
-    kv = _prefilled([4, 5])
+    kv = prefilled([4, 5])
     ids = (0, 1)
     assert list(kv.decode_demands(ids)) == [Demand((1, 1)), Demand((0, 0))]
     # Request 1 leaves; request 7 takes its freed slot with 5 tokens. The same ids now
