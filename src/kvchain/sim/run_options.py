@@ -218,10 +218,6 @@ class RunOptions:
         check_field_types(self)
         check_values(**{f.name: getattr(self, f.name) for f in fields(self)
                         if f.name in _RULES})
-        if self.chunk_size < self.page_size:
-            # Admission cuts prefill chunks to whole pages: no chunk could ever be admitted.
-            raise ConfigError(f"--chunk-size ({self.chunk_size}) must be at least "
-                              f"--page-size ({self.page_size} tokens)")
         self.reserve_config()  # a ratio that does not parse, or one without sglang
         check_draft_drafts(self.draft_model, self.spec_tokens)
         if self.retract_to is not RetractTo.RECOMPUTE and self.host_bytes is None:
@@ -357,7 +353,7 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
 
 
 # Value rules, by the option's name (``check_values``): one copy, used by RunOptions and by
-# the CLI's other commands (``kvchain.cli.common.check_flags``).
+# the CLI's other commands (``plan``, ``replay``, ``prefix-bounds``, ``tp``).
 _POSITIVE_REAL = ("rate_scale", "end_s", "step_ms")
 _FRACTION = ("mem_fraction", "host_fraction")
 _NON_NEGATIVE = ("seed", "slots_held", "ops", "spec_tokens")
