@@ -178,13 +178,7 @@ class SimConfig:
         if self.host_bytes is not None and self.host_bytes < 1:
             raise ConfigError(f"host_bytes must be >= 1 (None: no host tier), got "
                               f"{self.host_bytes}")
-        mode = self.scheduler.retract_to
-        if mode is not RetractTo.RECOMPUTE and not self.host_bytes:
-            raise ConfigError(f"--retract-to {mode.value} needs host memory: give "
-                              f"--host-bytes")
-        if mode is RetractTo.AUTO and self.clock is not ClockKind.ROOFLINE:
-            raise ConfigError("--retract-to auto compares the roofline's host-copy and "
-                              "recompute times: it needs --clock roofline")
+        check_retract_to(self.scheduler.retract_to, self.host_bytes, self.clock)
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -257,6 +251,23 @@ class SimConfig:
             if self.gpu.host_link is None:
                 raise ConfigError(f"--host-bytes: GPU {self.gpu.name} has no host link "
                                   f"figure, so load-backs cannot be timed")
+
+
+def check_retract_to(mode: RetractTo, host_bytes: int | None, clock: ClockKind) -> None:
+    """Refuse a retraction mode the run cannot serve (:class:`SimConfig` and
+    :class:`~kvchain.sim.run_options.RunOptions` both ask here).
+
+    Raises:
+        ConfigError: ``host`` / ``auto`` without ``host_bytes`` (the host memory its copies
+            go to); ``auto`` (it compares the roofline's host-copy and recompute times)
+            with a clock other than ``roofline``.
+    """
+    if mode is not RetractTo.RECOMPUTE and not host_bytes:
+        raise ConfigError(f"--retract-to {mode.value} needs --host-bytes (the host memory "
+                          f"its copies go to)")
+    if mode is RetractTo.AUTO and clock is not ClockKind.ROOFLINE:
+        raise ConfigError("--retract-to auto compares the roofline's host-copy and "
+                          "recompute times: it needs --clock roofline")
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,7 +61,7 @@ from kvchain.sched.admission import ReserveConfig, ReservePolicy, parse_new_toke
 from kvchain.sched.retraction import RetractTo
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind
-from kvchain.sim.engine import SimConfig
+from kvchain.sim.engine import SimConfig, check_retract_to
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, Trace, load_trace
 
 PREFILL_TOKENS_FLOOR = 8192
@@ -220,12 +220,7 @@ class RunOptions:
                         if f.name in _RULES})
         self.reserve_config()  # a ratio that does not parse, or one without sglang
         check_draft_drafts(self.draft_model, self.spec_tokens)
-        if self.retract_to is not RetractTo.RECOMPUTE and self.host_bytes is None:
-            raise ConfigError(f"--retract-to {self.retract_to.value} needs --host-bytes (the "
-                              f"host memory its copies go to)")
-        if self.retract_to is RetractTo.AUTO and self.clock is not ClockKind.ROOFLINE:
-            raise ConfigError("--retract-to auto compares the roofline's host-copy and "
-                              "recompute times: it needs --clock roofline")
+        check_retract_to(self.retract_to, self.host_bytes, self.clock)
 
     # --- what the run builds -------------------------------------------------------------
 
@@ -307,7 +302,7 @@ class RunOptions:
         values: dict[str, Any] = {}
         for key, raw in data.items():
             if raw is not None:
-                values[key] = _coerce(key, raw, hints[key])
+                values[key] = coerce_value(key, raw, hints[key])
         return RunOptions(**values)
 
 
@@ -333,9 +328,13 @@ def _field_types() -> dict[str, Any]:
     return out
 
 
-def _coerce(key: str, value: Any, kind: Any) -> Any:
-    """``value`` as the field type ``kind`` (ints accepted for floats; bools only for bool
-    fields; enums by value)."""
+def coerce_value(key: str, value: Any, kind: Any) -> Any:
+    """``value`` of option or grid key ``key`` as the type ``kind`` (ints accepted for
+    floats; bools only for bool fields; enums by value).
+
+    Raises:
+        ConfigError: ``key: expected <kind>, got <value>`` (or not one of the enum's values).
+    """
     if isinstance(kind, type) and issubclass(kind, Enum):
         try:
             return kind(value)
