@@ -625,8 +625,7 @@ class DraftCostModel:
     """Seconds a speculative step spends in the draft model's forwards (docs/design.md,
     "Draft model bands").
 
-    The draft (a separate model, an EAGLE head or an MTP layer with KV of its own) computes
-    every token the target computes and proposes ``k`` drafts per decoding request one
+    The draft (:mod:`kvchain.model.draft`) proposes ``k`` drafts per decoding request one
     forward at a time. Per step, as vLLM's proposer runs it (``vllm/v1/spec_decode/
     eagle.py``, ``propose``: one forward over the tokens the target just computed, then
     ``num_speculative_tokens - 1`` forwards of one token per request; the draft-model

@@ -400,8 +400,8 @@ class ShareTotals:
     peak: float | None = None
 
     def mean(self, totals: StepTotals) -> float | None:
-        """Time-weighted mean over the steps of ``totals`` (weights = step durations, the
-        plain mean when every step lasted 0 s); None without steps."""
+        """Time-weighted mean over the steps of ``totals``, as
+        :attr:`StepTotals.mean_utilization`."""
         return _time_weighted_mean(self.fraction_seconds, totals.duration_s,
                                    self.fraction_sum, totals.steps)
 
@@ -969,21 +969,13 @@ class SimSummary:
         steps: scheduling steps.
         peak_running: most requests in one batch.
         peak_waiting: longest waiting queue.
-        mean_kv_utilization: time-weighted mean of the held share, used / buffer bytes
-            (0..1): requests' own pages **plus** the prefix cache's, locked and evictable
-            (the split is in the next six fields); None without steps.
-        peak_kv_utilization: largest held share of one step (0..1); None without steps.
-        mean_kv_requests: time-weighted mean of requests' own bytes / buffer bytes (0..1;
-            ``used_bytes - cached_bytes``: a prefix-cache hit is the cache's); None without
-            steps.
-        peak_kv_requests: largest share of requests' own bytes in one step; None without
-            steps.
-        mean_kv_cache_locked: time-weighted mean of the prefix cache's locked bytes
-            (cached - evictable) / buffer bytes; None without steps or without a cache.
-        peak_kv_cache_locked: its largest value in one step; None likewise.
-        mean_kv_cache_evictable: time-weighted mean of the cache's evictable bytes / buffer
-            bytes; None without steps or without a cache.
-        peak_kv_cache_evictable: its largest value in one step; None likewise.
+        mean_kv_utilization, peak_kv_utilization: the *held* share of the KV buffer's
+            bytes (the module doc's definitions), its time-weighted mean and its largest
+            value in one step (0..1); None without steps.
+        mean_kv_requests, peak_kv_requests: the same of the *requests* share.
+        mean_kv_cache_locked, peak_kv_cache_locked, mean_kv_cache_evictable,
+            peak_kv_cache_evictable: the same of the *cache locked* and *cache evictable*
+            shares; None also without a prefix cache.
         retractions: retractions, all requests together.
         retracted_requests: requests retracted at least once.
         admitted_but_unallocatable: admitted requests whose allocation then failed (must be
