@@ -75,15 +75,11 @@ def chain_capacity(layout: ChainLayout, prompt: int, output: int,
 def fixed_pool_layouts(layout: ChainLayout) -> list[ChainLayout]:
     """The same classes as separate pools of fixed bytes (one single-band chain each).
 
-    Split rule (SGLang defaults, :func:`kvchain.pool_split.fixed_pool_bytes`, the one the
-    fixed-pool baseline uses): the state pool takes ``0.9 / 1.9`` of the buffer; each window
-    (or local) pool holds ``0.8 x`` the full pool's tokens; without a full class the pools
-    split the rest in proportion to their bytes per token. Pools come in band order.
-    Several state or full classes (a target's and a draft model's) are pools of their own
-    that hold the same count: the state pools split the state share by slot bytes (one
-    slot per request in each), the full pools the full share by bytes per token (one
-    token of each per token of the request), as SGLang's EAGLE draft worker shares the
-    target's token allocator, so its KV pool holds the target's token count
+    Split rule: SGLang's defaults, the one the fixed-pool baseline uses
+    (:func:`kvchain.pool_split.fixed_pool_shares`, sized by
+    :func:`~kvchain.pool_split.fixed_pool_bytes`); pools come in band order. A target's and
+    a draft model's full (state) classes are pools of their own that hold the same count,
+    as SGLang's EAGLE draft worker shares the target's token allocator
     (``python/sglang/srt/speculative/eagle_worker.py``).
 
     Raises:

@@ -316,8 +316,8 @@ def kv_buffer_bytes(gpu: GPUSpec, weight_bytes: int, *, mem_fraction: float = DE
     grid - including a HIGH END's, anchored at the buffer's end - starts aligned for the
     kernels' typed views.
 
-    ``mem_fraction`` plays the role of vLLM's ``gpu_memory_utilization`` (default 0.9 there
-    too); the reserve defaults to :data:`DEFAULT_ACTIVATION_RESERVE_BYTES` (3 GiB).
+    ``mem_fraction``: :data:`DEFAULT_MEM_FRACTION`; the reserve defaults to
+    :data:`DEFAULT_ACTIVATION_RESERVE_BYTES` (3 GiB).
 
     Example: H200 (143,771 MiB = 150,754,820,096 B), 16e9 B of weights, defaults:
     ``floor(150,754,820,096 x 0.9) = 135,679,338,086``; minus 16,000,000,000 and

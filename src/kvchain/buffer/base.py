@@ -145,6 +145,40 @@ class StatsCounter:
                            self.zero_calls, self.pages_zeroed)
 
 
+class CountingBackend:
+    """What every backend shares: ``nbytes`` checked, the :class:`StatsCounter`, and the
+    validation of ``zero_pages``.
+
+    Raises:
+        BufferArgumentError: negative ``nbytes`` or ``chunk_bytes < 1``.
+    """
+
+    def __init__(self, nbytes: int, chunk_bytes: int = 1) -> None:
+        if nbytes < 0 or chunk_bytes < 1:
+            raise BufferArgumentError(
+                f"need nbytes >= 0 and chunk_bytes >= 1, got {nbytes} and {chunk_bytes}")
+        self._nbytes = nbytes
+        self._chunk_bytes = chunk_bytes
+        self._counter = StatsCounter()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffer."""
+        return self._nbytes
+
+    @property
+    def stats(self) -> BufferStats:
+        """Copy and zero counters (a frozen snapshot)."""
+        return self._counter.snapshot()
+
+    def _zero_index(self, band: BandLayout, idx: np.ndarray) -> np.ndarray:
+        """``idx`` checked as pages of ``band``'s grid, and counted as one zeroing."""
+        i = page_index_array(idx, "page")
+        check_in_grid(band, i, grid_pages(band, self._nbytes), "page")
+        self._counter.count_zero(int(i.size))
+        return i
+
+
 # --- the protocol ---------------------------------------------------------------------------
 
 
@@ -153,8 +187,12 @@ class BufferBackend(Protocol):
     """The bytes of the chain: what the chain's executor (its ``Mover``) calls.
 
     Page arguments are physical page indices on the band's grid (int64 arrays). Every
-    method raises :class:`~kvchain.errors.BufferArgumentError` on bad input before it
-    changes any byte.
+    method raises :class:`~kvchain.errors.BufferArgumentError` on bad input (lengths that
+    differ, an index outside the band's grid, a destination twice in one copy, a page index
+    that is not an integer, page data of the wrong length, a layer not in the band) before
+    it changes any byte; ``layer_views`` raises
+    :class:`~kvchain.errors.BufferUnsupportedError` for a tensor misaligned for its element
+    size. The backends' methods are these; their docstrings say only how they differ.
     """
 
     @property
@@ -185,7 +223,9 @@ class BufferBackend(Protocol):
         ...
 
     def layer_views(self, band: BandLayout, layer: LayerCache) -> dict[str, Any]:
-        """Per-tensor strided views of one layer over every page of the band's grid."""
+        """Views of the layer's tensors that alias the buffer, keyed by tensor name:
+        ``[num_pages, page_tokens, *shape]`` (token band) or ``[num_slots, *shape]`` (state
+        band), over every page of the band's grid."""
         ...
 
     def fence(self) -> Fence:
@@ -262,13 +302,22 @@ def check_copy(band: BandLayout, src: Any, dst: Any, nbytes: int
     num_pages = grid_pages(band, nbytes)
     check_in_grid(band, s, num_pages, "source")
     check_in_grid(band, d, num_pages, "destination")
-    if d.size > 1:
-        ordered = np.sort(d)
+    check_distinct(d, "page")
+    return s, d
+
+
+def check_distinct(dst: np.ndarray, what: str) -> None:
+    """Raise if a destination ``what`` (a page, a host slot) repeats in ``dst``.
+
+    Raises:
+        BufferArgumentError: naming the first repeated index.
+    """
+    if dst.size > 1:
+        ordered = np.sort(dst)
         dup = ordered[1:] == ordered[:-1]
         if dup.any():
             raise BufferArgumentError(
-                f"destination page {int(ordered[1:][dup][0])} appears twice in one copy")
-    return s, d
+                f"destination {what} {int(ordered[1:][dup][0])} appears twice in one copy")
 
 
 def check_page(band: BandLayout, j: Any, nbytes: int) -> int:

@@ -59,6 +59,7 @@ import numpy as np
 from kvchain.buffer.base import (
     CompletedFence,
     Fence,
+    check_distinct,
     check_in_grid,
     grid_pages,
     page_data,
@@ -365,14 +366,7 @@ class HostBuffer:
         if p.size != s.size:
             raise BufferArgumentError(f"a host copy needs as many device pages as host slots, "
                                       f"got {p.size} and {s.size}")
-        written = p if pages_written else s
-        if written.size > 1:
-            ordered = np.sort(written)
-            dup = ordered[1:] == ordered[:-1]
-            if dup.any():
-                what = "device page" if pages_written else "host slot"
-                raise BufferArgumentError(f"destination {what} {int(ordered[1:][dup][0])} "
-                                          f"appears twice in one copy")
+        check_distinct(p if pages_written else s, "device page" if pages_written else "host slot")
         return region, p, s
 
     def to_host(self, device: NumpyBuffer | TorchBuffer, band: BandLayout, pages: Any,
@@ -403,16 +397,8 @@ class HostBuffer:
         """Copy held host slots ``slots[i]`` into device pages ``pages[i]`` of ``band``
         (pages distinct; a slot may repeat).
 
-        Args:
-            device: the device backend.
-            band: the band of the destination pages.
-            slots: held host slots of the band's class.
-            pages: physical device pages to overwrite.
-            after: a fence to wait on first (a forward that may still read the pages).
-
-        Returns:
-            A fence marking the end of the copies: free or overwrite the slots only after it
-            completes (complete on the CPU).
+        Args and returns: as :meth:`to_host` (``after``: a forward that may still read the
+        pages); free or overwrite the slots only after the returned fence completes.
 
         Raises:
             BufferArgumentError: as :meth:`to_host`, with a repeated device page instead of

@@ -6,22 +6,13 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from kvchain.buffer.base import (
-    BufferStats,
-    CompletedFence,
-    StatsCounter,
-    check_copy,
-    check_in_grid,
-    check_page,
-    grid_pages,
-    page_index_array,
-)
-from kvchain.errors import BufferArgumentError, BufferUnsupportedError
+from kvchain.buffer.base import CompletedFence, CountingBackend, check_copy, check_page
+from kvchain.errors import BufferUnsupportedError
 from kvchain.layout import BandLayout
 from kvchain.model.layers import LayerCache
 
 
-class NullBuffer:
+class NullBuffer(CountingBackend):
     """A buffer of ``nbytes`` that holds no bytes (see :class:`BufferBackend`).
 
     ``copy_pages`` and ``zero_pages`` validate their input exactly like the real backends
@@ -36,41 +27,14 @@ class NullBuffer:
         BufferArgumentError: negative ``nbytes``.
     """
 
-    def __init__(self, nbytes: int) -> None:
-        if nbytes < 0:
-            raise BufferArgumentError(f"need nbytes >= 0, got {nbytes}")
-        self._nbytes = nbytes
-        self._counter = StatsCounter()
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the (virtual) buffer."""
-        return self._nbytes
-
-    @property
-    def stats(self) -> BufferStats:
-        """Copy and zero counters (a frozen snapshot)."""
-        return self._counter.snapshot()
-
     def copy_pages(self, band: BandLayout, src: np.ndarray, dst: np.ndarray) -> None:
-        """Validate and count a copy; no bytes move.
-
-        Raises:
-            BufferArgumentError: lengths differ, an index is outside the band's grid, or a
-                destination repeats (nothing is counted).
-        """
+        """Validate and count a copy (:meth:`BufferBackend.copy_pages`); no bytes move."""
         s, _ = check_copy(band, src, dst, self._nbytes)
         self._counter.count_copy(int(s.size), band.page_bytes)
 
     def zero_pages(self, band: BandLayout, idx: np.ndarray) -> None:
-        """Validate and count a zeroing; no bytes change.
-
-        Raises:
-            BufferArgumentError: an index is outside the band's grid.
-        """
-        i = page_index_array(idx, "page")
-        check_in_grid(band, i, grid_pages(band, self._nbytes), "page")
-        self._counter.count_zero(int(i.size))
+        """Validate and count a zeroing; no bytes change."""
+        self._zero_index(band, idx)
 
     def _no_bytes(self, what: str) -> NoReturn:
         raise BufferUnsupportedError(f"NullBuffer holds no bytes: cannot {what}")

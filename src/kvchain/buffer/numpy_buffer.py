@@ -7,19 +7,15 @@ from typing import Any
 import numpy as np
 
 from kvchain.buffer.base import (
-    BufferStats,
     CompletedFence,
-    StatsCounter,
+    CountingBackend,
     check_copy,
-    check_in_grid,
     check_page,
     grid_pages,
     page_data,
-    page_index_array,
 )
 from kvchain.buffer.copy_plan import plan_copy
 from kvchain.buffer.page_layout import layer_placements, view_geometry
-from kvchain.errors import BufferArgumentError
 from kvchain.layout import BandLayout
 from kvchain.model.layers import CacheDtype, LayerCache
 
@@ -41,8 +37,9 @@ def chunk_pages_for(page_bytes: int, chunk_bytes: int) -> int:
     return max(1, chunk_bytes // page_bytes)
 
 
-class NumpyBuffer:
-    """A zero-filled uint8 numpy buffer of ``nbytes`` (see :class:`BufferBackend`).
+class NumpyBuffer(CountingBackend):
+    """A zero-filled uint8 numpy buffer of ``nbytes`` (see :class:`BufferBackend`: its
+    methods, shapes and errors).
 
     ``copy_pages`` runs in place in chunks of at most ``chunk_bytes`` (one page at least),
     ordered by :func:`~kvchain.buffer.copy_plan.plan_copy`: temporary memory is one chunk
@@ -57,27 +54,13 @@ class NumpyBuffer:
     """
 
     def __init__(self, nbytes: int, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
-        if nbytes < 0 or chunk_bytes < 1:
-            raise BufferArgumentError(
-                f"need nbytes >= 0 and chunk_bytes >= 1, got {nbytes} and {chunk_bytes}")
+        super().__init__(nbytes, chunk_bytes)
         self._array = np.zeros(nbytes, dtype=np.uint8)
-        self._chunk_bytes = chunk_bytes
-        self._counter = StatsCounter()
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the buffer."""
-        return int(self._array.size)
 
     @property
     def array(self) -> np.ndarray:
         """The whole buffer (uint8, aliases the bytes)."""
         return self._array
-
-    @property
-    def stats(self) -> BufferStats:
-        """Copy and zero counters (a frozen snapshot)."""
-        return self._counter.snapshot()
 
     def _pages(self, band: BandLayout) -> np.ndarray:
         num = grid_pages(band, self.nbytes)
@@ -85,12 +68,7 @@ class NumpyBuffer:
         return self._array[start:start + num * band.page_bytes].reshape(num, band.page_bytes)
 
     def copy_pages(self, band: BandLayout, src: np.ndarray, dst: np.ndarray) -> None:
-        """Copy page ``src[i]`` to ``dst[i]`` as if all sources were read first.
-
-        Raises:
-            BufferArgumentError: lengths differ, an index is outside the band's grid, or a
-                destination repeats (nothing is copied).
-        """
+        """:meth:`BufferBackend.copy_pages`, in chunks (the class doc)."""
         s, d = check_copy(band, src, dst, self.nbytes)
         pages = self._pages(band)
         plan = plan_copy(s, d, chunk_pages_for(band.page_bytes, self._chunk_bytes))
@@ -105,46 +83,25 @@ class NumpyBuffer:
         self._counter.count_copy(int(s.size), band.page_bytes)
 
     def zero_pages(self, band: BandLayout, idx: np.ndarray) -> None:
-        """Fill pages with zeros.
-
-        Raises:
-            BufferArgumentError: an index is outside the band's grid.
-        """
-        i = page_index_array(idx, "page")
-        check_in_grid(band, i, grid_pages(band, self.nbytes), "page")
-        self._pages(band)[i] = 0
-        self._counter.count_zero(int(i.size))
+        """:meth:`BufferBackend.zero_pages`."""
+        self._pages(band)[self._zero_index(band, idx)] = 0
 
     def write_page(self, band: BandLayout, j: int, data: bytes | np.ndarray) -> None:
-        """Overwrite page ``j`` with exactly ``page_bytes`` bytes.
-
-        Raises:
-            BufferArgumentError: bad index or data of the wrong length.
-        """
+        """:meth:`BufferBackend.write_page`."""
         j = check_page(band, j, self.nbytes)
         raw = page_data(band, data)
         start = band.grid_base + j * band.page_bytes
         self._array[start:start + band.page_bytes] = raw
 
     def read_page(self, band: BandLayout, j: int) -> np.ndarray:
-        """A copy of page ``j`` (uint8, ``page_bytes`` long).
-
-        Raises:
-            BufferArgumentError: bad index.
-        """
+        """:meth:`BufferBackend.read_page`."""
         j = check_page(band, j, self.nbytes)
         start = band.grid_base + j * band.page_bytes
         return self._array[start:start + band.page_bytes].copy()
 
     def layer_views(self, band: BandLayout, layer: LayerCache) -> dict[str, Any]:
-        """Views of the layer's tensors that alias the buffer, keyed by tensor name:
-        ``[num_pages, page_tokens, *shape]`` (token band) or ``[num_slots, *shape]`` (state
-        band); bf16 as raw uint16 bits, fp8 as uint8 (numpy has neither type).
-
-        Raises:
-            BufferArgumentError: the layer is not in the band.
-            BufferUnsupportedError: a tensor misaligned for its element size.
-        """
+        """:meth:`BufferBackend.layer_views`; bf16 as raw uint16 bits, fp8 as uint8 (numpy
+        has neither type)."""
         num = grid_pages(band, self.nbytes)
         views: dict[str, Any] = {}
         for placement in layer_placements(band, layer):

@@ -12,20 +12,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvchain.buffer.base import (
-    BufferStats,
     CompletedFence,
-    StatsCounter,
+    CountingBackend,
     check_copy,
-    check_in_grid,
     check_page,
     grid_pages,
     page_data,
-    page_index_array,
 )
 from kvchain.buffer.copy_plan import plan_copy
 from kvchain.buffer.numpy_buffer import DEFAULT_CHUNK_BYTES, chunk_pages_for
 from kvchain.buffer.page_layout import layer_placements, view_geometry
-from kvchain.errors import BufferArgumentError, BufferUnsupportedError
+from kvchain.errors import BufferUnsupportedError
 from kvchain.layout import BandLayout
 from kvchain.model.layers import CacheDtype, LayerCache
 
@@ -64,9 +61,9 @@ class CudaFence:
         self._event.synchronize()
 
 
-class TorchBuffer:
+class TorchBuffer(CountingBackend):
     """A zero-filled uint8 torch tensor of ``nbytes`` on ``device`` (see
-    :class:`~kvchain.buffer.BufferBackend`).
+    :class:`~kvchain.buffer.BufferBackend`: its methods, shapes and errors).
 
     Copies run in chunks of at most ``chunk_bytes`` in the order of
     :func:`~kvchain.buffer.copy_plan.plan_copy` (``index_select`` into a staging tensor,
@@ -88,28 +85,19 @@ class TorchBuffer:
 
     def __init__(self, nbytes: int, device: str = "cpu", *,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
-        if nbytes < 0 or chunk_bytes < 1:
-            raise BufferArgumentError(
-                f"need nbytes >= 0 and chunk_bytes >= 1, got {nbytes} and {chunk_bytes}")
+        super().__init__(nbytes, chunk_bytes)
         torch = import_torch()
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise BufferUnsupportedError(f"device {device!r} asked for but CUDA is unavailable")
         self._torch = torch
         self._tensor = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
-        self._chunk_bytes = chunk_bytes
-        self._counter = StatsCounter()
         self._dtypes = {
             CacheDtype.BF16: torch.bfloat16,
             CacheDtype.FP16: torch.float16,
             CacheDtype.FP8: torch.float8_e4m3fn,
             CacheDtype.FP32: torch.float32,
         }
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the buffer."""
-        return int(self._tensor.numel())
 
     @property
     def device(self) -> torch.device:
@@ -120,11 +108,6 @@ class TorchBuffer:
     def tensor(self) -> torch.Tensor:
         """The whole buffer (uint8, aliases the bytes)."""
         return self._tensor
-
-    @property
-    def stats(self) -> BufferStats:
-        """Copy and zero counters (a frozen snapshot)."""
-        return self._counter.snapshot()
 
     def _pages(self, band: BandLayout) -> torch.Tensor:
         """The band's grid as a ``[num_pages, page_bytes / w]`` matrix of ``w``-byte words,
@@ -143,13 +126,7 @@ class TorchBuffer:
         return self._torch.as_tensor(idx, dtype=self._torch.int64).to(self._tensor.device)
 
     def copy_pages(self, band: BandLayout, src: np.ndarray, dst: np.ndarray) -> None:
-        """Copy page ``src[i]`` to ``dst[i]`` as if all sources were read first (issued on
-        the current stream on CUDA).
-
-        Raises:
-            BufferArgumentError: lengths differ, an index is outside the band's grid, or a
-                destination repeats (nothing is copied).
-        """
+        """:meth:`BufferBackend.copy_pages`, issued on the current stream on CUDA."""
         s, d = check_copy(band, src, dst, self.nbytes)
         pages = self._pages(band)
         plan = plan_copy(s, d, chunk_pages_for(band.page_bytes, self._chunk_bytes))
@@ -166,47 +143,26 @@ class TorchBuffer:
         self._counter.count_copy(int(s.size), band.page_bytes)
 
     def zero_pages(self, band: BandLayout, idx: np.ndarray) -> None:
-        """Fill pages with zeros.
-
-        Raises:
-            BufferArgumentError: an index is outside the band's grid.
-        """
-        i = page_index_array(idx, "page")
-        check_in_grid(band, i, grid_pages(band, self.nbytes), "page")
+        """:meth:`BufferBackend.zero_pages`."""
+        i = self._zero_index(band, idx)
         if i.size:
             self._pages(band).index_fill_(0, self._index(i), 0)
-        self._counter.count_zero(int(i.size))
 
     def write_page(self, band: BandLayout, j: int, data: bytes | np.ndarray) -> None:
-        """Overwrite page ``j`` with exactly ``page_bytes`` bytes.
-
-        Raises:
-            BufferArgumentError: bad index or data of the wrong length.
-        """
+        """:meth:`BufferBackend.write_page`."""
         j = check_page(band, j, self.nbytes)
         raw = self._torch.from_numpy(page_data(band, data)).to(self._tensor.device)
         start = band.grid_base + j * band.page_bytes
         self._tensor[start:start + band.page_bytes].copy_(raw)
 
     def read_page(self, band: BandLayout, j: int) -> np.ndarray:
-        """A host copy of page ``j`` (numpy uint8, ``page_bytes`` long; synchronizes).
-
-        Raises:
-            BufferArgumentError: bad index.
-        """
+        """:meth:`BufferBackend.read_page`, as a host numpy array (synchronizes)."""
         j = check_page(band, j, self.nbytes)
         start = band.grid_base + j * band.page_bytes
         return self._tensor[start:start + band.page_bytes].cpu().numpy().copy()
 
     def layer_views(self, band: BandLayout, layer: LayerCache) -> dict[str, Any]:
-        """Views of the layer's tensors that alias the buffer, keyed by tensor name:
-        ``[num_pages, page_tokens, *shape]`` (token band) or ``[num_slots, *shape]`` (state
-        band), in the tensor's dtype.
-
-        Raises:
-            BufferArgumentError: the layer is not in the band.
-            BufferUnsupportedError: a tensor misaligned for its element size.
-        """
+        """:meth:`BufferBackend.layer_views`, in the tensors' own dtypes."""
         num = grid_pages(band, self.nbytes)
         views: dict[str, Any] = {}
         for placement in layer_placements(band, layer):

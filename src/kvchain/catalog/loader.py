@@ -275,12 +275,23 @@ def load_model_source(
     ``simulate``, ``compare`` and ``sweep`` all load their model here); with
     ``draft_model``, joined with that bundled draft (:func:`load_draft`).
 
+    ``kv_dtype`` / ``state_dtype`` override what a config declares (``None``: the config's
+    dtype fields, else bf16; :mod:`kvchain.model.hf_dtypes`). ``weight_format`` says how a
+    ``config``'s checkpoint stores its weights (:class:`~kvchain.model.params.WeightFormat`;
+    ``None``: its ``quantization_config``): a spec file declares its weight bytes and a
+    bundled model's format is its checkpoint's, so neither takes one.
+
     Raises:
-        UnknownModelError: no bundled model (or draft) has that name.
-        ConfigError and subclasses: as :func:`_load_source` and :func:`load_draft`.
+        UnknownModelError: no bundled model (or draft) has that name (checked before a
+            misplaced ``weight_format`` is reported).
+        ConfigError and subclasses: a bad config or spec file; ``tp`` other than 1 with a
+            spec file (it declares one rank's bytes, which nothing here splits: returning
+            them as one rank's of ``tp`` would be wrong); a dtype override with a spec file
+            (it declares bytes, not tensors); ``weight_format`` with a spec file
+            or a bundled model; a config whose quantization needs ``weight_format``; and as
+            :func:`load_draft`.
     """
-    target = _load_source(model, config, spec_file=spec_file, kv_dtype=kv_dtype, tp=tp,
-                          state_dtype=state_dtype, weight_format=weight_format)
+    target = _load_target(model, config, spec_file, kv_dtype, tp, state_dtype, weight_format)
     if draft_model is None:
         return target
     return load_draft(target, draft_model, kv_dtype=kv_dtype, tp=tp, state_dtype=state_dtype)
@@ -310,33 +321,10 @@ def load_draft(target: ModelSpec, name: str, *, kv_dtype: CacheDtype | None = No
     return with_draft(target, draft, DraftKind.MODEL)
 
 
-def _load_source(
-    model: str,
-    config: str | Path | None = None,
-    *,
-    spec_file: str | Path | None = None,
-    kv_dtype: CacheDtype | None = None,
-    tp: int = 1,
-    state_dtype: CacheDtype | None = None,
-    weight_format: WeightFormat | None = None,
-) -> ModelSpec:
-    """The target model of :func:`load_model_source` (no draft).
-
-    ``kv_dtype`` / ``state_dtype`` override what a config declares (``None``: the config's
-    dtype fields, else bf16; :mod:`kvchain.model.hf_dtypes`). ``weight_format`` says how a
-    ``config``'s checkpoint stores its weights (:class:`~kvchain.model.params.WeightFormat`;
-    ``None``: its ``quantization_config``): a spec file declares its weight bytes and a
-    bundled model's format is its checkpoint's, so neither takes one.
-
-    Raises:
-        UnknownModelError: no bundled model has that name (checked before a misplaced
-            ``weight_format`` is reported).
-        ConfigError and subclasses: a bad config or spec file; ``tp`` other than 1 with a
-            spec file (it declares one rank's bytes, which nothing here splits: returning
-            them as one rank's of ``tp`` would be wrong); a dtype override with a spec file
-            (it declares bytes, not tensors); ``weight_format`` with a spec file
-            or a bundled model; a config whose quantization needs ``weight_format``.
-    """
+def _load_target(model: str, config: str | Path | None, spec_file: str | Path | None,
+                 kv_dtype: CacheDtype | None, tp: int, state_dtype: CacheDtype | None,
+                 weight_format: WeightFormat | None) -> ModelSpec:
+    """The target model of :func:`load_model_source` (no draft; its rules and errors)."""
     if spec_file is not None:
         if tp != 1:  # the one place: the CLI's --tp with --spec is refused here too
             raise ConfigError(f"--tp {tp} does not apply to --spec: a spec file declares one "

@@ -16,31 +16,16 @@ from typing import NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from kvchain.catalog.loader import load_model_source
 from kvchain.cli.run_options import DEFAULT_MODEL
 from kvchain.errors import ConfigError
 from kvchain.gpu import GPUSpec
-from kvchain.layout import ChainLayout
 from kvchain.model.layers import CacheDtype
 from kvchain.model.params import WeightFormat
 from kvchain.model.spec import ModelSpec
-from kvchain.report.tables import band_table
 from kvchain.sim.metrics import SimSummary
-from kvchain.sim.run_options import check_values, option_help
 from kvchain.sim.traces import Trace
-
-
-def check_flags(**flags: float | int | None) -> None:
-    """Validate numeric command-line flags up front, naming the flag as typed (each keyword
-    is a flag's Python name: ``rate_scale`` for ``--rate-scale``; ``None`` passes): the
-    rules of :func:`kvchain.sim.run_options.check_values`, written there once.
-
-    Raises:
-        ConfigError: e.g. ``--requests must be >= 1, got 0``.
-    """
-    check_values(**flags)
 
 
 def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
@@ -269,14 +254,3 @@ def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,
                              state_dtype=state_dtype, weight_format=weight_format,
                              draft_model=draft_model)
 
-
-KV_DTYPE_HELP = option_help("kv_dtype")
-DRAFT_MODEL_HELP = option_help("draft_model")
-STATE_DTYPE_HELP = option_help("state_dtype")
-WEIGHT_FORMAT_HELP = option_help("weight_format")
-
-
-def render_bands(layout: ChainLayout) -> Table:
-    """A table of the chain's bands, low -> high in the buffer
-    (:func:`kvchain.report.tables.band_table`)."""
-    return band_table(layout)

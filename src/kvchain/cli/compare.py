@@ -1,15 +1,11 @@
 """``kvchain compare``: every memory manager on the same model, GPU, trace and scheduler.
 
-Managers: kvchain, fixed-pools, equal-page, ideal (:mod:`kvchain.baselines.managers`).
-Shows a progress bar per manager, then prints a table (``comparison_table``: throughput,
-TTFT/TPOT, retractions, peak running, U*, memory-blocked U* and allocation efficiency in
-percent, and with the prefix cache on its hit rate, hit tokens and evicted pages; 80
-columns, ``--wide`` for every row) with the metrics' definitions, or ``--json``. Every
-manager gets the same prefix cache (``--prefix-cache/--no-prefix-cache``, default on when
-the trace has content keys; ``--cache-points``), as ``kvchain simulate`` gives kvchain.
-With ``--out DIR`` writes ``compare.json`` and ``compare.png`` (what differs between the
-managers, each panel saying which way is better: :func:`kvchain.report.compare.compare_plot`)
-and says where. The run options are simulate's (:mod:`kvchain.cli.run_options`).
+Managers: kvchain, fixed-pools, equal-page, ideal (:mod:`kvchain.baselines.managers`), each
+with the same prefix cache as ``kvchain simulate`` gives kvchain. Prints
+:func:`kvchain.report.tables.comparison_table` (80 columns, ``--wide`` for every row) with
+the metrics' definitions, or ``--json`` (:func:`compare_json`); ``--out DIR`` writes
+``compare.json`` and :func:`kvchain.report.compare.compare_plot`'s ``compare.png``. The run
+options are simulate's (:mod:`kvchain.cli.run_options`).
 """
 
 from __future__ import annotations

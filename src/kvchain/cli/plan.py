@@ -34,15 +34,9 @@ from kvchain.capacity import (
 from kvchain.catalog.loader import load_draft
 from kvchain.cli import app
 from kvchain.cli.common import (
-    DRAFT_MODEL_HELP,
-    KV_DTYPE_HELP,
-    STATE_DTYPE_HELP,
-    WEIGHT_FORMAT_HELP,
-    check_flags,
     fail,
     load_spec,
     note_defaults,
-    render_bands,
     warn,
     warn_buffer,
 )
@@ -61,6 +55,7 @@ from kvchain.model.layers import CacheDtype, LifetimeClass
 from kvchain.model.params import WeightFormat
 from kvchain.model.spec import ModelSpec
 from kvchain.pool_split import MAMBA_FULL_MEMORY_RATIO, SWA_FULL_TOKENS_RATIO
+from kvchain.report.tables import band_table
 from kvchain.sim.cost import (
     DEFAULT_HOST_LINK_EFFICIENCY,
     GPUCostModel,
@@ -68,7 +63,7 @@ from kvchain.sim.cost import (
     LoadOverlap,
     host_hit_ttft,
 )
-from kvchain.sim.run_options import option_help
+from kvchain.sim.run_options import check_values, option_help
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS
 
 __all__ = ["longest_request", "plan_command"]
@@ -106,10 +101,10 @@ def plan_command(
     buffer_bytes: Annotated[int | None, typer.Option(help="KV buffer bytes of one rank "
                                                           "(instead of the GPU memory "
                                                           "model).")] = None,
-    kv_dtype: Annotated[CacheDtype | None, typer.Option(help=KV_DTYPE_HELP)] = None,
-    state_dtype: Annotated[CacheDtype | None, typer.Option(help=STATE_DTYPE_HELP)] = None,
+    kv_dtype: Annotated[CacheDtype | None, typer.Option(help=option_help("kv_dtype"))] = None,
+    state_dtype: Annotated[CacheDtype | None, typer.Option(help=option_help("state_dtype"))] = None,
     weight_format: Annotated[WeightFormat | None,
-                             typer.Option(help=WEIGHT_FORMAT_HELP)] = None,
+                             typer.Option(help=option_help("weight_format"))] = None,
     page_size: Annotated[int, typer.Option(help="Tokens per page.")] = 16,
     tp: Annotated[int, typer.Option(help="Tensor-parallel size: weights and KV bytes are "
                                          "split over the ranks, and every figure printed "
@@ -126,7 +121,7 @@ def plan_command(
     spec_tokens: Annotated[int, typer.Option(help=option_help("spec_tokens"))] = 0,
     spec_rollback: Annotated[StateRollback, typer.Option(help=option_help("spec_rollback"))]
     = StateRollback.CHECKPOINTS,
-    draft_model: Annotated[str | None, typer.Option(help=DRAFT_MODEL_HELP)] = None,
+    draft_model: Annotated[str | None, typer.Option(help=option_help("draft_model"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     *, ctx: typer.Context,
 ) -> None:
@@ -136,7 +131,7 @@ def plan_command(
     --mem-fraction - one rank's weights - a 3 GiB engine reserve, unless --buffer-bytes
     gives it."""
     try:
-        check_flags(mem_fraction=mem_fraction, buffer_bytes=buffer_bytes, page_size=page_size,
+        check_values(mem_fraction=mem_fraction, buffer_bytes=buffer_bytes, page_size=page_size,
                     tp=tp, prompt=prompt, output=output, slots_held=slots_held,
                     host_bytes=host_bytes, host_fraction=host_fraction,
                     host_interval=host_interval, spec_tokens=spec_tokens)
@@ -484,7 +479,7 @@ def _print_plan(console: Console, result: CapacityPlan) -> None:
                   f"in the other {1 - (budget.mem_fraction or 0):.2g})")
     console.print(f"[bold]{escape(result.model.name)}[/bold] on {gpu_spec.name}, {scope}: "
                   f"KV buffer {budget.buffer_bytes:,} B{source}", soft_wrap=False)
-    console.print(render_bands(layout))
+    console.print(band_table(layout))
     table = Table(title=f"capacity for ({prompt:,} prompt, {output:,} output) requests"
                         + (f", per rank (tp {result.tp})" if result.tp > 1 else ""))
     table.add_column("")

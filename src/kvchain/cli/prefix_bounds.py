@@ -18,10 +18,11 @@ from rich.console import Console
 from rich.table import Table
 
 from kvchain.cli import app
-from kvchain.cli.common import check_flags, fail, load_spec, warn
+from kvchain.cli.common import fail, load_spec, warn
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.model.layers import LifetimeClass
 from kvchain.sim.prefix_bounds import HitBound, hit_bound
+from kvchain.sim.run_options import check_values
 from kvchain.sim.traces import load_trace
 
 
@@ -44,7 +45,7 @@ def prefix_bounds_command(
     """Hit-rate bounds of a prefix cache on a trace: infinite cache and LRU of a size."""
     console = Console()
     try:
-        check_flags(requests=requests, page_size=page_size, tp=tp,
+        check_values(requests=requests, page_size=page_size, tp=tp,
                     capacity_pages=capacity_pages, capacity_bytes=capacity_bytes)
         if capacity_pages is not None and capacity_bytes is not None:
             raise ConfigError("give --capacity-pages or --capacity-bytes, not both")

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvchain.cli.common import (
-    check_flags,
     fail,
     load_spec,
     note,
@@ -24,7 +23,7 @@ from kvchain.layout import ChainLayout
 from kvchain.model.spec import ModelSpec
 from kvchain.sim.cost import ClockKind, GPUCostModel
 from kvchain.sim.engine import SimConfig
-from kvchain.sim.run_options import ResolvedRun, RunOptions, resolve_run
+from kvchain.sim.run_options import ResolvedRun, RunOptions, check_values, resolve_run
 from kvchain.sim.traces import Trace
 
 
@@ -56,7 +55,7 @@ def prepare_run(*, model: str, config: Path | None, spec: Path | None, gpu: str,
     Exits 2 (:func:`kvchain.cli.common.fail`) on any typed error, before anything ran.
     """
     try:
-        check_flags(tp=tp)
+        check_values(tp=tp)
         resolved = resolve_run(trace, given.values)
         run = resolved.options
         model_spec = load_spec(model, config, spec_file=spec, tp=tp,

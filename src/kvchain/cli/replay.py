@@ -22,8 +22,9 @@ from rich.console import Console
 from rich.table import Table
 
 from kvchain.cli import app
-from kvchain.cli.common import check_flags, fail
+from kvchain.cli.common import fail
 from kvchain.errors import ConfigError
+from kvchain.sim.run_options import check_values
 from kvchain.testing.geometry import SHAPES
 from kvchain.testing.replay import generate_section, replay_stream, write_stream
 
@@ -66,7 +67,7 @@ def replay_command(
             ops = GENERATE_OPS if ops is None else ops
             seed = 0 if seed is None else seed
             page_size = GENERATE_PAGE_SIZE if page_size is None else page_size
-            check_flags(ops=ops, seed=seed, page_size=page_size)
+            check_values(ops=ops, seed=seed, page_size=page_size)
             if output is None:
                 raise ConfigError("--generate needs -o FILE")
             shapes = SHAPES if generate == "all" else (generate,)

@@ -18,7 +18,6 @@ from kvchain.cli.common import (
     hint,
     note_rejections,
     overload_hint,
-    render_bands,
     stopped,
 )
 from kvchain.cli.prepare import prepare_run
@@ -36,7 +35,7 @@ from kvchain.cli.run_options import (
 )
 from kvchain.errors import KVChainError
 from kvchain.report.plots import hit_rate_chart, host_chart, write_all_plots
-from kvchain.report.tables import summary_table
+from kvchain.report.tables import band_table, summary_table
 from kvchain.sim.cost import ClockKind
 from kvchain.sim.engine import simulate
 from kvchain.sim.metrics import write_outputs
@@ -78,7 +77,7 @@ def simulate_command(
                       f"{tr.duration_s:,.0f} s)"
                       + (f", step clock {run.step_ms:g} ms"
                          if run.clock is ClockKind.STEPS else ""))
-        console.print(render_bands(layout))
+        console.print(band_table(layout))
     started = time.perf_counter()
     with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,}/"
                   "{task.total:,} requests"), TimeElapsedColumn(), console=console,

@@ -6,9 +6,9 @@
   the low edge for the FLOAT band) and split by owner: requests' pages (solid), prefix-
   cache pages locked by a running hit (cross-hatched) and evictable (hatched); white =
   free gaps.
-- :func:`utilization_chart`: the KV buffer by owner over time (% of its bytes, stacked:
-  requests' own pages, prefix-cache pages locked by running requests, evictable cached
-  pages; the top of the stack is everything held) and the running / waiting queues.
+- :func:`utilization_chart`: the KV buffer by owner over time (% of its bytes, stacked; the
+  owners of :mod:`kvchain.sim.metrics`, the top of the stack everything held) and the
+  running / waiting queues.
 - :func:`latency_cdfs`: empirical CDFs of TTFT and TPOT (ms, log x) of finished requests.
 - :func:`write_all_plots`: the three of them for a recorder, into a folder.
 

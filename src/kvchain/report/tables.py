@@ -267,13 +267,9 @@ def _extra_cell(key: str, value: int | float) -> str:
 def summary_table(summary: SimSummary, *, title: str) -> Table:
     """One run's summary as a two-column table (metric, value).
 
-    Rows (see :func:`metric_labels`): requests finished / total, rejected, simulated time,
-    input and output throughput (tok/s), TTFT and TPOT p50/p90/p99 (ms), end-to-end and
-    queueing p50 (ms), peak running / waiting requests, the KV buffer by owner (% of its
-    bytes, time-weighted mean / peak: requests' own pages, prefix-cache pages locked by
-    running requests, evictable cached pages, and held = requests + cache), retractions,
-    admitted-but-unallocatable, leaked pages; then any ``extra`` counters of the summary,
-    by name. The caption is :data:`KV_DEFINITIONS`.
+    Rows: :func:`metric_labels` (latencies in ms, throughput in tok/s, the KV buffer by
+    owner in % of its bytes as defined in :mod:`kvchain.sim.metrics`), then any ``extra``
+    counters of the summary, by name. The caption is :data:`KV_DEFINITIONS`.
 
     Args:
         summary: the run's :class:`~kvchain.sim.metrics.SimSummary`.

@@ -338,28 +338,17 @@ class StepWorkBuilder:
         self.add_prefill(1 + drafts, context)
 
     def add_decode(self, context: int) -> None:
-        """Add one decode token after ``context`` cached tokens.
+        """Add one decode token after ``context`` cached tokens: a one-token chunk
+        (:meth:`add_prefill`'s formulas at ``tokens = 1``).
 
         Raises:
             CostModelError: ``context < 0``.
         """
-        if context < 0:
-            raise CostModelError(f"context must be >= 0, got {context}")
-        self._seqs += 1
-        self._tokens += 1
-        self._full += context + 1
-        self._full_kv += context + 1
-        if self._window is not None:
-            keys = min(context + 1, self._window)
-            self._win += keys
-            self._win_kv += keys
-        if self._local_chunk is not None:
-            keys = context % self._local_chunk + 1
-            self._local += keys
-            self._local_kv += keys
+        self.add_prefill(1, context)
 
     def add_decodes(self, contexts: np.ndarray) -> None:
-        """Add one decode token for each context length in ``contexts`` (vectorized).
+        """Add one decode token for each context length in ``contexts`` (vectorized: step
+        0 of :meth:`decode_run`).
 
         Raises:
             CostModelError: a negative context.
@@ -367,22 +356,16 @@ class StepWorkBuilder:
         ctx = np.asarray(contexts, dtype=np.int64)
         if ctx.size == 0:
             return
-        if int(ctx.min()) < 0:
-            raise CostModelError("context lengths must be >= 0")
-        n = int(ctx.size)
-        total = int(ctx.sum()) + n
+        run = self.decode_run(ctx, 1)
+        n = run.sequences
         self._seqs += n
         self._tokens += n
-        self._full += total
-        self._full_kv += total
-        if self._window is not None:
-            keys = int(np.minimum(ctx + 1, self._window).sum())
-            self._win += keys
-            self._win_kv += keys
-        if self._local_chunk is not None:
-            keys = int((ctx % self._local_chunk).sum()) + n
-            self._local += keys
-            self._local_kv += keys
+        self._full += int(run.full_pairs[0])
+        self._full_kv += int(run.full_pairs[0])
+        self._win += int(run.window_pairs[0])
+        self._win_kv += int(run.window_pairs[0])
+        self._local += int(run.local_pairs[0])
+        self._local_kv += int(run.local_pairs[0])
 
     def decode_run(self, contexts: np.ndarray, steps: int) -> DecodeRunWork:
         """The work of ``steps`` decode steps of the batch whose context lengths before the
@@ -642,8 +625,7 @@ class DraftCostModel:
     """Seconds a speculative step spends in the draft model's forwards (docs/design.md,
     "Draft model bands").
 
-    The draft (a separate model, an EAGLE head or an MTP layer with KV of its own) computes
-    every token the target computes and proposes ``k`` drafts per decoding request one
+    The draft (:mod:`kvchain.model.draft`) proposes ``k`` drafts per decoding request one
     forward at a time. Per step, as vLLM's proposer runs it (``vllm/v1/spec_decode/
     eagle.py``, ``propose``: one forward over the tokens the target just computed, then
     ``num_speculative_tokens - 1`` forwards of one token per request; the draft-model

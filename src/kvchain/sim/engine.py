@@ -92,52 +92,39 @@ class SimulationStuckError(KVChainError, RuntimeError):
 class SimConfig:
     """One simulation's inputs.
 
+    ``model`` (per rank), ``gpu``, ``trace`` and the ``scheduler``'s limits and policy are
+    what runs; every other field is the :class:`~kvchain.sim.run_options.RunOptions`
+    option of the same name (``truncate_to_context`` is ``truncate``, ``spec_seed`` is
+    ``seed``), with its meaning, units and default stated there once
+    (:meth:`~kvchain.sim.run_options.RunOptions.sim_config` builds this). What the loop
+    adds to them:
+
     Attributes:
-        model: the model (per rank).
-        gpu: the GPU.
-        trace: the request trace.
-        mem_fraction: fraction of GPU memory for weights + KV (vLLM's
-            ``gpu_memory_utilization``).
-        page_size: tokens per page.
-        scheduler: scheduler limits and policy.
-        buffer_bytes: KV buffer bytes; ``None`` derives it from the GPU
-            (:func:`kvchain.gpu.kv_buffer_bytes`).
-        max_step_samples: step samples kept for plots (totals stay exact).
-        clock: ``roofline`` (the GPU cost model) or ``steps`` (each scheduler step that
-            computes tokens advances the clock by ``step_ms``; instant compute).
-        step_ms: the step clock's tick in milliseconds of trace time.
-        truncate_to_context: a request whose prompt + output exceeds the model's context
-            (``model.max_context_tokens``) has its prompt cut to ``context - output``
-            tokens (counted as ``requests_truncated``) instead of being rejected; one
-            whose output alone reaches the context is still rejected (reason
-            ``context:``, counted as ``requests_rejected_context``).
-        prefix_cache: serve prompts' cached prefixes (:mod:`kvchain.cache`); ``None``: on
-            when the trace carries content keys (``prefix_block_ids``).
-        cache_points: where cached prompts keep window tails and state checkpoints
-            (``AUTO``: ``SPACED`` for a chain with a state band, ``BLOCKS`` otherwise).
-        fast_forward: advance runs of decode-only steps between events in one update
-            (:func:`_decode_run`); ``False`` runs every step through the per-step loop (the
-            oracle: both give the same steps, times and per-request numbers).
-        spec_tokens: draft tokens ``k`` per decode (speculative decoding; 0: none). Each
-            decode computes ``1 + k`` tokens (the verify forward,
-            :meth:`StepWorkBuilder.add_verify`) and keeps ``1 + a``; no fast-forward.
-        spec_acceptance: probability each draft is accepted given the ones before it were
-            (``a`` = leading successes of ``k`` Bernoulli draws: ``P(a >= j) = p^j``).
-        spec_seed: seed of those draws (one generator per run: deterministic).
-        spec_rollback: how state bands roll back (``CHECKPOINTS``: ``k`` more slots per
-            request; ``REPLAY``: one more, and a step with a rejected draft also computes
-            its ``1 + a`` accepted tokens again, charged as a chunk of the whole model: an
-            upper bound, the replay runs through the state layers only).
-        host_bytes: bytes of a host tier below the prefix cache (``None``: none; the
-            default, so a run without it is the device-only run): write-through at insert,
-            load-back priced by admission (:mod:`kvchain.cache.tiered`), each step's
-            load-backs charged at the GPU's host link (:func:`host_transfer_time`),
-            overlapped layer by layer with the step's forward
-            (:func:`~kvchain.sim.cost.overlapped_time`). Needs the prefix cache on and a
-            GPU with a host link figure. Retraction by host copy
+        buffer_bytes: ``None`` derives it from the GPU (:func:`kvchain.gpu.kv_buffer_bytes`).
+        max_step_samples: step samples kept for plots (totals stay exact; no option).
+        truncate_to_context: a prompt past ``model.max_context_tokens`` is cut to
+            ``context - output`` tokens (``requests_truncated``); one whose output alone
+            reaches the context is still rejected (reason ``context:``,
+            ``requests_rejected_context``).
+        prefix_cache: ``None``: on when the trace carries content keys
+            (``prefix_block_ids``).
+        fast_forward: runs of decode-only steps in one update (:func:`_decode_run`);
+            ``False`` is the oracle: both give the same steps, times and per-request
+            numbers.
+        spec_tokens: each decode computes ``1 + k`` tokens
+            (:meth:`StepWorkBuilder.add_verify`) and keeps ``1 + a``; no fast-forward.
+        spec_acceptance: ``a`` = leading successes of ``k`` Bernoulli draws (``P(a >= j)
+            = p^j``), one generator per run seeded by ``spec_seed``.
+        spec_rollback: ``REPLAY`` charges a step with a rejected draft its ``1 + a``
+            accepted tokens again as a chunk of the whole model (an upper bound: the replay
+            runs through the state layers only).
+        host_bytes: write-through at insert, load-back priced by admission
+            (:mod:`kvchain.cache.tiered`), each step's load-backs charged at the GPU's host
+            link (:func:`host_transfer_time`) overlapped layer by layer with the step's
+            forward (:func:`~kvchain.sim.cost.overlapped_time`); needs the prefix cache on
+            and a GPU with a host link figure. Retraction by host copy
             (``scheduler.retract_to`` ``host`` / ``auto``) takes its slots from the same
-            bytes (:func:`retraction_host`: the host tier's pools when there is one); each
-            of its copies is charged at the host link in the step that makes it.
+            bytes (:func:`retraction_host`), each copy charged in the step that makes it.
     """
 
     model: ModelSpec
@@ -178,13 +165,7 @@ class SimConfig:
         if self.host_bytes is not None and self.host_bytes < 1:
             raise ConfigError(f"host_bytes must be >= 1 (None: no host tier), got "
                               f"{self.host_bytes}")
-        mode = self.scheduler.retract_to
-        if mode is not RetractTo.RECOMPUTE and not self.host_bytes:
-            raise ConfigError(f"--retract-to {mode.value} needs host memory: give "
-                              f"--host-bytes")
-        if mode is RetractTo.AUTO and self.clock is not ClockKind.ROOFLINE:
-            raise ConfigError("--retract-to auto compares the roofline's host-copy and "
-                              "recompute times: it needs --clock roofline")
+        check_retract_to(self.scheduler.retract_to, self.host_bytes, self.clock)
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.
@@ -257,6 +238,23 @@ class SimConfig:
             if self.gpu.host_link is None:
                 raise ConfigError(f"--host-bytes: GPU {self.gpu.name} has no host link "
                                   f"figure, so load-backs cannot be timed")
+
+
+def check_retract_to(mode: RetractTo, host_bytes: int | None, clock: ClockKind) -> None:
+    """Refuse a retraction mode the run cannot serve (:class:`SimConfig` and
+    :class:`~kvchain.sim.run_options.RunOptions` both ask here).
+
+    Raises:
+        ConfigError: ``host`` / ``auto`` without ``host_bytes`` (the host memory its copies
+            go to); ``auto`` (it compares the roofline's host-copy and recompute times)
+            with a clock other than ``roofline``.
+    """
+    if mode is not RetractTo.RECOMPUTE and not host_bytes:
+        raise ConfigError(f"--retract-to {mode.value} needs --host-bytes (the host memory "
+                          f"its copies go to)")
+    if mode is RetractTo.AUTO and clock is not ClockKind.ROOFLINE:
+        raise ConfigError("--retract-to auto compares the roofline's host-copy and "
+                          "recompute times: it needs --clock roofline")
 
 
 @dataclass(frozen=True, slots=True)

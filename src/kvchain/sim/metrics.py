@@ -137,23 +137,26 @@ def _check(condition: bool, what: str) -> None:
         raise MetricsError(what)
 
 
+def _raise_first(ok: Sequence[bool], messages: Sequence[str], prefix: str = "") -> None:
+    """Raise :class:`MetricsError` with the message of the first check in ``ok`` that
+    failed (a ``__post_init__``'s checks, each evaluated once)."""
+    raise MetricsError(prefix + next(m for good, m in zip(ok, messages, strict=True)
+                                     if not good))
+
+
 @dataclass(frozen=True, slots=True)
 class BandSample:
     """One band of the chain at the end of a step (byte frontiers, counts only).
 
-    Who owns the band's live pages (every count in bytes = pages x the band's page bytes;
-    a state band's "pages" are state slots):
-
-    - ``reserved_bytes``: the chain's own reserved pages (the band's null page);
-    - ``request_bytes``: pages running requests hold as their own (a request's prefix-cache
-      hit is the cache's, not the request's); ``None`` when the loop did not count them;
-    - ``cached_bytes``: pages the prefix cache holds (locked by a running request's hit or
-      not), of which ``evictable_bytes`` are unlocked: what eviction can free.
-
-    Every live page has exactly one owner, so when ``request_bytes`` is counted
-    ``request_bytes + cached_bytes + reserved_bytes == live_bytes``; :attr:`unowned_bytes`
-    is the difference (0 on a correct chain; a leaked page makes it positive, a page
-    counted twice negative).
+    Every count is in bytes = pages x the band's page bytes (a state band's "pages" are
+    state slots). Every live page has exactly one owner (the band's null page, a running
+    request, the prefix cache), so when ``request_bytes`` is counted ``request_bytes +
+    cached_bytes + reserved_bytes == live_bytes``; :attr:`unowned_bytes` is the difference
+    (0 on a correct chain; a leaked page makes it positive, a page counted twice negative).
+    The owners' counts come from three independent sources (the layout, the request table,
+    the cache's counters and eviction order), so they are not forced to agree here: a
+    sample records what each said, and :attr:`unowned_bytes` (and ``evictable_bytes <=
+    cached_bytes``) is the check that they do.
 
     Attributes:
         label: the band's lifetime class (``"state"``, ``"window"``, ``"full"``...).
@@ -164,15 +167,12 @@ class BandSample:
         anchor: where the band is pinned (LOW / HIGH END, FLOAT); None if unknown (the band
             chart then infers it from the frontiers).
         reserved_bytes: bytes of the band's reserved (null) pages.
-        request_bytes: bytes of pages requests hold as their own, or None (not counted).
-        cached_bytes: bytes of pages the prefix cache holds (0 without a cache).
-        evictable_bytes: bytes of the cache's unlocked pages (``<= cached_bytes``).
-
-    The owners' counts come from three independent sources (the layout, the requests'
-    page lists, the cache's counters; evictable bytes from the cache's eviction order), so
-    they are not forced to agree here: a sample records what each source said, and
-    :attr:`unowned_bytes` (and ``evictable_bytes <= cached_bytes``) is the check that they
-    do.
+        request_bytes: bytes of pages running requests hold as their own (a request's
+            prefix-cache hit is the cache's), or None (not counted).
+        cached_bytes: bytes of pages the prefix cache holds, locked by a running request's
+            hit or not (0 without a cache).
+        evictable_bytes: bytes of the cache's unlocked pages, what eviction can free
+            (``<= cached_bytes``).
 
     Raises:
         MetricsError: negative values, ``lo > hi``, live + holes larger than the span.
@@ -192,31 +192,18 @@ class BandSample:
     def __post_init__(self) -> None:
         lo, hi, live, holes = self.lo, self.hi, self.live_bytes, self.hole_bytes
         request = self.request_bytes
-        if (0 <= lo <= hi and live >= 0 and holes >= 0 and live + holes <= hi - lo
-                and self.reserved_bytes >= 0 and self.cached_bytes >= 0
-                and self.evictable_bytes >= 0 and (request is None or request >= 0)):
+        ok = (0 <= lo <= hi, live >= 0 and holes >= 0, live + holes <= hi - lo,
+              min(self.reserved_bytes, self.cached_bytes, self.evictable_bytes) >= 0
+              and (request is None or request >= 0))
+        if all(ok):
             return  # the common case: no message is formatted (recording cost per step)
-        _check(
-            0 <= self.lo <= self.hi,
-            f"band {self.label!r}: need 0 <= lo <= hi, got lo={self.lo}, hi={self.hi}",
-        )
-        _check(
-            self.live_bytes >= 0 and self.hole_bytes >= 0,
-            f"band {self.label!r}: live_bytes and hole_bytes must be >= 0, "
-            f"got {self.live_bytes} and {self.hole_bytes}",
-        )
-        _check(
-            self.live_bytes + self.hole_bytes <= self.hi - self.lo,
-            f"band {self.label!r}: live {self.live_bytes} + holes {self.hole_bytes} B exceed "
-            f"the span of {self.hi - self.lo} B",
-        )
-        _check(
-            min(self.reserved_bytes, self.cached_bytes, self.evictable_bytes) >= 0
-            and (self.request_bytes is None or self.request_bytes >= 0),
-            f"band {self.label!r}: reserved, request, cached and evictable bytes must be "
-            f">= 0, got {self.reserved_bytes}, {self.request_bytes}, {self.cached_bytes}, "
-            f"{self.evictable_bytes}",
-        )
+        _raise_first(ok, (
+            f"need 0 <= lo <= hi, got lo={lo}, hi={hi}",
+            f"live_bytes and hole_bytes must be >= 0, got {live} and {holes}",
+            f"live {live} + holes {holes} B exceed the span of {hi - lo} B",
+            f"reserved, request, cached and evictable bytes must be >= 0, got "
+            f"{self.reserved_bytes}, {request}, {self.cached_bytes}, {self.evictable_bytes}"),
+            f"band {self.label!r}: ")
 
     @property
     def unowned_bytes(self) -> int | None:
@@ -321,41 +308,26 @@ class StepSample:
     needed_bytes: float | None = None
 
     def __post_init__(self) -> None:
-        if (math.isfinite(self.t_s) and math.isfinite(self.duration_s)
-                and self.duration_s >= 0
-                and min(self.prefill_tokens, self.decode_tokens, self.running, self.waiting) >= 0
-                and 0 <= self.used_bytes <= self.buffer_bytes and self.buffer_bytes > 0
-                and all(band.hi <= self.buffer_bytes for band in self.bands)
-                and (self.needed_bytes is None
-                     or (math.isfinite(self.needed_bytes) and self.needed_bytes >= 0))):
+        counts = (self.prefill_tokens, self.decode_tokens, self.running, self.waiting)
+        needed = self.needed_bytes
+        ok = (math.isfinite(self.t_s), math.isfinite(self.duration_s) and self.duration_s >= 0,
+              min(counts) >= 0, self.buffer_bytes > 0,
+              0 <= self.used_bytes <= self.buffer_bytes,
+              all(band.hi <= self.buffer_bytes for band in self.bands),
+              needed is None or (math.isfinite(needed) and needed >= 0))
+        if all(ok):
             return  # the common case: no message is formatted (recording cost per step)
-        _check(math.isfinite(self.t_s), f"step t_s must be finite, got {self.t_s!r}")
-        _check(
-            math.isfinite(self.duration_s) and self.duration_s >= 0,
+        beyond = [b for b in self.bands if b.hi > self.buffer_bytes][:1]
+        _raise_first(ok, (
+            f"step t_s must be finite, got {self.t_s!r}",
             f"step duration_s must be finite and >= 0, got {self.duration_s!r}",
-        )
-        _check(
-            min(self.prefill_tokens, self.decode_tokens, self.running, self.waiting) >= 0,
-            "step token and request counts must be >= 0, got "
-            f"prefill={self.prefill_tokens}, decode={self.decode_tokens}, "
-            f"running={self.running}, waiting={self.waiting}",
-        )
-        _check(self.buffer_bytes > 0, f"buffer_bytes must be > 0, got {self.buffer_bytes}")
-        _check(
-            0 <= self.used_bytes <= self.buffer_bytes,
+            "step token and request counts must be >= 0, got prefill={}, decode={}, "
+            "running={}, waiting={}".format(*counts),
+            f"buffer_bytes must be > 0, got {self.buffer_bytes}",
             f"used_bytes must be in [0, {self.buffer_bytes}], got {self.used_bytes}",
-        )
-        for band in self.bands:
-            _check(
-                band.hi <= self.buffer_bytes,
-                f"band {band.label!r} ends at {band.hi} B, beyond the buffer "
-                f"({self.buffer_bytes} B)",
-            )
-        _check(
-            self.needed_bytes is None
-            or (math.isfinite(self.needed_bytes) and self.needed_bytes >= 0),
-            f"needed_bytes must be None or finite and >= 0, got {self.needed_bytes!r}",
-        )
+            "".join(f"band {b.label!r} ends at {b.hi} B, beyond the buffer "
+                    f"({self.buffer_bytes} B)" for b in beyond),
+            f"needed_bytes must be None or finite and >= 0, got {needed!r}"))
 
     @property
     def utilization(self) -> float:
@@ -428,8 +400,8 @@ class ShareTotals:
     peak: float | None = None
 
     def mean(self, totals: StepTotals) -> float | None:
-        """Time-weighted mean over the steps of ``totals`` (weights = step durations, the
-        plain mean when every step lasted 0 s); None without steps."""
+        """Time-weighted mean over the steps of ``totals``, as
+        :attr:`StepTotals.mean_utilization`."""
         return _time_weighted_mean(self.fraction_seconds, totals.duration_s,
                                    self.fraction_sum, totals.steps)
 
@@ -997,21 +969,13 @@ class SimSummary:
         steps: scheduling steps.
         peak_running: most requests in one batch.
         peak_waiting: longest waiting queue.
-        mean_kv_utilization: time-weighted mean of the held share, used / buffer bytes
-            (0..1): requests' own pages **plus** the prefix cache's, locked and evictable
-            (the split is in the next six fields); None without steps.
-        peak_kv_utilization: largest held share of one step (0..1); None without steps.
-        mean_kv_requests: time-weighted mean of requests' own bytes / buffer bytes (0..1;
-            ``used_bytes - cached_bytes``: a prefix-cache hit is the cache's); None without
-            steps.
-        peak_kv_requests: largest share of requests' own bytes in one step; None without
-            steps.
-        mean_kv_cache_locked: time-weighted mean of the prefix cache's locked bytes
-            (cached - evictable) / buffer bytes; None without steps or without a cache.
-        peak_kv_cache_locked: its largest value in one step; None likewise.
-        mean_kv_cache_evictable: time-weighted mean of the cache's evictable bytes / buffer
-            bytes; None without steps or without a cache.
-        peak_kv_cache_evictable: its largest value in one step; None likewise.
+        mean_kv_utilization, peak_kv_utilization: the *held* share of the KV buffer's
+            bytes (the module doc's definitions), its time-weighted mean and its largest
+            value in one step (0..1); None without steps.
+        mean_kv_requests, peak_kv_requests: the same of the *requests* share.
+        mean_kv_cache_locked, peak_kv_cache_locked, mean_kv_cache_evictable,
+            peak_kv_cache_evictable: the same of the *cache locked* and *cache evictable*
+            shares; None also without a prefix cache.
         retractions: retractions, all requests together.
         retracted_requests: requests retracted at least once.
         admitted_but_unallocatable: admitted requests whose allocation then failed (must be

@@ -61,7 +61,7 @@ from kvchain.sched.admission import ReserveConfig, ReservePolicy, parse_new_toke
 from kvchain.sched.retraction import RetractTo
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind
-from kvchain.sim.engine import SimConfig
+from kvchain.sim.engine import SimConfig, check_retract_to
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, Trace, load_trace
 
 PREFILL_TOKENS_FLOOR = 8192
@@ -218,18 +218,9 @@ class RunOptions:
         check_field_types(self)
         check_values(**{f.name: getattr(self, f.name) for f in fields(self)
                         if f.name in _RULES})
-        if self.chunk_size < self.page_size:
-            # Admission cuts prefill chunks to whole pages: no chunk could ever be admitted.
-            raise ConfigError(f"--chunk-size ({self.chunk_size}) must be at least "
-                              f"--page-size ({self.page_size} tokens)")
         self.reserve_config()  # a ratio that does not parse, or one without sglang
         check_draft_drafts(self.draft_model, self.spec_tokens)
-        if self.retract_to is not RetractTo.RECOMPUTE and self.host_bytes is None:
-            raise ConfigError(f"--retract-to {self.retract_to.value} needs --host-bytes (the "
-                              f"host memory its copies go to)")
-        if self.retract_to is RetractTo.AUTO and self.clock is not ClockKind.ROOFLINE:
-            raise ConfigError("--retract-to auto compares the roofline's host-copy and "
-                              "recompute times: it needs --clock roofline")
+        check_retract_to(self.retract_to, self.host_bytes, self.clock)
 
     # --- what the run builds -------------------------------------------------------------
 
@@ -311,7 +302,7 @@ class RunOptions:
         values: dict[str, Any] = {}
         for key, raw in data.items():
             if raw is not None:
-                values[key] = _coerce(key, raw, hints[key])
+                values[key] = coerce_value(key, raw, hints[key])
         return RunOptions(**values)
 
 
@@ -337,9 +328,13 @@ def _field_types() -> dict[str, Any]:
     return out
 
 
-def _coerce(key: str, value: Any, kind: Any) -> Any:
-    """``value`` as the field type ``kind`` (ints accepted for floats; bools only for bool
-    fields; enums by value)."""
+def coerce_value(key: str, value: Any, kind: Any) -> Any:
+    """``value`` of option or grid key ``key`` as the type ``kind`` (ints accepted for
+    floats; bools only for bool fields; enums by value).
+
+    Raises:
+        ConfigError: ``key: expected <kind>, got <value>`` (or not one of the enum's values).
+    """
     if isinstance(kind, type) and issubclass(kind, Enum):
         try:
             return kind(value)
@@ -357,7 +352,7 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
 
 
 # Value rules, by the option's name (``check_values``): one copy, used by RunOptions and by
-# the CLI's other commands (``kvchain.cli.common.check_flags``).
+# the CLI's other commands (``plan``, ``replay``, ``prefix-bounds``, ``tp``).
 _POSITIVE_REAL = ("rate_scale", "end_s", "step_ms")
 _FRACTION = ("mem_fraction", "host_fraction")
 _NON_NEGATIVE = ("seed", "slots_held", "ops", "spec_tokens")

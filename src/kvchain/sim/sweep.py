@@ -50,7 +50,7 @@ from kvchain.model.spec import ModelSpec
 from kvchain.sim.compare import run_manager
 from kvchain.sim.engine import SimConfig
 from kvchain.sim.metrics import Percentiles, SimSummary
-from kvchain.sim.run_options import RunOptions
+from kvchain.sim.run_options import RunOptions, coerce_value
 from kvchain.sim.traces import Trace
 
 
@@ -272,11 +272,12 @@ class SweepGrid:
 
 
 def _typed(key: str, value: Any, kind: type) -> Any:
-    """``value`` as ``kind`` (ints accepted for floats; bools never)."""
-    if isinstance(value, bool) or not (
-            isinstance(value, kind) or (kind is float and isinstance(value, int))):
-        raise SweepConfigError(f"grid key {key!r}: expected {kind.__name__}, got {value!r}")
-    return kind(value)
+    """``value`` as ``kind`` (:func:`~kvchain.sim.run_options.coerce_value`), refused as a
+    :class:`SweepConfigError` naming the grid key."""
+    try:
+        return coerce_value(repr(key), value, kind)
+    except ConfigError as exc:
+        raise SweepConfigError(f"grid key {exc}") from None
 
 
 def load_grid_file(path: Path) -> dict[str, Any]:
