@@ -59,6 +59,24 @@ def larger(a: IntLike, b: IntLike | int) -> IntLike:
     return a if a > b else b
 
 
+def plain_rows(pol: BandPolicy, first: np.ndarray, end: np.ndarray,
+               start: np.ndarray) -> np.ndarray:
+    """Rows of a window or local band whose held pages ``[first, end)`` reach the first
+    page of the window of the token at ``start`` from its left and right:
+    ``first <= f <= end``, ``f = pol.first_page(start)`` (bool ``[n]``; int64 arrays of
+    page indices and token positions in).
+
+    For such a row a chunk of ``extend`` tokens from ``start`` with no headroom needs
+    ``pol.pages(first, end, start, extend) == grown_pages(end, start + extend, P)``: its
+    held pages inside the span are ``min(end, e) - f`` (``e = ceil((start + extend) / P)
+    >= f``), so ``(e - f) - (min(end, e) - f) = max(0, e - end)``: the full band's
+    formula. Example (``W = 128``, ``P = 16``): ``start = 1,008``, ``[55, 63)`` held:
+    ``f = 55``, ``e = 64``: 1 page, as the full band holding 63 pages."""
+    f = pol.first_page(start)
+    out: np.ndarray = (first <= f) & (f <= end)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class BandPolicy:
     """The formulas of one band kind (subclassed per kind; never instantiated alone).

@@ -94,6 +94,9 @@ class KVManager:
         self._known_slots = index.known_slots
         self._checked_slots = index.checked_slots
         self._zero_demand = Demand.zeros(self.geom.num_bands)
+        # the needs of a plan without a non-empty row: one read-only [0, bands] array
+        self._no_needs = np.zeros((0, self.geom.num_bands), dtype=np.int64)
+        self._no_needs.setflags(write=False)
         # pages per band -> the one Demand of those pages, shared by the decode batches'
         # rows: interning of immutable values (a Demand is a frozen value compared by its
         # pages, so which instance a row gets never changes a result), bounded by
@@ -365,13 +368,14 @@ class KVManager:
         zero = self._zero()
         out = [zero] * len(ids)
         table = self._table
+        tokens = table.tokens[slots]  # the rows' tokens: the check's and the plan's basis
         # page boundary within the step's tokens
-        check = (table.tokens[slots] + drafts >= table.need_at[slots]).nonzero()[0]
+        check = ((tokens + drafts if drafts else tokens) >= table.need_at[slots]).nonzero()[0]
         if not check.size:
-            return self._decode_value(lookup, drafts, out, ())
+            return self._decode_value(lookup, drafts, out, (), tokens=tokens)
         needs, keys, matrix = table.decode_rows(slots[check], extend)
         if not needs:
-            return self._decode_value(lookup, drafts, out, ())
+            return self._decode_value(lookup, drafts, out, (), tokens=tokens)
         where = check.tolist()
         at = [where[j] for j in needs]
         memo = self._demand_memo
@@ -382,17 +386,23 @@ class KVManager:
             if d is None:
                 d = memo[key] = Demand(key)
             out[i] = d
-        return self._decode_value(lookup, drafts, out, at, matrix)
+        return self._decode_value(lookup, drafts, out, at, matrix, tokens)
 
     def _decode_value(self, lookup: SlotLookup, drafts: int, demands: Sequence[Demand],
-                      nonzero: Sequence[int], needs: np.ndarray | None = None) -> StepPlan:
-        """The decode batch's plan over ``lookup``'s rows, with the rows' token counts and
-        the chain's epoch it was computed on."""
+                      nonzero: Sequence[int], needs: np.ndarray | None = None,
+                      tokens: np.ndarray | None = None) -> StepPlan:
+        """The decode batch's plan over ``lookup``'s rows, with the rows' token counts
+        (``tokens``, int64 ``[rows]``, a fresh gather the plan keeps; ``None``: read now)
+        and the chain's epoch it was computed on."""
         if needs is None or not len(nonzero):
-            needs = np.zeros((0, self.geom.num_bands), dtype=np.int64)
+            needs = self._no_needs
+            total: Demand = self._zero()
+        else:
+            total = Demand(tuple(needs.sum(axis=0).tolist()))
         return self._issue(StepPlan.frozen(
-            self, lookup.ids, drafts, tuple(demands), tuple(nonzero), needs,
-            version=lookup.version, at=self._table.tokens[lookup.slots],
+            self, lookup.ids, drafts, tuple(demands), tuple(nonzero), needs, total=total,
+            version=lookup.version,
+            at=self._table.tokens[lookup.slots] if tokens is None else tokens,
             epoch=self.chain.epoch))
 
     def _issue(self, plan: StepPlan) -> StepPlan:
