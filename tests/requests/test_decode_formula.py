@@ -47,9 +47,9 @@ def test_the_window_formula_on_hand_values() -> None:
 
 
 def test_planted_full_formula_for_every_row_is_caught() -> None:
-    # Sibling: grown_pages on the rows that are not plain gives 0 and 0 pages where the
+    # Sibling: grown_pages on the rows that are not plain gives 1 and 14 pages where the
     # window needs 3 and 9 (pages missing on the left / all behind the window)
-    first, end, start, want = _arrays()
+    _, end, start, want = _arrays()
     wrong = grown_pages(end, start + 1, 16)
     assert wrong.tolist() == [1, 0, 9, 1, 14]
     assert (wrong != want).sum() == 2
