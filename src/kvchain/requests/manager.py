@@ -507,9 +507,11 @@ class KVManager:
                 and batch.version == self._table.version):
             return False
         ids = batch.rids
-        if not set(map(type, ids)) <= {int}:
+        lookup = self._lookup(ids)
+        # the plan's rows are its lookup's own tuple (decode_demands): its int check is
+        # kept with it
+        if not (lookup.ints if lookup.ids is ids else set(map(type, ids)) <= {int}):
             return False
-        lookup = self._lookup(ids, ints=True)
         return lookup.unique and (not self._suspended
                                   or self._suspended.keys().isdisjoint(ids))
 
@@ -585,7 +587,7 @@ class KVManager:
                                  "(the value it issued, not a copy)")
         table = self._table
         lookup = self._lookup(plan.rids, ints=True)  # built from checked ids
-        if not np.array_equal(table.tokens[lookup.slots], plan.at):
+        if not (table.tokens[lookup.slots] == plan.at).all():  # same length: same rows
             raise StalePlanError("a request's tokens moved since the plan was built")
         if (plan.epoch != self.chain.epoch or plan.version != table.version) and any(
                 self.demand(rid, n) != d
@@ -843,8 +845,8 @@ class KVManager:
         vids = table.tables[band][rows, cols]
         table.tables[band][rows, cols] = table.pads[band]
         table.first[band][s] = f + c
-        shared = table.shared[rows]
-        if shared.any():
+        shared = table.shared[rows] if self._glue.cache is not None else None
+        if shared is not None and shared.any():  # no cache: no row shares a page
             mine = cols >= shared
             self._glue.unpin_pages(band, vids[~mine])
             self.chain.release(band, vids[mine])
