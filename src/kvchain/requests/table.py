@@ -199,6 +199,31 @@ class RequestTable:
         self.tables[band][slot, start:end] = vids
         self.rowlen[band, slot] = end
 
+    def start_columns(self, pol: BandPolicy, slots: np.ndarray) -> np.ndarray:
+        """Where band ``pol``'s new pages of rows ``slots`` go (int64 ``[n]``): each row's
+        end, except a window or local row that holds nothing (``first == end``): its
+        next token's window's first page, which becomes its first live page
+        (:meth:`start_column` for one row)."""
+        band = pol.band
+        starts = self.rowlen[band][slots]
+        if pol.windowed:
+            first = self.first[band][slots]
+            empty = starts == first
+            if empty.any():  # a request's first window pages: from its window start
+                first = np.where(empty, pol.first_page(self.tokens[slots]), first)
+                self.first[band][slots] = first
+                starts = np.where(empty, first, starts)
+        return starts
+
+    def start_column(self, pol: BandPolicy, slot: int) -> int:
+        """:meth:`start_columns` of one row (Python ints: a small batch's hand-out)."""
+        band = pol.band
+        start = int(self.rowlen[band, slot])
+        if pol.windowed and start == int(self.first[band, slot]):
+            start = pol.first_page(int(self.tokens[slot]))
+            self.first[band, slot] = start
+        return start
+
     def append(self, band: int, slots: Sequence[int] | np.ndarray,
                starts: Sequence[int] | np.ndarray, counts: Sequence[int] | np.ndarray,
                vids: Sequence[int] | np.ndarray) -> None:
@@ -248,7 +273,8 @@ class RequestTable:
             at, rows = [], []
             for j, (ti, f, r) in enumerate(zip(t.tolist(), first.T.tolist(),
                                                rowlen.T.tolist(), strict=True)):
-                row = tuple([pol.pages(f[pol.band], r[pol.band], ti, extend) for pol in pols])
+                row = tuple([self._decode_pages(pol, f[pol.band], r[pol.band], ti, extend)
+                             for pol in pols])
                 if any(row):
                     at.append(j)
                     rows.append(row)
@@ -272,6 +298,16 @@ class RequestTable:
         needs = grown.any(axis=0).nonzero()[0]
         matrix: np.ndarray = grown.T[needs]
         return needs.tolist(), list(map(tuple, matrix.tolist())), matrix
+
+    def _decode_pages(self, pol: BandPolicy, first: int, end: int, start: int,
+                      extend: int) -> int:
+        """``pol.pages(first, end, start, extend)`` of one row over ints, by the full
+        band's formula where it holds (every band that keeps its tokens; a window band's
+        plain rows, :func:`~kvchain.bands.policies.plain_rows`)."""
+        if pol.per_request or (pol.windowed and not plain_rows(pol, first, end, start)):
+            return int(pol.pages(first, end, start, extend))
+        grown = -(-(start + extend) // self.page_size) - end
+        return grown if grown > 0 else 0
 
     def truncate(self, band: int, slots: np.ndarray, keep_end: np.ndarray) -> np.ndarray:
         """Take the pages of rows ``slots`` in ``band`` at columns ``keep_end`` and past
