@@ -96,7 +96,9 @@ class SlotIndex:
         request's slot changes only in :meth:`RequestTable.bind` / ``unbind``, which bump
         the version, and ``ids`` is a tuple; its slots array is read-only.
 
-        A hit costs one tuple comparison and a look at the (at most two) positions where
+        A hit on the kept tuple itself (the step plan's rows: ``lookup.ids``) is one
+        identity test; a hit on an equal tuple costs one tuple comparison and a look at
+        the (at most two) positions where
         the kept ids are 0 or 1, the only places an equal tuple can hold a bool; a miss
         scans ``ids`` for bools (skipped when the caller proved that no id is a bool:
         ``ints``, as :func:`~kvchain.requests.batch.batch_ids` does).
