@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -57,6 +57,22 @@ def larger(a: IntLike, b: IntLike | int) -> IntLike:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.maximum(a, b)
     return a if a > b else b
+
+
+def plain_rows(pol: BandPolicy, first: IntLike, end: IntLike, start: IntLike) -> Any:
+    """Rows of a window or local band whose held pages ``[first, end)`` reach the first
+    page of the window of the token at ``start`` from its left and right:
+    ``first <= f <= end``, ``f = pol.first_page(start)`` (bool ``[n]`` for int64 arrays of
+    page indices and token positions, a bool for one row's ints).
+
+    For such a row a chunk of ``extend`` tokens from ``start`` with no headroom needs
+    ``pol.pages(first, end, start, extend) == grown_pages(end, start + extend, P)``: its
+    held pages inside the span are ``min(end, e) - f`` (``e = ceil((start + extend) / P)
+    >= f``), so ``(e - f) - (min(end, e) - f) = max(0, e - end)``: the full band's
+    formula. Example (``W = 128``, ``P = 16``): ``start = 1,008``, ``[55, 63)`` held:
+    ``f = 55``, ``e = 64``: 1 page, as the full band holding 63 pages."""
+    f = pol.first_page(start)
+    return (first <= f) & (f <= end)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ class SlotLookup:
     are computed on first ask from its own immutable ids and slots: every id holds pages
     (``known``), no id is named twice (``unique``)."""
 
-    __slots__ = ("_known", "_unique", "ids", "slots", "version", "zero_one")
+    __slots__ = ("_ints", "_known", "_unique", "ids", "slots", "version", "zero_one")
 
     def __init__(self, version: int, ids: tuple[int, ...], slots: np.ndarray,
                  zero_one: tuple[int, ...] | None) -> None:
@@ -39,6 +39,7 @@ class SlotLookup:
         self.zero_one = zero_one
         self._known: bool | None = None
         self._unique: bool | None = None
+        self._ints: bool | None = None
 
     @property
     def known(self) -> bool:
@@ -46,6 +47,15 @@ class SlotLookup:
         if self._known is None:
             self._known = bool(self.slots.all())
         return self._known
+
+    @property
+    def ints(self) -> bool:
+        """Every id is exactly an ``int`` (no ``bool``, no numpy integer): of this
+        lookup's own ``ids`` tuple (an equal tuple handed to :meth:`SlotIndex.lookup`
+        may hold other integer types)."""
+        if self._ints is None:
+            self._ints = set(map(type, self.ids)) <= {int}
+        return self._ints
 
     @property
     def unique(self) -> bool:
@@ -86,7 +96,9 @@ class SlotIndex:
         request's slot changes only in :meth:`RequestTable.bind` / ``unbind``, which bump
         the version, and ``ids`` is a tuple; its slots array is read-only.
 
-        A hit costs one tuple comparison and a look at the (at most two) positions where
+        A hit on the kept tuple itself (the step plan's rows: ``lookup.ids``) is one
+        identity test; a hit on an equal tuple costs one tuple comparison and a look at
+        the (at most two) positions where
         the kept ids are 0 or 1, the only places an equal tuple can hold a bool; a miss
         scans ``ids`` for bools (skipped when the caller proved that no id is a bool:
         ``ints``, as :func:`~kvchain.requests.batch.batch_ids` does).
@@ -97,6 +109,8 @@ class SlotIndex:
         """
         table = self._table
         memo = self._memo
+        if memo is not None and memo.version == table.version and memo.ids is ids:
+            return memo  # the very tuple (the step plan's rows): checked when it was kept
         if memo is not None and memo.version == table.version and memo.ids == ids:
             # ids[i] == memo.ids[i]: only where memo.ids holds 0 or 1 can ids hold a bool
             at: Sequence[int] = (memo.zero_one if memo.zero_one is not None

@@ -29,6 +29,7 @@ from kvchain.errors import (
     StalePlanError,
     UnknownRequestError,
 )
+from kvchain.requests import table as table_module
 from kvchain.requests.audit import Audit
 from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
@@ -94,6 +95,9 @@ class KVManager:
         self._known_slots = index.known_slots
         self._checked_slots = index.checked_slots
         self._zero_demand = Demand.zeros(self.geom.num_bands)
+        # the needs of a plan without a non-empty row: one read-only [0, bands] array
+        self._no_needs = np.zeros((0, self.geom.num_bands), dtype=np.int64)
+        self._no_needs.setflags(write=False)
         # pages per band -> the one Demand of those pages, shared by the decode batches'
         # rows: interning of immutable values (a Demand is a frozen value compared by its
         # pages, so which instance a row gets never changes a result), bounded by
@@ -365,13 +369,14 @@ class KVManager:
         zero = self._zero()
         out = [zero] * len(ids)
         table = self._table
+        tokens = table.tokens[slots]  # the rows' tokens: the check's and the plan's basis
         # page boundary within the step's tokens
-        check = (table.tokens[slots] + drafts >= table.need_at[slots]).nonzero()[0]
+        check = ((tokens + drafts if drafts else tokens) >= table.need_at[slots]).nonzero()[0]
         if not check.size:
-            return self._decode_value(lookup, drafts, out, ())
+            return self._decode_value(lookup, drafts, out, (), tokens=tokens)
         needs, keys, matrix = table.decode_rows(slots[check], extend)
         if not needs:
-            return self._decode_value(lookup, drafts, out, ())
+            return self._decode_value(lookup, drafts, out, (), tokens=tokens)
         where = check.tolist()
         at = [where[j] for j in needs]
         memo = self._demand_memo
@@ -382,17 +387,23 @@ class KVManager:
             if d is None:
                 d = memo[key] = Demand(key)
             out[i] = d
-        return self._decode_value(lookup, drafts, out, at, matrix)
+        return self._decode_value(lookup, drafts, out, at, matrix, tokens)
 
     def _decode_value(self, lookup: SlotLookup, drafts: int, demands: Sequence[Demand],
-                      nonzero: Sequence[int], needs: np.ndarray | None = None) -> StepPlan:
-        """The decode batch's plan over ``lookup``'s rows, with the rows' token counts and
-        the chain's epoch it was computed on."""
+                      nonzero: Sequence[int], needs: np.ndarray | None = None,
+                      tokens: np.ndarray | None = None) -> StepPlan:
+        """The decode batch's plan over ``lookup``'s rows, with the rows' token counts
+        (``tokens``, int64 ``[rows]``, a fresh gather the plan keeps; ``None``: read now)
+        and the chain's epoch it was computed on."""
         if needs is None or not len(nonzero):
-            needs = np.zeros((0, self.geom.num_bands), dtype=np.int64)
+            needs = self._no_needs
+            total: Demand = self._zero()
+        else:
+            total = Demand(tuple(needs.sum(axis=0).tolist()))
         return self._issue(StepPlan.frozen(
-            self, lookup.ids, drafts, tuple(demands), tuple(nonzero), needs,
-            version=lookup.version, at=self._table.tokens[lookup.slots],
+            self, lookup.ids, drafts, tuple(demands), tuple(nonzero), needs, total=total,
+            version=lookup.version,
+            at=self._table.tokens[lookup.slots] if tokens is None else tokens,
             epoch=self.chain.epoch))
 
     def _issue(self, plan: StepPlan) -> StepPlan:
@@ -497,9 +508,11 @@ class KVManager:
                 and batch.version == self._table.version):
             return False
         ids = batch.rids
-        if not set(map(type, ids)) <= {int}:
+        lookup = self._lookup(ids)
+        # the plan's rows are its lookup's own tuple (decode_demands): its int check is
+        # kept with it
+        if not (lookup.ints if lookup.ids is ids else set(map(type, ids)) <= {int}):
             return False
-        lookup = self._lookup(ids, ints=True)
         return lookup.unique and (not self._suspended
                                   or self._suspended.keys().isdisjoint(ids))
 
@@ -575,7 +588,7 @@ class KVManager:
                                  "(the value it issued, not a copy)")
         table = self._table
         lookup = self._lookup(plan.rids, ints=True)  # built from checked ids
-        if not np.array_equal(table.tokens[lookup.slots], plan.at):
+        if not (table.tokens[lookup.slots] == plan.at).all():  # same length: same rows
             raise StalePlanError("a request's tokens moved since the plan was built")
         if (plan.epoch != self.chain.epoch or plan.version != table.version) and any(
                 self.demand(rid, n) != d
@@ -692,10 +705,17 @@ class KVManager:
         """Hand a take's pages to the requests at ``nonzero`` (batch positions, ascending;
         ``matrix`` their demands, one row each), band by band in batch order (the order
         the take's pages are cut in), into their table rows: a request's first pages of a
-        window band start at its window's first page."""
+        window band start at its window's first page. Up to ``SCALAR_ROWS`` rows (a
+        small batch's decode step) row by row over ints (``RequestTable.put_row``), more
+        over numpy columns (``RequestTable.append``): a numpy call costs about 0.5-1 us
+        whatever its length."""
         table = self._table
         at = np.asarray(nonzero, dtype=np.int64)
         slots_at = slots[at]
+        if len(nonzero) <= table_module.SCALAR_ROWS:
+            self._distribute_rows(pages, ids, extends, slots_at, nonzero, matrix)
+            table.refresh_need(slots_at)
+            return
         for pol in self.geom.policies:
             band = pol.band
             vids = pages[band]
@@ -713,16 +733,33 @@ class KVManager:
                                       [extends[i] for i in pos], counts.tolist(), vids,
                                       self._requests)
                 continue
-            starts = table.rowlen[band][rows]
-            if pol.windowed:
-                first = table.first[band][rows]
-                empty = starts == first
-                if empty.any():  # a request's first window pages: from its window start
-                    first = np.where(empty, pol.first_page(table.tokens[rows]), first)
-                    table.first[band][rows] = first
-                    starts = np.where(empty, first, starts)
-            table.append(band, rows, starts, counts, vids)
+            table.append(band, rows, table.start_columns(pol, rows), counts, vids)
         table.refresh_need(slots_at)
+
+    def _distribute_rows(self, pages: tuple[tuple[int, ...], ...], ids: tuple[int, ...],
+                         extends: tuple[int, ...], slots_at: np.ndarray,
+                         nonzero: Sequence[int], matrix: np.ndarray) -> None:
+        """:meth:`_distribute` of a few rows (``slots_at``: the rows of ``nonzero``), row
+        by row over Python ints, the same hand-out (state slots: ``take_slots``)."""
+        table = self._table
+        rows, needs = slots_at.tolist(), matrix.tolist()
+        for pol in self.geom.policies:
+            band = pol.band
+            vids = pages[band]
+            if not vids:
+                continue
+            got = [j for j, need in enumerate(needs) if need[band]]
+            if pol.per_request:
+                self._glue.take_slots(band, slots_at[got], [ids[nonzero[j]] for j in got],
+                                      [extends[nonzero[j]] for j in got],
+                                      [needs[j][band] for j in got], vids, self._requests)
+                continue
+            cut = 0
+            for j in got:
+                slot, n = rows[j], needs[j][band]
+                start = table.start_column(pol, slot)
+                table.put_row(band, slot, start, vids[cut:cut + n])
+                cut += n
 
     # --- commits -----------------------------------------------------------------------------
 
@@ -818,29 +855,54 @@ class KVManager:
         at = (keep_from > first).nonzero()[0]
         if not at.size:
             return 0
-        s, f = slots[at], first[at]
-        c = np.minimum(keep_from[at], table.rowlen[band][s]) - f
-        if not c.all():  # an empty row (end == first) drops nothing
-            keep = (c > 0).nonzero()[0]
-            if not keep.size:
+        if at.size <= table_module.SCALAR_ROWS:  # a small batch's step: over the rows' ints
+            got = self._front_columns(band, slots[at].tolist(), first[at].tolist(),
+                                      keep_from[at].tolist())
+            if got is None:
                 return 0
-            s, f, c = s[keep], f[keep], c[keep]
-        if int(c.sum()) == s.size:  # one page each (a decode step)
-            rows, cols = s, f
+            rows, cols = got
         else:
-            rows = np.repeat(s, c)
-            cols = np.repeat(f - (np.cumsum(c) - c), c) + np.arange(rows.size)
+            s, f = slots[at], first[at]
+            c = np.minimum(keep_from[at], table.rowlen[band][s]) - f
+            if not c.all():  # an empty row (end == first) drops nothing
+                keep = (c > 0).nonzero()[0]
+                if not keep.size:
+                    return 0
+                s, f, c = s[keep], f[keep], c[keep]
+            if int(c.sum()) == s.size:  # one page each (a decode step)
+                rows, cols = s, f
+            else:
+                rows = np.repeat(s, c)
+                cols = np.repeat(f - (np.cumsum(c) - c), c) + np.arange(rows.size)
+            table.first[band][s] = f + c
         vids = table.tables[band][rows, cols]
         table.tables[band][rows, cols] = table.pads[band]
-        table.first[band][s] = f + c
-        shared = table.shared[rows]
-        if shared.any():
+        shared = table.shared[rows] if self._glue.cache is not None else None
+        if shared is not None and shared.any():  # no cache: no row shares a page
             mine = cols >= shared
             self._glue.unpin_pages(band, vids[~mine])
             self.chain.release(band, vids[mine])
         else:
             self.chain.release(band, vids)
         return int(vids.size)
+
+    def _front_columns(self, band: int, slots: list[int], first: list[int],
+                       keep_from: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`_release_fronts` of a few rows over ints: the ``(rows, cols)`` of their
+        pages before ``keep_from`` (``min(keep_from, end) - first`` per row, int64), their
+        first live pages moved past them; ``None`` when no row drops a page."""
+        table = self._table
+        rows: list[int] = []
+        cols: list[int] = []
+        for slot, f, k in zip(slots, first, keep_from, strict=True):
+            c = min(k, int(table.rowlen[band, slot])) - f
+            if c > 0:  # an empty row (end == first) drops nothing
+                rows += [slot] * c
+                cols += range(f, f + c)
+                table.first[band, slot] = f + c
+        if not rows:
+            return None
+        return np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64)
 
     def verify(self, rids: Sequence[int], accepted: Sequence[int] | np.ndarray,
                drafts: int) -> int:

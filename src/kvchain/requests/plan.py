@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import overload
 
 import numpy as np
@@ -144,8 +144,13 @@ class StepPlan(Sequence[Demand]):
 
     def priced(self, quote: Quote | None, epoch: int | None = None) -> StepPlan:
         """The same plan with ``quote`` as the price of its take (a new value), built
-        against the chain at ``epoch`` (``None``: the same)."""
-        return replace(self, quote=quote, epoch=self.epoch if epoch is None else epoch)
+        against the chain at ``epoch`` (``None``: the same). Built field by field (the
+        decode step's hot path: ``dataclasses.replace`` reads the fields' metadata on
+        every call)."""
+        return StepPlan(self.owner, self.rids, self.drafts, self.demands, self.nonzero,
+                        self.needs, self.total, self.extends, self.resumes, self.loads,
+                        quote, self.version, self.at,
+                        self.epoch if epoch is None else epoch)
 
     def without(self, row: int) -> StepPlan:
         """The same plan less the row ``row`` (a retracted or dropped request): a new

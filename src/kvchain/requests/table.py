@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from kvchain.bands.policies import BandPolicy, grown_pages, smaller
+from kvchain.bands.policies import BandPolicy, ceil_div, grown_pages, plain_rows, smaller
 from kvchain.requests.demand import HeldPages
 
 #: Most rows :meth:`RequestTable.decode_rows` and :meth:`RequestTable.refresh_need` run
@@ -69,6 +69,8 @@ class RequestTable:
         num_bands = len(policies)
         self.num_bands = num_bands
         self.policies = tuple(policies)
+        # ``P``, one for every band (``RequestGeometry`` checks its policies share it)
+        self.page_size = policies[0].page_size if policies else 1
         self.pads = tuple(int(p) for p in pads)
         self.tokens = np.zeros(capacity, dtype=np.int64)
         self.rowlen = np.zeros((num_bands, capacity), dtype=np.int64)
@@ -197,6 +199,31 @@ class RequestTable:
         self.tables[band][slot, start:end] = vids
         self.rowlen[band, slot] = end
 
+    def start_columns(self, pol: BandPolicy, slots: np.ndarray) -> np.ndarray:
+        """Where band ``pol``'s new pages of rows ``slots`` go (int64 ``[n]``): each row's
+        end, except a window or local row that holds nothing (``first == end``): its
+        next token's window's first page, which becomes its first live page
+        (:meth:`start_column` for one row)."""
+        band = pol.band
+        starts = self.rowlen[band][slots]
+        if pol.windowed:
+            first = self.first[band][slots]
+            empty = starts == first
+            if empty.any():  # a request's first window pages: from its window start
+                first = np.where(empty, pol.first_page(self.tokens[slots]), first)
+                self.first[band][slots] = first
+                starts = np.where(empty, first, starts)
+        return starts
+
+    def start_column(self, pol: BandPolicy, slot: int) -> int:
+        """:meth:`start_columns` of one row (Python ints: a small batch's hand-out)."""
+        band = pol.band
+        start = int(self.rowlen[band, slot])
+        if pol.windowed and start == int(self.first[band, slot]):
+            start = pol.first_page(int(self.tokens[slot]))
+            self.first[band, slot] = start
+        return start
+
     def append(self, band: int, slots: Sequence[int] | np.ndarray,
                starts: Sequence[int] | np.ndarray, counts: Sequence[int] | np.ndarray,
                vids: Sequence[int] | np.ndarray) -> None:
@@ -233,7 +260,12 @@ class RequestTable:
         length, so up to :data:`SCALAR_ROWS` rows (a small batch's decode step: about one
         request in ``P`` crosses a page) run them over the rows' ints (three gathers,
         then a fraction of a microsecond per row and band), more rows over the gathered
-        columns (one formula per band, the empty rows dropped by numpy)."""
+        ``[bands, n]`` rows at once: the full band's formula ``grown_pages`` for every
+        band, which is a window band's too for its plain rows
+        (:func:`~kvchain.bands.policies.plain_rows`), then the window bands' other rows
+        by their policy's formula and the state band's slots; the empty rows dropped by
+        numpy (measured: 18 -> 12 us at 17 rows of two bands, docs/benchmarks.md,
+        "Decode step cost (round 9)")."""
         t = self.tokens[slots]
         pols = self.policies
         if slots.size <= SCALAR_ROWS:
@@ -241,18 +273,41 @@ class RequestTable:
             at, rows = [], []
             for j, (ti, f, r) in enumerate(zip(t.tolist(), first.T.tolist(),
                                                rowlen.T.tolist(), strict=True)):
-                row = tuple([pol.pages(f[pol.band], r[pol.band], ti, extend) for pol in pols])
+                row = tuple([self._decode_pages(pol, f[pol.band], r[pol.band], ti, extend)
+                             for pol in pols])
                 if any(row):
                     at.append(j)
                     rows.append(row)
             return at, rows, np.array(rows, dtype=np.int64).reshape(len(rows), len(pols))
-        first, rowlen = self.first, self.rowlen  # one band's row gathered at a time below
-        matrix: np.ndarray = np.stack([pol.pages(first[pol.band][slots],
-                                                 rowlen[pol.band][slots], t, extend)
-                                       for pol in pols], axis=1)
-        needs = np.asarray(matrix.any(axis=1)).nonzero()[0]
-        matrix = matrix[needs]
+        # every band at once: ``grown_pages`` (the full band's formula, and a window
+        # band's for its plain rows, :func:`plain_rows`), then the window bands' other
+        # rows by their policy's formula and the state band's slots
+        rowlen = self.rowlen[:, slots]  # [bands, n]
+        grown = ceil_div(t + extend, self.page_size) - rowlen
+        for pol in pols:
+            band = pol.band
+            if pol.per_request:
+                grown[band] = (rowlen[band] == 0) * pol.pages(0, 0, 0, extend)
+            elif pol.windowed:
+                first = self.first[band][slots]
+                odd = ~plain_rows(pol, first, rowlen[band], t)
+                if odd.any():
+                    grown[band, odd] = pol.pages(first[odd], rowlen[band][odd], t[odd],
+                                                 extend)
+        np.maximum(grown, 0, out=grown)
+        needs = grown.any(axis=0).nonzero()[0]
+        matrix: np.ndarray = grown.T[needs]
         return needs.tolist(), list(map(tuple, matrix.tolist())), matrix
+
+    def _decode_pages(self, pol: BandPolicy, first: int, end: int, start: int,
+                      extend: int) -> int:
+        """``pol.pages(first, end, start, extend)`` of one row over ints, by the full
+        band's formula where it holds (every band that keeps its tokens; a window band's
+        plain rows, :func:`~kvchain.bands.policies.plain_rows`)."""
+        if pol.per_request or (pol.windowed and not plain_rows(pol, first, end, start)):
+            return int(pol.pages(first, end, start, extend))
+        grown = -(-(start + extend) // self.page_size) - end
+        return grown if grown > 0 else 0
 
     def truncate(self, band: int, slots: np.ndarray, keep_end: np.ndarray) -> np.ndarray:
         """Take the pages of rows ``slots`` in ``band`` at columns ``keep_end`` and past
