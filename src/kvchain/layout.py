@@ -34,7 +34,6 @@ band reserves nothing (this keeps F8/F10 capacities exact: ``15,520`` and
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -157,8 +156,12 @@ def min_window_pages(window: int, page_size: int) -> int:
 
     A window of ``W`` tokens ending anywhere may straddle a page boundary, e.g. ``W = 32``,
     ``P = 32``: at length 32 the window covers pages 0 and 1 (field case F9).
+
+    The one copy of the window peak: a window or chunked-local band's peak for a chunk of
+    ``c`` tokens (:meth:`kvchain.bands.policies.WindowPolicy.peak_pages`) is this formula
+    at ``W + c`` tokens, and at ``c = 0`` this value.
     """
-    return math.ceil((window - 1) / page_size) + 1
+    return -(-(window - 1) // page_size) + 1
 
 
 def smallest_request_pages(layout_bands: Sequence[BandLayout], state_slots: int

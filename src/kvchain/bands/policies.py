@@ -24,6 +24,8 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from kvchain.layout import min_window_pages
+
 IntLike = TypeVar("IntLike", int, np.ndarray)
 
 
@@ -222,8 +224,10 @@ class _WindowedPolicy(BandPolicy):
     def peak_pages(self, chunk: int) -> int:
         """``ceil((W - 1 + c) / P) + 1`` (``C`` for a local chunk: also a bound): the
         window before the chunk's first token plus the chunk, starting anywhere in a page
-        (field cases F2, F6)."""
-        return ceil_div(self.tokens - 1 + chunk, self.page_size) + 1
+        (field cases F2, F6). The layout's fewest window pages at ``W + c`` tokens
+        (:func:`kvchain.layout.min_window_pages`, the formula's one copy; ``c = 0``: the
+        smallest request's window pages)."""
+        return min_window_pages(self.tokens + chunk, self.page_size)
 
     def later_peak_pages(self, chunk: int) -> int:
         """Most pages a *later* step needs: a prefill chunk of ``chunk`` tokens that starts

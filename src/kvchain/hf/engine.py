@@ -65,7 +65,14 @@ from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model import with_draft
 from kvchain.model.layers import TARGET
 from kvchain.requests.manager import KVManager
-from kvchain.sched.request import EventKind, Request, RequestStatus, StepBatch, StepOutcome
+from kvchain.sched.request import (
+    DecodeSeq,
+    EventKind,
+    Request,
+    RequestStatus,
+    StepBatch,
+    StepOutcome,
+)
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 
 
@@ -295,7 +302,7 @@ class ChainEngine:
                 why = [e.detail for e in self.scheduler.drain_events()
                        if e.kind is EventKind.REJECTED and e.rid == p.rid]
                 self.results[p.rid].rejected = why[-1] if why else "rejected"
-        batch = self.scheduler.step(now)
+        batch, proposed = self._allocate(now)
         accepted: dict[int, int] = {}  # a speculative step's accepted drafts per request
         with torch.no_grad():
             for chunk in batch.prefills:
@@ -311,7 +318,7 @@ class ChainEngine:
                 if chunk.start + chunk.tokens >= r.prefill_target:
                     self._sample(chunk.rid, logits[0])
             if batch.decodes and batch.decodes[0].drafts:
-                accepted = self._speculative(batch)
+                accepted = self._speculative(batch, proposed)
             elif batch.decodes:
                 rids = [d.rid for d in batch.decodes]
                 starts = [d.context for d in batch.decodes]
@@ -339,11 +346,61 @@ class ChainEngine:
 
     # --- internals ----------------------------------------------------------------------
 
-    def _speculative(self, batch: StepBatch) -> dict[int, int]:
-        """The decodes of a speculative step: draft, one verify forward of ``1 + k``
-        tokens per row, accept, emit ``1 + a`` tokens, roll the state back (replay, or
-        the ring index under ``CHECKPOINTS``). Returns request id -> accepted drafts
-        (what ``scheduler.complete`` verifies)."""
+    def _allocate(self, now: float) -> tuple[StepBatch, dict[int, list[int]]]:
+        """The step's batch (``Scheduler.schedule``, then ``allocate``: the one take) and,
+        for a draft outside the chain, each decode's ``k`` proposed drafts (request id ->
+        drafts; empty otherwise), asked and checked between the two. A bad proposal (or a
+        draft that raises) aborts the scheduled step (``Scheduler.abort``) before any page
+        is taken and is raised: the chain and every request are as before the step.
+
+        Raises:
+            ConfigError: a proposal of the wrong length or with an id outside the
+                vocabulary (:meth:`_check_drafts`).
+        """
+        step = self.scheduler.schedule(now)
+        try:
+            proposed = self._propose(step.decodes)
+        except Exception:
+            self.scheduler.abort(step)
+            raise
+        return self.scheduler.allocate(step, now), proposed
+
+    def _propose(self, decodes: Sequence[DecodeSeq]) -> dict[int, list[int]]:
+        """A draft outside the chain's ``k`` drafts per speculative decode, checked
+        (request id -> drafts); ``{}`` for a chain draft (it proposes over its pages, after
+        the take), no draft, or a step without drafts."""
+        if (not decodes or not decodes[0].drafts or self.draft is None
+                or isinstance(self.draft, ChainDraft)):
+            return {}
+        k = decodes[0].drafts
+        out: dict[int, list[int]] = {}
+        for d in decodes:
+            drafts = list(self.draft.propose(self._seq[d.rid][:d.context + 1], k))
+            self._check_drafts(d.rid, drafts, k)
+            out[d.rid] = drafts
+        return out
+
+    def _check_drafts(self, rid: int, drafts: Sequence[object], k: int) -> None:
+        """Refuse a proposal for request ``rid`` that is not ``k`` token ids of the target.
+
+        Raises:
+            ConfigError: a length other than ``k``, or an id outside ``[0, vocab_size)``.
+        """
+        if len(drafts) != k:
+            raise ConfigError(f"the draft proposed {len(drafts)} tokens for request {rid}, "
+                              f"expected {k}")
+        bad = self._bad_token(drafts)
+        if bad is not None:
+            raise ConfigError(f"the draft proposed token id {bad!r} for request {rid}, "
+                              f"outside the vocabulary [0, {self.vocab_size})")
+
+    def _speculative(self, batch: StepBatch,
+                     proposed: dict[int, list[int]]) -> dict[int, int]:
+        """The decodes of a speculative step: draft (a chain draft's here; another's
+        ``proposed``, asked and checked before the take by :meth:`_allocate`), one verify
+        forward of ``1 + k`` tokens per row, accept, emit ``1 + a`` tokens, roll the state
+        back (replay, or the ring index under ``CHECKPOINTS``). Returns request id ->
+        accepted drafts (what ``scheduler.complete`` verifies)."""
         assert self.draft is not None
         k = batch.decodes[0].drafts
         rids = [d.rid for d in batch.decodes]
@@ -352,19 +409,10 @@ class ChainEngine:
         work = [self._work.get(rid, 0) for rid in rids]
         replay = self.kv.geom.state is not None and not self.checkpointed
         if self.drafter is not None:
-            drafts = self._chain_drafts(batch, k, work, replay)
+            drafts = self._chain_drafts(batch, k, work, replay)  # k argmax ids each
         else:
-            assert not isinstance(self.draft, ChainDraft)
-            drafts = [self.draft.propose(self._seq[d.rid][:d.context + 1], k)
-                      for d in batch.decodes]
+            drafts = [proposed[rid] for rid in rids]
         for rid, dr in zip(rids, drafts, strict=True):
-            if len(dr) != k:
-                raise ConfigError(f"the draft proposed {len(dr)} tokens for request {rid}, "
-                                  f"expected {k}")
-            bad = self._bad_token(dr)
-            if bad is not None:
-                raise ConfigError(f"the draft proposed token id {bad!r} for request {rid}, "
-                                  f"outside the vocabulary [0, {self.vocab_size})")
             self.proposals.append((rid, list(dr)))
         ids = [[self._seq[d.rid][d.context], *dr]
                for d, dr in zip(batch.decodes, drafts, strict=True)]

@@ -860,6 +860,25 @@ class Scheduler:
         self.unallocatable.append(UnallocatableEvent(rid, now, demand, snap,
                                                      exc.shortfall_bytes))
 
+    def abort(self, step: ScheduledStep) -> None:
+        """Drop a step :meth:`schedule` decided that is not to be allocated (an engine
+        refused it, e.g. a bad draft proposal): its move pin is released and the
+        prefix-cache hits its new admissions locked are unlocked (they stay waiting,
+        ``computed`` 0). Nothing was taken for its rows, so every request's pages and
+        the chain's free pages are as before :meth:`schedule`; what its decode check and
+        admission did as ordinary decisions stays (a retraction; a host load-back's
+        prefix, evictable device cache). A later :meth:`allocate` of ``step`` plans it
+        again (:meth:`_check_step`)."""
+        if step.pin is not None:
+            step.pin.release()
+            step.pin = None
+        for p in step.prefills:
+            r = self.requests[p.rid]
+            if r.status is RequestStatus.WAITING and p.rid in self.kv:
+                self.kv.detach(p.rid)  # its hit was locked at admission
+                r.computed = 0
+        self._version += 1
+
     def step(self, now: float) -> StepBatch:
         """``allocate(schedule(now))``: the batch to run now."""
         return self.allocate(self.schedule(now), now)

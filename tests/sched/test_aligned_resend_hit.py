@@ -1,0 +1,111 @@
+"""An identical resend of a block-aligned prompt on a state hybrid: its hit leaves at least
+one token to compute (the logits of the next token), at the deepest checkpoint at or below
+``(L - 1) // P`` pages.
+
+Round 9 checked what kvchain does (through the scheduler with a prefix cache) and found it
+right: ``PrefixCache.match`` caps a hit at ``(L - 1) // P`` pages and, on a chain with a
+state band, ends it at the deepest checkpoint at or below the cap. Nothing needed fixing;
+these values pin it. The checkpoint a block-aligned prompt saves at its last whole page
+(``L / P``) serves prompts that extend it, never its own resend.
+
+The geometry, by hand: ``P = 4`` tokens, a state band (one slot), optionally a window band
+(``W = 8``), a full band; resume points every ``I`` tokens and the prompt's last whole page
+(:func:`kvchain.cache.radix.resume_points`). Request 0 runs the prompt ``L`` and finishes
+(its prompt stays cached); request 1 sends the same prompt.
+
+* ``L = 16``, ``I = 8`` (2 pages): points 2, 4; cap ``15 // 4 = 3``; deepest checkpoint
+  <= 3 is 2: hit 8 tokens, its chunk computes tokens 8 .. 15 (8 tokens).
+* ``L = 16``, ``I = 4``: points 1 .. 4; hit 3 pages = 12 tokens, 4 computed.
+* ``L = 15``, ``I = 8``: points 2, 3 (3 whole pages); cap ``14 // 4 = 3``: hit 12, 3
+  computed.
+* ``L = 8``, ``I = 8``: point 2 only; cap 1, no checkpoint at or below it: hit 0, all 8
+  computed.
+* ``L = 16``, ``I = 8`` with partial hits: the pages end at ``H = 3`` (cap), the state
+  resumes at ``C = 2``: the chunk starts at 12 and recomputes the 4-token gap first;
+  ``hit_tokens`` counts ``C P = 8``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from kvchain.alloc.chain import Chain
+from kvchain.cache.keys import page_keys_from_tokens
+from kvchain.cache.radix import CacheGeometry, Hit, PrefixCache
+from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
+from kvchain.requests.manager import KVManager
+from kvchain.sched.request import Request, StepOutcome
+from kvchain.sched.scheduler import Scheduler, SchedulerConfig
+
+P = 4
+STATE, WINDOW, FULL = (declared_class(LC.STATE, 4_000), declared_class(LC.WINDOW, 100, 8),
+                       declared_class(LC.FULL, 100))
+CHAINS = {"state|full": [STATE, FULL], "state|window|full": [STATE, WINDOW, FULL]}
+
+
+class _NoTokenLeft(PrefixCache):
+    """Planted defect: a match capped at ``L // P`` pages (the one-token rule dropped)."""
+
+    def match(self, keys: Sequence[int], prompt_tokens: int, max_gap: int = 0) -> Hit:
+        return super().match(keys, prompt_tokens + 1, max_gap)
+
+
+def _resend(chain: str, interval: int, prompt: int, partial: bool = False,
+            cache: type[PrefixCache] = PrefixCache) -> tuple[int, tuple[int, int, int, int]]:
+    """Run request 0 (the prompt, 2 output tokens) to its end, then request 1 (the same
+    prompt). Returns request 1's ``hit_tokens`` and its first chunk ``(start, tokens,
+    recompute, left)``, ``left`` = prompt tokens it computes (``L - start + recompute``)."""
+    layout = plan_layout(CHAINS[chain], 400_000, P)
+    kv = KVManager(Chain(layout, debug_audit=True),
+                   cache(CacheGeometry.of(layout), interval_tokens=interval))
+    s = Scheduler(kv, SchedulerConfig(max_running=2, chunk_size=64, max_prefill_tokens=64,
+                                      audit_every_step=True, partial_hits=partial))
+    keys = page_keys_from_tokens(list(range(100, 100 + prompt)), P)
+    first = None
+    t = 0.0
+    for rid in (0, 1):
+        assert s.add(Request(rid, prompt, 2, t, page_keys=keys), t)
+        while not s.idle:
+            batch = s.step(t)
+            for c in batch.prefills:
+                if c.rid == 1 and first is None:
+                    first = (c.start, c.tokens, c.recompute, prompt - c.start + c.recompute)
+            s.complete(batch, StepOutcome(0.0), t)
+            t += 1.0
+    assert first is not None
+    return s.request(1).hit_tokens, first
+
+
+@pytest.mark.parametrize("chain", CHAINS)
+@pytest.mark.parametrize(("interval", "prompt", "partial", "hit", "chunk"), [
+    (8, 16, False, 8, (8, 8, 0, 8)),
+    (4, 16, False, 12, (12, 4, 0, 4)),
+    (8, 15, False, 12, (12, 3, 0, 3)),
+    (8, 8, False, 0, (0, 8, 0, 8)),
+    (8, 16, True, 8, (12, 4, 4, 8)),
+])
+def test_aligned_resend_hits_the_deepest_checkpoint_below_the_last_token(
+        chain: str, interval: int, prompt: int, partial: bool, hit: int,
+        chunk: tuple[int, int, int, int]) -> None:
+    assert _resend(chain, interval, prompt, partial) == (hit, chunk)
+
+
+def test_planted_cap_at_the_last_page_leaves_no_token() -> None:
+    """The sibling: without the one-token cap the aligned resend (``L = 16``, ``I = 8``)
+    matches its last checkpoint at 4 pages, all 16 tokens, leaving none to compute (no
+    logits): the manager's attach returns 16. The scheduler then finds no chunk to run
+    for the rest (0 tokens), undoes the hit and serves the prompt uncached: hit 0, 16
+    tokens computed instead of the 8 above."""
+    layout = plan_layout(CHAINS["state|full"], 400_000, P)
+    kv = KVManager(Chain(layout), _NoTokenLeft(CacheGeometry.of(layout), interval_tokens=8))
+    keys = page_keys_from_tokens(list(range(100, 116)), P)
+    assert kv.attach(0, keys, 16) == 0
+    kv.allocate([(0, 16)])
+    kv.commit(0, 16)
+    kv.free(0)
+    assert kv.attach(1, keys, 16) == 16  # L - 16 = 0 tokens left to compute
+    assert _resend("state|full", 8, 16, cache=_NoTokenLeft) == (0, (0, 16, 0, 16))
