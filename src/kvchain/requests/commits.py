@@ -22,6 +22,18 @@ from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.rows import Rows
 
 
+def check_tail_strategy(cached: bool, keep_window_tail: bool) -> None:
+    """Refuse ``keep_window_tail`` on a manager with a prefix cache (``cached``).
+
+    Raises:
+        ConfigError: both (the cache's insert at a commit offers the pages of the next
+            token's window only: the tail must be gone by then).
+    """
+    if keep_window_tail and cached:
+        raise ConfigError("a manager that keeps window tails past the commit cannot run a "
+                          "prefix cache (its insert needs the tail released)")
+
+
 class Commits:
     """The commits and releases of one manager's requests (``kv.commits``).
 
@@ -46,9 +58,7 @@ class Commits:
 
     def __init__(self, rows: Rows, geom: RequestGeometry, chain: Allocator, glue: CacheGlue,
                  uncovered: Callable[[int, int], bool], keep_window_tail: bool = False) -> None:
-        if keep_window_tail and glue.cache is not None:
-            raise ConfigError("a manager that keeps window tails past the commit cannot "
-                              "run a prefix cache (its insert needs the tail released)")
+        check_tail_strategy(glue.cache is not None, keep_window_tail)
         self._rows, self._geom, self._chain, self._glue = rows, geom, chain, glue
         self._uncovered = uncovered
         self.keep_window_tail = keep_window_tail

@@ -32,7 +32,7 @@ from kvchain.requests.attach import Attach
 from kvchain.requests.audit import Audit
 from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
-from kvchain.requests.commits import Commits
+from kvchain.requests.commits import Commits, check_tail_strategy
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand, request_demands
 from kvchain.requests.lookup import SlotLookup
 from kvchain.requests.plan import StepPlan
@@ -89,6 +89,7 @@ class KVManager:
                  spec_tokens: int = 0,
                  rollback: StateRollback = StateRollback.CHECKPOINTS,
                  keep_window_tail: bool = False) -> None:
+        check_tail_strategy(cache is not None, keep_window_tail)  # before any change
         self.chain = chain
         self.geom = RequestGeometry.of(chain.layout, spec_tokens, rollback)
         pads = []
