@@ -10,6 +10,7 @@ Geometry of the by-hand test: as tests/requests/test_speculative.py (``P = 4``, 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from kvchain.errors import ConfigError
 from kvchain.layout import plan_layout
 from kvchain.model.declared import declared_class
 from kvchain.model.layers import LifetimeClass as LC
+from kvchain.requests.cache_port import CachePort
 from kvchain.requests.demand import HeldPages
 from kvchain.requests.manager import KVManager
 
@@ -128,3 +130,26 @@ def test_a_kept_window_tail_with_a_prefix_cache_is_refused() -> None:
     with pytest.raises(ConfigError):
         KVManager(chain, cache, keep_window_tail=True)
     KVManager(chain, cache)  # nothing changed: the same chain and cache still build one
+
+
+def cache_calls(source: str) -> set[str]:
+    """Names ``X`` of the ``cache.X(`` calls in ``source``."""
+    return set(re.findall(r"\bcache\.([a-z_]+)\(", source))
+
+
+def port_methods() -> set[str]:
+    """The methods of :class:`CachePort`."""
+    return {name for name, v in vars(CachePort).items()
+            if callable(v) and not name.startswith("_")}
+
+
+def test_the_request_layer_calls_only_the_cache_port() -> None:
+    # the 10 methods of docs/architecture.md's table, each called somewhere, none other
+    called = set().union(*(cache_calls(p.read_text()) for p in REQUESTS.glob("*.py")))
+    assert called == port_methods() and len(called) == 10
+
+
+def test_the_port_check_finds_a_planted_call_outside_the_port() -> None:
+    # Sibling: a glue that evicts by itself calls a method the port does not have.
+    calls = cache_calls("self.cache.evict(1, 4)\ncache.match(k, 8)")
+    assert calls - port_methods() == {"evict"}

@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kvchain.bands.geometry import RequestGeometry
-from kvchain.cache.radix import Node, PrefixCache
+from kvchain.cache.radix import Node
 from kvchain.errors import AuditError
+from kvchain.requests.cache_port import CachePort
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts
 
 
-def audit_glue(cache: PrefixCache, geom: RequestGeometry, table: RequestTable,
+def audit_glue(cache: CachePort, geom: RequestGeometry, table: RequestTable,
                requests: Mapping[int, CacheFacts], hit_locks: Mapping[int, Node | None],
                ) -> None:
     """The cache's own audit with the locks and pins the requests hold, and that no
@@ -71,7 +72,7 @@ def audit_glue(cache: PrefixCache, geom: RequestGeometry, table: RequestTable,
     cache.audit(locks, (wpins, cpins), prompt_locks)
 
 
-def check_resume(cache: PrefixCache, geom: RequestGeometry, table: RequestTable, rid: int,
+def check_resume(cache: CachePort, geom: RequestGeometry, table: RequestTable, rid: int,
                  facts: CacheFacts) -> None:
     """Check that a request whose state has not resumed yet (a checkpoint to copy, or
     a partial hit's gap to recompute) resumes at a checkpoint it really has: its

@@ -17,6 +17,7 @@ from kvchain.cache.radix import Hit, Node, PrefixCache, junction_point, resume_p
 from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError
 from kvchain.requests.cache_audit import audit_glue
 from kvchain.requests.cache_insert import prompt_offer, retained, take_adopted
+from kvchain.requests.cache_port import CachePort
 from kvchain.requests.demand import tail_spans
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts
@@ -50,7 +51,10 @@ class CacheGlue:
 
     def __init__(self, chain: Allocator, cache: PrefixCache | None, geom: RequestGeometry,
                  table: RequestTable) -> None:
-        self.chain, self.cache, self.geom, self.table = chain, cache, geom, table
+        self.chain, self.geom, self.table = chain, geom, table
+        #: the cache as the request layer sees it (:class:`CachePort`: the methods the glue
+        #: calls and nothing else), or ``None``
+        self.cache: CachePort | None = cache
         self.cow_state_copies = 0
         self.cow_bytes = 0
         self.checkpoints_saved = 0
