@@ -189,13 +189,11 @@ class KVManager:
 
     def points_for(self, keys: Sequence[int] | None, after: int = 0,
                    junction: int = 0) -> tuple[int, ...]:
-        """:meth:`CacheGlue.points_for`: resume points (page counts > ``after``, sorted)
-        a request with these page keys saves, its ``junction`` among them."""
+        """:meth:`CacheGlue.points_for`: resume points a request with these keys saves."""
         return self._glue.points_for(keys, after, junction)
 
     def cached_tokens(self, keys: Sequence[int], prompt_tokens: int) -> int:
-        """:meth:`CacheGlue.cached_tokens`: tokens a prompt would hit now (nothing
-        locked; 0 without a cache): what the cache-aware waiting order ranks by."""
+        """:meth:`CacheGlue.cached_tokens`: tokens a prompt would hit now (a pure match)."""
         return self._glue.cached_tokens(keys, prompt_tokens)
 
     def chunk_cut(self, rid: int) -> int:
@@ -204,8 +202,7 @@ class KVManager:
 
     def attach(self, rid: int, keys: Sequence[int], prompt_tokens: int,
                save_points: bool = True, max_gap: int = 0) -> int:
-        """:meth:`Attach.attach <kvchain.requests.attach.Attach.attach>`: lock a waiting
-        request's hit (its errors). Returns hit tokens."""
+        """:meth:`Attach.attach <kvchain.requests.attach.Attach.attach>` (hit tokens)."""
         return self.attachments.attach(rid, keys, prompt_tokens, save_points, max_gap)
 
     def recompute_tokens(self, rid: int) -> int:
@@ -213,8 +210,7 @@ class KVManager:
         return self.attachments.recompute_tokens(rid)
 
     def partial_tokens(self, rid: int) -> int:
-        """:meth:`CacheGlue.partial_tokens`: tokens of ``rid``'s hit it shares but
-        recomputes (0 for an ordinary hit or none)."""
+        """:meth:`CacheGlue.partial_tokens`: hit tokens ``rid`` shares but recomputes."""
         return self._glue.partial_tokens(rid)
 
     def detach(self, rid: int) -> None:
@@ -230,8 +226,7 @@ class KVManager:
         return self.attachments.hit_holds(rid)
 
     def hit_tokens(self, rid: int) -> int:
-        """:meth:`CacheGlue.hit_tokens`: tokens of ``rid`` served by the cache at
-        :meth:`attach` (the compute saved; 0 if none or not attached)."""
+        """:meth:`CacheGlue.hit_tokens`: tokens of ``rid`` served by the cache."""
         return self._glue.hit_tokens(rid)
 
     def shared_by_others(self, rid: int) -> int:
@@ -697,9 +692,7 @@ class KVManager:
     # --- commits (:class:`Commits`) ----------------------------------------------------------
 
     def commit(self, rid: int, tokens: int) -> int:
-        """:meth:`Commits.commit <kvchain.requests.commits.Commits.commit>`: record a
-        forward's ``tokens`` of ``rid`` and release its window tail (its errors). Returns
-        window pages released."""
+        """:meth:`Commits.commit <kvchain.requests.commits.Commits.commit>` (its errors)."""
         return self.commits.commit(rid, tokens)
 
     def _uncovered(self, slot: int, tokens: int) -> bool:
@@ -793,13 +786,11 @@ class KVManager:
     def verify(self, rids: Sequence[int], accepted: Sequence[int] | np.ndarray,
                drafts: int) -> int:
         """:meth:`Speculation.verify <kvchain.requests.speculative.Speculation.verify>`:
-        settle a speculative step (rollback, then the commit of the accepted tokens; its
-        errors). Returns pages released."""
+        settle a speculative step (its errors). Returns pages released."""
         return self.speculation.verify(rids, accepted, drafts)
 
     def audit_settled(self, rids: Iterable[int]) -> None:
-        """:meth:`Audit.settled <kvchain.requests.audit.Audit.settled>`: what
-        :meth:`verify` leaves, for requests ``rids`` (raises AuditError)."""
+        """:meth:`Audit.settled <kvchain.requests.audit.Audit.settled>` (AuditError)."""
         self.audits.settled(rids)
 
     def release_window_tail(self, rid: int) -> int:
@@ -876,20 +867,17 @@ class KVManager:
         table.tokens[slots] = n
 
     def free(self, rid: int, insert: bool = True) -> int:
-        """:meth:`Commits.free <kvchain.requests.commits.Commits.free>`: release every
-        page of ``rid`` (its errors). Returns pages released."""
+        """:meth:`Commits.free <kvchain.requests.commits.Commits.free>` (its errors)."""
         return self.commits.free(rid, insert)
 
     # --- kernels (:class:`Reads`) ------------------------------------------------------------
 
     def page_table(self, rid: int, band: int) -> np.ndarray:
-        """:meth:`Reads.page_table <kvchain.requests.reads.Reads.page_table>`: ``rid``'s
-        virtual page ids in ``band``, token order (int64 ``[pages]``; its errors)."""
+        """:meth:`Reads.page_table <kvchain.requests.reads.Reads.page_table>` (its errors)."""
         return self.reads.page_table(rid, band)
 
     # --- integrity (:class:`Audit`) ---------------------------------------------------------
 
     def audit(self) -> None:
-        """:meth:`Audit.pages <kvchain.requests.audit.Audit.pages>`: every bound page held
-        once (a request, the cache or a null page; raises AuditError)."""
+        """:meth:`Audit.pages <kvchain.requests.audit.Audit.pages>` (AuditError)."""
         self.audits.pages()
