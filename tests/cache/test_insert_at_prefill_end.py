@@ -19,6 +19,7 @@ from kvchain.errors import AuditError
 from kvchain.layout import plan_layout
 from kvchain.model.declared import declared_class
 from kvchain.model.layers import LifetimeClass as LC
+from kvchain.requests.commits import Commits
 from kvchain.requests.manager import KVManager
 
 P = 16
@@ -187,24 +188,23 @@ def test_detach_unpins_the_hit():
     assert cache.pinned() == ({}, {})
 
 
-class DoubleReleaseKV(KVManager):
-    """Planted defect: the window-tail release gives the chain back the cache's pages too
-    (a tail released by both the request and the cache)."""
+def test_a_tail_released_by_request_and_cache_is_caught_by_the_audit(monkeypatch):
+    kv = manager()
+    real = Commits.release_window_tail
 
-    def release_window_tail(self, rid: int) -> int:
-        req = self.pages(rid)
-        g = self.geom
-        keep_from = g.windows[0].first_page(req.tokens)
+    def double_release(self: Commits, rid: int) -> int:
+        """Planted defect: the window-tail release gives the chain back the cache's pages
+        too (a tail released by both the request and the cache)."""
+        req = kv.pages(rid)
+        keep_from = kv.geom.windows[0].first_page(req.tokens)
         drop = [v for i, v in enumerate(req.band(WINDOW), req.first(WINDOW))
                 if i < min(keep_from, req.shared)]
-        released = super().release_window_tail(rid)
+        released = real(self, rid)
         if drop:
-            self.chain.release(WINDOW, drop)
+            kv.chain.release(WINDOW, drop)
         return released
 
-
-def test_a_tail_released_by_request_and_cache_is_caught_by_the_audit():
-    kv = manager(DoubleReleaseKV)
+    monkeypatch.setattr(Commits, "release_window_tail", double_release)
     prefill_a(kv)  # nothing of the cache's is out of the window yet
     with pytest.raises(AuditError):
         for _ in range(10):  # token 160 moves the window past page 7 (the cache's)

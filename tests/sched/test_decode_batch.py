@@ -109,14 +109,9 @@ def test_a_batch_that_needs_no_page_takes_nothing():
     assert 5 in kv and kv.tokens(5) == 0
 
 
-def test_a_subclass_commit_is_honoured_by_the_batched_commit():
-    class KeepsWindow(KVManager):
-        def commit(self, rid: int, tokens: int) -> int:
-            self._table.tokens[self.pages(rid).slot] += tokens  # never releases the window tail
-            return 0
-
+def test_a_kept_window_tail_is_honoured_by_the_batched_commit():
     layout = plan_layout(SHAPES["window|full"], 40_000_000, 4)
-    kv = KeepsWindow(Chain(layout))
+    kv = KVManager(Chain(layout), keep_window_tail=True)  # never releases at a commit
     _prefill(kv, [60])  # W = 40 < 60: a plain commit_decodes would release window pages
     held = kv.held(0)
     kv.allocate([(0, 1)], kv.decode_demands([0]))

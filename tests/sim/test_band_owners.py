@@ -220,7 +220,7 @@ def test_planted_stale_window_start_breaks_the_uncached_identity(monkeypatch):
     def stale(self, rids):  # type: ignore[no-untyped-def]
         ids = tuple(rids)
         counts = list(real(self, ids))
-        counts[self._kv.geom.window] += len([r for r in ids if r in self._kv])
+        counts[self._geom.window] += len([r for r in ids if r in self._rows])
         return tuple(counts)
 
     monkeypatch.setattr(Reads, "held_per_band", stale)

@@ -6,23 +6,27 @@ page kept, no window slack, exactly the geometry's state slots).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
+from kvchain.alloc.allocator import Allocator
+from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import AuditError
-
-if TYPE_CHECKING:
-    from kvchain.requests.manager import KVManager
+from kvchain.requests.cache_glue import CacheGlue
+from kvchain.requests.rows import Rows
 
 
 class Audit:
     """The audits of one manager's requests (``kv.audits``).
 
     Args:
-        kv: the manager it checks.
+        rows: the manager's requests and their table.
+        geom: the chain's request geometry.
+        chain: the allocator whose bound pages are counted.
+        glue: the prefix cache's part (its pages and its own audit).
     """
 
-    def __init__(self, kv: KVManager) -> None:
-        self._kv = kv
+    def __init__(self, rows: Rows, geom: RequestGeometry, chain: Allocator,
+                 glue: CacheGlue) -> None:
+        self._rows, self._geom, self._chain, self._glue = rows, geom, chain, glue
 
     def pages(self) -> None:
         """Every bound page of the chain is held by exactly one request or the prefix cache,
@@ -31,23 +35,22 @@ class Audit:
         Raises:
             AuditError: a leaked page (bound, held by nobody) or a page held twice.
         """
-        kv = self._kv
-        table = kv._table
-        held: list[list[int]] = [[] for _ in range(kv.geom.num_bands)]
-        shared: list[list[int]] = [[] for _ in range(kv.geom.num_bands)]
-        for facts in kv._requests.values():
+        table, geom, glue = self._rows.table, self._geom, self._glue
+        held: list[list[int]] = [[] for _ in range(geom.num_bands)]
+        shared: list[list[int]] = [[] for _ in range(geom.num_bands)]
+        for facts in self._rows.facts.values():
             slot = facts.slot
             h = int(table.shared[slot])
-            for pol in kv.geom.policies:
+            for pol in geom.policies:
                 first = int(table.first[pol.band, slot])
                 for i, v in enumerate(table.live(pol.band, slot).tolist(), first):
                     (shared if i < h and not pol.per_request else held)[pol.band].append(v)
-            kv._glue.kept_pages(facts, held)
-        cached = kv._glue.held_pages()
-        for band in range(kv.geom.num_bands):
+            glue.kept_pages(facts, held)
+        cached = glue.held_pages()
+        for band in range(geom.num_bands):
             self._band(band, held[band], shared[band],
                        cached[band] if cached is not None else [])
-        kv._glue.audit(kv._requests)
+        glue.audit(self._rows.facts)
 
     def _band(self, band: int, held: list[int], shared: list[int],
               in_cache: list[int]) -> None:
@@ -61,7 +64,7 @@ class Audit:
         if not owned.issuperset(shared):
             raise AuditError(f"band {band}: a request uses a shared page the cache does not "
                              "hold")
-        chain = self._kv.chain
+        chain = self._chain
         reserved = chain.layout.bands[band].reserved_pages
         total = len(held) + len(in_cache)
         bound = chain.bound_pages(band)
@@ -82,10 +85,9 @@ class Audit:
             AuditError: the first request that holds more or less.
             UnknownRequestError: a request that holds no pages.
         """
-        kv = self._kv
-        table, geom = kv._table, kv.geom
+        table, geom = self._rows.table, self._geom
         for rid in rids:
-            slot = kv._facts(rid).slot
+            slot = self._rows.of(rid).slot
             tokens = int(table.tokens[slot])
             for pol in geom.policies:
                 first, end = table.span(pol.band, slot)

@@ -14,7 +14,10 @@ from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.snapshot import CopyPages
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.cache.radix import Hit, Node, PrefixCache, junction_point, resume_points
-from kvchain.errors import AuditError, ConfigError, InvalidDemandError, InvalidRequestError
+from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError
+from kvchain.requests.cache_audit import audit_glue
+from kvchain.requests.cache_insert import prompt_offer, retained, take_adopted
+from kvchain.requests.cache_port import CachePort
 from kvchain.requests.demand import tail_spans
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts
@@ -48,7 +51,10 @@ class CacheGlue:
 
     def __init__(self, chain: Allocator, cache: PrefixCache | None, geom: RequestGeometry,
                  table: RequestTable) -> None:
-        self.chain, self.cache, self.geom, self.table = chain, cache, geom, table
+        self.chain, self.geom, self.table = chain, geom, table
+        #: the cache as the request layer sees it (:class:`CachePort`: the methods the glue
+        #: calls and nothing else), or ``None``
+        self.cache: CachePort | None = cache
         self.cow_state_copies = 0
         self.cow_bytes = 0
         self.checkpoints_saved = 0
@@ -136,6 +142,13 @@ class CacheGlue:
             n = n.parent
         return pages
 
+    def lock_holds(self, handle: Node | None) -> tuple[int, ...]:
+        """Pages per band a hit lock at ``handle`` keeps locked beyond its full pages
+        (:meth:`PrefixCache.lock_holds`); zeros without a cache or a lock."""
+        if self.cache is None or handle is None:
+            return (0,) * self.geom.num_bands
+        return tuple(self.cache.lock_holds(handle))
+
     def may_insert(self, ids: tuple[int, ...]) -> bool:
         """Whether a commit of one of ``ids`` may insert its prompt (not inserted yet)."""
         return bool(self._uninserted) and not self._uninserted.isdisjoint(ids)
@@ -209,14 +222,12 @@ class CacheGlue:
         if facts.points:
             self._pointed.add(rid)
         facts.tails = tail_spans(g, facts.points, h)
-        if facts.tails:
-            facts.retain = {pol.band: frozenset(i for lo, hi in facts.tails[pol.band]
-                                                for i in range(lo, hi)) for pol in g.windows}
+        facts.retain = retained(g, facts.tails)
         return h * g.page_size
 
     def detach(self, rid: int, facts: CacheFacts) -> None:
         """Check that ``rid`` took no page of its own since :meth:`attach`, then drop its
-        pins and its lock.
+        pins and its lock, and what the glue keeps of it (:meth:`forget`).
 
         Raises:
             InvalidRequestError: it did.
@@ -232,6 +243,7 @@ class CacheGlue:
         if self.cache is not None:
             self._unpin_all(facts)
             self.cache.unlock(facts.handle)
+        self.forget(rid)
 
     def forget(self, rid: int) -> None:
         """Drop what the glue keeps of ``rid`` (it left the manager)."""
@@ -404,44 +416,15 @@ class CacheGlue:
         meanwhile), the request switches to the cache's copy and its own is released."""
         cache, keys, table = self.cache, facts.keys, self.table
         assert cache is not None and keys is not None
-        g, slot = self.geom, facts.slot
-        h = int(table.shared[slot])
-        windows: dict[int, dict[int, int]] = {}
-        reading: dict[int, list[int]] = {}
-        for pol in g.windows:
-            band = pol.band
-            offer, read = windows[band], reading[band] = {}, []
-            first = int(table.first[band, slot])
-            for i, v in enumerate(table.live(band, slot).tolist(), first):
-                if h <= i < n:
-                    offer[i] = v
-                    read.append(i)
-            kept = facts.kept.get(band, {})
-            offer.update((i, v) for i, v in kept.items() if i < n)
-        ckpts = {q: v for q, v in facts.ckpts.items() if q <= n}
-        full = {band: table.live(band, slot)[:n].tolist() for band in g.fulls}
-        ad = cache.adopt(keys[:n], h, full, windows, ckpts, reading,
+        h = int(table.shared[facts.slot])
+        offer = prompt_offer(self.geom, table, facts, n)
+        ad = cache.adopt(keys[:n], h, offer.full, offer.windows, offer.ckpts, offer.reading,
                          own_from=self._hits.get(rid, (h, 0))[0])
         if rid in self._hit_locks:  # an earlier chunk's prompt lock: the new one covers it
             cache.unlock(facts.handle, tails=False)
         else:
             self._hit_locks[rid] = facts.handle
-        for band in g.fulls:
-            table.tables[band][slot, :n] = ad.full[band]
-        for band, read in reading.items():
-            cached = ad.window[band]
-            for i in read:
-                table.tables[band][slot, i] = cached[i]
-        facts.handle = ad.handle
-        table.shared[slot] = n
-        facts.kept = {band: rest for band, kept in facts.kept.items()
-                      if (rest := {i: v for i, v in kept.items() if i >= n})}
-        facts.ckpts = {q: v for q, v in facts.ckpts.items() if q > n}
-        facts.points = tuple(q for q in facts.points if q > n)
-        facts.tails = tail_spans(g, facts.points, n) if facts.points else ()
-        facts.retain = ({pol.band: frozenset(i for lo, hi in facts.tails[pol.band]
-                                             for i in range(lo, hi)) for pol in g.windows}
-                        if facts.tails else {})
+        take_adopted(self.geom, table, facts, n, offer, ad)
         if not facts.points:
             self._pointed.discard(rid)
         self.chunk_inserts += 1
@@ -456,7 +439,9 @@ class CacheGlue:
                      insert: bool) -> None:
         """A request ends: add what it kept for the cache to its pages to release ``out``
         (per band; its shared pages already left out), drop its pins and its locks (a
-        finished one, ``insert``, touches its prompt's path first)."""
+        finished one, ``insert``, touches its prompt's path first), and what the glue
+        keeps of it (:meth:`forget`)."""
+        self.forget(rid)
         cache = self.cache
         if facts.keys is None or cache is None:
             return
@@ -490,80 +475,7 @@ class CacheGlue:
             held[g.state].extend(facts.ckpts.values())
 
     def audit(self, requests: Mapping[int, CacheFacts]) -> None:
-        """The cache's own audit with the locks and pins the requests hold, and that no
-        request still holds a window tail or checkpoint of a resume point its commits
-        reached (incremental insertion hands them to the cache at the commit; the
-        reservation counts none of them: :meth:`maybe_insert`).
-
-        Raises:
-            AuditError: as :meth:`PrefixCache.audit`; or a request holding kept window
-                pages, or a checkpoint of a point ``q`` with ``q * P <=`` its tokens.
-        """
-        if self.cache is None:
-            return
-        table = self.table
-        p = self.geom.page_size
-        for rid, facts in requests.items():
-            tokens = int(table.tokens[facts.slot])
-            kept = sum(len(k) for k in facts.kept.values())
-            late = [q for q in facts.ckpts if q * p <= tokens]
-            if kept or late:
-                raise AuditError(f"request {rid} at {tokens} tokens holds {kept} kept window "
-                                 f"pages and checkpoints {late} of resume points it reached: "
-                                 f"they were not handed to the cache at the commit")
-        wpins: list[tuple[int, int]] = []
-        cpins: list[int] = []
-        hit_locks: list[Node] = []
-        prompt_locks: list[Node] = []
-        for rid, facts in requests.items():
-            if rid in self._hit_locks:
-                hl = self._hit_locks[rid]
-                if hl is not None:
-                    hit_locks.append(hl)
-                if facts.handle is not None:
-                    prompt_locks.append(facts.handle)
-            elif facts.handle is not None:
-                hit_locks.append(facts.handle)
-            if facts.handle is None:
-                continue
-            shared = int(table.shared[facts.slot])
-            for pol in self.geom.windows:
-                first = int(table.first[pol.band, facts.slot])
-                wpins.extend((pol.band, v) for i, v in
-                             enumerate(table.live(pol.band, facts.slot).tolist(), first)
-                             if i < shared)
-            if facts.cow_src >= 0:
-                cpins.append(facts.cow_src)
-            self._check_resume(rid, facts)
-        self.cache.audit(hit_locks, (wpins, cpins), prompt_locks)
-
-    def _check_resume(self, rid: int, facts: CacheFacts) -> None:
-        """Check that a request whose state has not resumed yet (a checkpoint to copy, or
-        a partial hit's gap to recompute) resumes at a checkpoint it really has: its
-        resume point plus its gap is where its pages end (``cow_at P + gap = tokens``),
-        and the cache holds the checkpoint it will copy at ``cow_at`` on its locked path
-        (or ``cow_at = 0``: a fresh state).
-
-        Raises:
-            AuditError: either fails (e.g. a gap not recomputed, or the state taken at
-                ``H`` where the cache has no checkpoint).
-        """
-        if facts.cow_src < 0 and not facts.gap:
-            return
-        tokens = int(self.table.tokens[facts.slot])
-        if facts.cow_at * self.geom.page_size + facts.gap != tokens:
-            raise AuditError(f"request {rid}: its state resumes after {facts.cow_at} pages "
-                             f"with {facts.gap} tokens to recompute, but its pages end at "
-                             f"{tokens} tokens")
-        if facts.cow_src >= 0:
-            have = (self.cache.checkpoint_at(facts.handle, facts.cow_at)
-                    if self.cache is not None and facts.handle is not None and facts.cow_at
-                    else -1)
-            if have != facts.cow_src:
-                raise AuditError(f"request {rid}: resumes from checkpoint slot "
-                                 f"{facts.cow_src} after {facts.cow_at} pages, but the "
-                                 f"cache holds {have} there")
-        elif facts.cow_at and self.geom.state is not None and \
-                not self.table.rowlen[self.geom.state, facts.slot]:
-            raise AuditError(f"request {rid}: resumes after {facts.cow_at} pages with no "
-                             f"checkpoint to copy and no state slot")
+        """:func:`~kvchain.requests.cache_audit.audit_glue` of these requests (the cache's
+        own audit with their locks and pins; raises AuditError)."""
+        if self.cache is not None:
+            audit_glue(self.cache, self.geom, self.table, requests, self._hit_locks)

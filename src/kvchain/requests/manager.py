@@ -27,16 +27,18 @@ from kvchain.errors import (
     InvalidDemandError,
     ReservedPageError,
     StalePlanError,
-    UnknownRequestError,
 )
 from kvchain.requests import table as table_module
+from kvchain.requests.attach import Attach
 from kvchain.requests.audit import Audit
 from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
 from kvchain.requests.cache_glue import CacheGlue
+from kvchain.requests.commits import Commits, check_tail_strategy
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand, request_demands
-from kvchain.requests.lookup import SlotIndex, SlotLookup
+from kvchain.requests.lookup import SlotLookup
 from kvchain.requests.plan import StepPlan
 from kvchain.requests.reads import Reads
+from kvchain.requests.rows import Rows
 from kvchain.requests.speculative import Speculation
 from kvchain.requests.suspend import HostSide, Suspended, Suspensions
 from kvchain.requests.table import RequestTable
@@ -69,15 +71,26 @@ class KVManager:
             ``(rid, 1 + k)``, then :meth:`verify` with the accepted drafts.
         rollback: how state bands roll back (:class:`StateRollback`: ``k`` checkpoint
             slots, or one plus a replay of the accepted tokens, which the engine runs).
+        keep_window_tail: the window-tail release strategy: release out-of-window pages
+            only when the decode check reclaims them (:meth:`reclaim_window_pages`) or
+            the request ends, not at every commit (engines that keep window pages until
+            they need the room; :class:`~kvchain.requests.commits.Commits`).
+
+    The class is the facade: the commits and releases are :attr:`commits`', the hits
+    :attr:`attachments`', the read views :attr:`reads`', the verify :attr:`speculation`'s,
+    the suspensions :attr:`suspensions`', the audits :attr:`audits`' (each built here over
+    the rows, the geometry, the chain and the glue, never the manager).
 
     Raises:
-        ConfigError: a prefix cache on an allocator without an evictor hook;
-            ``spec_tokens`` not an int >= 0.
+        ConfigError: a prefix cache on an allocator without an evictor hook, or with
+            ``keep_window_tail``; ``spec_tokens`` not an int >= 0.
     """
 
     def __init__(self, chain: Allocator, cache: PrefixCache | None = None,
                  spec_tokens: int = 0,
-                 rollback: StateRollback = StateRollback.CHECKPOINTS) -> None:
+                 rollback: StateRollback = StateRollback.CHECKPOINTS,
+                 keep_window_tail: bool = False) -> None:
+        check_tail_strategy(cache is not None, keep_window_tail)  # before any change
         self.chain = chain
         self.geom = RequestGeometry.of(chain.layout, spec_tokens, rollback)
         pads = []
@@ -87,8 +100,9 @@ class KVManager:
             except ReservedPageError:
                 pads.append(-1)
         self._table = RequestTable(self.geom.policies, pads)
-        self._requests: dict[int, CacheFacts] = {}
-        index = SlotIndex(self._table)  # request ids -> slots, the last batch's kept
+        rows = self._rows = Rows(self._table)  # the requests' facts by id, over the table
+        self._requests: dict[int, CacheFacts] = rows.facts
+        index = rows.index  # request ids -> slots, the last batch's kept
         self._lookup = index.lookup
         self._slots_of = index.slots_of
         self._known_lookup = index.known_lookup
@@ -104,13 +118,22 @@ class KVManager:
         # clearing it past 4,096 distinct rows
         self._demand_memo: dict[tuple[int, ...], Demand] = {}
         self._issued: dict[int, StepPlan] = {}  # the last plans built here (_issue)
-        self._glue = CacheGlue(chain, cache, self.geom, self._table)
+        self._glue = glue = CacheGlue(chain, cache, self.geom, self._table)
         self.cache = cache
-        self.audits = Audit(self)  # the page and rollback audits
-        self.reads = Reads(self)  # page and block tables, pages per band
-        self.speculation = Speculation(self)  # verify of speculative steps
-        self.suspensions = Suspensions(self)  # requests suspended to host
+        # the collaborators get what they read (rows, geometry, chain, glue), and the
+        # manager's own steps they call as callables, looked up at each call
+        self.reads = Reads(rows, self.geom, chain)  # page and block tables, pages per band
+        self.commits = Commits(rows, self.geom, chain, glue, self._uncovered,
+                               keep_window_tail)  # commits, window-tail release, free
+        self.suspensions = Suspensions(  # requests suspended to host
+            rows, self.reads, lambda rid: self.free(rid, insert=False),
+            lambda rid, quote: self.allocate([], None, quote, resumes=(rid,)))
         self._suspended = self.suspensions.records  # the one record (rid ->), read here
+        self.attachments = Attach(rows, glue, self._suspended)  # prefix-cache hits by id
+        self.speculation = Speculation(  # verify of speculative steps
+            rows, self.geom, chain, glue, lambda rid, n: self.commit(rid, n),
+            self._release_fronts, batched=not keep_window_tail)
+        self.audits = Audit(rows, self.geom, chain, glue)  # the page and rollback audits
 
     @property
     def glue(self) -> CacheGlue:
@@ -125,10 +148,8 @@ class KVManager:
         return rid in self._requests
 
     def _facts(self, rid: int) -> CacheFacts:
-        try:
-            return self._requests[rid]
-        except KeyError:
-            raise UnknownRequestError(f"request {rid} holds no pages") from None
+        """:meth:`Rows.of <kvchain.requests.rows.Rows.of>` (UnknownRequestError)."""
+        return self._rows.of(rid)
 
     def pages(self, rid: int) -> RequestView:
         """A read-only view of what request ``rid`` holds.
@@ -136,7 +157,7 @@ class KVManager:
         Raises:
             UnknownRequestError: it holds nothing.
         """
-        return RequestView(self._table, self._facts(rid))
+        return RequestView(self._table, self._rows.of(rid))
 
     def held(self, rid: int) -> HeldPages:
         """Counts held by ``rid`` (:data:`NOTHING_HELD` if it holds nothing)."""
@@ -155,10 +176,8 @@ class KVManager:
         facts = self._requests.get(rid)
         if facts is None:
             sus = self._suspended.get(rid)
-            if sus is not None:
-                return request_demand(self.geom, sus.held, sus.tokens, extend, headroom,
-                                      headroom_chunk, horizon=horizon)
-            return request_demand(self.geom, NOTHING_HELD, 0, extend, headroom, headroom_chunk,
+            held, tokens = (sus.held, sus.tokens) if sus is not None else (NOTHING_HELD, 0)
+            return request_demand(self.geom, held, tokens, extend, headroom, headroom_chunk,
                                   horizon=horizon)
         slot = facts.slot
         return request_demand(self.geom, self._table.held(slot), int(self._table.tokens[slot]),
@@ -170,106 +189,59 @@ class KVManager:
         """Requests holding pages."""
         return len(self._requests)
 
-    # --- prefix cache (the glue's) -----------------------------------------------------------
+    # --- prefix cache (:class:`CacheGlue`, :class:`Attach`) ----------------------------------
 
     def points_for(self, keys: Sequence[int] | None, after: int = 0,
                    junction: int = 0) -> tuple[int, ...]:
-        """Resume points (page counts > ``after``, sorted) a request with these page keys
-        saves for the cache, with its ``junction`` point (0: none) among them; empty
-        without a cache or keys."""
+        """:meth:`CacheGlue.points_for`: resume points a request with these keys saves."""
         return self._glue.points_for(keys, after, junction)
 
     def cached_tokens(self, keys: Sequence[int], prompt_tokens: int) -> int:
-        """Tokens a prompt with these page keys would hit now (a pure match: nothing is
-        locked; 0 without a cache). What the cache-aware waiting order ranks by."""
+        """:meth:`CacheGlue.cached_tokens`: tokens a prompt would hit now (a pure match)."""
         return self._glue.cached_tokens(keys, prompt_tokens)
 
     def chunk_cut(self, rid: int) -> int:
-        """Token position a prefill chunk of ``rid`` must not run past: its junction
-        checkpoint (saved at a chunk's end), or 0 for none (or not attached)."""
-        facts = self._requests.get(rid)
-        return facts.cut if facts is not None else 0
+        """:meth:`Attach.chunk_cut <kvchain.requests.attach.Attach.chunk_cut>`."""
+        return self.attachments.chunk_cut(rid)
 
     def attach(self, rid: int, keys: Sequence[int], prompt_tokens: int,
                save_points: bool = True, max_gap: int = 0) -> int:
-        """Match a waiting request's prompt against the cache and lock its hit: from now
-        on ``rid`` holds the hit's pages by reference (tokens = hit) and its demands price
-        only the rest. Undo with :meth:`detach` if it is not admitted. With
-        ``save_points`` it keeps window tails and state checkpoints at its resume points
-        for the cache, and a junction point where its prompt leaves the cached path
-        (:meth:`CacheGlue.attach`). With ``max_gap`` pages (> 0) the hit may be partial:
-        the returned tokens are the pages it shares, and :meth:`recompute_tokens` of
-        them must be recomputed by its first chunk (its state resumes before them).
-
-        Returns:
-            Hit tokens (0 for a miss or without a cache).
-
-        Raises:
-            InvalidRequestError: ``rid`` already holds pages, or more keys than whole
-                pages of the prompt.
-        """
-        self._glue.check_attach(rid, rid in self._requests or rid in self._suspended, keys,
-                                prompt_tokens)
-        facts = self._register(rid)
-        return self._glue.attach(rid, facts, tuple(keys), prompt_tokens, save_points,
-                                 max_gap)
+        """:meth:`Attach.attach <kvchain.requests.attach.Attach.attach>` (hit tokens)."""
+        return self.attachments.attach(rid, keys, prompt_tokens, save_points, max_gap)
 
     def recompute_tokens(self, rid: int) -> int:
-        """Tokens of ``rid``'s partial hit its next chunk must recompute before its own
-        (their pages are the cache's: computed, never allocated), 0 once that chunk is
-        committed, for an ordinary hit, or when not attached."""
-        facts = self._requests.get(rid)
-        return facts.gap if facts is not None else 0
+        """:meth:`Attach.recompute_tokens <kvchain.requests.attach.Attach.recompute_tokens>`."""
+        return self.attachments.recompute_tokens(rid)
 
     def partial_tokens(self, rid: int) -> int:
-        """Tokens of ``rid``'s hit whose pages it shares but recomputes (a partial hit's
-        gap, :meth:`CacheGlue.attach`; 0 for an ordinary hit or none)."""
+        """:meth:`CacheGlue.partial_tokens`: hit tokens ``rid`` shares but recomputes."""
         return self._glue.partial_tokens(rid)
 
     def detach(self, rid: int) -> None:
-        """Undo :meth:`attach` of a request that was not admitted (it took nothing yet).
-
-        Raises:
-            UnknownRequestError: ``rid`` is not attached.
-            InvalidRequestError: it took pages of its own since.
-        """
-        facts = self._facts(rid)
-        self._glue.detach(rid, facts)
-        self._unregister(rid)
+        """:meth:`Attach.detach <kvchain.requests.attach.Attach.detach>` (its errors)."""
+        self.attachments.detach(rid)
 
     def touch(self, rid: int) -> None:
-        """LRU touch of ``rid``'s hit once it is admitted (no-op without a hit)."""
-        facts = self._requests.get(rid)
-        if facts is not None:
-            self._glue.touch(facts)
+        """:meth:`Attach.touch <kvchain.requests.attach.Attach.touch>`."""
+        self.attachments.touch(rid)
 
     def hit_holds(self, rid: int) -> Demand:
-        """What ``rid``'s hit lock keeps locked beyond its full pages, per band (its path's
-        window pages and checkpoints, :meth:`PrefixCache.lock_holds`): zeros without a
-        cache, a hit, or when not attached."""
-        facts = self._requests.get(rid)
-        cache = self._glue.cache
-        handle = facts.handle if facts is not None else None
-        if cache is None or handle is None:
-            return Demand.zeros(self.geom.num_bands)
-        return Demand(cache.lock_holds(handle))
+        """:meth:`Attach.hit_holds <kvchain.requests.attach.Attach.hit_holds>`."""
+        return self.attachments.hit_holds(rid)
 
     def hit_tokens(self, rid: int) -> int:
-        """Tokens of ``rid`` served by the cache at :meth:`attach` (0 if none or not
-        attached; unchanged when its prompt's pages are inserted as it prefills): the
-        compute saved, so a partial hit counts only where its state resumes (``C``)."""
+        """:meth:`CacheGlue.hit_tokens`: tokens of ``rid`` served by the cache."""
         return self._glue.hit_tokens(rid)
+
+    def shared_by_others(self, rid: int) -> int:
+        """:meth:`Attach.shared_by_others <kvchain.requests.attach.Attach.shared_by_others>`."""
+        return self.attachments.shared_by_others(rid)
 
     # --- rows ------------------------------------------------------------------------------
 
     def _register(self, rid: int) -> CacheFacts:
-        facts = self._requests[rid] = CacheFacts(self._table.bind(rid))
-        return facts
-
-    def _unregister(self, rid: int) -> None:
-        del self._requests[rid]
-        self._table.unbind(rid)
-        self._glue.forget(rid)
+        """:meth:`Rows.register <kvchain.requests.rows.Rows.register>`."""
+        return self._rows.register(rid)
 
     def _zero(self) -> Demand:
         """The empty demand of this chain's bands (one shared immutable value)."""
@@ -299,13 +271,6 @@ class KVManager:
 
     def _restore(self, sus: Suspended, vids: Sequence[Sequence[int]]) -> None:
         self.suspensions.restore(sus, vids)
-
-    def shared_by_others(self, rid: int) -> int:
-        """Full pages of ``rid``'s prefix-cache pages that another running request also
-        reads (locks): what a suspension to host would copy and its resume hold as a second,
-        private copy (:mod:`kvchain.requests.suspend`). 0 if it holds nothing or no lock."""
-        facts = self._requests.get(rid)
-        return self._glue.shared_by_others(rid, facts) if facts is not None else 0
 
     # --- decode demands ----------------------------------------------------------------------
 
@@ -761,35 +726,11 @@ class KVManager:
                 table.put_row(band, slot, start, vids[cut:cut + n])
                 cut += n
 
-    # --- commits -----------------------------------------------------------------------------
+    # --- commits (:class:`Commits`) ----------------------------------------------------------
 
     def commit(self, rid: int, tokens: int) -> int:
-        """Record that a forward computed ``tokens`` more tokens of ``rid``, then release
-        its window pages wholly before the next token's window (window-tail release).
-        With a prefix cache, a commit that completes whole prompt pages inserts the
-        prompt's pages so far into the cache (:meth:`CacheGlue.maybe_insert`).
-
-        Returns:
-            Window pages released by the window-tail release (duplicates handed back at
-            the insert are not counted).
-
-        Raises:
-            UnknownRequestError: ``rid`` holds no pages.
-            InvalidDemandError: the pages held do not cover the new tokens.
-        """
-        facts = self._facts(rid)
-        table = self._table
-        slot = facts.slot
-        now = int(table.tokens[slot])
-        new_tokens = now + tokens
-        if tokens < 0 or self._uncovered(slot, new_tokens):
-            raise InvalidDemandError(f"request {rid}: {tokens} tokens not covered by its pages")
-        self._glue.count_junction(facts, now, new_tokens)
-        facts.gap = 0  # a partial hit's gap was run by this chunk
-        table.tokens[slot] = new_tokens
-        released = self.release_window_tail(rid)
-        self._glue.maybe_insert(rid, facts, new_tokens)
-        return released
+        """:meth:`Commits.commit <kvchain.requests.commits.Commits.commit>` (its errors)."""
+        return self.commits.commit(rid, tokens)
 
     def _uncovered(self, slot: int, tokens: int) -> bool:
         """Whether a band that keeps every token holds fewer pages than ``tokens`` need."""
@@ -805,8 +746,8 @@ class KVManager:
         Vectorized over the batch, with the prefix cache on or off: the token counts move
         in the table, the pages whose window start crossed a page boundary are found by
         array arithmetic and gathered from the rows (those below a request's shared pages
-        are the cache's: unpinned, not released). A subclass that overrides
-        :meth:`commit` (e.g. an engine that keeps window pages until the request ends), a
+        are the cache's: unpinned, not released). A manager built with
+        ``keep_window_tail`` (an engine that keeps window pages until it needs them), a
         batch that names a request twice and a request whose prompt is not in the cache
         yet (its commit may insert it) get :meth:`commit` once per request instead.
 
@@ -835,7 +776,7 @@ class KVManager:
                     raise InvalidDemandError(f"request {rid}: 1 token not covered by its "
                                              f"pages")
         # every request checked: the one-by-one paths below cannot fail half-way
-        if (type(self).commit is not KVManager.commit or not unique
+        if (self.commits.keep_window_tail or not unique
                 or self._glue.may_insert(ids)):
             return sum(self.commit(rid, 1) for rid in ids)
         table.tokens[slots] = n
@@ -907,45 +848,22 @@ class KVManager:
     def verify(self, rids: Sequence[int], accepted: Sequence[int] | np.ndarray,
                drafts: int) -> int:
         """:meth:`Speculation.verify <kvchain.requests.speculative.Speculation.verify>`:
-        settle a speculative step (rollback, then the commit of the accepted tokens; its
-        errors). Returns pages released."""
+        settle a speculative step (its errors). Returns pages released."""
         return self.speculation.verify(rids, accepted, drafts)
 
     def audit_settled(self, rids: Iterable[int]) -> None:
-        """:meth:`Audit.settled <kvchain.requests.audit.Audit.settled>`: what
-        :meth:`verify` leaves, for requests ``rids`` (raises AuditError)."""
+        """:meth:`Audit.settled <kvchain.requests.audit.Audit.settled>` (AuditError)."""
         self.audits.settled(rids)
 
     def release_window_tail(self, rid: int) -> int:
-        """Release ``rid``'s pages wholly before its next token's window, in every window
-        and chunked-local band (each by its own window's policy).
-
-        Returns:
-            Window pages taken out of its rows, all bands together (0 if none were out of
-            a window).
-        """
-        facts = self._facts(rid)
-        table = self._table
-        slot = facts.slot
-        tokens = int(table.tokens[slot])
-        released = 0
-        for pol in self.geom.windows:
-            band = pol.band
-            first, end = table.span(band, slot)
-            keep_from = pol.first_page(tokens)
-            if end == first or keep_from <= first:
-                continue
-            vids = table.drop_front(band, slot, min(keep_from - first, end - first))
-            self._glue.drop_window_pages(facts, band, first, vids)
-            released += int(vids.size)
-        if released:
-            table.refresh_need(np.asarray([slot], dtype=np.int64))
-        return released
+        """:meth:`Commits.release_window_tail
+        <kvchain.requests.commits.Commits.release_window_tail>` (its errors)."""
+        return self.commits.release_window_tail(rid)
 
     def reclaim_window_pages(self, rids: Iterable[int]) -> int:
-        """Window-tail release for many requests (the decode check runs this before it
-        retracts anyone). Returns pages released."""
-        return sum(self.release_window_tail(rid) for rid in rids if rid in self._requests)
+        """:meth:`Commits.reclaim_window_pages
+        <kvchain.requests.commits.Commits.reclaim_window_pages>`."""
+        return self.commits.reclaim_window_pages(rids)
 
     # --- runs of decode steps (the simulator's fast-forward) -------------------------------
 
@@ -1011,48 +929,17 @@ class KVManager:
         table.tokens[slots] = n
 
     def free(self, rid: int, insert: bool = True) -> int:
-        """Release every page of ``rid`` (finished or retracted). Returns pages released.
-
-        With a prefix cache and page keys, the request never releases the cache's pages (its
-        hit, and its whole prompt once its prefill completed: :meth:`commit` inserted it
-        then): it unpins and unlocks them, and releases its own pages (output pages, a
-        prefill cut short, its state slots and saved checkpoints). Nothing new is inserted
-        here (policy: the prompt only, inserted by its prefill chunks' commits). ``insert``
-        marks a finished request (rather than a retracted one): its prompt's path is
-        touched, so the LRU order counts from when the last request using it ended (as
-        vLLM's free-block queue).
-
-        Raises:
-            UnknownRequestError: ``rid`` holds no pages.
-        """
-        facts = self._facts(rid)
-        table = self._table
-        slot = facts.slot
-        out = [table.live(band, slot).tolist() for band in range(self.geom.num_bands)]
-        shared = int(table.shared[slot])
-        for pol in self.geom.policies:
-            if shared and not pol.per_request:  # the cache's pages: not the request's
-                first = int(table.first[pol.band, slot])
-                out[pol.band] = out[pol.band][max(shared - first, 0):]
-        self._glue.release_held(rid, facts, out, insert)
-        self._unregister(rid)
-        released = 0
-        for band, ids in enumerate(out):
-            if ids:
-                self.chain.release(band, ids)
-                released += len(ids)
-        return released
+        """:meth:`Commits.free <kvchain.requests.commits.Commits.free>` (its errors)."""
+        return self.commits.free(rid, insert)
 
     # --- kernels (:class:`Reads`) ------------------------------------------------------------
 
     def page_table(self, rid: int, band: int) -> np.ndarray:
-        """:meth:`Reads.page_table <kvchain.requests.reads.Reads.page_table>`: ``rid``'s
-        virtual page ids in ``band``, token order (int64 ``[pages]``; its errors)."""
+        """:meth:`Reads.page_table <kvchain.requests.reads.Reads.page_table>` (its errors)."""
         return self.reads.page_table(rid, band)
 
     # --- integrity (:class:`Audit`) ---------------------------------------------------------
 
     def audit(self) -> None:
-        """:meth:`Audit.pages <kvchain.requests.audit.Audit.pages>`: every bound page held
-        once (a request, the cache or a null page; raises AuditError)."""
+        """:meth:`Audit.pages <kvchain.requests.audit.Audit.pages>` (AuditError)."""
         self.audits.pages()

@@ -1,4 +1,4 @@
-"""Read views of a :class:`~kvchain.requests.manager.KVManager`'s request table: one
+"""Read views of a manager's request table: one
 request's page table, a batch's block table (the kernels' input), and pages per band
 held or owned by a set of requests (the simulator's band samples). Nothing here changes a
 request or the chain.
@@ -7,30 +7,33 @@ request or the chain.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvchain.alloc.allocator import Allocator
+from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import InvalidDemandError
-
-if TYPE_CHECKING:
-    from kvchain.requests.manager import KVManager
+from kvchain.requests.rows import Rows
 
 
 class Reads:
-    """The read views of one manager's requests (``kv.reads``).
+    """The read views of one manager's requests (``kv.reads``); with :attr:`chain` and
+    :meth:`page_table` it is the host copy's
+    :class:`~kvchain.cache.host_copy.PageTables`.
 
     Args:
-        kv: the manager whose table it reads.
+        rows: the manager's requests and their table.
+        geom: the chain's request geometry.
+        chain: the allocator (its ``translate`` for physical block tables).
     """
 
-    def __init__(self, kv: KVManager) -> None:
-        self._kv = kv
+    def __init__(self, rows: Rows, geom: RequestGeometry, chain: Allocator) -> None:
+        self._rows, self._geom, self.chain = rows, geom, chain
 
     def _check_band(self, band: int) -> None:
         """Raises InvalidDemandError unless ``band`` is an int band index of this chain."""
         if isinstance(band, bool) or not isinstance(band, int | np.integer) \
-                or not 0 <= band < self._kv.geom.num_bands:
+                or not 0 <= band < self._geom.num_bands:
             raise InvalidDemandError(f"no band {band} in this chain")
 
     def page_table(self, rid: int, band: int) -> np.ndarray:
@@ -45,9 +48,9 @@ class Reads:
             UnknownRequestError: ``rid`` holds no pages.
             InvalidDemandError: no band ``band`` in this chain.
         """
-        slot = self._kv._facts(rid).slot
+        slot = self._rows.of(rid).slot
         self._check_band(band)
-        table = self._kv._table
+        table = self._rows.table
         return table.tables[band][slot, :table.rowlen[band, slot]].copy()
 
     def block_table(self, rids: Sequence[int], band: int, physical: bool = True) -> np.ndarray:
@@ -74,19 +77,18 @@ class Reads:
             InvalidDemandError: no band ``band`` in this chain, or a ``bool`` request id.
             UnknownRequestError: a request that holds no pages.
         """
-        kv = self._kv
         self._check_band(band)
-        slots = kv._known_slots(tuple(rids))
-        table = kv._table
+        slots = self._rows.index.known_slots(tuple(rids))
+        table = self._rows.table
         width = int(table.rowlen[band][slots].max()) if slots.size else 0
         vids = table.tables[band][slots, :width]
         if not physical or not vids.size:
             return vids
         if table.pads[band] >= 0:
-            return kv.chain.translate(band, vids)
+            return self.chain.translate(band, vids)
         out = np.full(vids.shape, -1, dtype=np.int64)
         valid = vids >= 0
-        out[valid] = kv.chain.translate(band, vids[valid])
+        out[valid] = self.chain.translate(band, vids[valid])
         return out
 
     def held_per_band(self, rids: Iterable[int]) -> tuple[int, ...]:
@@ -104,9 +106,9 @@ class Reads:
         """
         ids = tuple(rids)
         if not ids:
-            return (0,) * self._kv.geom.num_bands
-        slots = self._kv._slots_of(ids)
-        table = self._kv._table
+            return (0,) * self._geom.num_bands
+        slots = self._rows.index.slots_of(ids)
+        table = self._rows.table
         counts = (table.rowlen[:, slots] - table.first[:, slots]).sum(axis=1)
         return tuple(counts.tolist())
 
@@ -119,16 +121,16 @@ class Reads:
         Raises:
             InvalidDemandError: a ``bool`` request id.
         """
-        kv = self._kv
-        ids = tuple(rid for rid in rids if rid in kv)
+        rows, geom = self._rows, self._geom
+        ids = tuple(rid for rid in rids if rid in rows)
         if not ids:
-            return (0,) * kv.geom.num_bands
-        slots = kv._slots_of(ids)
-        table = kv._table
+            return (0,) * geom.num_bands
+        slots = rows.index.slots_of(ids)
+        table = rows.table
         counts = list(self.held_per_band(ids))
         shared = table.shared[slots]
-        facts = [kv._facts(rid) for rid in ids]
-        for pol in kv.geom.policies:
+        facts = [rows.of(rid) for rid in ids]
+        for pol in geom.policies:
             band = pol.band
             if pol.per_request:
                 counts[band] += sum(len(f.ckpts) for f in facts)

@@ -6,32 +6,48 @@ step itself is ``KVManager.decode_demands(rids, drafts=k)`` and ``allocate`` of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from kvchain.alloc.allocator import Allocator
+from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import InvalidDemandError
+from kvchain.requests.cache_glue import CacheGlue
+from kvchain.requests.rows import Rows
 
-if TYPE_CHECKING:
-    from kvchain.requests.manager import KVManager
+#: ``commit(rid, tokens) -> window pages released``: one request's commit
+Commit = Callable[[int, int], int]
+#: ``release_fronts(band, slots, keep_from) -> pages``: the batched window-tail release of
+#: rows ``slots`` in ``band`` before page ``keep_from`` (per row)
+ReleaseFronts = Callable[[int, np.ndarray, np.ndarray], int]
 
 
 class Speculation:
-    """The verify of a :class:`~kvchain.requests.manager.KVManager`'s speculative steps,
-    and what its rollbacks released. The manager owns one (``kv.speculation``).
+    """The verify of a manager's speculative steps, and what its rollbacks released. The
+    manager owns one (``kv.speculation``).
 
     Args:
-        kv: the manager whose requests it settles.
+        rows: the manager's requests and their table.
+        geom: the chain's request geometry.
+        chain: the allocator the rolled-back pages go back to.
+        glue: the prefix cache's part (whether a commit may insert a prompt).
+        commit: the manager's commit of one request (the one-by-one path).
+        release_fronts: the manager's batched window-tail release (the array path).
+        batched: whether a batch's commit may run in arrays (the window-tail release at
+            every commit, ``release_fronts``); ``False`` (a manager that keeps window
+            tails until its decode check reclaims them) commits one by one.
 
     Attributes:
         rolled_back_pages: pages per band (low -> high) released by rollbacks so far (the
             rejected drafts' pages; the simulator charges them as transient bytes).
     """
 
-    def __init__(self, kv: KVManager) -> None:
-        self._kv = kv
-        self.rolled_back_pages = [0] * kv.geom.num_bands
+    def __init__(self, rows: Rows, geom: RequestGeometry, chain: Allocator, glue: CacheGlue,
+                 commit: Commit, release_fronts: ReleaseFronts, batched: bool = True) -> None:
+        self._rows, self._geom, self._chain, self._glue = rows, geom, chain, glue
+        self._commit_one, self._release_fronts, self._batched = commit, release_fronts, batched
+        self.rolled_back_pages = [0] * geom.num_bands
 
     def verify(self, rids: Sequence[int], accepted: Sequence[int] | np.ndarray,
                drafts: int) -> int:
@@ -67,11 +83,10 @@ class Speculation:
                 covered by a request's pages in a band that keeps every token or a window
                 band. Checked for the whole batch before anything changes.
         """
-        kv = self._kv
         ids = tuple(rids)
-        slots = kv._checked_slots(ids, "verify")
+        slots = self._rows.index.checked_slots(ids, "verify")
         acc = _accepted(accepted, len(ids), drafts)
-        table = kv._table
+        table = self._rows.table
         self._check_covered(ids, slots, 1 + drafts)
         # every request checked: nothing below fails half-way
         n = table.tokens[slots] + 1 + acc
@@ -83,9 +98,9 @@ class Speculation:
     def _check_covered(self, ids: tuple[int, ...], slots: np.ndarray, step: int) -> None:
         """That every token band's pages of rows ``slots`` cover the ``step`` tokens the
         step computed (an empty window band holds none). Raises InvalidDemandError."""
-        table = self._kv._table
+        table = self._rows.table
         computed = table.tokens[slots] + step
-        for pol in self._kv.geom.policies:
+        for pol in self._geom.policies:
             if pol.per_request:
                 continue
             band = pol.band
@@ -101,14 +116,13 @@ class Speculation:
     def _roll_back(self, slots: np.ndarray, n: np.ndarray) -> int:
         """Release the pages of rows ``slots`` at or past ``ceil(n / P)`` in every token
         band (one ``chain.release`` per band). Returns the pages released."""
-        kv = self._kv
         released = 0
-        for pol in kv.geom.policies:
+        for pol in self._geom.policies:
             if pol.per_request:
                 continue
-            vids = kv._table.truncate(pol.band, slots, -(-n // pol.page_size))
+            vids = self._rows.table.truncate(pol.band, slots, -(-n // pol.page_size))
             if vids.size:
-                kv.chain.release(pol.band, vids)
+                self._chain.release(pol.band, vids)
                 released += int(vids.size)
                 self.rolled_back_pages[pol.band] += int(vids.size)
         return released
@@ -116,17 +130,15 @@ class Speculation:
     def _commit(self, ids: tuple[int, ...], slots: np.ndarray, acc: np.ndarray,
                 n: np.ndarray) -> int:
         """Commit ``1 + acc`` tokens of each request (``n`` its new counts): in arrays, or
-        through ``KVManager.commit`` one by one where it is overridden or a prompt insert
-        may be due. Returns the window pages released."""
-        from kvchain.requests.manager import KVManager  # the class whose commit is plain
-
-        kv = self._kv
-        if type(kv).commit is not KVManager.commit or kv._glue.may_insert(ids):
-            return sum(kv.commit(rid, 1 + int(a))
+        through the injected ``commit`` one by one where the batch may not commit in
+        arrays (``batched`` off) or a prompt insert may be due. Returns the window pages
+        released."""
+        if not self._batched or self._glue.may_insert(ids):
+            return sum(self._commit_one(rid, 1 + int(a))
                        for rid, a in zip(ids, acc.tolist(), strict=True))
-        kv._table.tokens[slots] = n
-        return sum(kv._release_fronts(pol.band, slots, pol.first_page(n))
-                   for pol in kv.geom.windows)
+        self._rows.table.tokens[slots] = n
+        return sum(self._release_fronts(pol.band, slots, pol.first_page(n))
+                   for pol in self._geom.windows)
 
 
 def _accepted(accepted: Sequence[int] | np.ndarray, rows: int, drafts: int) -> np.ndarray:

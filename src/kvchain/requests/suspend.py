@@ -42,9 +42,9 @@ the one place to point at another host-tier object's pools later.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -55,6 +55,7 @@ from kvchain.buffer.numpy_buffer import NumpyBuffer
 from kvchain.buffer.torch_buffer import TorchBuffer
 from kvchain.cache.host_cache import HostTier
 from kvchain.cache.host_copy import (
+    PageTables,
     RequestHostCopy,
     free_host_copy,
     load_back_request,
@@ -71,9 +72,7 @@ from kvchain.errors import (
 )
 from kvchain.layout import ChainLayout
 from kvchain.requests.demand import HeldPages
-
-if TYPE_CHECKING:
-    from kvchain.requests.manager import KVManager
+from kvchain.requests.rows import Rows
 
 
 class SlotPool(Protocol):
@@ -312,18 +311,24 @@ class Suspended:
 
 
 class Suspensions:
-    """A :class:`~kvchain.requests.manager.KVManager`'s requests suspended to host: the
-    only record of them (request id -> :class:`Suspended`, in suspension order), the
-    suspension, the load-back's checks and restore, and their audit. The manager owns one
-    (``kv.suspensions``) and its ``allocate(..., resumes=...)`` loads records back in the
-    step's one take.
+    """A manager's requests suspended to host: the only record of them (request id ->
+    :class:`Suspended`, in suspension order), the suspension, the load-back's checks and
+    restore, and their audit. The manager owns one (``kv.suspensions``) and its
+    ``allocate(..., resumes=...)`` loads records back in the step's one take.
 
     Args:
-        kv: the manager whose requests these are.
+        rows: the manager's requests and their table.
+        pages: the manager's page tables and chain (what the byte copy reads).
+        release: the manager's release of a retracted request (``free`` without
+            insert): ``release(rid) -> pages released``.
+        load: the manager's take that loads one suspended request back:
+            ``load(rid, quote) -> demand taken`` (``allocate([], resumes=[rid])``).
     """
 
-    def __init__(self, kv: KVManager) -> None:
-        self._kv = kv
+    def __init__(self, rows: Rows, pages: PageTables, release: Callable[[int], int],
+                 load: Callable[[int, Quote | None], Demand]) -> None:
+        self._rows, self._pages, self._chain = rows, pages, pages.chain
+        self._release, self._load = release, load
         self.records: dict[int, Suspended] = {}
 
     def suspend(self, rid: int, host: HostSide) -> Suspended:
@@ -344,23 +349,22 @@ class Suspensions:
             BufferArgumentError: ``host`` has no pool for a band, or its slots are not the
                 band's page bytes (nothing changed).
         """
-        kv = self._kv
-        slot = kv._facts(rid).slot
-        held = kv._table.held(slot)
-        bands = kv.chain.layout.bands
+        slot = self._rows.of(rid).slot
+        held = self._rows.table.held(slot)
+        bands = self._chain.layout.bands
         counts = tuple(end - first for first, end in held.spans)
         self._check_room(rid, host, counts)
         labels = tuple(b.label for b in bands)
         copy: RequestHostCopy | None = None
         if host.buffer is not None and host.device is not None:
-            copy, fence = offload_request(kv, host.device, host.buffer, rid)
+            copy, fence = offload_request(self._pages, host.device, host.buffer, rid)
             fence.wait()  # the device pages are released below: the copy must be done
             host_slots = tuple(part.slots for part in copy.bands)
         else:
             host_slots = tuple(host.pool(label).alloc(n)
                                for label, n in zip(labels, counts, strict=True))
-        tokens = int(kv._table.tokens[slot])
-        kv.free(rid, insert=False)
+        tokens = int(self._rows.table.tokens[slot])
+        self._release(rid)
         sus = Suspended(rid, tokens, held, Demand(counts), host_slots, labels,
                         sum(n * b.page_bytes for n, b in zip(counts, bands, strict=True)),
                         host, copy)
@@ -370,7 +374,7 @@ class Suspensions:
     def _check_room(self, rid: int, host: HostSide, counts: tuple[int, ...]) -> None:
         """That ``host`` has, per band, a pool of the band's page bytes with ``counts``
         free slots (errors: :meth:`suspend`)."""
-        for layout, n in zip(self._kv.chain.layout.bands, counts, strict=True):
+        for layout, n in zip(self._chain.layout.bands, counts, strict=True):
             pool = host.pool(layout.label)
             if host.page_bytes.get(layout.label) != layout.page_bytes:
                 raise BufferArgumentError(
@@ -385,12 +389,12 @@ class Suspensions:
     def suspend_bytes(self, rid: int) -> int:
         """Bytes :meth:`suspend` of ``rid`` would copy to host now: ``sum((end - first) x
         page_bytes)`` over its bands (0 if it holds nothing)."""
-        kv = self._kv
-        if rid not in kv:
+        facts = self._rows.get(rid)
+        if facts is None:
             return 0
-        spans = kv.held(rid).spans
+        spans = self._rows.table.held(facts.slot).spans
         return sum((end - first) * b.page_bytes
-                   for (first, end), b in zip(spans, kv.chain.layout.bands, strict=True))
+                   for (first, end), b in zip(spans, self._chain.layout.bands, strict=True))
 
     def is_suspended(self, rid: int) -> bool:
         """Whether ``rid`` is suspended to host."""
@@ -422,7 +426,8 @@ class Suspensions:
         return self.suspended(rid).demand
 
     def resume(self, rid: int, quote: Quote | None = None) -> Demand:
-        """Load suspended ``rid`` back on its own: ``kv.allocate([], resumes=[rid])``, one
+        """Load suspended ``rid`` back on its own: the manager's ``allocate([],
+        resumes=[rid])`` (the injected ``load``), one
         take of :meth:`resume_demand` (``quote``: its price from ``chain.price``, if the
         caller has it).
 
@@ -432,7 +437,7 @@ class Suspensions:
                 suspended).
         """
         self.suspended(rid)
-        return self._kv.allocate([], None, quote, resumes=(rid,))
+        return self._load(rid, quote)
 
     def check_resumes(self, resumes: Sequence[int], ids: tuple[int, ...]
                       ) -> tuple[Suspended, ...]:
@@ -458,10 +463,9 @@ class Suspensions:
     def restore(self, sus: Suspended, vids: Sequence[Sequence[int]]) -> None:
         """Give resumed ``sus`` its new pages ``vids`` (per band, entry order) at the row
         entries it held, load its host bytes into them and free its host slots."""
-        kv = self._kv
         del self.records[sus.rid]
-        slot = kv._register(sus.rid).slot
-        table = kv._table
+        slot = self._rows.register(sus.rid).slot
+        table = self._rows.table
         table.tokens[slot] = sus.tokens
         for band, ((first, _), got) in enumerate(zip(sus.held.spans, vids, strict=True)):
             table.set_row(band, slot, first, got)
@@ -472,7 +476,7 @@ class Suspensions:
                 replace(part, vids=np.asarray(got, dtype=np.int64), table_pages=end)
                 for part, got, (_, end) in zip(copy.bands, vids, sus.held.spans,
                                                strict=True)))
-            fence = load_back_request(kv, host.device, host.buffer, rebased)
+            fence = load_back_request(self._pages, host.device, host.buffer, rebased)
             free_host_copy(host.buffer, rebased, after=fence)
         else:
             sus.free_slots()
@@ -505,7 +509,7 @@ class Suspensions:
                       per_label: dict[str, list[np.ndarray]]) -> None:
         """One record of :meth:`audit`: off the device, slots matching its demand and
         held; its slots in ``host`` added to ``per_label``."""
-        if rid in self._kv:
+        if rid in self._rows:
             raise AuditError(f"request {rid} is suspended to host and holds device pages")
         if tuple(int(s.size) for s in sus.slots) != sus.demand.pages:
             raise AuditError(f"request {rid}: {[int(s.size) for s in sus.slots]} host "
