@@ -577,8 +577,13 @@ def main() -> None:
     parser.add_argument("--profile", choices=sorted({m for _, m, _, _ in OPS}),
                         help="instead of the table: cProfile of the kvchain side of one op "
                              "(its timed calls only), per chain, cache off and on")
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="timed blocks of each side per op (the median is reported; "
+                             "default 7, 1 with --quick)")
     args = parser.parse_args()
-    repeats = 1 if args.quick else 7
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    repeats = 1 if args.quick else args.repeats
     if args.profile:
         profile_op(args.profile, repeats)
         return

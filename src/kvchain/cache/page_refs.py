@@ -69,11 +69,16 @@ class PageRefs:
             return []
         v = np.asarray(vids, dtype=np.int64)
         self._fit(int(v.max()))
-        fresh = np.unique(v[self.count[v] == 0]).tolist()
+        fresh = v[self.count[v] == 0].tolist()
+        if len(fresh) > 1:  # ascending, an id named twice once (cheaper than np.unique)
+            fresh = sorted(set(fresh))
         np.add.at(self.count, v, 1)
-        held_by = np.empty(v.size, dtype=object)
-        held_by[:] = list(nodes)
-        self.node[v] = held_by
+        if nodes.count(nodes[0]) == len(nodes):  # one holder (a run of one node's pages)
+            self.node[v] = nodes[0]
+        else:
+            held_by = np.empty(v.size, dtype=object)
+            held_by[:] = list(nodes)
+            self.node[v] = held_by
         return fresh
 
     def drop(self, vids: np.ndarray | Sequence[int]) -> list[object]:

@@ -68,6 +68,7 @@ the tree: a parent joins as its last child goes, a leaf turns dead as its tails 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -211,7 +212,7 @@ class Node:
 
     def __init__(self, nid: int, parent: Node | None, start: int, keys: list[int],
                  full: list[list[int]], win: list[list[int]], ckpts: dict[int, int],
-                 time: int) -> None:
+                 time: int, win_live: list[int] | None = None) -> None:
         self.nid = nid
         self.parent = parent
         self.children: dict[int, Node] = {}
@@ -219,7 +220,9 @@ class Node:
         self.keys = keys
         self.full = full
         self.win = win
-        self.win_live = [sum(1 for v in w if v >= 0) for w in win]
+        # present pages per window band (``win_live``: given by a caller that counted them)
+        self.win_live = ([sum(1 for v in w if v >= 0) for w in win] if win_live is None
+                         else win_live)
         self.ckpts = ckpts
         self.lock = 0
         self.tlock = 0
@@ -316,6 +319,18 @@ def _shared_run(run: Sequence[int], keys: Sequence[int], pos: int) -> int:
     while j < m and run[j] == keys[pos + j]:
         j += 1
     return j
+
+
+def _take_run(pages: dict[int, int], lo: int, hi: int) -> tuple[list[int], int]:
+    """Take the entries of page indices ``[lo, hi)`` out of ``pages`` (page index -> id)
+    as one id list over the run, -1 where none is offered, and count the ids ``>= 0``
+    in it (a new node's window list and its present pages, counted at C speed);
+    ``pages`` keeps the entries outside the run."""
+    pop = pages.pop
+    ids = [pop(i, -1) for i in range(lo, hi)] if pages else [-1] * (hi - lo)
+    if not ids or min(ids) >= -1:  # the usual case: every absent page is -1
+        return ids, len(ids) - ids.count(-1)
+    return ids, sum(1 for v in ids if v >= 0)
 
 
 def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
@@ -1172,8 +1187,10 @@ class PrefixCache:
         if not vids:
             return
         refs = self._refs[k]
-        for v in refs.add(vids, nodes):
-            refs.node[v].pins[k] += 1  # its first reader
+        fresh = refs.add(vids, nodes)
+        if fresh:  # each node's pinned count rises by its ids that had no reader (C-level)
+            for node, c in Counter(refs.node[fresh].tolist()).items():
+                node.pins[k] += c
         for node in dict.fromkeys(nodes):
             self._refresh(node)
 
@@ -1218,18 +1235,54 @@ class PrefixCache:
         """The ids of window band ``k``'s pages at page indices ``pages`` of ``handle``'s
         path and the nodes holding them.
 
+        A contiguous ascending run of pages on the path (the window a request reads, the
+        usual case) is taken node by node, one list slice each; any other set of pages
+        page by page.
+
         Raises:
             AuditError: a page not on the path, or absent (a tombstone).
         """
+        seq: Sequence[int] = pages if isinstance(pages, range) else list(pages)
+        if seq and seq[0] >= 0 and seq[-1] < handle.end and (
+                len(seq) == seq[-1] - seq[0] + 1 and (
+                    isinstance(seq, range) or seq == list(range(seq[0], seq[-1] + 1)))):
+            return self._run_ids(handle, k, seq[0], seq[-1] + 1)
         vids: list[int] = []
         nodes: list[Node] = []
-        for i in pages:
+        for i in seq:
             node = self._node_of(handle, i)
             v = node.win[k][i - node.start] if node.win[k] else -1
             if v < 0:
                 raise AuditError(f"pin of window page {i}: absent from node {node.nid}")
             vids.append(v)
             nodes.append(node)
+        return vids, nodes
+
+    @staticmethod
+    def _run_ids(handle: Node, k: int, lo: int, hi: int) -> tuple[list[int], list[Node]]:
+        """:meth:`_tail_ids` of the page indices ``[lo, hi)`` (``0 <= lo < hi <=
+        handle.end``: on the path): one slice of window band ``k``'s ids per node of the
+        path that overlaps them.
+
+        Raises:
+            AuditError: a page absent (a tombstone, or a node without band ``k``'s pages).
+        """
+        runs: list[tuple[int, list[int], Node]] = []
+        n: Node | None = handle
+        while n is not None and n.nid and n.end > lo:
+            a, b = max(lo, n.start), min(hi, n.end)
+            if a < b:
+                win = n.win[k]
+                runs.append((a, win[a - n.start:b - n.start] if win else [-1], n))
+            n = n.parent
+        vids: list[int] = []
+        nodes: list[Node] = []
+        for a, ids, node in reversed(runs):  # ascending page order
+            if min(ids) < 0:
+                i = a + ids.index(min(ids))
+                raise AuditError(f"pin of window page {i}: absent from node {node.nid}")
+            vids += ids
+            nodes += [node] * len(ids)
         return vids, nodes
 
     def pin_window(self, handle: Node, band: int, pages: Iterable[int]) -> None:
@@ -1397,6 +1450,23 @@ class PrefixCache:
                 ``full`` does not fit the full bands (:meth:`_full_lists`; nothing
                 changes).
         """
+        dups, changed = self._insert(keys, shared, full, window, ckpts)
+        for c in changed:  # the path and the new node (its parent is the path's last)
+            self._refresh(c)
+        self._bump()
+        return dups
+
+    def _insert(self, keys: Sequence[int], shared: int,
+                full: Sequence[int] | Mapping[int, Sequence[int]],
+                window: Mapping[int, Mapping[int, int]],
+                ckpts: Mapping[int, int]) -> tuple[list[list[int]], list[Node]]:
+        """:meth:`insert` without recounting the eviction order: the duplicates per band
+        and the nodes whose share of the order the caller must recount
+        (:meth:`_refresh`) before anything reads it.
+
+        Raises:
+            InvalidRequestError: as :meth:`insert` (nothing changes).
+        """
         g = self.geom
         n = len(keys)
         if not set(window) <= set(self._wbands):
@@ -1450,10 +1520,11 @@ class PrefixCache:
                         kept[g.state] += 1
             node, pos = child, pos + j
         if pos < n:
-            new_win = [[pages.pop(i, -1) for i in range(pos, n)] for pages in offered]
+            runs = [_take_run(pages, pos, n) for pages in offered]
             new = Node(self._new_id(), node, pos, list(keys[pos:n]),
-                       [list(ids[pos:n]) for ids in fulls], new_win,
-                       {p: ckpts.pop(p) for p in [p for p in ckpts if pos < p <= n]}, now)
+                       [list(ids[pos:n]) for ids in fulls], [ids for ids, _ in runs],
+                       {p: ckpts.pop(p) for p in [p for p in ckpts if pos < p <= n]}, now,
+                       [live for _, live in runs])
             node.children[keys[pos]] = new
             changed.append(new)
             for band, ids in zip(self._fbands, new.full, strict=True):
@@ -1468,10 +1539,7 @@ class PrefixCache:
             dups[band].extend(pages.values())
         if g.state is not None:
             dups[g.state].extend(ckpts.values())
-        for c in changed:  # the path and the new node, its parent (now with a child) too
-            self._refresh(c)
-        self._bump()
-        return dups
+        return dups, changed
 
     def adopt(self, keys: Sequence[int], shared: int,
               full: Sequence[int] | Mapping[int, Sequence[int]],
@@ -1520,14 +1588,16 @@ class PrefixCache:
             assert m == n and path[-1][0].end == n  # insert split the path at n
             now = self._clock  # the insert's tick: every node of the path has it as time
             for node, _ in path:
-                if node.end > own and node.tail_time != now:
+                if node.end > own:
                     node.tail_time = now
-                    self._refresh(node)
                 for ids, full in zip(full_ids, node.full, strict=True):
                     ids.extend(full)
                 for ids, win in zip(win_ids, node.win, strict=True):
                     ids.extend(win)
-            new = self.lock(Hit(n, path[-1][0]), tails=False)
+                node.lock += 1  # the prompt lock (:meth:`lock` without tails)
+            new = path[-1][0]
+            for node, _ in path:  # its new tail time and lock recounted once
+                self._refresh(node)
         if new is not None:
             for band, pages in reading.items():
                 self.pin_window(new, band, pages)
