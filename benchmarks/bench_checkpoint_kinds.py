@@ -9,7 +9,9 @@ buffer of ``B`` bytes with ``--cache-points`` ``P`` and counts, per kind, the ch
 handed to the cache at each prompt's insert (a point keeps the kind of the prompt that
 first inserted it) and the hits that copied a checkpoint of that kind (one per hit: the
 copy-on-write into the request's slot), with their hit tokens. It observes the request
-layer's glue by wrapping three of its methods; nothing it measures changes a decision.
+layer's glue by wrapping three of its methods (``attach``: the hit; ``_insert_prompt``:
+the checkpoints handed over; ``copies``: the take that copies a hit's checkpoint);
+nothing it measures changes a decision.
 Run from the worktree root (about 10-15 s a run on 2 CPU cores)::
 
     .venv/bin/python benchmarks/bench_checkpoint_kinds.py [P] [N] [B] [model]
@@ -59,37 +61,44 @@ def main(points: str = "spaced", n: int = 600, buffer: int = 17_179_869_184,
     saved: Counter[str] = Counter()
     hits: Counter[str] = Counter()
     hit_tokens: Counter[str] = Counter()
-    attach, insert, copy = Glue.attach, Glue._insert_prompt, Glue._copy_checkpoint
+    attach, insert, copies = Glue.attach, Glue._insert_prompt, Glue.copies
+    hit_of: dict[int, int] = {}  # rid -> its hit tokens at its last attach
 
     def attach_(self: Any, rid: int, facts: Any, keys: tuple[int, ...], *a: Any) -> int:
         h = attach(self, rid, facts, keys, *a)
         if self.cache is not None and keys:
             planned[rid] = (tuple(keys), point_kinds(self, keys, facts))
+            hit_of[rid] = h
         return h
 
-    def insert_(self: Any, rid: int, facts: Any) -> None:
+    def copies_(self: Any, ids: tuple[int, ...], slots: Any, nonzero: Any, matrix: Any,
+                requests: Any) -> Any:
+        done = copies(self, ids, slots, nonzero, matrix, requests)
+        srcs = set(done[0].src) if done else set()
+        for rid in ids:  # the hits whose checkpoint this take copies (one per hit)
+            facts = requests.get(rid)
+            if facts is not None and facts.cow_src >= 0 and facts.cow_src in srcs:
+                kind = kind_of.get(facts.keys[facts.cow_at - 1], "?")
+                hits[kind] += 1
+                hit_tokens[kind] += hit_of[rid]
+        return done
+
+    def insert_(self: Any, rid: int, facts: Any, *a: Any) -> None:
         keys, kinds = planned[rid]
         for q in facts.ckpts:
             saved[kinds[q]] += 1
             kind_of.setdefault(keys[q - 1], kinds[q])
-        insert(self, rid, facts)
+        insert(self, rid, facts, *a)
 
-    def copy_(self: Any, band: int, facts: Any) -> None:
-        h = int(self.table.shared[facts.slot])
-        kind = kind_of.get(facts.keys[h - 1], "?")
-        hits[kind] += 1
-        hit_tokens[kind] += h * self.geom.page_size
-        copy(self, band, facts)
-
-    Glue.attach, Glue._insert_prompt, Glue._copy_checkpoint = (  # type: ignore[method-assign]
-        attach_, insert_, copy_)
+    Glue.attach, Glue._insert_prompt, Glue.copies = (  # type: ignore[method-assign]
+        attach_, insert_, copies_)
     try:
         result = simulate(SimConfig(load_model(model), get_gpu("h200"),
                                     load_trace("mooncake", first=n), buffer_bytes=buffer,
                                     cache_points=ResumePolicy(points)))
     finally:
-        Glue.attach, Glue._insert_prompt, Glue._copy_checkpoint = (  # type: ignore[method-assign]
-            attach, insert, copy)
+        Glue.attach, Glue._insert_prompt, Glue.copies = (  # type: ignore[method-assign]
+            attach, insert, copies)
     pc = result.prefix_cache
     assert pc is not None
     print(f"{model}, {n} Mooncake requests, {buffer:,} B, --cache-points {points}: hit rate "
