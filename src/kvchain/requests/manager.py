@@ -733,10 +733,12 @@ class KVManager:
         return self.commits.commit(rid, tokens)
 
     def _uncovered(self, slot: int, tokens: int) -> bool:
-        """Whether a band that keeps every token holds fewer pages than ``tokens`` need."""
+        """Whether a page band's row ends before ``tokens``: a full band holds fewer pages
+        than ``tokens`` need, or a window / chunked-local band's last page held (its row
+        is indexed by token page) ends before token ``tokens``."""
         table = self._table
         return any(table.rowlen[pol.band, slot] * pol.page_size < tokens
-                   for pol in self.geom.policies if not (pol.windowed or pol.per_request))
+                   for pol in self.geom.policies if not pol.per_request)
 
     def commit_decodes(self, rids: Sequence[int]) -> int:
         """:meth:`commit` of one token for each of ``rids`` (a decode batch), with their
