@@ -510,7 +510,12 @@ class PrefixCache:
         self.root = Node(0, None, 0, [], [[] for _ in self._fbands],
                          [[] for _ in self._wbands], {}, 0)
         self._clock = 0
-        self._version = 0
+        # The Evictor's version, a plain attribute (read on the chain memo's hot path):
+        # bumped by every change that may change the eviction order: a change of the
+        # tree, and a lock, unlock, touch or pin that changes some node's share of the
+        # order (a touch of a path only running hits lock, say, changes none and bumps
+        # nothing).
+        self.version = 0
         self.audit_walks = resolve_audit(audit)
         self.full_walks = 0
         # The incremental eviction order (see "Eviction order, kept incrementally" below).
@@ -530,29 +535,22 @@ class PrefixCache:
 
     # --- Evictor -------------------------------------------------------------------------
 
-    @property
-    def version(self) -> int:
-        """Bumped by every change that may change the eviction order: a change of the
-        tree, and a lock, unlock, touch or pin that changes some node's share of the order
-        (a touch of a path only running hits lock, say, changes none and bumps nothing)."""
-        return self._version
-
     def eviction_order(self) -> EvictionOrder:
         """The simulated LRU walk as cumulative pages per band: a lazy
         :class:`EvictionOrder` (cached by version) whose unit count and last row are the
         kept counters and whose rows are walked from the ready units only as far as they
         are asked for (O(k log nodes) for the first ``k``)."""
         published = self._published
-        if published is not None and published[0] == self._version:
+        if published is not None and published[0] == self.version:
             return published[1]
-        version = self._version
+        version = self.version
         walk: list[tuple[int, Node]] = []
         units = self._walk_iter()
 
         def grow(rows: list[tuple[int, ...]]) -> None:
-            if self._version != version:
+            if self.version != version:
                 raise PlanMismatchError(f"eviction order of cache version {version} asked for "
-                                        f"row {len(rows)} at version {self._version}")
+                                        f"row {len(rows)} at version {self.version}")
             step = next(units, None)
             if step is None:
                 raise PlanMismatchError(f"the ready units ran out after {len(walk)} units, "
@@ -819,7 +817,7 @@ class PrefixCache:
             node.lser = self._push(new_leaf, LEAF, node, old_leaf >= 0)
         if new_tails != old_tails:
             node.tser = self._push(new_tails, TAILS, node, old_tails >= 0)
-        self._version += 1
+        self.version += 1
         return True
 
     def _push(self, key: int, kind: int, node: Node, replaces: bool) -> int:
@@ -921,7 +919,7 @@ class PrefixCache:
             stack.extend(node.children.values())
 
     def _bump(self) -> None:
-        self._version += 1
+        self.version += 1
 
     def _tick(self) -> int:
         self._clock += 1
@@ -1375,7 +1373,7 @@ class PrefixCache:
                     total[band] += now - tw[k]
                     node.sig = (sig[0], sig[1], sig[2], sig[3], sig[4],
                                 (*tw[:k], now, *tw[k + 1:]), sig[6])
-                self._version += 1
+                self.version += 1
                 continue
             self._refresh(node)  # an unlocked node holds no pin; tails that were all pinned
 
