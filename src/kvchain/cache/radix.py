@@ -533,6 +533,32 @@ class PrefixCache:
         # hit resumes from, until copied): one mechanism for every tail a request reads.
         self._refs = [PageRefs() for _ in range(len(self._wbands) + 1)]
 
+    # --- Resume points ---------------------------------------------------------------------
+
+    def resume_points(self, whole_pages: int, hit: int = 0, matched: int = 0,
+                      ) -> tuple[tuple[int, ...], int]:
+        """The resume points a prompt of ``whole_pages`` whole pages saves in this cache,
+        and its junction point: ``(points, junction)``, in pages.
+
+        ``points`` is :func:`resume_points` under this cache's geometry, interval and
+        policy (sorted; empty on a chain that resumes at every page); ``junction`` is
+        :func:`junction_point` of a request resuming from ``hit`` pages whose keys share
+        ``matched`` pages with a cached path (0: none, junctions off, or ``matched <=
+        hit``, the default). Pure: nothing changes.
+
+        Raises:
+            InvalidRequestError: ``whole_pages``, ``hit`` or ``matched`` not an int >= 0.
+        """
+        for name, v in (("whole_pages", whole_pages), ("hit", hit), ("matched", matched)):
+            if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 0:
+                raise InvalidRequestError(f"resume_points: {name} must be an int >= 0, "
+                                          f"got {v!r}")
+        pts = resume_points(self.geom, whole_pages, self.interval_pages, self.policy)
+        if not self.junctions:
+            return pts, 0
+        return pts, junction_point(self.geom, hit, matched, whole_pages, pts,
+                                   self.junction_min_pages)
+
     # --- Evictor -------------------------------------------------------------------------
 
     def eviction_order(self) -> EvictionOrder:
