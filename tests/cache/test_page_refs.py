@@ -114,7 +114,7 @@ class TotalsForgottenCache(PrefixCache):
         for node in nodes:
             assert isinstance(node, Node)
             node.pins[k] -= 1
-        self._version += 1
+        self.version += 1
 
 
 def test_a_batch_unpin_that_forgets_the_order_is_caught_by_check_order() -> None:

@@ -47,7 +47,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import overload
+from typing import Final, overload
 
 from kvchain.errors import InvalidDemandError, PlanMismatchError
 from kvchain.layout import Anchor
@@ -464,7 +464,7 @@ class ChainSnapshot:
         return replace(self, bands=tuple(bands))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Demand:
     """Pages wanted per band, aligned with the chain's bands (low -> high).
 
@@ -473,6 +473,12 @@ class Demand:
     """
 
     pages: tuple[int, ...]
+
+    def __init__(self, pages: tuple[int, ...]) -> None:
+        """Store ``pages`` (pages per band; validated where priced, not here). The slot's
+        own setter replaces the frozen dataclass's ``object.__setattr__`` call: the same
+        object, built cheaper (the scheduler builds one per step)."""
+        _set_demand_pages(self, pages)
 
     @staticmethod
     def zeros(num_bands: int) -> Demand:
@@ -491,6 +497,9 @@ class Demand:
     def is_empty(self) -> bool:
         """True when no band wants a page."""
         return not any(self.pages)
+
+
+_set_demand_pages: Final = Demand.__dict__["pages"].__set__  # the slot's setter
 
 
 # --- plan actions -------------------------------------------------------------------------

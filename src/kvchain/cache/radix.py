@@ -510,7 +510,12 @@ class PrefixCache:
         self.root = Node(0, None, 0, [], [[] for _ in self._fbands],
                          [[] for _ in self._wbands], {}, 0)
         self._clock = 0
-        self._version = 0
+        # The Evictor's version, a plain attribute (read on the chain memo's hot path):
+        # bumped by every change that may change the eviction order: a change of the
+        # tree, and a lock, unlock, touch or pin that changes some node's share of the
+        # order (a touch of a path only running hits lock, say, changes none and bumps
+        # nothing).
+        self.version = 0
         self.audit_walks = resolve_audit(audit)
         self.full_walks = 0
         # The incremental eviction order (see "Eviction order, kept incrementally" below).
@@ -528,14 +533,33 @@ class PrefixCache:
         # hit resumes from, until copied): one mechanism for every tail a request reads.
         self._refs = [PageRefs() for _ in range(len(self._wbands) + 1)]
 
-    # --- Evictor -------------------------------------------------------------------------
+    # --- Resume points ---------------------------------------------------------------------
 
-    @property
-    def version(self) -> int:
-        """Bumped by every change that may change the eviction order: a change of the
-        tree, and a lock, unlock, touch or pin that changes some node's share of the order
-        (a touch of a path only running hits lock, say, changes none and bumps nothing)."""
-        return self._version
+    def resume_points(self, whole_pages: int, hit: int = 0, matched: int = 0,
+                      ) -> tuple[tuple[int, ...], int]:
+        """The resume points a prompt of ``whole_pages`` whole pages saves in this cache,
+        and its junction point: ``(points, junction)``, in pages.
+
+        ``points`` is :func:`resume_points` under this cache's geometry, interval and
+        policy (sorted; empty on a chain that resumes at every page); ``junction`` is
+        :func:`junction_point` of a request resuming from ``hit`` pages whose keys share
+        ``matched`` pages with a cached path (0: none, junctions off, or ``matched <=
+        hit``, the default). Pure: nothing changes.
+
+        Raises:
+            InvalidRequestError: ``whole_pages``, ``hit`` or ``matched`` not an int >= 0.
+        """
+        for name, v in (("whole_pages", whole_pages), ("hit", hit), ("matched", matched)):
+            if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 0:
+                raise InvalidRequestError(f"resume_points: {name} must be an int >= 0, "
+                                          f"got {v!r}")
+        pts = resume_points(self.geom, whole_pages, self.interval_pages, self.policy)
+        if not self.junctions:
+            return pts, 0
+        return pts, junction_point(self.geom, hit, matched, whole_pages, pts,
+                                   self.junction_min_pages)
+
+    # --- Evictor -------------------------------------------------------------------------
 
     def eviction_order(self) -> EvictionOrder:
         """The simulated LRU walk as cumulative pages per band: a lazy
@@ -543,16 +567,16 @@ class PrefixCache:
         kept counters and whose rows are walked from the ready units only as far as they
         are asked for (O(k log nodes) for the first ``k``)."""
         published = self._published
-        if published is not None and published[0] == self._version:
+        if published is not None and published[0] == self.version:
             return published[1]
-        version = self._version
+        version = self.version
         walk: list[tuple[int, Node]] = []
         units = self._walk_iter()
 
         def grow(rows: list[tuple[int, ...]]) -> None:
-            if self._version != version:
+            if self.version != version:
                 raise PlanMismatchError(f"eviction order of cache version {version} asked for "
-                                        f"row {len(rows)} at version {self._version}")
+                                        f"row {len(rows)} at version {self.version}")
             step = next(units, None)
             if step is None:
                 raise PlanMismatchError(f"the ready units ran out after {len(walk)} units, "
@@ -819,7 +843,7 @@ class PrefixCache:
             node.lser = self._push(new_leaf, LEAF, node, old_leaf >= 0)
         if new_tails != old_tails:
             node.tser = self._push(new_tails, TAILS, node, old_tails >= 0)
-        self._version += 1
+        self.version += 1
         return True
 
     def _push(self, key: int, kind: int, node: Node, replaces: bool) -> int:
@@ -921,7 +945,7 @@ class PrefixCache:
             stack.extend(node.children.values())
 
     def _bump(self) -> None:
-        self._version += 1
+        self.version += 1
 
     def _tick(self) -> int:
         self._clock += 1
@@ -1375,7 +1399,7 @@ class PrefixCache:
                     total[band] += now - tw[k]
                     node.sig = (sig[0], sig[1], sig[2], sig[3], sig[4],
                                 (*tw[:k], now, *tw[k + 1:]), sig[6])
-                self._version += 1
+                self.version += 1
                 continue
             self._refresh(node)  # an unlocked node holds no pin; tails that were all pinned
 

@@ -13,7 +13,7 @@ import numpy as np
 from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.snapshot import CopyPages
 from kvchain.bands.geometry import RequestGeometry
-from kvchain.cache.radix import Hit, Node, PrefixCache, junction_point, resume_points
+from kvchain.cache.radix import Hit, Node, PrefixCache
 from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError
 from kvchain.requests.cache_audit import audit_glue
 from kvchain.requests.cache_insert import prompt_offer, retained, take_adopted
@@ -84,8 +84,7 @@ class CacheGlue:
         """See :meth:`KVManager.points_for`."""
         if self.cache is None or not keys:
             return ()
-        pts = resume_points(self.cache.geom, len(keys), self.cache.interval_pages,
-                            self.cache.policy)
+        pts = self.cache.resume_points(len(keys))[0]
         if junction and junction not in pts:
             pts = tuple(sorted((*pts, junction)))
         return tuple(q for q in pts if q > after)
@@ -208,11 +207,7 @@ class CacheGlue:
         if hit.checkpoint >= 0 and handle is not None:
             self._copying.add(rid)
         if save_points:
-            junction = 0
-            own = self.points_for(keys)
-            if cache.junctions:
-                junction = junction_point(cache.geom, facts.cow_at, hit.matched, len(keys),
-                                          own, cache.junction_min_pages)
+            own, junction = cache.resume_points(len(keys), facts.cow_at, hit.matched)
             facts.points = self.points_for(keys, h, junction)
             if hit.gap and h < len(keys) and (junction == h or h in own):
                 # the state passes H at the gap's end (whose tails the cache holds): keep it
@@ -369,15 +364,22 @@ class CacheGlue:
         if not (shared or retain):
             self.chain.release(band, vids)
             return
-        out = []
-        kept = facts.kept.setdefault(band, {}) if retain else {}
-        for i, v in enumerate(vids.tolist(), first):
-            if i < shared:
-                continue  # the cache's page: the request stops reading it (unpin)
-            if i in retain:
-                kept[i] = v
-            else:
-                out.append(v)
+        # Page index first + j is vids[j]: the ones below ``shared`` are the cache's (the
+        # request stops reading them: unpin), the rest its own, kept or released (set
+        # operations over the page indices, not a loop per page).
+        lo = max(shared, first)
+        out = own = vids[lo - first:]
+        if retain:
+            kept = facts.kept.setdefault(band, {})
+            span = range(lo, lo + len(own))
+            if retain.issuperset(span):  # every page kept (a tail covering the window)
+                kept.update(zip(span, own.tolist(), strict=True))
+                out = own[:0]
+            elif not retain.isdisjoint(span):
+                idx = sorted(retain.intersection(span))  # kept, in page order
+                pos = np.array(idx, dtype=np.int64) - lo
+                kept.update(zip(idx, own[pos].tolist(), strict=True))
+                out = np.delete(own, pos)
         if first < shared and self.cache is not None and facts.handle is not None:
             self.cache.unpin_pages(band, vids[:shared - first])
         self.chain.release(band, out)

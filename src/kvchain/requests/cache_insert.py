@@ -47,13 +47,20 @@ def prompt_offer(geom: RequestGeometry, table: RequestTable, facts: CacheFacts, 
     reading: dict[int, list[int]] = {}
     for pol in geom.windows:
         band = pol.band
-        offer, read = windows[band], reading[band] = {}, []
+        offer: dict[int, int] = {}
+        read: list[int] = []
+        windows[band], reading[band] = offer, read
         first = int(table.first[band, slot])
-        for i, v in enumerate(table.live(band, slot).tolist(), first):
-            if h <= i < n:
-                offer[i] = v
-                read.append(i)
-        offer.update((i, v) for i, v in facts.kept.get(band, {}).items() if i < n)
+        live = table.live(band, slot)  # page index first + j is live[j]
+        lo, hi = max(h, first), min(n, first + len(live))
+        if lo < hi:
+            read.extend(range(lo, hi))
+            offer.update(zip(read, live[lo - first:hi - first].tolist(), strict=True))
+        kept = facts.kept.get(band)
+        if kept and max(kept) < n:  # every kept tail below n (the last insert): all of it
+            offer.update(kept)
+        elif kept:
+            offer.update((i, v) for i, v in kept.items() if i < n)
     return PromptOffer({band: table.live(band, slot)[:n].tolist() for band in geom.fulls},
                        windows, reading, {q: v for q, v in facts.ckpts.items() if q <= n})
 
@@ -68,16 +75,28 @@ def take_adopted(geom: RequestGeometry, table: RequestTable, facts: CacheFacts, 
         table.tables[band][slot, :n] = ad.full[band]
     for band, read in offer.reading.items():
         cached = ad.window[band]
-        for i in read:
-            table.tables[band][slot, i] = cached[i]
+        if read and read[-1] + 1 - read[0] == len(read):  # one run (prompt_offer's)
+            table.tables[band][slot, read[0]:read[-1] + 1] = cached[read[0]:read[-1] + 1]
+        elif read:
+            table.tables[band][slot, read] = [cached[i] for i in read]
     facts.handle = ad.handle
     table.shared[slot] = n
     facts.kept = {band: rest for band, kept in facts.kept.items()
-                  if (rest := {i: v for i, v in kept.items() if i >= n})}
+                  if (rest := _from(kept, n))}
     facts.ckpts = {q: v for q, v in facts.ckpts.items() if q > n}
     facts.points = tuple(q for q in facts.points if q > n)
     facts.tails = tail_spans(geom, facts.points, n) if facts.points else ()
     facts.retain = retained(geom, facts.tails)
+
+
+def _from(kept: dict[int, int], n: int) -> dict[int, int]:
+    """The entries of ``kept`` (page index -> id) at indices ``>= n`` (a new dict; one
+    C-level min/max scan decides the common all-or-none cases)."""
+    if not kept or max(kept) < n:
+        return {}
+    if min(kept) >= n:
+        return dict(kept)
+    return {i: v for i, v in kept.items() if i >= n}
 
 
 def retained(geom: RequestGeometry, tails: tuple[Spans, ...]) -> dict[int, frozenset[int]]:

@@ -1,4 +1,4 @@
-"""The prefix cache as the request layer sees it: the 10 methods and 5 attributes of
+"""The prefix cache as the request layer sees it: the 11 methods (and no attribute) of
 :class:`~kvchain.cache.radix.PrefixCache` that :class:`~kvchain.requests.cache_glue.CacheGlue`
 and :mod:`~kvchain.requests.cache_audit` call, and nothing else (docs/architecture.md,
 "The prefix cache as the request layer sees it"). The glue holds its cache as a
@@ -14,25 +14,20 @@ from typing import Protocol
 
 import numpy as np
 
-from kvchain.cache.radix import Adopted, CacheGeometry, Hit, Node, ResumePolicy
+from kvchain.cache.radix import Adopted, Hit, Node
 
 
 class CachePort(Protocol):
     """What the request layer calls of a prefix cache (units: pages unless said).
 
-    Attributes:
-        geom: the cache's geometry (bands, page size), for its resume points.
-        interval_pages: pages between two block resume points.
-        policy: which resume points a prompt saves.
-        junctions: whether a prompt saves a junction point where it leaves a cached path.
-        junction_min_pages: the least pages of a junction point.
+    Reads no attribute: the resume points (geometry, interval, policy, junctions) are the
+    cache's own computation, :meth:`resume_points`.
     """
 
-    geom: CacheGeometry
-    interval_pages: int
-    policy: ResumePolicy
-    junctions: bool
-    junction_min_pages: int
+    def resume_points(self, whole_pages: int, hit: int = 0, matched: int = 0,
+                      ) -> tuple[tuple[int, ...], int]:
+        """``(points, junction)`` a prompt of ``whole_pages`` pages saves (in pages)."""
+        ...
 
     def match(self, keys: Sequence[int], prompt_tokens: int, max_gap: int = 0) -> Hit:
         """Match page keys -> the hit (pure: nothing locked)."""
