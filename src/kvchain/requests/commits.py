@@ -12,6 +12,7 @@ the room.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -42,8 +43,8 @@ class Commits:
         geom: the chain's request geometry.
         chain: the allocator the released pages go back to.
         glue: the prefix cache's part (the insert at a commit, its pages at a release).
-        uncovered: ``uncovered(slot, tokens)``: whether a band that keeps every token
-            holds fewer pages than ``tokens`` need in row ``slot`` (the manager's check).
+        uncovered: ``uncovered(slot, tokens)``: whether a page band's row ``slot`` ends
+            before ``tokens`` (the manager's check, truthy when it does).
         keep_window_tail: release the window tail only at :meth:`reclaim_window_pages`
             (and :meth:`free`), not at every commit.
 
@@ -57,7 +58,7 @@ class Commits:
     """
 
     def __init__(self, rows: Rows, geom: RequestGeometry, chain: Allocator, glue: CacheGlue,
-                 uncovered: Callable[[int, int], bool], keep_window_tail: bool = False) -> None:
+                 uncovered: Callable[[int, int], Any], keep_window_tail: bool = False) -> None:
         check_tail_strategy(glue.cache is not None, keep_window_tail)
         self._rows, self._geom, self._chain, self._glue = rows, geom, chain, glue
         self._uncovered = uncovered

@@ -15,6 +15,7 @@ cache's part (hits, resume points, the prompt's insert) is
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -732,13 +733,17 @@ class KVManager:
         """:meth:`Commits.commit <kvchain.requests.commits.Commits.commit>` (its errors)."""
         return self.commits.commit(rid, tokens)
 
-    def _uncovered(self, slot: int, tokens: int) -> bool:
+    def _uncovered(self, slots: int | np.ndarray, tokens: int | np.ndarray) -> Any:
         """Whether a page band's row ends before ``tokens``: a full band holds fewer pages
         than ``tokens`` need, or a window / chunked-local band's last page held (its row
-        is indexed by token page) ends before token ``tokens``."""
-        table = self._table
-        return any(table.rowlen[pol.band, slot] * pol.page_size < tokens
-                   for pol in self.geom.policies if not pol.per_request)
+        is indexed by token page) ends before token ``tokens``. One row (``slots`` an int:
+        a bool) or many (int64 ``[n]`` rows and tokens: a bool ``[n]`` mask)."""
+        rowlen = self._table.rowlen
+        short: Any = False
+        for pol in self.geom.policies:
+            if not pol.per_request:
+                short = short | (rowlen[pol.band][slots] * pol.page_size < tokens)
+        return short
 
     def commit_decodes(self, rids: Sequence[int]) -> int:
         """:meth:`commit` of one token for each of ``rids`` (a decode batch), with their
@@ -770,13 +775,10 @@ class KVManager:
         else:  # a request named c times commits c tokens: check its last one
             _, inverse, counts = np.unique(slots, return_inverse=True, return_counts=True)
             n = table.tokens[slots] + counts[inverse]
-        for pol in self.geom.policies:
-            if not (pol.windowed or pol.per_request):
-                short = table.rowlen[pol.band][slots] * pol.page_size < n
-                if short.any():
-                    rid = ids[int(short.nonzero()[0][0])]
-                    raise InvalidDemandError(f"request {rid}: 1 token not covered by its "
-                                             f"pages")
+        short = self._uncovered(slots, n)
+        if short.any():
+            rid = ids[int(short.nonzero()[0][0])]
+            raise InvalidDemandError(f"request {rid}: 1 token not covered by its pages")
         # every request checked: the one-by-one paths below cannot fail half-way
         if (self.commits.keep_window_tail or not unique
                 or self._glue.may_insert(ids)):

@@ -1,0 +1,44 @@
+"""A commit must not run past the pages a request holds, in every page band: an
+all-window chain once accepted ``commit(0, 100)`` on one 16-token page (the check looked
+only at bands that keep every token), and its decodes after that ran with no page."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvchain.alloc.chain import Chain
+from kvchain.errors import InvalidDemandError
+from kvchain.layout import plan_layout
+from kvchain.model.declared import declared_class
+from kvchain.model.layers import LifetimeClass as LC
+from kvchain.requests.manager import KVManager
+
+
+def _window_only() -> KVManager:
+    # one 48-token window band, 16-token pages
+    return KVManager(Chain(plan_layout([declared_class(LC.WINDOW, 1_000, 48)], 500_000, 16)))
+
+
+def test_a_commit_past_the_window_pages_held_is_refused() -> None:
+    kv = _window_only()
+    kv.allocate([(0, 16)])  # one page: tokens [0, 16)
+    before = (kv.tokens(0), kv.held(0), kv.chain.epoch)
+    with pytest.raises(InvalidDemandError, match="not covered"):
+        kv.commit(0, 17)  # token 16 is on page 1, not held
+    with pytest.raises(InvalidDemandError, match="not covered"):
+        kv.commit(0, 100)
+    assert (kv.tokens(0), kv.held(0), kv.chain.epoch) == before
+    assert kv.commit(0, 16) == 0 and kv.tokens(0) == 16  # exactly the page: accepted
+    with pytest.raises(InvalidDemandError, match="not covered"):
+        kv.commit_decodes([0])  # the 17th token needs page 1, not allocated
+    assert kv.tokens(0) == 16
+    kv.audit()
+
+
+def test_a_decode_after_its_allocation_is_accepted() -> None:
+    kv = _window_only()
+    kv.allocate([(0, 16)])
+    kv.commit(0, 16)
+    kv.allocate([(0, 1)])  # page 1
+    assert kv.commit_decodes([0]) == 0 and kv.tokens(0) == 17
+    kv.audit()
