@@ -29,6 +29,8 @@ Policies (stated and tested):
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -330,8 +332,10 @@ class Scheduler:
             True if queued, False if rejected (an ``REJECTED`` event says why).
 
         Raises:
-            InvalidRequestError: a duplicate id.
+            InvalidRequestError: a duplicate id, or ``now`` not a finite time >= 0 (s);
+                nothing changes.
         """
+        _check_time(now)
         if request.rid in self.requests:
             raise InvalidRequestError(f"duplicate request id {request.rid}")
         self.requests[request.rid] = request
@@ -412,7 +416,12 @@ class Scheduler:
     def schedule(self, now: float) -> ScheduledStep:
         """Decide this step's decodes and prefill chunks (no allocation yet), and build its
         one :class:`~kvchain.requests.plan.StepPlan` from the demands admission computed
-        (:meth:`_plan_step`: validated and priced once)."""
+        (:meth:`_plan_step`: validated and priced once).
+
+        Raises:
+            InvalidRequestError: ``now`` not a finite time >= 0 (s); nothing changes.
+        """
+        _check_time(now)
         kv = self.kv
         snap, decode_demands = self._decode_check(now)
         step = ScheduledStep(decode_demands)
@@ -1436,3 +1445,15 @@ def _band_cap_refusal(empty: ChainSnapshot, need: Demand) -> str | None:
             return (f"its {d:,} {b.label} pages pass the {b.cap - b.live:,} that band can "
                     f"ever hold (its pool or index space)")
     return None
+
+
+def _check_time(now: object) -> None:
+    """Refuse a clock reading that is not a finite number of seconds >= 0 (a bool, NaN,
+    infinity or a negative time would order events wrongly or never end a wait).
+
+    Raises:
+        InvalidRequestError: as above.
+    """
+    if (isinstance(now, bool) or not isinstance(now, numbers.Real)
+            or not math.isfinite(now) or now < 0):
+        raise InvalidRequestError(f"time must be a finite number of seconds >= 0, got {now!r}")
