@@ -42,3 +42,14 @@ def test_a_decode_after_its_allocation_is_accepted() -> None:
     kv.allocate([(0, 1)])  # page 1
     assert kv.commit_decodes([0]) == 0 and kv.tokens(0) == 17
     kv.audit()
+
+
+@pytest.mark.parametrize("tokens", [1.5, True, 1.0, -1, "1", None], ids=repr)
+def test_a_commit_of_a_non_int_or_negative_count_is_refused(tokens: object) -> None:
+    # a float was truncated (commit(0, 1.5) added 1 token) and a bool counted as 1
+    kv = _window_only()
+    kv.allocate([(0, 16)])
+    with pytest.raises(InvalidDemandError, match="tokens must be"):
+        kv.commit(0, tokens)  # type: ignore[arg-type]
+    assert kv.tokens(0) == 0
+    assert kv.commit(0, 2) == 0 and kv.tokens(0) == 2

@@ -77,15 +77,19 @@ class Commits:
 
         Raises:
             UnknownRequestError: ``rid`` holds no pages.
-            InvalidDemandError: ``tokens < 0``, or the pages held do not cover the new
-                tokens (nothing changes).
+            InvalidDemandError: ``tokens`` not an int (a bool, a float) or ``< 0``, or the
+                pages held do not cover the new tokens (nothing changes).
         """
+        if type(tokens) is not int and not isinstance(tokens, np.integer):
+            raise InvalidDemandError(f"request {rid}: tokens must be an int, got {tokens!r}")
+        if tokens < 0:
+            raise InvalidDemandError(f"request {rid}: tokens must be >= 0, got {tokens}")
         facts = self._rows.of(rid)
         table = self._rows.table
         slot = facts.slot
         now = int(table.tokens[slot])
         new_tokens = now + tokens
-        if tokens < 0 or self._uncovered(slot, new_tokens):
+        if self._uncovered(slot, new_tokens):
             raise InvalidDemandError(f"request {rid}: {tokens} tokens not covered by its pages")
         self._glue.count_junction(facts, now, new_tokens)
         facts.gap = 0  # a partial hit's gap was run by this chunk
