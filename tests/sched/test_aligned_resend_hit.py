@@ -112,3 +112,26 @@ def test_planted_cap_at_the_last_page_leaves_no_token() -> None:
     kv.free(0)
     assert kv.attach(1, keys, 16) == 16  # L - 16 = 0 tokens left to compute
     assert _resend("state|full", 8, 16, cache=_NoTokenLeft) == (0, (0, 16, 0, 16))
+
+
+class _EndPointOnly(PrefixCache):
+    """Planted defect: the round-9 points (the prompt's length not passed on: no resend
+    point)."""
+
+    def resume_points(self, whole_pages: int, hit: int = 0, matched: int = 0,
+                      prompt_tokens: int | None = None) -> tuple[tuple[int, ...], int]:
+        return super().resume_points(whole_pages, hit, matched)
+
+
+@pytest.mark.parametrize("chain", CHAINS)
+@pytest.mark.parametrize(("interval", "prompt", "partial", "hit", "chunk"), [
+    (8, 16, False, 8, (8, 8, 0, 8)),
+    (8, 8, False, 0, (0, 8, 0, 8)),
+    (8, 16, True, 8, (12, 4, 4, 8)),
+])
+def test_planted_end_point_only_gives_the_round_9_values(
+        chain: str, interval: int, prompt: int, partial: bool, hit: int,
+        chunk: tuple[int, int, int, int]) -> None:
+    """The sibling of the three rows the resend point moved: without it they fall back to
+    round 9's values (module docstring): the checkpoint below the cap is the interval's."""
+    assert _resend(chain, interval, prompt, partial, _EndPointOnly) == (hit, chunk)

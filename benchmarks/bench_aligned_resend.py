@@ -1,0 +1,62 @@
+"""Block-aligned prompts and their resend point: what the prefix cache's figures do on
+memory-bound slices (docs/benchmarks.md, "Block-aligned prompts and their resend point
+(round 10)").
+
+Setup: ``benchmarks/bench_capacity.py``'s (first ``--requests`` requests, arrivals x
+``--rate-scale``, the buffer ``buffer_for`` sizes so memory binds, H200 cost model, default
+scheduler), kvchain only, prefix cache on (the Mooncake trace carries content keys).
+Prints one line per model/trace: prompts that are block-aligned (``L mod 16 = 0``), hit
+rate, hit tokens, TTFT p50, steps, pages copied, state checkpoints saved. Run it on two
+trees to compare them, e.g.::
+
+    PYTHONPATH=/path/to/old/src python benchmarks/bench_aligned_resend.py
+    python benchmarks/bench_aligned_resend.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench_capacity import buffer_for
+
+import kvchain
+from kvchain.catalog import load_model
+from kvchain.gpu import get_gpu
+from kvchain.sim.engine import SimConfig, simulate
+from kvchain.sim.traces import load_trace
+
+PAIRS = ("gpt-oss-120b:mooncake", "qwen3-next-80b-a3b:mooncake", "jamba-v0.1:mooncake",
+         "jet-nemotron-2b:mooncake", "gemma-3-27b:mooncake")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=150)
+    parser.add_argument("--rate-scale", type=float, default=8.0)
+    parser.add_argument("--concurrency", type=int, default=12)
+    parser.add_argument("--pairs", default=",".join(PAIRS), help="model:trace,...")
+    args = parser.parse_args()
+    print(f"# kvchain from {kvchain.__file__}", file=sys.stderr)
+    print("| model / trace | aligned prompts | hit rate (%) | hit tokens | TTFT p50 (ms) | "
+          "steps | pages copied | checkpoints saved |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for pair in args.pairs.split(","):
+        name, trace_name = pair.split(":")
+        model = load_model(name)
+        trace = load_trace(trace_name, first=args.requests, rate_scale=args.rate_scale)
+        aligned = sum(1 for r in trace.requests if r.prompt_tokens % 16 == 0)
+        cfg = SimConfig(model, get_gpu("h200"), trace,
+                        buffer_bytes=buffer_for(model, trace, args.concurrency))
+        r = simulate(cfg)
+        s, pc = r.summary, r.prefix_cache
+        assert pc is not None
+        rate = 100 * pc.hit_tokens / pc.prompt_tokens if pc.prompt_tokens else 0.0
+        ttft = 1000 * s.ttft.p50_s if s.ttft else float("nan")
+        print(f"| {name} / {trace_name} | {aligned} / {len(trace.requests)} | {rate:.2f} | "
+              f"{pc.hit_tokens:,} | {ttft:,.1f} | {s.steps:,} | "
+              f"{r.chain_stats.pages_copied:,} | {pc.checkpoints_saved:,} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
