@@ -376,9 +376,9 @@ def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
     rule (:meth:`PrefixCache.dead_full_page_ids`, the ``LEAF`` order) reads: every full
     page below a checkpoint can hit. The cost is one more checkpoint slot and one more
     window page per windowed band (the tails at ``n - 1`` and ``n`` overlap) per aligned
-    prompt, and, on a state chain, one more prefill chunk cut (the state is written at
-    ``(n - 1) P``). ``SPACED``'s budget places the interval points; the resend point is
-    one slot beyond it.
+    prompt (no chunk cut: the forward writes the state at ``(n - 1) P`` inside the chunk
+    that passes it, as at every other point). ``SPACED``'s budget places the interval
+    points; the resend point is one slot beyond it.
 
     ``SPACED`` with a budget of ``C`` points (:func:`spaced_budget` of the prompt) with ``L``
     interval boundaries: all of them when ``L <= C - 1``; otherwise every ``K``-th counted
