@@ -8,7 +8,9 @@ scheduler), kvchain only, prefix cache on (the Mooncake trace carries content ke
 Prints one line per model/trace: prompts that are block-aligned (``L mod 16 = 0``), hit
 rate, hit tokens, TTFT p50, steps, pages copied, state checkpoints saved. With
 ``--resend-after S`` every request is sent again, identical, ``S`` seconds after its
-arrival (a retry or a regenerate): the case a block-aligned prompt's resend point serves.
+arrival (a retry or a regenerate): the case a block-aligned prompt's resend point serves;
+``--aligned-only`` keeps only the slice's block-aligned prompts (their resends then hit
+as deep as the cache allows, nothing else competing).
 Run it on two trees to compare them, e.g.::
 
     PYTHONPATH=/path/to/old/src python benchmarks/bench_aligned_resend.py
@@ -53,6 +55,8 @@ def main() -> None:
     parser.add_argument("--pairs", default=",".join(PAIRS), help="model:trace,...")
     parser.add_argument("--resend-after", type=float, default=None,
                         help="send every request again this many seconds later")
+    parser.add_argument("--aligned-only", action="store_true",
+                        help="keep only the block-aligned prompts of the slice")
     args = parser.parse_args()
     print(f"# kvchain from {kvchain.__file__}", file=sys.stderr)
     print("| model / trace | aligned prompts | hit rate (%) | hit tokens | TTFT p50 (ms) | "
@@ -62,6 +66,10 @@ def main() -> None:
         name, trace_name = pair.split(":")
         model = load_model(name)
         trace = load_trace(trace_name, first=args.requests, rate_scale=args.rate_scale)
+        if args.aligned_only:
+            trace = Trace(f"{trace.name}-aligned", tuple(
+                r for r in trace.requests if r.prompt_tokens % 16 == 0), trace.source,
+                trace.license, block_tokens=trace.block_tokens)
         if args.resend_after is not None:
             trace = with_resends(trace, args.resend_after)
         aligned = sum(1 for r in trace.requests if r.prompt_tokens % 16 == 0)
