@@ -113,11 +113,13 @@ def test_two_window_sizes_hit_where_both_tails_are():
     # Pages kept per band. Full: 375 shared + 8 x 125 own = 1,375. W = 128: request 0's
     # 15 points <= 480 and 500, 8 pages each = 128 (88 of them at the 11 points <= 352 on
     # the shared path); request 1 adds the junction's [367, 375) and 5 points in its own
-    # part (40); each of the other 6 its own 40: 128 + 48 + 240 = 416. W = 1,024: request 0
+    # part (40); each of the other 6 its own 40: 128 + 48 + 240 = 416; and every prompt
+    # (8,000 = 500 x 16 tokens: block-aligned) keeps its resend point 499, whose tail
+    # [491, 499) adds page 491 to the tail [492, 500) of 500: 416 + 8 = 424. W = 1,024: request 0
     # keeps [0, 480) u [436, 500) = all 500; every later one its own part [375, 500) (125
     # pages; request 1's [352, 375) duplicates the cache's and is released): 500 + 7 x 125.
     held = cache.held_counts
-    assert (held[b["full"]], held[b["w128"]], held[b["w1024"]]) == (1375, 416, 1375)
+    assert (held[b["full"]], held[b["w128"]], held[b["w1024"]]) == (1375, 424, 1375)
 
 
 def test_a_window_and_a_chunked_local_band_hit_where_both_tails_are():
@@ -138,9 +140,10 @@ def test_a_window_and_a_chunked_local_band_hit_where_both_tails_are():
     # Local pages kept: request 0 [0, 96) u [128, 224) u [256, 352) u [384, 500) = 404
     # (its points 96, 224, 352, 480 and 500; 128, 256 and 384 keep none); request 1 the
     # junction's [352, 375) and its own [384, 500): 23 + 116; the 6 others 116 each:
-    # 404 + 139 + 696 = 1,239.
+    # 404 + 139 + 696 = 1,239 (the resend point 499's tail [384, 499) is inside the one
+    # of 500). W = 128: 424, as in the test above.
     held = cache.held_counts
-    assert (held[b["full"]], held[b["w128"]], held[b["c2048"]]) == (1375, 416, 1239)
+    assert (held[b["full"]], held[b["w128"]], held[b["c2048"]]) == (1375, 424, 1239)
 
 
 def test_the_same_trace_on_one_window_band_hits_the_same():

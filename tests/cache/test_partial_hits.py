@@ -11,6 +11,7 @@ Layouts: qwen3-next-80b-a3b at 16 GiB (state S = 39,518,208 B, full E = 393,216 
 page, P = 16 tokens); a declared full + window + state chain. Spaced points of an
 8,000-token prompt (500 whole pages, interval 32 pages) on qwen3-next at 16 GiB:
 ``C = min(6, 4) = 4`` points, ``K = ceil(15 / 3) = 5``: 160, 320, 480, 500 pages
+(and 499, the resend point of a block-aligned prompt: 8,000 = 500 x 16 tokens)
 (tests/cache/test_spaced_checkpoints.py derives them).
 """
 
@@ -103,7 +104,8 @@ def test_shared_system_prompt_partial_hit_reuses_the_gap_pages():
     # second output token (position 8,000) = 126, against [320, 501) = 181 for the hit
     # at C: the 55 gap pages are the cache's. Its state slots: the working one, and
     # checkpoints at 375 (the junction: from C, 375 - 320 = 55 >= 32 pages; the state
-    # passes H at the gap's end), 480 and 500: 4 either way. One chunk: 2,000 tokens after
+    # passes H at the gap's end), 480, 499 (the resend point: 8,000 = 500 x 16 tokens is
+    # block-aligned) and 500: 5 either way. One chunk: 2,000 tokens after
     # recomputing 880 (the junction at H needs no cut). Requests 2..7 hit the junction at
     # 375 whole: 6,000 tokens, no gap. Hit tokens count C for request 1 (compute saved).
     sched = qwen_scheduler(partial=True)
@@ -112,7 +114,7 @@ def test_shared_system_prompt_partial_hit_reuses_the_gap_pages():
     assert chunks[1] == [(2000, 880)]
     assert chunks[2] == [(2000, 0)]
     state, full = 0, 1
-    assert taken[1][full] == 126 and taken[1][state] == 4
+    assert taken[1][full] == 126 and taken[1][state] == 5
     assert taken[2][full] == 126 - 0  # [375, 501): an ordinary hit at 375
     c = sched.counters
     assert (c.partial_hits, c.partial_tokens) == (1, 880)
@@ -122,17 +124,17 @@ def test_shared_system_prompt_partial_hit_reuses_the_gap_pages():
 def test_without_partial_hits_the_hit_stops_at_the_checkpoint():
     # The default: request 1 hits C = 320 pages and recomputes [320, 375) as its own
     # prefill (the junction cut: 880, then 2,000 tokens), taking [320, 501) = 181 full
-    # pages.
+    # pages and 5 state slots (as above).
     sched = qwen_scheduler(partial=False)
     hits, chunks, taken = serve(sched, SHARED)
     assert hits == [0, 5120] + [6000] * 6
     assert chunks[1] == [(880, 0), (2000, 0)]
-    assert taken[1][1] == 181 and taken[1][0] == 4
+    assert taken[1][1] == 181 and taken[1][0] == 5
     assert (sched.counters.partial_hits, sched.counters.partial_tokens) == (0, 0)
 
 
 def test_a_partial_hit_from_a_fresh_state():
-    # ends placement (points 480, 500 only): request 1 has no checkpoint at or below 375,
+    # ends placement (points 480, 499, 500 only): request 1 has no checkpoint at or below 375,
     # so C = 0: the partial hit shares 375 pages and recomputes all 6,000 tokens from a
     # fresh state (no copy); its full pages are 126 instead of 501.
     sched = qwen_scheduler(True, policy=ResumePolicy.ENDS, chunk=8192)
@@ -157,8 +159,9 @@ def test_a_gap_past_the_chunk_is_shortened():
 # --- the audit: a request resumes at a checkpoint it really has ---------------------------
 
 def attached_manager():  # type: ignore[no-untyped-def]
-    """Request 0 (8,000 tokens, spaced points 160, 320, 480, 500) inserted; request 1
-    (6,000 shared) attached with partial hits: H = 375, C = 320."""
+    """Request 0 (8,000 tokens, spaced points 160, 320, 480, 500 and its resend point
+    499) inserted; request 1 (6,000 shared) attached with partial hits: H = 375, C =
+    320."""
     sched = qwen_scheduler(partial=False)
     serve(sched, SHARED[:1])
     kv = sched.kv
@@ -172,7 +175,7 @@ def test_the_attach_of_a_partial_hit():
     assert hit == 6000 and view.tokens == 6000 and view.shared == 375
     assert kv.recompute_tokens(1) == 880 and kv.hit_tokens(1) == 5120
     assert kv.partial_tokens(1) == 880
-    assert view.cow_src >= 0 and view.points == (375, 480, 500)
+    assert view.cow_src >= 0 and view.points == (375, 480, 499, 500)
     kv.audit()  # consistent: 320 x 16 + 880 = 6,000 and the cache has 320's checkpoint
     kv.detach(1)
     kv.audit()

@@ -17,7 +17,9 @@ keyed by their first page's key. Per lifetime class a node holds (see
 
 Resume points of a prompt of ``n`` whole pages (:func:`resume_points`): every
 ``interval`` tokens (a content-block boundary: 512 tokens in the Mooncake traces, where
-later turns resume) and the prompt's last whole-page boundary ``nP``; plus, by default,
+later turns resume) and the prompt's last whole-page boundary ``nP``; for a block-aligned
+prompt (``L = nP`` tokens) also its *resend point* ``n - 1`` (:func:`resend_point`: a hit
+leaves one token to compute, so its own resend resumes at most there); plus, by default,
 a *junction* where the prompt leaves a cached path past its hit (:func:`junction_point`,
 found by the match: ``Hit.matched``). A hit ends at the
 longest prefix every class can resume from: full pages present (always, on the path);
@@ -333,12 +335,50 @@ def _take_run(pages: dict[int, int], lo: int, hi: int) -> tuple[list[int], int]:
     return ids, sum(1 for v in ids if v >= 0)
 
 
+def resend_point(page_size: int, whole_pages: int, prompt_tokens: int) -> int:
+    """The deepest page count a resend of the same prompt can hit, in pages:
+    ``min(n, (L - 1) // P)`` for a prompt of ``L`` tokens whose keys cover ``n`` whole
+    pages (``nP <= L``). A hit always leaves at least one token to compute (the logits of
+    the next token; :meth:`PrefixCache.match` caps it at ``(L - 1) // P`` pages, as vLLM
+    and SGLang cap a full-prompt hit at ``L - 1`` tokens), so this is ``n`` except for a
+    block-aligned prompt (``L = nP``), where it is ``n - 1``.
+
+    Example: ``P = 16``, ``L = 1,008`` (63 pages): 62 (992 tokens); ``L = 1,009``: 63.
+
+    Raises:
+        InvalidRequestError: ``prompt_tokens`` below ``whole_pages * page_size`` (keys for
+            more pages than the prompt has), or a count that is not an int.
+    """
+    for name, v in (("whole_pages", whole_pages), ("prompt_tokens", prompt_tokens)):
+        if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 0:
+            raise InvalidRequestError(f"resend_point: {name} must be an int >= 0, got {v!r}")
+    if prompt_tokens < whole_pages * page_size:
+        raise InvalidRequestError(f"resend_point: {whole_pages} whole pages of {page_size} "
+                                  f"tokens for a prompt of {prompt_tokens} tokens")
+    return min(int(whole_pages), max(0, (int(prompt_tokens) - 1) // page_size))
+
+
 def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
-                  policy: ResumePolicy = ResumePolicy.BLOCKS) -> tuple[int, ...]:
+                  policy: ResumePolicy = ResumePolicy.BLOCKS,
+                  prompt_tokens: int | None = None) -> tuple[int, ...]:
     """Page counts where a cached prompt of ``whole_pages`` pages keeps window tails and
     state checkpoints, sorted: every ``interval_pages`` pages (``BLOCKS``; ``ENDS``: only
-    the last of them; ``SPACED``: see below; ``AUTO``: as :meth:`ResumePolicy.resolve`) and
-    ``whole_pages`` itself.
+    the last of them; ``SPACED``: see below; ``AUTO``: as :meth:`ResumePolicy.resolve`),
+    ``whole_pages`` itself and, given the prompt's length ``prompt_tokens``, its
+    :func:`resend_point` (``whole_pages - 1`` for a block-aligned prompt, else
+    ``whole_pages`` again: nothing added).
+
+    Why the resend point as well as the last page, not instead of it (docs/prefix-cache.md,
+    "A block-aligned prompt and its resend"): the point ``n`` serves every prompt that
+    extends this one (a conversation's next turn, whose hit may reach past ``n``), the
+    point ``n - 1`` the prompt's own resend, which can never resume at ``n``. Keeping
+    ``n`` also keeps a cached prompt's last point at its node's end, which the dead-page
+    rule (:meth:`PrefixCache.dead_full_page_ids`, the ``LEAF`` order) reads: every full
+    page below a checkpoint can hit. The cost is one more checkpoint slot and one more
+    window page per windowed band (the tails at ``n - 1`` and ``n`` overlap) per aligned
+    prompt (no chunk cut: the forward writes the state at ``(n - 1) P`` inside the chunk
+    that passes it, as at every other point). ``SPACED``'s budget places the interval
+    points; the resend point is one slot beyond it.
 
     ``SPACED`` with a budget of ``C`` points (:func:`spaced_budget` of the prompt) with ``L``
     interval boundaries: all of them when ``L <= C - 1``; otherwise every ``K``-th counted
@@ -348,7 +388,12 @@ def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
     500.
 
     Empty on a chain without a window/local or state band (every page boundary resumes).
+
+    Raises:
+        InvalidRequestError: as :func:`resend_point`.
     """
+    resend = (whole_pages if prompt_tokens is None
+              else resend_point(geom.page_size, whole_pages, prompt_tokens))
     if not geom.windows and geom.state is None:
         return ()
     resolved = ResumePolicy(policy).resolve(geom)
@@ -363,6 +408,8 @@ def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,
         pts = list(range(interval_pages, whole_pages + 1, interval_pages))
     if whole_pages and (not pts or pts[-1] != whole_pages):
         pts.append(whole_pages)
+    if 0 < resend < whole_pages and resend not in pts:
+        pts.insert(len(pts) - 1, resend)  # just below the last page: still sorted
     return tuple(pts)
 
 
@@ -536,24 +583,29 @@ class PrefixCache:
     # --- Resume points ---------------------------------------------------------------------
 
     def resume_points(self, whole_pages: int, hit: int = 0, matched: int = 0,
-                      ) -> tuple[tuple[int, ...], int]:
+                      prompt_tokens: int | None = None) -> tuple[tuple[int, ...], int]:
         """The resume points a prompt of ``whole_pages`` whole pages saves in this cache,
         and its junction point: ``(points, junction)``, in pages.
 
         ``points`` is :func:`resume_points` under this cache's geometry, interval and
-        policy (sorted; empty on a chain that resumes at every page); ``junction`` is
+        policy (sorted; empty on a chain that resumes at every page), with the prompt's
+        :func:`resend_point` when its length ``prompt_tokens`` is given (the request layer
+        always gives it: without it a block-aligned prompt's own resend cannot resume
+        deeper than its last interval point); ``junction`` is
         :func:`junction_point` of a request resuming from ``hit`` pages whose keys share
         ``matched`` pages with a cached path (0: none, junctions off, or ``matched <=
         hit``, the default). Pure: nothing changes.
 
         Raises:
-            InvalidRequestError: ``whole_pages``, ``hit`` or ``matched`` not an int >= 0.
+            InvalidRequestError: ``whole_pages``, ``hit`` or ``matched`` not an int >= 0;
+                a ``prompt_tokens`` refused by :func:`resend_point`.
         """
         for name, v in (("whole_pages", whole_pages), ("hit", hit), ("matched", matched)):
             if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 0:
                 raise InvalidRequestError(f"resume_points: {name} must be an int >= 0, "
                                           f"got {v!r}")
-        pts = resume_points(self.geom, whole_pages, self.interval_pages, self.policy)
+        pts = resume_points(self.geom, whole_pages, self.interval_pages, self.policy,
+                            prompt_tokens)
         if not self.junctions:
             return pts, 0
         return pts, junction_point(self.geom, hit, matched, whole_pages, pts,

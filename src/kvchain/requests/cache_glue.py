@@ -79,12 +79,15 @@ class CacheGlue:
 
     # --- queries -----------------------------------------------------------------------------
 
-    def points_for(self, keys: Sequence[int] | None, after: int = 0,
+    def points_for(self, keys: Sequence[int] | None, prompt_tokens: int, after: int = 0,
                    junction: int = 0) -> tuple[int, ...]:
-        """See :meth:`KVManager.points_for`."""
+        """See :meth:`KVManager.points_for`. ``prompt_tokens`` (the prompt's length ``L``)
+        is required: a block-aligned prompt keeps its resend point ``len(keys) - 1`` too
+        (:func:`~kvchain.cache.radix.resend_point`), and the demand a caller counts for
+        the points must be the points the request saves."""
         if self.cache is None or not keys:
             return ()
-        pts = self.cache.resume_points(len(keys))[0]
+        pts = self.cache.resume_points(len(keys), prompt_tokens=prompt_tokens)[0]
         if junction and junction not in pts:
             pts = tuple(sorted((*pts, junction)))
         return tuple(q for q in pts if q > after)
@@ -207,8 +210,9 @@ class CacheGlue:
         if hit.checkpoint >= 0 and handle is not None:
             self._copying.add(rid)
         if save_points:
-            own, junction = cache.resume_points(len(keys), facts.cow_at, hit.matched)
-            facts.points = self.points_for(keys, h, junction)
+            own, junction = cache.resume_points(len(keys), facts.cow_at, hit.matched,
+                                                prompt_tokens)
+            facts.points = self.points_for(keys, prompt_tokens, h, junction)
             if hit.gap and h < len(keys) and (junction == h or h in own):
                 # the state passes H at the gap's end (whose tails the cache holds): keep it
                 # (for the insert at its prefill's end; a prompt cached whole has none)

@@ -25,7 +25,7 @@ class CachePort(Protocol):
     """
 
     def resume_points(self, whole_pages: int, hit: int = 0, matched: int = 0,
-                      ) -> tuple[tuple[int, ...], int]:
+                      prompt_tokens: int | None = None) -> tuple[tuple[int, ...], int]:
         """``(points, junction)`` a prompt of ``whole_pages`` pages saves (in pages)."""
         ...
 

@@ -192,10 +192,11 @@ class KVManager:
 
     # --- prefix cache (:class:`CacheGlue`, :class:`Attach`) ----------------------------------
 
-    def points_for(self, keys: Sequence[int] | None, after: int = 0,
+    def points_for(self, keys: Sequence[int] | None, prompt_tokens: int, after: int = 0,
                    junction: int = 0) -> tuple[int, ...]:
-        """:meth:`CacheGlue.points_for`: resume points a request with these keys saves."""
-        return self._glue.points_for(keys, after, junction)
+        """:meth:`CacheGlue.points_for`: resume points a request with these keys and a
+        prompt of ``prompt_tokens`` tokens saves."""
+        return self._glue.points_for(keys, prompt_tokens, after, junction)
 
     def cached_tokens(self, keys: Sequence[int], prompt_tokens: int) -> int:
         """:meth:`CacheGlue.cached_tokens`: tokens a prompt would hit now (a pure match)."""

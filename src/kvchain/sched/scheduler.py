@@ -358,7 +358,7 @@ class Scheduler:
             # the never-fits check (capped at the context) let it wait forever.
             request.max_tokens = context - request.prompt_tokens  # >= output_tokens here
         need = self._lifetime_demand(request.prompt_tokens, request.output_limit)
-        points = self.kv.points_for(request.page_keys)
+        points = self.kv.points_for(request.page_keys, request.prompt_tokens)
         if points and self._fits_empty(need) and not self._fits_empty(
                 self._lifetime_demand(request.prompt_tokens, request.output_limit, points)):
             self._no_points.add(request.rid)  # its checkpoints could never fit: none kept
@@ -539,7 +539,8 @@ class Scheduler:
         # Its own resume points past the hit (those at or below it are on the locked path,
         # in ``extra`` already).
         h = hit // self.kv.geom.page_size
-        own = tuple(q for q in self.kv.points_for(r.page_keys) if q > h) if save else ()
+        own = (tuple(q for q in self.kv.points_for(r.page_keys, r.prompt_tokens) if q > h)
+               if save else ())
         if hit and not self._fits_empty(self._lifetime_demand(
                 r.prompt_tokens, r.output_limit, own).plus(extra)):
             # Alone with its hit it could never finish: the hit path's window tails and
@@ -573,8 +574,9 @@ class Scheduler:
             return
         keys, page = r.page_keys, self.kv.geom.page_size
         save = r.rid not in self._no_points
-        lifetime = self._lifetime_demand(r.prompt_tokens, r.output_limit,
-                                         self.kv.points_for(keys) if save else ())
+        lifetime = self._lifetime_demand(
+            r.prompt_tokens, r.output_limit,
+            self.kv.points_for(keys, r.prompt_tokens) if save else ())
         plan = cache.plan_load(keys, r.prompt_tokens)
         deepest = plan.host_pages if plan is not None else 0
         while plan is not None:

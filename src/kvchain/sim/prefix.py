@@ -173,7 +173,11 @@ def host_interval_tokens(trace: Trace, geom: CacheGeometry, interval_tokens: int
     checkpoint budget of :func:`kvchain.cache.radix.spaced_budget`), a split by the plain
     interval leaves ``K - 1`` of every ``K`` state slots empty while the full pages run out
     (qwen3-next-80b-a3b at 16 GiB: a checkpoint slot is 39.5 MB, three intervals' full
-    pages). ``BLOCKS`` (every interval) gives the plain interval.
+    pages). ``BLOCKS`` (every interval) gives the plain interval. A block-aligned
+    prompt's resend point (:func:`~kvchain.cache.radix.resend_point`, one page below its
+    last) is left out of the count on purpose: it adds one slot a page from another, no
+    spacing, and counting it would shorten the interval of a trace by how many of its
+    prompts happen to end on a page boundary.
 
     Raises:
         InvalidRequestError: as :func:`~kvchain.cache.radix.resume_points`.
