@@ -1,8 +1,9 @@
 """Prefix-cache hits by the kind of resume point they resume from (docs/benchmarks.md,
 "Prefix cache on every window band (round 5)": the jet-nemotron-2b spaced-vs-ends reading).
 
-A prompt's resume points are of four kinds: its last whole page (``end``), its last
-content-block boundary (``last_block``), a junction where it left a cached path
+A prompt's resume points are of five kinds: its last whole page (``end``), a block-aligned
+prompt's resend point ``(L - 1) // P`` (``resend``, so that its own resend can hit), its
+last content-block boundary (``last_block``), a junction where it left a cached path
 (``junction``), or an earlier block boundary that only ``spaced`` (or ``blocks``) keeps
 (``mid``). This runs the first ``N`` Mooncake requests on a model (H200 cost model) in a
 buffer of ``B`` bytes with ``--cache-points`` ``P`` and counts, per kind, the checkpoints
@@ -35,16 +36,22 @@ from kvchain.sim.traces import load_trace
 Glue = cache_glue.CacheGlue
 
 
-def point_kinds(glue: Any, keys: tuple[int, ...], facts: Any) -> dict[int, str]:
-    """The kind of each of the request's resume points (page counts)."""
+def point_kinds(glue: Any, keys: tuple[int, ...], facts: Any, prompt_tokens: int
+                ) -> dict[int, str]:
+    """The kind of each of the request's resume points (page counts): its last page
+    (``end``), a block-aligned prompt's resend point ``(L - 1) // P`` (``resend``), a
+    junction, the last interval boundary, or one before it (``mid``)."""
     cache = glue.cache
     n, interval = len(keys), cache.interval_pages
     junction = facts.cut // glue.geom.page_size
-    own = set(resume_points(cache.geom, n, interval, cache.policy))
+    resend = (prompt_tokens - 1) // glue.geom.page_size
+    own = set(resume_points(cache.geom, n, interval, cache.policy, prompt_tokens))
     kinds = {}
     for q in facts.points:
         if q == n:
             kinds[q] = "end"
+        elif q == resend and q in own and q % interval:
+            kinds[q] = "resend"
         elif q not in own and q == junction:
             kinds[q] = "junction"
         elif q == (n // interval) * interval:
@@ -67,7 +74,7 @@ def main(points: str = "spaced", n: int = 600, buffer: int = 17_179_869_184,
     def attach_(self: Any, rid: int, facts: Any, keys: tuple[int, ...], *a: Any) -> int:
         h = attach(self, rid, facts, keys, *a)
         if self.cache is not None and keys:
-            planned[rid] = (tuple(keys), point_kinds(self, keys, facts))
+            planned[rid] = (tuple(keys), point_kinds(self, keys, facts, a[0]))
             hit_of[rid] = h
         return h
 
@@ -104,7 +111,7 @@ def main(points: str = "spaced", n: int = 600, buffer: int = 17_179_869_184,
     print(f"{model}, {n} Mooncake requests, {buffer:,} B, --cache-points {points}: hit rate "
           f"{100 * pc.hit_rate:.2f} %, {pc.cow_state_copies} hits, {pc.checkpoints_saved} "
           f"checkpoints saved, evicted {pc.evicted_pages}")
-    for kind in ("end", "last_block", "junction", "mid", "?"):
+    for kind in ("end", "resend", "last_block", "junction", "mid", "?"):
         if saved[kind] or hits[kind]:
             print(f"  {kind:10s} inserted {saved[kind]:5d}  hits {hits[kind]:4d}  "
                   f"hit tokens {hit_tokens[kind]:,}")

@@ -54,7 +54,8 @@ def filled(seed: int = 0) -> tuple[Chain, PrefixCache]:
             16, 3000))]
         keys = page_keys_from_tokens(tokens, PAGE)
         n = len(keys)
-        tails = sorted({i for q in resume_points(g, n, cache.interval_pages)
+        tails = sorted({i for q in resume_points(g, n, cache.interval_pages, cache.policy,
+                                                    len(tokens))
                         for i in tail_pages(g, q)[g.window]})  # type: ignore[index]
         demand = [0, 0]
         demand[g.full] = n  # type: ignore[index]
