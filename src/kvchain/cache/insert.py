@@ -1,0 +1,168 @@
+"""Inserting a prompt's pages into the radix tree (:meth:`InsertMixin.insert`): the full
+pages of every full band, the window tails and checkpoints it offers at its resume points,
+and the duplicates the request must release (the cache keeps one copy of each page).
+
+Walks and splits the path (:mod:`kvchain.cache.tree`), keeps the held page counters, and
+leaves the eviction order's recount of the changed nodes to :meth:`InsertMixin.insert`
+(or to the facade's ``adopt``, which locks the path first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from kvchain.cache.nodes import Node, _shared_run, _take_run
+from kvchain.cache.tree import TreeMixin
+from kvchain.errors import InvalidRequestError
+
+
+class InsertMixin(TreeMixin):
+    """Insert over the cache's tree."""
+
+    # --- insert ------------------------------------------------------------------------
+
+    def _full_lists(self, full: Sequence[int] | Mapping[int, Sequence[int]],
+                    n: int) -> list[Sequence[int]]:
+        """The offered full pages as one id list per full band (``Node.full``'s order).
+
+        ``full`` is either a mapping full band -> ids of pages ``[0, n)`` naming every full
+        band, or (a chain with at most one full band) that band's ids as a plain sequence.
+
+        Raises:
+            InvalidRequestError: a plain sequence on a chain with several full bands, a
+                mapping that does not name exactly the full bands, or (with a full band)
+                a list whose length is not ``n`` (nothing changes).
+        """
+        fb = self._fbands
+        if isinstance(full, Mapping):
+            if set(full) != set(fb):
+                raise InvalidRequestError(f"full pages offered for bands {sorted(full)}; the "
+                                          f"full-attention bands are {list(fb)}")
+            lists = [full[band] for band in fb]
+        elif len(fb) > 1:
+            raise InvalidRequestError(f"one full page list offered on a chain with "
+                                      f"{len(fb)} full-attention bands {list(fb)}: pass "
+                                      f"one per band (band -> ids)")
+        else:
+            lists = [full] if fb else []
+        for band, ids in zip(fb, lists, strict=True):
+            if len(ids) != n:
+                raise InvalidRequestError(f"full band {band}: {len(ids)} page ids for "
+                                          f"{n} pages")
+        return lists
+
+    def insert(self, keys: Sequence[int], shared: int,
+               full: Sequence[int] | Mapping[int, Sequence[int]],
+               window: Mapping[int, Mapping[int, int]],
+               ckpts: Mapping[int, int]) -> list[list[int]]:
+        """Insert a finished prompt's pages; return, per band, the request's duplicates the
+        caller must release (the cache keeps one copy of each page).
+
+        Args:
+            keys: the prompt's page keys, pages ``[0, n)``.
+            shared: pages ``[0, shared)`` are already the cache's (the request's hit).
+            full: per full-attention band (band index -> ids), the ids of pages
+                ``[0, n)`` (entries below ``shared`` are the cache's own); on a chain with
+                at most one full band, that band's ids alone may be passed (a sequence;
+                ignored without a full band).
+            window: per window or chunked-local band (by band index; a band left out
+                offers none), the pages the request offers there, page index -> id
+                (indices >= shared).
+            ckpts: state checkpoints the request offers, page count -> slot id.
+
+        Raises:
+            InvalidRequestError: ``window`` names a band that is not a window band, or
+                ``full`` does not fit the full bands (:meth:`_full_lists`; nothing
+                changes).
+        """
+        dups, changed = self._insert(keys, shared, full, window, ckpts)
+        for c in changed:  # the path and the new node (its parent is the path's last)
+            self._refresh(c)
+        self._bump()
+        return dups
+
+    def _insert(self, keys: Sequence[int], shared: int,
+                full: Sequence[int] | Mapping[int, Sequence[int]],
+                window: Mapping[int, Mapping[int, int]],
+                ckpts: Mapping[int, int]) -> tuple[list[list[int]], list[Node]]:
+        """:meth:`insert` without recounting the eviction order: the duplicates per band
+        and the nodes whose share of the order the caller must recount
+        (:meth:`_refresh`) before anything reads it.
+
+        Raises:
+            InvalidRequestError: as :meth:`insert` (nothing changes).
+        """
+        g = self.geom
+        n = len(keys)
+        if not set(window) <= set(self._wbands):
+            raise InvalidRequestError(f"window pages offered for bands {sorted(window)}; "
+                                      f"the window bands are {list(self._wbands)}")
+        fulls = self._full_lists(full, n)
+        dups: list[list[int]] = [[] for _ in range(g.num_bands)]
+        kept = [0] * g.num_bands  # pages the cache takes, per band (held_counts)
+        now = self._tick()
+        offered = [dict(window.get(band, {})) for band in self._wbands]
+        ckpts = dict(ckpts)
+        node, pos = self.root, 0
+        changed: list[Node] = []
+        while pos < n:
+            child = node.children.get(keys[pos])
+            if child is None:
+                break
+            run = child.keys
+            j = _shared_run(run, keys, pos)
+            if j < len(run):
+                child = self._split(child, pos + j)
+            changed.append(child)
+            child.time = now
+            for band, ids in zip(self._fbands, fulls, strict=True):
+                dups[band].extend(ids[max(pos, shared):pos + j])
+            for k, (band, pages) in enumerate(zip(self._wbands, offered, strict=True)):
+                if not pages:
+                    continue
+                win = child.win[k]
+                # only the offered pages in this node, ascending (not every page of it:
+                # a later chunk's insert passes the whole path before it)
+                for i in sorted(i for i in pages if pos <= i < pos + j):
+                    v = pages.pop(i)
+                    if v < 0:
+                        continue
+                    if win[i - pos] < 0:
+                        win[i - pos] = v
+                        child.win_live[k] += 1
+                        child.tail_time = now
+                        kept[band] += 1
+                    else:
+                        dups[band].append(v)
+            if g.state is not None:
+                for p in [p for p in ckpts if pos < p <= pos + j]:
+                    v = ckpts.pop(p)
+                    if p in child.ckpts:
+                        dups[g.state].append(v)
+                    else:
+                        child.ckpts[p] = v
+                        child.tail_time = now
+                        kept[g.state] += 1
+            node, pos = child, pos + j
+        if pos < n:
+            runs = [_take_run(pages, pos, n) for pages in offered]
+            new = Node(self._new_id(), node, pos, list(keys[pos:n]),
+                       [list(ids[pos:n]) for ids in fulls], [ids for ids, _ in runs],
+                       {p: ckpts.pop(p) for p in [p for p in ckpts if pos < p <= n]}, now,
+                       [live for _, live in runs])
+            node.children[keys[pos]] = new
+            changed.append(new)
+            for band, ids in zip(self._fbands, new.full, strict=True):
+                kept[band] += len(ids)
+            for band, live in zip(self._wbands, new.win_live, strict=True):
+                kept[band] += live
+            if g.state is not None:
+                kept[g.state] += len(new.ckpts)
+        for b, k in enumerate(kept):
+            self._held[b] += k
+        for band, pages in zip(self._wbands, offered, strict=True):
+            dups[band].extend(pages.values())
+        if g.state is not None:
+            dups[g.state].extend(ckpts.values())
+        return dups, changed
+
