@@ -37,6 +37,17 @@ def _check_pins(name: str, want: Iterable[_K], have: Mapping[_K, int]) -> None:
 
 
 
+def _path_counts(handles: Sequence[Node]) -> dict[int, int]:
+    """Node id -> how many of the paths root..handle of ``handles`` pass through it."""
+    count: dict[int, int] = {}
+    for h in handles:
+        n: Node | None = h
+        while n is not None and n.nid:
+            count[n.nid] = count.get(n.nid, 0) + 1
+            n = n.parent
+    return count
+
+
 class AuditMixin(PinsMixin):
     """The audit and the tree's counts over the cache's state, order and pins."""
 
@@ -205,65 +216,70 @@ class AuditMixin(PinsMixin):
         if pins is not None:
             _check_pins("window page", pins[0], self.pinned()[0])
             _check_pins("checkpoint", pins[1], self._refs[-1].items())
+        expected = _path_counts([*handles, *prompt_handles])
+        texpected = _path_counts(handles)
         wpins = cpins = 0
-        expected: dict[int, int] = {}
-        texpected: dict[int, int] = {}
-        for h in [*handles, *prompt_handles]:
-            n: Node | None = h
-            while n is not None and n.nid:
-                expected[n.nid] = expected.get(n.nid, 0) + 1
-                n = n.parent
-        for h in handles:
-            n = h
-            while n is not None and n.nid:
-                texpected[n.nid] = texpected.get(n.nid, 0) + 1
-                n = n.parent
         for node in self.nodes():
-            parent = node.parent
-            if parent is None or parent.children.get(node.keys[0]) is not node:
-                raise AuditError(f"node {node.nid}: not its parent's child")
-            if node.start != parent.end and parent.nid:
-                raise AuditError(f"node {node.nid}: starts at {node.start}, parent ends at "
-                                 f"{parent.end}")
-            if not node.keys:
-                raise AuditError(f"node {node.nid}: empty")
-            if len(node.full) != len(self._fbands) or any(
-                    len(ids) != len(node.keys) for ids in node.full):
-                raise AuditError(f"node {node.nid}: full pages per band "
-                                 f"{[len(ids) for ids in node.full]} for {len(node.keys)} "
-                                 f"keys and {len(self._fbands)} full bands")
-            if len(node.win) != len(self._wbands) or any(
-                    len(win) != len(node.keys) or live != sum(1 for v in win if v >= 0)
-                    for win, live in zip(node.win, node.win_live, strict=False)):
-                raise AuditError(f"node {node.nid}: window pages miscounted")
-            if any(not node.start < p <= node.end for p in node.ckpts):
-                raise AuditError(f"node {node.nid}: a checkpoint outside its pages")
-            if node.lock != expected.get(node.nid, 0) or node.tlock != texpected.get(node.nid, 0):
-                raise AuditError(f"node {node.nid}: lock {node.lock} (hits {node.tlock}), "
-                                 f"{expected.get(node.nid, 0)} running requests pass through it "
-                                 f"({texpected.get(node.nid, 0)} hits)")
-            if node.time < max((c.time for c in node.children.values()), default=0):
-                raise AuditError(f"node {node.nid}: older than a child")
-            if node.tail_time > node.time:
-                raise AuditError(f"node {node.nid}: tail time {node.tail_time} after its time "
-                                 f"{node.time}")
-            wp = [sum(1 for v in win if v >= 0 and refs.of(v))
-                  for win, refs in zip(node.win, self._refs, strict=False)]
-            for win, refs in zip([*node.win, list(node.ckpts.values())], self._refs,
-                                 strict=True):
-                if any(refs.of(v) and refs.node[v] is not node for v in win if v >= 0):
-                    raise AuditError(f"node {node.nid}: a read window page is recorded at "
-                                     f"another node")
-            cp = sum(1 for v in node.ckpts.values() if self._refs[-1].of(v))
-            if [*wp, cp] != node.pins:
-                raise AuditError(f"node {node.nid}: pins counted {node.pins}, "
-                                 f"held ({wp}, {cp})")
-            if (any(wp) or cp) and not node.lock:
-                raise AuditError(f"node {node.nid}: pinned pages on an unlocked node")
-            wpins += sum(wp)
+            wp, cp = self._check_node(node, expected.get(node.nid, 0),
+                                      texpected.get(node.nid, 0))
+            wpins += wp
             cpins += cp
         npins = sum(len(refs) for refs in self._refs[:-1])
         if (wpins, cpins) != (npins, len(self._refs[-1])):
             raise AuditError(f"{npins} window pages and {len(self._refs[-1])} checkpoints "
                              f"pinned, {wpins} and {cpins} found in the tree")
         self.check_order()
+
+    def _check_node(self, node: Node, locks: int, tlocks: int) -> tuple[int, int]:
+        """One node's invariants for :meth:`audit`: linked to its parent, contiguous with
+        it, not empty, one full id per key per full band, its present window pages
+        counted, its checkpoints inside its pages, ``locks`` running requests (``tlocks`` of
+        them hit locks) passing through it, no younger than its children, its tail time
+        no later than its time, and its pins equal to the read pages it holds; returns
+        its pinned ``(window pages, checkpoints)``.
+
+        Raises:
+            AuditError: naming what is wrong.
+        """
+        parent = node.parent
+        if parent is None or parent.children.get(node.keys[0]) is not node:
+            raise AuditError(f"node {node.nid}: not its parent's child")
+        if node.start != parent.end and parent.nid:
+            raise AuditError(f"node {node.nid}: starts at {node.start}, parent ends at "
+                             f"{parent.end}")
+        if not node.keys:
+            raise AuditError(f"node {node.nid}: empty")
+        if len(node.full) != len(self._fbands) or any(
+                len(ids) != len(node.keys) for ids in node.full):
+            raise AuditError(f"node {node.nid}: full pages per band "
+                             f"{[len(ids) for ids in node.full]} for {len(node.keys)} "
+                             f"keys and {len(self._fbands)} full bands")
+        if len(node.win) != len(self._wbands) or any(
+                len(win) != len(node.keys) or live != sum(1 for v in win if v >= 0)
+                for win, live in zip(node.win, node.win_live, strict=False)):
+            raise AuditError(f"node {node.nid}: window pages miscounted")
+        if any(not node.start < p <= node.end for p in node.ckpts):
+            raise AuditError(f"node {node.nid}: a checkpoint outside its pages")
+        if node.lock != locks or node.tlock != tlocks:
+            raise AuditError(f"node {node.nid}: lock {node.lock} (hits {node.tlock}), "
+                             f"{locks} running requests pass through it "
+                             f"({tlocks} hits)")
+        if node.time < max((c.time for c in node.children.values()), default=0):
+            raise AuditError(f"node {node.nid}: older than a child")
+        if node.tail_time > node.time:
+            raise AuditError(f"node {node.nid}: tail time {node.tail_time} after its time "
+                             f"{node.time}")
+        wp = [sum(1 for v in win if v >= 0 and refs.of(v))
+              for win, refs in zip(node.win, self._refs, strict=False)]
+        for win, refs in zip([*node.win, list(node.ckpts.values())], self._refs,
+                             strict=True):
+            if any(refs.of(v) and refs.node[v] is not node for v in win if v >= 0):
+                raise AuditError(f"node {node.nid}: a read window page is recorded at "
+                                 f"another node")
+        cp = sum(1 for v in node.ckpts.values() if self._refs[-1].of(v))
+        if [*wp, cp] != node.pins:
+            raise AuditError(f"node {node.nid}: pins counted {node.pins}, "
+                             f"held ({wp}, {cp})")
+        if (any(wp) or cp) and not node.lock:
+            raise AuditError(f"node {node.nid}: pinned pages on an unlocked node")
+        return sum(wp), cp

@@ -26,7 +26,8 @@ class CacheCore:
     """The state of a prefix cache (its arguments and errors:
     :class:`~kvchain.cache.radix.PrefixCache`, which is this state with the operations of
     :mod:`kvchain.cache.order`, :mod:`~kvchain.cache.tree`, :mod:`~kvchain.cache.insert`,
-    :mod:`~kvchain.cache.pins` and :mod:`~kvchain.cache.audit` over it)."""
+    :mod:`~kvchain.cache.pins`, :mod:`~kvchain.cache.audit` and :mod:`~kvchain.cache.evict`
+    over it)."""
 
     def __init__(self, geom: CacheGeometry, interval_tokens: int = 512,
                  policy: ResumePolicy = ResumePolicy.BLOCKS, junctions: bool = True,

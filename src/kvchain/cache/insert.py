@@ -117,47 +117,10 @@ class InsertMixin(TreeMixin):
             child.time = now
             for band, ids in zip(self._fbands, fulls, strict=True):
                 dups[band].extend(ids[max(pos, shared):pos + j])
-            for k, (band, pages) in enumerate(zip(self._wbands, offered, strict=True)):
-                if not pages:
-                    continue
-                win = child.win[k]
-                # only the offered pages in this node, ascending (not every page of it:
-                # a later chunk's insert passes the whole path before it)
-                for i in sorted(i for i in pages if pos <= i < pos + j):
-                    v = pages.pop(i)
-                    if v < 0:
-                        continue
-                    if win[i - pos] < 0:
-                        win[i - pos] = v
-                        child.win_live[k] += 1
-                        child.tail_time = now
-                        kept[band] += 1
-                    else:
-                        dups[band].append(v)
-            if g.state is not None:
-                for p in [p for p in ckpts if pos < p <= pos + j]:
-                    v = ckpts.pop(p)
-                    if p in child.ckpts:
-                        dups[g.state].append(v)
-                    else:
-                        child.ckpts[p] = v
-                        child.tail_time = now
-                        kept[g.state] += 1
+            self._fill(child, pos + j, offered, ckpts, now, dups, kept)
             node, pos = child, pos + j
         if pos < n:
-            runs = [_take_run(pages, pos, n) for pages in offered]
-            new = Node(self._new_id(), node, pos, list(keys[pos:n]),
-                       [list(ids[pos:n]) for ids in fulls], [ids for ids, _ in runs],
-                       {p: ckpts.pop(p) for p in [p for p in ckpts if pos < p <= n]}, now,
-                       [live for _, live in runs])
-            node.children[keys[pos]] = new
-            changed.append(new)
-            for band, ids in zip(self._fbands, new.full, strict=True):
-                kept[band] += len(ids)
-            for band, live in zip(self._wbands, new.win_live, strict=True):
-                kept[band] += live
-            if g.state is not None:
-                kept[g.state] += len(new.ckpts)
+            changed.append(self._new_child(node, keys, fulls, offered, ckpts, now, kept))
         for b, k in enumerate(kept):
             self._held[b] += k
         for band, pages in zip(self._wbands, offered, strict=True):
@@ -166,3 +129,91 @@ class InsertMixin(TreeMixin):
             dups[g.state].extend(ckpts.values())
         return dups, changed
 
+
+    def _fill(self, child: Node, end: int, offered: list[dict[int, int]],
+              ckpts: dict[int, int], now: int, dups: list[list[int]],
+              kept: list[int]) -> None:
+        """Take into the existing node ``child`` (its pages ``[child.start, end)`` on the
+        inserted path) the offered window pages and checkpoints it lacks, popping each
+        offer it sees out of ``offered`` / ``ckpts``: a page or checkpoint it already holds
+        goes to ``dups`` (per band), one it takes counts in ``kept`` and gives ``child``
+        the insert's time ``now`` as its tail time."""
+        g = self.geom
+        pos = child.start
+        for k, (band, pages) in enumerate(zip(self._wbands, offered, strict=True)):
+            if not pages:
+                continue
+            win = child.win[k]
+            # only the offered pages in this node, ascending (not every page of it:
+            # a later chunk's insert passes the whole path before it)
+            for i in sorted(i for i in pages if pos <= i < end):
+                v = pages.pop(i)
+                if v < 0:
+                    continue
+                if win[i - pos] < 0:
+                    win[i - pos] = v
+                    child.win_live[k] += 1
+                    child.tail_time = now
+                    kept[band] += 1
+                else:
+                    dups[band].append(v)
+        if g.state is not None:
+            for p in [p for p in ckpts if pos < p <= end]:
+                v = ckpts.pop(p)
+                if p in child.ckpts:
+                    dups[g.state].append(v)
+                else:
+                    child.ckpts[p] = v
+                    child.tail_time = now
+                    kept[g.state] += 1
+
+    def _new_child(self, node: Node, keys: Sequence[int], fulls: list[Sequence[int]],
+                   offered: list[dict[int, int]], ckpts: dict[int, int], now: int,
+                   kept: list[int]) -> Node:
+        """A new child of ``node`` (the path's last) for pages ``[node.end, len(keys))``:
+        its full pages from ``fulls``, the offered window pages and checkpoints in its
+        range (popped out of ``offered`` / ``ckpts``), time ``now``; counts what it holds
+        in ``kept`` (per band) and returns it."""
+        g = self.geom
+        pos, n = node.end, len(keys)
+        runs = [_take_run(pages, pos, n) for pages in offered]
+        new = Node(self._new_id(), node, pos, list(keys[pos:n]),
+                   [list(ids[pos:n]) for ids in fulls], [ids for ids, _ in runs],
+                   {p: ckpts.pop(p) for p in [p for p in ckpts if pos < p <= n]}, now,
+                   [live for _, live in runs])
+        node.children[keys[pos]] = new
+        for band, ids in zip(self._fbands, new.full, strict=True):
+            kept[band] += len(ids)
+        for band, live in zip(self._wbands, new.win_live, strict=True):
+            kept[band] += live
+        if g.state is not None:
+            kept[g.state] += len(new.ckpts)
+        return new
+
+    def _prompt_lock(self, keys: Sequence[int], own: int,
+                     ) -> tuple[Node | None, list[list[int]], list[list[int]]]:
+        """Right after :meth:`insert` of ``keys`` (``n`` pages): take a prompt lock (full
+        pages only) on the path of pages ``[0, n)``, give the nodes past the request's own
+        start ``own`` the insert's time as their tail time, and recount each node of the
+        path once. Returns the path's last node (``None`` for ``n = 0``: nothing locked)
+        and, per full band and per window band, the cache's ids of pages ``[0, n)`` (-1
+        where a window page is absent)."""
+        n = len(keys)
+        full_ids: list[list[int]] = [[] for _ in self._fbands]
+        win_ids: list[list[int]] = [[] for _ in self._wbands]
+        if not n:
+            return None, full_ids, win_ids
+        path, m = self._path(keys)
+        assert m == n and path[-1][0].end == n  # insert split the path at n
+        now = self._clock  # the insert's tick: every node of the path has it as time
+        for node, _ in path:
+            if node.end > own:
+                node.tail_time = now
+            for ids, full in zip(full_ids, node.full, strict=True):
+                ids.extend(full)
+            for ids, win in zip(win_ids, node.win, strict=True):
+                ids.extend(win)
+            node.lock += 1  # the prompt lock (:meth:`lock` without tails)
+        for node, _ in path:  # its new tail time and lock recounted once
+            self._refresh(node)
+        return path[-1][0], full_ids, win_ids

@@ -1,14 +1,14 @@
-"""The eviction order of the prefix cache, kept incrementally, and eviction itself (the
-chain's :class:`~kvchain.alloc.evictor.Evictor` side of
-:class:`~kvchain.cache.radix.PrefixCache`).
+"""The eviction order of the prefix cache, kept incrementally (the chain's
+:class:`~kvchain.alloc.evictor.Evictor` reads it as the evictable supply).
 
 Owns the two kinds of unit (:data:`LEAF`, :data:`TAILS`) and their walk keys (dead leaves
 first, then :data:`LIVE`, then :data:`IN_USE`: the rules in :mod:`kvchain.cache.radix`'s
 overview), each node's share of the order (its signature, recounted by
-:meth:`OrderMixin._refresh`, which moves the kept totals and the ready heap), the
+:meth:`OrderMixin._refresh`, which moves the kept totals and the ready heap), and the
 published lazy :class:`~kvchain.alloc.snapshot.EvictionOrder` (the simulated walk,
-:meth:`OrderMixin.eviction_order`) and :meth:`OrderMixin.evict`, which frees its first
-units. The whole-tree rebuild that checks it is :mod:`kvchain.cache.audit`'s.
+:meth:`OrderMixin.eviction_order`). Freeing its first units is
+:mod:`kvchain.cache.evict`'s; the whole-tree rebuild that checks it,
+:mod:`kvchain.cache.audit`'s.
 """
 
 from __future__ import annotations
@@ -27,8 +27,25 @@ IN_USE = 1 << 62  # walk time offset of a locked node's tails: after every unloc
 LIVE = 1 << 61  # walk time offset of every unit that can still hit: after every dead leaf
 
 
+#: An entry of the ready heap: (walk key, kind, node id, serial, node).
+Entry = tuple[int, int, int, int, Node]
+
+
+def _pop_scan(scan: list[tuple[Entry, int]], ready: list[Entry], size: int) -> Entry:
+    """The least entry of the heap ``ready`` (its first ``size`` entries) read in order
+    without changing it: ``scan`` is a heap of ``(entry, index)`` holding the frontier;
+    the popped entry's heap children join it."""
+    entry, i = heapq.heappop(scan)
+    j = 2 * i + 1
+    if j < size:
+        heapq.heappush(scan, (ready[j], j))
+        if j + 1 < size:
+            heapq.heappush(scan, (ready[j + 1], j + 1))
+    return entry
+
+
 class OrderMixin(CacheCore):
-    """The incremental eviction order and ``evict`` over a :class:`CacheCore`."""
+    """The incremental eviction order over a :class:`CacheCore`."""
 
     # --- Evictor -------------------------------------------------------------------------
 
@@ -198,32 +215,21 @@ class OrderMixin(CacheCore):
         ready = self._ready
         size = len(ready)
         heappush, heappop = heapq.heappush, heapq.heappop
-        scan: list[tuple[tuple[int, int, int, int, Node], int]] = [(ready[0], 0)] if ready \
-            else []
-        joined: list[tuple[int, int, int, int, Node]] = []
+        scan: list[tuple[Entry, int]] = [(ready[0], 0)] if ready else []
+        joined: list[Entry] = []
         left: dict[int, int] = {}
         dropped: set[int] = set()
         gone: set[int] = set()
         leaves: set[int] = set()  # unlocked nodes that became leaves during the walk
-
-        def pop_scan() -> tuple[int, int, int, int, Node]:
-            """The least entry of the heap read in order; its heap children join the scan."""
-            entry, i = heappop(scan)
-            j = 2 * i + 1
-            if j < size:
-                heappush(scan, (ready[j], j))
-                if j + 1 < size:
-                    heappush(scan, (ready[j + 1], j + 1))
-            return entry
 
         while True:
             while scan:  # skip stale entries, reading their children in the heap
                 e = scan[0][0]
                 if (e[4].lser if e[1] == LEAF else e[4].tser) == e[3]:
                     break
-                pop_scan()
+                _pop_scan(scan, ready, size)
             if scan and (not joined or scan[0][0] < joined[0]):
-                e = pop_scan()
+                e = _pop_scan(scan, ready, size)
             elif joined:
                 e = heappop(joined)
             else:

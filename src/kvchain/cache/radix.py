@@ -263,26 +263,8 @@ class PrefixCache(InsertMixin, EvictMixin):
             use the cache's copy) and the request's duplicates to release.
         """
         dups = self.insert(keys, shared, full, window, ckpts)
-        n = len(keys)
         own = shared if own_from is None else own_from
-        new: Node | None = None
-        full_ids: list[list[int]] = [[] for _ in self._fbands]
-        win_ids: list[list[int]] = [[] for _ in self._wbands]
-        if n:
-            path, m = self._path(keys)
-            assert m == n and path[-1][0].end == n  # insert split the path at n
-            now = self._clock  # the insert's tick: every node of the path has it as time
-            for node, _ in path:
-                if node.end > own:
-                    node.tail_time = now
-                for ids, full in zip(full_ids, node.full, strict=True):
-                    ids.extend(full)
-                for ids, win in zip(win_ids, node.win, strict=True):
-                    ids.extend(win)
-                node.lock += 1  # the prompt lock (:meth:`lock` without tails)
-            new = path[-1][0]
-            for node, _ in path:  # its new tail time and lock recounted once
-                self._refresh(node)
+        new, full_ids, win_ids = self._prompt_lock(keys, own)
         if new is not None:
             for band, pages in reading.items():
                 self.pin_window(new, band, pages)

@@ -17,6 +17,19 @@ from kvchain.cache.order import OrderMixin
 from kvchain.errors import AuditError, InvalidRequestError, PlanMismatchError
 
 
+def _last_absent(win: list[int]) -> list[int]:
+    """Per page index ``i`` of a window band's ids ``win``, the largest index ``<= i`` whose
+    page is absent (-1 in ``win``), or -1 when none is: ``[2, -1, 5, 7]`` -> ``[-1, 1, 1,
+    1]``."""
+    out: list[int] = []
+    la = -1
+    for i, v in enumerate(win):
+        if v < 0:
+            la = i
+        out.append(la)
+    return out
+
+
 class TreeMixin(OrderMixin):
     """Match, split, lock, unlock and touch over the cache's state and order."""
 
@@ -98,34 +111,14 @@ class TreeMixin(OrderMixin):
         cap = min(m, (prompt_tokens - 1) // g.page_size)
         if cap <= 0:
             return Hit(0, None, matched=m) if m else MISS
-        fulls: list[list[int]] = [[] for _ in self._fbands]
-        wins: list[list[int]] = [[] for _ in self._wbands]
-        ckpt_at: dict[int, int] = {}
-        for node, j in path:
-            for full, ids in zip(fulls, node.full, strict=True):
-                full.extend(ids[:j])
-            for win, ids in zip(wins, node.win, strict=True):
-                win.extend(ids[:j])
-            if g.state is not None:
-                for p, v in node.ckpts.items():
-                    if p <= node.start + j:
-                        ckpt_at[p] = v
+        fulls, wins, ckpt_at = self._path_ids(path)
         if g.state is not None:
             candidates: Iterator[int] | list[int] = sorted(
                 (p for p in ckpt_at if p <= cap), reverse=True)
         else:
             candidates = iter(range(cap, 0, -1))
-        # Per window band, last_absent[i]: the largest index <= i whose page is absent, or
-        # -1; the hit is the deepest candidate at which every band holds its whole tail.
-        absent: list[list[int]] = []
-        for win in wins:
-            last_absent: list[int] = []
-            la = -1
-            for i, v in enumerate(win):
-                if v < 0:
-                    la = i
-                last_absent.append(la)
-            absent.append(last_absent)
+        # The hit is the deepest candidate at which every band holds its whole tail.
+        absent = [_last_absent(win) for win in wins]
         pols = g.windows
 
         def tails_at(t: int) -> bool:  # every window band holds its whole tail at t
@@ -149,6 +142,27 @@ class TreeMixin(OrderMixin):
                     for pol, first, win in zip(pols, firsts, wins, strict=True)},
                    {pol.band: first for pol, first in zip(pols, firsts, strict=True)},
                    ckpt_at.get(c, -1), m, t - c)
+
+    def _path_ids(self, path: list[tuple[Node, int]],
+                  ) -> tuple[list[list[int]], list[list[int]], dict[int, int]]:
+        """The ids along a matched ``path`` (:meth:`_path`'s pairs): per full band and per
+        window band (``Node.full`` / ``Node.win`` order) the ids of its matched pages in
+        page order (-1 where a window page is absent), and the state checkpoints on it
+        (page count -> slot id; empty without a state band)."""
+        fulls: list[list[int]] = [[] for _ in self._fbands]
+        wins: list[list[int]] = [[] for _ in self._wbands]
+        ckpt_at: dict[int, int] = {}
+        state = self.geom.state is not None
+        for node, j in path:
+            for full, ids in zip(fulls, node.full, strict=True):
+                full.extend(ids[:j])
+            for win, ids in zip(wins, node.win, strict=True):
+                win.extend(ids[:j])
+            if state:
+                for p, v in node.ckpts.items():
+                    if p <= node.start + j:
+                        ckpt_at[p] = v
+        return fulls, wins, ckpt_at
 
     @staticmethod
     def _node_at(path: list[tuple[Node, int]], t: int) -> Node:
