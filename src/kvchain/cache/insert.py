@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kvchain.cache.nodes import Node, _shared_run, _take_run
+from kvchain.cache.nodes import Node, _take_run
 from kvchain.cache.tree import TreeMixin
 from kvchain.errors import InvalidRequestError
 
@@ -105,13 +105,8 @@ class InsertMixin(TreeMixin):
         ckpts = dict(ckpts)
         node, pos = self.root, 0
         changed: list[Node] = []
-        while pos < n:
-            child = node.children.get(keys[pos])
-            if child is None:
-                break
-            run = child.keys
-            j = _shared_run(run, keys, pos)
-            if j < len(run):
+        for child, j in self._path(keys)[0]:  # pure: the ids and splits follow in order
+            if j < len(child.keys):  # the last node of the path, matched in part
                 child = self._split(child, pos + j)
             changed.append(child)
             child.time = now
