@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -178,42 +179,50 @@ class PinsMixin(OrderMixin):
         """Pages of reference counts ``k`` (a window band in ``geom.windows``' order, or
         the state band, last) lost their last reader, one entry of ``nodes`` (the node
         holding it) per page: their nodes' pinned counts fall, and each such node's share
-        of the eviction order is recounted once: where its keys cannot move, by moving
-        the totals (a node locked by a hit has no share either way; a prompt-locked
-        node's ``TAILS`` unit keeps its key and only grows in pages), else by
-        :meth:`_refresh`."""
+        of the eviction order is recounted once, in the order the nodes first appear:
+        where its keys cannot move, by moving the totals (a node locked by a hit has no
+        share either way; a prompt-locked node's ``TAILS`` unit keeps its key and only
+        grows in pages in this band, nothing else changed since its share was counted:
+        the total and the share move by as many), else by :meth:`_refresh`.
+
+        A decode step's cost of the cache (its rows' window fronts, about one node per
+        row that left a page): the band is resolved once, not per node, and the version
+        is bumped once by the number of shares moved (the same final version as a bump
+        each: nothing reads it in between); ``benchmarks/bench_unread.py``."""
         if not nodes:
             return
         lost: dict[Node, int] = {}
-        for node in nodes:
-            assert isinstance(node, Node)
+        for node in cast("list[Node]", nodes):
             lost[node] = lost.get(node, 0) + 1
+        refresh, total = self._refresh, self._total
         state = k == len(self._wbands)
         band = self.geom.state if state else self._wbands[k]
-        total = self._total
+        assert band is not None
+        one = len(self._wbands) == 1  # the window counts of a share: a 1-tuple
+        grown = 0
         for node, c in lost.items():
-            node.pins[k] -= c
-            sig = node.sig
-            if node.lock and node.tlock and sig is None:
-                continue  # a hit lock keeps the path's tails: no unit before or after
-            if node.lock and not node.tlock and sig is not None and node.parent is not None:
-                # a prompt-locked node's TAILS unit: the same unit and key (its tail time),
-                # only its pages in this band grow (nothing else changed since its share
-                # was counted): the total moves by as many
-                assert band is not None
-                tw = sig[5]
-                if state:
-                    now = len(node.ckpts) - node.pins[k]
-                    total[band] += now - sig[6]
-                    node.sig = (*sig[:6], now)
-                else:
-                    now = node.win_live[k] - node.pins[k]
-                    total[band] += now - tw[k]
-                    node.sig = (sig[0], sig[1], sig[2], sig[3], sig[4],
-                                (*tw[:k], now, *tw[k + 1:]), sig[6])
-                self.version += 1
-                continue
-            self._refresh(node)  # an unlocked node holds no pin; tails that were all pinned
+            pins = node.pins
+            pins[k] -= c
+            if node.lock:
+                sig = node.sig
+                if node.tlock:
+                    if sig is None:
+                        continue  # a hit lock keeps the path's tails: no unit either way
+                elif sig is not None and node.parent is not None:  # a prompt lock's TAILS
+                    if state:
+                        now = len(node.ckpts) - pins[k]
+                        total[band] += now - sig[6]
+                        node.sig = (*sig[:6], now)
+                    else:
+                        tw = sig[5]
+                        now = node.win_live[k] - pins[k]
+                        total[band] += now - tw[k]
+                        node.sig = (sig[0], sig[1], sig[2], sig[3], sig[4],
+                                    (now,) if one else (*tw[:k], now, *tw[k + 1:]), sig[6])
+                    grown += 1
+                    continue
+            refresh(node)  # an unlocked node holds no pin; tails that were all pinned
+        self.version += grown
 
     def checkpoint_at(self, handle: Node, point: int) -> int:
         """The state slot of the checkpoint after ``point`` pages on ``handle``'s locked
