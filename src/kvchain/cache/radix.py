@@ -72,8 +72,8 @@ tree's data), :mod:`~kvchain.cache.core` (the cache's state), :mod:`~kvchain.cac
 (the eviction order), :mod:`~kvchain.cache.tree` (match, lock, touch),
 :mod:`~kvchain.cache.insert`, :mod:`~kvchain.cache.pins` (what running requests read),
 :mod:`~kvchain.cache.audit` (rebuild-and-compare, counts), :mod:`~kvchain.cache.evict`
-(``evict``); this module composes them into
-:class:`PrefixCache` and re-exports their public names.
+(``evict``); this module composes them into :class:`PrefixCache` (mixins over one state,
+:class:`~kvchain.cache.core.CacheCore`) and re-exports the names callers import from here.
 """
 
 from __future__ import annotations
