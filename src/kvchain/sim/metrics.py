@@ -56,7 +56,7 @@ import enum
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -1018,12 +1018,7 @@ class SimSummary:
         for spec in fields(self):
             value = getattr(self, spec.name)
             if isinstance(value, Percentiles):
-                value = {
-                    "p50_s": value.p50_s,
-                    "p90_s": value.p90_s,
-                    "p99_s": value.p99_s,
-                    "count": value.count,
-                }
+                value = asdict(value)  # p50_s, p90_s, p99_s, count
             elif spec.name == "extra":
                 value = dict(value)
             out[spec.name] = value
