@@ -37,7 +37,7 @@ TRACE = load_trace("azure-conv", first=2)
     ({"cache_points": "ends"}, "cache_points must be a ResumePolicy"),
     ({"fast_forward": "no"}, "fast_forward must be True or False, got 'no'"),
     ({"prefix_cache": 1}, "prefix_cache must be True or False"),
-    ({"truncate_to_context": "yes"}, "truncate_to_context must be True or False"),
+    ({"truncate": "yes"}, "truncate must be True or False"),
 ])
 def test_wrong_types_are_refused_at_construction(kwargs, needle):
     with pytest.raises(ConfigError) as info:
