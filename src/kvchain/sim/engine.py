@@ -114,29 +114,18 @@ class SimConfig(RunOptions):
             and the options of :data:`SCHEDULER_OPTIONS` keep their defaults or say the
             same.
         max_step_samples: step samples kept for plots (totals stay exact; no option).
-        buffer_bytes: ``None`` derives it from the GPU (:func:`kvchain.gpu.kv_buffer_bytes`).
-        truncate: a prompt past ``model.max_context_tokens`` is cut to ``context - output``
-            tokens (``requests_truncated``); one whose output alone reaches the context is
-            still rejected (reason ``context:``, ``requests_rejected_context``).
-        prefix_cache: ``None``: on when the trace carries content keys
-            (``prefix_block_ids``).
-        fast_forward: runs of decode-only steps in one update (:func:`_decode_run`);
-            ``False`` is the oracle: both give the same steps, times and per-request
-            numbers.
-        spec_tokens: each decode computes ``1 + k`` tokens
-            (:meth:`StepWorkBuilder.add_verify`) and keeps ``1 + a``; no fast-forward.
-        spec_acceptance: ``a`` = leading successes of ``k`` Bernoulli draws (``P(a >= j)
-            = p^j``), one generator per run seeded by ``seed``.
-        spec_rollback: ``REPLAY`` charges a step with a rejected draft its ``1 + a``
-            accepted tokens again as a chunk of the whole model (an upper bound: the replay
-            runs through the state layers only).
-        host_bytes: write-through at insert, load-back priced by admission
-            (:mod:`kvchain.cache.tiered`), each step's load-backs charged at the GPU's host
-            link (:func:`host_transfer_time`) overlapped layer by layer with the step's
-            forward (:func:`~kvchain.sim.cost.overlapped_time`); needs the prefix cache on
-            and a GPU with a host link figure. Retraction by host copy
-            (``scheduler.retract_to`` ``host`` / ``auto``) takes its slots from the same
-            bytes (:func:`retraction_host`), each copy charged in the step that makes it.
+
+    What the loop makes of the options beyond their help: ``buffer_bytes=None`` is
+    :func:`kvchain.gpu.kv_buffer_bytes`; a prompt cut by ``truncate`` counts in
+    ``requests_truncated``, one whose output alone reaches the context is still rejected
+    (reason ``context:``, ``requests_rejected_context``); ``fast_forward=False`` is the
+    oracle of :func:`_decode_run`; ``spec_tokens`` decodes through
+    :meth:`StepWorkBuilder.add_verify`, the accepted ``a`` being the leading successes of
+    ``k`` Bernoulli draws (``P(a >= j) = p^j``, ``p = spec_acceptance``), one generator per
+    run seeded by ``seed``; ``host_bytes`` load-backs (:mod:`kvchain.cache.tiered`) are
+    charged at the GPU's host link (:func:`host_transfer_time`) overlapped layer by layer
+    with the step's forward (:func:`~kvchain.sim.cost.overlapped_time`), and host-copy
+    retractions take their slots from the same bytes (:func:`retraction_host`).
 
     Raises:
         ConfigError: as :class:`RunOptions` (a wrong type names the field, a value out of
