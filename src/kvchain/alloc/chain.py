@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kvchain.alloc.band import Band, PageMoves
-from kvchain.alloc.evictor import Evictor
+from kvchain.alloc.evictor import EvictorHost, page_ids
 from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, check_demand, with_copies
 from kvchain.alloc.pricing import apply_action as plan_apply_action
 from kvchain.alloc.quotes import QuoteRegistry
@@ -47,7 +47,6 @@ from kvchain.alloc.snapshot import (
     CopyPages,
     Demand,
     Evict,
-    EvictionOrder,
     Extend,
     Quote,
     Relocate,
@@ -70,43 +69,6 @@ from kvchain.errors import (
     UnknownPageError,
 )
 from kvchain.layout import Anchor, ChainLayout
-
-# --- page ids handed in ----------------------------------------------------------------
-
-
-def page_ids(band: int, vids: object) -> np.ndarray:
-    """The virtual page ids of one band handed to a ``release`` (or back by an evictor), as
-    a flat int64 array: the one check of their shape and type every allocator runs before
-    it changes anything.
-
-    Args:
-        band: the band the ids belong to (named in the message only).
-        vids: a flat sequence of integer ids (a list or tuple of Python or NumPy ints, or
-            a 1-D integer array); empty is fine.
-
-    Returns:
-        The ids, int64, shape ``(n,)`` (a view of ``vids`` when it already is one).
-
-    Raises:
-        UnknownPageError: ``vids`` is not one-dimensional (a scalar, a nested or 2-D
-            sequence such as every band's ``Grant.pages`` at once, whose ids would be read
-            as this band's) or ragged, or its ids are not integers (floats, bools,
-            strings, ``None``).
-    """
-    try:
-        v = np.asarray(vids)
-    except (ValueError, TypeError):  # ragged nesting, e.g. ((), (0, 1))
-        raise UnknownPageError(f"band {band}: virtual ids must be a flat sequence of ints, "
-                               f"got a ragged {type(vids).__name__}") from None
-    if v.ndim != 1:
-        raise UnknownPageError(f"band {band}: virtual ids must be a flat sequence of ints "
-                               f"(one band's ids per call), got shape {v.shape}")
-    if v.size == 0:
-        return np.empty(0, dtype=np.int64)
-    if v.dtype.kind not in "iu":
-        raise UnknownPageError(f"band {band}: virtual ids must be integers, got dtype {v.dtype}")
-    return v.astype(np.int64, copy=False)
-
 
 # --- value objects --------------------------------------------------------------------
 
@@ -269,8 +231,10 @@ class _DryRun:
     order_checked: bool = False
 
 
-class Chain:
-    """A chain of bands over one byte buffer: the allocator's state and executor.
+class Chain(EvictorHost):
+    """A chain of bands over one byte buffer: the allocator's state and executor (its
+    evictor side, :meth:`set_evictor` and the checks of an ``Evict``, is
+    :class:`~kvchain.alloc.evictor.EvictorHost`).
 
     Args:
         layout: the validated chain layout.
@@ -299,6 +263,8 @@ class Chain:
         CapacityError: the layout's null pages do not fit (a validated layout always fits).
         ConfigError: a bad ``audit`` flag, or ``planner`` not a ``Planner``.
     """
+
+    _holder = "chain"
 
     def __init__(self, layout: ChainLayout, buffer: BufferBackend | None = None, *,
                  debug_audit: bool = False, audit: bool | None = None,
@@ -331,7 +297,7 @@ class Chain:
         self._compactions = self._relocations = self._fence_waits = 0
         self._copies = self._copy_bytes = 0
         self._null: tuple[int | None, ...] = (None,) * len(self._bands)
-        self._evictor: Evictor | None = None
+        self._evictor = None
         self._evictor_version = -1  # the evictor version the cached snapshot saw
         self._evicted_pages = 0
         reserved = Demand(tuple(bl.reserved_pages for bl in layout.bands))
@@ -393,27 +359,6 @@ class Chain:
             if self._evictor is not None:
                 self._evictor_version = self._evictor.version
         return self._snap
-
-    @property
-    def evictor(self) -> Evictor | None:
-        """The prefix cache whose unlocked pages the planner may evict, or ``None``."""
-        return self._evictor
-
-    def set_evictor(self, evictor: Evictor | None) -> None:
-        """Attach (or detach, with ``None``) the prefix cache that offers evictable supply.
-
-        From then on every snapshot carries ``evictor.eviction_order()`` and every plan
-        may start with an ``Evict`` step (the planner evicts only when a demand does not
-        fit otherwise). One epoch bump.
-
-        Raises:
-            InvalidDemandError: ``evictor`` does not implement :class:`Evictor`.
-        """
-        if evictor is not None and not isinstance(evictor, Evictor):
-            raise InvalidDemandError(f"expected an Evictor, got {type(evictor).__name__}")
-        self._evictor = evictor
-        self._evictor_version = -1
-        self._new_epoch()
 
     def empty_snapshot(self) -> ChainSnapshot:
         """The snapshot of this chain's layout with nothing held but its null pages (what
@@ -901,31 +846,20 @@ class Chain:
         the order said) before any is released; the evictor has already forgotten them, so
         a bad answer is a bug of the cache (:class:`PlanMismatchError`), never a refusal.
         """
-        evictor = self._evictor
-        if evictor is None:
+        if self._evictor is None:
             raise PlanMismatchError(f"{action}: no evictor is attached")
-        expected = evictor.eviction_order().freed(action.units)
-        freed = evictor.evict(action.units)
-        if len(freed) != len(self._bands):
-            raise PlanMismatchError(f"{action}: the evictor returned {len(freed)} bands")
-        ids = []
-        for i, (b, raw) in enumerate(zip(self._bands, freed, strict=True)):
-            try:
-                v = page_ids(i, raw)
-            except UnknownPageError as exc:
-                raise PlanMismatchError(f"{action}: the evictor's {exc}") from None
-            if v.size != expected[i]:
-                raise PlanMismatchError(f"{action}: band {i} freed {v.size} pages, the order "
-                                        f"said {expected[i]}")
-            if v.size and (int(v.min()) < 0 or int(v.max()) >= b.n_phys
-                           or (b.v2p[v] < 0).any() or np.unique(v).size != v.size
-                           or (self._null[i] is not None and (v == self._null[i]).any())):
-                raise PlanMismatchError(f"{action}: band {i} freed ids that are not held pages")
-            ids.append(v)
+        expected = self._evictor.eviction_order().freed(action.units)
+        ids = self._evicted_ids(str(action), action.units, expected)
         for b, v in zip(self._bands, ids, strict=True):
             if v.size:
                 b.release(v)
                 self._evicted_pages += int(v.size)
+
+    def _holds(self, band: int, ids: np.ndarray) -> bool:
+        b, null = self._bands[band], self._null[band]
+        return not (int(ids.min()) < 0 or int(ids.max()) >= b.n_phys
+                    or (b.v2p[ids] < 0).any() or np.unique(ids).size != ids.size
+                    or (null is not None and (ids == null).any()))
 
     def _apply_use_holes(self, action: UseHoles) -> np.ndarray:
         return self._bands[action.band].use_holes(action.pages)
@@ -1055,25 +989,6 @@ class Chain:
             return ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch)
         return ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch,
                              self._checked_order())
-
-    def _checked_order(self) -> EvictionOrder:
-        """The evictor's current order, checked to be an :class:`EvictionOrder` as wide as
-        the chain (the canonical empty order ``((),)`` fits any chain).
-
-        Raises:
-            PlanMismatchError: the evictor broke its contract (not an order, or another
-                number of bands).
-        """
-        assert self._evictor is not None
-        order = self._evictor.eviction_order()
-        if not isinstance(order, EvictionOrder):
-            raise PlanMismatchError(f"the evictor's eviction_order() returned "
-                                    f"{type(order).__name__}, not an EvictionOrder")
-        width = order.width
-        if order.units and width != len(self._bands):
-            raise PlanMismatchError(f"the evictor's order has {width} bands, the chain "
-                                    f"{len(self._bands)}")
-        return order
 
     def _band_index(self, band: int) -> int:
         if isinstance(band, bool) or not isinstance(band, int | np.integer) or not (
