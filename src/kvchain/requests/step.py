@@ -97,6 +97,8 @@ class StepPath:
         # clearing it past 4,096 distinct rows
         self._demand_memo: dict[tuple[int, ...], Demand] = {}
         self._issued: dict[int, StepPlan] = {}  # the last plans built here (_issue)
+        # the page bands (full, window, local): the coverage check's rows
+        self._page_bands = [pol.band for pol in geom.policies if not pol.per_request]
 
     # --- demands ---------------------------------------------------------------------------
 
@@ -185,26 +187,38 @@ class StepPath:
             return self._decode_value(lookup, drafts, out, (), tokens=tokens)
         where = check.tolist()
         at = [where[j] for j in needs]
+        for i, d in zip(at, self._interned(keys), strict=True):
+            out[i] = d
+        # the total over a few rows' ints (a numpy sum and its list cost more)
+        few = len(keys) <= table_module.SCALAR_ROWS
+        total = Demand(tuple(map(sum, zip(*keys, strict=True)))) if few else None
+        return self._decode_value(lookup, drafts, out, at, matrix, tokens, total)
+
+    def _interned(self, keys: list[tuple[int, ...]]) -> list[Demand]:
+        """The one :class:`Demand` of each of ``keys`` (pages per band), from the memo."""
         memo = self._demand_memo
         if len(memo) > 4_096:
             memo.clear()
-        for i, key in zip(at, keys, strict=True):
+        out = []
+        for key in keys:
             d = memo.get(key)
             if d is None:
                 d = memo[key] = Demand(key)
-            out[i] = d
-        return self._decode_value(lookup, drafts, out, at, matrix, tokens)
+            out.append(d)
+        return out
 
     def _decode_value(self, lookup: SlotLookup, drafts: int, demands: Sequence[Demand],
                       nonzero: Sequence[int], needs: np.ndarray | None = None,
-                      tokens: np.ndarray | None = None) -> StepPlan:
+                      tokens: np.ndarray | None = None, total: Demand | None = None
+                      ) -> StepPlan:
         """The decode batch's plan over ``lookup``'s rows, with the rows' token counts
-        (``tokens``, int64 ``[rows]``, a fresh gather the plan keeps; ``None``: read now)
-        and the chain's epoch it was computed on."""
+        (``tokens``, int64 ``[rows]``, a fresh gather the plan keeps; ``None``: read now),
+        their total (``None``: the column sums of ``needs``) and the chain's epoch it was
+        computed on."""
         if needs is None or not len(nonzero):
             needs = self._no_needs
-            total: Demand = self._zero_demand
-        else:
+            total = self._zero_demand
+        elif total is None:
             total = Demand(tuple(needs.sum(axis=0).tolist()))
         return self._issue(StepPlan.frozen(
             self, lookup.ids, drafts, tuple(demands), tuple(nonzero), needs, total=total,
@@ -479,13 +493,20 @@ class StepPath:
         small batch's decode step) row by row over ints (``RequestTable.put_row``), more
         over numpy columns (``RequestTable.append``): a numpy call costs about 0.5-1 us
         whatever its length."""
-        table = self._table
-        at = np.asarray(nonzero, dtype=np.int64)
-        slots_at = slots[at]
-        if len(nonzero) <= table_module.SCALAR_ROWS:
-            self._distribute_rows(pages, ids, extends, slots_at, nonzero, matrix)
-            table.refresh_need(slots_at)
+        if len(nonzero) <= table_module.SCALAR_ROWS:  # ``item`` reads, no gather
+            row_slots = [slots.item(i) for i in nonzero]
+            self._distribute_rows(pages, ids, extends, row_slots, nonzero, matrix)
+            self._table.refresh_rows(row_slots)
             return
+        at = np.asarray(nonzero, dtype=np.int64)
+        self._distribute_columns(pages, ids, extends, slots[at], at, matrix)
+
+    def _distribute_columns(self, pages: tuple[tuple[int, ...], ...], ids: tuple[int, ...],
+                            extends: tuple[int, ...], slots_at: np.ndarray, at: np.ndarray,
+                            matrix: np.ndarray) -> None:
+        """:meth:`_distribute` of many rows (``slots_at``: the slots of the batch positions
+        ``at``) over numpy columns (``RequestTable.append``; state slots: ``take_slots``)."""
+        table = self._table
         for pol in self._geom.policies:
             band = pol.band
             vids = pages[band]
@@ -507,12 +528,12 @@ class StepPath:
         table.refresh_need(slots_at)
 
     def _distribute_rows(self, pages: tuple[tuple[int, ...], ...], ids: tuple[int, ...],
-                         extends: tuple[int, ...], slots_at: np.ndarray,
+                         extends: tuple[int, ...], rows: list[int],
                          nonzero: Sequence[int], matrix: np.ndarray) -> None:
-        """:meth:`_distribute` of a few rows (``slots_at``: the rows of ``nonzero``), row
-        by row over Python ints, the same hand-out (state slots: ``take_slots``)."""
+        """:meth:`_distribute` of a few rows (``rows``: the slots of ``nonzero``), row by
+        row over Python ints, the same hand-out (state slots: ``take_slots``)."""
         table = self._table
-        rows, needs = slots_at.tolist(), matrix.tolist()
+        needs = matrix.tolist()
         for pol in self._geom.policies:
             band = pol.band
             vids = pages[band]
@@ -520,7 +541,8 @@ class StepPath:
                 continue
             got = [j for j, need in enumerate(needs) if need[band]]
             if pol.per_request:
-                self._glue.take_slots(band, slots_at[got], [ids[nonzero[j]] for j in got],
+                self._glue.take_slots(band, np.array([rows[j] for j in got], dtype=np.int64),
+                                      [ids[nonzero[j]] for j in got],
                                       [extends[nonzero[j]] for j in got],
                                       [needs[j][band] for j in got], vids, self._requests)
                 continue
@@ -539,6 +561,12 @@ class StepPath:
         is indexed by token page) ends before token ``tokens``. One row (``slots`` an int:
         a bool) or many (int64 ``[n]`` rows and tokens: a bool ``[n]`` mask)."""
         rowlen = self._table.rowlen
+        if isinstance(slots, np.ndarray):  # the shortest page band's row (one P for all)
+            bands = self._page_bands
+            end = rowlen[bands[0]][slots]  # 1-D gathers (a 2-D one costs more)
+            for band in bands[1:]:
+                end = np.minimum(end, rowlen[band][slots])
+            return end * self._geom.page_size < tokens
         short: Any = False
         for pol in self._geom.policies:
             if not pol.per_request:

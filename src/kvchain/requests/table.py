@@ -269,7 +269,9 @@ class RequestTable:
         t = self.tokens[slots]
         pols = self.policies
         if slots.size <= SCALAR_ROWS:
-            first, rowlen = self.first[:, slots], self.rowlen[:, slots]
+            # ``take`` along the slots (``a[:, slots]`` costs 6-12 us at 256-512 rows, a
+            # ``take`` under 1 us: docs/benchmarks.md, "Decode step (round 10)")
+            first, rowlen = self.first.take(slots, axis=1), self.rowlen.take(slots, axis=1)
             at, rows = [], []
             for j, (ti, f, r) in enumerate(zip(t.tolist(), first.T.tolist(),
                                                rowlen.T.tolist(), strict=True)):
@@ -282,7 +284,7 @@ class RequestTable:
         # every band at once: ``grown_pages`` (the full band's formula, and a window
         # band's for its plain rows, :func:`plain_rows`), then the window bands' other
         # rows by their policy's formula and the state band's slots
-        rowlen = self.rowlen[:, slots]  # [bands, n]
+        rowlen = self.rowlen.take(slots, axis=1)  # [bands, n]
         grown = ceil_div(t + extend, self.page_size) - rowlen
         for pol in pols:
             band = pol.band
@@ -296,7 +298,7 @@ class RequestTable:
                                                  extend)
         np.maximum(grown, 0, out=grown)
         needs = grown.any(axis=0).nonzero()[0]
-        matrix: np.ndarray = grown.T[needs]
+        matrix: np.ndarray = grown.take(needs, axis=1).T
         return needs.tolist(), list(map(tuple, matrix.tolist())), matrix
 
     def _decode_pages(self, pol: BandPolicy, first: int, end: int, start: int,
@@ -334,25 +336,31 @@ class RequestTable:
         at ``L`` needs page ``L // P`` there first), or 0 (work it out every step) for a
         request with no state slot, an empty window band, or a window band whose held
         pages start after the token's window (pages missing on the left). Over the rows'
-        ints up to :data:`SCALAR_ROWS` rows, over the gathered columns above (one
-        formula, :meth:`_need`)."""
+        ints up to :data:`SCALAR_ROWS` rows (:meth:`refresh_rows`), over the gathered
+        columns above (one formula, :meth:`_need`)."""
         if not slots.size:
             return
-        t = self.tokens[slots]
         if slots.size <= SCALAR_ROWS:
-            first, rowlen = self.first[:, slots], self.rowlen[:, slots]
-            needs = []
-            for ti, f, r in zip(t.tolist(), first.T.tolist(), rowlen.T.tolist(), strict=True):
-                need, zero = self._need(ti, f, r)
-                needs.append(0 if zero else need)
-            self.need_at[slots] = needs
+            self.refresh_rows(slots.tolist())
             return
+        t = self.tokens[slots]
         # one band's row gathered at a time (a 2-D gather along the slots costs more)
         cols = {pol.band: self.rowlen[pol.band][slots] for pol in self.policies}
         firsts = {pol.band: self.first[pol.band][slots] for pol in self.policies
                   if pol.windowed}
         need, zero = self._need(t, firsts, cols)
         self.need_at[slots] = np.where(zero, 0, need)
+
+    def refresh_rows(self, slots: list[int]) -> None:
+        """:meth:`refresh_need` of a few rows, over Python ints (``item`` reads: a numpy
+        gather costs about 1 us whatever its length, a scalar read a tenth of that)."""
+        tokens, first, rowlen = self.tokens.item, self.first.item, self.rowlen.item
+        bands = range(self.num_bands)
+        for slot in slots:
+            f = [first(b, slot) for b in bands]
+            r = [rowlen(b, slot) for b in bands]
+            need, zero = self._need(tokens(slot), f, r)
+            self.need_at[slot] = 0 if zero else need
 
     def _need(self, t: Any, first: Any, rowlen: Any) -> tuple[Any, Any]:
         """:meth:`refresh_need`'s formula for requests at ``t`` tokens holding
