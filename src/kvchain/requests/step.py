@@ -629,8 +629,10 @@ class StepPath:
         if not at.size:
             return 0
         if at.size <= table_module.SCALAR_ROWS:  # a small batch's step: over the rows' ints
-            got = self._front_columns(band, slots[at].tolist(), first[at].tolist(),
-                                      keep_from[at].tolist())
+            pos = at.tolist()  # ``item`` reads of the rows (no gathers)
+            got = self._front_columns(band, [slots.item(i) for i in pos],
+                                      [first.item(i) for i in pos],
+                                      [keep_from.item(i) for i in pos])
             if got is None:
                 return 0
             rows, cols = got

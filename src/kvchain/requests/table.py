@@ -258,7 +258,7 @@ class RequestTable:
         The policies' formulas are written over integer arithmetic that serves Python
         ints and int64 arrays alike; a numpy call costs about 0.5-1 us whatever its
         length, so up to :data:`SCALAR_ROWS` rows (a small batch's decode step: about one
-        request in ``P`` crosses a page) run them over the rows' ints (three gathers,
+        request in ``P`` crosses a page) run them over the rows' ints (``item`` reads,
         then a fraction of a microsecond per row and band), more rows over the gathered
         ``[bands, n]`` rows at once: the full band's formula ``grown_pages`` for every
         band, which is a window band's too for its plain rows
@@ -266,24 +266,25 @@ class RequestTable:
         by their policy's formula and the state band's slots; the empty rows dropped by
         numpy (measured: 18 -> 12 us at 17 rows of two bands, docs/benchmarks.md,
         "Decode step cost (round 9)")."""
-        t = self.tokens[slots]
         pols = self.policies
-        if slots.size <= SCALAR_ROWS:
-            # ``take`` along the slots (``a[:, slots]`` costs 6-12 us at 256-512 rows, a
-            # ``take`` under 1 us: docs/benchmarks.md, "Decode step (round 10)")
-            first, rowlen = self.first.take(slots, axis=1), self.rowlen.take(slots, axis=1)
+        if slots.size <= SCALAR_ROWS:  # ``item`` reads of the rows (no gather)
+            tokens_of, first_of, end_of = self.tokens.item, self.first.item, self.rowlen.item
             at, rows = [], []
-            for j, (ti, f, r) in enumerate(zip(t.tolist(), first.T.tolist(),
-                                               rowlen.T.tolist(), strict=True)):
-                row = tuple([self._decode_pages(pol, f[pol.band], r[pol.band], ti, extend)
+            for j, slot in enumerate(slots.tolist()):
+                ti = tokens_of(slot)
+                row = tuple([self._decode_pages(pol, first_of(pol.band, slot),
+                                                end_of(pol.band, slot), ti, extend)
                              for pol in pols])
                 if any(row):
                     at.append(j)
                     rows.append(row)
             return at, rows, np.array(rows, dtype=np.int64).reshape(len(rows), len(pols))
+        t = self.tokens[slots]
         # every band at once: ``grown_pages`` (the full band's formula, and a window
         # band's for its plain rows, :func:`plain_rows`), then the window bands' other
         # rows by their policy's formula and the state band's slots
+        # ``take`` along the slots: ``a[:, slots]`` costs 6-12 us at 256-512 rows, a
+        # ``take`` about 1 us (docs/benchmarks.md, "Decode step (round 10)")
         rowlen = self.rowlen.take(slots, axis=1)  # [bands, n]
         grown = ceil_div(t + extend, self.page_size) - rowlen
         for pol in pols:
