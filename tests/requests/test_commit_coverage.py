@@ -81,3 +81,19 @@ def test_a_decode_batch_short_in_either_page_band_is_refused(short: str) -> None
     assert [kv.tokens(rid) for rid in range(3)] == [16, 16, 16]  # nothing committed
     kv.commit_decodes([0, 2])  # the covered rows commit
     assert [kv.tokens(rid) for rid in range(3)] == [17, 16, 17]
+
+
+def test_a_decode_batch_on_a_state_only_chain_commits() -> None:
+    # Regression (found in round 10): on a chain of one state band (a pure recurrent
+    # model) the batched commit's coverage check had no page band to look at and returned
+    # the bool False, whose ``.any()`` raised AttributeError. A state slot covers every
+    # token: by hand, 5 tokens committed, then two decodes -> 7 tokens, 0 pages released.
+    kv = KVManager(Chain(plan_layout([declared_class(LC.STATE, 1_000)], 100_000, 16)))
+    kv.allocate([(0, 5), (1, 3)])
+    kv.commit(0, 5)
+    kv.commit(1, 3)
+    for _ in range(2):
+        kv.apply(kv.plan(kv.decode_demands([0, 1])))
+        assert kv.commit_decodes([0, 1]) == 0
+    assert (kv.tokens(0), kv.tokens(1)) == (7, 5)
+    kv.audit()

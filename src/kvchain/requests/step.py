@@ -563,6 +563,8 @@ class StepPath:
         rowlen = self._table.rowlen
         if isinstance(slots, np.ndarray):  # the shortest page band's row (one P for all)
             bands = self._page_bands
+            if not bands:  # only state bands: nothing to cover
+                return np.zeros(slots.shape, dtype=bool)
             end = rowlen[bands[0]][slots]  # 1-D gathers (a 2-D one costs more)
             for band in bands[1:]:
                 end = np.minimum(end, rowlen[band][slots])
