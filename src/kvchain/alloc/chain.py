@@ -42,6 +42,7 @@ from kvchain.alloc.pricing import apply_action as plan_apply_action
 from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import (
     Action,
+    BandSnapshots,
     ChainSnapshot,
     Compact,
     CopyPages,
@@ -320,6 +321,8 @@ class Chain:
         self._epoch = 0
         self._quotes = QuoteRegistry("chain")
         self._snap: ChainSnapshot | None = None
+        self._band_snaps = BandSnapshots(len(self._bands))  # kept across epochs
+        self._order: tuple[int, EvictionOrder] | None = None  # (evictor version, its order)
         self._empty_snapshot: ChainSnapshot | None = None
         self._gate_open = True
         self._close_pending = False
@@ -383,15 +386,39 @@ class Chain:
 
         Polls the in-flight fence first: if it completed, ``fence_pending`` clears (an
         epoch bump).
+
+        Built incrementally: only the bands a change touched since the last build get a
+        new band snapshot (:class:`~kvchain.alloc.snapshot.BandSnapshots`), and the
+        evictor's order is asked again only when its version moved (an
+        :class:`~kvchain.alloc.evictor.Evictor` returns the same order for the same
+        version). Under the audit flag (``audit``) every build is compared with one made
+        from scratch.
+
+        Raises:
+            AuditError: (audit flag on) the incremental snapshot differs from a fresh one.
         """
         if self._fence is not None and self._fence.query():
             self._apply(_FenceDone())
-        if self._evictor is not None and self._evictor.version != self._evictor_version:
+        evictor = self._evictor
+        if evictor is not None and evictor.version != self._evictor_version:
             self._new_epoch()  # the evictable supply changed: a new capacity epoch
         if self._snap is None:
-            self._snap = self._build_snapshot()
-            if self._evictor is not None:
-                self._evictor_version = self._evictor.version
+            bands = self._band_snaps.bands(self._bands, self._gate_open,
+                                           self._fence is not None)
+            if evictor is None:
+                snap = ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch)
+            else:
+                version = evictor.version
+                kept = self._order
+                if kept is None or kept[0] != version:
+                    kept = self._order = (version, self._checked_order())
+                snap = ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch, kept[1])
+                self._evictor_version = version
+            if self.audit_takes:
+                fresh = self._build_snapshot()
+                if fresh != snap:
+                    raise AuditError(f"incremental snapshot {snap} != fresh {fresh}")
+            self._snap = snap
         return self._snap
 
     @property
@@ -413,6 +440,7 @@ class Chain:
             raise InvalidDemandError(f"expected an Evictor, got {type(evictor).__name__}")
         self._evictor = evictor
         self._evictor_version = -1
+        self._order = None
         self._new_epoch()
 
     def empty_snapshot(self) -> ChainSnapshot:
@@ -466,6 +494,35 @@ class Chain:
         if quote is None:
             quote = self._quotes.issue(self.planner.quote(snap, demand))
         return quote
+
+    def price_pages(self, pages: tuple[int, ...]) -> Quote:
+        """:meth:`price` of ``Demand(pages)``, without building the :class:`Demand` when
+        this epoch's memo already holds a quote for equal pages: the same pages tuple as
+        the last query (an identity test) or an equal tuple of exact ints (the memo's
+        lookup by value, :meth:`QuoteRegistry.repeat`). The quote served is the one
+        issued, whose ``demand`` is the :class:`Demand` built when it was first priced in
+        this epoch (the memo is the chain's own and is emptied with its epoch; nothing is
+        kept elsewhere). Any miss builds the demand and takes :meth:`price`'s path, so
+        the answer, its validation and its errors are :meth:`price`'s.
+
+        For a caller that builds its demand's pages each time it asks (the scheduler's
+        step total, ``tuple(totals[j].tolist())``): the ``Demand`` object then costs
+        more than the memo's answer.
+
+        Raises:
+            InvalidDemandError: ``pages`` not a tuple of non-negative ints, one per band.
+        """
+        snap = self._snap
+        if snap is not None and self._fence is None:  # price's fast path, on pages
+            evictor = self._evictor
+            if evictor is None or evictor.version == self._evictor_version:
+                priced, last, quote = self._quotes.last
+                if priced is snap and pages is last and quote is not None:
+                    return quote
+                quote = self._quotes.repeat(snap, pages)
+                if quote is not None:
+                    return quote
+        return self.price(Demand(pages))
 
     def bound_pages(self, band: int) -> int:
         """Virtual ids bound in band ``band`` (live pages, null pages included).
@@ -891,6 +948,9 @@ class Chain:
         if apply is None:
             raise PlanMismatchError(f"unknown action {action!r}")
         result = apply(self, action)
+        # a band's own action touched that band only; the others (Evict, the gate, the
+        # fence) every band
+        self._band_snaps.touch(getattr(action, "band", None))
         self._new_epoch()
         return result
 
@@ -1097,7 +1157,8 @@ class Chain:
         ``span == live + holes``; live == pages with ``p2v >= 0`` in the span and none
         outside; the hole map == free slots of the span (and its block summary);
         ``v2p``/``p2v`` a bijection on bound pages; the free-id stack == unbound ids; null
-        pages bound; the cached snapshot equals a freshly built one.
+        pages bound; the cached snapshot equals a freshly built one, and so does every
+        band snapshot kept for the next incremental build.
 
         Raises:
             AuditError: naming the first thing found wrong.
@@ -1153,3 +1214,7 @@ class Chain:
             fresh = self._build_snapshot()
             if self._snap != fresh or self._snap.epoch != self._epoch:
                 raise AuditError(f"cached snapshot {self._snap} != fresh {fresh}")
+        stale = self._band_snaps.stale(self._bands, self._gate_open, self._fence is not None)
+        if stale:
+            raise AuditError(f"kept band snapshots of bands {stale} are stale (a change "
+                             f"that did not touch them)")
