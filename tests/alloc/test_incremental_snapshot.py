@@ -10,7 +10,7 @@ import pytest
 
 from kvchain.alloc import Chain, Demand
 from kvchain.alloc import chain as chain_module
-from kvchain.alloc.snapshot import BandSnapshots
+from kvchain.alloc.snapshot import SnapshotParts
 from kvchain.errors import AuditError, InvalidDemandError
 from kvchain.layout import ChainLayout, plan_layout
 from kvchain.model.layers import CacheClass, LifetimeClass
@@ -93,13 +93,13 @@ def test_audit_flag_compares_every_build_with_a_fresh_one() -> None:
 
 def _forget_band_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """A planted defect: a change of band 1 is not touched (its kept snapshot goes stale)."""
-    touch = BandSnapshots.touch
+    touch = SnapshotParts.touch
 
-    def forgetful(self: BandSnapshots, band: int | None) -> None:
+    def forgetful(self: SnapshotParts, band: int | None) -> None:
         if band != 1:
             touch(self, band)
 
-    monkeypatch.setattr(BandSnapshots, "touch", forgetful)
+    monkeypatch.setattr(SnapshotParts, "touch", forgetful)
 
 
 def test_planted_forgotten_touch_fails_the_audit_flag(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,7 +130,7 @@ def test_planted_forgotten_touch_fails_chain_audit(monkeypatch: pytest.MonkeyPat
 
 
 def test_touch_of_every_band_and_of_an_index_outside_the_chain() -> None:
-    kept = BandSnapshots(2)
+    kept = SnapshotParts(2)
     chain = Chain(_layout(), audit=False)
     bands = kept.bands(chain._bands, True, False)
     assert kept.bands(chain._bands, True, False) == bands  # nothing touched: reused

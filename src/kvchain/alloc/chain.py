@@ -42,7 +42,6 @@ from kvchain.alloc.pricing import apply_action as plan_apply_action
 from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import (
     Action,
-    BandSnapshots,
     ChainSnapshot,
     Compact,
     CopyPages,
@@ -53,6 +52,7 @@ from kvchain.alloc.snapshot import (
     Quote,
     Relocate,
     Side,
+    SnapshotParts,
     UseHoles,
     WaitFence,
 )
@@ -321,8 +321,7 @@ class Chain:
         self._epoch = 0
         self._quotes = QuoteRegistry("chain")
         self._snap: ChainSnapshot | None = None
-        self._band_snaps = BandSnapshots(len(self._bands))  # kept across epochs
-        self._order: tuple[int, EvictionOrder] | None = None  # (evictor version, its order)
+        self._parts = SnapshotParts(len(self._bands))  # band snapshots, order: kept
         self._empty_snapshot: ChainSnapshot | None = None
         self._gate_open = True
         self._close_pending = False
@@ -388,7 +387,7 @@ class Chain:
         epoch bump).
 
         Built incrementally: only the bands a change touched since the last build get a
-        new band snapshot (:class:`~kvchain.alloc.snapshot.BandSnapshots`), and the
+        new band snapshot (:class:`~kvchain.alloc.snapshot.SnapshotParts`), and the
         evictor's order is asked again only when its version moved (an
         :class:`~kvchain.alloc.evictor.Evictor` returns the same order for the same
         version). Under the audit flag (``audit``) every build is compared with one made
@@ -403,15 +402,16 @@ class Chain:
         if evictor is not None and evictor.version != self._evictor_version:
             self._new_epoch()  # the evictable supply changed: a new capacity epoch
         if self._snap is None:
-            bands = self._band_snaps.bands(self._bands, self._gate_open,
+            bands = self._parts.bands(self._bands, self._gate_open,
                                            self._fence is not None)
             if evictor is None:
                 snap = ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch)
             else:
                 version = evictor.version
-                kept = self._order
+                parts = self._parts
+                kept = parts.order
                 if kept is None or kept[0] != version:
-                    kept = self._order = (version, self._checked_order())
+                    kept = parts.order = (version, self._checked_order())
                 snap = ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch, kept[1])
                 self._evictor_version = version
             if self.audit_takes:
@@ -440,7 +440,7 @@ class Chain:
             raise InvalidDemandError(f"expected an Evictor, got {type(evictor).__name__}")
         self._evictor = evictor
         self._evictor_version = -1
-        self._order = None
+        self._parts.order = None
         self._new_epoch()
 
     def empty_snapshot(self) -> ChainSnapshot:
@@ -950,7 +950,7 @@ class Chain:
         result = apply(self, action)
         # a band's own action touched that band only; the others (Evict, the gate, the
         # fence) every band
-        self._band_snaps.touch(getattr(action, "band", None))
+        self._parts.touch(getattr(action, "band", None))
         self._new_epoch()
         return result
 
@@ -1214,7 +1214,7 @@ class Chain:
             fresh = self._build_snapshot()
             if self._snap != fresh or self._snap.epoch != self._epoch:
                 raise AuditError(f"cached snapshot {self._snap} != fresh {fresh}")
-        stale = self._band_snaps.stale(self._bands, self._gate_open, self._fence is not None)
+        stale = self._parts.stale(self._bands, self._gate_open, self._fence is not None)
         if stale:
             raise AuditError(f"kept band snapshots of bands {stale} are stale (a change "
                              f"that did not touch them)")

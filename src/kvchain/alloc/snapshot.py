@@ -126,7 +126,7 @@ class BandSnapshot:
 
 
 class BandSource(Protocol):
-    """What :class:`BandSnapshots` reads a band's snapshot from (a chain's
+    """What :class:`SnapshotParts` reads a band's snapshot from (a chain's
     :class:`~kvchain.alloc.band.Band`)."""
 
     def snapshot(self, movable: bool, fence_pending: bool) -> BandSnapshot:
@@ -134,8 +134,9 @@ class BandSource(Protocol):
         ...
 
 
-class BandSnapshots:
-    """The band snapshots of a chain kept between its capacity epochs: the incremental
+class SnapshotParts:
+    """The parts of a chain's snapshot kept between its capacity epochs: its band
+    snapshots and the evictor's order (with the version it was read at), the incremental
     part of a snapshot's build.
 
     A chain's epoch moves on every change a snapshot can see, but most changes touch one
@@ -150,15 +151,21 @@ class BandSnapshots:
     (:meth:`~kvchain.alloc.chain.Chain.snapshot`), and :meth:`stale` lists the clean
     bands whose kept snapshot differs from the band now (:meth:`Chain.audit`).
 
+    The order is kept as :attr:`order`, ``(evictor version, its order)`` or ``None``: an
+    :class:`~kvchain.alloc.evictor.Evictor` returns the same order for the same version,
+    so the chain asks again only when the version moved (and forgets it with its
+    evictor).
+
     Args:
         num_bands: bands of the chain (every band starts touched: nothing is kept yet).
     """
 
-    __slots__ = ("_dirty", "_kept")
+    __slots__ = ("_dirty", "_kept", "order")
 
     def __init__(self, num_bands: int) -> None:
         self._kept: list[BandSnapshot | None] = [None] * num_bands
         self._dirty: set[int] = set(range(num_bands))
+        self.order: tuple[int, EvictionOrder] | None = None
 
     def touch(self, band: int | None) -> None:
         """Mark band ``band`` changed (``None``: every band), so the next :meth:`bands`
