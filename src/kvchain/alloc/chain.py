@@ -402,13 +402,12 @@ class Chain:
         if evictor is not None and evictor.version != self._evictor_version:
             self._new_epoch()  # the evictable supply changed: a new capacity epoch
         if self._snap is None:
-            bands = self._parts.bands(self._bands, self._gate_open,
-                                           self._fence is not None)
+            parts = self._parts
+            bands = parts.bands(self._bands, self._gate_open, self._fence is not None)
             if evictor is None:
                 snap = ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch)
             else:
                 version = evictor.version
-                parts = self._parts
                 kept = parts.order
                 if kept is None or kept[0] != version:
                     kept = parts.order = (version, self._checked_order())
@@ -505,9 +504,9 @@ class Chain:
         kept elsewhere). Any miss builds the demand and takes :meth:`price`'s path, so
         the answer, its validation and its errors are :meth:`price`'s.
 
-        For a caller that builds its demand's pages each time it asks (the scheduler's
-        step total, ``tuple(totals[j].tolist())``): the ``Demand`` object then costs
-        more than the memo's answer.
+        Meant for a caller that holds or rebuilds its demand's pages each time it asks
+        (a step total, ``tuple(totals[j].tolist())``): on a hit the ``Demand`` object
+        would cost more than the memo's answer.
 
         Raises:
             InvalidDemandError: ``pages`` not a tuple of non-negative ints, one per band.
