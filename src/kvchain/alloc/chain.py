@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kvchain.alloc.band import Band, PageMoves
-from kvchain.alloc.evictor import EvictorHost, page_ids
+from kvchain.alloc.evictor import Evictor, EvictorHost, page_ids
 from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, check_demand, with_copies
 from kvchain.alloc.pricing import apply_action as plan_apply_action
 from kvchain.alloc.quotes import QuoteRegistry
@@ -51,6 +51,7 @@ from kvchain.alloc.snapshot import (
     Quote,
     Relocate,
     Side,
+    SnapshotParts,
     UseHoles,
     WaitFence,
 )
@@ -286,6 +287,7 @@ class Chain(EvictorHost):
         self._epoch = 0
         self._quotes = QuoteRegistry("chain")
         self._snap: ChainSnapshot | None = None
+        self._parts = SnapshotParts(len(self._bands))  # band snapshots, order: kept
         self._empty_snapshot: ChainSnapshot | None = None
         self._gate_open = True
         self._close_pending = False
@@ -349,16 +351,50 @@ class Chain(EvictorHost):
 
         Polls the in-flight fence first: if it completed, ``fence_pending`` clears (an
         epoch bump).
+
+        Built incrementally: only the bands a change touched since the last build get a
+        new band snapshot (:class:`~kvchain.alloc.snapshot.SnapshotParts`), and the
+        evictor's order is asked again only when its version moved (an
+        :class:`~kvchain.alloc.evictor.Evictor` returns the same order for the same
+        version). Under the audit flag (``audit``) every build is compared with one made
+        from scratch.
+
+        Raises:
+            AuditError: (audit flag on) the incremental snapshot differs from a fresh one.
         """
         if self._fence is not None and self._fence.query():
             self._apply(_FenceDone())
-        if self._evictor is not None and self._evictor.version != self._evictor_version:
+        evictor = self._evictor
+        if evictor is not None and evictor.version != self._evictor_version:
             self._new_epoch()  # the evictable supply changed: a new capacity epoch
         if self._snap is None:
-            self._snap = self._build_snapshot()
-            if self._evictor is not None:
-                self._evictor_version = self._evictor.version
+            parts = self._parts
+            bands = parts.bands(self._bands, self._gate_open, self._fence is not None)
+            if evictor is None:
+                snap = ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch)
+            else:
+                version = evictor.version
+                kept = parts.order
+                if kept is None or kept[0] != version:
+                    kept = parts.order = (version, self._checked_order())
+                snap = ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch, kept[1])
+                self._evictor_version = version
+            if self.audit_takes:
+                fresh = self._build_snapshot()
+                if fresh != snap:
+                    raise AuditError(f"incremental snapshot {snap} != fresh {fresh}")
+            self._snap = snap
         return self._snap
+
+    def set_evictor(self, evictor: Evictor | None) -> None:
+        """:meth:`EvictorHost.set_evictor`, and the kept eviction order is forgotten (a new
+        evictor may report the version the old one had).
+
+        Raises:
+            InvalidDemandError: ``evictor`` does not implement :class:`Evictor`.
+        """
+        super().set_evictor(evictor)
+        self._parts.order = None
 
     def empty_snapshot(self) -> ChainSnapshot:
         """The snapshot of this chain's layout with nothing held but its null pages (what
@@ -411,6 +447,35 @@ class Chain(EvictorHost):
         if quote is None:
             quote = self._quotes.issue(self.planner.quote(snap, demand))
         return quote
+
+    def price_pages(self, pages: tuple[int, ...]) -> Quote:
+        """:meth:`price` of ``Demand(pages)``, without building the :class:`Demand` when
+        this epoch's memo already holds a quote for equal pages: the same pages tuple as
+        the last query (an identity test) or an equal tuple of exact ints (the memo's
+        lookup by value, :meth:`QuoteRegistry.repeat`). The quote served is the one
+        issued, whose ``demand`` is the :class:`Demand` built when it was first priced in
+        this epoch (the memo is the chain's own and is emptied with its epoch; nothing is
+        kept elsewhere). Any miss builds the demand and takes :meth:`price`'s path, so
+        the answer, its validation and its errors are :meth:`price`'s.
+
+        Meant for a caller that holds or rebuilds its demand's pages each time it asks
+        (a step total, ``tuple(totals[j].tolist())``): on a hit the ``Demand`` object
+        would cost more than the memo's answer.
+
+        Raises:
+            InvalidDemandError: ``pages`` not a tuple of non-negative ints, one per band.
+        """
+        snap = self._snap
+        if snap is not None and self._fence is None:  # price's fast path, on pages
+            evictor = self._evictor
+            if evictor is None or evictor.version == self._evictor_version:
+                priced, last, quote = self._quotes.last
+                if priced is snap and pages is last and quote is not None:
+                    return quote
+                quote = self._quotes.repeat(snap, pages)
+                if quote is not None:
+                    return quote
+        return self.price(Demand(pages))
 
     def bound_pages(self, band: int) -> int:
         """Virtual ids bound in band ``band`` (live pages, null pages included).
@@ -836,6 +901,9 @@ class Chain(EvictorHost):
         if apply is None:
             raise PlanMismatchError(f"unknown action {action!r}")
         result = apply(self, action)
+        # a band's own action touched that band only; the others (Evict, the gate, the
+        # fence) every band
+        self._parts.touch(getattr(action, "band", None))
         self._new_epoch()
         return result
 
@@ -1012,7 +1080,8 @@ class Chain(EvictorHost):
         ``span == live + holes``; live == pages with ``p2v >= 0`` in the span and none
         outside; the hole map == free slots of the span (and its block summary);
         ``v2p``/``p2v`` a bijection on bound pages; the free-id stack == unbound ids; null
-        pages bound; the cached snapshot equals a freshly built one.
+        pages bound; the cached snapshot equals a freshly built one, and so does every
+        band snapshot kept for the next incremental build.
 
         Raises:
             AuditError: naming the first thing found wrong.
@@ -1068,3 +1137,7 @@ class Chain(EvictorHost):
             fresh = self._build_snapshot()
             if self._snap != fresh or self._snap.epoch != self._epoch:
                 raise AuditError(f"cached snapshot {self._snap} != fresh {fresh}")
+        stale = self._parts.stale(self._bands, self._gate_open, self._fence is not None)
+        if stale:
+            raise AuditError(f"kept band snapshots of bands {stale} are stale (a change "
+                             f"that did not touch them)")
