@@ -32,7 +32,7 @@ from kvchain.errors import (
 from kvchain.requests import table as table_module
 from kvchain.requests.attach import Attach
 from kvchain.requests.audit import Audit
-from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
+from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands, distinct_rows, request_ids
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.commits import Commits, check_tail_strategy
 from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand, request_demands
@@ -304,11 +304,10 @@ class KVManager:
         Vectorized over the batch (:meth:`RequestTable.decode_rows`: the band policies'
         formulas over the gathered rows); a :class:`Demand` is built only for the requests
         that need a page (about one in ``P`` per band per step; the rest share one empty
-        demand). A request that holds nothing gets the demand of its first token. With a
-        prefix cache the same (no kept window tail is reserved: each goes to the cache at
-        the commit of the chunk that reaches its point); a request
-        whose next token reaches one of its resume points (a checkpoint slot more: one
-        still in its prefill) sends the batch through :meth:`demand`.
+        demand). With a prefix cache the same (no kept window tail is reserved: each goes to
+        the cache at the commit of the chunk that reaches its point); a request whose next
+        token reaches one of its resume points (a checkpoint slot more: one still in its
+        prefill) sends the batch through :meth:`demand`.
 
         Returns:
             A :class:`DecodeBatch` (the :class:`~kvchain.requests.plan.StepPlan` of the
@@ -318,13 +317,15 @@ class KVManager:
             ``rids`` take as computed, and :meth:`apply` takes as it is.
 
         Raises:
-            InvalidDemandError: ``drafts`` not an int >= 0.
+            InvalidDemandError: ``drafts`` not an int >= 0, ``rids`` not a sequence of int
+                ids (:func:`~kvchain.requests.batch.request_ids`), or one named twice.
+            UnknownRequestError: one that holds no pages (its first tokens are a chunk's).
         """
         if type(drafts) is not int or drafts < 0:
             raise InvalidDemandError(f"drafts must be an int >= 0, got {drafts!r}")
-        ids = tuple(rids)
+        ids = request_ids(rids, "decode_demands' rids")
         extend = 1 + drafts
-        lookup = self._lookup(ids)
+        lookup = distinct_rows(self._known_lookup(ids), "decode batch")
         if self._glue.reaches_point(ids, self._requests):
             demands = [self.demand(rid, extend) for rid in ids]
             empty = self._zero().pages
@@ -754,19 +755,21 @@ class KVManager:
         in the table, the pages whose window start crossed a page boundary are found by
         array arithmetic and gathered from the rows (those below a request's shared pages
         are the cache's: unpinned, not released). A manager built with
-        ``keep_window_tail`` (an engine that keeps window pages until it needs them), a
-        batch that names a request twice and a request whose prompt is not in the cache
-        yet (its commit may insert it) get :meth:`commit` once per request instead.
+        ``keep_window_tail`` (an engine that keeps window pages until it needs them) and a
+        request whose prompt is not in the cache yet (its commit may insert it) get
+        :meth:`commit` once per request instead.
 
         Returns:
             Window pages released.
 
         Raises:
             UnknownRequestError / InvalidDemandError: as :meth:`commit`, checked for every
-                request before any changes.
+                request before any changes; InvalidDemandError too for a request named
+                twice (one token each, as :meth:`allocate`) or ``rids`` not a sequence of
+                int ids.
         """
-        ids = tuple(rids)
-        lookup = self._known_lookup(ids)
+        ids = request_ids(rids, "commit_decodes' rids")
+        lookup = distinct_rows(self._known_lookup(ids), "decode commit")
         slots = lookup.slots
         table = self._table
         unique = lookup.unique
