@@ -226,9 +226,9 @@ def test_a_request_with_a_prefix_cache_hit_comes_back_with_private_pages() -> No
     """Request 1's 20-token prompt (5 page keys) is inserted at its prefill end; request 2
     (24 tokens: 6 page keys) shares its first 4 keys and hits 16 tokens (the last resume
     point on the 8-token interval at or below 4 pages), prefills 8 more and commits: its
-    whole prompt is inserted, so it reads 6 shared full pages. Suspended, it copies all it reads (1 slot, 2 window, 6
-    full pages) and unlocks the cache; resumed, it holds them as its own (shared 0), the
-    cache keeps its copies, and its bytes are back."""
+    whole prompt is inserted, so it reads 6 shared full pages. Suspended, it copies all it
+    reads (1 slot, 2 window, 6 full pages) and unlocks the cache; resumed, it holds them as
+    its own (shared 0), the cache keeps its copies, and its bytes are back."""
     device = NumpyBuffer(LAYOUT.buffer_bytes)
     chain = Chain(LAYOUT, device)
     cache = PrefixCache(CacheGeometry.of(LAYOUT), interval_tokens=8)
