@@ -29,7 +29,13 @@ from kvchain.alloc.snapshot import Demand, Quote
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import ForgedQuoteError, InvalidDemandError, StalePlanError
 from kvchain.requests import table as table_module
-from kvchain.requests.batch import DecodeBatch, batch_ids, check_demands
+from kvchain.requests.batch import (
+    DecodeBatch,
+    batch_ids,
+    check_demands,
+    distinct_rows,
+    request_ids,
+)
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.demand import NOTHING_HELD, request_demand, request_demands
 from kvchain.requests.lookup import SlotLookup
@@ -146,11 +152,10 @@ class StepPath:
         Vectorized over the batch (:meth:`RequestTable.decode_rows`: the band policies'
         formulas over the gathered rows); a :class:`Demand` is built only for the requests
         that need a page (about one in ``P`` per band per step; the rest share one empty
-        demand). A request that holds nothing gets the demand of its first token. With a
-        prefix cache the same (no kept window tail is reserved: each goes to the cache at
-        the commit of the chunk that reaches its point); a request
-        whose next token reaches one of its resume points (a checkpoint slot more: one
-        still in its prefill) sends the batch through :meth:`demand`.
+        demand). With a prefix cache the same (no kept window tail is reserved: each goes to
+        the cache at the commit of the chunk that reaches its point); a request whose next
+        token reaches one of its resume points (a checkpoint slot more: one still in its
+        prefill) sends the batch through :meth:`demand`.
 
         Returns:
             A :class:`DecodeBatch` (the :class:`~kvchain.requests.plan.StepPlan` of the
@@ -160,13 +165,15 @@ class StepPath:
             ``rids`` take as computed, and :meth:`apply` takes as it is.
 
         Raises:
-            InvalidDemandError: ``drafts`` not an int >= 0.
+            InvalidDemandError: ``drafts`` not an int >= 0, ``rids`` not a sequence of int
+                ids (:func:`~kvchain.requests.batch.request_ids`), or one named twice.
+            UnknownRequestError: one that holds no pages (its first tokens are a chunk's).
         """
         if type(drafts) is not int or drafts < 0:
             raise InvalidDemandError(f"drafts must be an int >= 0, got {drafts!r}")
-        ids = tuple(rids)
+        ids = request_ids(rids, "decode_demands' rids")
         extend = 1 + drafts
-        lookup = self._lookup(ids)
+        lookup = distinct_rows(self._known_lookup(ids), "decode batch")
         if self._glue.reaches_point(ids, self._requests):
             demands = [self._demand(rid, extend) for rid in ids]
             empty = self._zero_demand.pages
@@ -238,7 +245,7 @@ class StepPath:
 
     def _issued_here(self, plan: object) -> bool:
         """Whether ``plan`` is one of the plans this manager issued (identity)."""
-        return self._issued.get(id(plan)) is plan
+        return plan is not None and self._issued.get(id(plan)) is plan
 
     # --- the step plan: built and validated once, applied as it is -------------------------
 
@@ -584,34 +591,30 @@ class StepPath:
         in the table, the pages whose window start crossed a page boundary are found by
         array arithmetic and gathered from the rows (those below a request's shared pages
         are the cache's: unpinned, not released). A manager built with
-        ``keep_window_tail`` (an engine that keeps window pages until it needs them), a
-        batch that names a request twice and a request whose prompt is not in the cache
-        yet (its commit may insert it) get :meth:`commit` once per request instead.
+        ``keep_window_tail`` (an engine that keeps window pages until it needs them) and a
+        request whose prompt is not in the cache yet (its commit may insert it) get
+        :meth:`commit` once per request instead.
 
         Returns:
             Window pages released.
 
         Raises:
             UnknownRequestError / InvalidDemandError: as :meth:`commit`, checked for every
-                request before any changes.
+                request before any changes; InvalidDemandError too for a request named
+                twice (one token each, as ``allocate``) or ``rids`` not a sequence of int
+                ids.
         """
-        ids = tuple(rids)
-        lookup = self._known_lookup(ids)
+        ids = request_ids(rids, "commit_decodes' rids")
+        lookup = distinct_rows(self._known_lookup(ids), "decode commit")
         slots = lookup.slots
         table = self._table
-        unique = lookup.unique
-        if unique:
-            n = table.tokens[slots] + 1
-        else:  # a request named c times commits c tokens: check its last one
-            _, inverse, counts = np.unique(slots, return_inverse=True, return_counts=True)
-            n = table.tokens[slots] + counts[inverse]
+        n = table.tokens[slots] + 1
         short = self.uncovered(slots, n)
         if short.any():
             rid = ids[int(short.nonzero()[0][0])]
             raise InvalidDemandError(f"request {rid}: 1 token not covered by its pages")
         # every request checked: the one-by-one paths below cannot fail half-way
-        if (self._keep_window_tail or not unique
-                or self._glue.may_insert(ids)):
+        if self._keep_window_tail or self._glue.may_insert(ids):
             return sum(self._commit(rid, 1) for rid in ids)
         table.tokens[slots] = n
         released = 0
@@ -700,9 +703,9 @@ class StepPath:
 
         Raises:
             UnknownRequestError: a request that holds no pages; InvalidDemandError: a
-                request named twice or ``steps < 1``.
+                request named twice, ``rids`` not a sequence of int ids, or ``steps < 1``.
         """
-        ids = tuple(rids)
+        ids = request_ids(rids, "decode_run's rids")
         if type(steps) is not int or steps < 1:
             raise InvalidDemandError(f"a decode run needs steps >= 1, got {steps!r}")
         slots = self._checked_slots(ids)
@@ -716,14 +719,15 @@ class StepPath:
 
         Raises:
             UnknownRequestError: a request that holds no pages.
-            InvalidDemandError: a request named twice, ``steps < 0``, or a request whose
+            InvalidDemandError: a request named twice, ``rids`` not a sequence of int ids,
+                ``steps < 0``, or a request whose
                 pages do not cover its next ``steps`` tokens in the full or a window band,
                 or whose window would release a page on the way (those steps are not
                 quiet: commit them with :meth:`commit_decodes`). Nothing changes then.
         """
         if type(steps) is not int or steps < 0:
             raise InvalidDemandError(f"steps must be an int >= 0, got {steps!r}")
-        ids = tuple(rids)
+        ids = request_ids(rids, "skip_decodes' rids")
         slots = self._checked_slots(ids)
         if not steps or not ids:
             return
