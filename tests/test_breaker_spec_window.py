@@ -11,13 +11,14 @@ next step. The cap now starts at the window of ``stop - min(k, extend)``.
 
 from __future__ import annotations
 
+from tests.cases.helpers import run_to_completion
+
 from kvchain.alloc.chain import Chain
 from kvchain.layout import plan_layout
 from kvchain.model.layers import CacheClass, LifetimeClass
 from kvchain.requests.manager import KVManager
 from kvchain.sched.request import Request, StepOutcome
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
-from tests.cases.helpers import run_to_completion
 
 FULL = CacheClass(LifetimeClass.FULL, 8, 0, None, ())
 WINDOW1 = CacheClass(LifetimeClass.WINDOW, 100, 0, 1, ())  # W = 1
