@@ -146,3 +146,21 @@ def test_new_token_ratio_decays_by_its_decay() -> None:
     ratio.step()
     ratio.step()
     assert ratio.value == 0.5
+
+
+def test_host_tier_takes_numpy_counts_as_its_plan_does() -> None:
+    # HostTier refused np.int64 host bytes that host_tier_plan (its own split) takes; both
+    # now read counts alike: the same plan, and bools or floats refused by both
+    from kvchain.cache.host_cache import HostTier
+    from kvchain.cache.host_tier import host_tier_plan
+
+    layout = plan_layout([FULL, WINDOW], 10_000_000, 16)
+    tier = HostTier(layout, np.int64(2_000_000), np.int64(64))
+    assert tier.plan == host_tier_plan(layout, 2_000_000, 64)
+    for bad in (True, 2e6):
+        with pytest.raises(ConfigError, match="host bytes must be a whole number"):
+            HostTier(layout, bad, 64)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="host bytes must be a whole number"):
+            host_tier_plan(layout, bad, 64)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="resume interval"):
+        HostTier(layout, 2_000_000, 64.0)  # type: ignore[arg-type]
