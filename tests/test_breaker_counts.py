@@ -62,19 +62,32 @@ def test_plan_layout_refuses_counts_that_are_not_whole(kwargs: dict[str, object]
         plan_layout([FULL, WINDOW, STATE], **args)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("cls", [
-    CacheClass(LifetimeClass.FULL, NAN, 0, None, ()),  # type: ignore[arg-type]
-    CacheClass(LifetimeClass.FULL, 1_000.5, 0, None, ()),  # type: ignore[arg-type]
-    CacheClass(LifetimeClass.FULL, True, 0, None, ()),
-    CacheClass(LifetimeClass.WINDOW, 1_000, 0, NAN, ()),  # type: ignore[arg-type]
-    CacheClass(LifetimeClass.WINDOW, 1_000, 0, 1.5, ()),  # type: ignore[arg-type]
-    CacheClass(LifetimeClass.WINDOW, 1_000, 0, True, ()),
-    CacheClass(LifetimeClass.STATE, 0, NAN, None, ()),  # type: ignore[arg-type]
+@pytest.mark.parametrize(("lifetime", "per_token", "per_slot", "window"), [
+    (LifetimeClass.FULL, NAN, 0, None), (LifetimeClass.FULL, 1_000.5, 0, None),
+    (LifetimeClass.FULL, True, 0, None), (LifetimeClass.FULL, -1, 0, None),
+    (LifetimeClass.WINDOW, 1_000, 0, NAN), (LifetimeClass.WINDOW, 1_000, 0, 1.5),
+    (LifetimeClass.WINDOW, 1_000, 0, True), (LifetimeClass.WINDOW, 1_000, 0, 0),
+    (LifetimeClass.STATE, 0, NAN, None), (LifetimeClass.STATE, 0, 2.5, None),
 ])
-def test_plan_layout_refuses_class_sizes_that_are_not_whole(cls: CacheClass) -> None:
-    others = [c for c in (FULL, STATE) if c.lifetime is not cls.lifetime]
-    with pytest.raises(LayoutError, match="a whole number"):
-        plan_layout([cls, *others], 10_000_000, 16)
+def test_a_cache_class_of_sizes_that_are_not_whole_is_refused(
+        lifetime: LifetimeClass, per_token: object, per_slot: object, window: object) -> None:
+    """The class itself refuses them (it was built, and only plan_layout refused it; any
+    other reader of its sizes ran on NaN), so no layout, pool or cost model sees one."""
+    with pytest.raises(ConfigError, match="whole number"):
+        CacheClass(lifetime, per_token, per_slot, window, ())  # type: ignore[arg-type]
+
+
+def test_a_cache_class_of_numpy_sizes_is_built() -> None:
+    """The sibling: NumPy integers are sizes (a config read into arrays)."""
+    c = CacheClass(LifetimeClass.WINDOW, np.int64(1_000), 0, np.int64(128), ())
+    assert c.bytes_per_token == 1_000 and c.window == 128
+
+
+def test_plan_layout_refuses_a_zero_size_class() -> None:
+    """What the layout still checks beyond the class: sizes >= 1 (a class may say 0 bytes
+    per token only as a state class)."""
+    with pytest.raises(LayoutError, match="a whole number > 0, got 0"):
+        plan_layout([CacheClass(LifetimeClass.FULL, 0, 0, None, ()), STATE], 10_000_000, 16)
 
 
 def test_plan_layout_numpy_counts_give_the_int_layout() -> None:
