@@ -16,6 +16,10 @@ pricing), medians of 9 blocks of 16 steps (one page cycle), the batch sizes' blo
 alternating; ``step/take`` (the issue's ratio, written when ``take`` priced itself),
 ``step/(price+take)`` and the request layer's own cost per request, ``(step - take -
 price) / batch``.
+
+``--unread``: with the prefix cache on, the thread CPU time per step inside
+``PrefixCache._unread`` (the eviction order's recount for the cache's window pages that
+lost their last reader; cache/radix.py) and its calls per step, beside the step.
 """
 
 from __future__ import annotations
@@ -80,6 +84,44 @@ def table(repeats: int = REPEATS) -> dict[str, list[float]]:
     return out
 
 
+def unread_table(steps: int = 160) -> None:
+    """Print, per catalog chain and batch, the step's and ``PrefixCache._unread``'s thread
+    CPU us per step (cache on; ``steps`` steps after 32 of warm-up, one wrapper around
+    ``_unread``, which adds about 0.2 us a call)."""
+    from kvchain.cache.radix import PrefixCache
+
+    clock, spent = time.thread_time, [0.0, 0]
+    real = PrefixCache._unread
+
+    def timed(self, *args):  # type: ignore[no-untyped-def]
+        t0 = clock()
+        try:
+            return real(self, *args)
+        finally:
+            spent[0] += clock() - t0
+            spent[1] += 1
+
+    PrefixCache._unread = timed  # type: ignore[method-assign]
+    print("| chain | batch | step us | _unread us | _unread calls per step |")
+    print("|---|---:|---:|---:|---:|")
+    try:
+        for _, model in rl.CATALOG_SHAPES:
+            for b in BATCHES:
+                rig = rl.catalog_rig(model, True)
+                rids = rl.running_batch(rig, b)
+                for _ in range(32):
+                    rl.decode_step(rig.kv, rids)
+                spent[:] = [0.0, 0]
+                t0 = clock()
+                for _ in range(steps):
+                    rl.decode_step(rig.kv, rids)
+                step = (clock() - t0) / steps
+                print(f"| {model} | {b} | {step * 1e6:.1f} | {spent[0] / steps * 1e6:.1f} | "
+                      f"{spent[1] / steps:.2f} |")
+    finally:
+        PrefixCache._unread = real  # type: ignore[method-assign]
+
+
 def _child(src: str | None) -> dict[str, list[float]]:
     env = dict(os.environ)
     if src is not None:
@@ -116,7 +158,12 @@ def main() -> None:
     parser.add_argument("--against", metavar="SRC",
                         help="a kvchain source folder to compare with, in alternation")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--unread", action="store_true",
+                        help="PrefixCache._unread's time per step, cache on")
     args = parser.parse_args()
+    if args.unread:
+        unread_table()
+        return
     if args.json:
         print(json.dumps(table()))
         return

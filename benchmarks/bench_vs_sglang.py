@@ -1,15 +1,16 @@
 """kvchain's request layer against SGLang's unified hybrid KV allocator, on the same op
 streams, in one process (issue 20's side-by-side targets).
 
-Run: ``python benchmarks/bench_vs_sglang.py [--quick]``; ``--profile OP`` (``trim``,
-``capacity``, ...) prints cProfile's statistics of the kvchain side of one op instead.
-Without SGLang importable it prints why, then the kvchain side of every op stream alone
-(the ratio columns say ``-``). SGLang on a CPU-only machine, in a virtual environment of
-its own beside the CPU torch (``python -m venv --system-site-packages VENV``, kvchain
-into it with ``pip install --no-deps -e .``; then what the allocator modules' imports
-need, nothing that pulls a CUDA build): ``pip install --no-deps sglang==0.5.23 psutil
-pybase64 triton starlette msgspec pyzmq aiohttp multidict yarl propcache
-aiohappyeyeballs aiosignal frozenlist dill apache-tvm-ffi sentencepiece
+Run: ``python benchmarks/bench_vs_sglang.py [--quick] [--repeats N] [--ops M1,M2]``
+(``--ops``: only the ops of these methods, e.g. ``capacity_first,trim``); ``--profile
+OP`` (``trim``, ``capacity``, ...) prints cProfile's statistics of the kvchain side of
+one op instead. Without SGLang importable it prints why, then the kvchain side of every
+op stream alone (the ratio columns say ``-``). SGLang on a CPU-only machine, in a virtual
+environment of its own beside the CPU torch (``python -m venv --system-site-packages
+VENV``, kvchain into it with ``pip install --no-deps -e .``; then what the allocator
+modules' imports need, nothing that pulls a CUDA build): ``pip install --no-deps
+sglang==0.5.23 psutil pybase64 triton starlette msgspec pyzmq aiohttp multidict yarl
+propcache aiohappyeyeballs aiosignal frozenlist dill apache-tvm-ffi sentencepiece
 compressed-tensors loguru gguf``. Times are this thread's CPU time
 (``time.thread_time``); each op runs in blocks, the kvchain and SGLang blocks
 alternating, and every figure is the median over blocks of the mean time per call in a
@@ -48,11 +49,13 @@ and on; SGLang at its allocator, without a radix cache):
   same pages tuple; (third row) an equal ``Demand`` of a new pages tuple each call
   (``Demand(tuple(pages))``, as the scheduler builds its step's total: ``sum_demands``,
   ``Demand(tuple(totals[j].tolist()))``), which the memo finds by value, not identity;
-  (fourth row) that query asked once after each decode step of the running batch, so
-  each is the first on a new epoch (the planner runs; the scheduler's one pricing per
-  step follows its previous step's take, so it is mostly this case);
-  SGLang: ``available_size()`` (memoized per epoch of its chain; no argument; in the
-  fourth row recomputed after the step's allocation).
+  (``pages`` rows) the second and third rows through ``Chain.price_pages``, which
+  builds no ``Demand`` when the memo holds equal pages; (last row) the third row's query
+  asked once after each decode step of the running batch, so each is the first on a new
+  epoch (the planner runs; the scheduler's one pricing per step follows its previous
+  step's take, so it is mostly this case); SGLang: ``available_size()`` (memoized per
+  epoch of its chain; no argument; in the last row recomputed after the step's
+  allocation).
 * ``prefill``: allocation of a 2,048-token chunk of a new request (64 requests running).
   kvchain: ``demand`` + ``allocate``; SGLang: the length tensors, ``get_last_loc_torch``,
   ``alloc_extend`` and the table write.
@@ -194,6 +197,27 @@ class KvchainOps:
         t0 = self._start()
         for _ in range(calls):
             chain.price(Demand(tuple(pages)))
+        return self._stop(t0) / calls
+
+    def capacity_pages(self, calls: int) -> float:
+        """As :meth:`capacity_fresh` through ``Chain.price_pages``: the same pages tuple
+        each call and no ``Demand`` built (the memo's identity test on its last
+        answer)."""
+        chain, pages = self.rig.chain, self.kv.demand(self.next_rid, CHUNK).pages
+        chain.price_pages(pages)
+        t0 = self._start()
+        for _ in range(calls):
+            chain.price_pages(pages)
+        return self._stop(t0) / calls
+
+    def capacity_pages_tuple(self, calls: int) -> float:
+        """As :meth:`capacity_tuple` through ``Chain.price_pages``: a new pages tuple each
+        call, no ``Demand`` built (the memo's lookup by value)."""
+        chain, pages = self.rig.chain, list(self.kv.demand(self.next_rid, CHUNK).pages)
+        chain.price_pages(tuple(pages))
+        t0 = self._start()
+        for _ in range(calls):
+            chain.price_pages(tuple(pages))
         return self._stop(t0) / calls
 
     def capacity_first(self, calls: int) -> float:
@@ -482,6 +506,12 @@ class SGLangOps:
     def capacity_tuple(self, calls: int) -> float:
         return self.capacity(calls)  # available_size() takes no demand
 
+    def capacity_pages(self, calls: int) -> float:
+        return self.capacity(calls)  # available_size() takes no demand
+
+    def capacity_pages_tuple(self, calls: int) -> float:
+        return self.capacity(calls)  # available_size() takes no demand
+
     def capacity_first(self, calls: int) -> float:
         spent = 0.0
         for _ in range(calls):
@@ -535,6 +565,10 @@ OPS = (("decode bs256", "decode", PAGE, 256), ("decode bs64", "decode", PAGE, 64
        ("capacity query (equal demand, new object)", "capacity_fresh", 2_000, BACKGROUND),
        ("capacity query (equal demand, new pages tuple)", "capacity_tuple", 2_000,
         BACKGROUND),
+       ("capacity query (pages, same tuple, no Demand)", "capacity_pages", 2_000,
+        BACKGROUND),
+       ("capacity query (pages, new tuple, no Demand)", "capacity_pages_tuple", 2_000,
+        BACKGROUND),
        ("capacity query (first after a decode step)", "capacity_first", 64, BACKGROUND),
        ("prefill (2,048-token chunk)", "prefill", 8, BACKGROUND),
        ("release (finished request)", "release", 8, BACKGROUND))
@@ -580,9 +614,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7,
                         help="timed blocks of each side per op (the median is reported; "
                              "default 7, 1 with --quick)")
+    parser.add_argument("--ops", default="",
+                        help="comma-separated methods of the ops to run (e.g. "
+                             "capacity_first,capacity_tuple; default every op)")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    known = {m for _, m, _, _ in OPS}
+    only = {m for m in args.ops.split(",") if m}
+    if only - known:
+        parser.error(f"--ops: unknown {sorted(only - known)}; known {sorted(known)}")
     repeats = 1 if args.quick else args.repeats
     if args.profile:
         profile_op(args.profile, repeats)
@@ -599,6 +640,8 @@ def main() -> None:
     for label, model in CATALOG_SHAPES:
         window, state = window_of(model), has_state(model)
         for op, method, calls, batch in OPS:
+            if only and method not in only:
+                continue
             if args.quick:
                 calls = max(1, calls // 8)
             blocks: dict[str, Callable[[], float]] = {}
@@ -623,7 +666,8 @@ def main() -> None:
                 over += [f"{label} / {op} / cache {name}: {kv / sgl:.2f}x"
                          for name, kv in (("off", off), ("on", on)) if kv / sgl > TARGET]
     if mods is not None:
-        print(f"over the {TARGET}x target: {len(over)} of {2 * len(OPS) * len(CATALOG_SHAPES)}"
+        ran = len(only) if only else len(OPS)
+        print(f"over the {TARGET}x target: {len(over)} of {2 * ran * len(CATALOG_SHAPES)}"
               f" cells" + "".join(f"\n  {cell}" for cell in over))
 
 

@@ -9,15 +9,22 @@ each request's greedy tokens (how many distinct: the weights are drawn wide enou
 output is not one repeated token) and whether they equal ``model.generate`` with
 transformers' own cache.
 
-Run: ``PYTHONPATH=src python examples/generate.py`` (needs torch and transformers).
+Run: ``python examples/generate.py`` after ``pip install -e ".[torch,hf]"`` (torch and
+transformers; install ``torch==2.13.0`` first for the CPU build). Without them it says so and
+exits with status 2.
 """
 
 from __future__ import annotations
 
 import sys
 
-import torch
-from transformers import AutoModelForCausalLM, LaraMiniConfig
+try:
+    import torch
+    from transformers import AutoModelForCausalLM, LaraMiniConfig
+except ImportError as exc:  # pragma: no cover - the message of a missing extra
+    print(f"examples/generate.py needs torch and transformers ({exc}); install them with "
+          "pip install torch==2.13.0 && pip install -e \".[torch,hf]\"", file=sys.stderr)
+    sys.exit(2)
 
 from kvchain.alloc.chain import Chain
 from kvchain.hf import ChainEngine

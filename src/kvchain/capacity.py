@@ -21,6 +21,7 @@ from kvchain.alloc.pricing import fits, largest_fitting, max_units
 from kvchain.alloc.snapshot import ChainSnapshot, Demand
 from kvchain.bands.geometry import RequestGeometry, StateRollback
 from kvchain.errors import BufferTooSmallError, ConfigError
+from kvchain.field_types import is_whole
 from kvchain.gpu import (
     DEFAULT_ACTIVATION_RESERVE_BYTES,
     DEFAULT_MEM_FRACTION,
@@ -296,7 +297,18 @@ def longest_request(kv_bound_tokens: int | None, context: int | None) -> Longest
 
     Example: a buffer that holds 37.7M prompt tokens of a model with a 32,768-token
     context: ``LongestRequest(32_767, "context")`` (32,767 prompt + 1 output token).
+
+    Raises:
+        ConfigError: a context that is not a whole number >= 2 tokens (one prompt and one
+            output token; 0 gave a longest request of -1 tokens), or a KV-bytes bound that
+            is not a whole number >= 0.
     """
+    if context is not None and (not is_whole(context) or context < 2):
+        raise ConfigError(f"a context length must be a whole number >= 2 tokens, got "
+                          f"{context!r}")
+    if kv_bound_tokens is not None and (not is_whole(kv_bound_tokens) or kv_bound_tokens < 0):
+        raise ConfigError(f"a KV-bytes bound must be a whole number >= 0 tokens, got "
+                          f"{kv_bound_tokens!r}")
     if context is not None and (kv_bound_tokens is None or context - 1 < kv_bound_tokens):
         return LongestRequest(context - 1, "context")
     if kv_bound_tokens is None:
@@ -372,14 +384,14 @@ def plan_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1,
     ``chain.full_tokens == (40e9 - 64 x 50e6) / 32,000 = 1,150,000``.
 
     Raises:
-        ConfigError: ``tp < 1``; a memory fraction or weights that leave no room
-            (:func:`kvchain.gpu.kv_buffer_bytes`).
+        ConfigError: ``tp`` not a whole number >= 1 (``True``, ``1.5``); a memory
+            fraction or weights that leave no room (:func:`kvchain.gpu.kv_buffer_bytes`).
         BufferTooSmallError: a buffer too small for one smallest request (fixed pools
             that hold none are reported, not raised: ``pools.holds_none``).
         InvalidDemandError: a non-positive prompt or output.
     """
-    if tp < 1:
-        raise ConfigError(f"tp must be >= 1, got {tp}")
+    if not is_whole(tp) or tp < 1:
+        raise ConfigError(f"tp must be >= 1 (a whole number), got {tp!r}")
     if buffer_bytes is None:
         reserve = DEFAULT_ACTIVATION_RESERVE_BYTES
         weights = model.resident_weight_bytes  # a draft's weights beside the target's

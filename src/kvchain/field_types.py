@@ -22,6 +22,8 @@ from dataclasses import fields
 from enum import Enum
 from typing import Any, Union, get_type_hints
 
+import numpy as np
+
 from kvchain.errors import ConfigError
 
 
@@ -57,6 +59,15 @@ def type_problem(value: Any, kind: type) -> str | None:
     if kind is float:
         return None if isinstance(value, int | float) else "a number"
     return None if isinstance(value, kind) else f"of type {kind.__name__}"
+
+
+def is_whole(value: object) -> bool:
+    """Whether ``value`` is a whole number of a count (tokens, pages, bytes, slots): a
+    Python int or a NumPy integer, never a ``bool`` (``True`` would count as 1), a float
+    (``16.0`` or ``1e10`` would run on as a float and ``nan`` compares False with every
+    bound, so range checks alone let it through) or anything else. Range checks are the
+    caller's; this is the one test of the kind every count argument shares."""
+    return not isinstance(value, bool) and isinstance(value, int | np.integer)
 
 
 def check_field_types(obj: Any) -> None:

@@ -42,6 +42,7 @@ import os
 from dataclasses import dataclass
 
 from kvchain.errors import ConfigError, UnknownGPUError
+from kvchain.field_types import is_whole
 
 GiB = 2**30
 
@@ -326,16 +327,20 @@ def kv_buffer_bytes(gpu: GPUSpec, weight_bytes: int, *, mem_fraction: float = DE
     rank's share).
 
     Raises:
-        ConfigError: ``mem_fraction`` outside ``(0, 1]``; negative weights or reserve; or
-            nothing left ("weights X B + reserve Y B exceed Z B").
+        ConfigError: ``mem_fraction`` not a number in ``(0, 1]`` (NaN and ``True``
+            included); weights or reserve not a whole number of bytes >= 0 (a float, NaN
+            or ``bool``: :func:`kvchain.field_types.is_whole`); or nothing left
+            ("weights X B + reserve Y B exceed Z B").
     """
-    if not (0.0 < mem_fraction <= 1.0):
-        raise ConfigError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
+    if isinstance(mem_fraction, bool) or not isinstance(mem_fraction, int | float) \
+            or not (0.0 < mem_fraction <= 1.0):
+        raise ConfigError(f"mem_fraction must be a number in (0, 1], got {mem_fraction!r}")
     reserve = DEFAULT_ACTIVATION_RESERVE_BYTES if activation_reserve_bytes is None \
         else activation_reserve_bytes
-    if weight_bytes < 0 or reserve < 0:
-        raise ConfigError(f"weight_bytes ({weight_bytes}) and activation_reserve_bytes "
-                          f"({reserve}) must be >= 0")
+    if not is_whole(weight_bytes) or not is_whole(reserve) or weight_bytes < 0 or reserve < 0:
+        raise ConfigError(f"weight_bytes ({weight_bytes!r}) and activation_reserve_bytes "
+                          f"({reserve!r}) must be whole numbers of bytes >= 0")
+    weight_bytes, reserve = int(weight_bytes), int(reserve)
     usable = math.floor(gpu.memory_bytes * mem_fraction)
     left = usable - weight_bytes - reserve
     if left <= 0:

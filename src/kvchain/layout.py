@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kvchain.errors import BufferTooSmallError, LayoutError
+from kvchain.field_types import is_whole
 from kvchain.model.layers import TARGET, CacheClass, LayerCache, LifetimeClass, owner_label
 
 MAX_PAGES_PER_BAND = 1 << 28
@@ -306,7 +307,10 @@ def plan_layout(
 
     Raises:
         LayoutError: no classes, two classes of one owner, lifetime and window (or chunk)
-            size, a zero or negative size, a window below 1,
+            size, a zero or negative size, a window below 1, a size, ``page_size``,
+            ``buffer_bytes`` or ``state_slots_per_request`` that is not a whole number
+            (a float, ``bool`` or NaN: :func:`kvchain.field_types.is_whole`), a
+            ``null_pages`` that is not a bool,
             or more than :data:`MAX_PAGES_PER_BAND` pages in a band.
         BufferTooSmallError: the buffer cannot hold one smallest request
             (:func:`smallest_request_pages`: one full page, ``ceil((W - 1) / P) + 1``
@@ -317,14 +321,17 @@ def plan_layout(
             ``E_full = E_win = 1,000 B``, ``W = 128``, ``P = 256``, ``B = 600,000``:
             needs ``256,000 + 2 x 256,000 = 768,000 B`` (+ a null page of 256,000 B).
     """
-    if page_size < 1:
-        raise LayoutError(f"page_size must be >= 1 token, got {page_size}")
-    if buffer_bytes <= 0:
-        raise LayoutError(f"buffer_bytes must be positive, got {buffer_bytes}")
-    if state_slots_per_request < 1:
-        raise LayoutError(f"state_slots_per_request must be >= 1, got {state_slots_per_request}")
+    for name, value, least in (("page_size", page_size, 1), ("buffer_bytes", buffer_bytes, 1),
+                               ("state_slots_per_request", state_slots_per_request, 1)):
+        if not is_whole(value) or value < least:
+            raise LayoutError(f"{name} must be a whole number >= {least}, got {value!r} "
+                              f"({type(value).__name__})")
+    if type(null_pages) is not bool:
+        raise LayoutError(f"null_pages must be True or False, got {null_pages!r}")
     if not classes:
         raise LayoutError("no cache classes to lay out")
+    page_size, buffer_bytes = int(page_size), int(buffer_bytes)
+    state_slots_per_request = int(state_slots_per_request)
     keys = [c.key for c in classes]
     if len(set(keys)) != len(keys):
         raise LayoutError(f"two cache classes of one lifetime and size of one owner: "
@@ -335,13 +342,7 @@ def plan_layout(
         ordered = [c.labelled(owner_label(c.owner, f"{c.lifetime.value}{c.window}"))
                    if labels.count(c.label) > 1 else c for c in ordered]
     for c in ordered:
-        if c.is_token_class:
-            if c.bytes_per_token <= 0:
-                raise LayoutError(f"{c.lifetime} class needs bytes_per_token > 0")
-            if c.lifetime is not LifetimeClass.FULL and (c.window is None or c.window < 1):
-                raise LayoutError(f"{c.lifetime} class needs a window >= 1 token, got {c.window}")
-        elif c.bytes_per_slot <= 0:
-            raise LayoutError("state class needs bytes_per_slot > 0")
+        _check_class_sizes(c)
 
     smallest_page = min(c.bytes_per_token * page_size if c.is_token_class else c.bytes_per_slot
                         for c in ordered)
@@ -365,6 +366,29 @@ def plan_layout(
     layout = ChainLayout(buffer_bytes, page_size, tuple(bands), state_slots_per_request)
     check_smallest_request(layout, state_slots_per_request)
     return layout
+
+
+def _check_class_sizes(c: CacheClass) -> None:
+    """That class ``c``'s sizes are whole numbers in range: ``bytes_per_token >= 1`` for a
+    token class (and a window or chunk ``>= 1`` token unless it is full attention),
+    ``bytes_per_slot >= 1`` for a state class. A float, a ``bool`` or NaN is refused: NaN
+    passes every comparison's ``False`` branch and would lay out a band of NaN-byte
+    pages.
+
+    Raises:
+        LayoutError: the first size that is not, naming the class and the value.
+    """
+    if c.is_token_class:
+        if not is_whole(c.bytes_per_token) or c.bytes_per_token < 1:
+            raise LayoutError(f"{c.lifetime} class needs bytes_per_token a whole number "
+                              f"> 0, got {c.bytes_per_token!r}")
+        if c.lifetime is not LifetimeClass.FULL and (
+                not is_whole(c.window) or c.window < 1):  # type: ignore[operator]
+            raise LayoutError(f"{c.lifetime} class needs a window >= 1 token (a whole "
+                              f"number), got {c.window!r}")
+    elif not is_whole(c.bytes_per_slot) or c.bytes_per_slot < 1:
+        raise LayoutError(f"state class needs bytes_per_slot a whole number > 0, got "
+                          f"{c.bytes_per_slot!r}")
 
 
 def check_smallest_request(layout: ChainLayout, state_slots: int) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvchain.errors import ConfigError
+from kvchain.field_types import is_whole
 from kvchain.layout import chain_order
 from kvchain.model.layers import CacheClass, LifetimeClass
 
@@ -88,9 +90,18 @@ def fixed_pool_bytes(classes: Sequence[CacheClass], buffer_bytes: int) -> tuple[
     pool taking what rounding leaves, so they sum to ``B`` exactly.
 
     Args:
-        classes: the model's lifetime classes.
-        buffer_bytes: ``B`` in bytes.
+        classes: the model's lifetime classes (at least one).
+        buffer_bytes: ``B`` in bytes, a whole number >= 0.
+
+    Raises:
+        ConfigError: no classes, or ``buffer_bytes`` not a whole number >= 0 (a
+            negative ``B`` gave a negative last pool, a float fractional bytes).
     """
+    if not classes:
+        raise ConfigError("fixed pools need at least one cache class")
+    if not is_whole(buffer_bytes) or buffer_bytes < 0:
+        raise ConfigError(f"buffer_bytes must be a whole number >= 0, got {buffer_bytes!r}")
+    buffer_bytes = int(buffer_bytes)
     shares = fixed_pool_shares(classes)
     out = [int(s * buffer_bytes) for s in shares[:-1]]
     return (*out, buffer_bytes - sum(out))

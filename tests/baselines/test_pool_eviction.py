@@ -242,3 +242,41 @@ def test_wrong_ids_and_silent_order_changes_are_refused_before_release():
     with pytest.raises(PlanMismatchError, match="without a version bump"):
         alloc.take(Demand((2, 0)))
     assert len(silent.units) == 2 and alloc.bound_pages(0) == 50
+
+
+class _BadHandBack(ReferenceEvictor):
+    """Hands back the right number of ids per band, but the window band's second id is
+    ``bad(ids)`` instead: the null page, or the first id again."""
+
+    def __init__(self, width: int, bad) -> None:
+        super().__init__(width)
+        self.bad = bad
+
+    def evict(self, units: int) -> tuple[np.ndarray, ...]:
+        freed = [np.array(v, dtype=np.int64) for v in super().evict(units)]
+        freed[0][1] = self.bad(freed[0])
+        return tuple(freed)
+
+
+@pytest.mark.parametrize("kind", ["null page", "repeated id", "honest"])
+def test_a_null_page_or_a_repeated_id_handed_back_is_refused_before_release(kind):
+    """The pool's held-pages check of an eviction (``PoolAllocator._holds``, asked by the
+    evictor side it shares with the chain): ids distinct, bound, none a null page. The
+    honest row is the sibling: the same hand-back with its real second id is released."""
+    setup = build_manager(ManagerKind.FIXED_POOLS, [WIN, FULL], 1_800_000, 16)
+    alloc = setup.allocator
+    assert isinstance(alloc, PoolAllocator)
+    ids = alloc.take(Demand((49, 0))).pages[0]  # the window pool full: 49 + its null page
+    bad = {"null page": lambda v: alloc.null_page(0), "repeated id": lambda v: v[0],
+           "honest": lambda v: v[1]}[kind]
+    cache = _BadHandBack(2, bad)
+    alloc.set_evictor(cache)
+    cache.insert([ids[0:3], []])
+    if kind == "honest":
+        alloc.take(Demand((2, 0)))  # evicts the unit of 3 (the pool is full), takes 2
+        assert alloc.evicted_pages == (3, 0) and alloc.bound_pages(0) == 50 - 3 + 2
+        return
+    with pytest.raises(PlanMismatchError, match=r"Evict\(1\): band 0 freed ids that are "
+                                                "not held pages"):
+        alloc.take(Demand((2, 0)))
+    assert alloc.bound_pages(0) == 50 and alloc.evicted_pages == (0, 0)

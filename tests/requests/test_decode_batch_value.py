@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvchain.alloc import Demand
-from kvchain.errors import InvalidDemandError
+from kvchain.errors import InvalidDemandError, UnknownRequestError
 from kvchain.requests.batch import DecodeBatch
 
 from .window_full import manager, prefilled, state
@@ -124,10 +124,12 @@ def test_the_slot_lookup_memo_follows_the_slot_version() -> None:
     ids = (0, 1)
     assert list(kv.decode_demands(ids)) == [Demand((1, 1)), Demand((0, 0))]
     # Request 1 leaves; request 7 takes its freed slot with 5 tokens. The same ids now
-    # read request 1 as holding nothing: its first token, 1 page per band, (1, 1). A memo
-    # that kept the slots past the version would read request 7's row: (0, 0).
+    # read request 1 as holding nothing: a decode of it is refused. A memo that kept the
+    # slots past the version would read request 7's row: (0, 0), and no error.
     kv.free(1)
     kv.allocate([(7, 5)])
     kv.commit(7, 5)
-    assert list(kv.decode_demands(ids)) == [Demand((1, 1)), Demand((1, 1))]
+    with pytest.raises(UnknownRequestError, match="request 1 holds no pages"):
+        kv.decode_demands(ids)
+    assert list(kv.decode_demands((0,))) == [Demand((1, 1))]
     assert list(kv.decode_demands((7,))) == [Demand((0, 0))]

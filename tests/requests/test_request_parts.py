@@ -27,7 +27,7 @@ from kvchain.requests.manager import KVManager
 
 REQUESTS = Path(__file__).resolve().parents[2] / "src" / "kvchain" / "requests"
 PARTS = ("attach", "audit", "cache_audit", "cache_glue", "cache_insert", "commits", "reads",
-         "rows", "speculative", "suspend")
+         "rows", "speculative", "step", "suspend")
 
 
 def manager_imports(source: str) -> list[int]:
@@ -81,6 +81,41 @@ def test_the_length_check_finds_a_planted_61_line_function() -> None:
     body = "".join(f"    x{i} = {i}\n" for i in range(60))  # def line + 60 = 61 lines
     assert long_functions("def f():\n" + body) == [("f", 61)]
     assert long_functions("def f():\n" + body[:-len("    x59 = 59\n")]) == []
+
+
+def fat_methods(source: str, cls: str = "KVManager") -> list[str]:
+    """Methods of class ``cls`` in ``source`` (``__init__``, its construction, excepted)
+    whose body is more than one statement once the docstring is set aside."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for fn in node.body:
+                if not isinstance(fn, ast.FunctionDef) or fn.name == "__init__":
+                    continue
+                body = fn.body
+                if (body and isinstance(body[0], ast.Expr)
+                        and isinstance(body[0].value, ast.Constant)
+                        and isinstance(body[0].value.value, str)):
+                    body = body[1:]
+                if len(body) != 1:
+                    out.append(fn.name)
+    return out
+
+
+def test_the_manager_is_a_facade_of_one_line_delegations() -> None:
+    # issue 20: "kv_manager's class gone" - what stays is construction and one statement
+    # per method (the step path is requests/step.py's StepPath)
+    assert fat_methods((REQUESTS / "manager.py").read_text()) == []
+
+
+def test_the_facade_check_finds_a_planted_two_statement_method() -> None:
+    # Sibling: a method with a statement before its delegation is found, a docstring
+    # alone does not count, __init__ is construction.
+    planted = ("class KVManager:\n"
+               "    def __init__(self):\n        self.a = 1\n        self.b = 2\n"
+               "    def ok(self):\n        \"\"\"Doc.\"\"\"\n        return self.a\n"
+               "    def fat(self, rid):\n        facts = self.a\n        return facts\n")
+    assert fat_methods(planted) == ["fat"]
 
 
 def layout():  # type: ignore[no-untyped-def]

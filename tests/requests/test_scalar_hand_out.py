@@ -1,5 +1,5 @@
-"""The decode step's hand-out (``KVManager._distribute``) and window-tail release
-(``_release_fronts``) run over the rows' ints up to ``SCALAR_ROWS`` rows and over numpy
+"""The decode step's hand-out (``StepPath._distribute``) and window-tail release
+(``StepPath.release_fronts``) run over the rows' ints up to ``SCALAR_ROWS`` rows and over numpy
 columns above; the stream of ``test_decode_rows_scalar`` (every step's demands, need
 thresholds, held pages and the chain, both sides forced) covers them, and a planted
 defect in each int path (a release that keeps its last page, a hand-out one column off in a
@@ -11,7 +11,7 @@ import pytest
 
 from kvchain.errors import KVChainError
 from kvchain.requests import table as table_module
-from kvchain.requests.manager import KVManager
+from kvchain.requests.step import StepPath
 
 from .test_decode_rows_scalar import stream
 
@@ -21,13 +21,13 @@ def test_both_paths_agree_on_a_second_seed(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_a_wrong_int_release_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = KVManager._front_columns
+    real = StepPath._front_columns
 
     def short(self, band, slots, first, keep_from):  # type: ignore[no-untyped-def]
         return real(self, band, slots, first, [k - 1 for k in keep_from])
 
     numpy_always = stream(monkeypatch, 0, 0)
-    monkeypatch.setattr(KVManager, "_front_columns", short)
+    monkeypatch.setattr(StepPath, "_front_columns", short)
     assert stream(monkeypatch, 10_000, 0) != numpy_always
 
 

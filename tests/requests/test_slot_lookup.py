@@ -51,10 +51,12 @@ def test_a_batch_naming_request_0_twice_is_scanned_whole() -> None:
 def test_the_sibling_positions_that_miss_request_1_alias_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Planted defect: the memo records no position to check. Then True, equal to 1 as a
-    # dict key and in the tuple comparison, is served request 1's slot: commit_decodes
-    # commits one token to request 1 (5 -> 6), what the check above refuses.
+    # dict key and in the tuple comparison, is served request 1's slot: the block table
+    # reads request 1's row, what the check above refuses. (The manager's batch calls,
+    # decode_demands and commit_decodes, also refuse a bool id up front since round 10:
+    # kvchain.requests.batch.request_ids; the reads rest on the memo's check alone.)
     monkeypatch.setattr(lookup_module, "positions_of_zero_one", lambda ids: ())
     kv = _running(4)
-    kv.decode_demands([3, 1, 2])
-    kv.commit_decodes([3, True, 2])
-    assert kv.tokens(1) == 6
+    full = kv.geom.full
+    good = kv.reads.block_table([3, 1, 2], full, physical=False).tolist()
+    assert kv.reads.block_table([3, True, 2], full, physical=False).tolist() == good

@@ -147,7 +147,7 @@ def test_a_stale_epoch_plan_recomputes_its_rows(monkeypatch: pytest.MonkeyPatch)
     # checked row by row at its apply (three demands computed), then realized
     kv = prefilled([4, 5, 8])
     plan = kv.plan(DECODES)
-    stale = kv._issue(dataclasses.replace(plan, epoch=plan.epoch - 1))
+    stale = kv.steps._issue(dataclasses.replace(plan, epoch=plan.epoch - 1))
     real, calls = kv.demand, []
 
     def counted(*a: object, **k: object) -> Demand:

@@ -224,11 +224,11 @@ def test_planted_defects_make_the_audit_fail() -> None:
 
 def test_a_request_with_a_prefix_cache_hit_comes_back_with_private_pages() -> None:
     """Request 1's 20-token prompt (5 page keys) is inserted at its prefill end; request 2
-    shares its first 4 keys and hits 16 tokens (the last resume point on the 8-token
-    interval at or below 4 pages), prefills 8 more and commits: it reads 5 shared full pages
-    (its inserted prompt) + 1 own. Suspended, it copies all it reads (1 slot, 2 window, 6
-    full pages) and unlocks the cache; resumed, it holds them as its own (shared 0), the
-    cache keeps its copies, and its bytes are back."""
+    (24 tokens: 6 page keys) shares its first 4 keys and hits 16 tokens (the last resume
+    point on the 8-token interval at or below 4 pages), prefills 8 more and commits: its
+    whole prompt is inserted, so it reads 6 shared full pages. Suspended, it copies all it
+    reads (1 slot, 2 window, 6 full pages) and unlocks the cache; resumed, it holds them as
+    its own (shared 0), the cache keeps its copies, and its bytes are back."""
     device = NumpyBuffer(LAYOUT.buffer_bytes)
     chain = Chain(LAYOUT, device)
     cache = PrefixCache(CacheGeometry.of(LAYOUT), interval_tokens=8)
@@ -238,10 +238,10 @@ def test_a_request_with_a_prefix_cache_hit_comes_back_with_private_pages() -> No
     kv.allocate([(1, 20)])
     kv.commit(1, 20)
     kv.free(1)
-    assert kv.attach(2, (*keys[:4], 99), 24) == 16
+    assert kv.attach(2, (*keys[:4], 99, 100), 24) == 16  # 24 // 4 = 6 page keys
     kv.allocate([(2, 8)])
     kv.commit(2, 8)
-    assert kv.reads.held_per_band([2]) == (1, 2, 6) and kv.pages(2).shared == 5
+    assert kv.reads.held_per_band([2]) == (1, 2, 6) and kv.pages(2).shared == 6
     _fill(chain, device, kv, 2, 1)
     data = _bytes(chain, device, kv, 2)
     cached = cache.held_counts
@@ -262,10 +262,11 @@ def test_a_request_with_a_prefix_cache_hit_comes_back_with_private_pages() -> No
 
 
 def test_shared_by_others_counts_the_pages_another_request_locks() -> None:
-    """Request 2 (keys 11..14, 99) inserts its 5-page prompt after a 4-page hit on request
-    1's; request 3 (11..14, 98) hits the same 4 pages (16 tokens, a resume point) and locks
-    them: request 2's path splits at page 4, the node of pages [0, 4) carries 2's two locks
-    (hit, prompt) and 3's, the node of page 4 only 2's: 4 pages shared by others."""
+    """Request 2 (keys 11..14, 99, 100) inserts its 6-page prompt after a 4-page hit on
+    request 1's; request 3 (11..14, 98, 100) hits the same 4 pages (16 tokens, a resume
+    point) and locks them: request 2's path splits at page 4, the node of pages [0, 4)
+    carries 2's two locks (hit, prompt) and 3's, the node of pages [4, 6) only 2's: 4 pages
+    shared by others."""
     chain = Chain(LAYOUT)
     cache = PrefixCache(CacheGeometry.of(LAYOUT), interval_tokens=8)
     kv = KVManager(chain, cache)
@@ -274,11 +275,11 @@ def test_shared_by_others_counts_the_pages_another_request_locks() -> None:
     kv.allocate([(1, 20)])
     kv.commit(1, 20)
     kv.free(1)
-    kv.attach(2, (*keys[:4], 99), 24)
+    kv.attach(2, (*keys[:4], 99, 100), 24)  # 24 // 4 = 6 page keys
     kv.allocate([(2, 8)])
     kv.commit(2, 8)
     assert kv.shared_by_others(2) == 0  # alone: its locks only
-    assert kv.attach(3, (*keys[:4], 98), 24) == 16
+    assert kv.attach(3, (*keys[:4], 98, 100), 24) == 16
     assert kv.shared_by_others(2) == 4
     assert kv.shared_by_others(9) == 0  # holds nothing
     kv.detach(3)

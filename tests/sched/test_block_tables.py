@@ -242,16 +242,21 @@ def test_a_planted_stale_row_is_caught() -> None:
     assert table_mismatches(kv) != []
 
 
-def test_a_decode_batch_of_a_fresh_request_equals_its_first_token() -> None:
+def test_a_decode_batch_of_a_fresh_request_is_refused() -> None:
+    """A decode extends a held row: ``decode_demands`` of an id that holds nothing is
+    refused (a breaker found ``[99]`` built a plan that ``apply`` turned into a new
+    request); its first token is a prefill chunk (``allocate``)."""
     for shape in SHAPES:
         kv = _manager(shape)
-        got = kv.decode_demands([3, 3])
-        assert list(got) == [kv.demand(3, 1)] * 2
+        before = kv.chain.snapshot()
+        for rids in ([3], [3, 3]):
+            with pytest.raises(UnknownRequestError, match="request 3 holds no pages"):
+                kv.decode_demands(rids)
+        assert 3 not in kv and kv.chain.snapshot() == before
         # by hand: 1 page in each token band, the state band's slots (1 here)
-        assert got[0] == Demand(tuple(1 for _ in range(kv.geom.num_bands)))
-        # allocated through the decode path's own list: registered, then its pages
         ref = _manager(shape)
-        assert kv.allocate([(3, 1)], kv.decode_demands([3])) == ref.allocate([(3, 1)])
+        assert kv.allocate([(3, 1)]) == ref.allocate([(3, 1)]) == Demand(
+            tuple(1 for _ in range(kv.geom.num_bands)))
         assert kv.held(3) == ref.held(3) and table_mismatches(kv) == []
         assert kv.commit_decodes([3]) == ref.commit(3, 1) == 0
         assert kv.tokens(3) == 1 and table_mismatches(kv) == []
@@ -314,8 +319,14 @@ def test_commit_decodes_rejects_a_bad_batch_before_any_change(cached: bool) -> N
     assert (kv.tokens(0), kv.tokens(2)) == (9, 4)
     assert kv.reads.block_table([0, 2], kv.geom.full, physical=False).tolist() == before
     kv.audit()
-    # the sibling: a batch naming request 0 three times fits (9 + 3 = 12) and commits 3
-    kv.commit_decodes([0, 0, 0])
+    # a batch naming request 0 three times (9 + 3 = 12 would fit) is refused as allocate
+    # refuses it: one token per request (it used to commit 3; found by a breaker)
+    with pytest.raises(InvalidDemandError, match="request 0 appears twice"):
+        kv.commit_decodes([0, 0, 0])
+    assert (kv.tokens(0), kv.tokens(2)) == (9, 4)
+    # the sibling: the same 3 tokens, one per batch, commit
+    for _ in range(3):
+        kv.commit_decodes([0])
     assert kv.tokens(0) == 12
 
 

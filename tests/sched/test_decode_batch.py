@@ -76,11 +76,14 @@ def test_batched_decode_equals_per_request_decode(shape, prompts, steps, seed):
             batched.free(rid)
 
 
-def test_decode_demand_of_a_new_request_is_its_first_token():
+def test_decode_demand_of_a_request_that_holds_nothing_is_refused():
+    """A decode extends a held row: an unknown id used to get its first token's demand,
+    which ``apply`` turned into a new request (found by a breaker)."""
     kv, _ = _pair("state|window|full")
-    # nothing held: 1 state slot, 1 window page, 1 full page
-    assert list(kv.decode_demands([7])) == [kv.demand(7, 1)]
-    assert kv.decode_demands([7])[0].pages == (1, 1, 1)
+    assert kv.demand(7, 1).pages == (1, 1, 1)  # nothing held: a first chunk's demand
+    with pytest.raises(UnknownRequestError, match="request 7 holds no pages"):
+        kv.decode_demands([7])
+    assert 7 not in kv and kv.num_requests == 0
 
 
 def test_commit_decodes_checks_everyone_before_changing_anything():

@@ -8,6 +8,8 @@ compares enum members) were accepted.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -37,7 +39,7 @@ TRACE = load_trace("azure-conv", first=2)
     ({"cache_points": "ends"}, "cache_points must be a ResumePolicy"),
     ({"fast_forward": "no"}, "fast_forward must be True or False, got 'no'"),
     ({"prefix_cache": 1}, "prefix_cache must be True or False"),
-    ({"truncate_to_context": "yes"}, "truncate_to_context must be True or False"),
+    ({"truncate": "yes"}, "truncate must be True or False"),
 ])
 def test_wrong_types_are_refused_at_construction(kwargs, needle):
     with pytest.raises(ConfigError) as info:
@@ -94,3 +96,25 @@ def test_compare_managers_refuses_a_bad_list_before_running(kinds, needle):
 def test_scheduler_and_reserve_configs_check_their_types(build, needle):
     with pytest.raises(ConfigError, match=needle):
         build()
+
+
+def test_the_scheduler_comes_from_the_options_unless_given():
+    """SimConfig is a RunOptions (one declaration of every option). Without ``scheduler=``
+    the limits are built from the options; the defaults give SchedulerConfig()'s own
+    (max_running 256, chunk 8192, prefill budget max(8192, 8192) = 8192, FCFS, strict on,
+    the adaptive reservation), as before the merge."""
+    assert SimConfig(MODEL, GPU, TRACE).scheduler == SchedulerConfig()
+    cfg = SimConfig(MODEL, GPU, TRACE, max_running=7, chunk_size=16_384)
+    # max(16,384, 8,192) = 16,384 prefill tokens per step (PREFILL_TOKENS_FLOOR).
+    assert (cfg.scheduler.max_running, cfg.scheduler.max_prefill_tokens) == (7, 16_384)
+    # A copy with another page size keeps the limits the options and the scheduler share.
+    assert replace(cfg, page_size=32).scheduler == cfg.scheduler
+
+
+def test_a_scheduler_the_options_contradict_is_refused():
+    # Sibling of the case above: the same max_running given next to a scheduler that says
+    # otherwise is refused instead of one silently winning.
+    with pytest.raises(ConfigError, match="given both as scheduler= and as options"):
+        SimConfig(MODEL, GPU, TRACE, max_running=7, scheduler=SchedulerConfig())
+    given = SchedulerConfig(max_running=7, strict=False)
+    assert SimConfig(MODEL, GPU, TRACE, scheduler=given).scheduler is given

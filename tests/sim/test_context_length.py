@@ -45,7 +45,7 @@ LENGTHS = ((900, 100), (950, 100), (2_000, 10), (100, 1_000), (10, 10))
 
 def run(context: int | None, truncate: bool):
     config = SimConfig(model(context), H200, trace(*LENGTHS), buffer_bytes=100_000_000,
-                       truncate_to_context=truncate)
+                       truncate=truncate)
     return simulate(config, audit_every_step=True)
 
 

@@ -79,7 +79,7 @@ def test_without_host_bytes_nothing_of_the_tier_shows() -> None:
 
 
 def test_bad_host_settings_are_refused() -> None:
-    with pytest.raises(ConfigError, match="host_bytes must be >= 1"):
+    with pytest.raises(ConfigError, match="--host-bytes must be >= 1"):
         config(0)
     with pytest.raises(ConfigError, match="prefix cache"):
         simulate(config(1_000_000_000, prefix_cache=False))

@@ -530,3 +530,25 @@ def test_recorder_without_a_cache_refuses_cached_bytes() -> None:
     assert not rec.prefix_cache and summarize(rec).mean_kv_cache_locked is None
     with pytest.raises(ConfigError, match="prefix_cache"):
         MetricsRecorder(prefix_cache=1)  # type: ignore[arg-type]
+
+
+def test_events_out_of_order_name_the_time_they_needed():
+    """The order checks of the request events (one helper for on_first_token, on_token and
+    on_finished): each message names the event, the request, its time and the missing or
+    later time. Sibling: the same events in order pass and count 1 + 2 output tokens."""
+    rec = MetricsRecorder()
+    rec.on_arrival(7, 1.0, prompt_tokens=10, output_tokens=3)
+    with pytest.raises(MetricsError, match=r"^on_first_token: request 7 at 2.0 s was not "
+                                           r"admitted before \(admitted_s=None\)$"):
+        rec.on_first_token(7, 2.0)
+    rec.on_admitted(7, 2.0)
+    with pytest.raises(MetricsError, match=r"^on_finished: request 7 at 3.0 s has no first "
+                                           r"token before \(first_token_s=None\)$"):
+        rec.on_finished(7, 3.0)
+    rec.on_first_token(7, 4.0)
+    with pytest.raises(MetricsError, match=r"^on_token: request 7 at 3.5 s has no first "
+                                           r"token before \(first_token_s=4.0\)$"):
+        rec.on_token(7, 3.5)
+    rec.on_token(7, 5.0, tokens=2)
+    rec.on_finished(7, 5.0)
+    assert rec.record(7).output_done == 3 and rec.record(7).finished_s == 5.0

@@ -42,7 +42,7 @@ def test_options_reach_the_scheduler_and_the_sim_config():
     cfg = run.sim_config(load_model("gpt-oss-120b"), get_gpu("h200"), trace)
     assert (cfg.clock, cfg.step_ms, cfg.buffer_bytes, cfg.page_size) == (
         ClockKind.STEPS, 12.5, 10**9, 32)
-    assert cfg.truncate_to_context is True and cfg.prefix_cache is False
+    assert cfg.truncate is True and cfg.prefix_cache is False
 
 
 def test_bad_values_are_refused_naming_the_flag():

@@ -84,9 +84,9 @@ def test_admission_that_does_not_count_k_is_caught(monkeypatch: pytest.MonkeyPat
 
 
 def test_seeded_and_deterministic() -> None:
-    a, b = (simulate(replace(config(3), spec_seed=7)).summary.extra for _ in range(2))
+    a, b = (simulate(replace(config(3), seed=7)).summary.extra for _ in range(2))
     assert a == b
-    c = simulate(replace(config(3), spec_seed=8)).summary.extra
+    c = simulate(replace(config(3), seed=8)).summary.extra
     assert c["spec_accepted_drafts"] != a["spec_accepted_drafts"]
 
 
@@ -120,7 +120,7 @@ def test_options_are_checked() -> None:
         RunOptions(spec_acceptance=1.5)
     opts = RunOptions(spec_tokens=2, spec_acceptance=0.5, seed=3)
     cfg = opts.sim_config(load_model(MODEL), get_gpu("h200"), load_trace(TRACE, first=2))
-    assert (cfg.spec_tokens, cfg.spec_acceptance, cfg.spec_seed) == (2, 0.5, 3)
+    assert (cfg.spec_tokens, cfg.spec_acceptance, cfg.seed) == (2, 0.5, 3)
     _load_commands()
     out = CliRunner().invoke(app, ["simulate", "--trace", TRACE, "--requests", "2",
                                    "--spec-tokens", "-1"])

@@ -197,7 +197,9 @@ def test_user_azure_file_sorted_stably_and_zero_output_clamped(tmp_path: Path) -
         ("16/11/2023 10:00:01,12,4", "line 3, field 'TIMESTAMP'", "unparsable"),
         ("2023-02-30 10:00:01.5,12,4", "line 3, field 'TIMESTAMP'", "invalid date"),
         ("2023-11-16 25:00:01.5,12,4", "line 3, field 'TIMESTAMP'", "invalid time"),
-        ("2023-11-16 10:00:01.5,12", "line 3, field 'TIMESTAMP'", "expected 3 fields"),
+        ("2023-11-16 10:00:01.5,12", "line 3, field 'GeneratedTokens'", "expected 3 fields"),
+        ("2023-11-16 10:00:01.5,12,4,9", "line 3, field '#4 (past the header)'",
+         "expected 3 fields"),
     ],
 )
 def test_malformed_azure_rows(tmp_path: Path, row: str, line_field: str, what: str) -> None:

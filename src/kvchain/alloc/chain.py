@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kvchain.alloc.band import Band, PageMoves
-from kvchain.alloc.evictor import Evictor
+from kvchain.alloc.evictor import Evictor, EvictorHost, page_ids
 from kvchain.alloc.pricing import GENERAL_PLANNER, Planner, check_demand, with_copies
 from kvchain.alloc.pricing import apply_action as plan_apply_action
 from kvchain.alloc.quotes import QuoteRegistry
@@ -47,11 +47,11 @@ from kvchain.alloc.snapshot import (
     CopyPages,
     Demand,
     Evict,
-    EvictionOrder,
     Extend,
     Quote,
     Relocate,
     Side,
+    SnapshotParts,
     UseHoles,
     WaitFence,
 )
@@ -70,43 +70,6 @@ from kvchain.errors import (
     UnknownPageError,
 )
 from kvchain.layout import Anchor, ChainLayout
-
-# --- page ids handed in ----------------------------------------------------------------
-
-
-def page_ids(band: int, vids: object) -> np.ndarray:
-    """The virtual page ids of one band handed to a ``release`` (or back by an evictor), as
-    a flat int64 array: the one check of their shape and type every allocator runs before
-    it changes anything.
-
-    Args:
-        band: the band the ids belong to (named in the message only).
-        vids: a flat sequence of integer ids (a list or tuple of Python or NumPy ints, or
-            a 1-D integer array); empty is fine.
-
-    Returns:
-        The ids, int64, shape ``(n,)`` (a view of ``vids`` when it already is one).
-
-    Raises:
-        UnknownPageError: ``vids`` is not one-dimensional (a scalar, a nested or 2-D
-            sequence such as every band's ``Grant.pages`` at once, whose ids would be read
-            as this band's) or ragged, or its ids are not integers (floats, bools,
-            strings, ``None``).
-    """
-    try:
-        v = np.asarray(vids)
-    except (ValueError, TypeError):  # ragged nesting, e.g. ((), (0, 1))
-        raise UnknownPageError(f"band {band}: virtual ids must be a flat sequence of ints, "
-                               f"got a ragged {type(vids).__name__}") from None
-    if v.ndim != 1:
-        raise UnknownPageError(f"band {band}: virtual ids must be a flat sequence of ints "
-                               f"(one band's ids per call), got shape {v.shape}")
-    if v.size == 0:
-        return np.empty(0, dtype=np.int64)
-    if v.dtype.kind not in "iu":
-        raise UnknownPageError(f"band {band}: virtual ids must be integers, got dtype {v.dtype}")
-    return v.astype(np.int64, copy=False)
-
 
 # --- value objects --------------------------------------------------------------------
 
@@ -269,8 +232,10 @@ class _DryRun:
     order_checked: bool = False
 
 
-class Chain:
-    """A chain of bands over one byte buffer: the allocator's state and executor.
+class Chain(EvictorHost):
+    """A chain of bands over one byte buffer: the allocator's state and executor (its
+    evictor side, :meth:`set_evictor` and the checks of an ``Evict``, is
+    :class:`~kvchain.alloc.evictor.EvictorHost`).
 
     Args:
         layout: the validated chain layout.
@@ -300,6 +265,8 @@ class Chain:
         ConfigError: a bad ``audit`` flag, or ``planner`` not a ``Planner``.
     """
 
+    _holder = "chain"
+
     def __init__(self, layout: ChainLayout, buffer: BufferBackend | None = None, *,
                  debug_audit: bool = False, audit: bool | None = None,
                  planner: Planner = GENERAL_PLANNER) -> None:
@@ -320,6 +287,7 @@ class Chain:
         self._epoch = 0
         self._quotes = QuoteRegistry("chain")
         self._snap: ChainSnapshot | None = None
+        self._parts = SnapshotParts(len(self._bands))  # band snapshots, order: kept
         self._empty_snapshot: ChainSnapshot | None = None
         self._gate_open = True
         self._close_pending = False
@@ -331,7 +299,7 @@ class Chain:
         self._compactions = self._relocations = self._fence_waits = 0
         self._copies = self._copy_bytes = 0
         self._null: tuple[int | None, ...] = (None,) * len(self._bands)
-        self._evictor: Evictor | None = None
+        self._evictor = None
         self._evictor_version = -1  # the evictor version the cached snapshot saw
         self._evicted_pages = 0
         reserved = Demand(tuple(bl.reserved_pages for bl in layout.bands))
@@ -383,37 +351,50 @@ class Chain:
 
         Polls the in-flight fence first: if it completed, ``fence_pending`` clears (an
         epoch bump).
+
+        Built incrementally: only the bands a change touched since the last build get a
+        new band snapshot (:class:`~kvchain.alloc.snapshot.SnapshotParts`), and the
+        evictor's order is asked again only when its version moved (an
+        :class:`~kvchain.alloc.evictor.Evictor` returns the same order for the same
+        version). Under the audit flag (``audit``) every build is compared with one made
+        from scratch.
+
+        Raises:
+            AuditError: (audit flag on) the incremental snapshot differs from a fresh one.
         """
         if self._fence is not None and self._fence.query():
             self._apply(_FenceDone())
-        if self._evictor is not None and self._evictor.version != self._evictor_version:
+        evictor = self._evictor
+        if evictor is not None and evictor.version != self._evictor_version:
             self._new_epoch()  # the evictable supply changed: a new capacity epoch
         if self._snap is None:
-            self._snap = self._build_snapshot()
-            if self._evictor is not None:
-                self._evictor_version = self._evictor.version
+            parts = self._parts
+            bands = parts.bands(self._bands, self._gate_open, self._fence is not None)
+            if evictor is None:
+                snap = ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch)
+            else:
+                version = evictor.version
+                kept = parts.order
+                if kept is None or kept[0] != version:
+                    kept = parts.order = (version, self._checked_order())
+                snap = ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch, kept[1])
+                self._evictor_version = version
+            if self.audit_takes:
+                fresh = self._build_snapshot()
+                if fresh != snap:
+                    raise AuditError(f"incremental snapshot {snap} != fresh {fresh}")
+            self._snap = snap
         return self._snap
 
-    @property
-    def evictor(self) -> Evictor | None:
-        """The prefix cache whose unlocked pages the planner may evict, or ``None``."""
-        return self._evictor
-
     def set_evictor(self, evictor: Evictor | None) -> None:
-        """Attach (or detach, with ``None``) the prefix cache that offers evictable supply.
-
-        From then on every snapshot carries ``evictor.eviction_order()`` and every plan
-        may start with an ``Evict`` step (the planner evicts only when a demand does not
-        fit otherwise). One epoch bump.
+        """:meth:`EvictorHost.set_evictor`, and the kept eviction order is forgotten (a new
+        evictor may report the version the old one had).
 
         Raises:
             InvalidDemandError: ``evictor`` does not implement :class:`Evictor`.
         """
-        if evictor is not None and not isinstance(evictor, Evictor):
-            raise InvalidDemandError(f"expected an Evictor, got {type(evictor).__name__}")
-        self._evictor = evictor
-        self._evictor_version = -1
-        self._new_epoch()
+        super().set_evictor(evictor)
+        self._parts.order = None
 
     def empty_snapshot(self) -> ChainSnapshot:
         """The snapshot of this chain's layout with nothing held but its null pages (what
@@ -466,6 +447,35 @@ class Chain:
         if quote is None:
             quote = self._quotes.issue(self.planner.quote(snap, demand))
         return quote
+
+    def price_pages(self, pages: tuple[int, ...]) -> Quote:
+        """:meth:`price` of ``Demand(pages)``, without building the :class:`Demand` when
+        this epoch's memo already holds a quote for equal pages: the same pages tuple as
+        the last query (an identity test) or an equal tuple of exact ints (the memo's
+        lookup by value, :meth:`QuoteRegistry.repeat`). The quote served is the one
+        issued, whose ``demand`` is the :class:`Demand` built when it was first priced in
+        this epoch (the memo is the chain's own and is emptied with its epoch; nothing is
+        kept elsewhere). Any miss builds the demand and takes :meth:`price`'s path, so
+        the answer, its validation and its errors are :meth:`price`'s.
+
+        Meant for a caller that holds or rebuilds its demand's pages each time it asks
+        (a step total, ``tuple(totals[j].tolist())``): on a hit the ``Demand`` object
+        would cost more than the memo's answer.
+
+        Raises:
+            InvalidDemandError: ``pages`` not a tuple of non-negative ints, one per band.
+        """
+        snap = self._snap
+        if snap is not None and self._fence is None:  # price's fast path, on pages
+            evictor = self._evictor
+            if evictor is None or evictor.version == self._evictor_version:
+                priced, last, quote = self._quotes.last
+                if priced is snap and pages is last and quote is not None:
+                    return quote
+                quote = self._quotes.repeat(snap, pages)
+                if quote is not None:
+                    return quote
+        return self.price(Demand(pages))
 
     def bound_pages(self, band: int) -> int:
         """Virtual ids bound in band ``band`` (live pages, null pages included).
@@ -891,6 +901,9 @@ class Chain:
         if apply is None:
             raise PlanMismatchError(f"unknown action {action!r}")
         result = apply(self, action)
+        # a band's own action touched that band only; the others (Evict, the gate, the
+        # fence) every band
+        self._parts.touch(getattr(action, "band", None))
         self._new_epoch()
         return result
 
@@ -901,31 +914,20 @@ class Chain:
         the order said) before any is released; the evictor has already forgotten them, so
         a bad answer is a bug of the cache (:class:`PlanMismatchError`), never a refusal.
         """
-        evictor = self._evictor
-        if evictor is None:
+        if self._evictor is None:
             raise PlanMismatchError(f"{action}: no evictor is attached")
-        expected = evictor.eviction_order().freed(action.units)
-        freed = evictor.evict(action.units)
-        if len(freed) != len(self._bands):
-            raise PlanMismatchError(f"{action}: the evictor returned {len(freed)} bands")
-        ids = []
-        for i, (b, raw) in enumerate(zip(self._bands, freed, strict=True)):
-            try:
-                v = page_ids(i, raw)
-            except UnknownPageError as exc:
-                raise PlanMismatchError(f"{action}: the evictor's {exc}") from None
-            if v.size != expected[i]:
-                raise PlanMismatchError(f"{action}: band {i} freed {v.size} pages, the order "
-                                        f"said {expected[i]}")
-            if v.size and (int(v.min()) < 0 or int(v.max()) >= b.n_phys
-                           or (b.v2p[v] < 0).any() or np.unique(v).size != v.size
-                           or (self._null[i] is not None and (v == self._null[i]).any())):
-                raise PlanMismatchError(f"{action}: band {i} freed ids that are not held pages")
-            ids.append(v)
+        expected = self._evictor.eviction_order().freed(action.units)
+        ids = self._evicted_ids(str(action), action.units, expected)
         for b, v in zip(self._bands, ids, strict=True):
             if v.size:
                 b.release(v)
                 self._evicted_pages += int(v.size)
+
+    def _holds(self, band: int, ids: np.ndarray) -> bool:
+        b, null = self._bands[band], self._null[band]
+        return not (int(ids.min()) < 0 or int(ids.max()) >= b.n_phys
+                    or (b.v2p[ids] < 0).any() or np.unique(ids).size != ids.size
+                    or (null is not None and (ids == null).any()))
 
     def _apply_use_holes(self, action: UseHoles) -> np.ndarray:
         return self._bands[action.band].use_holes(action.pages)
@@ -1056,25 +1058,6 @@ class Chain:
         return ChainSnapshot(self.layout.buffer_bytes, bands, self._epoch,
                              self._checked_order())
 
-    def _checked_order(self) -> EvictionOrder:
-        """The evictor's current order, checked to be an :class:`EvictionOrder` as wide as
-        the chain (the canonical empty order ``((),)`` fits any chain).
-
-        Raises:
-            PlanMismatchError: the evictor broke its contract (not an order, or another
-                number of bands).
-        """
-        assert self._evictor is not None
-        order = self._evictor.eviction_order()
-        if not isinstance(order, EvictionOrder):
-            raise PlanMismatchError(f"the evictor's eviction_order() returned "
-                                    f"{type(order).__name__}, not an EvictionOrder")
-        width = order.width
-        if order.units and width != len(self._bands):
-            raise PlanMismatchError(f"the evictor's order has {width} bands, the chain "
-                                    f"{len(self._bands)}")
-        return order
-
     def _band_index(self, band: int) -> int:
         if isinstance(band, bool) or not isinstance(band, int | np.integer) or not (
                 0 <= band < len(self._bands)):
@@ -1097,7 +1080,8 @@ class Chain:
         ``span == live + holes``; live == pages with ``p2v >= 0`` in the span and none
         outside; the hole map == free slots of the span (and its block summary);
         ``v2p``/``p2v`` a bijection on bound pages; the free-id stack == unbound ids; null
-        pages bound; the cached snapshot equals a freshly built one.
+        pages bound; the cached snapshot equals a freshly built one, and so does every
+        band snapshot kept for the next incremental build.
 
         Raises:
             AuditError: naming the first thing found wrong.
@@ -1153,3 +1137,7 @@ class Chain:
             fresh = self._build_snapshot()
             if self._snap != fresh or self._snap.epoch != self._epoch:
                 raise AuditError(f"cached snapshot {self._snap} != fresh {fresh}")
+        stale = self._parts.stale(self._bands, self._gate_open, self._fence is not None)
+        if stale:
+            raise AuditError(f"kept band snapshots of bands {stale} are stale (a change "
+                             f"that did not touch them)")

@@ -22,7 +22,6 @@ allocator, holds at most :data:`MAX_ISSUED_PER_EPOCH` quotes, and dies with the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
 from kvchain.alloc.snapshot import Action, ChainSnapshot, Demand, LazyPlan, Quote
@@ -43,14 +42,10 @@ def plan_actions(quote: Quote) -> tuple[Action, ...]:
     return tuple(s.action for s in steps)
 
 
-@dataclass(frozen=True, slots=True)
-class _Issued:
-    quote: Quote
-    demand: Demand
-    before: ChainSnapshot
-    fits: bool
-    steps: object
-    actions: tuple[Action, ...]
+#: What the registry records of an issued quote, as it was issued: ``(quote, demand,
+#: before, fits, steps, actions)`` (a plain tuple: a first price on every epoch builds
+#: one, and a frozen dataclass costs twice as much to build).
+_Issued = tuple[Quote, Demand, ChainSnapshot, bool, object, tuple[Action, ...]]
 
 
 class QuoteRegistry:
@@ -86,16 +81,17 @@ class QuoteRegistry:
         not be answered with it)."""
         issued = self._issued
         rec = issued.get(id(quote))
-        if rec is not None and rec.quote is quote:
+        if rec is not None and rec[0] is quote:
             return quote
         if len(issued) >= MAX_ISSUED_PER_EPOCH:
             old = issued.pop(next(iter(issued)))
-            latest = self._by_pages.get(old.demand.pages)
-            if latest is not None and latest[1] is old.quote:
-                del self._by_pages[old.demand.pages]
-        pages = quote.demand.pages
-        issued[id(quote)] = _Issued(quote, quote.demand, quote.before, quote.fits,
-                                    quote.steps, plan_actions(quote))
+            latest = self._by_pages.get(old[1].pages)
+            if latest is not None and latest[1] is old[0]:
+                del self._by_pages[old[1].pages]
+        demand = quote.demand
+        pages = demand.pages
+        issued[id(quote)] = (quote, demand, quote.before, quote.fits, quote.steps,
+                             plan_actions(quote))
         if not memo:
             return quote
         self._by_pages[pages] = (pages, quote)
@@ -163,20 +159,21 @@ class QuoteRegistry:
             ForgedQuoteError: not issued here, altered since, or priced for another demand.
         """
         rec = self._issued.get(id(quote))
-        if rec is None or rec.quote is not quote:
+        if rec is None or rec[0] is not quote:
             before = getattr(quote, "before", None)
             if isinstance(before, ChainSnapshot) and before.epoch != epoch:
                 raise StaleQuoteError(f"quote priced at epoch {before.epoch}, the {self._owner} "
                                       f"is at epoch {epoch}: price the demand again")
             raise ForgedQuoteError(f"the {self._owner} did not issue this quote for its "
                                    f"current snapshot (epoch {epoch})")
-        if rec.before.epoch != epoch:  # whichever path bumped the epoch without clear()
-            raise StaleQuoteError(f"quote priced at epoch {rec.before.epoch}, the "
+        _, rec_demand, rec_before, rec_fits, rec_steps, rec_actions = rec
+        if rec_before.epoch != epoch:  # whichever path bumped the epoch without clear()
+            raise StaleQuoteError(f"quote priced at epoch {rec_before.epoch}, the "
                                   f"{self._owner} is at epoch {epoch}: price the demand again")
-        if quote.demand != demand or rec.demand != demand:
-            raise ForgedQuoteError(f"quote priced for {rec.demand.pages}, taken for "
+        if quote.demand != demand or rec_demand != demand:
+            raise ForgedQuoteError(f"quote priced for {rec_demand.pages}, taken for "
                                    f"{getattr(demand, 'pages', demand)!r}")
-        if (quote.fits != rec.fits or quote.before is not rec.before
-                or quote.steps is not rec.steps
-                or plan_actions(quote) != rec.actions):
+        if (quote.fits != rec_fits or quote.before is not rec_before
+                or quote.steps is not rec_steps
+                or plan_actions(quote) != rec_actions):
             raise ForgedQuoteError(f"the {self._owner}'s quote was altered after pricing")

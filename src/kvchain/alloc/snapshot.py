@@ -47,7 +47,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Final, overload
+from typing import Final, Protocol, overload
 
 from kvchain.errors import InvalidDemandError, PlanMismatchError
 from kvchain.layout import Anchor
@@ -60,7 +60,7 @@ class Side(StrEnum):
     HIGH = "high"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class BandSnapshot:
     """Counts and frontiers of one band.
 
@@ -89,6 +89,25 @@ class BandSnapshot:
     movable: bool = True
     fence_pending: bool = False
 
+    def __init__(self, label: str, anchor: Anchor, page_bytes: int, lo: int, hi: int,
+                 live: int, holes: int, cap: int, movable: bool = True,
+                 fence_pending: bool = False) -> None:
+        """Store the fields (no validation: a chain's bands are consistent by
+        construction, :meth:`~kvchain.alloc.chain.Chain.audit` checks them). The slots'
+        own setters replace the frozen dataclass's ``object.__setattr__`` call per field,
+        about half the cost (a chain builds one per touched band per capacity epoch, the
+        planner one per band an action changes)."""
+        _b_label(self, label)
+        _b_anchor(self, anchor)
+        _b_page_bytes(self, page_bytes)
+        _b_lo(self, lo)
+        _b_hi(self, hi)
+        _b_live(self, live)
+        _b_holes(self, holes)
+        _b_cap(self, cap)
+        _b_movable(self, movable)
+        _b_fence(self, fence_pending)
+
     @property
     def span(self) -> int:
         """Pages in ``[lo, hi)``: ``live + holes``."""
@@ -98,6 +117,87 @@ class BandSnapshot:
     def free_index_room(self) -> int:
         """Pages the span may still grow by under the index-space cap."""
         return self.cap - self.span
+
+
+(_b_label, _b_anchor, _b_page_bytes, _b_lo, _b_hi, _b_live, _b_holes, _b_cap, _b_movable,
+ _b_fence) = (BandSnapshot.__dict__[f].__set__ for f in (
+    "label", "anchor", "page_bytes", "lo", "hi", "live", "holes", "cap", "movable",
+    "fence_pending"))  # the slots' own setters, for BandSnapshot.__init__
+
+
+class BandSource(Protocol):
+    """What :class:`SnapshotParts` reads a band's snapshot from (a chain's
+    :class:`~kvchain.alloc.band.Band`)."""
+
+    def snapshot(self, movable: bool, fence_pending: bool) -> BandSnapshot:
+        """The band's counts and frontiers now."""
+        ...
+
+
+class SnapshotParts:
+    """The parts of a chain's snapshot kept between its capacity epochs: its band
+    snapshots and the evictor's order (with the version it was read at), the incremental
+    part of a snapshot's build.
+
+    A chain's epoch moves on every change a snapshot can see, but most changes touch one
+    band (a take's ``UseHoles`` / ``Extend`` / ``Compact`` / ``Relocate`` of band ``i``, a
+    release of band ``i``); the gate, the fence and an eviction touch every band. The
+    chain calls :meth:`touch` with what each change touched, and :meth:`bands` rebuilds
+    only those bands' snapshots (each band's own ``snapshot(movable, fence_pending)``),
+    reusing the others': O(touched bands) snapshot builds, O(bands) in all.
+
+    A change the chain forgets to :meth:`touch` leaves a stale band snapshot; the chain's
+    audit flag compares every built snapshot with one built from scratch
+    (:meth:`~kvchain.alloc.chain.Chain.snapshot`), and :meth:`stale` lists the clean
+    bands whose kept snapshot differs from the band now (:meth:`Chain.audit`).
+
+    The order is kept as :attr:`order`, ``(evictor version, its order)`` or ``None``: an
+    :class:`~kvchain.alloc.evictor.Evictor` returns the same order for the same version,
+    so the chain asks again only when the version moved (and forgets it with its
+    evictor).
+
+    Args:
+        num_bands: bands of the chain (every band starts touched: nothing is kept yet).
+    """
+
+    __slots__ = ("_dirty", "_kept", "order")
+
+    def __init__(self, num_bands: int) -> None:
+        self._kept: list[BandSnapshot | None] = [None] * num_bands
+        self._dirty: set[int] = set(range(num_bands))
+        self.order: tuple[int, EvictionOrder] | None = None
+
+    def touch(self, band: int | None) -> None:
+        """Mark band ``band`` changed (``None``: every band), so the next :meth:`bands`
+        rebuilds its snapshot. O(1); an index outside the chain marks nothing (the
+        chain validates its band indices before it changes a band)."""
+        if band is None:
+            self._dirty.update(range(len(self._kept)))
+        else:
+            self._dirty.add(band)
+
+    def bands(self, sources: Sequence[BandSource], movable: bool,
+              fence_pending: bool) -> tuple[BandSnapshot, ...]:
+        """The band snapshots now, low -> high: the touched bands' rebuilt from
+        ``sources`` (one per band, same order), the others' reused; nothing is touched
+        afterwards."""
+        kept = self._kept
+        dirty = self._dirty
+        if dirty:
+            for i in dirty:
+                if i < len(kept):
+                    kept[i] = sources[i].snapshot(movable, fence_pending)
+            dirty.clear()
+        return tuple(kept)  # type: ignore[arg-type]  # every band built once at least
+
+    def stale(self, sources: Sequence[BandSource], movable: bool,
+              fence_pending: bool) -> list[int]:
+        """The untouched bands whose kept snapshot differs from their snapshot now
+        (should be none: a change that was not touched). Pure; O(bands)."""
+        kept = self._kept
+        return [i for i, src in enumerate(sources)
+                if i not in self._dirty and kept[i] is not None
+                and kept[i] != src.snapshot(movable, fence_pending)]
 
 
 class _OrderRows:
@@ -416,7 +516,7 @@ class EvictionOrder:
 _NO_EVICTION = EvictionOrder()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ChainSnapshot:
     """The chain as pricing sees it: buffer bytes + band snapshots, low -> high.
 
@@ -431,6 +531,14 @@ class ChainSnapshot:
     bands: tuple[BandSnapshot, ...]
     epoch: int = field(default=0, compare=False)
     evictable: EvictionOrder = _NO_EVICTION
+
+    def __init__(self, buffer_bytes: int, bands: tuple[BandSnapshot, ...], epoch: int = 0,
+                 evictable: EvictionOrder = _NO_EVICTION) -> None:
+        """Store the fields through the slots' own setters (as :class:`BandSnapshot`)."""
+        _c_buffer(self, buffer_bytes)
+        _c_bands(self, bands)
+        _c_epoch(self, epoch)
+        _c_evictable(self, evictable)
 
     @property
     def evictable_units(self) -> int:
@@ -462,6 +570,10 @@ class ChainSnapshot:
         bands = list(self.bands)
         bands[i] = band
         return replace(self, bands=tuple(bands))
+
+
+_c_buffer, _c_bands, _c_epoch, _c_evictable = (ChainSnapshot.__dict__[f].__set__ for f in (
+    "buffer_bytes", "bands", "epoch", "evictable"))
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -658,7 +770,7 @@ class RefusalReason(StrEnum):
     MOVES_BLOCKED = "moves_blocked"  # only a plan with copies fits, and the gate is closed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Quote:
     """The planner's answer for one demand on one snapshot.
 
@@ -684,6 +796,19 @@ class Quote:
     shortfall_bytes: int = 0
     reason: RefusalReason | None = None
     copied_bytes: int = 0
+
+    def __init__(self, demand: Demand, before: ChainSnapshot, steps: Sequence[PlanStep],
+                 fits: bool, shortfall_bytes: int = 0, reason: RefusalReason | None = None,
+                 copied_bytes: int = 0) -> None:
+        """Store the fields through the slots' own setters (as :class:`BandSnapshot`:
+        the planner builds one per first query on an epoch)."""
+        _q_demand(self, demand)
+        _q_before(self, before)
+        _q_steps(self, steps)
+        _q_fits(self, fits)
+        _q_shortfall(self, shortfall_bytes)
+        _q_reason(self, reason)
+        _q_copied(self, copied_bytes)
 
     @property
     def after(self) -> ChainSnapshot:
@@ -714,3 +839,8 @@ class Quote:
         steps = self.steps
         actions = steps.actions if isinstance(steps, LazyPlan) else [s.action for s in steps]
         return any(isinstance(a, Compact | Relocate) for a in actions)
+
+
+_q_demand, _q_before, _q_steps, _q_fits, _q_shortfall, _q_reason, _q_copied = (
+    Quote.__dict__[f].__set__ for f in ("demand", "before", "steps", "fits",
+                                        "shortfall_bytes", "reason", "copied_bytes"))

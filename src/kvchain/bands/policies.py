@@ -202,8 +202,11 @@ class _WindowedPolicy(BandPolicy):
                headroom: int, chunk: int, horizon: int) -> tuple[IntLike, IntLike, IntLike]:
         """``(now, later, have)`` of :meth:`pages`: the pages covering
         ``[first_page(s), ceil((s + c) / P))`` (the chunk's live span), the most a later
-        step's live span holds (0 without later tokens) and the held pages inside the
-        chunk's span."""
+        step's live span holds (0 without later tokens: at most
+        :meth:`later_peak_pages`, and at most the pages from the window of
+        ``s + c - min(k, c)`` - where a step of ``1 + k`` tokens whose drafts are all
+        rejected leaves the request - to ``ceil((s + c + ahead) / P)``) and the held pages
+        inside the chunk's span."""
         p = self.page_size
         stop = start + extend
         need_first = self.first_page(start)
@@ -213,7 +216,11 @@ class _WindowedPolicy(BandPolicy):
         later = now * 0
         ahead = max(headroom, horizon)
         if ahead:
-            later = at_least_0(smaller(ceil_div(stop + ahead, p) - self.first_page(stop),
+            # A speculative decode's last k tokens are drafts: when the verify rejects
+            # them the next step starts k tokens earlier, so the later span starts at the
+            # window of ``stop - k`` (extend = 1 + k), not of ``stop``.
+            settled = stop - min(self.spec, extend)
+            later = at_least_0(smaller(ceil_div(stop + ahead, p) - self.first_page(settled),
                                        self.later_peak_pages(min(chunk, ahead))))
         return now, later, have
 

@@ -49,8 +49,8 @@ from types import TracebackType
 
 import numpy as np
 
-from kvchain.alloc.chain import ChainStats, Grant, page_ids
-from kvchain.alloc.evictor import Evictor
+from kvchain.alloc.chain import ChainStats, Grant
+from kvchain.alloc.evictor import EvictorHost, page_ids
 from kvchain.alloc.pricing import GENERAL_PLANNER, validate_demand, with_copies
 from kvchain.alloc.quotes import QuoteRegistry
 from kvchain.alloc.snapshot import (
@@ -108,8 +108,10 @@ class NoMovePin:
         self.release()
 
 
-class PoolAllocator:
-    """Count-level pages per band under a baseline's capacity rule (see the module doc).
+class PoolAllocator(EvictorHost):
+    """Count-level pages per band under a baseline's capacity rule (see the module doc);
+    its evictor side (:meth:`set_evictor`, the checks of an ``Evict``) is the chain's,
+    :class:`~kvchain.alloc.evictor.EvictorHost`.
 
     Args:
         layout: the band geometry the KV manager reads (page tokens, page bytes, null
@@ -166,7 +168,7 @@ class PoolAllocator:
         self.planner = GENERAL_PLANNER  # the rule is in the snapshot; the planner is general
         self._snap: ChainSnapshot | None = None
         self._takes = self._releases = 0
-        self._evictor: Evictor | None = None
+        self._evictor = None
         self._evictor_version = -1  # the evictor version the cached snapshot saw
         self._evicted = [0] * n  # pages (slots) evicted per band
         self._copies = self._copy_bytes = 0  # CopyPages realized (counted, no bytes move)
@@ -206,26 +208,6 @@ class PoolAllocator:
         """Pages (state slots for a state band) evicted through ``Evict`` steps, per band."""
         return tuple(self._evicted)
 
-    @property
-    def evictor(self) -> Evictor | None:
-        """The prefix cache whose unlocked pages the planner may evict, or ``None``."""
-        return self._evictor
-
-    def set_evictor(self, evictor: Evictor | None) -> None:
-        """Attach (or detach, with ``None``) the prefix cache that offers evictable supply
-        (as :meth:`kvchain.alloc.chain.Chain.set_evictor`): from then on every snapshot
-        carries ``evictor.eviction_order()`` and a plan may start with ``Evict(k)``. One
-        epoch bump (issued quotes are void).
-
-        Raises:
-            InvalidDemandError: ``evictor`` does not implement :class:`Evictor`.
-        """
-        if evictor is not None and not isinstance(evictor, Evictor):
-            raise InvalidDemandError(f"expected an Evictor, got {type(evictor).__name__}")
-        self._evictor = evictor
-        self._evictor_version = -1
-        self._changed()
-
     def snapshot(self) -> ChainSnapshot:
         """The synthesized snapshot that encodes the rule, with the evictor's order
         (cached per epoch; a new evictor version is a new epoch and voids issued quotes).
@@ -235,7 +217,7 @@ class PoolAllocator:
                 as the allocator.
         """
         if self._evictor is not None and self._evictor.version != self._evictor_version:
-            self._changed()  # the evictable supply changed: a new capacity epoch
+            self._new_epoch()  # the evictable supply changed: a new capacity epoch
         if self._snap is None:
             self._snap = self._build_snapshot()
             if self._evictor is not None:
@@ -387,7 +369,7 @@ class PoolAllocator:
             self._copies += len(c.src)
             self._copy_bytes += len(c.src) * self.layout.bands[c.band].page_bytes
         self._takes += 1
-        self._changed()
+        self._new_epoch()
         return Grant(quote, tuple(pages))
 
     def release(self, band: int, vids: Sequence[int] | np.ndarray) -> None:
@@ -417,7 +399,7 @@ class PoolAllocator:
         self._free[i].extend(sorted(ids, reverse=True))
         self._free[i].sort(reverse=True)
         self._releases += 1
-        self._changed()
+        self._new_epoch()
 
     def _evict(self, units: int, snap: ChainSnapshot, demand: Demand) -> list[list[int]]:
         """Run the ``Evict(units)`` step's evictor side and return the freed ids per band,
@@ -442,23 +424,7 @@ class PoolAllocator:
         self._check_rule(live, demand, units)
         if self.audit_takes:
             order.materialize()  # every row known: the suffix is comparable after it moves
-        raw = evictor.evict(units)
-        if len(raw) != len(self._bound):
-            raise PlanMismatchError(f"Evict({units}): the evictor returned {len(raw)} bands")
-        freed: list[list[int]] = []
-        for i, (ids_raw, want) in enumerate(zip(raw, expected, strict=True)):
-            try:
-                ids = page_ids(i, ids_raw).tolist()
-            except UnknownPageError as exc:
-                raise PlanMismatchError(f"Evict({units}): the evictor's {exc}") from None
-            if len(ids) != want:
-                raise PlanMismatchError(f"Evict({units}): band {i} freed {len(ids)} pages, "
-                                        f"the order said {want}")
-            if (len(set(ids)) != len(ids) or not self._bound[i].issuperset(ids)
-                    or (self._null[i] is not None and self._null[i] in ids)):
-                raise PlanMismatchError(f"Evict({units}): band {i} freed ids that are not "
-                                        f"held pages")
-            freed.append(ids)
+        freed = [v.tolist() for v in self._evicted_ids(f"Evict({units})", units, expected)]
         left = self._checked_order()
         # O(bands): the rest's unit count and total pages per band (a lazy order that
         # moved cannot give its rows any more); row by row under the audit flag.
@@ -486,23 +452,6 @@ class PoolAllocator:
         if not ok:
             raise PlanMismatchError(f"Evict({units}) then {demand.pages} breaks the "
                                     f"{self.rule.value} rule")
-
-    def _checked_order(self) -> EvictionOrder:
-        """The evictor's current order, checked to be an :class:`EvictionOrder` as wide as
-        the allocator (the canonical empty order fits any width).
-
-        Raises:
-            PlanMismatchError: the evictor broke its contract.
-        """
-        assert self._evictor is not None
-        order = self._evictor.eviction_order()
-        if not isinstance(order, EvictionOrder):
-            raise PlanMismatchError(f"the evictor's eviction_order() returned "
-                                    f"{type(order).__name__}, not an EvictionOrder")
-        if order.units and order.width != len(self._bound):
-            raise PlanMismatchError(f"the evictor's order has {order.width} "
-                                    f"bands, the allocator {len(self._bound)}")
-        return order
 
     def pin_moves(self) -> NoMovePin:
         """A pin on a gate that never closes (nothing moves here)."""
@@ -534,10 +483,15 @@ class PoolAllocator:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _changed(self) -> None:
+    def _new_epoch(self) -> None:
         self._epoch += 1
         self._snap = None
         self._quotes.clear()
+
+    def _holds(self, band: int, ids: np.ndarray) -> bool:
+        held = ids.tolist()
+        return (len(set(held)) == len(held) and self._bound[band].issuperset(held)
+                and self._null[band] not in held)
 
     def _band_index(self, band: int) -> int:
         if type(band) is not int or not 0 <= band < len(self.layout.bands):

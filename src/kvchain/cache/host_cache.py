@@ -37,6 +37,7 @@ from kvchain.buffer.host_pool import HostPool
 from kvchain.cache.host_tier import HostTierPlan, host_tier_plan
 from kvchain.cache.radix import CacheGeometry, Hit, Node, PrefixCache, ResumePolicy
 from kvchain.errors import AuditError, ConfigError
+from kvchain.field_types import is_whole
 from kvchain.layout import ChainLayout
 
 
@@ -160,7 +161,8 @@ class HostTier:
         stats: counters (:class:`HostTierStats`).
 
     Raises:
-        ConfigError: ``host_bytes`` not a whole number >= 1, or a bad interval (as
+        ConfigError: ``host_bytes`` not a whole number >= 1 (a NumPy integer is one, as
+            in :func:`host_tier_plan`; a bool or float is not), or a bad interval (as
             :func:`host_tier_plan`; an interval that is not a multiple of the page size);
             a chain with several full-attention bands (a target's and a draft model's:
             the host tier's writes, loads and split keep one full band; the device prefix
@@ -169,13 +171,13 @@ class HostTier:
 
     def __init__(self, layout: ChainLayout, host_bytes: int, interval_tokens: int,
                  geom: CacheGeometry | None = None, *, audit: bool | None = None) -> None:
-        if isinstance(host_bytes, bool) or not isinstance(host_bytes, int) or host_bytes < 1:
+        if not is_whole(host_bytes) or host_bytes < 1:
             raise ConfigError(f"host bytes must be a whole number >= 1, got {host_bytes!r}")
         p = layout.page_size
-        if (isinstance(interval_tokens, bool) or not isinstance(interval_tokens, int)
-                or interval_tokens < p or interval_tokens % p):
+        if not is_whole(interval_tokens) or interval_tokens < p or interval_tokens % p:
             raise ConfigError(f"the host tier's resume interval must be a positive multiple "
                               f"of the page size {p}, got {interval_tokens!r}")
+        host_bytes, interval_tokens = int(host_bytes), int(interval_tokens)
         self.layout = layout
         self.geom = geom if geom is not None else CacheGeometry.of(layout)
         refused = host_tier_refusal(self.geom)

@@ -35,11 +35,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from kvchain.buffer.host import HOST_ALIGN_BYTES, HostBuffer, host_regions
 from kvchain.cache.radix import CacheGeometry
 from kvchain.errors import ConfigError, InvalidRequestError
+from kvchain.field_types import is_whole
 from kvchain.layout import BandLayout, ChainLayout
 from kvchain.model.layers import LifetimeClass
 
@@ -155,7 +154,7 @@ def per_interval_slots(layout: ChainLayout, interval_tokens: int) -> tuple[int, 
         ConfigError: ``interval_tokens`` not a whole number (bools and floats refused) or
             ``< 1``.
     """
-    if not _is_whole(interval_tokens) or interval_tokens < 1:
+    if not is_whole(interval_tokens) or interval_tokens < 1:
         raise ConfigError(f"resume interval must be a whole number >= 1 token, got "
                           f"{interval_tokens!r}")
     interval_tokens = int(interval_tokens)
@@ -171,11 +170,6 @@ def per_interval_slots(layout: ChainLayout, interval_tokens: int) -> tuple[int, 
         else:
             out.append(_tail_per_interval(layout, i, pages))
     return tuple(out)
-
-
-def _is_whole(value: object) -> bool:
-    """An int or numpy integer, not a bool (``True`` would count as 1)."""
-    return not isinstance(value, bool) and isinstance(value, int | np.integer)
 
 
 def _every_page_resumes(layout: ChainLayout) -> bool:
@@ -205,7 +199,7 @@ def host_tier_plan(layout: ChainLayout, host_bytes: int, interval_tokens: int
         ConfigError: ``host_bytes`` not a whole number ``>= 0`` or ``interval_tokens`` not
             one ``>= 1`` (bools and floats refused; numpy integers taken).
     """
-    if not _is_whole(host_bytes) or host_bytes < 0:
+    if not is_whole(host_bytes) or host_bytes < 0:
         raise ConfigError(f"host bytes must be a whole number >= 0, got {host_bytes!r}")
     host_bytes = int(host_bytes)
     per = per_interval_slots(layout, interval_tokens)
@@ -257,7 +251,7 @@ def hit_load_bytes(layout: ChainLayout, hit_tokens: int) -> int:
             page boundary).
     """
     p = layout.page_size
-    if not _is_whole(hit_tokens):
+    if not is_whole(hit_tokens):
         raise InvalidRequestError(f"a host hit's tokens must be a whole number, got "
                                   f"{hit_tokens!r}")
     hit_tokens = int(hit_tokens)

@@ -209,6 +209,30 @@ def resolve_name(name: str) -> str:
     return _find(name, _records()).name
 
 
+def vocab_size(name: str) -> int | None:
+    """Tokens of the vocabulary of the bundled model ``name``: its bundled config's
+    ``vocab_size`` (a multimodal config's text config), else the catalog's parameter
+    fields or its ``models.json`` entry's; ``None`` where none of them gives one. What a
+    speculative draft must share with its target (it proposes the target's token ids).
+
+    Raises:
+        UnknownModelError: no bundled model has that name.
+    """
+    record = _find(name, _records())
+    found: object = None
+    if record.config_file:
+        cfg = read_bundled_config(record.config_file)
+        text = cfg.get("text_config")
+        found = cfg.get("vocab_size") or (text.get("vocab_size") if isinstance(text, dict)
+                                          else None)
+    if found is None:
+        found = record.params_fields.get("vocab_size")
+    if found is None and record.entry is not None:
+        extra = record.entry.get("extra")
+        found = extra.get("vocab_size") if isinstance(extra, dict) else None
+    return found if type(found) is int and found > 0 else None
+
+
 def _build(
     record: _Record,
     *,
@@ -304,7 +328,7 @@ def load_draft(target: ModelSpec, name: str, *, kv_dtype: CacheDtype | None = No
     its own, e.g. ``Qwen3-0.6B`` for the Qwen3 family, ``gemma-3-1b`` for Gemma 3), loaded
     at the target's ``tp`` (a draft runs on the target's ranks, its bytes per rank) and
     the same dtype overrides. The draft must share the target's tokenizer; kvchain holds
-    no vocabularies and does not check it.
+    no tokenizers: the CLI compares the two vocabulary sizes (:func:`vocab_size`).
 
     Raises:
         UnknownModelError: no bundled model has that name.

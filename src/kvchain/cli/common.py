@@ -8,6 +8,7 @@ and notes go to stderr, always through :func:`fail`, :func:`warn`, :func:`hint` 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kvchain.catalog.loader import load_model_source
+from kvchain.catalog.loader import load_model_source, vocab_size
 from kvchain.cli.run_options import DEFAULT_MODEL
 from kvchain.errors import ConfigError
 from kvchain.gpu import GPUSpec
@@ -250,7 +251,50 @@ def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,
     source = "--spec" if spec_file is not None else "--config" if config is not None else None
     if source is not None and model != DEFAULT_MODEL:
         raise ConfigError(f"give --model or {source}, not both (each names the model)")
-    return load_model_source(model, config, spec_file=spec_file, kv_dtype=kv_dtype, tp=tp,
-                             state_dtype=state_dtype, weight_format=weight_format,
-                             draft_model=draft_model)
+    loaded = load_model_source(model, config, spec_file=spec_file, kv_dtype=kv_dtype, tp=tp,
+                               state_dtype=state_dtype, weight_format=weight_format,
+                               draft_model=draft_model)
+    if draft_model is not None:
+        check_draft_vocabulary(model, config, spec_file, draft_model)
+    return loaded
+
+
+def _config_vocab(config: Path) -> int | None:
+    """``vocab_size`` of a Hugging Face config.json (its text config's for a multimodal
+    one), or ``None`` when it gives none (the loader read the file already)."""
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    text = data.get("text_config")
+    found = data.get("vocab_size") or (text.get("vocab_size") if isinstance(text, dict)
+                                       else None)
+    return found if type(found) is int and found > 0 else None
+
+
+def check_draft_vocabulary(model: str, config: Path | None, spec_file: Path | None,
+                           draft_model: str) -> None:
+    """Refuse a ``--draft-model`` of another model family than the target: a draft
+    proposes token ids the target verifies, so both must share one tokenizer; kvchain
+    holds no tokenizers, so it compares what the configs give, the vocabulary sizes
+    (:func:`~kvchain.catalog.loader.vocab_size`; a target from ``--config``: its
+    ``vocab_size``). Different sizes prove different tokenizers (Llama-3.1-8B's 128,256
+    tokens against Qwen3-0.6B's 151,936); equal sizes do not prove one, so the check
+    cannot catch two tokenizers of one size. A target from ``--spec`` declares no
+    vocabulary: not checked.
+
+    Raises:
+        ConfigError: both sizes known and different.
+    """
+    target = (None if spec_file is not None
+              else _config_vocab(config) if config is not None else vocab_size(model))
+    draft = vocab_size(draft_model)
+    if target is not None and draft is not None and target != draft:
+        name = config if config is not None else model
+        raise ConfigError(f"--draft-model {draft_model}: its vocabulary of {draft:,} tokens "
+                          f"is not the target {name}'s ({target:,}): a draft proposes the "
+                          f"target's token ids, so it must be of the target's family (one "
+                          f"tokenizer), e.g. Qwen3-0.6B for Qwen3-8B")
 

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from kvchain.catalog import list_models, load_model
 from kvchain.cli import app
+from kvchain.cli.common import fail
 from kvchain.errors import ConfigError
 from kvchain.model import CacheDtype, LifetimeClass
 
@@ -178,6 +179,10 @@ def models_command(
 ) -> None:
     """List the bundled models: lifetime classes, E_full, E_win (W), E_local (C), S, params."""
     rows = model_rows(tp=tp, kv_dtype=kv_dtype)
+    if rows and all(r.error is not None for r in rows):  # nothing to show: every row "-"
+        first = rows[0]
+        fail(f"--tp {tp} splits no bundled model (each needs a tp that divides its heads, "
+             f"e.g. {first.name}: {first.error}); --tp 1 splits nothing")
     if as_json:
         typer.echo(json.dumps([asdict(r) for r in rows], indent=2))
         return

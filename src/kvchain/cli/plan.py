@@ -34,6 +34,7 @@ from kvchain.capacity import (
 from kvchain.catalog.loader import load_draft
 from kvchain.cli import app
 from kvchain.cli.common import (
+    check_draft_vocabulary,
     fail,
     load_spec,
     note_defaults,
@@ -142,7 +143,10 @@ def plan_command(
         model_spec = (target if draft_model is None else
                       load_draft(target, draft_model, kv_dtype=kv_dtype, tp=tp,
                                  state_dtype=state_dtype))
+        if draft_model is not None:
+            check_draft_vocabulary(model, config, spec, draft_model)
         check_spec_tokens(spec_tokens, model_spec)
+        check_mix_context(model_spec, prompt, output)
         gpu_spec = get_gpu(gpu)
         result = plan_capacity(model_spec, gpu_spec, tp=tp, mem_fraction=mem_fraction,
                                buffer_bytes=buffer_bytes, page_size=page_size, prompt=prompt,
@@ -533,6 +537,21 @@ def _capacity_rows(ours: Capacity, pools: Capacity, ours_longest: LongestRequest
                  else "full-attention tokens")
         rows.append((label, ours.full_tokens, pools.full_tokens))
     return rows
+
+
+def check_mix_context(model: ModelSpec, prompt: int, output: int) -> None:
+    """Refuse a request mix past the model's context (tokens, when the model gives one):
+    the scheduler rejects a request of ``prompt + output > context`` on arrival, so every
+    concurrency figure of such a mix would be 0, silently.
+
+    Raises:
+        ConfigError: ``prompt + output`` over ``model.max_context_tokens``.
+    """
+    context = model.max_context_tokens
+    if context is not None and prompt + output > context:
+        raise ConfigError(f"--prompt {prompt:,} + --output {output:,} tokens pass "
+                          f"{_context_words(model)}: no request of this mix can run "
+                          f"(give a shorter mix)")
 
 
 def _context_words(model: ModelSpec) -> str:

@@ -58,7 +58,12 @@ def prefix_bounds_command(
             per_token = spec.bytes_per_token(LifetimeClass.FULL)
             if per_token == 0:
                 raise ConfigError(f"model {model!r} has no full-attention class to cache")
-            capacity_pages = max(capacity_bytes // (per_token * page_size), 1)
+            page_bytes = per_token * page_size
+            if capacity_bytes < page_bytes:  # not one page: no LRU bound to compute
+                raise ConfigError(f"--capacity-bytes {capacity_bytes:,} is less than one page "
+                                  f"of {model} ({page_size} tokens x {per_token:,} B of "
+                                  f"full attention per token = {page_bytes:,} B)")
+            capacity_pages = capacity_bytes // page_bytes
         loaded = load_trace(trace, first=requests)
         block_tokens = int(getattr(loaded, "block_tokens", 512))
         bounds: list[HitBound] = [hit_bound(loaded.requests, page_size,

@@ -143,14 +143,12 @@ def declare_model(
     for label, tokens in (("window_tokens", window_tokens), ("chunk_tokens", chunk_tokens)):
         if tokens is not None:
             declared_count(label, tokens, positive=True)
-    if (window > 0) != (window_tokens is not None):
-        missing = "window_tokens" if window > 0 else "window"
-        raise ConfigError(f"declared model {name!r} lacks {missing!r}: declare window bytes "
-                          "and window_tokens together (or neither)")
-    if (local > 0) != (chunk_tokens is not None):
-        missing = "chunk_tokens" if local > 0 else "local"
-        raise ConfigError(f"declared model {name!r} lacks {missing!r}: declare local bytes "
-                          "and chunk_tokens together (or neither)")
+    for kind, nbytes, tokens, tokens_name in (("window", window, window_tokens, "window_tokens"),
+                                              ("local", local, chunk_tokens, "chunk_tokens")):
+        if (nbytes > 0) != (tokens is not None):
+            missing = tokens_name if nbytes > 0 else kind
+            raise ConfigError(f"declared model {name!r} lacks {missing!r}: declare {kind} "
+                              f"bytes and {tokens_name} together (or neither)")
     specs = [
         (LifetimeClass.STATE, state, None),
         (LifetimeClass.WINDOW, window, window_tokens),

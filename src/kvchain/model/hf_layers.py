@@ -512,12 +512,17 @@ def _check_length(cfg: HFConfig, field: str, values: Sequence[object], n: int) -
         )
 
 
-def _from_word_list(cfg: HFConfig, field: str, n: int) -> list[tuple[tuple[Mixer, ...], Ffn]]:
+def _list_field(cfg: HFConfig, field: str, n: int) -> Sequence[object]:
+    """Config field ``field``, a list of ``n`` entries (ConfigError if not)."""
     values = cfg.get(field)
     if not isinstance(values, list | tuple):
         raise ConfigError(f"config field {field!r} must be a list, got {values!r}")
     _check_length(cfg, field, values, n)
-    words = [str(v).strip().lower() for v in values]
+    return values
+
+
+def _from_word_list(cfg: HFConfig, field: str, n: int) -> list[tuple[tuple[Mixer, ...], Ffn]]:
+    words = [str(v).strip().lower() for v in _list_field(cfg, field, n)]
     single_block = any(w in _FFN_ONLY_WORDS for w in words)
     rows = []
     for i, word in enumerate(words):
@@ -547,12 +552,8 @@ def _from_pattern(cfg: HFConfig, n: int) -> list[tuple[tuple[Mixer, ...], Ffn]]:
 def _from_int_list(
     cfg: HFConfig, field: str, n: int, meaning: Mapping[int, Mixer]
 ) -> list[tuple[tuple[Mixer, ...], Ffn]]:
-    values = cfg.get(field)
-    if not isinstance(values, list | tuple):
-        raise ConfigError(f"config field {field!r} must be a list, got {values!r}")
-    _check_length(cfg, field, values, n)
     rows: list[tuple[tuple[Mixer, ...], Ffn]] = []
-    for i, value in enumerate(values):
+    for i, value in enumerate(_list_field(cfg, field, n)):
         if isinstance(value, bool) or not isinstance(value, int | float) or value not in meaning:
             raise ConfigError(
                 f"{field}[{i}] = {value!r}; expected one of {sorted(meaning)} ({cfg.family})"

@@ -135,6 +135,24 @@ class CacheClass:
     owner: str = TARGET
 
     def __post_init__(self) -> None:
+        """Check the counts and set the default label.
+
+        Raises:
+            ConfigError: ``bytes_per_token`` or ``bytes_per_slot`` not a whole number >= 0,
+                or ``window`` neither ``None`` nor a whole number >= 1 (a NaN, float or
+                bool size would lay out a chain of NaN or fractional bytes).
+        """
+        from kvchain.errors import ConfigError
+        from kvchain.field_types import is_whole
+
+        for name in ("bytes_per_token", "bytes_per_slot"):
+            v = getattr(self, name)
+            if not is_whole(v) or v < 0:
+                raise ConfigError(f"{self.lifetime.value} class: {name} must be a whole "
+                                  f"number >= 0, got {v!r}")
+        if self.window is not None and (not is_whole(self.window) or self.window < 1):
+            raise ConfigError(f"{self.lifetime.value} class: window must be None or a whole "
+                              f"number of tokens >= 1, got {self.window!r}")
         if not self.label:
             object.__setattr__(self, "label", owner_label(self.owner, self.lifetime.value))
 

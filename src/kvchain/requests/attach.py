@@ -12,8 +12,50 @@ from __future__ import annotations
 from collections.abc import Container, Sequence
 
 from kvchain.alloc.snapshot import Demand
+from kvchain.errors import InvalidRequestError
+from kvchain.requests.batch import check_rid
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.rows import Rows
+
+
+def check_page_keys(rid: object, keys: object, prompt_tokens: object,
+                    page_size: int) -> tuple[int, ...]:
+    """A prompt's page keys, checked: one int key per whole page of the prompt, i.e.
+    ``prompt_tokens // page_size`` of them (a partial last page is never keyed:
+    :mod:`kvchain.cache.keys`, whose ``page_keys_from_tokens`` and
+    ``page_keys_from_blocks`` return exactly ``floor(L / P)`` keys).
+
+    Args:
+        rid: the request (named in the error).
+        keys: the keys (a sequence of ints, not a string).
+        prompt_tokens: ``L``, the prompt length in tokens (an int >= 1).
+        page_size: ``P``, tokens per page of the chain.
+
+    Returns:
+        The keys as a tuple.
+
+    Raises:
+        InvalidRequestError: keys that are not a sequence of ints (a bool or a float key
+            included), a prompt length that is not an int >= 1, or a count other than
+            ``prompt_tokens // page_size`` (fewer would drop the prompt's last pages from
+            the cache's insert, more would match pages the prompt does not have).
+    """
+    if type(prompt_tokens) is not int or prompt_tokens < 1:
+        raise InvalidRequestError(f"request {rid}: prompt_tokens must be an int >= 1, got "
+                                  f"{prompt_tokens!r}")
+    if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+        raise InvalidRequestError(f"request {rid}: page keys must be a sequence of ints, got "
+                                  f"{type(keys).__name__} {keys!r}")
+    out = tuple(keys)
+    if not set(map(type, out)) <= {int}:
+        raise InvalidRequestError(f"request {rid}: page keys must be ints, got "
+                                  f"{sorted({type(k).__name__ for k in out})}")
+    expected = prompt_tokens // page_size
+    if len(out) != expected:
+        raise InvalidRequestError(
+            f"request {rid}: {len(out)} page keys for a prompt of {prompt_tokens:,} tokens: "
+            f"expected one per whole page of {page_size} tokens, {expected:,}")
+    return out
 
 
 class Attach:
@@ -44,22 +86,34 @@ class Attach:
             Hit tokens (0 for a miss or without a cache).
 
         Raises:
-            InvalidRequestError: ``rid`` already holds pages (or is suspended to host), or
-                more keys than whole pages of the prompt (nothing changes).
+            InvalidDemandError: ``rid`` not an int (:func:`check_rid`).
+            InvalidRequestError: ``rid`` already holds pages (or is suspended to host),
+                keys other than one int per whole page of the prompt
+                (:func:`check_page_keys`), ``save_points`` not a bool or ``max_gap`` not
+                an int >= 0 (nothing changes).
         """
+        check_rid(rid)
+        keys = check_page_keys(rid, keys, prompt_tokens, self._glue.geom.page_size)
+        if type(save_points) is not bool:
+            raise InvalidRequestError(f"request {rid}: save_points must be a bool, got "
+                                      f"{save_points!r}")
+        if type(max_gap) is not int or max_gap < 0:
+            raise InvalidRequestError(f"request {rid}: max_gap must be an int >= 0 (pages), "
+                                      f"got {max_gap!r}")
         self._glue.check_attach(rid, rid in self._rows or rid in self._suspended, keys,
                                 prompt_tokens)
         facts = self._rows.register(rid)
-        return self._glue.attach(rid, facts, tuple(keys), prompt_tokens, save_points,
-                                 max_gap)
+        return self._glue.attach(rid, facts, keys, prompt_tokens, save_points, max_gap)
 
     def detach(self, rid: int) -> None:
         """Undo :meth:`attach` of a request that was not admitted (it took nothing yet).
 
         Raises:
             UnknownRequestError: ``rid`` is not attached.
+            InvalidDemandError: ``rid`` not an int (:func:`check_rid`).
             InvalidRequestError: it took pages of its own since (nothing changes).
         """
+        check_rid(rid)
         self._glue.detach(rid, self._rows.of(rid))
         self._rows.unregister(rid)
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from kvchain.alloc.snapshot import Demand
 from kvchain.errors import InvalidDemandError
+from kvchain.requests.lookup import SlotLookup
 from kvchain.requests.plan import StepPlan
 
 
@@ -28,8 +29,74 @@ def sum_demands(demands: Iterable[Demand], num_bands: int) -> Demand:
 
 
 
+#: Most tokens one batch entry may compute: a request's token count is an int64 of the
+#: request table, and a count and a step's tokens, each at most this, sum below ``2**63``
+#: (a larger count raised numpy's bare OverflowError). Far past any chain: a 2**62-token
+#: step needs 2**58 pages of 16 tokens.
+MAX_BATCH_TOKENS = 2**62
+
 _PAGES = operator.attrgetter("pages")
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+
+
+def _not_a_sequence(value: object) -> bool:
+    """Whether ``value`` cannot be a batch argument: not iterable (``None``, a number), or
+    a string or bytes (iterable, but of characters)."""
+    return isinstance(value, str | bytes) or not isinstance(value, Iterable)
+
+
+def check_rid(rid: object, what: str = "") -> None:
+    """Refuse a request id that is not an int (a ``bool`` would alias request 0 or 1 as a
+    dict key, a float ``1.0`` request 1; ``None`` or a string names no request); ``what``
+    (the argument) prefixes the message.
+
+    Raises:
+        InvalidDemandError: ``rid`` is a bool or not an int (numpy integers pass).
+    """
+    if type(rid) is not int and (isinstance(rid, bool)
+                                 or not isinstance(rid, int | np.integer)):
+        raise InvalidDemandError(f"{what + ': ' if what else ''}request ids are ints, got "
+                                 f"{type(rid).__name__} {rid!r}")
+
+
+def request_ids(rids: object, what: str) -> tuple[int, ...]:
+    """The request ids of a batch argument (``what`` names it in the error), as a tuple,
+    checked: a sequence (any iterable but a string) of ints (:func:`check_rid`). One
+    C-level type scan for the common all-``int`` batch.
+
+    Raises:
+        InvalidDemandError: ``rids`` is not a sequence (``None``, a number, a string), or
+            holds an id that is not an int; nothing is read.
+    """
+    if type(rids) is tuple:
+        ids: tuple[int, ...] = rids
+    elif _not_a_sequence(rids):
+        raise InvalidDemandError(f"{what} must be a sequence of request ids (ints), got "
+                                 f"{type(rids).__name__} {rids!r}")
+    else:
+        ids = tuple(rids)  # type: ignore[arg-type]
+    if set(map(type, ids)) <= {int}:
+        return ids
+    for rid in ids:
+        check_rid(rid, what)
+    return ids
+
+
+def distinct_rows(lookup: SlotLookup, what: str) -> SlotLookup:
+    """``lookup`` (``SlotIndex.known_lookup``'s: every id holds pages), refused when an
+    id is named twice: a batch of one token per request (a decode batch, its commit)
+    names each request once, as :meth:`KVManager.allocate` requires.
+
+    Raises:
+        InvalidDemandError: an id named twice (``what`` names the batch); nothing changed.
+    """
+    if not lookup.unique:
+        seen: set[int] = set()
+        for rid in lookup.ids:
+            if rid in seen:
+                raise InvalidDemandError(f"request {rid} appears twice in one {what}")
+            seen.add(rid)
+    return lookup
 
 
 def batch_ids(batch: Sequence[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -37,9 +104,13 @@ def batch_ids(batch: Sequence[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[
     for the common all-``(int, int)`` batch, an entry-by-entry walk otherwise.
 
     Raises:
-        InvalidDemandError: an entry that is not a pair of ints, or a negative or
-            non-integer token count.
+        InvalidDemandError: ``batch`` not a sequence (``None``, a number, a string), an
+            entry that is not a pair of ints, or a token count that is not an int in
+            ``[0, MAX_BATCH_TOKENS]``.
     """
+    if _not_a_sequence(batch):
+        raise InvalidDemandError(f"batch must be a sequence of (request id, tokens) pairs, "
+                                 f"got {type(batch).__name__} {batch!r}")
     try:
         if set(map(type, batch)) <= {tuple}:
             if not batch:
@@ -49,7 +120,7 @@ def batch_ids(batch: Sequence[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[
                 # twice the cost at 256 pairs)
                 ids, extends = tuple(map(_FIRST, batch)), tuple(map(_SECOND, batch))
                 if (set(map(type, ids)) == {int} and set(map(type, extends)) == {int}
-                        and min(extends) >= 0):
+                        and min(extends) >= 0 and max(extends) <= MAX_BATCH_TOKENS):
                     return ids, extends
     except (TypeError, ValueError):
         pass
@@ -59,8 +130,10 @@ def batch_ids(batch: Sequence[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[
             raise InvalidDemandError(f"a batch entry is a (request id, tokens) pair of "
                                      f"ints, got {entry!r}")
         rid, extend = entry
-        if isinstance(extend, bool) or not isinstance(extend, int | np.integer) or extend < 0:
-            raise InvalidDemandError(f"request {rid}: {extend!r} tokens")
+        if (isinstance(extend, bool) or not isinstance(extend, int | np.integer) or extend < 0
+                or extend > MAX_BATCH_TOKENS):
+            raise InvalidDemandError(f"request {rid}: {extend!r} tokens (an int in [0, "
+                                     f"2**62])")
     return tuple(e[0] for e in batch), tuple(e[1] for e in batch)
 
 

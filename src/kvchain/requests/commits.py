@@ -19,6 +19,7 @@ import numpy as np
 from kvchain.alloc.allocator import Allocator
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import ConfigError, InvalidDemandError
+from kvchain.requests.batch import check_rid, request_ids
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.rows import Rows
 
@@ -77,9 +78,11 @@ class Commits:
 
         Raises:
             UnknownRequestError: ``rid`` holds no pages.
-            InvalidDemandError: ``tokens`` not an int (a bool, a float) or ``< 0``, or the
-                pages held do not cover the new tokens (nothing changes).
+            InvalidDemandError: ``rid`` not an int (a bool would alias request 0 or 1),
+                ``tokens`` not an int (a bool, a float) or ``< 0``, or the pages held do
+                not cover the new tokens (nothing changes).
         """
+        check_rid(rid)
         if type(tokens) is not int and not isinstance(tokens, np.integer):
             raise InvalidDemandError(f"request {rid}: tokens must be an int, got {tokens!r}")
         if tokens < 0:
@@ -108,7 +111,9 @@ class Commits:
 
         Raises:
             UnknownRequestError: ``rid`` holds no pages.
+            InvalidDemandError: ``rid`` not an int (:func:`check_rid`).
         """
+        check_rid(rid)
         facts = self._rows.of(rid)
         table = self._rows.table
         slot = facts.slot
@@ -129,8 +134,14 @@ class Commits:
 
     def reclaim_window_pages(self, rids: Iterable[int]) -> int:
         """Window-tail release for many requests (the decode check runs this before it
-        retracts anyone; ids that hold nothing are skipped). Returns pages released."""
-        return sum(self.release_window_tail(rid) for rid in rids if rid in self._rows)
+        retracts anyone; ids that hold nothing are skipped). Returns pages released.
+
+        Raises:
+            InvalidDemandError: ``rids`` not a sequence of int ids (checked before any
+                release).
+        """
+        ids = request_ids(rids, "reclaim_window_pages' rids")
+        return sum(self.release_window_tail(rid) for rid in ids if rid in self._rows)
 
     def free(self, rid: int, insert: bool = True) -> int:
         """Release every page of ``rid`` (finished or retracted). Returns pages released.
@@ -146,7 +157,9 @@ class Commits:
 
         Raises:
             UnknownRequestError: ``rid`` holds no pages.
+            InvalidDemandError: ``rid`` not an int (a bool would free request 0 or 1).
         """
+        check_rid(rid)
         facts = self._rows.of(rid)
         table = self._rows.table
         slot = facts.slot

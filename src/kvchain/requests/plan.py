@@ -1,7 +1,8 @@
 """One immutable step plan: what one step takes, computed, validated and priced once.
 
 A :class:`StepPlan` is the value the request layer's :meth:`KVManager.plan` builds for a
-batch (validated there, once) and :meth:`KVManager.apply` realizes as one chain take,
+batch (validated there, once: ``StepPath.plan`` in :mod:`kvchain.requests.step`) and
+:meth:`KVManager.apply` realizes as one chain take,
 trusting it (no second validation, no demand computed again), as ``Chain.take`` trusts a
 registered quote. :meth:`KVManager.decode_demands` returns the same kind of value for a
 decode batch (``DecodeBatch`` in :mod:`kvchain.requests.batch` is this class).
@@ -38,7 +39,8 @@ class StepPlan(Sequence[Demand]):
     :class:`~kvchain.errors.StalePlanError` and changes nothing.
 
     Attributes:
-        owner: the manager that built it (identity only; not compared or printed).
+        owner: the step path that built it (a manager's ``kv.steps``; identity only;
+            not compared or printed).
         rids: request ids, in batch order (``len(rids)`` rows).
         drafts: draft tokens per decode it was priced for (a decode batch: every row
             computes ``1 + drafts`` tokens).

@@ -10,6 +10,7 @@ get a :class:`Rows`, never the manager.
 from __future__ import annotations
 
 from kvchain.errors import UnknownRequestError
+from kvchain.requests.demand import NOTHING_HELD, HeldPages
 from kvchain.requests.lookup import SlotIndex
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts
@@ -55,6 +56,17 @@ class Rows:
     def get(self, rid: int) -> CacheFacts | None:
         """The facts of ``rid``, or ``None`` if it holds no pages."""
         return self.facts.get(rid)
+
+    def held(self, rid: int) -> HeldPages:
+        """The ``(first, end)`` page spans ``rid`` holds per band (:data:`NOTHING_HELD` if
+        it holds nothing)."""
+        facts = self.facts.get(rid)
+        return self.table.held(facts.slot) if facts is not None else NOTHING_HELD
+
+    def tokens(self, rid: int) -> int:
+        """Tokens of ``rid`` in the cache (0 if it holds nothing)."""
+        facts = self.facts.get(rid)
+        return int(self.table.tokens[facts.slot]) if facts is not None else 0
 
     def register(self, rid: int) -> CacheFacts:
         """Bind ``rid`` to a fresh (empty) table row and return its new facts."""

@@ -13,6 +13,7 @@ import numpy as np
 from kvchain.alloc.allocator import Allocator
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import InvalidDemandError
+from kvchain.requests.batch import request_ids
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.rows import Rows
 
@@ -83,7 +84,7 @@ class Speculation:
                 covered by a request's pages in a band that keeps every token or a window
                 band. Checked for the whole batch before anything changes.
         """
-        ids = tuple(rids)
+        ids = request_ids(rids, "verify's rids")
         slots = self._rows.index.checked_slots(ids, "verify")
         acc = _accepted(accepted, len(ids), drafts)
         table = self._rows.table

@@ -71,6 +71,7 @@ from kvchain.errors import (
     UnknownRequestError,
 )
 from kvchain.layout import ChainLayout
+from kvchain.requests.batch import request_ids
 from kvchain.requests.demand import HeldPages
 from kvchain.requests.rows import Rows
 
@@ -445,10 +446,11 @@ class Suspensions:
         take's batch), with its host slots held (before any change).
 
         Raises:
-            InvalidDemandError: a resume not suspended, named twice or also in ``ids``.
+            InvalidDemandError: ``resumes`` not a sequence of int ids, a resume not
+                suspended, named twice or also in ``ids``.
             BufferArgumentError: a resume whose host slots are no longer held.
         """
-        rids = tuple(resumes)
+        rids = request_ids(resumes, "resumes")
         if len(set(rids)) != len(rids) or not set(rids).isdisjoint(ids):
             raise InvalidDemandError("a resume is named twice or is also in the batch")
         out = []

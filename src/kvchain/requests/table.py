@@ -258,7 +258,7 @@ class RequestTable:
         The policies' formulas are written over integer arithmetic that serves Python
         ints and int64 arrays alike; a numpy call costs about 0.5-1 us whatever its
         length, so up to :data:`SCALAR_ROWS` rows (a small batch's decode step: about one
-        request in ``P`` crosses a page) run them over the rows' ints (three gathers,
+        request in ``P`` crosses a page) run them over the rows' ints (``item`` reads,
         then a fraction of a microsecond per row and band), more rows over the gathered
         ``[bands, n]`` rows at once: the full band's formula ``grown_pages`` for every
         band, which is a window band's too for its plain rows
@@ -266,23 +266,26 @@ class RequestTable:
         by their policy's formula and the state band's slots; the empty rows dropped by
         numpy (measured: 18 -> 12 us at 17 rows of two bands, docs/benchmarks.md,
         "Decode step cost (round 9)")."""
-        t = self.tokens[slots]
         pols = self.policies
-        if slots.size <= SCALAR_ROWS:
-            first, rowlen = self.first[:, slots], self.rowlen[:, slots]
+        if slots.size <= SCALAR_ROWS:  # ``item`` reads of the rows (no gather)
+            tokens_of, first_of, end_of = self.tokens.item, self.first.item, self.rowlen.item
             at, rows = [], []
-            for j, (ti, f, r) in enumerate(zip(t.tolist(), first.T.tolist(),
-                                               rowlen.T.tolist(), strict=True)):
-                row = tuple([self._decode_pages(pol, f[pol.band], r[pol.band], ti, extend)
+            for j, slot in enumerate(slots.tolist()):
+                ti = tokens_of(slot)
+                row = tuple([self._decode_pages(pol, first_of(pol.band, slot),
+                                                end_of(pol.band, slot), ti, extend)
                              for pol in pols])
                 if any(row):
                     at.append(j)
                     rows.append(row)
             return at, rows, np.array(rows, dtype=np.int64).reshape(len(rows), len(pols))
+        t = self.tokens[slots]
         # every band at once: ``grown_pages`` (the full band's formula, and a window
         # band's for its plain rows, :func:`plain_rows`), then the window bands' other
         # rows by their policy's formula and the state band's slots
-        rowlen = self.rowlen[:, slots]  # [bands, n]
+        # ``take`` along the slots: ``a[:, slots]`` costs 6-12 us at 256-512 rows, a
+        # ``take`` about 1 us (docs/benchmarks.md, "Decode step (round 10)")
+        rowlen = self.rowlen.take(slots, axis=1)  # [bands, n]
         grown = ceil_div(t + extend, self.page_size) - rowlen
         for pol in pols:
             band = pol.band
@@ -296,7 +299,7 @@ class RequestTable:
                                                  extend)
         np.maximum(grown, 0, out=grown)
         needs = grown.any(axis=0).nonzero()[0]
-        matrix: np.ndarray = grown.T[needs]
+        matrix: np.ndarray = grown.take(needs, axis=1).T
         return needs.tolist(), list(map(tuple, matrix.tolist())), matrix
 
     def _decode_pages(self, pol: BandPolicy, first: int, end: int, start: int,
@@ -334,25 +337,31 @@ class RequestTable:
         at ``L`` needs page ``L // P`` there first), or 0 (work it out every step) for a
         request with no state slot, an empty window band, or a window band whose held
         pages start after the token's window (pages missing on the left). Over the rows'
-        ints up to :data:`SCALAR_ROWS` rows, over the gathered columns above (one
-        formula, :meth:`_need`)."""
+        ints up to :data:`SCALAR_ROWS` rows (:meth:`refresh_rows`), over the gathered
+        columns above (one formula, :meth:`_need`)."""
         if not slots.size:
             return
-        t = self.tokens[slots]
         if slots.size <= SCALAR_ROWS:
-            first, rowlen = self.first[:, slots], self.rowlen[:, slots]
-            needs = []
-            for ti, f, r in zip(t.tolist(), first.T.tolist(), rowlen.T.tolist(), strict=True):
-                need, zero = self._need(ti, f, r)
-                needs.append(0 if zero else need)
-            self.need_at[slots] = needs
+            self.refresh_rows(slots.tolist())
             return
+        t = self.tokens[slots]
         # one band's row gathered at a time (a 2-D gather along the slots costs more)
         cols = {pol.band: self.rowlen[pol.band][slots] for pol in self.policies}
         firsts = {pol.band: self.first[pol.band][slots] for pol in self.policies
                   if pol.windowed}
         need, zero = self._need(t, firsts, cols)
         self.need_at[slots] = np.where(zero, 0, need)
+
+    def refresh_rows(self, slots: list[int]) -> None:
+        """:meth:`refresh_need` of a few rows, over Python ints (``item`` reads: a numpy
+        gather costs about 1 us whatever its length, a scalar read a tenth of that)."""
+        tokens, first, rowlen = self.tokens.item, self.first.item, self.rowlen.item
+        bands = range(self.num_bands)
+        for slot in slots:
+            f = [first(b, slot) for b in bands]
+            r = [rowlen(b, slot) for b in bands]
+            need, zero = self._need(tokens(slot), f, r)
+            self.need_at[slot] = 0 if zero else need
 
     def _need(self, t: Any, first: Any, rowlen: Any) -> tuple[Any, Any]:
         """:meth:`refresh_need`'s formula for requests at ``t`` tokens holding

@@ -94,7 +94,9 @@ class NewTokenRatio:
     estimate was too low.
 
     Raises:
-        ConfigError: values outside ``0 <= floor <= init <= 1`` or a negative decay.
+        ConfigError: a value that is not a finite number (NaN, infinity, a ``bool``, a
+            string: NaN passed ``decay < 0`` and then dropped the ratio to its floor in
+            one step), values outside ``0 <= floor <= init <= 1`` or a negative decay.
     """
 
     init: float = 0.7
@@ -103,6 +105,12 @@ class NewTokenRatio:
     value: float = field(default=-1.0)
 
     def __post_init__(self) -> None:
+        numbers = (self.init, self.floor, self.decay, self.value)
+        if any(isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+               for v in numbers):
+            raise ConfigError(f"new_token_ratio needs finite numbers, got init={self.init!r} "
+                              f"floor={self.floor!r} decay={self.decay!r} "
+                              f"value={self.value!r}")
         if not 0.0 <= self.floor <= self.init <= 1.0 or self.decay < 0:
             raise ConfigError(f"new_token_ratio needs 0 <= floor <= init <= 1 and decay >= 0, "
                               f"got init={self.init} floor={self.floor} decay={self.decay}")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import numbers
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -38,13 +39,19 @@ class Request:
             may stop earlier (``output_tokens``, end of sequence). ``None``: the limit is
             ``output_tokens``. Admission reserves against the limit, never the true length.
         page_keys: content keys of the prompt's whole pages (a hash chain,
-            :mod:`kvchain.cache.keys`), or ``None``: what the prefix cache matches on.
+            :mod:`kvchain.cache.keys`), or ``None``: what the prefix cache matches on. One
+            key per whole page of the chain's page size: ``prompt_tokens // P`` keys
+            (checked by the scheduler's ``add``, which knows ``P``; here: at most
+            ``prompt_tokens``, a page holding at least one token).
         hit_tokens: prompt tokens served by the prefix cache at its first admission.
 
     Raises:
         InvalidRequestError: an id, prompt or output length that is not an int, a length
-            below 1, an arrival time that is not a finite number, or ``max_tokens`` that is
-            not an int ``>= output_tokens``.
+            below 1, an arrival time that is not a finite number, ``max_tokens`` that is
+            not an int ``>= output_tokens``, ``page_keys`` not a tuple of ints or more of
+            them than prompt tokens, a progress count (``computed``, ``prefill_target``,
+            ``output_done``, ``retractions``, ``hit_tokens``) that is not an int >= 0, or
+            a ``status`` that is not a :class:`RequestStatus`.
     """
 
     rid: int
@@ -66,7 +73,8 @@ class Request:
             if type(value) is not int:  # bools, floats, numpy ints refused: ids and counts
                 raise InvalidRequestError(f"request {self.rid!r}: {name} must be an int, got "
                                           f"{type(value).__name__} {value!r}")
-        if not isinstance(self.arrival_s, int | float) or not math.isfinite(self.arrival_s):
+        if (isinstance(self.arrival_s, bool) or not isinstance(self.arrival_s, int | float)
+                or not math.isfinite(self.arrival_s)):
             raise InvalidRequestError(f"request {self.rid}: arrival_s must be a finite number "
                                       f"of seconds, got {self.arrival_s!r}")
         if self.prompt_tokens < 1 or self.output_tokens < 1:
@@ -78,11 +86,24 @@ class Request:
             raise InvalidRequestError(f"request {self.rid}: max_tokens must be an int >= "
                                       f"output_tokens ({self.output_tokens}), got "
                                       f"{self.max_tokens!r}")
+        for name in ("computed", "prefill_target", "output_done", "retractions", "hit_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise InvalidRequestError(f"request {self.rid}: {name} must be an int >= 0, "
+                                          f"got {value!r}")
+        if not isinstance(self.status, RequestStatus):
+            raise InvalidRequestError(f"request {self.rid}: status must be a RequestStatus, "
+                                      f"got {self.status!r}")
         if self.prefill_target == 0:
             self.prefill_target = self.prompt_tokens
         if self.page_keys is not None and (type(self.page_keys) is not tuple
                                            or any(type(k) is not int for k in self.page_keys)):
             raise InvalidRequestError(f"request {self.rid}: page_keys must be a tuple of ints")
+        if self.page_keys is not None and len(self.page_keys) > self.prompt_tokens:
+            # a key per whole page: never more keys than tokens, whatever the page size
+            raise InvalidRequestError(f"request {self.rid}: {len(self.page_keys):,} page keys "
+                                      f"for a prompt of {self.prompt_tokens:,} tokens (one key "
+                                      f"per whole page)")
 
     @property
     def in_prefill(self) -> bool:
@@ -229,12 +250,38 @@ class StepOutcome:
     """What the model driver reports after running a batch.
 
     Attributes:
-        duration_s: seconds the step took.
-        stopped: requests that emitted end-of-sequence before their output length.
+        duration_s: seconds the step took (a finite number >= 0).
+        stopped: requests that emitted end-of-sequence before their output length (a set
+            of int ids).
         accepted: request id -> drafts the verify accepted in a speculative step
             (``0 <= a <= drafts``; a request absent: 0, every draft rejected).
+
+    Which ids are known (requests of the batch: ``stopped`` any of them, ``accepted`` its
+    decodes, at most their drafts) is the scheduler's check (``Scheduler.complete``); here
+    the types and ranges.
+
+    Raises:
+        InvalidRequestError: ``duration_s`` not a finite number >= 0 (NaN, infinity, a
+            negative time, a bool), ``stopped`` not a set of int ids, ``accepted`` not a
+            mapping of int ids to ints >= 0.
     """
 
     duration_s: float
     stopped: frozenset[int] = frozenset()
     accepted: Mapping[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        d = self.duration_s
+        if (isinstance(d, bool) or not isinstance(d, numbers.Real) or not math.isfinite(d)
+                or d < 0):
+            raise InvalidRequestError(f"a step outcome's duration_s must be a finite number "
+                                      f"of seconds >= 0, got {d!r}")
+        if not isinstance(self.stopped, Set) or not all(
+                type(rid) is int for rid in self.stopped):
+            raise InvalidRequestError(f"a step outcome's stopped must be a set of int request "
+                                      f"ids, got {self.stopped!r}")
+        if not isinstance(self.accepted, Mapping) or not all(
+                type(rid) is int and type(a) is int and a >= 0
+                for rid, a in self.accepted.items()):
+            raise InvalidRequestError(f"a step outcome's accepted must map int request ids to "
+                                      f"ints >= 0 (drafts accepted), got {self.accepted!r}")

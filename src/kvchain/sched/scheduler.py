@@ -51,6 +51,7 @@ from kvchain.errors import (
 )
 from kvchain.field_types import check_field_types
 from kvchain.layout import smallest_request_pages
+from kvchain.requests.attach import check_page_keys
 from kvchain.requests.batch import DecodeBatch, sum_demands
 from kvchain.requests.demand import context_drafts, lifetime_demand
 from kvchain.requests.manager import KVManager
@@ -332,10 +333,17 @@ class Scheduler:
             True if queued, False if rejected (an ``REJECTED`` event says why).
 
         Raises:
-            InvalidRequestError: a duplicate id, or ``now`` not a finite time >= 0 (s);
-                nothing changes.
+            InvalidRequestError: not a :class:`Request`, a duplicate id, page keys other
+                than one per whole page of the prompt (``prompt_tokens // P``:
+                :func:`~kvchain.requests.attach.check_page_keys`), or ``now`` not a finite
+                time >= 0 (s); nothing changes.
         """
         _check_time(now)
+        if not isinstance(request, Request):
+            raise InvalidRequestError(f"expected a Request, got {type(request).__name__}")
+        if request.page_keys is not None:
+            check_page_keys(request.rid, request.page_keys, request.prompt_tokens,
+                            self.kv.geom.page_size)
         if request.rid in self.requests:
             raise InvalidRequestError(f"duplicate request id {request.rid}")
         self.requests[request.rid] = request
@@ -709,11 +717,12 @@ class Scheduler:
         one is retracted as by the decode check) and the rest is taken again, until it fits.
 
         Raises:
-            InvalidRequestError: the step names a request that is not waiting or running,
-                or one twice (nothing changed).
+            InvalidRequestError: ``step`` not a :class:`ScheduledStep`, or one that names a
+                request that is not waiting or running, or one twice (nothing changed).
             AdmissionDivergenceError: ``config.strict`` and the allocator refused the
                 admitted batch; nothing was allocated.
         """
+        _check_step_type(step)
         try:
             if step.basis != (self._version, tuple(step.prefills), tuple(step.decodes),
                               tuple(step.resumes)):
@@ -879,7 +888,12 @@ class Scheduler:
         the chain's free pages are as before :meth:`schedule`; what its decode check and
         admission did as ordinary decisions stays (a retraction; a host load-back's
         prefix, evictable device cache). A later :meth:`allocate` of ``step`` plans it
-        again (:meth:`_check_step`)."""
+        again (:meth:`_check_step`).
+
+        Raises:
+            InvalidRequestError: ``step`` is not a :class:`ScheduledStep` (nothing changed).
+        """
+        _check_step_type(step)
         if step.pin is not None:
             step.pin.release()
             step.pin = None
@@ -900,8 +914,15 @@ class Scheduler:
 
         Raises:
             InvalidRequestError: the batch is not the one just allocated (a request not
-                running, listed twice, or at another position); nothing changed.
+                running, listed twice, or at another position), ``outcome`` not a
+                :class:`StepOutcome` or naming a request outside the batch (``stopped``:
+                not one of its requests; ``accepted``: not one of its decodes), or ``now``
+                not a finite time >= 0 (s); nothing changed.
         """
+        _check_time(now)
+        if not isinstance(batch, StepBatch):
+            raise InvalidRequestError(f"expected a StepBatch, got {type(batch).__name__}")
+        _check_outcome(batch, outcome)
         kv, running = self.kv, self.running
         if not self._batch_matches(batch):
             seen: set[int] = set()
@@ -953,7 +974,14 @@ class Scheduler:
         (``accepted``, absent: 0), at most its drafts and the output it has left after
         the step's own token (a request never generates past its output length). What
         :meth:`complete` commits; an engine that charges the replay of the accepted tokens
-        asks for the same counts before."""
+        asks for the same counts before.
+
+        Raises:
+            InvalidRequestError: ``accepted`` not a mapping.
+        """
+        if not isinstance(accepted, Mapping):
+            raise InvalidRequestError(f"accepted must map request ids to drafts, got "
+                                      f"{type(accepted).__name__}")
         running = self.running
         return [max(0, min(accepted.get(d.rid, 0), d.drafts,
                            running[d.rid].output_tokens - running[d.rid].output_done - 1))
@@ -1029,12 +1057,17 @@ class Scheduler:
 
         Raises:
             InvalidRequestError: ``run`` does not match the running requests (one finished,
-                was retracted or moved since), ``steps`` outside ``[1, run.steps]`` or fewer
-                ``times``; nothing changed.
+                was retracted or moved since), ``steps`` not an int in ``[1, run.steps]``,
+                fewer ``times`` or one that is not a finite time >= 0; nothing changed.
         """
-        if not 1 <= steps <= run.steps or len(times) < steps:
-            raise InvalidRequestError(f"steps must be in [1, {run.steps}] with a time each, "
-                                      f"got {steps} and {len(times)} times")
+        if not isinstance(run, DecodeRun):
+            raise InvalidRequestError(f"expected a DecodeRun, got {type(run).__name__}")
+        if (type(steps) is not int or not 1 <= steps <= run.steps
+                or len(times) < steps):
+            raise InvalidRequestError(f"steps must be an int in [1, {run.steps}] with a time "
+                                      f"each, got {steps!r} and {len(times)} times")
+        for t in times[:steps]:
+            _check_time(t)
         running = self.running
         if (len(run.rids) != len(running) or any(
                 running.get(rid) is None or running[rid].computed != start
@@ -1447,6 +1480,35 @@ def _band_cap_refusal(empty: ChainSnapshot, need: Demand) -> str | None:
             return (f"its {d:,} {b.label} pages pass the {b.cap - b.live:,} that band can "
                     f"ever hold (its pool or index space)")
     return None
+
+
+def _check_step_type(step: object) -> None:
+    """Refuse a step that is not a :class:`ScheduledStep` (InvalidRequestError)."""
+    if not isinstance(step, ScheduledStep):
+        raise InvalidRequestError(f"expected a ScheduledStep (from schedule), got "
+                                  f"{type(step).__name__}")
+
+
+def _check_outcome(batch: StepBatch, outcome: object) -> None:
+    """Refuse a step outcome that is not a :class:`StepOutcome`, or names a request outside
+    ``batch``: a stop of a request the step did not compute, drafts accepted for one that
+    did not decode in it (a typo'd id would be dropped silently).
+
+    Raises:
+        InvalidRequestError: as above.
+    """
+    if not isinstance(outcome, StepOutcome):
+        raise InvalidRequestError(f"expected a StepOutcome, got {type(outcome).__name__}")
+    if outcome.stopped or outcome.accepted:
+        decodes = {d.rid for d in batch.decodes}
+        bad = sorted(set(outcome.accepted) - decodes)
+        if bad:
+            raise InvalidRequestError(f"a step outcome accepts drafts of requests that do "
+                                      f"not decode in its batch: {bad[:8]}")
+        bad = sorted(set(outcome.stopped) - decodes - {p.rid for p in batch.prefills})
+        if bad:
+            raise InvalidRequestError(f"a step outcome stops requests that are not in its "
+                                      f"batch: {bad[:8]}")
 
 
 def _check_time(now: object) -> None:

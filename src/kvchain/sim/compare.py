@@ -129,7 +129,6 @@ class ManagerRun:
         alloc_efficiency: needed / held bytes (0..1; None if nothing was held).
         series: bytes needed and held over time (at most ``max_points``).
         buffer_bytes: ``B``.
-        u_star_mem: memory-blocked U* (0..1; None if memory never refused the head).
         prefix_cache: the prefix cache's figures (hit tokens and rate, pages evicted per
             band), or ``None`` when the cache was off; ``summary.extra`` then also has
             ``prefix_hit_rate_pct``, ``prefix_hit_tokens`` and ``prefix_evicted_pages``.

@@ -78,6 +78,7 @@ import enum
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -553,13 +554,23 @@ class GPUCostModel:
         tokens = work.tokens
         if tokens == 0:
             return 0.0
-        flops = (self.flops_per_token * tokens + self._f_full * work.full_pairs
-                 + self._f_win * work.window_pairs + self._f_loc * work.local_pairs)
-        moved = (self._weights * (1.0 - self._untouched ** tokens)
-                 + self._e_full * work.full_kv_tokens + self._e_win * work.window_kv_tokens
-                 + self._e_loc * work.local_kv_tokens + self._e_written * tokens
-                 + self._state_rw * work.sequences)
+        flops = self._flops(tokens, work.full_pairs, work.window_pairs, work.local_pairs)
+        moved = self._moved(tokens, work.full_kv_tokens, work.window_kv_tokens,
+                            work.local_kv_tokens, work.sequences)
         return max(flops / self._flop_rate, moved / self._byte_rate) + self.step_overhead_s
+
+    def _flops(self, tokens: int, full: Any, window: Any, local: Any) -> Any:
+        """A step's FLOPs: per-token (weights) plus per attention pair of each class; the
+        one copy of the formula, over ints (a step) or int64 arrays (a decode run)."""
+        return (self.flops_per_token * tokens + self._f_full * full + self._f_win * window
+                + self._f_loc * local)
+
+    def _moved(self, tokens: int, full: Any, window: Any, local: Any, sequences: Any) -> Any:
+        """A step's bytes moved: the weights read, the KV read per class (``full`` ...
+        tokens of KV), the KV written and the states read and written; the one copy of
+        the formula, over ints or arrays as :meth:`_flops`."""
+        return (self.weight_bytes_read(tokens) + self._e_full * full + self._e_win * window
+                + self._e_loc * local + self._e_written * tokens + self._state_rw * sequences)
 
     def run_times(self, work: DecodeRunWork) -> np.ndarray:
         """Seconds of each step of a decode run, float64 ``[steps]``: :meth:`step_time` of
@@ -577,12 +588,9 @@ class GPUCostModel:
                  + abs(self._f_loc) * int(work.local_pairs.max()))
         if bound >= 2 ** 62:
             return np.array([self.step_time(work.step(j)) for j in range(work.steps)])
-        flops = (self.flops_per_token * n + self._f_full * work.full_pairs
-                 + self._f_win * work.window_pairs + self._f_loc * work.local_pairs)
-        moved = (self._weights * (1.0 - self._untouched ** n)
-                 + self._e_full * work.full_pairs + self._e_win * work.window_pairs
-                 + self._e_loc * work.local_pairs + self._e_written * n
-                 + self._state_rw * n)
+        # A decode reads as many KV tokens as it has attention pairs.
+        flops = self._flops(n, work.full_pairs, work.window_pairs, work.local_pairs)
+        moved = self._moved(n, work.full_pairs, work.window_pairs, work.local_pairs, n)
         return np.maximum(flops / self._flop_rate, moved / self._byte_rate) \
             + self.step_overhead_s
 
@@ -601,12 +609,11 @@ class GPUCostModel:
     def breakdown(self, work: StepWork) -> StepCost:
         """The roofline terms of one step (same arithmetic as :meth:`step_time`)."""
         tokens = work.tokens
-        flops = float(self.flops_per_token * tokens + self._f_full * work.full_pairs
-                      + self._f_win * work.window_pairs + self._f_loc * work.local_pairs)
+        flops = float(self._flops(tokens, work.full_pairs, work.window_pairs,
+                                  work.local_pairs))
         weights = self.weight_bytes_read(tokens)
-        moved = (weights + self._e_full * work.full_kv_tokens
-                 + self._e_win * work.window_kv_tokens + self._e_loc * work.local_kv_tokens
-                 + self._e_written * tokens + self._state_rw * work.sequences)
+        moved = self._moved(tokens, work.full_kv_tokens, work.window_kv_tokens,
+                            work.local_kv_tokens, work.sequences)
         compute_s = flops / self._flop_rate
         memory_s = moved / self._byte_rate
         overhead = self.step_overhead_s if tokens else 0.0

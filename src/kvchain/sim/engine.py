@@ -29,20 +29,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
 from kvchain.alloc.allocator import Allocator, EvictingAllocator
 from kvchain.alloc.chain import Chain, ChainStats
 from kvchain.alloc.snapshot import ChainSnapshot
-from kvchain.bands.geometry import RequestGeometry, StateRollback
+from kvchain.bands.geometry import RequestGeometry
 from kvchain.cache.host_cache import HostTier, host_tier_refusal
-from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy, cache_refusal
+from kvchain.cache.radix import CacheGeometry, PrefixCache, cache_refusal
 from kvchain.cache.tiered import TieredPrefixCache
 from kvchain.errors import BufferUnsupportedError, ConfigError, KVChainError
-from kvchain.field_types import check_field_types
-from kvchain.gpu import DEFAULT_MEM_FRACTION, GPUSpec, kv_buffer_bytes
+from kvchain.gpu import GPUSpec, kv_buffer_bytes
 from kvchain.layout import ChainLayout, check_smallest_request, plan_layout
 from kvchain.model.draft import check_spec_tokens
 from kvchain.model.layers import TARGET, LifetimeClass
@@ -53,7 +52,6 @@ from kvchain.sched.request import EventKind, Request, StepBatch, StepOutcome
 from kvchain.sched.retraction import RetractTo
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig, UnallocatableEvent
 from kvchain.sim.cost import (
-    DEFAULT_STEP_MS,
     ClockKind,
     DraftCostModel,
     GPUCostModel,
@@ -81,6 +79,7 @@ from kvchain.sim.prefix import (
     trace_block_tokens,
     truncated_request,
 )
+from kvchain.sim.run_options import RunOptions, check_retract_to
 from kvchain.sim.traces import Trace, TraceRequest
 
 
@@ -88,83 +87,72 @@ class SimulationStuckError(KVChainError, RuntimeError):
     """Requests wait, nothing runs and nothing can be admitted: a scheduler bug."""
 
 
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """One simulation's inputs.
+FROM_OPTIONS = SchedulerConfig()
+"""The default of :attr:`SimConfig.scheduler`, a marker (compared by identity): build the
+scheduler's limits from the options."""
 
-    ``model`` (per rank), ``gpu``, ``trace`` and the ``scheduler``'s limits and policy are
-    what runs; every other field is the :class:`~kvchain.sim.run_options.RunOptions`
-    option of the same name (``truncate_to_context`` is ``truncate``, ``spec_seed`` is
-    ``seed``), with its meaning, units and default stated there once
-    (:meth:`~kvchain.sim.run_options.RunOptions.sim_config` builds this). What the loop
-    adds to them:
+#: The options :meth:`RunOptions.scheduler_config` turns into the scheduler's limits.
+SCHEDULER_OPTIONS = ("policy", "max_running", "chunk_size", "reserve", "new_token_ratio",
+                     "strict", "retract_to", "partial_hits")
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig(RunOptions):
+    """One simulation's inputs: what runs - ``model`` (per rank), ``gpu``, ``trace``
+    (already cut: :meth:`RunOptions.load_trace`) - and, keyword-only, every
+    :class:`~kvchain.sim.run_options.RunOptions` field, inherited with its meaning, units,
+    default and rule stated there once (:meth:`RunOptions.sim_config` builds this). The
+    options that cut the trace or build the model (``requests``, ``end_s``, ``rate_scale``,
+    ``block_tokens``, ``kv_dtype``, ``state_dtype``, ``weight_format``, ``draft_model``)
+    were applied before; the loop does not read them. What the loop adds to them:
 
     Attributes:
-        buffer_bytes: ``None`` derives it from the GPU (:func:`kvchain.gpu.kv_buffer_bytes`).
+        scheduler: the scheduler's limits. :data:`FROM_OPTIONS` (the default): built from
+            the options (:meth:`RunOptions.scheduler_config`), ``strict`` on by default here
+            (a library run stops at the first admitted-but-unallocatable step; the
+            commands' default is off, :mod:`kvchain.sim.run_options`). Given: used as is,
+            and the options of :data:`SCHEDULER_OPTIONS` keep their defaults or say the
+            same.
         max_step_samples: step samples kept for plots (totals stay exact; no option).
-        truncate_to_context: a prompt past ``model.max_context_tokens`` is cut to
-            ``context - output`` tokens (``requests_truncated``); one whose output alone
-            reaches the context is still rejected (reason ``context:``,
-            ``requests_rejected_context``).
-        prefix_cache: ``None``: on when the trace carries content keys
-            (``prefix_block_ids``).
-        fast_forward: runs of decode-only steps in one update (:func:`_decode_run`);
-            ``False`` is the oracle: both give the same steps, times and per-request
-            numbers.
-        spec_tokens: each decode computes ``1 + k`` tokens
-            (:meth:`StepWorkBuilder.add_verify`) and keeps ``1 + a``; no fast-forward.
-        spec_acceptance: ``a`` = leading successes of ``k`` Bernoulli draws (``P(a >= j)
-            = p^j``), one generator per run seeded by ``spec_seed``.
-        spec_rollback: ``REPLAY`` charges a step with a rejected draft its ``1 + a``
-            accepted tokens again as a chunk of the whole model (an upper bound: the replay
-            runs through the state layers only).
-        host_bytes: write-through at insert, load-back priced by admission
-            (:mod:`kvchain.cache.tiered`), each step's load-backs charged at the GPU's host
-            link (:func:`host_transfer_time`) overlapped layer by layer with the step's
-            forward (:func:`~kvchain.sim.cost.overlapped_time`); needs the prefix cache on
-            and a GPU with a host link figure. Retraction by host copy
-            (``scheduler.retract_to`` ``host`` / ``auto``) takes its slots from the same
-            bytes (:func:`retraction_host`), each copy charged in the step that makes it.
+
+    What the loop makes of the options beyond their help: ``buffer_bytes=None`` is
+    :func:`kvchain.gpu.kv_buffer_bytes`; a prompt cut by ``truncate`` counts in
+    ``requests_truncated``, one whose output alone reaches the context is still rejected
+    (reason ``context:``, ``requests_rejected_context``); ``fast_forward=False`` is the
+    oracle of :func:`_decode_run`; ``spec_tokens`` decodes through
+    :meth:`StepWorkBuilder.add_verify`, the accepted ``a`` being the leading successes of
+    ``k`` Bernoulli draws (``P(a >= j) = p^j``, ``p = spec_acceptance``), one generator per
+    run seeded by ``seed``; ``host_bytes`` load-backs (:mod:`kvchain.cache.tiered`) are
+    charged at the GPU's host link (:func:`host_transfer_time`) overlapped layer by layer
+    with the step's forward (:func:`~kvchain.sim.cost.overlapped_time`), and host-copy
+    retractions take their slots from the same bytes (:func:`retraction_host`).
+
+    Raises:
+        ConfigError: as :class:`RunOptions` (a wrong type names the field, a value out of
+            range its flag); ``spec_tokens`` at or past the model's context
+            (:func:`~kvchain.model.draft.check_spec_tokens`); a given ``scheduler`` that
+            the scheduler options contradict; its ``retract_to`` without ``host_bytes``
+            (:func:`~kvchain.sim.run_options.check_retract_to`).
     """
 
     model: ModelSpec
     gpu: GPUSpec
     trace: Trace
-    mem_fraction: float = DEFAULT_MEM_FRACTION
-    page_size: int = 16
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    buffer_bytes: int | None = None
+    scheduler: SchedulerConfig = FROM_OPTIONS
     max_step_samples: int = DEFAULT_MAX_STEP_SAMPLES
-    clock: ClockKind = ClockKind.ROOFLINE
-    step_ms: float = DEFAULT_STEP_MS
-    truncate_to_context: bool = False
-    prefix_cache: bool | None = None
-    cache_points: ResumePolicy = ResumePolicy.AUTO
-    fast_forward: bool = True
-    spec_tokens: int = 0
-    spec_acceptance: float = 0.7
-    spec_seed: int = 0
-    spec_rollback: StateRollback = StateRollback.CHECKPOINTS
-    host_bytes: int | None = None
+    strict: bool = field(default=True, kw_only=True)  # SchedulerConfig's default
 
     def __post_init__(self) -> None:
-        """Refuse a field of the wrong type (:func:`kvchain.field_types.check_field_types`:
-        a float page size or buffer, an enum's string, a non-bool flag).
-
-        Raises:
-            ConfigError: names the field; ``spec_tokens`` at or past the model's context
-                (:func:`~kvchain.model.draft.check_spec_tokens`).
-        """
-        check_field_types(self)
-        if self.spec_tokens < 0:
-            raise ConfigError(f"spec_tokens must be >= 0, got {self.spec_tokens}")
-        if not 0.0 <= self.spec_acceptance <= 1.0:
-            raise ConfigError(f"spec_acceptance must be in [0, 1], got "
-                              f"{self.spec_acceptance}")
+        RunOptions.__post_init__(self)
         check_spec_tokens(self.spec_tokens, self.model)
-        if self.host_bytes is not None and self.host_bytes < 1:
-            raise ConfigError(f"host_bytes must be >= 1 (None: no host tier), got "
-                              f"{self.host_bytes}")
+        if self.scheduler is FROM_OPTIONS:
+            object.__setattr__(self, "scheduler", self.scheduler_config())
+        elif (any(getattr(self, f.name) != f.default for f in fields(self)
+                  if f.name in SCHEDULER_OPTIONS)
+              and self.scheduler != self.scheduler_config()):
+            raise ConfigError("the scheduler's limits are given both as scheduler= and as "
+                              f"options ({', '.join(SCHEDULER_OPTIONS)}) that differ: give "
+                              "one of the two")
         check_retract_to(self.scheduler.retract_to, self.host_bytes, self.clock)
 
     def layout(self) -> ChainLayout:
@@ -238,23 +226,6 @@ class SimConfig:
             if self.gpu.host_link is None:
                 raise ConfigError(f"--host-bytes: GPU {self.gpu.name} has no host link "
                                   f"figure, so load-backs cannot be timed")
-
-
-def check_retract_to(mode: RetractTo, host_bytes: int | None, clock: ClockKind) -> None:
-    """Refuse a retraction mode the run cannot serve (:class:`SimConfig` and
-    :class:`~kvchain.sim.run_options.RunOptions` both ask here).
-
-    Raises:
-        ConfigError: ``host`` / ``auto`` without ``host_bytes`` (the host memory its copies
-            go to); ``auto`` (it compares the roofline's host-copy and recompute times)
-            with a clock other than ``roofline``.
-    """
-    if mode is not RetractTo.RECOMPUTE and not host_bytes:
-        raise ConfigError(f"--retract-to {mode.value} needs --host-bytes (the host memory "
-                          f"its copies go to)")
-    if mode is RetractTo.AUTO and clock is not ClockKind.ROOFLINE:
-        raise ConfigError("--retract-to auto compares the roofline's host-copy and "
-                          "recompute times: it needs --clock roofline")
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +331,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             stats.host_slots = tuple(pool.slots for pool in host.pools)
     kv = KVManager(chain, cache, config.spec_tokens, config.spec_rollback)
     spec = config.spec_tokens
-    draws = np.random.default_rng(config.spec_seed)
+    draws = np.random.default_rng(config.seed)
     spec_bytes = _SpecBytes.of(layout, kv)
     context = config.scheduler.max_context_tokens or config.model.max_context_tokens
     sched_config = replace(config.scheduler, audit_every_step=audit_every_step,
@@ -420,7 +391,7 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
                 continue
         while i < total and requests[i].arrival_s <= now:
             tr = requests[i]
-            if (config.truncate_to_context and context is not None
+            if (config.truncate and context is not None
                     and tr.prompt_tokens + tr.output_tokens > context
                     and tr.output_tokens < context):
                 tr = truncated_request(tr, context - tr.output_tokens, block)

@@ -56,7 +56,7 @@ import enum
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -135,6 +135,19 @@ class RequestRecord:
 def _check(condition: bool, what: str) -> None:
     if not condition:
         raise MetricsError(what)
+
+
+def _check_after(record: RequestRecord, attr: str, t_s: float, event: str,
+                 missing: str) -> None:
+    """Refuse ``event`` at ``t_s`` unless ``record.<attr>`` is set and not after ``t_s``.
+
+    Raises:
+        MetricsError: ``"<event>: request <id> at <t_s> s <missing> before (<attr>=..)"``.
+    """
+    seen = getattr(record, attr)
+    if seen is None or t_s < seen:
+        raise MetricsError(f"{event}: request {record.request_id} at {t_s} s {missing} "
+                           f"before ({attr}={seen})")
 
 
 def _raise_first(ok: Sequence[bool], messages: Sequence[str], prefix: str = "") -> None:
@@ -636,11 +649,7 @@ class MetricsRecorder:
             MetricsError: the request was never admitted, or ``t_s`` precedes admission.
         """
         record = self._record(request_id, t_s, "on_first_token")
-        _check(
-            record.admitted_s is not None and t_s >= record.admitted_s,
-            f"on_first_token: request {request_id} at {t_s} s was not admitted before "
-            f"(admitted_s={record.admitted_s})",
-        )
+        _check_after(record, "admitted_s", t_s, "on_first_token", "was not admitted")
         if record.first_token_s is None:
             record.first_token_s = t_s
         record.output_done += 1
@@ -654,11 +663,7 @@ class MetricsRecorder:
         """
         record = self._record(request_id, t_s, "on_token")
         _check(tokens >= 1, f"on_token: request {request_id}: tokens must be >= 1, got {tokens}")
-        _check(
-            record.first_token_s is not None and t_s >= record.first_token_s,
-            f"on_token: request {request_id} at {t_s} s has no first token before "
-            f"(first_token_s={record.first_token_s})",
-        )
+        _check_after(record, "first_token_s", t_s, "on_token", "has no first token")
         record.output_done += tokens
         self._saw(t_s)
 
@@ -669,11 +674,7 @@ class MetricsRecorder:
             MetricsError: no first token yet, a time before it, or a second finish.
         """
         record = self._record(request_id, t_s, "on_finished")
-        _check(
-            record.first_token_s is not None and t_s >= record.first_token_s,
-            f"on_finished: request {request_id} at {t_s} s has no first token before "
-            f"(first_token_s={record.first_token_s})",
-        )
+        _check_after(record, "first_token_s", t_s, "on_finished", "has no first token")
         record.finished_s = t_s
         self._saw(t_s)
 
@@ -1018,12 +1019,7 @@ class SimSummary:
         for spec in fields(self):
             value = getattr(self, spec.name)
             if isinstance(value, Percentiles):
-                value = {
-                    "p50_s": value.p50_s,
-                    "p90_s": value.p90_s,
-                    "p99_s": value.p99_s,
-                    "count": value.count,
-                }
+                value = asdict(value)  # p50_s, p90_s, p99_s, count
             elif spec.name == "extra":
                 value = dict(value)
             out[spec.name] = value

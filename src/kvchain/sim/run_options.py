@@ -15,8 +15,9 @@ Adding an option is a change in this file only:
    ``kvchain sweep`` has an axis of that name instead: ``--rate-scales`` for
    ``rate_scale``);
 2. add its rule, if it has one, to :data:`_RULES` or :meth:`RunOptions.__post_init__`;
-3. use it in :meth:`RunOptions.scheduler_config`, :meth:`RunOptions.load_trace` or
-   :meth:`RunOptions.sim_config`.
+3. use it in :meth:`RunOptions.scheduler_config`, :meth:`RunOptions.load_trace` or the
+   simulator (:class:`~kvchain.sim.engine.SimConfig` is a ``RunOptions`` with the model,
+   GPU and trace added: it inherits the new field).
 
 The three commands then take ``--x`` with that help and default, a sweep grid file takes
 the key ``x``, and a sweep row carries ``x`` when it differs from its default.
@@ -46,7 +47,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from kvchain.bands.geometry import StateRollback
 from kvchain.cache.radix import ResumePolicy
@@ -61,8 +62,10 @@ from kvchain.sched.admission import ReserveConfig, ReservePolicy, parse_new_toke
 from kvchain.sched.retraction import RetractTo
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind
-from kvchain.sim.engine import SimConfig, check_retract_to
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, Trace, load_trace
+
+if TYPE_CHECKING:
+    from kvchain.sim.engine import SimConfig
 
 PREFILL_TOKENS_FLOOR = 8192
 """Prefill tokens per step (all chunks together) are ``max(chunk_size, 8192)``: at least one
@@ -82,10 +85,10 @@ def option(help: str, *, flags: str | None = None, axis: bool = False) -> dict[s
     return {"help": help, "flags": flags, "axis": axis}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunOptions:
     """How a run goes, validated (see the module doc; every field is a flag of the same
-    name: ``rate_scale`` is ``--rate-scale``).
+    name: ``rate_scale`` is ``--rate-scale``), keyword-only.
 
     Units: ``end_s`` seconds of trace time; ``step_ms`` milliseconds of trace time;
     ``buffer_bytes`` bytes; ``page_size``, ``chunk_size``, ``block_tokens`` tokens;
@@ -257,16 +260,17 @@ class RunOptions:
                           block_tokens=self.block_tokens)
 
     def sim_config(self, model: ModelSpec, gpu: GPUSpec, trace: Trace) -> SimConfig:
-        """The :class:`SimConfig` of this run of ``model`` on ``gpu`` serving ``trace``
-        (already cut: :meth:`load_trace`)."""
-        return SimConfig(model, gpu, trace, mem_fraction=self.mem_fraction,
-                         page_size=self.page_size, scheduler=self.scheduler_config(),
-                         buffer_bytes=self.buffer_bytes, clock=self.clock,
-                         step_ms=self.step_ms, truncate_to_context=self.truncate,
-                         prefix_cache=self.prefix_cache, cache_points=self.cache_points,
-                         fast_forward=self.fast_forward, spec_tokens=self.spec_tokens,
-                         spec_acceptance=self.spec_acceptance, spec_seed=self.seed,
-                         spec_rollback=self.spec_rollback, host_bytes=self.host_bytes)
+        """The :class:`~kvchain.sim.engine.SimConfig` of this run of ``model`` on ``gpu``
+        serving ``trace`` (already cut: :meth:`load_trace`): these options, the scheduler
+        built from them.
+
+        Raises:
+            ConfigError: as :class:`~kvchain.sim.engine.SimConfig`.
+        """
+        from kvchain.sim.engine import SimConfig  # engine imports this module
+
+        return SimConfig(model, gpu, trace, **{f.name: getattr(self, f.name)
+                                               for f in fields(RunOptions)})
 
     # --- as data -------------------------------------------------------------------------
 
@@ -304,6 +308,23 @@ class RunOptions:
             if raw is not None:
                 values[key] = coerce_value(key, raw, hints[key])
         return RunOptions(**values)
+
+
+def check_retract_to(mode: RetractTo, host_bytes: int | None, clock: ClockKind) -> None:
+    """Refuse a retraction mode the run cannot serve (:class:`RunOptions` asks of its
+    ``retract_to``; :class:`~kvchain.sim.engine.SimConfig` of its scheduler's as well).
+
+    Raises:
+        ConfigError: ``host`` / ``auto`` without ``host_bytes`` (the host memory its copies
+            go to); ``auto`` (it compares the roofline's host-copy and recompute times)
+            with a clock other than ``roofline``.
+    """
+    if mode is not RetractTo.RECOMPUTE and not host_bytes:
+        raise ConfigError(f"--retract-to {mode.value} needs --host-bytes (the host memory "
+                          f"its copies go to)")
+    if mode is RetractTo.AUTO and clock is not ClockKind.ROOFLINE:
+        raise ConfigError("--retract-to auto compares the roofline's host-copy and "
+                          "recompute times: it needs --clock roofline")
 
 
 def option_help(name: str) -> str:

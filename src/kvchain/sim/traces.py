@@ -433,10 +433,12 @@ def _csv_data_rows(
             continue
         line = reader.line_num
         if len(fields) != len(columns):
+            # the first column the row lacks (a short row), or one past the header's last
             raise _error(
                 path,
                 line,
-                required[0],
+                columns[len(fields)] if len(fields) < len(columns)
+                else f"#{len(columns) + 1} (past the header)",
                 f"expected {len(columns)} fields, got {len(fields)}: {fields!r}"[:300],
             )
         yield line, {name: fields[pos] for name, pos in positions.items()}

@@ -38,7 +38,19 @@ from pathlib import Path
 from kvchain.alloc.pricing import GENERAL_PLANNER, Planner
 from kvchain.errors import ConfigError
 from kvchain.testing.geometry import ChainGeometry, shape_geometry
-from kvchain.testing.streams import ChainRecorder, Op, generate_stream, op_from_json, op_to_json
+from kvchain.testing.streams import (
+    CacheInsertOp,
+    ChainRecorder,
+    HostEvictOp,
+    HostLoadOp,
+    HostOffloadOp,
+    Op,
+    ReleaseOp,
+    TakeOp,
+    generate_stream,
+    op_from_json,
+    op_to_json,
+)
 
 STREAM_VERSION = 1
 
@@ -124,12 +136,44 @@ def write_stream(path: Path, sections: Iterable[StreamSection]) -> int:
     return n
 
 
+HEADER_KEYS = frozenset(("kind", "version", "shape", "classes", "buffer_bytes", "page_size",
+                         "null_pages", "seed", "host_slots"))
+"""The keys a section's header may carry (:func:`header_json`'s); any other is refused."""
+
+
+def check_op(op: Op, bands: int, host: bool) -> None:
+    """Refuse an operation its section's header makes impossible before it runs: a take,
+    cache insert or host offload whose per-band lists are not one per band, a release of
+    a band the chain does not have, a host operation without the header's
+    ``host_slots``. (What depends on the chain's state - a release of ids not held, a
+    lock of an unknown unit - is the replay's to count: a violation.)
+
+    Args:
+        op: the operation.
+        bands: bands of the section's chain (one per class of its header).
+        host: whether the header gives host slots.
+
+    Raises:
+        ConfigError: as above (names the operation).
+    """
+    if isinstance(op, TakeOp) and len(op.pages) != bands:
+        raise ConfigError(f"{op}: {len(op.pages)} page counts for a chain of {bands} bands")
+    if isinstance(op, CacheInsertOp | HostOffloadOp) and len(op.pages) != bands:
+        raise ConfigError(f"{op}: {len(op.pages)} id lists for a chain of {bands} bands")
+    if isinstance(op, ReleaseOp) and op.band >= bands:
+        raise ConfigError(f"{op}: band {op.band} of a chain of {bands} bands")
+    if isinstance(op, HostOffloadOp | HostLoadOp | HostEvictOp) and not host:
+        raise ConfigError(f"{op}: a host operation in a section whose header gives no "
+                          f"host_slots")
+
+
 def read_stream(path: Path) -> tuple[StreamSection, ...]:
     """Parse a stream file.
 
     Raises:
         ConfigError: unreadable file, bad JSON, an operation before any header, an
-            unknown version, or a bad header/operation.
+            unknown version, a bad header/operation (an unknown key included), or an
+            operation inconsistent with its header (:func:`check_op`).
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -140,6 +184,7 @@ def read_stream(path: Path) -> tuple[StreamSection, ...]:
     seed: int | None = None
     host_slots: tuple[int, ...] | None = None
     ops: list[Op] = []
+    bands = 0
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -155,7 +200,15 @@ def read_stream(path: Path) -> tuple[StreamSection, ...]:
                                   f"{data.get('version')!r}")
             if geometry is not None:
                 sections.append(StreamSection(geometry, tuple(ops), seed, host_slots))
+            unknown = sorted(set(data) - HEADER_KEYS)
+            if unknown:
+                raise ConfigError(f"{path}:{number}: unknown header key(s) {unknown} (a "
+                                  f"header carries {sorted(HEADER_KEYS)})")
             geometry, ops = ChainGeometry.from_json(data), []
+            bands = len(geometry.layout().bands)  # the ops' per-band lists (check_op)
+            if "shape" in data and data["shape"] != geometry.shape:
+                raise ConfigError(f"{path}:{number}: the header's shape {data['shape']!r} "
+                                  f"is not its classes' ({geometry.shape!r})")
             seed = data.get("seed") if isinstance(data.get("seed"), int) else None
             try:
                 host_slots = _host_slots(data, len(geometry.classes))
@@ -164,7 +217,12 @@ def read_stream(path: Path) -> tuple[StreamSection, ...]:
         elif geometry is None:
             raise ConfigError(f"{path}:{number}: an operation before the header")
         else:
-            ops.append(op_from_json(data))
+            try:
+                op = op_from_json(data)
+                check_op(op, bands, host_slots is not None)
+            except ConfigError as exc:
+                raise ConfigError(f"{path}:{number}: {exc}") from None
+            ops.append(op)
     if geometry is not None:
         sections.append(StreamSection(geometry, tuple(ops), seed, host_slots))
     if not sections:

@@ -31,9 +31,12 @@ from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 #: module functions that validate a batch (counted where the module has them)
 _VALIDATORS = (("kvchain.requests.manager", "batch_ids"),
                ("kvchain.requests.manager", "check_demands"),
+               ("kvchain.requests.step", "batch_ids"),
+               ("kvchain.requests.step", "check_demands"),
                ("kvchain.requests.plan", "check_rows"))
 #: the modules that call the pure demand function by name
-_DEMAND_USERS = ("kvchain.requests.manager", "kvchain.sched.scheduler")
+_DEMAND_USERS = ("kvchain.requests.manager", "kvchain.requests.step",
+                 "kvchain.sched.scheduler")
 
 
 @dataclass
@@ -149,7 +152,10 @@ def counting(sched: Scheduler) -> Iterator[StepCounts]:
                 patch(mod, name, _wrap(getattr(mod, name), valid_depth, on_valid))
     pure_depth = _Depth()
     for mod_name in _DEMAND_USERS:
-        mod = importlib.import_module(mod_name)
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError:  # a tree without that module (counted where it exists)
+            continue
         for name in ("request_demand", "request_demands"):
             if hasattr(mod, name):
                 patch(mod, name, _wrap(getattr(mod, name), pure_depth, on_pure))

@@ -189,14 +189,30 @@ def op_to_json(op: Op) -> dict[str, object]:
     return {"op": "flush_idle"}
 
 
+#: the keys each operation's JSON object may carry (:func:`op_to_json`'s, ``op`` included);
+#: any other key is refused (a typo such as ``"expcet"`` would drop a check silently)
+OP_KEYS: dict[str, frozenset[str]] = {
+    kind: frozenset(("op", *keys)) for kind, keys in (
+        ("take", ("pages", "expect")), ("release", ("band", "vids")),
+        ("gate", ("open", "realize_moves")), ("fence_hold", ()), ("fence_complete", ()),
+        ("flush_idle", ()), ("cache_insert", ("pages",)), ("cache_lock", ("unit",)),
+        ("cache_unlock", ("unit",)), ("host_offload", ("pages",)),
+        ("host_load", ("entry", "expect")), ("host_evict", ()))}
+
+
 def op_from_json(data: dict[str, object]) -> Op:
     """Inverse of :func:`op_to_json`.
 
     Raises:
-        ConfigError: unknown ``op`` or a missing/mistyped field.
+        ConfigError: unknown ``op``, a key the op does not carry (:data:`OP_KEYS`), or a
+            missing/mistyped field (counts, ids, bands and entries are ints >= 0).
     """
     try:
         kind = data["op"]
+        allowed = OP_KEYS.get(kind) if isinstance(kind, str) else None
+        if allowed is not None and not allowed.issuperset(data):
+            raise ValueError(f"unknown key(s) {sorted(set(data) - allowed)} for op {kind!r} "
+                             f"(it carries {sorted(allowed - {'op'})})")
         if kind == "take":
             return TakeOp(tuple(_int(x) for x in _list(data["pages"])), _expect(data))
         if kind == "release":
@@ -243,6 +259,8 @@ def _band_lists(bands: object) -> tuple[tuple[int, ...], ...]:
 def _int(value: object) -> int:
     if type(value) is not int:
         raise ValueError(f"expected an integer, got {value!r}")
+    if value < 0:
+        raise ValueError(f"expected an integer >= 0, got {value!r}")
     return value
 
 
