@@ -1,5 +1,5 @@
 """Block-aligned prompts and their resend point: what the prefix cache's figures do on
-memory-bound slices (docs/benchmarks.md, "Block-aligned prompts and their resend point
+memory-bound slices (docs/benchmarks-history.md, "Block-aligned prompts and their resend point
 (round 10)").
 
 Setup: ``benchmarks/bench_capacity.py``'s (first ``--requests`` requests, arrivals x

@@ -157,6 +157,7 @@ EXTRA_LABELS = {
     "bytes_copied": "bytes copied by moves",
     "copy_steps": "steps that copied pages",
     "recomputed_tokens": "tokens prefilled again after retractions",
+    "stall_retractions": "retractions of steps that would run nothing",
     "copy_time_s": "page-copy time (s, in step times)",
     "copy_time_pct": "page-copy time (% of GPU time)",
     "u_star_pct": "U* (% of buffer needed while requests wait)",

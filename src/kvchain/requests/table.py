@@ -284,7 +284,8 @@ class RequestTable:
         # band's for its plain rows, :func:`plain_rows`), then the window bands' other
         # rows by their policy's formula and the state band's slots
         # ``take`` along the slots: ``a[:, slots]`` costs 6-12 us at 256-512 rows, a
-        # ``take`` about 1 us (docs/benchmarks.md, "Decode step (round 10)")
+        # ``take`` about 1 us (docs/benchmarks-history.md, "Decode step and the step path
+        # (round 10)")
         rowlen = self.rowlen.take(slots, axis=1)  # [bands, n]
         grown = ceil_div(t + extend, self.page_size) - rowlen
         for pol in pols:

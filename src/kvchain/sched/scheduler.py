@@ -241,6 +241,7 @@ class SchedulerCounters:
     resumes: int = 0  # suspended requests loaded back
     recompute_tokens_saved: int = 0  # tokens the suspended requests did not prefill again
     host_retract_fallbacks: int = 0  # host retractions recomputed: the host pools were full
+    stall_retractions: int = 0  # of ``retractions``: a step would have run nothing
 
 
 class Scheduler:
@@ -426,10 +427,30 @@ class Scheduler:
         one :class:`~kvchain.requests.plan.StepPlan` from the demands admission computed
         (:meth:`_plan_step`: validated and priced once).
 
+        A step that would run nothing while two or more requests are running is a stall:
+        an estimated reservation (``sglang``) can over-admit, so that running prefills
+        each end up short of their next chunk with nobody decoding, and the decode check
+        never retracts for them. The youngest running request is then retracted (counted
+        in ``counters.stall_retractions``) and the step decided again, until it runs
+        something or one request is left.
+
         Raises:
             InvalidRequestError: ``now`` not a finite time >= 0 (s); nothing changes.
         """
         _check_time(now)
+        while True:
+            step = self._schedule_once(now)
+            if (step.decodes or step.prefills or step.resumes or step.loads
+                    or len(self.running) < 2):
+                break
+            self._write_bytes += step.host_write_bytes  # the retried step reports them
+            self.counters.stall_retractions += 1
+            self._retract(self._youngest(), now)
+        self._plan_step(step)
+        return step
+
+    def _schedule_once(self, now: float) -> ScheduledStep:
+        """One try of :meth:`schedule`'s decision, without its plan."""
         kv = self.kv
         snap, decode_demands = self._decode_check(now)
         step = ScheduledStep(decode_demands)
@@ -442,7 +463,6 @@ class Scheduler:
         step.decodes.extend(DecodeSeq(r.rid, r.computed, drafts) for r in decoding)
         step.host_write_bytes, self._write_bytes = self._write_bytes, 0
         if not prefilling and not self.waiting and not self.suspended:
-            self._plan_step(step)
             return step  # decodes only: the decode check already proved they fit
         budget = ChainPrefillBudget(snap, self.rules, self.chain.planner)
         budget.reserve(decode_demands.total)
@@ -464,7 +484,6 @@ class Scheduler:
             # (a suspended request that waits for room: nobody overtakes it)
             self._admit_waiting(step, budget, tokens_left)
         self.counters.admission_decisions += budget.decisions
-        self._plan_step(step)
         return step
 
     def _continue_prefills(self, step: ScheduledStep, budget: ChainPrefillBudget,
@@ -1187,8 +1206,11 @@ class Scheduler:
             demands = self._decode_demands()
             if not self.running or self.chain.planner.fits(snap, demands.total):
                 return snap, demands
-            victim = max(self.running.values(), key=lambda r: (r.arrival_s, r.rid))
-            self._retract(victim, now)
+            self._retract(self._youngest(), now)
+
+    def _youngest(self) -> Request:
+        """The running request retraction picks: the last to arrive (ties: highest id)."""
+        return max(self.running.values(), key=lambda r: (r.arrival_s, r.rid))
 
     def _decode_demands(self) -> DecodeBatch:
         """The running decodes' demands (running order), priced for this step's drafts

@@ -509,6 +509,8 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         "requests_truncated": truncated,
         "memory_blocked_steps": memory_blocked,
     }
+    if sched.counters.stall_retractions:  # (only runs with an estimated reservation)
+        extra["stall_retractions"] = sched.counters.stall_retractions
     if spec:
         extra.update(spec_bytes.extra(sched, layout.buffer_bytes))
     if host is not None:

@@ -1,18 +1,22 @@
-"""The breaker's random runs with the prefix cache (not collected: no test_ prefix).
+"""Random scheduler runs with the prefix cache, replayed by seed.
 
 ``one(seed)`` draws a chain shape, page size, buffer, drafts, a device or tiered prefix
 cache, retraction mode and scheduler knobs, then serves 40 conversation requests
 (tests/cache/test_seeded_cache_runs.py's stream) with audits after every step; it returns
 ``'ok'``, ``'skip'`` (a chain the layout refuses) or ``('FAIL', settings, error,
-traceback)``. Seeds 39 and 79 stall: two running prefills wait forever with nothing
-scheduled (see the breaker's report, round 10)::
+traceback)``. Seeds 39 and 79 stalled before the scheduler's stall retraction: two running
+prefills (window|full, P = 16, 800,000 B, ``sglang`` reservation) waited forever with
+nothing scheduled. The other seeds kept here cover a tiered cache, host retraction and
+drafts. To replay one by hand::
 
-    python -c "import tests.breaker_cache_runs as f; f.STEPS = 1500; print(f.one(79)[:3])"
+    python -c "import tests.cache.test_breaker_seeds as f; print(f.one(79)[:3])"
 """
 
 import random
+import sys
 import traceback
 
+import pytest
 from tests.cache.test_seeded_cache_runs import SHAPES, prompts
 
 from kvchain.alloc.chain import Chain
@@ -101,3 +105,27 @@ def one(seed: int) -> object:
         return ("FAIL", desc, f"{type(e).__name__}: {str(e)[:300]}",
                 traceback.format_exc()[-2500:])
     return "ok"
+
+
+SEEDS = [39, 79, 5, 15, 24, 29]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_seeded_breaker_run_finishes(seed: int) -> None:
+    """Every request finishes, audits hold after every step, no divergence."""
+    result = one(seed)
+    assert result == "ok", result if isinstance(result, str) else result[:3]
+
+
+def test_planted_one_try_schedule_stalls_seed_79(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sibling: with the stall retraction planted out (each step decided once, as before
+    the fix), seed 79 never gets idle: the run check above can fail."""
+    def one_try(self: Scheduler, now: float):
+        step = self._schedule_once(now)
+        self._plan_step(step)
+        return step
+
+    monkeypatch.setattr(Scheduler, "schedule", one_try)
+    monkeypatch.setattr(sys.modules[__name__], "STEPS", 600)
+    result = one(79)
+    assert result[0] == "FAIL" and "not idle" in result[2]
