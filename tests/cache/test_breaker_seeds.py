@@ -17,11 +17,10 @@ import sys
 import traceback
 
 import pytest
-from tests.cache.test_seeded_cache_runs import SHAPES, prompts
+from tests.cache.test_seeded_cache_runs import SHAPES, arrive, prompts
 
 from kvchain.alloc.chain import Chain
 from kvchain.cache.host_cache import HostTier
-from kvchain.cache.keys import page_keys_from_tokens
 from kvchain.cache.radix import CacheGeometry, PrefixCache, ResumePolicy
 from kvchain.cache.tiered import TieredPrefixCache
 from kvchain.errors import BufferTooSmallError, ConfigError
@@ -29,7 +28,7 @@ from kvchain.layout import plan_layout
 from kvchain.requests.manager import KVManager
 from kvchain.requests.suspend import HostSide, host_side_for
 from kvchain.sched.admission import ReserveConfig, ReservePolicy
-from kvchain.sched.request import Request, StepOutcome
+from kvchain.sched.request import StepOutcome
 from kvchain.sched.retraction import RetractTo
 from kvchain.sched.scheduler import Scheduler, SchedulerConfig
 
@@ -81,12 +80,7 @@ def one(seed: int) -> object:
     now, rid = 0.0, 0
     try:
         for _ in range(STEPS):
-            for _ in range(rng.choice((0, 0, 1, 2))):
-                if rid < n:
-                    t = texts[rid]
-                    sched.add(Request(rid, len(t), rng.randint(1, 60), now,
-                                      page_keys=page_keys_from_tokens(t, page)), now)
-                    rid += 1
+            rid = arrive(sched, rng, texts, rid, now, page, max_output=60)
             batch = sched.step(now)
             now += 0.01
             stopped = frozenset(d.rid for d in batch.decodes if rng.random() < 0.02)

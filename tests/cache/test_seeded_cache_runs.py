@@ -57,6 +57,20 @@ def prompts(rng: random.Random, n: int) -> list[list[int]]:
     return out
 
 
+def arrive(sched: Scheduler, rng: random.Random, texts: list[list[int]], rid: int,
+           now: float, page: int, max_output: int) -> int:
+    """Add 0, 0, 1 or 2 (drawn) of the next prompts of ``texts`` at ``now`` (s), each with
+    an output limit drawn from 1 to ``max_output`` tokens and its page keys; returns the
+    next request id (``rid`` plus those added, at most ``len(texts)``)."""
+    for _ in range(rng.choice((0, 0, 1, 2))):
+        if rid < len(texts):
+            t = texts[rid]
+            sched.add(Request(rid, len(t), rng.randint(1, max_output), now,
+                              page_keys=page_keys_from_tokens(t, page)), now)
+            rid += 1
+    return rid
+
+
 def run(shape: str, seed: int, buffer: int = 2_400_000, cache_cls: type = PrefixCache,
         n: int = 300, policy: ResumePolicy = ResumePolicy.BLOCKS,
         audit: bool | None = None, partial: bool = False) -> Scheduler:
@@ -71,12 +85,7 @@ def run(shape: str, seed: int, buffer: int = 2_400_000, cache_cls: type = Prefix
     texts = prompts(rng, n)
     now, rid = 0.0, 0
     for _ in range(40_000):
-        for _ in range(rng.choice((0, 0, 1, 2))):
-            if rid < n:
-                t = texts[rid]
-                sched.add(Request(rid, len(t), rng.randint(1, 120), now,
-                                  page_keys=page_keys_from_tokens(t, PAGE)), now)
-                rid += 1
+        rid = arrive(sched, rng, texts, rid, now, PAGE, max_output=120)
         batch = sched.step(now)
         now += 0.01
         stopped = frozenset(d.rid for d in batch.decodes if rng.random() < 0.01)
