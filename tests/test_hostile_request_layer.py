@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from kvchain.alloc.chain import Chain
@@ -183,6 +184,41 @@ def test_one_request_calls_refuse_an_id_that_is_not_an_int(rid) -> None:
             call()
     assert state(kv) == before
     assert kv.commit(1, 1) == 0 and kv.tokens(1) == 6  # the sibling: an int id commits
+
+
+
+@pytest.mark.parametrize("rid", [True, 1.0, None, "1"])
+def test_one_request_queries_refuse_an_id_that_is_not_an_int(rid) -> None:
+    """The read-only queries answered ``tokens(True) == tokens(1)`` (``True == 1`` as a
+    dict key, and so did ``1.0``) and ``tokens(None) == 0`` as if ``None`` named a
+    request that holds nothing; now each is the typed error of the write calls."""
+    kv = manager(cached=True)
+    kv.allocate([(0, 5), (1, 5)])
+    kv.commit(0, 5)
+    kv.commit(1, 5)
+    before = state(kv)
+    for query in (kv.tokens, kv.held, kv.pages, kv.chunk_cut, kv.recompute_tokens,
+                  kv.partial_tokens, kv.hit_holds, kv.hit_tokens, kv.shared_by_others,
+                  kv.suspend_bytes, kv.touch, kv.__contains__,
+                  lambda r: kv.page_table(r, 0)):
+        with pytest.raises(InvalidDemandError, match="request ids are ints"):
+            query(rid)
+    assert state(kv) == before
+    # the sibling: an int id (a numpy one too) is answered, one that holds nothing with 0
+    assert kv.tokens(1) == 5 and kv.tokens(np.int64(1)) == 5 and kv.tokens(7) == 0
+    assert 1 in kv and 7 not in kv
+
+
+def test_attach_refuses_a_request_that_already_holds_pages() -> None:
+    """A second attach of request 0 would bind it a second row; refused, nothing moves."""
+    kv = manager(cached=True)
+    assert kv.attach(0, (1, 2), 10) == 0
+    kv.allocate([(0, 10)])
+    before = state(kv, [0, 1])
+    with pytest.raises(InvalidRequestError, match="request 0 already holds pages"):
+        kv.attach(0, (1, 2), 10)
+    assert state(kv, [0, 1]) == before
+    assert kv.attach(1, (1, 2), 10) == 0 and 1 in kv  # the sibling: a new id attaches
 
 
 # --- page keys of the wrong length ------------------------------------------------------------

@@ -41,22 +41,37 @@ def test_a_bool_in_an_equal_batch_is_refused_at_the_position_of_request_1() -> N
 
 
 def test_a_batch_naming_request_0_twice_is_scanned_whole() -> None:
-    kv = _running(4)
-    ids = [0, 2, 0, 3]
-    kv.reads.block_table(ids, 1)  # memo with 0 named twice: no positions, a whole scan on a hit
+    index = _running(4)._rows.index  # the memo itself: the reads refuse a bool before it
+    index.known_slots((0, 2, 0, 3))  # memo with 0 named twice: no positions, a whole scan
     with pytest.raises(InvalidDemandError, match="request ids are ints"):
-        kv.reads.block_table([0, 2, False, 3], 1)
+        index.known_slots((0, 2, False, 3))
+
+
+def test_the_public_reads_refuse_a_bool_before_the_memo() -> None:
+    kv = _running(4)
+    full = kv.geom.full
+    kv.reads.block_table([3, 1, 2], full)
+    for call in (lambda: kv.reads.block_table([3, True, 2], full),
+                 lambda: kv.reads.held_per_band([3, True]),
+                 lambda: kv.reads.owned_per_band([True]),
+                 lambda: kv.audit_settled([True]),
+                 lambda: kv.page_table(True, full), lambda: kv.tokens(True),
+                 lambda: kv.held(True), lambda: kv.pages(True), lambda: True in kv):
+        with pytest.raises(InvalidDemandError, match="request ids are ints"):
+            call()
+    for call in (lambda: kv.reads.block_table(None, full),  # type: ignore[arg-type]
+                 lambda: kv.audit_settled(None)):  # type: ignore[arg-type]
+        with pytest.raises(InvalidDemandError, match="sequence of request ids"):
+            call()
 
 
 def test_the_sibling_positions_that_miss_request_1_alias_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Planted defect: the memo records no position to check. Then True, equal to 1 as a
-    # dict key and in the tuple comparison, is served request 1's slot: the block table
-    # reads request 1's row, what the check above refuses. (The manager's batch calls,
-    # decode_demands and commit_decodes, also refuse a bool id up front since round 10:
-    # kvchain.requests.batch.request_ids; the reads rest on the memo's check alone.)
+    # dict key and in the tuple comparison, is served request 1's slot, what the check
+    # above refuses. (The manager's public calls refuse a bool up front too, through
+    # kvchain.requests.batch.request_ids and check_rid; the memo is the last line.)
     monkeypatch.setattr(lookup_module, "positions_of_zero_one", lambda ids: ())
-    kv = _running(4)
-    full = kv.geom.full
-    good = kv.reads.block_table([3, 1, 2], full, physical=False).tolist()
-    assert kv.reads.block_table([3, True, 2], full, physical=False).tolist() == good
+    index = _running(4)._rows.index
+    good = index.known_slots((3, 1, 2)).tolist()
+    assert index.known_slots((3, True, 2)).tolist() == good

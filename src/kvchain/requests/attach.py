@@ -100,8 +100,8 @@ class Attach:
         if type(max_gap) is not int or max_gap < 0:
             raise InvalidRequestError(f"request {rid}: max_gap must be an int >= 0 (pages), "
                                       f"got {max_gap!r}")
-        self._glue.check_attach(rid, rid in self._rows or rid in self._suspended, keys,
-                                prompt_tokens)
+        if rid in self._rows or rid in self._suspended:
+            raise InvalidRequestError(f"request {rid} already holds pages")
         facts = self._rows.register(rid)
         return self._glue.attach(rid, facts, keys, prompt_tokens, save_points, max_gap)
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from kvchain.alloc.allocator import Allocator
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import AuditError
+from kvchain.requests.batch import request_ids
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.rows import Rows
 
@@ -84,9 +85,10 @@ class Audit:
         Raises:
             AuditError: the first request that holds more or less.
             UnknownRequestError: a request that holds no pages.
+            InvalidDemandError: ``rids`` not a sequence of int request ids.
         """
         table, geom = self._rows.table, self._geom
-        for rid in rids:
+        for rid in request_ids(rids, "audit_settled's rids"):
             slot = self._rows.of(rid).slot
             tokens = int(table.tokens[slot])
             for pol in geom.policies:

@@ -15,6 +15,7 @@ from kvchain.alloc.snapshot import CopyPages
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.cache.radix import Hit, Node, PrefixCache
 from kvchain.errors import ConfigError, InvalidDemandError, InvalidRequestError
+from kvchain.requests.batch import check_rid
 from kvchain.requests.cache_audit import audit_glue
 from kvchain.requests.cache_insert import prompt_offer, retained, take_adopted
 from kvchain.requests.cache_port import CachePort
@@ -99,12 +100,14 @@ class CacheGlue:
         return self.cache.match(keys, prompt_tokens).pages * self.geom.page_size
 
     def hit_tokens(self, rid: int) -> int:
-        """See :meth:`KVManager.hit_tokens`."""
+        """See :meth:`KVManager.hit_tokens` (InvalidDemandError: not an int id)."""
+        check_rid(rid)
         h, gap = self._hits.get(rid, (0, 0))
         return (h - gap) * self.geom.page_size
 
     def partial_tokens(self, rid: int) -> int:
-        """See :meth:`KVManager.partial_tokens`."""
+        """See :meth:`KVManager.partial_tokens` (InvalidDemandError: not an int id)."""
+        check_rid(rid)
         return self._hits.get(rid, (0, 0))[1] * self.geom.page_size
 
     def reaches_point(self, ids: tuple[int, ...], requests: Mapping[int, CacheFacts]) -> bool:
@@ -156,20 +159,6 @@ class CacheGlue:
         return bool(self._uninserted) and not self._uninserted.isdisjoint(ids)
 
     # --- attach / detach ------------------------------------------------------------------
-
-    def check_attach(self, rid: int, known: bool, keys: Sequence[int],
-                     prompt_tokens: int) -> None:
-        """Refuse an attach of a request that holds pages (``known``) or brings more keys
-        than whole pages of its prompt.
-
-        Raises:
-            InvalidRequestError: either.
-        """
-        if known:
-            raise InvalidRequestError(f"request {rid} already holds pages")
-        if len(keys) > prompt_tokens // self.geom.page_size:
-            raise InvalidRequestError(f"request {rid}: {len(keys)} page keys for a prompt of "
-                                      f"{prompt_tokens} tokens")
 
     def attach(self, rid: int, facts: CacheFacts, keys: tuple[int, ...], prompt_tokens: int,
                save_points: bool, max_gap: int = 0) -> int:

@@ -132,7 +132,9 @@ class KVManager:
     # --- queries (:class:`Rows`, :class:`StepPath`) -----------------------------------------
 
     def __contains__(self, rid: int) -> bool:
-        return rid in self._requests
+        """:meth:`Rows.__contains__ <kvchain.requests.rows.Rows.__contains__>`: whether
+        ``rid`` holds pages (InvalidDemandError: not an int request id)."""
+        return rid in self._rows
 
     def _facts(self, rid: int) -> CacheFacts:
         """:meth:`Rows.of <kvchain.requests.rows.Rows.of>` (UnknownRequestError)."""

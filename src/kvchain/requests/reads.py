@@ -13,6 +13,7 @@ import numpy as np
 from kvchain.alloc.allocator import Allocator
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import InvalidDemandError
+from kvchain.requests.batch import request_ids
 from kvchain.requests.rows import Rows
 
 
@@ -74,11 +75,12 @@ class Reads:
             ``translate``.
 
         Raises:
-            InvalidDemandError: no band ``band`` in this chain, or a ``bool`` request id.
+            InvalidDemandError: no band ``band`` in this chain, or ``rids`` not a sequence
+                of int request ids (:func:`~kvchain.requests.batch.request_ids`).
             UnknownRequestError: a request that holds no pages.
         """
         self._check_band(band)
-        slots = self._rows.index.known_slots(tuple(rids))
+        slots = self._rows.index.known_slots(request_ids(rids, "block_table's rids"))
         table = self._rows.table
         width = int(table.rowlen[band][slots].max()) if slots.size else 0
         vids = table.tables[band][slots, :width]
@@ -102,9 +104,10 @@ class Reads:
         checkpoints are not in its rows: :meth:`owned_per_band` counts those.
 
         Raises:
-            InvalidDemandError: a ``bool`` request id (it would alias request 0 or 1).
+            InvalidDemandError: ``rids`` not a sequence of int request ids (a ``bool``
+                would alias request 0 or 1).
         """
-        ids = tuple(rids)
+        ids = request_ids(rids, "held_per_band's rids")
         if not ids:
             return (0,) * self._geom.num_bands
         slots = self._rows.index.slots_of(ids)
@@ -119,10 +122,10 @@ class Reads:
         skipped). The split ``KVManager.audit`` checks page by page.
 
         Raises:
-            InvalidDemandError: a ``bool`` request id.
+            InvalidDemandError: ``rids`` not a sequence of int request ids.
         """
         rows, geom = self._rows, self._geom
-        ids = tuple(rid for rid in rids if rid in rows)
+        ids = tuple(rid for rid in request_ids(rids, "owned_per_band's rids") if rid in rows)
         if not ids:
             return (0,) * geom.num_bands
         slots = rows.index.slots_of(ids)

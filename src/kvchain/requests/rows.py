@@ -10,6 +10,7 @@ get a :class:`Rows`, never the manager.
 from __future__ import annotations
 
 from kvchain.errors import UnknownRequestError
+from kvchain.requests.batch import check_rid
 from kvchain.requests.demand import NOTHING_HELD, HeldPages
 from kvchain.requests.lookup import SlotIndex
 from kvchain.requests.table import RequestTable
@@ -37,6 +38,13 @@ class Rows:
         self.index = SlotIndex(table)
 
     def __contains__(self, rid: object) -> bool:
+        """Whether ``rid`` holds pages.
+
+        Raises:
+            InvalidDemandError: ``rid`` is not an int request id (:func:`check_rid`: a
+                ``bool`` or a float would alias an int id).
+        """
+        check_rid(rid)
         return rid in self.facts
 
     def __len__(self) -> int:
@@ -47,25 +55,40 @@ class Rows:
 
         Raises:
             UnknownRequestError: it holds no pages.
+            InvalidDemandError: ``rid`` is not an int request id (:func:`check_rid`).
         """
+        check_rid(rid)
         try:
             return self.facts[rid]
         except KeyError:
             raise UnknownRequestError(f"request {rid} holds no pages") from None
 
     def get(self, rid: int) -> CacheFacts | None:
-        """The facts of ``rid``, or ``None`` if it holds no pages."""
+        """The facts of ``rid``, or ``None`` if it holds no pages.
+
+        Raises:
+            InvalidDemandError: ``rid`` is not an int request id (:func:`check_rid`).
+        """
+        check_rid(rid)
         return self.facts.get(rid)
 
     def held(self, rid: int) -> HeldPages:
         """The ``(first, end)`` page spans ``rid`` holds per band (:data:`NOTHING_HELD` if
-        it holds nothing)."""
-        facts = self.facts.get(rid)
+        it holds nothing).
+
+        Raises:
+            InvalidDemandError: ``rid`` is not an int request id (:func:`check_rid`).
+        """
+        facts = self.get(rid)
         return self.table.held(facts.slot) if facts is not None else NOTHING_HELD
 
     def tokens(self, rid: int) -> int:
-        """Tokens of ``rid`` in the cache (0 if it holds nothing)."""
-        facts = self.facts.get(rid)
+        """Tokens of ``rid`` in the cache (0 if it holds nothing).
+
+        Raises:
+            InvalidDemandError: ``rid`` is not an int request id (:func:`check_rid`).
+        """
+        facts = self.get(rid)
         return int(self.table.tokens[facts.slot]) if facts is not None else 0
 
     def register(self, rid: int) -> CacheFacts:
