@@ -291,140 +291,227 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
         AdmissionDivergenceError: ``config.scheduler.strict`` and the allocator refused an
             admitted batch (a bug).
     """
-    chain: Allocator = allocator if allocator is not None else Chain(config.layout())
+    run = _Run(config, allocator, audit_every_step)
+    run.serve(on_allocated, progress)
+    return run.result()
+
+
+def _prefix_cache(config: SimConfig, chain: Allocator, block: int, audit: bool
+                  ) -> tuple[PrefixCache | None, HostTier | None, PrefixCacheStats | None]:
+    """The run's prefix cache (none when :meth:`SimConfig.cache_on` says off or the memory
+    manager cannot evict), its host tier under it (``config.host_bytes``) and the stats
+    the run fills: resume points on the trace's content-block boundaries (``block``
+    tokens, rounded up to whole pages).
+
+    Raises:
+        ConfigError: ``--host-bytes`` with nothing to put a host tier under (a memory
+            manager without a prefix cache, retraction by recompute), host memory this
+            machine cannot index, or a host tier that holds no resume interval.
+    """
     layout = chain.layout
-    config.check_cache(layout)
     use_cache = config.cache_on(layout)
-    cache: PrefixCache | None = None
-    host: HostTier | None = None
-    stats: PrefixCacheStats | None = None
-    block = trace_block_tokens(config.trace)
     if (config.host_bytes is not None and use_cache
             and not isinstance(chain, EvictingAllocator)
             and config.scheduler.retract_to is RetractTo.RECOMPUTE):
         raise ConfigError("--host-bytes: this memory manager has no prefix cache to put a "
                           "host tier under")
-    if use_cache and isinstance(chain, EvictingAllocator):
-        page = layout.page_size
-        interval = -(-block // page) * page  # resume points on content-block boundaries
-        geom = CacheGeometry.of(layout)
-        if config.host_bytes is not None:
-            host_interval = host_interval_tokens(config.trace, geom, interval,
-                                                 config.cache_points.resolve(geom))
-            with _host_bytes_refused(config.host_bytes):
-                host = HostTier(layout, config.host_bytes, host_interval, geom,
-                                audit=True if audit_every_step else None)
-            if host.plan.intervals == 0 and config.scheduler.retract_to is RetractTo.RECOMPUTE:
-                # (with --retract-to host/auto the same bytes also serve suspensions, which
-                # fall back to recompute when they do not fit: counted, not refused)
-                raise ConfigError(
-                    f"--host-bytes {config.host_bytes:,}: the host tier holds no resume "
-                    f"interval of {host.plan.interval_tokens:,} tokens (one needs "
-                    f"{host.plan.interval_bytes:,} B of slots), so nothing could be written")
-            cache = TieredPrefixCache(geom, host, interval_tokens=interval,
-                                      policy=config.cache_points)
-        else:
-            cache = PrefixCache(geom, interval_tokens=interval, policy=config.cache_points)
-        stats = PrefixCacheStats(interval_tokens=interval)
-        if host is not None:
-            stats.host_slot_bytes = host.page_bytes
-            stats.host_slots = tuple(pool.slots for pool in host.pools)
-    kv = KVManager(chain, cache, config.spec_tokens, config.spec_rollback)
-    spec = config.spec_tokens
-    draws = np.random.default_rng(config.seed)
-    spec_bytes = _SpecBytes.of(layout, kv)
-    context = config.scheduler.max_context_tokens or config.model.max_context_tokens
-    sched_config = replace(config.scheduler, audit_every_step=audit_every_step,
-                           max_context_tokens=context)
-    retract_host = None
-    if sched_config.retract_to is not RetractTo.RECOMPUTE:
+    if not (use_cache and isinstance(chain, EvictingAllocator)):
+        return None, None, None
+    interval = -(-block // layout.page_size) * layout.page_size
+    geom = CacheGeometry.of(layout)
+    host: HostTier | None = None
+    cache: PrefixCache
+    if config.host_bytes is not None:
+        host_interval = host_interval_tokens(config.trace, geom, interval,
+                                             config.cache_points.resolve(geom))
         with _host_bytes_refused(config.host_bytes):
-            retract_host = retraction_host(layout, config.host_bytes, block, host)
-    clock: GPUCostModel | StepClock
-    draft_cost = None  # the draft model's forwards (none: no draft, or a free head)
-    host_cost: HostRetractionCost | None = None  # prices host copies (roofline only)
+            host = HostTier(layout, config.host_bytes, host_interval, geom,
+                            audit=True if audit else None)
+        if host.plan.intervals == 0 and config.scheduler.retract_to is RetractTo.RECOMPUTE:
+            # (with --retract-to host/auto the same bytes also serve suspensions, which
+            # fall back to recompute when they do not fit: counted, not refused)
+            raise ConfigError(
+                f"--host-bytes {config.host_bytes:,}: the host tier holds no resume "
+                f"interval of {host.plan.interval_tokens:,} tokens (one needs "
+                f"{host.plan.interval_bytes:,} B of slots), so nothing could be written")
+        cache = TieredPrefixCache(geom, host, interval_tokens=interval,
+                                  policy=config.cache_points)
+    else:
+        cache = PrefixCache(geom, interval_tokens=interval, policy=config.cache_points)
+    stats = PrefixCacheStats(interval_tokens=interval)
+    if host is not None:
+        stats.host_slot_bytes = host.page_bytes
+        stats.host_slots = tuple(pool.slots for pool in host.pools)
+    return cache, host, stats
+
+
+def _clock_of(config: SimConfig, host_copies: bool) -> tuple[
+        GPUCostModel | StepClock, StepWorkBuilder, DraftCostModel | None,
+        HostRetractionCost | None]:
+    """The run's clock and its work builder, the draft model's cost (speculative runs with
+    a draft) and the cost of host copies (``host_copies``: retraction by host copy), both
+    on the roofline only; the step clock charges a fixed tick (instant compute: a model
+    without weights runs too)."""
     if config.clock is ClockKind.ROOFLINE:
         clock = GPUCostModel(config.model, config.gpu)
-        builder = clock.builder()
-        draft_cost = DraftCostModel.of(config.model, config.gpu) if spec else None
-        if retract_host is not None:
-            host_cost = HostRetractionCost(clock)
-    else:  # instant compute: no cost model, so a model without weights runs too
-        clock = StepClock(config.step_ms / 1000)
-        # The largest window (chunk) of each kind: StepWork only counts attention spans.
-        windows = [c.window for c in config.model.cache_classes(LifetimeClass.WINDOW)]
-        locals_ = [c.window for c in config.model.cache_classes(LifetimeClass.LOCAL)]
-        builder = StepWorkBuilder(max((w for w in windows if w), default=None),
-                                  max((c for c in locals_ if c), default=None))
-    sched = Scheduler(kv, sched_config, host=retract_host, retract_cost=host_cost)
-    resume_load_s = suspend_write_s = 0.0  # seconds of host copies charged: resumes', suspensions'
-    recorder = MetricsRecorder(max_step_samples=config.max_step_samples,
-                               prefix_cache=cache is not None)
-    null_pages = tuple(b.reserved_pages for b in layout.bands)
-    requests = sorted(config.trace.requests, key=lambda r: (r.arrival_s, r.request_id))
-    total, done, i, now = len(requests), 0, 0, 0.0
-    copied = chain.stats.bytes_copied  # bytes copied so far: each step pays its own delta
-    copy_s = 0.0  # seconds of page copies charged to step times
-    copy_steps = 0  # steps that copied (each waits for the previous forward's fence)
-    truncated = 0
-    memory_blocked = 0  # steps whose head waiting request memory refused
-    fast = config.fast_forward and on_allocated is None and not spec
-    fast_steps = 0
-    load_s_total = 0.0  # seconds of host -> device load-backs (before overlap)
-    load_steps = 0
-    layers = config.model.num_layers
+        draft = DraftCostModel.of(config.model, config.gpu) if config.spec_tokens else None
+        return (clock, clock.builder(), draft,
+                HostRetractionCost(clock) if host_copies else None)
+    # The largest window (chunk) of each kind: StepWork only counts attention spans.
+    windows = [c.window for c in config.model.cache_classes(LifetimeClass.WINDOW)]
+    locals_ = [c.window for c in config.model.cache_classes(LifetimeClass.LOCAL)]
+    return (StepClock(config.step_ms / 1000),
+            StepWorkBuilder(max((w for w in windows if w), default=None),
+                            max((c for c in locals_ if c), default=None)), None, None)
 
-    served: list[TraceRequest] = []  # the requests as served (truncated), arrival order
-    while i < total or not sched.idle:
-        if sched.idle:
-            now = max(now, requests[i].arrival_s)
-        if fast and (i >= total or requests[i].arrival_s > now):
-            ran, now, ended = _decode_run(
-                sched, clock, recorder, now, requests[i].arrival_s if i < total else math.inf,
-                lambda: _StepBytes.now(chain, kv, sched, cache, null_pages))
-            if ran:
-                fast_steps += ran
-                if ended:
-                    done += ended
-                    if progress is not None:
-                        progress(done, total)
+
+@dataclass(slots=True)
+class _Charges:
+    """What the steps charged beside their forwards (seconds, counts): page copies (each
+    step pays the bytes the chain copied since the previous one: ``copied`` so far),
+    host -> device load-backs (before overlap) and the host copies of retraction."""
+
+    copied: int
+    copy_s: float = 0.0
+    copy_steps: int = 0  # steps that copied (each waits for the previous forward's fence)
+    load_s: float = 0.0
+    load_steps: int = 0
+    resume_load_s: float = 0.0
+    suspend_write_s: float = 0.0
+
+
+class _Run:
+    """One :func:`simulate` run: its parts (the chain, prefix cache and host tier, the
+    request layer, the scheduler, the clock, the recorder), the trace in arrival order
+    (``i``: the next request to arrive), the clock reading ``now`` (seconds) and the
+    totals the steps add up. :meth:`serve` is the event loop, :meth:`result` the metrics.
+
+    Raises:
+        As :func:`simulate` (the set-up's errors, in this order: the layout, the cache
+        settings, the request layer, the host side of retraction, the cost model).
+    """
+
+    def __init__(self, config: SimConfig, allocator: Allocator | None, audit: bool) -> None:
+        self.config = config
+        chain = self.chain = allocator if allocator is not None else Chain(config.layout())
+        layout = self.layout = chain.layout
+        config.check_cache(layout)
+        self.block = trace_block_tokens(config.trace)
+        self.cache, self.host, self.stats = _prefix_cache(config, chain, self.block, audit)
+        self.kv = KVManager(chain, self.cache, config.spec_tokens, config.spec_rollback)
+        self.spec = config.spec_tokens
+        self.draws = np.random.default_rng(config.seed)
+        self.spec_bytes = _SpecBytes.of(layout, self.kv)
+        self.context = config.scheduler.max_context_tokens or config.model.max_context_tokens
+        sched_config = replace(config.scheduler, audit_every_step=audit,
+                               max_context_tokens=self.context)
+        self.retract_host: HostSide | None = None
+        if sched_config.retract_to is not RetractTo.RECOMPUTE:
+            with _host_bytes_refused(config.host_bytes):
+                self.retract_host = retraction_host(layout, config.host_bytes, self.block,
+                                                    self.host)
+        self.clock, self.builder, self.draft_cost, self.host_cost = _clock_of(
+            config, self.retract_host is not None)
+        self.sched = Scheduler(self.kv, sched_config, host=self.retract_host,
+                               retract_cost=self.host_cost)
+        self.recorder = MetricsRecorder(max_step_samples=config.max_step_samples,
+                                        prefix_cache=self.cache is not None)
+        self.null_pages = tuple(b.reserved_pages for b in layout.bands)
+        self.requests = sorted(config.trace.requests, key=lambda r: (r.arrival_s, r.request_id))
+        self.served: list[TraceRequest] = []  # the requests as served (truncated), in order
+        self.charges = _Charges(chain.stats.bytes_copied)
+        self.i = self.done = 0
+        self.now = 0.0
+        self.truncated = 0
+        self.memory_blocked = 0  # steps whose head waiting request memory refused
+        self.fast_steps = 0
+
+    def serve(self, on_allocated: Callable[[Scheduler, StepBatch, float], None] | None,
+              progress: Callable[[int, int], None] | None) -> None:
+        """The event loop (the module's docstring), until every request ended.
+
+        Raises:
+            SimulationStuckError: requests wait with nothing to run (a bug).
+        """
+        sched, requests, total = self.sched, self.requests, len(self.requests)
+        fast = self.config.fast_forward and on_allocated is None and not self.spec
+        while self.i < total or not sched.idle:
+            if sched.idle:
+                self.now = max(self.now, requests[self.i].arrival_s)
+            if fast and self._fast_forward(progress):
                 continue
-        while i < total and requests[i].arrival_s <= now:
-            tr = requests[i]
+            self._arrive()
+            batch = sched.step(self.now)
+            self.memory_blocked += batch.memory_blocked
+            if batch.is_empty:
+                self.done += _record_events(sched, self.recorder)
+                if self.i < total:
+                    self.now = max(self.now, requests[self.i].arrival_s)
+                    continue
+                if sched.idle:
+                    break
+                raise SimulationStuckError(
+                    f"{len(sched.waiting)} requests wait, {len(sched.running)} run, and the "
+                    f"scheduler plans nothing at t={self.now:.3f} s")
+            if on_allocated is not None:
+                on_allocated(sched, batch, self.now)
+            accepted = self._forward_work(batch)
+            self._complete(batch, self._step_seconds(batch), accepted, progress)
+
+    def _sample(self) -> _StepBytes:
+        return _StepBytes.now(self.chain, self.kv, self.sched, self.cache, self.null_pages)
+
+    def _fast_forward(self, progress: Callable[[int, int], None] | None) -> bool:
+        """Advance a decode run (:func:`_decode_run`) up to the next arrival, if none is
+        due now and one starts here; returns whether steps ran."""
+        i, requests = self.i, self.requests
+        if i < len(requests) and requests[i].arrival_s <= self.now:
+            return False
+        ran, self.now, ended = _decode_run(
+            self.sched, self.clock, self.recorder, self.now,
+            requests[i].arrival_s if i < len(requests) else math.inf, self._sample)
+        if not ran:
+            return False
+        self.fast_steps += ran
+        if ended:
+            self.done += ended
+            if progress is not None:
+                progress(self.done, len(requests))
+        return True
+
+    def _arrive(self) -> None:
+        """Add the requests due by ``now`` to the scheduler (truncated to the context
+        when ``config.truncate`` asks), with their page keys when a cache runs."""
+        config, context, requests = self.config, self.context, self.requests
+        while self.i < len(requests) and requests[self.i].arrival_s <= self.now:
+            tr = requests[self.i]
             if (config.truncate and context is not None
                     and tr.prompt_tokens + tr.output_tokens > context
                     and tr.output_tokens < context):
-                tr = truncated_request(tr, context - tr.output_tokens, block)
-                truncated += 1
-            served.append(tr)
+                tr = truncated_request(tr, context - tr.output_tokens, self.block)
+                self.truncated += 1
+            self.served.append(tr)
             prompt = tr.prompt_tokens
-            recorder.on_arrival(tr.request_id, tr.arrival_s, prompt_tokens=prompt,
-                                output_tokens=tr.output_tokens)
-            keys = request_page_keys(tr, block, layout.page_size) if cache is not None else None
-            sched.add(Request(tr.request_id, prompt, tr.output_tokens, tr.arrival_s,
-                              max_tokens=tr.max_tokens, page_keys=keys), tr.arrival_s)
-            i += 1
-        batch = sched.step(now)
-        memory_blocked += batch.memory_blocked
-        if batch.is_empty:
-            done += _record_events(sched, recorder)
-            if i < total:
-                now = max(now, requests[i].arrival_s)
-                continue
-            if sched.idle:
-                break
-            raise SimulationStuckError(
-                f"{len(sched.waiting)} requests wait, {len(sched.running)} run, and the "
-                f"scheduler plans nothing at t={now:.3f} s")
-        if on_allocated is not None:
-            on_allocated(sched, batch, now)
+            self.recorder.on_arrival(tr.request_id, tr.arrival_s, prompt_tokens=prompt,
+                                     output_tokens=tr.output_tokens)
+            keys = (request_page_keys(tr, self.block, self.layout.page_size)
+                    if self.cache is not None else None)
+            self.sched.add(Request(tr.request_id, prompt, tr.output_tokens, tr.arrival_s,
+                                   max_tokens=tr.max_tokens, page_keys=keys), tr.arrival_s)
+            self.i += 1
+
+    def _forward_work(self, batch: StepBatch) -> dict[int, int]:
+        """The step's work into the builder (a partial hit's gap is prefill compute at its
+        own context: every layer runs; a rejected speculative step that replays its state
+        recomputes its accepted tokens) and, in a speculative run, the drafts each decode
+        keeps (leading acceptances drawn with ``config.spec_acceptance``)."""
+        builder, sched = self.builder, self.sched
         builder.reset()
         for p in batch.prefills:
-            # a partial hit's gap is prefill compute at its own context (every layer runs)
             builder.add_prefill(p.tokens + p.recompute, p.start - p.recompute)
         accepted: dict[int, int] = {}
-        if spec and batch.decodes:
-            ok = draws.random((len(batch.decodes), spec)) < config.spec_acceptance
+        if self.spec and batch.decodes:
+            ok = self.draws.random((len(batch.decodes), self.spec)) < self.config.spec_acceptance
             drawn = np.cumprod(ok, axis=1).sum(axis=1).tolist()  # leading acceptances
             accepted = dict(zip((d.rid for d in batch.decodes), drawn, strict=True))
         for d in batch.decodes:
@@ -436,140 +523,175 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
             for d, a in zip(batch.decodes, sched.kept_drafts(batch, accepted), strict=True):
                 if a < d.drafts:  # state copied back, the accepted tokens recomputed
                     builder.add_prefill(1 + a, d.context)
-        step_copied = chain.stats.bytes_copied - copied
-        copied += step_copied
+        return accepted
+
+    def _step_seconds(self, batch: StepBatch) -> float:
+        """The step's duration (seconds): the page copies since the previous step, the
+        forward (its load-backs overlapped layer by layer), the host copies of retraction
+        (serialized: :class:`HostRetractionCost`) and the draft model's forwards."""
+        clock, charges, chain = self.clock, self.charges, self.chain
+        step_copied = chain.stats.bytes_copied - charges.copied
+        charges.copied += step_copied
         step_copy_s = clock.copy_time(step_copied)
         if step_copied:
-            copy_s += step_copy_s
-            copy_steps += 1
-        forward = clock.step_time(builder.build())
+            charges.copy_s += step_copy_s
+            charges.copy_steps += 1
+        forward = clock.step_time(self.builder.build())
         if batch.loads:
             # Load-backs: their bytes over the host link, overlapped layer by layer with
             # the forward that reads them (the step's fixed overhead is host work, not
             # overlapped: as host_hit_ttft).
-            load_s = host_transfer_time(batch.load_bytes, config.gpu)
-            load_s_total += load_s
-            load_steps += 1
+            load_s = host_transfer_time(batch.load_bytes, self.config.gpu)
+            charges.load_s += load_s
+            charges.load_steps += 1
             overhead = clock.step_overhead_s if isinstance(clock, GPUCostModel) else 0.0
             forward = overhead + overlapped_time(load_s, max(0.0, forward - overhead),
-                                                 max(1, layers))
+                                                 max(1, self.config.model.num_layers))
         duration = forward + step_copy_s
+        host_cost = self.host_cost
         if host_cost is not None and (batch.host_write_bytes or batch.host_read_bytes):
-            # serialized with the forward: no overlap assumed (HostRetractionCost)
             w, r = (host_cost.transfer_s(batch.host_write_bytes),
                     host_cost.transfer_s(batch.host_read_bytes))
-            suspend_write_s, resume_load_s = suspend_write_s + w, resume_load_s + r
+            charges.suspend_write_s += w
+            charges.resume_load_s += r
             duration += w + r
-        if draft_cost is not None:
-            draft_s = draft_cost.step_seconds(((p.tokens, p.start) for p in batch.prefills),
-                                              ((d.context, d.drafts) for d in batch.decodes))
+        if self.draft_cost is not None:
+            draft_s = self.draft_cost.step_seconds(
+                ((p.tokens, p.start) for p in batch.prefills),
+                ((d.context, d.drafts) for d in batch.decodes))
             duration += draft_s
-            spec_bytes.draft_s += draft_s
+            self.spec_bytes.draft_s += draft_s
+        return duration
+
+    def _complete(self, batch: StepBatch, duration: float, accepted: dict[int, int],
+                  progress: Callable[[int, int], None] | None) -> None:
+        """Advance the clock by the step, complete it in the scheduler (the speculative
+        bytes read around its verify), then record its events and its sample and the
+        cache's timelines."""
+        kv, sched, spec_bytes, stats = self.kv, self.sched, self.spec_bytes, self.stats
         spec_bytes.step_s += duration
         spec_bytes.held_draft(kv, sched)
-        now += duration
+        self.now += duration
         if accepted:
             spec_bytes.before_verify(kv)
-        sched.complete(batch, StepOutcome(duration, accepted=accepted), now)
+        sched.complete(batch, StepOutcome(duration, accepted=accepted), self.now)
         if accepted:
             spec_bytes.after_verify(kv, sched)
-        before = done
-        done += _record_events(sched, recorder)
-        _record_step(recorder, _StepBytes.now(chain, kv, sched, cache, null_pages),
-                     t_s=now, duration_s=duration, prefill_tokens=batch.prefill_tokens,
-                     decode_tokens=len(batch.decodes), running=len(sched.running),
-                     waiting=len(sched.waiting))
-        if progress is not None and done != before:
-            progress(done, total)
-        if host is not None and stats is not None:
-            held = host.held_slots()
+        before = self.done
+        self.done += _record_events(sched, self.recorder)
+        _record_step(self.recorder, self._sample(), t_s=self.now, duration_s=duration,
+                     prefill_tokens=batch.prefill_tokens, decode_tokens=len(batch.decodes),
+                     running=len(sched.running), waiting=len(sched.waiting))
+        if progress is not None and self.done != before:
+            progress(self.done, len(self.requests))
+        if self.host is not None and stats is not None:
+            held = self.host.held_slots()
             if not stats.host_timeline or stats.host_timeline[-1][1] != held:
-                stats.host_timeline.append((now, held))
+                stats.host_timeline.append((self.now, held))
         if stats is not None and sched.counters.prompt_tokens != (
                 stats.timeline[-1][1] if stats.timeline else 0):
-            stats.timeline.append((now, sched.counters.prompt_tokens,
+            stats.timeline.append((self.now, sched.counters.prompt_tokens,
                                    sched.counters.hit_tokens))
 
-    recorder.finish_steps(_StepBytes.now(chain, kv, sched, cache, null_pages).bands)
-    cached = sum(len(ids) for ids in cache.held_pages()) if cache is not None else 0
-    leaked = sum(chain.bound_pages(b) for b in range(len(layout.bands))) - sum(
-        b.reserved_pages for b in layout.bands) - cached
-    busy = recorder.step_totals.duration_s  # GPU time: sum of step times, copies included
-    extra: dict[str, int | float] = {
-        "admitted_but_unallocatable": sched.counters.divergences,
-        "leaked_pages": leaked,
-        "admission_decisions": sched.counters.admission_decisions,
-        "bytes_copied": chain.stats.bytes_copied,
-        "recomputed_tokens": sched.counters.recomputed_tokens,
-        "pages_copied": chain.stats.pages_copied,
-        "copy_steps": copy_steps,
-        "copy_time_s": round(copy_s, 6),
-        "copy_time_pct": round(100 * copy_s / busy, 4) if busy > 0 else 0.0,
-        "requests_rejected_context": sched.counters.rejected_context,
-        "requests_truncated": truncated,
-        "memory_blocked_steps": memory_blocked,
-    }
-    if sched.counters.stall_retractions:  # (only runs with an estimated reservation)
-        extra["stall_retractions"] = sched.counters.stall_retractions
-    if spec:
-        extra.update(spec_bytes.extra(sched, layout.buffer_bytes))
-    if host is not None:
+    def result(self) -> SimResult:
+        """The run's :class:`SimResult` (call after :meth:`serve`)."""
+        chain, sched, layout, cache = self.chain, self.sched, self.layout, self.cache
+        self.recorder.finish_steps(self._sample().bands)
+        cached = sum(len(ids) for ids in cache.held_pages()) if cache is not None else 0
+        leaked = sum(chain.bound_pages(b) for b in range(len(layout.bands))) - sum(
+            b.reserved_pages for b in layout.bands) - cached
+        busy = self.recorder.step_totals.duration_s  # GPU time: step times, copies included
+        c, charges = sched.counters, self.charges
+        extra: dict[str, int | float] = {
+            "admitted_but_unallocatable": c.divergences,
+            "leaked_pages": leaked,
+            "admission_decisions": c.admission_decisions,
+            "bytes_copied": chain.stats.bytes_copied,
+            "recomputed_tokens": c.recomputed_tokens,
+            "pages_copied": chain.stats.pages_copied,
+            "copy_steps": charges.copy_steps,
+            "copy_time_s": round(charges.copy_s, 6),
+            "copy_time_pct": round(100 * charges.copy_s / busy, 4) if busy > 0 else 0.0,
+            "requests_rejected_context": c.rejected_context,
+            "requests_truncated": self.truncated,
+            "memory_blocked_steps": self.memory_blocked,
+        }
+        if c.stall_retractions:  # (only runs with an estimated reservation)
+            extra["stall_retractions"] = c.stall_retractions
+        if self.spec:
+            extra.update(self.spec_bytes.extra(sched, layout.buffer_bytes))
+        extra.update(self._host_extra())
+        extra.update(self._retract_extra())
+        extra.update(self._cache_extra())
+        summary = summarize(self.recorder, extra=extra)
+        return SimResult(summary, self.recorder, layout, chain.stats, c.admission_decisions,
+                         tuple(sched.unallocatable), self.stats, self.fast_steps)
+
+    def _host_extra(self) -> dict[str, int | float]:
+        """The host tier's figures (none without one)."""
+        host, c = self.host, self.sched.counters
+        if host is None:
+            return {}
         hs = host.stats
-        extra.update({
+        return {
             "host_bytes": host.capacity_bytes,
             "host_interval_tokens": host.plan.interval_tokens,
-            "host_hit_tokens": sched.counters.host_hit_tokens,
-            "host_hit_rate_pct": round(100 * sched.counters.host_hit_tokens
-                                       / sched.counters.prompt_tokens, 2)
-            if sched.counters.prompt_tokens else 0.0,
+            "host_hit_tokens": c.host_hit_tokens,
+            "host_hit_rate_pct": round(100 * c.host_hit_tokens / c.prompt_tokens, 2)
+            if c.prompt_tokens else 0.0,
             "host_bytes_written": hs.bytes_written,
             "host_bytes_loaded": hs.bytes_loaded,
-            "host_loads": sched.counters.loads,
-            "host_loads_shortened": sched.counters.loads_shortened,
-            "host_loads_refused": sched.counters.loads_refused,
+            "host_loads": c.loads,
+            "host_loads_shortened": c.loads_shortened,
+            "host_loads_refused": c.loads_refused,
             "host_writes_skipped": hs.writes_skipped,
             "host_evicted_pages": sum(hs.evicted or ()),
             "host_peak_held_bytes": hs.peak_held_bytes,
             "host_held_bytes_end": host.held_bytes,
             "host_stranded_full_pages": host.stranded_full_pages(),
-            "load_time_s": round(load_s_total, 6),
-            "load_steps": load_steps,
-        })
-    if retract_host is not None:
-        c = sched.counters
-        extra.update({"retractions_to_host": c.retractions_to_host,
-                      "host_bytes_retracted": c.host_bytes_retracted,
-                      "resume_bytes_loaded": c.resume_bytes_loaded,
-                      "resume_load_time_s": round(resume_load_s, 6),
-                      "host_write_time_s": round(suspend_write_s, 6),
-                      "recompute_tokens_saved": c.recompute_tokens_saved,
-                      "host_retract_fallbacks": c.host_retract_fallbacks,
-                      "host_slots_leaked": sum(retract_host.held.values())})
-    if stats is not None and cache is not None:
-        stats.prompt_tokens = sched.counters.prompt_tokens
-        stats.hit_tokens = sched.counters.hit_tokens
-        stats.evicted_pages = {b.label: n for b, n in zip(layout.bands, cache.evicted_pages,
-                                                          strict=True)}
+            "load_time_s": round(self.charges.load_s, 6),
+            "load_steps": self.charges.load_steps,
+        }
+
+    def _retract_extra(self) -> dict[str, int | float]:
+        """Retraction by host copy's figures (none under retraction by recompute)."""
+        retract_host, c = self.retract_host, self.sched.counters
+        if retract_host is None:
+            return {}
+        return {"retractions_to_host": c.retractions_to_host,
+                "host_bytes_retracted": c.host_bytes_retracted,
+                "resume_bytes_loaded": c.resume_bytes_loaded,
+                "resume_load_time_s": round(self.charges.resume_load_s, 6),
+                "host_write_time_s": round(self.charges.suspend_write_s, 6),
+                "recompute_tokens_saved": c.recompute_tokens_saved,
+                "host_retract_fallbacks": c.host_retract_fallbacks,
+                "host_slots_leaked": sum(retract_host.held.values())}
+
+    def _cache_extra(self) -> dict[str, int | float]:
+        """The prefix cache's figures, its stats filled in (none without a cache)."""
+        stats, cache, kv, c = self.stats, self.cache, self.kv, self.sched.counters
+        if stats is None or cache is None:
+            return {}
+        stats.prompt_tokens = c.prompt_tokens
+        stats.hit_tokens = c.hit_tokens
+        stats.evicted_pages = {b.label: n for b, n in zip(self.layout.bands,
+                                                          cache.evicted_pages, strict=True)}
         stats.cow_state_copies = kv.glue.cow_state_copies
         stats.cow_bytes = kv.glue.cow_bytes
         stats.checkpoints_saved = kv.glue.checkpoints_saved
         stats.junctions_saved = kv.glue.junctions_saved
-        stats.partial_hits = sched.counters.partial_hits
-        stats.partial_tokens = sched.counters.partial_tokens
-        extra.update({"prefix_hit_rate_pct": round(100 * stats.hit_rate, 2),
-                      "prefix_hit_tokens": stats.hit_tokens,
-                      **({"partial_hits": stats.partial_hits,
-                          "partial_tokens": stats.partial_tokens}
-                         if config.scheduler.partial_hits else {}),
-                      "prefix_evicted_pages": sum(cache.evicted_pages),
-                      "cow_state_copies": kv.glue.cow_state_copies,
-                      **stats.add_bounds(replace(config.trace, requests=tuple(served)),
-                                         layout, {
-                          rec.request_id for rec in recorder.records
-                          if rec.admitted_s is not None})})
-    summary = summarize(recorder, extra=extra)
-    return SimResult(summary, recorder, layout, chain.stats, sched.counters.admission_decisions,
-                     tuple(sched.unallocatable), stats, fast_steps)
+        stats.partial_hits = c.partial_hits
+        stats.partial_tokens = c.partial_tokens
+        admitted = {rec.request_id for rec in self.recorder.records
+                    if rec.admitted_s is not None}
+        served = replace(self.config.trace, requests=tuple(self.served))
+        return {"prefix_hit_rate_pct": round(100 * stats.hit_rate, 2),
+                "prefix_hit_tokens": stats.hit_tokens,
+                **({"partial_hits": stats.partial_hits, "partial_tokens": stats.partial_tokens}
+                   if self.config.scheduler.partial_hits else {}),
+                "prefix_evicted_pages": sum(cache.evicted_pages),
+                "cow_state_copies": kv.glue.cow_state_copies,
+                **stats.add_bounds(served, self.layout, admitted)}
 
 
 @contextmanager
