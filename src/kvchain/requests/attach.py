@@ -15,47 +15,8 @@ from kvchain.alloc.snapshot import Demand
 from kvchain.errors import InvalidRequestError
 from kvchain.requests.batch import check_rid
 from kvchain.requests.cache_glue import CacheGlue
+from kvchain.requests.prompt_keys import check_page_keys
 from kvchain.requests.rows import Rows
-
-
-def check_page_keys(rid: object, keys: object, prompt_tokens: object,
-                    page_size: int) -> tuple[int, ...]:
-    """A prompt's page keys, checked: one int key per whole page of the prompt, i.e.
-    ``prompt_tokens // page_size`` of them (a partial last page is never keyed:
-    :mod:`kvchain.cache.keys`, whose ``page_keys_from_tokens`` and
-    ``page_keys_from_blocks`` return exactly ``floor(L / P)`` keys).
-
-    Args:
-        rid: the request (named in the error).
-        keys: the keys (a sequence of ints, not a string).
-        prompt_tokens: ``L``, the prompt length in tokens (an int >= 1).
-        page_size: ``P``, tokens per page of the chain.
-
-    Returns:
-        The keys as a tuple.
-
-    Raises:
-        InvalidRequestError: keys that are not a sequence of ints (a bool or a float key
-            included), a prompt length that is not an int >= 1, or a count other than
-            ``prompt_tokens // page_size`` (fewer would drop the prompt's last pages from
-            the cache's insert, more would match pages the prompt does not have).
-    """
-    if type(prompt_tokens) is not int or prompt_tokens < 1:
-        raise InvalidRequestError(f"request {rid}: prompt_tokens must be an int >= 1, got "
-                                  f"{prompt_tokens!r}")
-    if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
-        raise InvalidRequestError(f"request {rid}: page keys must be a sequence of ints, got "
-                                  f"{type(keys).__name__} {keys!r}")
-    out = tuple(keys)
-    if not set(map(type, out)) <= {int}:
-        raise InvalidRequestError(f"request {rid}: page keys must be ints, got "
-                                  f"{sorted({type(k).__name__ for k in out})}")
-    expected = prompt_tokens // page_size
-    if len(out) != expected:
-        raise InvalidRequestError(
-            f"request {rid}: {len(out)} page keys for a prompt of {prompt_tokens:,} tokens: "
-            f"expected one per whole page of {page_size} tokens, {expected:,}")
-    return out
 
 
 class Attach:

@@ -20,6 +20,7 @@ from kvchain.requests.cache_audit import audit_glue
 from kvchain.requests.cache_insert import prompt_offer, retained, take_adopted
 from kvchain.requests.cache_port import CachePort
 from kvchain.requests.demand import tail_spans
+from kvchain.requests.prompt_keys import check_page_keys, check_prompt_tokens
 from kvchain.requests.table import RequestTable
 from kvchain.requests.view import CacheFacts
 
@@ -82,19 +83,68 @@ class CacheGlue:
 
     def points_for(self, keys: Sequence[int] | None, prompt_tokens: int, after: int = 0,
                    junction: int = 0) -> tuple[int, ...]:
-        """See :meth:`KVManager.points_for`. ``prompt_tokens`` (the prompt's length ``L``)
-        is required: a block-aligned prompt keeps its resend point ``len(keys) - 1`` too
-        (:func:`~kvchain.cache.radix.resend_point`), and the demand a caller counts for
-        the points must be the points the request saves."""
+        """The resume points (page counts, sorted) a request with these page keys and a
+        prompt of ``prompt_tokens`` tokens saves past ``after`` pages (:meth:`attach`
+        keeps them; :meth:`KVManager.points_for`). ``prompt_tokens`` (the prompt's length
+        ``L``) is required: a block-aligned prompt keeps its resend point ``len(keys) -
+        1`` too (:func:`~kvchain.cache.radix.resend_point`), and the demand a caller
+        counts for the points must be the points the request saves. Pure: nothing
+        changes.
+
+        Args:
+            keys: the prompt's page keys, one int per whole page (the rule of
+                :meth:`KVManager.attach`, :func:`~kvchain.requests.prompt_keys.check_page_keys`),
+                or ``None``: a request without keys saves no point.
+            prompt_tokens: ``L``, an int >= 1.
+            after: pages the request already holds (its hit): only points past it count;
+                an int in ``[0, n]``, ``n = L // P`` the prompt's whole pages.
+            junction: a junction point to keep as well (:meth:`PrefixCache.resume_points`),
+                in pages: 0 for none, else an int in ``[1, n]``.
+
+        Returns:
+            The points, ``()`` without a cache or keys.
+
+        Raises:
+            InvalidRequestError: keys other than ``None`` or one int per whole page, a
+                ``prompt_tokens`` that is not an int >= 1, or an ``after`` or
+                ``junction`` that is not an int (a bool included) in ``[0, n]``.
+        """
+        page = self.geom.page_size
+        if keys is None:
+            n = check_prompt_tokens(None, prompt_tokens, "points_for") // page
+        else:
+            keys = check_page_keys(None, keys, prompt_tokens, page, "points_for")
+            n = len(keys)
+        for name, v in (("after", after), ("junction", junction)):
+            if type(v) is not int or not 0 <= v <= n:
+                raise InvalidRequestError(f"points_for: {name} must be an int in [0, {n}] "
+                                          f"(pages of the prompt), got {v!r}")
         if self.cache is None or not keys:
             return ()
-        pts = self.cache.resume_points(len(keys), prompt_tokens=prompt_tokens)[0]
+        pts = self.cache.resume_points(n, prompt_tokens=prompt_tokens)[0]
         if junction and junction not in pts:
             pts = tuple(sorted((*pts, junction)))
         return tuple(q for q in pts if q > after)
 
     def cached_tokens(self, keys: Sequence[int], prompt_tokens: int) -> int:
-        """See :meth:`KVManager.cached_tokens`."""
+        """Tokens of a prompt the cache would serve now: its hit's pages times ``P`` (a
+        pure match, :meth:`PrefixCache.match`; nothing is locked or touched;
+        :meth:`KVManager.cached_tokens`).
+
+        Args:
+            keys: the prompt's page keys, one int per whole page (the rule of
+                :meth:`KVManager.attach`, :func:`~kvchain.requests.prompt_keys.check_page_keys`).
+            prompt_tokens: ``L``, an int >= 1.
+
+        Returns:
+            The tokens, 0 without a cache.
+
+        Raises:
+            InvalidRequestError: keys other than one int per whole page of the prompt, or
+                a ``prompt_tokens`` that is not an int >= 1.
+        """
+        keys = check_page_keys(None, keys, prompt_tokens, self.geom.page_size,
+                               "cached_tokens")
         if self.cache is None or not keys:
             return 0
         return self.cache.match(keys, prompt_tokens).pages * self.geom.page_size

@@ -27,7 +27,7 @@ from kvchain.alloc.allocator import Allocator
 from kvchain.alloc.snapshot import Demand, Quote
 from kvchain.bands.geometry import RequestGeometry, StateRollback
 from kvchain.cache.radix import PrefixCache
-from kvchain.errors import ReservedPageError
+from kvchain.errors import ConfigError, ReservedPageError
 from kvchain.requests.attach import Attach
 from kvchain.requests.audit import Audit
 from kvchain.requests.batch import DecodeBatch
@@ -79,7 +79,9 @@ class KVManager:
     geometry, the chain and the glue, never the manager).
 
     Raises:
-        ConfigError: a prefix cache on an allocator without an evictor hook, or with
+        ConfigError: ``chain`` not an :class:`~kvchain.alloc.allocator.Allocator` (one
+            of its members missing: ``None`` included), ``keep_window_tail`` not a bool,
+            a prefix cache on an allocator without an evictor hook, or with
             ``keep_window_tail``; ``spec_tokens`` not an int >= 0.
     """
 
@@ -87,6 +89,12 @@ class KVManager:
                  spec_tokens: int = 0,
                  rollback: StateRollback = StateRollback.CHECKPOINTS,
                  keep_window_tail: bool = False) -> None:
+        if not isinstance(chain, Allocator):  # the protocol's members, by name
+            raise ConfigError(f"KVManager needs an allocator (a Chain or a baseline's "
+                              f"PoolAllocator: layout, planner, price, take, release, ...), "
+                              f"got {type(chain).__name__}")
+        if type(keep_window_tail) is not bool:
+            raise ConfigError(f"keep_window_tail must be a bool, got {keep_window_tail!r}")
         check_tail_strategy(cache is not None, keep_window_tail)  # before any change
         self.chain = chain
         self.geom = geom = RequestGeometry.of(chain.layout, spec_tokens, rollback)

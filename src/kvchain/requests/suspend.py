@@ -347,10 +347,14 @@ class Suspensions:
             UnknownRequestError: ``rid`` holds no pages.
             HostPoolFullError: a class's pool has fewer free slots than ``rid`` holds
                 pages there (checked for every band first: nothing taken or released).
-            BufferArgumentError: ``host`` has no pool for a band, or its slots are not the
-                band's page bytes (nothing changed).
+            BufferArgumentError: ``host`` not a :class:`HostSide` (``None`` included), no
+                pool in it for a band, or its slots not the band's page bytes (nothing
+                changed).
         """
         slot = self._rows.of(rid).slot
+        if not isinstance(host, HostSide):
+            raise BufferArgumentError(f"request {rid}: suspend needs a HostSide (its host "
+                                      f"slot pools), got {type(host).__name__}")
         held = self._rows.table.held(slot)
         bands = self._chain.layout.bands
         counts = tuple(end - first for first, end in held.spans)
