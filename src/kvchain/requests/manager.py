@@ -186,11 +186,12 @@ class KVManager:
     def points_for(self, keys: Sequence[int] | None, prompt_tokens: int, after: int = 0,
                    junction: int = 0) -> tuple[int, ...]:
         """:meth:`CacheGlue.points_for`: resume points a request with these keys and a
-        prompt of ``prompt_tokens`` tokens saves."""
+        prompt of ``prompt_tokens`` tokens saves (its errors)."""
         return self._glue.points_for(keys, prompt_tokens, after, junction)
 
     def cached_tokens(self, keys: Sequence[int], prompt_tokens: int) -> int:
-        """:meth:`CacheGlue.cached_tokens`: tokens a prompt would hit now (a pure match)."""
+        """:meth:`CacheGlue.cached_tokens`: tokens a prompt would hit now (a pure match; its
+        errors)."""
         return self._glue.cached_tokens(keys, prompt_tokens)
 
     def chunk_cut(self, rid: int) -> int:

@@ -51,11 +51,11 @@ from kvchain.errors import (
 )
 from kvchain.field_types import check_field_types
 from kvchain.layout import smallest_request_pages
-from kvchain.requests.attach import check_page_keys
 from kvchain.requests.batch import DecodeBatch, sum_demands
 from kvchain.requests.demand import context_drafts, lifetime_demand
 from kvchain.requests.manager import KVManager
 from kvchain.requests.plan import StepPlan
+from kvchain.requests.prompt_keys import check_page_keys
 from kvchain.requests.suspend import HostSide
 from kvchain.sched.admission import (
     AdmissionRules,
@@ -336,7 +336,7 @@ class Scheduler:
         Raises:
             InvalidRequestError: not a :class:`Request`, a duplicate id, page keys other
                 than one per whole page of the prompt (``prompt_tokens // P``:
-                :func:`~kvchain.requests.attach.check_page_keys`), or ``now`` not a finite
+                :func:`~kvchain.requests.prompt_keys.check_page_keys`), or ``now`` not a finite
                 time >= 0 (s); nothing changes.
         """
         _check_time(now)
