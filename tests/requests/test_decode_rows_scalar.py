@@ -28,7 +28,7 @@ P = 16
 def manager() -> KVManager:
     layout = plan_layout([declared_class(LC.STATE, 48_000), declared_class(LC.WINDOW, 1_000, 32),
                           declared_class(LC.FULL, 1_000)], 30_000_000, P)
-    return KVManager(Chain(layout))
+    return KVManager(Chain(layout), None, 2)  # up to 2 drafts a step
 
 
 def stream(monkeypatch: pytest.MonkeyPatch, scalar_rows: int, seed: int) -> list[object]:

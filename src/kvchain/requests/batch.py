@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -29,6 +30,12 @@ def sum_demands(demands: Iterable[Demand], num_bands: int) -> Demand:
 
 
 
+#: Most steps one decode run may price in closed form (:meth:`StepPath.decode_run
+#: <kvchain.requests.step.StepPath.decode_run>` builds ``[steps, rows, bands]`` int64
+#: arrays: at 256 rows and 3 bands, 2**16 steps are 400 MB). The simulator asks for at most
+#: 256 (``kvchain.sim.engine.FAST_FORWARD_MAX_STEPS``).
+MAX_RUN_STEPS = 2**16
+
 #: Most tokens one batch entry may compute: a request's token count is an int64 of the
 #: request table, and a count and a step's tokens, each at most this, sum below ``2**63``
 #: (a larger count raised numpy's bare OverflowError). Far past any chain: a 2**62-token
@@ -39,10 +46,42 @@ _PAGES = operator.attrgetter("pages")
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 
-def _not_a_sequence(value: object) -> bool:
-    """Whether ``value`` cannot be a batch argument: not iterable (``None``, a number), or
-    a string or bytes (iterable, but of characters)."""
-    return isinstance(value, str | bytes) or not isinstance(value, Iterable)
+def not_a_sequence(value: object) -> bool:
+    """Whether ``value`` cannot be a batch argument: not iterable (``None``, a number), a
+    string or bytes (iterable, but of characters), or a numpy array that is not 1-D (a 0-d
+    array is registered iterable but iterating it raises)."""
+    return (isinstance(value, str | bytes) or not isinstance(value, Iterable)
+            or (isinstance(value, np.ndarray) and value.ndim != 1))
+
+
+def check_flag(value: object, what: str) -> None:
+    """Refuse a flag that is not a bool (``"no"`` or ``1`` would be read by its truth value);
+    ``what`` names it.
+
+    Raises:
+        InvalidDemandError: ``value`` is not ``True`` or ``False``.
+    """
+    if type(value) is not bool:
+        raise InvalidDemandError(f"{what} must be a bool, got {type(value).__name__} "
+                                 f"{value!r}")
+
+
+def check_count(value: object, what: str, low: int = 0, high: int = MAX_BATCH_TOKENS) -> int:
+    """``value`` as a Python int, checked: an int (numpy integers pass and are converted,
+    so no later sum wraps around in a small numpy type) in ``[low, high]``; ``what`` names
+    it in the error.
+
+    Raises:
+        InvalidDemandError: a bool, a float or another type, or a value out of range.
+    """
+    if type(value) is not int and (isinstance(value, bool)
+                                   or not isinstance(value, int | np.integer)):
+        raise InvalidDemandError(f"{what} must be an int in [{low}, {high}], got "
+                                 f"{type(value).__name__} {value!r}")
+    out = int(value)
+    if not low <= out <= high:
+        raise InvalidDemandError(f"{what} must be an int in [{low}, {high}], got {out}")
+    return out
 
 
 def check_rid(rid: object, what: str = "") -> None:
@@ -70,7 +109,7 @@ def request_ids(rids: object, what: str) -> tuple[int, ...]:
     """
     if type(rids) is tuple:
         ids: tuple[int, ...] = rids
-    elif _not_a_sequence(rids):
+    elif not_a_sequence(rids):
         raise InvalidDemandError(f"{what} must be a sequence of request ids (ints), got "
                                  f"{type(rids).__name__} {rids!r}")
     else:
@@ -101,16 +140,19 @@ def distinct_rows(lookup: SlotLookup, what: str) -> SlotLookup:
 
 def batch_ids(batch: Sequence[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Request ids and token counts of an allocation batch, checked: C-speed set checks
-    for the common all-``(int, int)`` batch, an entry-by-entry walk otherwise.
+    for the common all-``(int, int)`` batch, an entry-by-entry walk otherwise. An iterable
+    that is not a sequence (a generator) is read once, into a tuple, first.
 
     Raises:
         InvalidDemandError: ``batch`` not a sequence (``None``, a number, a string), an
             entry that is not a pair of ints, or a token count that is not an int in
             ``[0, MAX_BATCH_TOKENS]``.
     """
-    if _not_a_sequence(batch):
+    if not_a_sequence(batch):
         raise InvalidDemandError(f"batch must be a sequence of (request id, tokens) pairs, "
                                  f"got {type(batch).__name__} {batch!r}")
+    if not isinstance(batch, Sequence):  # a generator, a set: read once, here
+        batch = tuple(batch)
     try:
         if set(map(type, batch)) <= {tuple}:
             if not batch:
@@ -137,19 +179,39 @@ def batch_ids(batch: Sequence[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[
     return tuple(e[0] for e in batch), tuple(e[1] for e in batch)
 
 
-def check_demands(ids: Sequence[int], extends: Sequence[int], demands: Sequence[Demand],
-                   num_bands: int) -> None:
-    """Every demand a :class:`Demand` of ``num_bands`` bands.
+def check_demands(ids: Sequence[int], extends: Sequence[int], demands: object,
+                  num_bands: int) -> None:
+    """Every demand a :class:`Demand` of ``num_bands`` bands whose pages are ints in
+    ``[0, MAX_BATCH_TOKENS]`` (a :class:`Demand` does not check its own pages: ``chain.price``
+    does, but caller demands are summed here first), one per row of the batch. Two C-level
+    scans for the common valid list.
+
+    The demands are the caller's own computation (:meth:`StepPath.demand
+    <kvchain.requests.step.StepPath.demand>` at the rows' current state): they are not
+    recomputed here to be compared with the rows' token counts (that would be the
+    computation the caller saved); pages short of the tokens are refused by the coverage
+    check at the commit.
 
     Raises:
-        InvalidDemandError: one that is not.
+        InvalidDemandError: ``demands`` not a sequence of ``len(ids)`` demands (a
+            generator, a single Demand, a number), or one that is not such a Demand.
     """
+    if not_a_sequence(demands) or not isinstance(demands, Sequence):
+        raise InvalidDemandError(f"demands must be a sequence of Demand, one per batch row, "
+                                 f"got {type(demands).__name__} {demands!r}")
+    if len(demands) != len(ids):
+        raise InvalidDemandError(f"{len(demands)} demands for a batch of {len(ids)}")
     if (set(map(type, demands)) <= {Demand}
             and set(map(len, map(_PAGES, demands))) <= {num_bands}):
-        return
+        pages = tuple(chain.from_iterable(map(_PAGES, demands)))
+        if set(map(type, pages)) <= {int} and (
+                not pages or (min(pages) >= 0 and max(pages) <= MAX_BATCH_TOKENS)):
+            return
     for rid, extend, d in zip(ids, extends, demands, strict=True):
-        if not isinstance(d, Demand) or len(d.pages) != num_bands:
-            raise InvalidDemandError(f"request {rid}: {extend} tokens, demand {d!r}")
+        if (not isinstance(d, Demand) or len(d.pages) != num_bands
+                or not all(type(p) is int and 0 <= p <= MAX_BATCH_TOKENS for p in d.pages)):
+            raise InvalidDemandError(f"request {rid}: {extend} tokens, demand {d!r} (one "
+                                     f"int in [0, 2**62] per band of {num_bands})")
 
 
 #: The decode batch's value is the step plan itself (:class:`~kvchain.requests.plan.StepPlan`):

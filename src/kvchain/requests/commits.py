@@ -19,7 +19,7 @@ import numpy as np
 from kvchain.alloc.allocator import Allocator
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import ConfigError, InvalidDemandError
-from kvchain.requests.batch import check_rid, request_ids
+from kvchain.requests.batch import check_count, check_flag, check_rid, request_ids
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.rows import Rows
 
@@ -79,14 +79,13 @@ class Commits:
         Raises:
             UnknownRequestError: ``rid`` holds no pages.
             InvalidDemandError: ``rid`` not an int (a bool would alias request 0 or 1),
-                ``tokens`` not an int (a bool, a float) or ``< 0``, or the pages held do
+                ``tokens`` not an int (a bool, a float) in ``[0, MAX_BATCH_TOKENS]``
+                (:func:`~kvchain.requests.batch.check_count`: a numpy integer is read as
+                a Python int, so ``np.int8(125)`` does not wrap), or the pages held do
                 not cover the new tokens (nothing changes).
         """
         check_rid(rid)
-        if type(tokens) is not int and not isinstance(tokens, np.integer):
-            raise InvalidDemandError(f"request {rid}: tokens must be an int, got {tokens!r}")
-        if tokens < 0:
-            raise InvalidDemandError(f"request {rid}: tokens must be >= 0, got {tokens}")
+        tokens = check_count(tokens, f"request {rid}: tokens")
         facts = self._rows.of(rid)
         table = self._rows.table
         slot = facts.slot
@@ -157,9 +156,11 @@ class Commits:
 
         Raises:
             UnknownRequestError: ``rid`` holds no pages.
-            InvalidDemandError: ``rid`` not an int (a bool would free request 0 or 1).
+            InvalidDemandError: ``rid`` not an int (a bool would free request 0 or 1), or
+                ``insert`` not a bool (nothing changes).
         """
         check_rid(rid)
+        check_flag(insert, "free's insert")
         facts = self._rows.of(rid)
         table = self._rows.table
         slot = facts.slot

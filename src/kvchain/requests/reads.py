@@ -13,7 +13,7 @@ import numpy as np
 from kvchain.alloc.allocator import Allocator
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import InvalidDemandError
-from kvchain.requests.batch import request_ids
+from kvchain.requests.batch import check_flag, request_ids
 from kvchain.requests.rows import Rows
 
 
@@ -75,11 +75,13 @@ class Reads:
             ``translate``.
 
         Raises:
-            InvalidDemandError: no band ``band`` in this chain, or ``rids`` not a sequence
-                of int request ids (:func:`~kvchain.requests.batch.request_ids`).
+            InvalidDemandError: no band ``band`` in this chain, ``physical`` not a bool, or
+                ``rids`` not a sequence of int request ids
+                (:func:`~kvchain.requests.batch.request_ids`).
             UnknownRequestError: a request that holds no pages.
         """
         self._check_band(band)
+        check_flag(physical, "block_table's physical")
         slots = self._rows.index.known_slots(request_ids(rids, "block_table's rids"))
         table = self._rows.table
         width = int(table.rowlen[band][slots].max()) if slots.size else 0

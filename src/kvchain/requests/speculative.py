@@ -13,7 +13,7 @@ import numpy as np
 from kvchain.alloc.allocator import Allocator
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import InvalidDemandError
-from kvchain.requests.batch import request_ids
+from kvchain.requests.batch import check_count, not_a_sequence, request_ids
 from kvchain.requests.cache_glue import CacheGlue
 from kvchain.requests.rows import Rows
 
@@ -79,11 +79,13 @@ class Speculation:
 
         Raises:
             UnknownRequestError: a request that holds no pages.
-            InvalidDemandError: a request named twice, ``accepted`` not integers in
-                ``[0, drafts]`` of the batch's length, or ``1 + drafts`` tokens not
+            InvalidDemandError: a request named twice, ``drafts`` not an int in ``[0, k]``
+                (``k`` the manager's ``spec_tokens``), ``accepted`` not a sequence of
+                integers in ``[0, drafts]`` of the batch's length, or ``1 + drafts`` tokens not
                 covered by a request's pages in a band that keeps every token or a window
                 band. Checked for the whole batch before anything changes.
         """
+        drafts = check_count(drafts, "drafts", 0, self._geom.spec_tokens)
         ids = request_ids(rids, "verify's rids")
         slots = self._rows.index.checked_slots(ids, "verify")
         acc = _accepted(accepted, len(ids), drafts)
@@ -146,14 +148,15 @@ def _accepted(accepted: Sequence[int] | np.ndarray, rows: int, drafts: int) -> n
     """``accepted`` as int64 ``[rows]``, each in ``[0, drafts]``.
 
     Raises:
-        InvalidDemandError: ``drafts`` not an int >= 0; ``accepted`` of another length,
-            not integers (a ``bool`` included), or out of range.
+        InvalidDemandError: ``accepted`` not a sequence (``None``, a number), of another
+            length, not integers (a ``bool`` included), or out of range.
     """
+    if not_a_sequence(accepted):
+        raise InvalidDemandError(f"accepted drafts must be a sequence of {rows} ints, got "
+                                 f"{type(accepted).__name__} {accepted!r}")
     acc = np.asarray(accepted)
     if not isinstance(accepted, np.ndarray) and bool in set(map(type, accepted)):
         acc = np.asarray(accepted, dtype=object)  # True would read as 1: refused below
-    if type(drafts) is not int or drafts < 0:
-        raise InvalidDemandError(f"drafts must be an int >= 0, got {drafts!r}")
     if (acc.shape != (rows,) or (acc.size and acc.dtype.kind not in "iu")
             or (acc.size and not 0 <= int(acc.min()) <= int(acc.max()) <= drafts)):
         raise InvalidDemandError(f"accepted drafts must be {rows} integers in "

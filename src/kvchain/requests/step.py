@@ -30,9 +30,12 @@ from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import ForgedQuoteError, InvalidDemandError, StalePlanError
 from kvchain.requests import table as table_module
 from kvchain.requests.batch import (
+    MAX_RUN_STEPS,
     DecodeBatch,
     batch_ids,
+    check_count,
     check_demands,
+    check_rid,
     distinct_rows,
     request_ids,
 )
@@ -111,7 +114,13 @@ class StepPath:
     def demand(self, rid: int, extend: int, headroom: int = 0, headroom_chunk: int = 1,
                horizon: int = 0) -> Demand:
         """:func:`request_demand` for ``rid`` at its current position (a request suspended
-        to host: at its position once resumed, beyond the pages its resume loads back)."""
+        to host: at its position once resumed, beyond the pages its resume loads back).
+
+        Raises:
+            InvalidDemandError: ``rid`` not an int id (:func:`check_rid`: a bool would
+                alias request 0 or 1); as :func:`request_demand`.
+        """
+        check_rid(rid)
         facts = self._requests.get(rid)
         if facts is None:
             sus = self._suspended.get(rid)
@@ -131,8 +140,10 @@ class StepPath:
         suspended) is priced from nothing held.
 
         Raises:
-            InvalidDemandError: as :func:`request_demand`.
+            InvalidDemandError: ``rid`` not an int id (:func:`check_rid`: a bool would
+                alias request 0 or 1); as :func:`request_demand`.
         """
+        check_rid(rid)
         facts = self._requests.get(rid)
         if facts is None:
             sus = self._suspended.get(rid)
@@ -165,12 +176,13 @@ class StepPath:
             ``rids`` take as computed, and :meth:`apply` takes as it is.
 
         Raises:
-            InvalidDemandError: ``drafts`` not an int >= 0, ``rids`` not a sequence of int
-                ids (:func:`~kvchain.requests.batch.request_ids`), or one named twice.
+            InvalidDemandError: ``drafts`` not an int in ``[0, k]`` (``k`` the manager's
+                ``spec_tokens``: its window slack and state checkpoints are sized for at
+                most ``k`` drafts), ``rids`` not a sequence of int ids
+                (:func:`~kvchain.requests.batch.request_ids`), or one named twice.
             UnknownRequestError: one that holds no pages (its first tokens are a chunk's).
         """
-        if type(drafts) is not int or drafts < 0:
-            raise InvalidDemandError(f"drafts must be an int >= 0, got {drafts!r}")
+        drafts = check_count(drafts, "drafts", 0, self._geom.spec_tokens)
         ids = request_ids(rids, "decode_demands' rids")
         extend = 1 + drafts
         lookup = distinct_rows(self._known_lookup(ids), "decode batch")
@@ -279,9 +291,10 @@ class StepPath:
         Raises:
             InvalidDemandError: a request listed twice, an entry not a pair of ints, a
                 negative or non-integer token count, a request suspended to host, demands
-                that do not match the batch, a resume not suspended, named twice or in
-                the batch. BufferArgumentError: a resume's host slots no longer held.
-                ForgedQuoteError: ``quote`` is not a Quote. Nothing changed on any.
+                not one Demand of int pages per band per row (``check_demands``), a
+                resume not suspended, named twice or in the batch. BufferArgumentError: a
+                resume's host slots no longer held. ForgedQuoteError: ``quote`` is not a
+                Quote. Nothing changed on any.
         """
         if quote is not None and not isinstance(quote, Quote):
             raise ForgedQuoteError(f"expected a Quote from the allocator's price, got "
@@ -462,7 +475,8 @@ class StepPath:
         computed at (now, or the reused batch's).
 
         Raises:
-            InvalidDemandError: demands that do not match the batch.
+            InvalidDemandError: demands that are not one valid Demand per row
+                (:func:`~kvchain.requests.batch.check_demands`).
         """
         if (self._issued_here(demands) and isinstance(demands, StepPlan)
                 and demands.rids == ids and demands.tokens == extends
@@ -477,8 +491,6 @@ class StepPath:
         if demands is None:
             demands = [self._demand(rid, extend) for rid, extend in zip(ids, extends,
                                                                       strict=True)]
-        elif len(demands) != len(ids):
-            raise InvalidDemandError(f"{len(demands)} demands for a batch of {len(ids)}")
         nb = self._geom.num_bands
         check_demands(ids, extends, demands, nb)
         zero = (0,) * nb
@@ -703,11 +715,11 @@ class StepPath:
 
         Raises:
             UnknownRequestError: a request that holds no pages; InvalidDemandError: a
-                request named twice, ``rids`` not a sequence of int ids, or ``steps < 1``.
+                request named twice, ``rids`` not a sequence of int ids, or ``steps`` not
+                an int in ``[1, MAX_RUN_STEPS]`` (:data:`~kvchain.requests.batch.MAX_RUN_STEPS`).
         """
         ids = request_ids(rids, "decode_run's rids")
-        if type(steps) is not int or steps < 1:
-            raise InvalidDemandError(f"a decode run needs steps >= 1, got {steps!r}")
+        steps = check_count(steps, "a decode run's steps", 1, MAX_RUN_STEPS)
         slots = self._checked_slots(ids)
         if self._glue.may_insert(ids) or self._glue.points_ahead(ids, self._requests):
             return None
@@ -720,13 +732,12 @@ class StepPath:
         Raises:
             UnknownRequestError: a request that holds no pages.
             InvalidDemandError: a request named twice, ``rids`` not a sequence of int ids,
-                ``steps < 0``, or a request whose
+                ``steps`` not an int in ``[0, MAX_BATCH_TOKENS]``, or a request whose
                 pages do not cover its next ``steps`` tokens in the full or a window band,
                 or whose window would release a page on the way (those steps are not
                 quiet: commit them with :meth:`commit_decodes`). Nothing changes then.
         """
-        if type(steps) is not int or steps < 0:
-            raise InvalidDemandError(f"steps must be an int >= 0, got {steps!r}")
+        steps = check_count(steps, "steps")
         ids = request_ids(rids, "skip_decodes' rids")
         slots = self._checked_slots(ids)
         if not steps or not ids:

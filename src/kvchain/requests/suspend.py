@@ -71,7 +71,7 @@ from kvchain.errors import (
     UnknownRequestError,
 )
 from kvchain.layout import ChainLayout
-from kvchain.requests.batch import request_ids
+from kvchain.requests.batch import check_rid, request_ids
 from kvchain.requests.demand import HeldPages
 from kvchain.requests.rows import Rows
 
@@ -402,7 +402,12 @@ class Suspensions:
                    for (first, end), b in zip(spans, self._chain.layout.bands, strict=True))
 
     def is_suspended(self, rid: int) -> bool:
-        """Whether ``rid`` is suspended to host."""
+        """Whether ``rid`` is suspended to host.
+
+        Raises:
+            InvalidDemandError: ``rid`` not an int id (:func:`check_rid`).
+        """
+        check_rid(rid)
         return rid in self.records
 
     def suspended(self, rid: int) -> Suspended:
@@ -410,7 +415,9 @@ class Suspensions:
 
         Raises:
             UnknownRequestError: it is not suspended.
+            InvalidDemandError: ``rid`` not an int id (:func:`check_rid`).
         """
+        check_rid(rid)
         try:
             return self.records[rid]
         except KeyError:
