@@ -334,14 +334,18 @@ class Scheduler:
             True if queued, False if rejected (an ``REJECTED`` event says why).
 
         Raises:
-            InvalidRequestError: not a :class:`Request`, a duplicate id, page keys other
-                than one per whole page of the prompt (``prompt_tokens // P``:
-                :func:`~kvchain.requests.attach.check_page_keys`), or ``now`` not a finite
-                time >= 0 (s); nothing changes.
+            InvalidRequestError: not a :class:`Request`; a field its constructor refuses
+                (:meth:`Request.check`, run again here: a request is mutable, so one
+                changed after construction is refused too); a duplicate id; page keys
+                other than one per whole page of the prompt (``prompt_tokens // P``:
+                :func:`~kvchain.requests.attach.check_page_keys`); or ``now`` not a finite
+                time >= 0 (s). Every check runs before anything changes: a refused request
+                leaves no id, event or counter behind.
         """
         _check_time(now)
         if not isinstance(request, Request):
             raise InvalidRequestError(f"expected a Request, got {type(request).__name__}")
+        request.check()
         if request.page_keys is not None:
             check_page_keys(request.rid, request.page_keys, request.prompt_tokens,
                             self.kv.geom.page_size)
