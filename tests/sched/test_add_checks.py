@@ -115,3 +115,90 @@ def test_the_constructor_and_add_apply_one_set_of_rules() -> None:
     r.prompt_tokens = 2.5  # type: ignore[assignment]
     with pytest.raises(InvalidRequestError, match="prompt_tokens must be an int, got float"):
         r.check()
+
+
+# --- requests that are not fresh ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"status": RequestStatus.RUNNING}, "got status running"),
+    ({"status": RequestStatus.FINISHED}, "got status finished"),
+    ({"status": RequestStatus.REJECTED}, "got status rejected"),
+    ({"computed": 5}, "no progress, got computed=5"),
+    ({"computed": 100}, "no progress, got computed=100"),
+    ({"output_done": 1}, "no progress, got output_done=1"),
+    ({"retractions": 1}, "no progress, got retractions=1"),
+    ({"hit_tokens": 4}, "no progress, got hit_tokens=4"),
+    ({"prefill_target": 100}, r"prefill_target is its prompt \(8 tokens\), got 100"),
+    ({"prefill_target": 3}, r"prefill_target is its prompt \(8 tokens\), got 3"),
+])
+def test_a_request_with_progress_is_refused(kwargs: dict, message: str) -> None:
+    """Was: queued, then a permanent wedge (RUNNING, FINISHED), kv tokens 3 vs computed 8
+    (computed=5), a wait forever (computed=100), 100 tokens prefilled for an 8-token
+    prompt (prefill_target=100)."""
+    sched = scheduler()
+    before = state_of(sched)
+    with pytest.raises(InvalidRequestError, match=message):
+        sched.add(Request(0, 8, 4, **kwargs), 0.0)
+    assert state_of(sched) == before
+    assert sched.requests == {} and sched.drain_events() == []
+    assert_the_fresh_request_runs(sched)
+
+
+def test_progress_set_after_construction_is_refused_too() -> None:
+    sched = scheduler()
+    r = Request(0, 8, 4)
+    r.status = RequestStatus.RUNNING
+    with pytest.raises(InvalidRequestError, match="got status running"):
+        sched.add(r, 0.0)
+    r = Request(0, 8, 4)
+    r.prompt_tokens = 16  # its prefill_target (8) is stale: it would prefill half
+    with pytest.raises(InvalidRequestError, match=r"its prompt \(16 tokens\), got 8"):
+        sched.add(r, 0.0)
+    assert sched.requests == {} and sched.drain_events() == []
+    assert_the_fresh_request_runs(sched)
+
+
+def test_an_explicit_default_prefill_target_is_fresh() -> None:
+    """``prefill_target`` equal to the prompt (what the constructor's default sets) is a
+    fresh request: queued and run like one built without it."""
+    sched = scheduler()
+    r = Request(0, 8, 4, prefill_target=8)
+    assert sched.add(r, 0.0) is True
+    batch = sched.step(0.0)
+    assert batch.prefills == (PrefillChunk(0, 0, 8),)
+    sched.complete(batch, StepOutcome(0.01), 0.01)
+    assert (r.computed, sched.kv.tokens(0)) == (8, 8)
+
+
+def test_a_request_that_already_holds_pages_is_refused() -> None:
+    """Was: queued, then prefilled on top of the 8 tokens the KV manager already held
+    (kv tokens 16 vs computed 8)."""
+    sched = scheduler()
+    sched.kv.allocate([(0, 8)])
+    sched.kv.commit(0, 8)
+    before = state_of(sched)
+    with pytest.raises(InvalidRequestError, match="already holds pages"):
+        sched.add(Request(0, 8, 4), 0.0)
+    assert state_of(sched) == before and sched.drain_events() == []
+    assert sched.kv.tokens(0) == 8
+    # sibling: another id is queued and prefilled from 0
+    r = Request(1, 8, 4)
+    assert sched.add(r, 0.0) is True
+    batch = sched.step(0.0)
+    assert batch.prefills == (PrefillChunk(1, 0, 8),)
+    sched.complete(batch, StepOutcome(0.01), 0.01)
+    assert (r.computed, sched.kv.tokens(1), sched.kv.tokens(0)) == (8, 8, 8)
+
+
+def test_a_refused_add_leaves_the_other_requests_as_they_were() -> None:
+    sched = scheduler()
+    assert sched.add(Request(1, 12, 4), 0.0) is True
+    sched.drain_events()
+    before = state_of(sched)
+    with pytest.raises(InvalidRequestError, match="got computed=5"):
+        sched.add(Request(0, 8, 4, computed=5), 0.5)
+    assert state_of(sched) == before and sched.drain_events() == []
+    assert list(sched.requests) == [1] and [w.rid for w in sched.waiting] == [1]
+    assert sched.add(Request(0, 8, 4), 0.5) is True
+    assert [w.rid for w in sched.waiting] == [1, 0]

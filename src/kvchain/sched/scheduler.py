@@ -336,8 +336,12 @@ class Scheduler:
         Raises:
             InvalidRequestError: not a :class:`Request`; a field its constructor refuses
                 (:meth:`Request.check`, run again here: a request is mutable, so one
-                changed after construction is refused too); a duplicate id; page keys
-                other than one per whole page of the prompt (``prompt_tokens // P``:
+                changed after construction is refused too); a request that is not fresh
+                (:func:`_check_fresh`: not ``WAITING``, or with progress - ``computed``,
+                ``output_done``, ``retractions``, ``hit_tokens`` not 0, or a
+                ``prefill_target`` other than its prompt); a duplicate id, or an id whose
+                pages the KV manager already holds; page keys other than one per whole
+                page of the prompt (``prompt_tokens // P``:
                 :func:`~kvchain.requests.attach.check_page_keys`); or ``now`` not a finite
                 time >= 0 (s). Every check runs before anything changes: a refused request
                 leaves no id, event or counter behind.
@@ -346,11 +350,16 @@ class Scheduler:
         if not isinstance(request, Request):
             raise InvalidRequestError(f"expected a Request, got {type(request).__name__}")
         request.check()
+        _check_fresh(request)
         if request.page_keys is not None:
             check_page_keys(request.rid, request.page_keys, request.prompt_tokens,
                             self.kv.geom.page_size)
         if request.rid in self.requests:
             raise InvalidRequestError(f"duplicate request id {request.rid}")
+        if request.rid in self.kv:
+            raise InvalidRequestError(f"request {request.rid}: the KV manager already holds "
+                                      f"pages for this id (a request is added before any of "
+                                      f"its pages are taken)")
         self.requests[request.rid] = request
         self._emit(EventKind.ARRIVED, request.rid, now)
         context = self.config.max_context_tokens
@@ -1535,6 +1544,31 @@ def _check_outcome(batch: StepBatch, outcome: object) -> None:
         if bad:
             raise InvalidRequestError(f"a step outcome stops requests that are not in its "
                                       f"batch: {bad[:8]}")
+
+
+def _check_fresh(r: Request) -> None:
+    """Refuse a request that is not fresh: :meth:`Scheduler.add` queues a request that
+    has not started - status ``WAITING`` and no progress (``computed``, ``output_done``,
+    ``retractions`` and ``hit_tokens`` 0, ``prefill_target`` its prompt, the
+    constructor's default). A running or finished request would never be scheduled, and
+    one with progress would diverge from the KV manager, which holds none of its pages
+    (its own retractions requeue requests without this check).
+
+    Raises:
+        InvalidRequestError: as above.
+    """
+    if r.status is not RequestStatus.WAITING:
+        raise InvalidRequestError(f"request {r.rid}: add takes a new request (status "
+                                  f"waiting), got status {r.status.value}")
+    for name in ("computed", "output_done", "retractions", "hit_tokens"):
+        value = getattr(r, name)
+        if value:
+            raise InvalidRequestError(f"request {r.rid}: add takes a new request with no "
+                                      f"progress, got {name}={value}")
+    if r.prefill_target != r.prompt_tokens:
+        raise InvalidRequestError(f"request {r.rid}: add takes a new request whose "
+                                  f"prefill_target is its prompt ({r.prompt_tokens} tokens), "
+                                  f"got {r.prefill_target}")
 
 
 def _check_time(now: object) -> None:
