@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from kvchain.alloc.chain import Chain
-from kvchain.errors import InvalidRequestError
+from kvchain.errors import InvalidDemandError, InvalidRequestError, UnknownRequestError
 from kvchain.layout import plan_layout
 from kvchain.model.declared import declared_class
 from kvchain.model.layers import LifetimeClass as LC
@@ -202,3 +203,22 @@ def test_a_refused_add_leaves_the_other_requests_as_they_were() -> None:
     assert list(sched.requests) == [1] and [w.rid for w in sched.waiting] == [1]
     assert sched.add(Request(0, 8, 4), 0.5) is True
     assert [w.rid for w in sched.waiting] == [1, 0]
+
+
+# --- Scheduler.request ids ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rid", [True, 1.0, "1", None])
+def test_request_refuses_an_id_that_is_not_an_int(rid: object) -> None:
+    """Was: ``request(True)`` and ``request(1.0)`` returned request 1 (dict key aliasing)."""
+    sched = scheduler()
+    sched.add(Request(0, 8, 4), 0.0)
+    sched.add(Request(1, 12, 4), 0.0)
+    before = state_of(sched)
+    with pytest.raises(InvalidDemandError, match="request ids are ints"):
+        sched.request(rid)  # type: ignore[arg-type]
+    assert state_of(sched) == before
+    assert sched.request(1).prompt_tokens == 12
+    assert sched.request(np.int64(1)).prompt_tokens == 12  # type: ignore[arg-type]
+    with pytest.raises(UnknownRequestError, match="no request 5"):
+        sched.request(5)

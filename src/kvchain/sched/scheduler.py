@@ -52,7 +52,7 @@ from kvchain.errors import (
 from kvchain.field_types import check_field_types
 from kvchain.layout import smallest_request_pages
 from kvchain.requests.attach import check_page_keys
-from kvchain.requests.batch import DecodeBatch, sum_demands
+from kvchain.requests.batch import DecodeBatch, check_rid, sum_demands
 from kvchain.requests.demand import context_drafts, lifetime_demand
 from kvchain.requests.manager import KVManager
 from kvchain.requests.plan import StepPlan
@@ -1471,7 +1471,14 @@ class Scheduler:
         self._events.append(Event(kind, rid, now, detail))
 
     def request(self, rid: int) -> Request:
-        """The request with id ``rid`` (raises :class:`UnknownRequestError`)."""
+        """The request with id ``rid``.
+
+        Raises:
+            InvalidDemandError: ``rid`` not an int request id (:func:`check_rid`: a bool
+                or a float ``1.0`` would alias request 1).
+            UnknownRequestError: no request ``rid`` was added.
+        """
+        check_rid(rid)
         try:
             return self.requests[rid]
         except KeyError:
