@@ -98,10 +98,12 @@ Trace formats (a bundled name, or a file detected by its header / first line):
   generic JSONL (objects with arrival_s):
     {"arrival_s": 0.25, "prompt_tokens": 1200, "output_tokens": 128,
      "hash_ids": [7, 8, 9], "max_tokens": 256}
-  arrival_s: seconds (any origin, the earliest becomes 0); prompt_tokens >= 1;
-  output_tokens >= 0 (0 counts as 1); hash_ids: optional ids of the prompt's
-  blocks of --block-tokens tokens (default 512), ceil(prompt / block) of them,
-  equal leading ids = shared prefix; in CSV space- or semicolon-separated;
+  arrival_s: seconds, finite and >= 0 (the earliest is taken as 0: a trace
+  may start at any time >= 0; a negative time is refused); in JSONL a number,
+  not a string; prompt_tokens >= 1; output_tokens >= 0 (0 counts as 1);
+  hash_ids: optional ids of the prompt's blocks of --block-tokens tokens
+  (default 512), ceil(prompt / block) of them, equal leading ids = shared
+  prefix; in CSV space- or semicolon-separated;
   max_tokens: optional output limit the client asked for (tokens, >=
   output_tokens; admission reserves up to it, the request stops at output_tokens).
   Other fields: refused.
@@ -568,14 +570,24 @@ def _refuse_unknown(names: Iterable[str], path: Path, line: int) -> None:
                      f"unknown field (the generic format has {', '.join(known)})")
 
 
-def _arrival_ns(value: object, path: Path, line: int) -> int:
-    """``arrival_s`` (seconds, a number or its text) to integer nanoseconds."""
+def _arrival_ns(value: object, path: Path, line: int, text: bool) -> int:
+    """``arrival_s`` (seconds: a number, or its text in a CSV file, ``text``) to integer
+    nanoseconds. A JSON string (``"0"``) is refused like a JSON string count: JSON lines
+    give numbers as numbers.
+
+    Raises:
+        TraceError: not a number (a bool, a JSON string, unparsable CSV text), or not
+            finite and ``>= 0`` seconds.
+    """
+    if isinstance(value, str) and not text:
+        raise _error(path, line, "arrival_s", f"not a number: {value!r} (a JSON string; "
+                     f"write the number itself)"[:200])
     if isinstance(value, str):
-        text = value
+        raw = value
         try:
-            value = float(text.strip())
+            value = float(raw.strip())
         except ValueError:
-            raise _error(path, line, "arrival_s", f"not a number: {text[:40]!r}") from None
+            raise _error(path, line, "arrival_s", f"not a number: {raw[:40]!r}") from None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _error(path, line, "arrival_s", f"not a number: {value!r}"[:200])
     finite = isinstance(value, int) or math.isfinite(value)
@@ -587,7 +599,7 @@ def _arrival_ns(value: object, path: Path, line: int) -> int:
 def _generic_row(index: int, fields: Mapping[str, object], path: Path, line: int,
                  block_tokens: int, text: bool) -> tuple[_Row, bool]:
     count = _parse_count if text else _json_count
-    arrival = _arrival_ns(fields["arrival_s"], path, line)
+    arrival = _arrival_ns(fields["arrival_s"], path, line, text)
     prompt = count(fields["prompt_tokens"], path, line, "prompt_tokens")  # type: ignore[arg-type]
     output = count(fields["output_tokens"], path, line, "output_tokens")  # type: ignore[arg-type]
     output, clamped = _check_lengths(prompt, output, path, line, "prompt_tokens")
