@@ -277,3 +277,37 @@ def test_value_objects_validate() -> None:
         Trace("t", unsorted, "test", "none")
     with pytest.raises(TraceError, match="unique"):
         Trace("t", (TraceRequest(0, 1.0, 1, 1), TraceRequest(0, 2.0, 1, 1)), "test", "none")
+
+
+def test_sharegpt_total_must_be_prefill_plus_decode(tmp_path: Path) -> None:
+    """``num_total_tokens`` is read where the header has it: a row whose total (5) is not
+    prefill + decode (74 + 918 = 992) is refused naming the file, line and field - its
+    lengths cannot all be right. The sibling file with the right total (992) loads, and a
+    file without the column (the total is optional) loads the same lengths."""
+    header = "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
+    bad = write(tmp_path, "total_bad.csv", header + "5,7,12,0.7\n74,918,5,0.08\n")
+    with pytest.raises(TraceError, match=(
+            r"total_bad\.csv: line 3, field 'num_total_tokens': 5 is not num_prefill_tokens "
+            r"\+ num_decode_tokens \(74 \+ 918 = 992\)")):
+        load_trace(bad)
+    good = write(tmp_path, "total_good.csv", header + "5,7,12,0.7\n74,918,992,0.08\n")
+    assert [(r.prompt_tokens, r.output_tokens) for r in load_trace(good, seed=1)] == [
+        (5, 7), (74, 918)]
+    no_total = write(tmp_path, "no_total.csv",
+                     "num_prefill_tokens,num_decode_tokens\n5,7\n74,918\n")
+    assert [(r.prompt_tokens, r.output_tokens) for r in load_trace(no_total, seed=1)] == [
+        (5, 7), (74, 918)]
+
+
+def test_sharegpt_total_counts_the_raw_decode_and_must_be_a_count(tmp_path: Path) -> None:
+    """The total is checked against the file's own decode count, before a 0 output is
+    clamped to 1 (3 + 0 = 3 loads as (3, 1)); a total that is not an integer is refused
+    like any count."""
+    header = "num_prefill_tokens,num_decode_tokens,num_total_tokens\n"
+    good = write(tmp_path, "zero.csv", header + "3,0,3\n")
+    trace = load_trace(good, seed=1)
+    assert [(r.prompt_tokens, r.output_tokens) for r in trace] == [(3, 1)]
+    assert trace.zero_output_rows == 1
+    bad = write(tmp_path, "text.csv", header + "3,0,three\n")
+    with pytest.raises(TraceError, match=r"line 2, field 'num_total_tokens': not an integer"):
+        load_trace(bad)

@@ -9,6 +9,7 @@ import pytest
 
 from kvchain.errors import ConfigError, TraceError
 from kvchain.sim.traces import (
+    TRACE_FORMATS_HELP,
     TraceFormat,
     TraceRequest,
     detect_format,
@@ -160,3 +161,44 @@ def test_csv_block_ids_follow_the_json_rule(tmp_path):
     csv_path.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids\n0,600,3,-1 7\n")
     with pytest.raises(TraceError, match="must be a list of non-negative integers, got '-1'"):
         load_trace(csv_path)
+
+
+@pytest.mark.parametrize("value", ['"0"', '"2.5"', "true", "false", '"nan"'])
+def test_jsonl_arrival_s_must_be_a_json_number(tmp_path, value):
+    """JSON lines give ``arrival_s`` as a number, like the counts (``"prompt_tokens": true``
+    and ``100.0`` are refused): a string ("0") or a bool is refused naming the line and the
+    field; the sibling rows with the numbers 0 and 2.5 load, the earliest becoming 0."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"arrival_s": 1, "prompt_tokens": 10, "output_tokens": 3}\n'
+                   f'{{"arrival_s": {value}, "prompt_tokens": 10, "output_tokens": 3}}\n')
+    with pytest.raises(TraceError, match=r"line 2, field 'arrival_s': not a number"):
+        load_trace(bad)
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"arrival_s": 2.5, "prompt_tokens": 10, "output_tokens": 3}\n'
+                    '{"arrival_s": 0, "prompt_tokens": 12, "output_tokens": 4}\n')
+    assert load_trace(good).requests == (TraceRequest(1, 0.0, 12, 4, None, None),
+                                         TraceRequest(0, 2.5, 10, 3, None, None))
+
+
+def test_csv_arrival_s_text_is_parsed_and_a_negative_time_refused(tmp_path):
+    """In a CSV every field is text, so ``arrival_s`` "2.5" is the number 2.5; the help
+    (TRACE_FORMATS_HELP) says what the reader does with times: finite and >= 0, the
+    earliest becoming 0 (a -5 is refused, not shifted)."""
+    bad = tmp_path / "neg.csv"
+    bad.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,3\n-5,10,3\n")
+    with pytest.raises(TraceError, match=r"line 3, field 'arrival_s': must be finite and "
+                                         r">= 0 seconds, got -5.0"):
+        load_trace(bad)
+    good = tmp_path / "late.csv"
+    good.write_text("arrival_s,prompt_tokens,output_tokens\n7.5,10,3\n5,11,3\n")
+    assert load_trace(good).requests == (TraceRequest(1, 0.0, 11, 3, None, None),
+                                         TraceRequest(0, 2.5, 10, 3, None, None))
+
+
+def test_the_help_states_the_arrival_rule_the_reader_applies():
+    """The --help text (TRACE_FORMATS_HELP) no longer says "any origin" for arrival_s: it
+    states the >= 0 rule the reader enforces and that JSONL times are numbers."""
+    text = " ".join(TRACE_FORMATS_HELP.split())
+    assert "any origin" not in text
+    assert "arrival_s: seconds, finite and >= 0 (the earliest is taken as 0" in text
+    assert "a negative time is refused); in JSONL a number, not a string" in text

@@ -68,6 +68,19 @@ class Request:
     hit_tokens: int = 0
 
     def __post_init__(self) -> None:
+        self.check()
+        if self.prefill_target == 0:
+            self.prefill_target = self.prompt_tokens
+
+    def check(self) -> None:
+        """Check the fields' types and ranges (the constructor's rules; a
+        :class:`Request` is a mutable dataclass, so :meth:`Scheduler.add
+        <kvchain.sched.scheduler.Scheduler.add>` runs them again on what it is handed).
+        Changes nothing.
+
+        Raises:
+            InvalidRequestError: a field the class docstring's ``Raises`` refuses.
+        """
         for name in ("rid", "prompt_tokens", "output_tokens"):
             value = getattr(self, name)
             if type(value) is not int:  # bools, floats, numpy ints refused: ids and counts
@@ -94,8 +107,6 @@ class Request:
         if not isinstance(self.status, RequestStatus):
             raise InvalidRequestError(f"request {self.rid}: status must be a RequestStatus, "
                                       f"got {self.status!r}")
-        if self.prefill_target == 0:
-            self.prefill_target = self.prompt_tokens
         if self.page_keys is not None and (type(self.page_keys) is not tuple
                                            or any(type(k) is not int for k in self.page_keys)):
             raise InvalidRequestError(f"request {self.rid}: page_keys must be a tuple of ints")

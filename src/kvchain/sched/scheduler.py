@@ -51,7 +51,7 @@ from kvchain.errors import (
 )
 from kvchain.field_types import check_field_types
 from kvchain.layout import smallest_request_pages
-from kvchain.requests.batch import DecodeBatch, sum_demands
+from kvchain.requests.batch import DecodeBatch, check_rid, sum_demands
 from kvchain.requests.demand import context_drafts, lifetime_demand
 from kvchain.requests.manager import KVManager
 from kvchain.requests.plan import StepPlan
@@ -334,19 +334,32 @@ class Scheduler:
             True if queued, False if rejected (an ``REJECTED`` event says why).
 
         Raises:
-            InvalidRequestError: not a :class:`Request`, a duplicate id, page keys other
-                than one per whole page of the prompt (``prompt_tokens // P``:
-                :func:`~kvchain.requests.prompt_keys.check_page_keys`), or ``now`` not a finite
-                time >= 0 (s); nothing changes.
+            InvalidRequestError: not a :class:`Request`; a field its constructor refuses
+                (:meth:`Request.check`, run again here: a request is mutable, so one
+                changed after construction is refused too); a request that is not fresh
+                (:func:`_check_fresh`: not ``WAITING``, or with progress - ``computed``,
+                ``output_done``, ``retractions``, ``hit_tokens`` not 0, or a
+                ``prefill_target`` other than its prompt); a duplicate id, or an id whose
+                pages the KV manager already holds; page keys other than one per whole
+                page of the prompt (``prompt_tokens // P``:
+                :func:`~kvchain.requests.prompt_keys.check_page_keys`); or ``now`` not a finite
+                time >= 0 (s). Every check runs before anything changes: a refused request
+                leaves no id, event or counter behind.
         """
         _check_time(now)
         if not isinstance(request, Request):
             raise InvalidRequestError(f"expected a Request, got {type(request).__name__}")
+        request.check()
+        _check_fresh(request)
         if request.page_keys is not None:
             check_page_keys(request.rid, request.page_keys, request.prompt_tokens,
                             self.kv.geom.page_size)
         if request.rid in self.requests:
             raise InvalidRequestError(f"duplicate request id {request.rid}")
+        if request.rid in self.kv:
+            raise InvalidRequestError(f"request {request.rid}: the KV manager already holds "
+                                      f"pages for this id (a request is added before any of "
+                                      f"its pages are taken)")
         self.requests[request.rid] = request
         self._emit(EventKind.ARRIVED, request.rid, now)
         context = self.config.max_context_tokens
@@ -1458,7 +1471,14 @@ class Scheduler:
         self._events.append(Event(kind, rid, now, detail))
 
     def request(self, rid: int) -> Request:
-        """The request with id ``rid`` (raises :class:`UnknownRequestError`)."""
+        """The request with id ``rid``.
+
+        Raises:
+            InvalidDemandError: ``rid`` not an int request id (:func:`check_rid`: a bool
+                or a float ``1.0`` would alias request 1).
+            UnknownRequestError: no request ``rid`` was added.
+        """
+        check_rid(rid)
         try:
             return self.requests[rid]
         except KeyError:
@@ -1531,6 +1551,31 @@ def _check_outcome(batch: StepBatch, outcome: object) -> None:
         if bad:
             raise InvalidRequestError(f"a step outcome stops requests that are not in its "
                                       f"batch: {bad[:8]}")
+
+
+def _check_fresh(r: Request) -> None:
+    """Refuse a request that is not fresh: :meth:`Scheduler.add` queues a request that
+    has not started - status ``WAITING`` and no progress (``computed``, ``output_done``,
+    ``retractions`` and ``hit_tokens`` 0, ``prefill_target`` its prompt, the
+    constructor's default). A running or finished request would never be scheduled, and
+    one with progress would diverge from the KV manager, which holds none of its pages
+    (its own retractions requeue requests without this check).
+
+    Raises:
+        InvalidRequestError: as above.
+    """
+    if r.status is not RequestStatus.WAITING:
+        raise InvalidRequestError(f"request {r.rid}: add takes a new request (status "
+                                  f"waiting), got status {r.status.value}")
+    for name in ("computed", "output_done", "retractions", "hit_tokens"):
+        value = getattr(r, name)
+        if value:
+            raise InvalidRequestError(f"request {r.rid}: add takes a new request with no "
+                                      f"progress, got {name}={value}")
+    if r.prefill_target != r.prompt_tokens:
+        raise InvalidRequestError(f"request {r.rid}: add takes a new request whose "
+                                  f"prefill_target is its prompt ({r.prompt_tokens} tokens), "
+                                  f"got {r.prefill_target}")
 
 
 def _check_time(now: object) -> None:

@@ -98,10 +98,12 @@ Trace formats (a bundled name, or a file detected by its header / first line):
   generic JSONL (objects with arrival_s):
     {"arrival_s": 0.25, "prompt_tokens": 1200, "output_tokens": 128,
      "hash_ids": [7, 8, 9], "max_tokens": 256}
-  arrival_s: seconds (any origin, the earliest becomes 0); prompt_tokens >= 1;
-  output_tokens >= 0 (0 counts as 1); hash_ids: optional ids of the prompt's
-  blocks of --block-tokens tokens (default 512), ceil(prompt / block) of them,
-  equal leading ids = shared prefix; in CSV space- or semicolon-separated;
+  arrival_s: seconds, finite and >= 0 (the earliest is taken as 0: a trace
+  may start at any time >= 0; a negative time is refused); in JSONL a number,
+  not a string; prompt_tokens >= 1; output_tokens >= 0 (0 counts as 1);
+  hash_ids: optional ids of the prompt's blocks of --block-tokens tokens
+  (default 512), ceil(prompt / block) of them, equal leading ids = shared
+  prefix; in CSV space- or semicolon-separated;
   max_tokens: optional output limit the client asked for (tokens, >=
   output_tokens; admission reserves up to it, the request stops at output_tokens).
   Other fields: refused.
@@ -116,6 +118,7 @@ Trace formats (a bundled name, or a file detected by its header / first line):
   ShareGPT lengths CSV (sharegpt): no arrival times (Poisson, --seed):
     num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio
     74,918,992,0.0806100217864923
+  (num_total_tokens, if given, must be prefill + decode; pd_ratio is not read)
 """
 """The accepted trace formats, their columns, units and an example line each (printed by
 ``kvchain simulate --help`` and ``kvchain compare --help``; also in the README)."""
@@ -397,15 +400,18 @@ def _parse_wall_clock_ns(
     return seconds * _NS_PER_S + nanos
 
 
-def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    """Yield (line number, {column: text}) for each data row; header checked first.
+def _csv_rows(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = ()
+              ) -> Iterator[tuple[int, dict[str, str]]]:
+    """Yield (line number, {column: text}) for each data row; header checked first. The
+    ``required`` columns are in every row's dict, the ``optional`` ones where the header
+    names them.
 
     A UTF-8 byte-order mark is skipped (``utf-8-sig``: spreadsheet exports start with one).
     """
     with path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle)
         try:
-            yield from _csv_data_rows(path, reader, required)
+            yield from _csv_data_rows(path, reader, required, optional)
         except UnicodeDecodeError:
             raise _utf8_error(path) from None
         except csv.Error as exc:  # e.g. a field over csv.field_size_limit() characters
@@ -413,7 +419,7 @@ def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict
 
 
 def _csv_data_rows(
-    path: Path, reader: _csv.Reader, required: tuple[str, ...]
+    path: Path, reader: _csv.Reader, required: tuple[str, ...], optional: tuple[str, ...] = ()
 ) -> Iterator[tuple[int, dict[str, str]]]:
     header = next(reader, None)
     if header is None:
@@ -428,6 +434,7 @@ def _csv_data_rows(
         if name not in columns:
             raise _error(path, 1, name, f"missing column (header is {header!r})")
     positions = {name: columns.index(name) for name in required}
+    positions.update((name, columns.index(name)) for name in optional if name in columns)
     for fields in reader:
         if not fields:
             continue
@@ -446,6 +453,7 @@ def _csv_data_rows(
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _SHAREGPT_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
+_SHAREGPT_TOTAL = "num_total_tokens"
 
 
 def _read_azure(path: Path) -> tuple[list[_Row], int]:
@@ -463,11 +471,27 @@ def _read_azure(path: Path) -> tuple[list[_Row], int]:
 
 
 def _read_sharegpt(path: Path) -> tuple[list[_Row], int]:
+    """The rows of a ShareGPT lengths CSV. ``num_total_tokens``, where the header has it,
+    is checked against ``num_prefill_tokens + num_decode_tokens`` (a row that disagrees
+    has lengths that cannot all be right, so none of them is trusted); ``pd_ratio`` is
+    not read (a float the writers round differently).
+
+    Raises:
+        TraceError: a malformed count, a 0-token prompt, or a total that is not prefill +
+            decode (names the file, line and field).
+    """
     rows: list[_Row] = []
     clamped = 0
-    for line, fields in _csv_rows(path, _SHAREGPT_COLUMNS):
+    for line, fields in _csv_rows(path, _SHAREGPT_COLUMNS, (_SHAREGPT_TOTAL,)):
         prompt = _parse_count(fields["num_prefill_tokens"], path, line, "num_prefill_tokens")
         output = _parse_count(fields["num_decode_tokens"], path, line, "num_decode_tokens")
+        total_text = fields.get(_SHAREGPT_TOTAL)
+        if total_text is not None:
+            total = _parse_count(total_text, path, line, _SHAREGPT_TOTAL)
+            if total != prompt + output:
+                raise _error(path, line, _SHAREGPT_TOTAL,
+                             f"{total:,} is not num_prefill_tokens + num_decode_tokens "
+                             f"({prompt:,} + {output:,} = {prompt + output:,})")
         output, was_clamped = _check_lengths(prompt, output, path, line, "num_prefill_tokens")
         clamped += was_clamped
         rows.append(_Row(len(rows), None, prompt, output, None))
@@ -568,14 +592,24 @@ def _refuse_unknown(names: Iterable[str], path: Path, line: int) -> None:
                      f"unknown field (the generic format has {', '.join(known)})")
 
 
-def _arrival_ns(value: object, path: Path, line: int) -> int:
-    """``arrival_s`` (seconds, a number or its text) to integer nanoseconds."""
+def _arrival_ns(value: object, path: Path, line: int, text: bool) -> int:
+    """``arrival_s`` (seconds: a number, or its text in a CSV file, ``text``) to integer
+    nanoseconds. A JSON string (``"0"``) is refused like a JSON string count: JSON lines
+    give numbers as numbers.
+
+    Raises:
+        TraceError: not a number (a bool, a JSON string, unparsable CSV text), or not
+            finite and ``>= 0`` seconds.
+    """
+    if isinstance(value, str) and not text:
+        raise _error(path, line, "arrival_s", f"not a number: {value!r} (a JSON string; "
+                     f"write the number itself)"[:200])
     if isinstance(value, str):
-        text = value
+        raw = value
         try:
-            value = float(text.strip())
+            value = float(raw.strip())
         except ValueError:
-            raise _error(path, line, "arrival_s", f"not a number: {text[:40]!r}") from None
+            raise _error(path, line, "arrival_s", f"not a number: {raw[:40]!r}") from None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _error(path, line, "arrival_s", f"not a number: {value!r}"[:200])
     finite = isinstance(value, int) or math.isfinite(value)
@@ -587,7 +621,7 @@ def _arrival_ns(value: object, path: Path, line: int) -> int:
 def _generic_row(index: int, fields: Mapping[str, object], path: Path, line: int,
                  block_tokens: int, text: bool) -> tuple[_Row, bool]:
     count = _parse_count if text else _json_count
-    arrival = _arrival_ns(fields["arrival_s"], path, line)
+    arrival = _arrival_ns(fields["arrival_s"], path, line, text)
     prompt = count(fields["prompt_tokens"], path, line, "prompt_tokens")  # type: ignore[arg-type]
     output = count(fields["output_tokens"], path, line, "output_tokens")  # type: ignore[arg-type]
     output, clamped = _check_lengths(prompt, output, path, line, "prompt_tokens")
