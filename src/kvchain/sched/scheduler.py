@@ -301,6 +301,7 @@ class Scheduler:
         self._resume_bytes: dict[int, int] = {}  # suspended request -> bytes its resume loads
         self._write_bytes = 0  # bytes suspended to host since the last step was scheduled
         self._version = 0  # bumped by every allocate, complete and retraction (a step's basis)
+        self._clock = 0.0  # the latest step time seen (schedule, complete, run_decodes; s)
         page = kv.geom.page_size
         if self.config.chunk_size < page or self.config.max_prefill_tokens < page:
             # Admission cuts chunks to whole pages: a smaller cap could never admit one.
@@ -343,8 +344,9 @@ class Scheduler:
                 pages the KV manager already holds; page keys other than one per whole
                 page of the prompt (``prompt_tokens // P``:
                 :func:`~kvchain.requests.prompt_keys.check_page_keys`); or ``now`` not a finite
-                time >= 0 (s). Every check runs before anything changes: a refused request
-                leaves no id, event or counter behind.
+                time >= 0 (s) (it may be behind the step clock: the simulator adds the
+                arrivals due by a step at their own times). Every check runs before
+                anything changes: a refused request leaves no id, event or counter behind.
         """
         _check_time(now)
         if not isinstance(request, Request):
@@ -448,9 +450,12 @@ class Scheduler:
         something or one request is left.
 
         Raises:
-            InvalidRequestError: ``now`` not a finite time >= 0 (s); nothing changes.
+            InvalidRequestError: ``now`` not a finite time >= 0 (s), or earlier than the
+                last step's time (a step scheduled, completed or run; the clock never goes
+                back); nothing changes.
         """
-        _check_time(now)
+        self._check_clock(now)
+        self._clock = now
         while True:
             step = self._schedule_once(now)
             if (step.decodes or step.prefills or step.resumes or step.loads
@@ -936,6 +941,18 @@ class Scheduler:
                 r.computed = 0
         self._version += 1
 
+    def _check_clock(self, now: float) -> None:
+        """Refuse a step time that is not a time (:func:`_check_time`) or is earlier than
+        the last step's (the scheduler's clock, ``_clock``).
+
+        Raises:
+            InvalidRequestError: either.
+        """
+        _check_time(now)
+        if now < self._clock:
+            raise InvalidRequestError(f"time goes back: t={now} s after a step at "
+                                      f"{self._clock} s")
+
     def step(self, now: float) -> StepBatch:
         """``allocate(schedule(now))``: the batch to run now."""
         return self.allocate(self.schedule(now), now)
@@ -949,9 +966,10 @@ class Scheduler:
                 running, listed twice, or at another position), ``outcome`` not a
                 :class:`StepOutcome` or naming a request outside the batch (``stopped``:
                 not one of its requests; ``accepted``: not one of its decodes), or ``now``
-                not a finite time >= 0 (s); nothing changed.
+                not a finite time >= 0 (s) or earlier than the step's (the time it was
+                scheduled at: a forward ends after it starts); nothing changed.
         """
-        _check_time(now)
+        self._check_clock(now)
         if not isinstance(batch, StepBatch):
             raise InvalidRequestError(f"expected a StepBatch, got {type(batch).__name__}")
         _check_outcome(batch, outcome)
@@ -967,6 +985,7 @@ class Scheduler:
                                               f"twice?)")
                 seen.add(rid)
         self._version += 1  # a step planned before this commit is planned again
+        self._clock = now
         for p in batch.prefills:
             r = self.requests[p.rid]
             kv.commit(r.rid, p.tokens)
@@ -1090,7 +1109,9 @@ class Scheduler:
         Raises:
             InvalidRequestError: ``run`` does not match the running requests (one finished,
                 was retracted or moved since), ``steps`` not an int in ``[1, run.steps]``,
-                fewer ``times`` or one that is not a finite time >= 0; nothing changed.
+                fewer ``times``, one that is not a finite time >= 0, or times that go back
+                (each at or after the one before, the first at or after the last step's
+                time); nothing changed.
         """
         if not isinstance(run, DecodeRun):
             raise InvalidRequestError(f"expected a DecodeRun, got {type(run).__name__}")
@@ -1098,8 +1119,13 @@ class Scheduler:
                 or len(times) < steps):
             raise InvalidRequestError(f"steps must be an int in [1, {run.steps}] with a time "
                                       f"each, got {steps!r} and {len(times)} times")
+        last = self._clock
         for t in times[:steps]:
             _check_time(t)
+            if t < last:
+                raise InvalidRequestError(f"the run's step times go back: {t} s after "
+                                          f"{last} s")
+            last = t
         running = self.running
         if (len(run.rids) != len(running) or any(
                 running.get(rid) is None or running[rid].computed != start
@@ -1115,6 +1141,7 @@ class Scheduler:
                 if take and not self._run_take(run, j, rids, totals[j], cursor):
                     break
                 changed = self._run_commit(run, rids, take or release, times[j], cursor)
+                self._clock = times[j]
                 if after_step is not None:
                     after_step(j, changed)
         finally:
