@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,6 +20,33 @@ from kvchain.model.layers import LifetimeClass
 
 def _bundled() -> list[tuple[str, str]]:
     return [(r.name, r.config_file) for r in _records() if r.config_file]
+
+
+def _frozen_release() -> str:
+    """The transformers release the bundled views were frozen with (e.g. ``"5.24.0"``)."""
+    return str(json.loads((views._data_dir() / views.VIEWS_FILE).read_text())["transformers"])
+
+
+def _restamp(text: str, live: str, frozen: str) -> str:
+    """``text`` with the live release's stamp ``"transformers <live> "`` put back to the
+    frozen one: a release that reads a config the same way differs only in this stamp."""
+    head = f"transformers {live} "
+    return f"transformers {frozen} " + text[len(head):] if text.startswith(head) else text
+
+
+def _defaulted_as_frozen(defaulted, live: str, frozen: str):
+    return tuple(dataclasses.replace(d, by=_restamp(d.by, live, frozen)) for d in defaulted)
+
+
+def _views_as_frozen(fresh: dict, live: str, frozen: str) -> dict:
+    """A fresh freeze's views with the live release's stamps (each view's ``reader`` and
+    the ``transformers_version`` that ``to_dict`` adds) put back to the frozen release."""
+    out = copy.deepcopy(fresh)
+    for view in out.values():
+        view["reader"] = _restamp(view["reader"], live, frozen)
+        if view["fields"].get("transformers_version") == live:
+            view["fields"]["transformers_version"] = frozen
+    return out
 
 
 def test_bundled_bytes_come_from_transformers_view_without_importing_it():
@@ -57,16 +86,19 @@ def test_reading_a_bundled_model_imports_neither_transformers_nor_torch():
 def test_frozen_view_reads_like_transformers_today(name, relative):
     """Each bundled model built from its frozen view equals the model read through the
     installed transformers, at every tensor-parallel degree (a transformers release that
-    reads a config otherwise fails here: regenerate with `python -m kvchain.catalog.views`)."""
-    pytest.importorskip("transformers", reason="the live reader needs transformers")
+    reads a config otherwise fails here: regenerate with `python -m kvchain.catalog.views`).
+    A newer release that reads it the same way differs only in the reader's stamp on the
+    defaulted fields (5.25.0 against the views frozen with 5.24.0), which is put back."""
+    transformers = pytest.importorskip("transformers", reason="the live reader needs it")
     raw = read_bundled_config(relative)
+    live_release, frozen_release = transformers.__version__, _frozen_release()
     def outcome(read, tp):
         try:
             spec = read(tp)
         except ConfigError as exc:
             return str(exc)
         return (spec.classes, spec.layers, spec.total_params, spec.max_context_tokens,
-                spec.defaulted)
+                _defaulted_as_frozen(spec.defaulted, live_release, frozen_release))
 
     for tp in (1, 2, 4, 8):
         live = outcome(lambda tp: load_hf_config(raw, name=name, tp=tp), tp)
@@ -74,10 +106,33 @@ def test_frozen_view_reads_like_transformers_today(name, relative):
 
 
 def test_views_file_matches_a_fresh_freeze():
+    """The bundled views equal a fresh freeze with the installed transformers, its
+    release stamps put back to the frozen release (see the test above)."""
     pytest.importorskip("transformers", reason="freezing needs transformers")
     recorded = json.loads((views._data_dir() / views.VIEWS_FILE).read_text())
     fresh = views.freeze_views([relative for _, relative in _bundled()])
-    assert fresh["views"] == recorded["views"]
+    assert _views_as_frozen(fresh["views"], fresh["transformers"],
+                            recorded["transformers"]) == recorded["views"]
+
+
+def test_only_the_release_stamp_is_put_back():
+    """The check above can fail: restamping forgives a view that differs only in its
+    release (stamped "9.9.9" here), never one whose fields differ."""
+    recorded = views._views()
+    relative = "model_configs/nvidia--Nemotron-H-56B-Base-8K.json"
+    frozen = _frozen_release()
+    stamped = copy.deepcopy(dict(recorded))
+    stamped[relative]["reader"] = stamped[relative]["reader"].replace(frozen, "9.9.9")
+    stamped[relative]["fields"]["transformers_version"] = "9.9.9"
+    assert stamped != recorded
+    assert _views_as_frozen(stamped, "9.9.9", frozen) == recorded
+    stamped[relative]["fields"]["mamba_ssm_cache_dtype"] = "bfloat16"
+    assert _views_as_frozen(stamped, "9.9.9", frozen) != recorded
+    noted = load_model("Nemotron-H-56B-Base-8K").defaulted
+    moved = tuple(dataclasses.replace(d, by=d.by.replace(frozen, "9.9.9")) for d in noted)
+    assert moved != noted and _defaulted_as_frozen(moved, "9.9.9", frozen) == noted
+    other = tuple(dataclasses.replace(d, by="kvchain default: bf16") for d in noted)
+    assert _defaulted_as_frozen(other, "9.9.9", frozen) == other != noted
 
 
 def test_a_view_of_another_file_is_refused(monkeypatch):
