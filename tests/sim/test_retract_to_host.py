@@ -134,7 +134,7 @@ def test_options_are_checked(storm: Path) -> None:
     assert RunOptions().retract_to is RetractTo.RECOMPUTE
     opts = RunOptions.from_mapping({"retract_to": "host", "host_bytes": HOST})
     assert opts.scheduler_config().retract_to is RetractTo.HOST
-    assert opts.sim_config(cfg.model, cfg.gpu, cfg.trace).host_bytes == HOST
+    assert SimConfig.of(opts, cfg.model, cfg.gpu, cfg.trace).host_bytes == HOST
 
 
 def test_cli_exits_2_on_a_bad_combination() -> None:

@@ -12,6 +12,7 @@ from kvchain.gpu import get_gpu
 from kvchain.sched.admission import ReservePolicy
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import ClockKind
+from kvchain.sim.engine import SimConfig
 from kvchain.sim.run_options import (
     DEMO,
     PREFILL_TOKENS_FLOOR,
@@ -39,7 +40,7 @@ def test_options_reach_the_scheduler_and_the_sim_config():
     assert sched.reserve.policy is ReservePolicy.SGLANG and sched.reserve.ratio == (0.5, 0.1,
                                                                                     0.01)
     trace = RunOptions(requests=3).load_trace("azure-conv")
-    cfg = run.sim_config(load_model("gpt-oss-120b"), get_gpu("h200"), trace)
+    cfg = SimConfig.of(run, load_model("gpt-oss-120b"), get_gpu("h200"), trace)
     assert (cfg.clock, cfg.step_ms, cfg.buffer_bytes, cfg.page_size) == (
         ClockKind.STEPS, 12.5, 10**9, 32)
     assert cfg.truncate is True and cfg.prefix_cache is False

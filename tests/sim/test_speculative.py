@@ -119,7 +119,7 @@ def test_options_are_checked() -> None:
     with pytest.raises(ConfigError, match="--spec-acceptance"):
         RunOptions(spec_acceptance=1.5)
     opts = RunOptions(spec_tokens=2, spec_acceptance=0.5, seed=3)
-    cfg = opts.sim_config(load_model(MODEL), get_gpu("h200"), load_trace(TRACE, first=2))
+    cfg = SimConfig.of(opts, load_model(MODEL), get_gpu("h200"), load_trace(TRACE, first=2))
     assert (cfg.spec_tokens, cfg.spec_acceptance, cfg.seed) == (2, 0.5, 3)
     _load_commands()
     out = CliRunner().invoke(app, ["simulate", "--trace", TRACE, "--requests", "2",

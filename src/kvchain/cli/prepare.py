@@ -64,7 +64,7 @@ def prepare_run(*, model: str, config: Path | None, spec: Path | None, gpu: str,
                                draft_model=run.draft_model)
         gpu_spec = get_gpu(gpu)
         tr = run.load_trace(resolved.trace)
-        sim_config = run.sim_config(model_spec, gpu_spec, tr)
+        sim_config = SimConfig.of(run, model_spec, gpu_spec, tr)
         layout = sim_config.layout()
         sim_config.check_cache(layout)
         if run.clock is ClockKind.ROOFLINE:

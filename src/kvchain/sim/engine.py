@@ -101,7 +101,7 @@ class SimConfig(RunOptions):
     """One simulation's inputs: what runs - ``model`` (per rank), ``gpu``, ``trace``
     (already cut: :meth:`RunOptions.load_trace`) - and, keyword-only, every
     :class:`~kvchain.sim.run_options.RunOptions` field, inherited with its meaning, units,
-    default and rule stated there once (:meth:`RunOptions.sim_config` builds this). The
+    default and rule stated there once (:meth:`SimConfig.of` builds it from a ``RunOptions``). The
     options that cut the trace or build the model (``requests``, ``end_s``, ``rate_scale``,
     ``block_tokens``, ``kv_dtype``, ``state_dtype``, ``weight_format``, ``draft_model``)
     were applied before; the loop does not read them. What the loop adds to them:
@@ -154,6 +154,19 @@ class SimConfig(RunOptions):
                               f"options ({', '.join(SCHEDULER_OPTIONS)}) that differ: give "
                               "one of the two")
         check_retract_to(self.scheduler.retract_to, self.host_bytes, self.clock)
+
+    @classmethod
+    def of(cls, options: RunOptions, model: ModelSpec, gpu: GPUSpec, trace: Trace
+           ) -> SimConfig:
+        """The run of ``model`` on ``gpu`` serving ``trace`` (already cut:
+        :meth:`RunOptions.load_trace`) under ``options`` (every field carried over by name),
+        the scheduler built from them.
+
+        Raises:
+            ConfigError: as :class:`SimConfig`.
+        """
+        return cls(model, gpu, trace, **{f.name: getattr(options, f.name)
+                                         for f in fields(RunOptions)})
 
     def layout(self) -> ChainLayout:
         """The chain layout for this model and buffer.

@@ -5,7 +5,7 @@ runs (model, GPU, tensor parallelism, trace: those are a command's own arguments
 sweep's axes): how the trace is cut, how big the KV buffer is, how the scheduler admits,
 which clock advances time, the prefix cache's settings. ``kvchain simulate``, ``kvchain
 compare`` and ``kvchain sweep`` all build their simulations through
-:meth:`RunOptions.sim_config`, so the same options mean the same run everywhere, and the
+:meth:`kvchain.sim.engine.SimConfig.of`, so the same options mean the same run everywhere, and the
 CLI declares each option once, from this class (:mod:`kvchain.cli.run_options`).
 
 Adding an option is a change in this file only:
@@ -47,25 +47,21 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import Any, get_type_hints
 
 from kvchain.bands.geometry import StateRollback
 from kvchain.cache.radix import ResumePolicy
 from kvchain.errors import ConfigError
 from kvchain.field_types import check_field_types
-from kvchain.gpu import DEFAULT_MEM_FRACTION, GPUSpec
+from kvchain.gpu import DEFAULT_MEM_FRACTION
 from kvchain.model.draft import check_draft_drafts
 from kvchain.model.layers import CacheDtype
 from kvchain.model.params import WeightFormat
-from kvchain.model.spec import ModelSpec
 from kvchain.sched.admission import ReserveConfig, ReservePolicy, parse_new_token_ratio
 from kvchain.sched.retraction import RetractTo
 from kvchain.sched.scheduler import QueuePolicy, SchedulerConfig
 from kvchain.sim.cost import DEFAULT_STEP_MS, ClockKind
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, Trace, load_trace
-
-if TYPE_CHECKING:
-    from kvchain.sim.engine import SimConfig
 
 PREFILL_TOKENS_FLOOR = 8192
 """Prefill tokens per step (all chunks together) are ``max(chunk_size, 8192)``: at least one
@@ -258,19 +254,6 @@ class RunOptions:
         return load_trace(trace, first=self.requests, end_s=self.end_s,
                           rate_scale=self.rate_scale, seed=self.seed,
                           block_tokens=self.block_tokens)
-
-    def sim_config(self, model: ModelSpec, gpu: GPUSpec, trace: Trace) -> SimConfig:
-        """The :class:`~kvchain.sim.engine.SimConfig` of this run of ``model`` on ``gpu``
-        serving ``trace`` (already cut: :meth:`load_trace`): these options, the scheduler
-        built from them.
-
-        Raises:
-            ConfigError: as :class:`~kvchain.sim.engine.SimConfig`.
-        """
-        from kvchain.sim.engine import SimConfig  # engine imports this module
-
-        return SimConfig(model, gpu, trace, **{f.name: getattr(self, f.name)
-                                               for f in fields(RunOptions)})
 
     # --- as data -------------------------------------------------------------------------
 

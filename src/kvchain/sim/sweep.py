@@ -346,7 +346,7 @@ def point_trace(point: SweepPoint) -> Trace:
 
 
 def point_config(point: SweepPoint) -> SimConfig:
-    """The :class:`SimConfig` of a point: :meth:`RunOptions.sim_config` of its options
+    """The :class:`SimConfig` of a point: :meth:`SimConfig.of` of its options
     (``kvchain simulate``'s, so the same settings give the same run).
 
     Raises:
@@ -354,9 +354,9 @@ def point_config(point: SweepPoint) -> SimConfig:
             fit.
     """
     run = point.run_options()
-    return run.sim_config(_model(point.model, point.tp, run.kv_dtype, run.state_dtype,
-                                 run.weight_format, run.draft_model),
-                          get_gpu(point.gpu), point_trace(point))
+    return SimConfig.of(run, _model(point.model, point.tp, run.kv_dtype, run.state_dtype,
+                                    run.weight_format, run.draft_model),
+                         get_gpu(point.gpu), point_trace(point))
 
 
 def summary_row(summary: SimSummary) -> dict[str, Any]:
