@@ -615,47 +615,78 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
     """
     if n_ops < 0:
         raise ConfigError(f"n_ops must be >= 0, got {n_ops}")
-    rng = random.Random(seed)
     if host and host_slots is None:
         host_slots = host_slots_for(chain)
     rec = ChainRecorder(chain, audit=audit, host_slots=host_slots if host else None,
                         host_defect=host_defect)
     rec.cache_defect = cache_defect
-    suspended: dict[int, _Request] = {}  # host entry id -> the suspended request
-    locks: dict[int, int] = {}  # id(request) -> the unit it locked
-    layout = chain.layout
-    nb = chain.num_bands
-    p = layout.page_size
-    i_state, i_full = (_band_of(chain, x) for x in ("state", "full"))
-    # Every window and chunked-local band, each with its own window (band, tokens, local).
-    wins = [(i, b.cache_class.window or 1, b.lifetime is LifetimeClass.LOCAL)
-            for i, b in enumerate(layout.bands)
-            if b.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
-    token_bytes = sum(b.page_bytes for b in layout.bands if b.label != "state")
-    cap_tokens = max(4, layout.buffer_bytes // max(token_bytes, 1) * p // 6)
-    requests: list[_Request] = []
+    work = _Workload(chain, rec, random.Random(seed), cache, host)
+    kinds = list(_WEIGHTS)
+    weights = [w if host or k not in _HOST_KINDS else 0 for k, w in _WEIGHTS.items()]
+    while rec.counts.operations < n_ops:
+        getattr(work, work.rng.choices(kinds, weights)[0])()
+    return rec
 
-    def take(pages: list[int]) -> tuple[tuple[int, ...], ...] | None:
-        quote = chain.price(Demand(tuple(pages)))
-        return rec.run(TakeOp(tuple(pages), "fit" if quote.fits else "refuse"))
 
+#: The workload's operation kinds -> their draw weights; one :class:`_Workload` method each.
+_WEIGHTS: dict[str, int] = {"prefill": 6, "chunk": 4, "decode": 10, "finish": 4, "slot": 1,
+                            "gate": 1, "fence": 2, "flush": 1, "probe": 1, "offload": 2,
+                            "load": 3}
+_HOST_KINDS = frozenset({"offload", "load"})  # drawn only with a host store
+
+
+class _Workload:
+    """The seeded request workload of :func:`generate_stream` over one recorder: its
+    running requests, its suspended ones (host entry id -> request) and the prefix-cache
+    unit each request locked; one method per operation kind, each drawing from ``rng`` in
+    a fixed order (the streams replay)."""
+
+    def __init__(self, chain: Chain, rec: ChainRecorder, rng: random.Random, cache: bool,
+                 host: bool) -> None:
+        self.chain, self.rec, self.rng, self.cache, self.host = chain, rec, rng, cache, host
+        self.suspended: dict[int, _Request] = {}  # host entry id -> the suspended request
+        self.locks: dict[int, int] = {}  # id(request) -> the unit it locked
+        self.requests: list[_Request] = []
+        layout = chain.layout
+        self.nb = chain.num_bands
+        self.p = layout.page_size
+        self.i_state, self.i_full = (_band_of(chain, x) for x in ("state", "full"))
+        # Every window and chunked-local band, each with its own window (band, tokens, local).
+        self.wins = [(i, b.cache_class.window or 1, b.lifetime is LifetimeClass.LOCAL)
+                     for i, b in enumerate(layout.bands)
+                     if b.lifetime in (LifetimeClass.WINDOW, LifetimeClass.LOCAL)]
+        token_bytes = sum(b.page_bytes for b in layout.bands if b.label != "state")
+        self.cap_tokens = max(4, layout.buffer_bytes // max(token_bytes, 1) * self.p // 6)
+
+    # --- the requests' pages ------------------------------------------------------------
+
+    def take(self, pages: list[int]) -> tuple[tuple[int, ...], ...] | None:
+        """A take of ``pages`` per band, its expectation from the chain's price."""
+        quote = self.chain.price(Demand(tuple(pages)))
+        return self.rec.run(TakeOp(tuple(pages), "fit" if quote.fits else "refuse"))
+
+    @staticmethod
     def win_start(tokens: int, window: int, local: bool) -> int:
+        """The first token a window (or chunked-local) band keeps after ``tokens``."""
         return tokens // window * window if local else max(0, tokens - window + 1)
 
-    def extend(req: _Request, c: int) -> bool:
+    def extend(self, req: _Request, c: int) -> bool:
+        """Grow ``req`` by ``c`` tokens (one take), then release its window tails;
+        False: the take was refused (nothing changed)."""
+        nb, p, rec = self.nb, self.p, self.rec
         pages = [0] * nb
         new_tokens = req.tokens + c
-        if i_full is not None:
-            pages[i_full] = -(-new_tokens // p) - -(-req.tokens // p)
+        if self.i_full is not None:
+            pages[self.i_full] = -(-new_tokens // p) - -(-req.tokens // p)
         want: dict[int, list[int]] = {}
-        for i_win, window, local in wins:
+        for i_win, window, local in self.wins:
             held = {t for t, _ in req.window_pages.get(i_win, [])}
-            lo = win_start(req.tokens, window, local) // p if req.tokens else 0
+            lo = self.win_start(req.tokens, window, local) // p if req.tokens else 0
             want[i_win] = [t for t in range(lo, -(-new_tokens // p)) if t not in held]
             pages[i_win] = len(want[i_win])
-        if i_state is not None and not req.pages.get(i_state):
-            pages[i_state] = 1
-        got = take(pages) if any(pages) else tuple(() for _ in range(nb))
+        if self.i_state is not None and not req.pages.get(self.i_state):
+            pages[self.i_state] = 1
+        got = self.take(pages) if any(pages) else tuple(() for _ in range(nb))
         if got is None:
             return False
         for i in range(nb):
@@ -664,8 +695,9 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
             elif got[i]:
                 req.pages.setdefault(i, []).extend(got[i])
         req.tokens = new_tokens
-        for i_win, window, local in wins:  # window-tail release after the forward
-            keep = set(range(win_start(new_tokens, window, local) // p, -(-new_tokens // p)))
+        for i_win, window, local in self.wins:  # window-tail release after the forward
+            keep = set(range(self.win_start(new_tokens, window, local) // p,
+                             -(-new_tokens // p)))
             held_pages = req.window_pages.get(i_win, [])
             old = [v for t, v in held_pages if t not in keep]
             if old:
@@ -673,17 +705,31 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
                 req.window_pages[i_win] = [(t, v) for t, v in held_pages if t in keep]
         return True
 
-    def finish(req: _Request) -> None:
-        requests.remove(req)
-        if cache:
-            unit = locks.pop(id(req), None)
-            if unit is not None and rec.cache is not None and any(
-                    u.uid == unit for u in rec.cache.units):
-                rec.run(CacheUnlockOp(unit))
-            if rng.random() < 0.5:
-                pages = [list(req.pages.get(i, [])) for i in range(nb)]
-                for band, held_pages in req.window_pages.items():
-                    pages[band] = [v for _, v in held_pages]
+    def order(self, req: _Request) -> list[list[int]]:
+        """The request's held ids per band, in a fixed order (full/state as taken, window
+        pages oldest first) - the order a load-back's grant maps back onto."""
+        pages = [list(req.pages.get(i, [])) for i in range(self.nb)]
+        for band, held_pages in req.window_pages.items():
+            pages[band] = [v for _, v in held_pages]
+        return pages
+
+    def unlock(self, req: _Request) -> None:
+        """Drop the prefix-cache lock ``req`` holds, if its unit is still cached."""
+        rec = self.rec
+        unit = self.locks.pop(id(req), None)
+        if unit is not None and rec.cache is not None and any(
+                u.uid == unit for u in rec.cache.units):
+            rec.run(CacheUnlockOp(unit))
+
+    def end(self, req: _Request) -> None:
+        """``req`` finishes: with a cache, half the time its pages become one cached unit;
+        else every page is released."""
+        self.requests.remove(req)
+        rec = self.rec
+        if self.cache:
+            self.unlock(req)
+            if self.rng.random() < 0.5:
+                pages = self.order(req)
                 if any(pages):
                     rec.run(CacheInsertOp(tuple(tuple(p) for p in pages)))
                 return
@@ -694,18 +740,11 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
             if held_pages:
                 rec.release(i_win, [v for _, v in held_pages])
 
-    def order(req: _Request) -> list[list[int]]:
-        """The request's held ids per band, in a fixed order (full/state as taken, window
-        pages oldest first) - the order a load-back's grant maps back onto."""
-        pages = [list(req.pages.get(i, [])) for i in range(nb)]
-        for band, held_pages in req.window_pages.items():
-            pages[band] = [v for _, v in held_pages]
-        return pages
-
-    def offload(req: _Request) -> bool:
+    def suspend(self, req: _Request) -> bool:
         """Suspend ``req`` to host (evicting LRU entries for room); False: not offloaded."""
+        rec = self.rec
         assert rec.host is not None
-        pages = order(req)
+        pages = self.order(req)
         counts = tuple(len(x) for x in pages)
         if not any(counts) or any(n > pool.slots for n, pool in
                                   zip(counts, rec.host.pools, strict=True)):
@@ -715,96 +754,132 @@ def generate_stream(chain: Chain, n_ops: int, seed: int, *,
                 break
             rec.run(HostEvictOp())
             if rec.last_evicted is not None:
-                suspended.pop(rec.last_evicted, None)
+                self.suspended.pop(rec.last_evicted, None)
         if not rec.host.fits(counts):
             return False
-        if cache:
-            unit = locks.pop(id(req), None)
-            if unit is not None and rec.cache is not None and any(
-                    u.uid == unit for u in rec.cache.units):
-                rec.run(CacheUnlockOp(unit))
+        if self.cache:
+            self.unlock(req)
         before = rec.last_offload
         rec.run(HostOffloadOp(tuple(tuple(x) for x in pages)))
         if rec.last_offload is None or rec.last_offload == before:
             return False  # (a violation was counted)
-        requests.remove(req)
-        suspended[rec.last_offload] = req
+        self.requests.remove(req)
+        self.suspended[rec.last_offload] = req
         return True
 
-    def load(uid: int) -> None:
+    def resume(self, uid: int) -> None:
         """Resume the suspended request of entry ``uid`` by a priced load-back."""
+        rec = self.rec
         assert rec.host is not None
-        req = suspended[uid]
+        req = self.suspended[uid]
         counts = rec.host.entry(uid).counts
-        quote = chain.price(Demand(counts))
+        quote = self.chain.price(Demand(counts))
         got = rec.run(HostLoadOp(uid, "fit" if quote.fits else "refuse"))
         if got is None:
             return
-        del suspended[uid]
-        for i in range(nb):
+        del self.suspended[uid]
+        for i in range(self.nb):
             if i in req.window_pages:
                 req.window_pages[i] = [(t, v) for (t, _), v in
                                        zip(req.window_pages[i], got[i], strict=False)]
             elif i in req.pages:
                 req.pages[i] = list(got[i])
-        requests.append(req)
+        self.requests.append(req)
 
-    kinds = ["prefill", "chunk", "decode", "decode", "finish", "slot", "gate", "fence",
-             "flush", "probe", "offload", "load"]
-    weights = [6, 4, 10, 0, 4, 1, 1, 2, 1, 1, 2 if host else 0, 3 if host else 0]
-    while rec.counts.operations < n_ops:
-        kind = rng.choices(kinds, weights)[0]
-        if kind == "prefill" or (kind in ("chunk", "decode", "finish") and not requests):
-            req = _Request(0, {}, {})
-            requests.append(req)
-            if cache and rec.cache is not None and rec.cache.units and rng.random() < 0.3:
-                uid = rng.choice(rec.cache.units).uid  # a hit locks before pricing
-                rec.run(CacheLockOp(uid))
-                locks[id(req)] = uid
-            if not extend(req, rng.randint(1, cap_tokens)):
-                finish(req) if cache else requests.remove(req)
-        elif kind in ("chunk", "decode"):
-            req = rng.choice(requests)
-            grew = extend(req, 1 if kind == "decode" else rng.randint(1, 2 * p))
-            if not grew and not (host and rng.random() < 0.7 and offload(req)):
-                finish(req)  # refused: suspended to host, or finished (retracted)
-        elif kind == "offload":
-            if requests:
-                offload(rng.choice(requests))
-        elif kind == "load":
-            if suspended:
-                load(min(suspended))
-        elif kind == "finish":
-            finish(rng.choice(requests))
-        elif kind == "slot" and i_state is not None:
-            if requests and rng.random() < 0.5:
-                req = rng.choice(requests)
-                slots = req.pages.get(i_state, [])
-                if len(slots) > 1:
-                    rec.release(i_state, [slots.pop()])
-                else:
-                    pages = [0] * nb
-                    pages[i_state] = 1
-                    got = take(pages)
-                    if got is not None:
-                        req.pages.setdefault(i_state, []).extend(got[i_state])
-        elif kind == "gate":
-            rec.run(GateOp(not chain.gate.open if rng.random() < 0.7 else True,
-                           realize_moves=rng.random() < 0.5))
-        elif kind == "fence":
-            rec.run(FenceHoldOp() if rng.random() < 0.5 else FenceCompleteOp())
-        elif kind == "flush":
-            rec.run(FlushOp())
-        elif kind == "probe":
-            unit = [rng.randint(0, 1) for _ in range(nb)]
-            if not any(unit):
-                unit[rng.randrange(nb)] = 1
-            n = max_units(chain.snapshot(), Demand(tuple(unit)))
-            got = take([(n + 1) * u for u in unit])  # just past capacity: refused
-            if n and rng.random() < 0.5:
-                got = take([n * u for u in unit])  # at capacity: fits
-                if got is not None:
-                    for i in range(nb):
-                        if got[i]:
-                            rec.release(i, list(got[i]))
-    return rec
+    # --- the operation kinds (one draw of the stream each) -------------------------------
+
+    def prefill(self) -> None:
+        """A new request: maybe a cache hit (a lock), then its prompt in one take."""
+        rng, rec = self.rng, self.rec
+        req = _Request(0, {}, {})
+        self.requests.append(req)
+        if self.cache and rec.cache is not None and rec.cache.units and rng.random() < 0.3:
+            uid = rng.choice(rec.cache.units).uid  # a hit locks before pricing
+            rec.run(CacheLockOp(uid))
+            self.locks[id(req)] = uid
+        if not self.extend(req, rng.randint(1, self.cap_tokens)):
+            if self.cache:
+                self.end(req)
+            else:
+                self.requests.remove(req)
+
+    def _grow(self, decode: bool) -> None:
+        if not self.requests:
+            self.prefill()
+            return
+        rng = self.rng
+        req = rng.choice(self.requests)
+        grew = self.extend(req, 1 if decode else rng.randint(1, 2 * self.p))
+        if not grew and not (self.host and rng.random() < 0.7 and self.suspend(req)):
+            self.end(req)  # refused: suspended to host, or finished (retracted)
+
+    def chunk(self) -> None:
+        """A running request's prefill chunk of 1..2P tokens (no request: a prefill)."""
+        self._grow(decode=False)
+
+    def decode(self) -> None:
+        """A running request's decode token (no request: a prefill)."""
+        self._grow(decode=True)
+
+    def finish(self) -> None:
+        """A running request finishes (no request: a prefill)."""
+        if not self.requests:
+            self.prefill()
+            return
+        self.end(self.rng.choice(self.requests))
+
+    def offload(self) -> None:
+        """A running request is suspended to host."""
+        if self.requests:
+            self.suspend(self.rng.choice(self.requests))
+
+    def load(self) -> None:
+        """The oldest suspended request is loaded back."""
+        if self.suspended:
+            self.resume(min(self.suspended))
+
+    def slot(self) -> None:
+        """Half the time, a request drops its extra state slot or takes one."""
+        i_state, rng = self.i_state, self.rng
+        if i_state is None or not (self.requests and rng.random() < 0.5):
+            return
+        req = rng.choice(self.requests)
+        slots = req.pages.get(i_state, [])
+        if len(slots) > 1:
+            self.rec.release(i_state, [slots.pop()])
+            return
+        pages = [0] * self.nb
+        pages[i_state] = 1
+        got = self.take(pages)
+        if got is not None:
+            req.pages.setdefault(i_state, []).extend(got[i_state])
+
+    def gate(self) -> None:
+        """The move gate toggles (or opens), realizing moves half the time."""
+        rng = self.rng
+        self.rec.run(GateOp(not self.chain.gate.open if rng.random() < 0.7 else True,
+                            realize_moves=rng.random() < 0.5))
+
+    def fence(self) -> None:
+        """A fence is held, or the held one completes."""
+        self.rec.run(FenceHoldOp() if self.rng.random() < 0.5 else FenceCompleteOp())
+
+    def flush(self) -> None:
+        """The idle flush runs."""
+        self.rec.run(FlushOp())
+
+    def probe(self) -> None:
+        """Takes of a random unit just past capacity (refused) and, half the time, at it
+        (fits; released at once)."""
+        rng, nb = self.rng, self.nb
+        unit = [rng.randint(0, 1) for _ in range(nb)]
+        if not any(unit):
+            unit[rng.randrange(nb)] = 1
+        n = max_units(self.chain.snapshot(), Demand(tuple(unit)))
+        self.take([(n + 1) * u for u in unit])  # just past capacity: refused
+        if n and rng.random() < 0.5:
+            got = self.take([n * u for u in unit])  # at capacity: fits
+            if got is not None:
+                for i in range(nb):
+                    if got[i]:
+                        self.rec.release(i, list(got[i]))
