@@ -11,6 +11,7 @@ per configuration (:func:`kvchain.sim.sweep.bisect_rate`).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,7 +34,9 @@ from kvchain.report.sweep import (
 )
 from kvchain.sim.sweep import (
     AXES,
+    SLO,
     SweepGrid,
+    SweepPoint,
     check_search_bounds,
     gpus_needed,
     load_grid_file,
@@ -157,52 +160,108 @@ def sweep_command(
                "managers": _split(managers, "managers")}
         data.update({k: v for k, v in cli.items() if v is not None})
         data.update(given.typed_values())
-        sweep_grid = SweepGrid.from_mapping(data)
-        points = sweep_grid.points()
-        n_workers = default_workers() if workers is None else workers
-        if n_workers < 1:
-            raise ConfigError(f"--workers must be >= 1, got {n_workers}")
-        slo_spec = parse_slo(slo) if slo is not None else None
-        for flag, value in (("--target-rate", target_rate), ("--slo-range", slo_range),
-                            ("--slo-tol", slo_tol)):
-            if value is not None and slo_spec is None:
-                raise ConfigError(f"{flag} needs --slo")
-        if target_rate is not None:
-            gpus_needed(target_rate, None, 1)  # validates the target
-        lo, hi = _range(SLO_RANGE if slo_range is None else slo_range)
-        tol = SLO_TOL if slo_tol is None else slo_tol
-        check_search_bounds(lo, hi, tol)  # before the out folder or any line of output
-        if ray or ray_address is not None:
-            require_ray()  # before the out folder is touched or a finished sweep cleared
-        # Validate every configuration here (unknown model/GPU/trace) before any run, and
-        # collect the options a configuration cannot act on (the cache off on its chain).
-        inert: dict[str, list[str]] = {}
-        for p in {p.config_key(): p for p in points}.values():
-            config = point_config(p)
-            layout = config.layout()
-            config.check_cache(layout)  # e.g. the cache on for a keyless trace
-            for message in inert_warnings(p.run_options(), given, config.cache_on(layout),
-                                          layout):
-                inert.setdefault(message, []).append(f"{p.model}/{p.trace}")
+        plan = _plan(data, given, workers, slo, target_rate, slo_range, slo_tol,
+                     ray or ray_address is not None)
         prepare_out_dir(out)
     except KVChainError as exc:
         fail(exc)
-    for message, where in inert.items():
+    for message, where in plan.inert.items():
         warn(f"{message} ({', '.join(dict.fromkeys(where))})")
-    chosen = sweep_defaults_note(data, sweep_grid, slo_spec is not None)
+    chosen = sweep_defaults_note(data, plan.grid, plan.slo is not None)
     if chosen:
         note(chosen)
-
-    use_ray = ray or ray_address is not None
-    if slo_spec is not None:
-        tasks: list[Any] = slo_tasks(points, slo_spec, lo, hi, tol)
-        fn: Any = run_slo_search
-        jsonl = out / "slo.jsonl"
+    jsonl = out / ("slo.jsonl" if plan.slo is not None else "sweep.jsonl")
+    rows, ran, wall = _run(plan, jsonl, resume, ray or ray_address is not None,
+                           ray_address, console)
+    if plan.slo is not None:
+        for row in rows:
+            if target_rate is not None:
+                row["target_rate_rps"] = target_rate
+                row["gpus_needed"] = gpus_needed(target_rate, row.get("max_rate_rps"),
+                                                 int(row["tp"]))
+        written = write_table(rows, out / "slo.csv")
+        print_whole(console, slo_table(rows, target_rate))
+        console.print(f"bisection to {plan.tol:.1%} relative on rate scales "
+                      f"[{plan.lo:g}, {plan.hi:g}]")
     else:
-        tasks = points
-        fn = run_point
-        jsonl = out / "sweep.jsonl"
-    keys = [t.point.config_key() if slo_spec is not None else t.key() for t in tasks]
+        written = write_table(rows, out / "sweep.csv")
+        print_whole(console, sweep_table(rows))
+        if plots:
+            written += plot_rows(rows, out)
+    console.print(f"{ran} run in {wall:,.1f} s of wall time; wrote "
+                  + ", ".join(p.name for p in [jsonl, *written]))
+
+
+@dataclass(frozen=True)
+class _SweepPlan:
+    """A checked sweep, before any run: the grid and its points, the local workers, the
+    SLO search's targets and bounds (``slo`` None: a plain grid), and the warnings of
+    options a configuration cannot act on (message -> ``model/trace`` of each)."""
+
+    grid: SweepGrid
+    points: list[SweepPoint]
+    workers: int
+    slo: SLO | None
+    lo: float
+    hi: float
+    tol: float
+    inert: dict[str, list[str]]
+
+
+def _plan(data: dict[str, Any], given: GivenOptions, workers: int | None, slo: str | None,
+          target_rate: float | None, slo_range: str | None, slo_tol: float | None,
+          use_ray: bool) -> _SweepPlan:
+    """Check the whole sweep before any run or any line of output: the grid (``data``:
+    the grid file's keys under the options given), the workers, the SLO flags (each
+    needs ``--slo``), Ray when asked for, and every configuration (unknown model, GPU or
+    trace; the cache on for a keyless trace).
+
+    Raises:
+        ConfigError and subclasses: the first of the above that fails;
+            RayUnavailableError: Ray asked for and not installed.
+    """
+    grid = SweepGrid.from_mapping(data)
+    points = grid.points()
+    n_workers = default_workers() if workers is None else workers
+    if n_workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {n_workers}")
+    slo_spec = parse_slo(slo) if slo is not None else None
+    for flag, value in (("--target-rate", target_rate), ("--slo-range", slo_range),
+                        ("--slo-tol", slo_tol)):
+        if value is not None and slo_spec is None:
+            raise ConfigError(f"{flag} needs --slo")
+    if target_rate is not None:
+        gpus_needed(target_rate, None, 1)  # validates the target
+    lo, hi = _range(SLO_RANGE if slo_range is None else slo_range)
+    tol = SLO_TOL if slo_tol is None else slo_tol
+    check_search_bounds(lo, hi, tol)
+    if use_ray:
+        require_ray()  # before the out folder is touched or a finished sweep cleared
+    inert: dict[str, list[str]] = {}
+    for p in {p.config_key(): p for p in points}.values():
+        config = point_config(p)
+        layout = config.layout()
+        config.check_cache(layout)  # e.g. the cache on for a keyless trace
+        for message in inert_warnings(p.run_options(), given, config.cache_on(layout),
+                                      layout):
+            inert.setdefault(message, []).append(f"{p.model}/{p.trace}")
+    return _SweepPlan(grid, points, n_workers, slo_spec, lo, hi, tol, inert)
+
+
+def _run(plan: _SweepPlan, jsonl: Path, resume: bool, use_ray: bool,
+         ray_address: str | None, console: Console) -> tuple[list[dict[str, Any]], int, float]:
+    """Run the plan's points (or its SLO searches) not already in ``jsonl`` (with
+    ``resume``; without it the file is replaced), each row appended as it finishes, on
+    Ray or the local workers with a progress bar. Returns every row in the plan's order,
+    the number run and their wall time (s). Exits (:func:`fail` / :func:`stopped`) on an
+    unreadable ``jsonl``, Ray unavailable, or a run that stops."""
+    if plan.slo is not None:
+        tasks: list[Any] = slo_tasks(plan.points, plan.slo, plan.lo, plan.hi, plan.tol)
+        fn: Any = run_slo_search
+        keys = [t.point.config_key() for t in tasks]
+    else:
+        tasks, fn = list(plan.points), run_point
+        keys = [t.key() for t in tasks]
     try:
         done_rows = ({r.get("key"): upgrade_row(r) for r in read_rows(jsonl)}
                      if resume else {})
@@ -211,10 +270,10 @@ def sweep_command(
     if not resume and jsonl.exists():
         jsonl.unlink()
     todo = [i for i, k in enumerate(keys) if k not in done_rows]
-    console.print(f"{len(tasks)} {'searches' if slo_spec else 'points'}, {len(todo)} to run "
+    console.print(f"{len(tasks)} {'searches' if plan.slo else 'points'}, {len(todo)} to run "
                   f"({len(tasks) - len(todo)} already in {jsonl.name}) on "
                   + (f"Ray ({ray_address or 'local'})" if use_ray else
-                     f"{n_workers} local worker(s)"))
+                     f"{plan.workers} local worker(s)"))
     started = time.perf_counter()
     with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
@@ -229,29 +288,11 @@ def sweep_command(
             if use_ray:
                 new = run_ray(fn, todo_tasks, ray_address, on_done)
             else:
-                new = run_local(fn, todo_tasks, n_workers, on_done)
+                new = run_local(fn, todo_tasks, plan.workers, on_done)
         except RayUnavailableError as exc:
             fail(exc)
         except KVChainError as exc:
             stopped(exc)
-    wall = time.perf_counter() - started
     by_key = dict(done_rows)
     by_key.update(zip([keys[i] for i in todo], new, strict=True))
-    rows = [by_key[k] for k in keys]
-    if slo_spec is not None:
-        for row in rows:
-            if target_rate is not None:
-                row["target_rate_rps"] = target_rate
-                row["gpus_needed"] = gpus_needed(target_rate, row.get("max_rate_rps"),
-                                                 int(row["tp"]))
-        written = write_table(rows, out / "slo.csv")
-        print_whole(console, slo_table(rows, target_rate))
-        console.print(f"bisection to {tol:.1%} relative on rate scales "
-                      f"[{lo:g}, {hi:g}]")
-    else:
-        written = write_table(rows, out / "sweep.csv")
-        print_whole(console, sweep_table(rows))
-        if plots:
-            written += plot_rows(rows, out)
-    console.print(f"{len(todo)} run in {wall:,.1f} s of wall time; wrote "
-                  + ", ".join(p.name for p in [jsonl, *written]))
+    return [by_key[k] for k in keys], len(todo), time.perf_counter() - started
