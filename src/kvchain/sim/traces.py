@@ -900,54 +900,16 @@ def load_trace(
         raise ConfigError(f"block_tokens must be >= 1, got {block_tokens!r}")
     path, bundled = _resolve(name_or_path)
     fmt = bundled.format if bundled is not None else detect_format(path)
-    if fmt is TraceFormat.GENERIC:
-        rows, clamped = _read_generic(path, block_tokens)
-    else:
-        if fmt is TraceFormat.MOONCAKE and block_tokens != MOONCAKE_BLOCK_TOKENS:
-            raise ConfigError(f"Mooncake hash_ids blocks are {MOONCAKE_BLOCK_TOKENS} tokens; "
-                              f"block_tokens {block_tokens} applies to generic traces only")
-        rows, clamped = _READERS[fmt](path)
+    if fmt is TraceFormat.MOONCAKE and block_tokens != MOONCAKE_BLOCK_TOKENS:
+        raise ConfigError(f"Mooncake hash_ids blocks are {MOONCAKE_BLOCK_TOKENS} tokens; "
+                          f"block_tokens {block_tokens} applies to generic traces only")
+    rows, clamped = (_read_generic(path, block_tokens) if fmt is TraceFormat.GENERIC
+                     else _READERS[fmt](path))
     name = bundled.name if bundled is not None else path.stem
     if not rows:
         raise TraceError(f"{path}: trace has no data rows")
-
-    if fmt is TraceFormat.SHAREGPT_LENGTHS:
-        arrivals = poisson_arrivals_s(
-            len(rows), rate=DEFAULT_POISSON_RATE_RPS if rate is None else rate, seed=seed
-        )
-        ordered = rows
-        arrival_s = arrivals.tolist()
-    else:
-        if rate is not None:
-            raise ConfigError(
-                f"trace {name!r} has arrival times; rate applies only to traces without "
-                "them (use rate_scale to speed it up or slow it down)"
-            )
-        times = [r.arrival_ns for r in rows]
-        if any(t is None for t in times):
-            raise TraceError(f"{path}: a row without an arrival time")
-        stamped = sorted(((t, r) for t, r in zip(times, rows, strict=True) if t is not None),
-                         key=lambda tr: tr[0])  # stable: ties keep file order
-        ordered = [r for _, r in stamped]
-        origin = stamped[0][0]
-        arrival_s = [(t - origin) / _NS_PER_S for t, _ in stamped]
-
-    requests: list[TraceRequest] = []
-    for row, t in zip(ordered, arrival_s, strict=True):
-        if t < start_s or (end_s is not None and t >= end_s):
-            continue
-        if first is not None and len(requests) >= first:
-            break
-        requests.append(
-            TraceRequest(
-                request_id=row.row_index,
-                arrival_s=(t - start_s) / rate_scale,
-                prompt_tokens=row.prompt_tokens,
-                output_tokens=row.output_tokens,
-                prefix_block_ids=row.prefix_block_ids,
-                max_tokens=row.max_tokens,
-            )
-        )
+    ordered, arrival_s = _arrivals(rows, fmt, rate, seed, name, path)
+    requests = _cut(ordered, arrival_s, first, start_s, end_s, rate_scale)
     if not requests:
         raise ConfigError(
             f"trace {name!r}: the window [{start_s}, {end_s}) s holds no request "
@@ -965,3 +927,56 @@ def load_trace(
         zero_output_rows=clamped,
         block_tokens=block_tokens,
     )
+
+
+def _arrivals(rows: list[_Row], fmt: TraceFormat, rate: float | None, seed: int,
+              name: str, path: Path) -> tuple[list[_Row], list[float]]:
+    """The rows in arrival order and their arrival times (s, the first at 0): the file's
+    times (sorted stably: ties keep file order), or for ShareGPT lengths a Poisson process
+    at ``rate`` (default :data:`DEFAULT_POISSON_RATE_RPS`) with ``seed``, in file order.
+
+    Raises:
+        ConfigError: ``rate`` given for a trace with arrival times.
+        TraceError: a row without an arrival time.
+    """
+    if fmt is TraceFormat.SHAREGPT_LENGTHS:
+        arrivals = poisson_arrivals_s(
+            len(rows), rate=DEFAULT_POISSON_RATE_RPS if rate is None else rate, seed=seed
+        )
+        return rows, arrivals.tolist()
+    if rate is not None:
+        raise ConfigError(
+            f"trace {name!r} has arrival times; rate applies only to traces without "
+            "them (use rate_scale to speed it up or slow it down)"
+        )
+    times = [r.arrival_ns for r in rows]
+    if any(t is None for t in times):
+        raise TraceError(f"{path}: a row without an arrival time")
+    stamped = sorted(((t, r) for t, r in zip(times, rows, strict=True) if t is not None),
+                     key=lambda tr: tr[0])  # stable: ties keep file order
+    origin = stamped[0][0]
+    return [r for _, r in stamped], [(t - origin) / _NS_PER_S for t, _ in stamped]
+
+
+def _cut(ordered: list[_Row], arrival_s: list[float], first: int | None, start_s: float,
+         end_s: float | None, rate_scale: float) -> list[TraceRequest]:
+    """The requests of ``ordered`` (arrival times ``arrival_s``, s) in the window
+    ``[start_s, end_s)`` moved to start at 0, at most ``first`` of them, their times divided
+    by ``rate_scale``."""
+    requests: list[TraceRequest] = []
+    for row, t in zip(ordered, arrival_s, strict=True):
+        if t < start_s or (end_s is not None and t >= end_s):
+            continue
+        if first is not None and len(requests) >= first:
+            break
+        requests.append(
+            TraceRequest(
+                request_id=row.row_index,
+                arrival_s=(t - start_s) / rate_scale,
+                prompt_tokens=row.prompt_tokens,
+                output_tokens=row.output_tokens,
+                prefix_block_ids=row.prefix_block_ids,
+                max_tokens=row.max_tokens,
+            )
+        )
+    return requests
