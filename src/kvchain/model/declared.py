@@ -143,16 +143,56 @@ def declare_model(
     for label, tokens in (("window_tokens", window_tokens), ("chunk_tokens", chunk_tokens)):
         if tokens is not None:
             declared_count(label, tokens, positive=True)
-    for kind, nbytes, tokens, tokens_name in (("window", window, window_tokens, "window_tokens"),
-                                              ("local", local, chunk_tokens, "chunk_tokens")):
+    specs = _declared_classes(name, state, (window, window_tokens), (local, chunk_tokens),
+                              full, windows, locals_)
+    layers = tuple(
+        declared_layer(i, lifetime, nbytes, tokens)
+        for i, (lifetime, nbytes, tokens) in enumerate(s for s in specs if s[1] > 0)
+    )
+    if not layers:
+        raise ConfigError(f"declared model {name!r} has no class (all byte counts are 0)")
+    return ModelSpec(
+        name=name,
+        layers=layers,
+        num_layers=len(layers),
+        hidden_size=hidden_size,
+        num_attention_heads=num_attention_heads,
+        total_params=total_params,
+        active_params=active_params,
+        weight_bytes=weight_bytes,
+        tp=1,
+        source=source,
+    )
+
+
+def _declared_classes(name: str, state: int, window: tuple[int, int | None],
+                      local: tuple[int, int | None], full: int,
+                      windows: Sequence[tuple[int, int]], locals_: Sequence[tuple[int, int]]
+                      ) -> list[tuple[LifetimeClass, int, int | None]]:
+    """:func:`declare_model`'s classes in layer order, ``(lifetime, bytes, tokens)`` each
+    (``tokens``: the window or chunk; ``None`` for state and full; a class of 0 bytes is
+    left out by the caller): state, the first window class, the first local class (each
+    ``(bytes, tokens)``, their counts already checked), full, then ``windows`` and
+    ``locals_``.
+
+    Raises:
+        ConfigError: as :func:`declare_model`, for the window and local classes: bytes
+            without tokens or the reverse, an extra class that is not a positive
+            ``(bytes, tokens)`` pair, two classes of one lifetime and size.
+    """
+    window_bytes, window_tokens = window
+    local_bytes, chunk_tokens = local
+    for kind, nbytes, tokens, tokens_name in (
+            ("window", window_bytes, window_tokens, "window_tokens"),
+            ("local", local_bytes, chunk_tokens, "chunk_tokens")):
         if (nbytes > 0) != (tokens is not None):
             missing = tokens_name if nbytes > 0 else kind
             raise ConfigError(f"declared model {name!r} lacks {missing!r}: declare {kind} "
                               f"bytes and {tokens_name} together (or neither)")
-    specs = [
+    specs: list[tuple[LifetimeClass, int, int | None]] = [
         (LifetimeClass.STATE, state, None),
-        (LifetimeClass.WINDOW, window, window_tokens),
-        (LifetimeClass.LOCAL, local, chunk_tokens),
+        (LifetimeClass.WINDOW, window_bytes, window_tokens),
+        (LifetimeClass.LOCAL, local_bytes, chunk_tokens),
         (LifetimeClass.FULL, full, None),
     ]
     for lifetime, extra in ((LifetimeClass.WINDOW, windows), (LifetimeClass.LOCAL, locals_)):
@@ -173,21 +213,4 @@ def declare_model(
     if len(set(sizes)) != len(sizes):
         raise ConfigError(f"declared model {name!r}: two classes of one lifetime and size "
                           f"{sorted(f'{lt}/{w}' for lt, w in sizes)}")
-    layers = tuple(
-        declared_layer(i, lifetime, nbytes, tokens)
-        for i, (lifetime, nbytes, tokens) in enumerate(s for s in specs if s[1] > 0)
-    )
-    if not layers:
-        raise ConfigError(f"declared model {name!r} has no class (all byte counts are 0)")
-    return ModelSpec(
-        name=name,
-        layers=layers,
-        num_layers=len(layers),
-        hidden_size=hidden_size,
-        num_attention_heads=num_attention_heads,
-        total_params=total_params,
-        active_params=active_params,
-        weight_bytes=weight_bytes,
-        tp=1,
-        source=source,
-    )
+    return specs
