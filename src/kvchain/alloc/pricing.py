@@ -114,46 +114,80 @@ def apply_action(snapshot: ChainSnapshot, action: Action) -> ChainSnapshot:
             raise PlanMismatchError(f"UseHoles({action.pages}) on a band with {band.holes} holes")
         new = _band(band, band.lo, band.hi, band.live + action.pages, band.holes - action.pages)
     elif isinstance(action, Extend):
-        k = action.pages
-        _check_side(band, action.side)
-        if k <= 0 or band.span + k > band.cap:
-            raise PlanMismatchError(f"Extend({k}) past the index cap {band.cap}")
-        if action.side is Side.HIGH:
-            new = _band(band, band.lo, band.hi + k * band.page_bytes, band.live + k, band.holes)
-            if new.hi > high_limit:
-                raise PlanMismatchError(f"Extend({k}) of {band.label} runs into byte {high_limit}")
-        else:
-            new = _band(band, band.lo - k * band.page_bytes, band.hi, band.live + k, band.holes)
-            if new.lo < low_limit:
-                raise PlanMismatchError(f"Extend({k}) of {band.label} runs into byte {low_limit}")
+        new = _extended(band, action, low_limit, high_limit)
     elif isinstance(action, Compact):
-        k = action.pages
-        _check_side(band, action.side)
-        if not 0 < k <= band.holes:
-            raise PlanMismatchError(f"Compact({k}) on a band with {band.holes} holes")
-        if not band.movable:
-            raise PlanMismatchError(f"Compact on {band.label} while its move gate is closed")
-        if action.side is Side.HIGH:
-            new = _band(band, band.lo, band.hi - k * band.page_bytes, band.live, band.holes - k)
-        else:
-            new = _band(band, band.lo + k * band.page_bytes, band.hi, band.live, band.holes - k)
+        new = _compacted(band, action)
     elif isinstance(action, Relocate):
-        p = band.page_bytes
-        if band.anchor is not Anchor.FLOAT:
-            raise PlanMismatchError(f"Relocate of the {band.anchor} band {band.label}")
-        if action.lo % p:
-            raise PlanMismatchError(f"Relocate to byte {action.lo}, off the {p}-byte grid")
-        if band.live and not band.movable:
-            raise PlanMismatchError(f"Relocate of {band.label} while its move gate is closed")
-        new = _band(band, action.lo, action.lo + band.live * p, band.live, 0)
-        if new.lo < low_limit or new.hi > high_limit:
-            raise PlanMismatchError(f"Relocate to [{new.lo}, {new.hi}) outside its gaps")
+        new = _relocated(band, action, low_limit, high_limit)
     else:  # pragma: no cover - exhaustive over Action
         raise PlanMismatchError(f"unknown action {action!r}")
     bands = list(snapshot.bands)
     bands[i] = new
     return ChainSnapshot(snapshot.buffer_bytes, tuple(bands), snapshot.epoch,
                          snapshot.evictable)
+
+
+def _extended(band: BandSnapshot, action: Extend, low_limit: int, high_limit: int
+              ) -> BandSnapshot:
+    """``band`` after ``action``: ``k`` new pages at its high or low end, within the index
+    cap and the bytes ``[low_limit, high_limit)`` its neighbours leave.
+
+    Raises:
+        PlanMismatchError: a side the band cannot grow on, ``k <= 0``, past the cap, or
+            onto a neighbour's bytes.
+    """
+    k = action.pages
+    _check_side(band, action.side)
+    if k <= 0 or band.span + k > band.cap:
+        raise PlanMismatchError(f"Extend({k}) past the index cap {band.cap}")
+    if action.side is Side.HIGH:
+        new = _band(band, band.lo, band.hi + k * band.page_bytes, band.live + k, band.holes)
+        if new.hi > high_limit:
+            raise PlanMismatchError(f"Extend({k}) of {band.label} runs into byte {high_limit}")
+    else:
+        new = _band(band, band.lo - k * band.page_bytes, band.hi, band.live + k, band.holes)
+        if new.lo < low_limit:
+            raise PlanMismatchError(f"Extend({k}) of {band.label} runs into byte {low_limit}")
+    return new
+
+
+def _compacted(band: BandSnapshot, action: Compact) -> BandSnapshot:
+    """``band`` after ``action``: ``k`` of its holes given back at one end (its pages moved).
+
+    Raises:
+        PlanMismatchError: a wrong side, ``k`` not in ``[1, holes]``, or its gate closed.
+    """
+    k = action.pages
+    _check_side(band, action.side)
+    if not 0 < k <= band.holes:
+        raise PlanMismatchError(f"Compact({k}) on a band with {band.holes} holes")
+    if not band.movable:
+        raise PlanMismatchError(f"Compact on {band.label} while its move gate is closed")
+    if action.side is Side.HIGH:
+        return _band(band, band.lo, band.hi - k * band.page_bytes, band.live, band.holes - k)
+    return _band(band, band.lo + k * band.page_bytes, band.hi, band.live, band.holes - k)
+
+
+def _relocated(band: BandSnapshot, action: Relocate, low_limit: int, high_limit: int
+               ) -> BandSnapshot:
+    """A floating ``band`` after ``action``: its live pages packed at byte ``action.lo``,
+    inside ``[low_limit, high_limit)``.
+
+    Raises:
+        PlanMismatchError: an anchored band, a start off the page grid, a closed gate with
+            live pages, or a span outside the gaps.
+    """
+    p = band.page_bytes
+    if band.anchor is not Anchor.FLOAT:
+        raise PlanMismatchError(f"Relocate of the {band.anchor} band {band.label}")
+    if action.lo % p:
+        raise PlanMismatchError(f"Relocate to byte {action.lo}, off the {p}-byte grid")
+    if band.live and not band.movable:
+        raise PlanMismatchError(f"Relocate of {band.label} while its move gate is closed")
+    new = _band(band, action.lo, action.lo + band.live * p, band.live, 0)
+    if new.lo < low_limit or new.hi > high_limit:
+        raise PlanMismatchError(f"Relocate to [{new.lo}, {new.hi}) outside its gaps")
+    return new
 
 
 def _evicted(snapshot: ChainSnapshot, k: int) -> ChainSnapshot:
