@@ -152,66 +152,7 @@ def oracle_fits(problem: OracleProblem, demand: Demand, *,
                                                            strict=True))
     if sum(t * b.page_bytes for t, b in zip(targets, bands, strict=True)) > problem.buffer_bytes:
         return OracleVerdict(False, 0, byte_bound=True)
-    big = problem.buffer_bytes
-    movable = problem.movable
-
-    def byte_lo(i: int, st: _State) -> int:
-        return bands[i].grid_base + st[i][0] * bands[i].page_bytes
-
-    def byte_hi(i: int, st: _State) -> int:
-        return bands[i].grid_base + st[i][1] * bands[i].page_bytes
-
-    def floor_of(i: int, st: _State) -> int:
-        return byte_hi(i - 1, st) if i > 0 else 0
-
-    def ceil_of(i: int, st: _State) -> int:
-        return byte_lo(i + 1, st) if i + 1 < n else big
-
-    def successors(st: _State) -> list[_State]:
-        out: list[_State] = []
-        for i, band in enumerate(bands):
-            lo, hi, mask = st[i]
-            p = band.page_bytes
-            live = mask.bit_count()
-            holes = _span_mask(lo, hi) & ~mask
-            low_side = band.anchor is not Anchor.LOW
-            high_side = band.anchor is not Anchor.HIGH
-
-            def put(lo2: int, hi2: int, mask2: int, i: int = i) -> None:
-                out.append((*st[:i], (lo2, hi2, mask2), *st[i + 1:]))
-
-            if live < targets[i]:
-                if holes:  # use the hole nearest the anchor
-                    j = holes.bit_length() - 1 if band.anchor is Anchor.HIGH else _lowest_bit(holes)
-                    put(lo, hi, mask | (1 << j))
-                if high_side and hi < band.n_phys and byte_hi(i, st) + p <= ceil_of(i, st):
-                    put(lo, hi + 1, mask | (1 << hi))
-                if low_side and lo > 0 and byte_lo(i, st) - p >= floor_of(i, st):
-                    put(lo - 1, hi, mask | (1 << (lo - 1)))
-            if movable and hi > lo:
-                if high_side:  # compact at the high frontier
-                    top = hi - 1
-                    if not mask >> top & 1:
-                        put(lo, hi - 1, mask)
-                    elif holes:
-                        j = _lowest_bit(holes)
-                        put(lo, hi, (mask & ~(1 << top)) | (1 << j))
-                if low_side:  # compact at the low frontier
-                    if not mask >> lo & 1:
-                        put(lo + 1, hi, mask)
-                    elif holes:
-                        j = holes.bit_length() - 1
-                        put(lo, hi, (mask & ~(1 << lo)) | (1 << j))
-            if band.anchor is Anchor.FLOAT and (movable or live == 0):
-                if byte_hi(i, st) + p <= ceil_of(i, st) and hi < band.n_phys:
-                    put(lo + 1, hi + 1, mask << 1)
-                if lo > 0 and byte_lo(i, st) - p >= floor_of(i, st):
-                    put(lo - 1, hi - 1, mask >> 1)
-                if holes:
-                    put(lo, lo + live, _span_mask(lo, lo + live))
-                    put(hi - live, hi, _span_mask(hi - live, hi))
-        return out
-
+    moves = _Moves(problem, targets)
     start: _State = tuple((s.lo, s.hi, s.mask) for s in problem.start)
     seen = {start}
     stack = [start]
@@ -219,7 +160,7 @@ def oracle_fits(problem: OracleProblem, demand: Demand, *,
         st = stack.pop()
         if all(st[i][2].bit_count() == targets[i] for i in range(n)):
             return OracleVerdict(True, len(seen))
-        for nxt in reversed(successors(st)):
+        for nxt in reversed(moves.successors(st)):
             if nxt not in seen:
                 seen.add(nxt)
                 stack.append(nxt)
@@ -227,6 +168,105 @@ def oracle_fits(problem: OracleProblem, demand: Demand, *,
             raise OracleBudgetError(f"oracle visited {len(seen):,} states for demand "
                                     f"{demand.pages} without a decision")
     return OracleVerdict(False, len(seen))
+
+
+class _Moves:
+    """The primitive moves of :func:`oracle_fits` over ``problem``'s bands, toward
+    ``targets`` live pages per band: one state per arrangement ``(lo, hi, live mask)`` per
+    band; :meth:`successors` lists every state one move away, in a fixed order (the
+    search's order, hence its visited-state counts)."""
+
+    def __init__(self, problem: OracleProblem, targets: tuple[int, ...]) -> None:
+        self.bands = problem.bands
+        self.n = len(self.bands)
+        self.targets = targets
+        self.big = problem.buffer_bytes
+        self.movable = problem.movable
+
+    def byte_lo(self, i: int, st: _State) -> int:
+        return self.bands[i].grid_base + st[i][0] * self.bands[i].page_bytes
+
+    def byte_hi(self, i: int, st: _State) -> int:
+        return self.bands[i].grid_base + st[i][1] * self.bands[i].page_bytes
+
+    def floor_of(self, i: int, st: _State) -> int:
+        """The byte band ``i`` may grow down to (its lower neighbour's top)."""
+        return self.byte_hi(i - 1, st) if i > 0 else 0
+
+    def ceil_of(self, i: int, st: _State) -> int:
+        """The byte band ``i`` may grow up to (its upper neighbour's bottom)."""
+        return self.byte_lo(i + 1, st) if i + 1 < self.n else self.big
+
+    def successors(self, st: _State) -> list[_State]:
+        """Every state one move from ``st``: per band, its takes (a hole, or a new page at
+        either free end), its compactions and its shifts (a floating band)."""
+        out: list[_State] = []
+        for i in range(self.n):
+            def put(lo2: int, hi2: int, mask2: int, i: int = i) -> None:
+                out.append((*st[:i], (lo2, hi2, mask2), *st[i + 1:]))
+
+            self._takes(i, st, put)
+            self._compactions(i, st, put)
+            self._shifts(i, st, put)
+        return out
+
+    def _takes(self, i: int, st: _State, put: Callable[[int, int, int], None]) -> None:
+        """A page more for band ``i`` below its target: the hole nearest its anchor, or a
+        new page past its high or low end where the neighbour leaves room."""
+        band = self.bands[i]
+        lo, hi, mask = st[i]
+        if mask.bit_count() >= self.targets[i]:
+            return
+        p = band.page_bytes
+        holes = _span_mask(lo, hi) & ~mask
+        if holes:  # use the hole nearest the anchor
+            j = holes.bit_length() - 1 if band.anchor is Anchor.HIGH else _lowest_bit(holes)
+            put(lo, hi, mask | (1 << j))
+        if (band.anchor is not Anchor.HIGH and hi < band.n_phys
+                and self.byte_hi(i, st) + p <= self.ceil_of(i, st)):
+            put(lo, hi + 1, mask | (1 << hi))
+        if (band.anchor is not Anchor.LOW and lo > 0
+                and self.byte_lo(i, st) - p >= self.floor_of(i, st)):
+            put(lo - 1, hi, mask | (1 << (lo - 1)))
+
+    def _compactions(self, i: int, st: _State, put: Callable[[int, int, int], None]) -> None:
+        """Band ``i`` (gate open, pages held) gives back its frontier page: an empty one is
+        dropped, a live one moves into the hole farthest from that frontier."""
+        band = self.bands[i]
+        lo, hi, mask = st[i]
+        if not (self.movable and hi > lo):
+            return
+        holes = _span_mask(lo, hi) & ~mask
+        if band.anchor is not Anchor.HIGH:  # compact at the high frontier
+            top = hi - 1
+            if not mask >> top & 1:
+                put(lo, hi - 1, mask)
+            elif holes:
+                j = _lowest_bit(holes)
+                put(lo, hi, (mask & ~(1 << top)) | (1 << j))
+        if band.anchor is not Anchor.LOW:  # compact at the low frontier
+            if not mask >> lo & 1:
+                put(lo + 1, hi, mask)
+            elif holes:
+                j = holes.bit_length() - 1
+                put(lo, hi, (mask & ~(1 << lo)) | (1 << j))
+
+    def _shifts(self, i: int, st: _State, put: Callable[[int, int, int], None]) -> None:
+        """A floating band ``i`` (gate open, or empty) shifts one page up or down, or packs
+        its live pages at either end of its span."""
+        band = self.bands[i]
+        lo, hi, mask = st[i]
+        live = mask.bit_count()
+        if band.anchor is not Anchor.FLOAT or not (self.movable or live == 0):
+            return
+        p = band.page_bytes
+        if self.byte_hi(i, st) + p <= self.ceil_of(i, st) and hi < band.n_phys:
+            put(lo + 1, hi + 1, mask << 1)
+        if lo > 0 and self.byte_lo(i, st) - p >= self.floor_of(i, st):
+            put(lo - 1, hi - 1, mask >> 1)
+        if _span_mask(lo, hi) & ~mask:
+            put(lo, lo + live, _span_mask(lo, lo + live))
+            put(hi - live, hi, _span_mask(hi - live, hi))
 
 
 def oracle_least_eviction(chain: Chain, demand: Demand,
