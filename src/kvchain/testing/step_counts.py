@@ -98,47 +98,71 @@ def _wrap(fn: Callable[..., Any], depth: _Depth, on_call: Callable[..., None]
 def counting(sched: Scheduler) -> Iterator[StepCounts]:
     """Count, while the block runs, what :class:`StepCounts` says for ``sched``."""
     out = StepCounts()
+    patches = _Patches()
+    try:
+        _install(patches, sched, out)
+        yield out
+    finally:
+        patches.restore()
+
+
+class _Patches:
+    """Attributes set on objects and modules, each restored (or deleted, where it was not
+    the owner's own) by :meth:`restore`, last first."""
+
+    def __init__(self) -> None:
+        self._done: list[tuple[object, str, object]] = []
+
+    def set(self, owner: object, name: str, wrapped: object) -> None:
+        self._done.append((owner, name, owner.__dict__.get(name, _MISSING)
+                           if isinstance(owner, type) or hasattr(owner, "__dict__")
+                           else _MISSING))
+        setattr(owner, name, wrapped)
+
+    def restore(self) -> None:
+        for owner, name, old in reversed(self._done):
+            if old is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, old)
+        self._done.clear()
+
+
+def _install(patches: _Patches, sched: Scheduler, out: StepCounts) -> None:
+    """Wrap what :class:`StepCounts` counts on ``sched``, its KV manager, its chain and the
+    modules that validate or compute demands, each wrapper adding to ``out``."""
     kv, chain = sched.kv, sched.chain
     demand_depth, valid_depth = _Depth(), _Depth()
+
+    def row(rid: int, extend: int) -> None:
+        out.row_demands[(rid, extend)] = out.row_demands.get((rid, extend), 0) + 1
 
     def on_demand(rid: int, extend: int, headroom: int = 0, headroom_chunk: int = 1,
                   horizon: int = 0) -> None:
         if not headroom and not horizon:
-            out.row_demands[(rid, extend)] = out.row_demands.get((rid, extend), 0) + 1
+            row(rid, extend)
 
     def on_decode(rids: Sequence[int], drafts: int = 0) -> None:
         for rid in rids:
-            out.row_demands[(rid, 1 + drafts)] = out.row_demands.get((rid, 1 + drafts), 0) + 1
-
-    def on_admission(r: Request, chunk: int) -> None:
-        out.row_demands[(r.rid, chunk)] = out.row_demands.get((r.rid, chunk), 0) + 1
-
-    def on_pair(rid: int, extend: int, *_: Any, **__: Any) -> None:
-        out.row_demands[(rid, extend)] = out.row_demands.get((rid, extend), 0) + 1
-
-    def on_price(*_: Any, **__: Any) -> None:
-        out.price += 1
+            row(rid, 1 + drafts)
 
     def on_valid(*_: Any, **__: Any) -> None:
         out.validations += 1
 
+    def on_price(*_: Any, **__: Any) -> None:
+        out.price += 1
+
     def on_pure(*_: Any, **__: Any) -> None:
         out.demand_calls += 1
 
-    patches: list[tuple[object, str, object]] = []
-
-    def patch(owner: object, name: str, wrapped: object) -> None:
-        patches.append((owner, name, owner.__dict__.get(name, _MISSING)
-                        if isinstance(owner, type) or hasattr(owner, "__dict__")
-                        else _MISSING))
-        setattr(owner, name, wrapped)
-
+    patch = patches.set
     patch(kv, "demand", _wrap(kv.demand, demand_depth, on_demand))
     patch(kv, "decode_demands", _wrap(kv.decode_demands, demand_depth, on_decode))
     if hasattr(kv, "demand_pair"):
-        patch(kv, "demand_pair", _wrap(kv.demand_pair, demand_depth, on_pair))
+        patch(kv, "demand_pair", _wrap(kv.demand_pair, demand_depth,
+                                       lambda rid, extend, *_, **__: row(rid, extend)))
     patch(sched, "_admission_demand", _wrap(sched._admission_demand, demand_depth,
-                                            on_admission))
+                                            lambda r, chunk: row(r.rid, chunk)))
     # a running request's future (its reservation beyond this step) is not its take
     patch(sched, "_future", _wrap(sched._future, demand_depth, lambda *a, **k: None))
     patch(chain, "price", _wrap(chain.price, _Depth(), on_price))
@@ -159,14 +183,6 @@ def counting(sched: Scheduler) -> Iterator[StepCounts]:
         for name in ("request_demand", "request_demands"):
             if hasattr(mod, name):
                 patch(mod, name, _wrap(getattr(mod, name), pure_depth, on_pure))
-    try:
-        yield out
-    finally:
-        for owner, name, old in reversed(patches):
-            if old is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, old)
 
 
 _MISSING = object()
