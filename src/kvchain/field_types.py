@@ -20,7 +20,7 @@ import functools
 import types
 from dataclasses import fields
 from enum import Enum
-from typing import Any, Union, get_type_hints
+from typing import Any, TypeGuard, Union, get_type_hints
 
 import numpy as np
 
@@ -61,7 +61,7 @@ def type_problem(value: Any, kind: type) -> str | None:
     return None if isinstance(value, kind) else f"of type {kind.__name__}"
 
 
-def is_whole(value: object) -> bool:
+def is_whole(value: object) -> TypeGuard[int | np.integer]:
     """Whether ``value`` is a whole number of a count (tokens, pages, bytes, slots): a
     Python int or a NumPy integer, never a ``bool`` (``True`` would count as 1), a float
     (``16.0`` or ``1e10`` would run on as a float and ``nan`` compares False with every

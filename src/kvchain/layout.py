@@ -383,7 +383,7 @@ def _check_class_sizes(c: CacheClass) -> None:
             raise LayoutError(f"{c.lifetime} class needs bytes_per_token a whole number "
                               f"> 0, got {c.bytes_per_token!r}")
         if c.lifetime is not LifetimeClass.FULL and (
-                not is_whole(c.window) or c.window < 1):  # type: ignore[operator]
+                not is_whole(c.window) or c.window < 1):
             raise LayoutError(f"{c.lifetime} class needs a window >= 1 token (a whole "
                               f"number), got {c.window!r}")
     elif not is_whole(c.bytes_per_slot) or c.bytes_per_slot < 1:

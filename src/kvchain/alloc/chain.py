@@ -69,6 +69,7 @@ from kvchain.errors import (
     ReservedPageError,
     UnknownPageError,
 )
+from kvchain.field_types import is_whole
 from kvchain.layout import Anchor, ChainLayout
 
 # --- value objects --------------------------------------------------------------------
@@ -1059,8 +1060,7 @@ class Chain(EvictorHost):
                              self._checked_order())
 
     def _band_index(self, band: int) -> int:
-        if isinstance(band, bool) or not isinstance(band, int | np.integer) or not (
-                0 <= band < len(self._bands)):
+        if not is_whole(band) or not 0 <= band < len(self._bands):
             raise InvalidDemandError(f"band index {band!r} not in [0, {len(self._bands)})")
         return int(band)
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from kvchain.errors import BufferArgumentError
+from kvchain.field_types import is_whole
 from kvchain.layout import BandLayout
 from kvchain.model.layers import LayerCache
 
@@ -326,7 +327,7 @@ def check_page(band: BandLayout, j: Any, nbytes: int) -> int:
     Raises:
         BufferArgumentError: not an integer, or outside the grid.
     """
-    if isinstance(j, bool) or not isinstance(j, int | np.integer):
+    if not is_whole(j):
         raise BufferArgumentError(f"page index must be an integer, got {j!r}")
     j = int(j)
     check_in_grid(band, np.array([j], dtype=np.int64), grid_pages(band, nbytes), "page")

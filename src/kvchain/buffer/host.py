@@ -69,6 +69,7 @@ from kvchain.buffer.host_pool import HostPool
 from kvchain.buffer.numpy_buffer import DEFAULT_CHUNK_BYTES, NumpyBuffer, chunk_pages_for
 from kvchain.buffer.torch_buffer import CudaFence, TorchBuffer, import_torch
 from kvchain.errors import BufferArgumentError, BufferUnsupportedError
+from kvchain.field_types import is_whole
 from kvchain.layout import BandLayout, ChainLayout
 
 #: Alignment of each class's region in the host buffer (bytes): the device buffer's own
@@ -140,7 +141,7 @@ def host_regions(layout: ChainLayout, slots: Mapping[str, int]) -> tuple[HostReg
     offset = 0
     for band in layout.bands:
         n = slots.get(band.label, 0)
-        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+        if not is_whole(n) or n < 0:
             raise BufferArgumentError(f"host slots of class {band.label!r} must be a whole "
                                       f"number >= 0, got {n!r}")
         base = -(-offset // HOST_ALIGN_BYTES) * HOST_ALIGN_BYTES
@@ -319,7 +320,7 @@ class HostBuffer:
             BufferArgumentError: unknown class, a slot not held, or data of the wrong length.
         """
         region = self.region(label)
-        idx = self._pools[label].check_held(np.array([slot]) if _is_int(slot) else slot)
+        idx = self._pools[label].check_held(np.array([slot]) if is_whole(slot) else slot)
         if idx.size != 1:
             raise BufferArgumentError(f"write_slot takes one slot, got {slot!r}")
         raw = page_data(self._layout_band(label), data)
@@ -332,7 +333,7 @@ class HostBuffer:
             BufferArgumentError: unknown class or a slot not held.
         """
         region = self.region(label)
-        idx = self._pools[label].check_held(np.array([slot]) if _is_int(slot) else slot)
+        idx = self._pools[label].check_held(np.array([slot]) if is_whole(slot) else slot)
         if idx.size != 1:
             raise BufferArgumentError(f"read_slot takes one slot, got {slot!r}")
         return self._rows(region)[int(idx[0])].copy()
@@ -487,6 +488,3 @@ def _no_memory(nbytes: int, exc: BaseException) -> BufferUnsupportedError:
     return BufferUnsupportedError(f"cannot allocate a host buffer of {nbytes:,} B in this "
                                   f"machine's memory ({exc})")
 
-
-def _is_int(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | np.integer)

@@ -31,6 +31,7 @@ from kvchain.errors import (
     BufferUnsupportedError,
     HostPoolFullError,
 )
+from kvchain.field_types import is_whole
 
 
 class HostPool:
@@ -48,7 +49,7 @@ class HostPool:
     __slots__ = ("_free", "_held", "_top", "label", "slots")
 
     def __init__(self, label: str, slots: int) -> None:
-        if isinstance(slots, bool) or not isinstance(slots, int | np.integer) or slots < 0:
+        if not is_whole(slots) or slots < 0:
             raise BufferArgumentError(f"host pool {label!r} needs a whole number of slots >= 0, "
                                       f"got {slots!r}")
         self.label = label
@@ -81,7 +82,7 @@ class HostPool:
             BufferArgumentError: ``n`` negative or not an integer.
             HostPoolFullError: fewer than ``n`` slots free (nothing is taken).
         """
-        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+        if not is_whole(n) or n < 0:
             raise BufferArgumentError(f"host pool {self.label!r}: slots to allocate must be a "
                                       f"whole number >= 0, got {n!r}")
         n = int(n)

@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 
-import numpy as np
-
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import InvalidRequestError
+from kvchain.field_types import is_whole
 
 
 class ResumePolicy(StrEnum):
@@ -102,7 +101,7 @@ def resend_point(page_size: int, whole_pages: int, prompt_tokens: int) -> int:
             more pages than the prompt has), or a count that is not an int.
     """
     for name, v in (("whole_pages", whole_pages), ("prompt_tokens", prompt_tokens)):
-        if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 0:
+        if not is_whole(v) or v < 0:
             raise InvalidRequestError(f"resend_point: {name} must be an int >= 0, got {v!r}")
     if prompt_tokens < whole_pages * page_size:
         raise InvalidRequestError(f"resend_point: {whole_pages} whole pages of {page_size} "

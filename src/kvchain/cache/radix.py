@@ -80,8 +80,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-import numpy as np
-
 from kvchain.cache.audit import _check_pins
 from kvchain.cache.evict import EvictMixin
 from kvchain.cache.insert import InsertMixin
@@ -100,6 +98,7 @@ from kvchain.cache.points import (
     tail_pages,
 )
 from kvchain.errors import AuditError, InvalidRequestError
+from kvchain.field_types import is_whole
 
 __all__ = [
     "IN_USE",
@@ -180,7 +179,7 @@ class PrefixCache(InsertMixin, EvictMixin):
                 a ``prompt_tokens`` refused by :func:`resend_point`.
         """
         for name, v in (("whole_pages", whole_pages), ("hit", hit), ("matched", matched)):
-            if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 0:
+            if not is_whole(v) or v < 0:
                 raise InvalidRequestError(f"resume_points: {name} must be an int >= 0, "
                                           f"got {v!r}")
         pts = resume_points(self.geom, whole_pages, self.interval_pages, self.policy,

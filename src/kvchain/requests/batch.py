@@ -11,6 +11,7 @@ import numpy as np
 
 from kvchain.alloc.snapshot import Demand
 from kvchain.errors import InvalidDemandError
+from kvchain.field_types import is_whole
 from kvchain.requests.lookup import SlotLookup
 from kvchain.requests.plan import StepPlan
 
@@ -74,8 +75,7 @@ def check_count(value: object, what: str, low: int = 0, high: int = MAX_BATCH_TO
     Raises:
         InvalidDemandError: a bool, a float or another type, or a value out of range.
     """
-    if type(value) is not int and (isinstance(value, bool)
-                                   or not isinstance(value, int | np.integer)):
+    if type(value) is not int and not is_whole(value):
         raise InvalidDemandError(f"{what} must be an int in [{low}, {high}], got "
                                  f"{type(value).__name__} {value!r}")
     out = int(value)
@@ -92,8 +92,7 @@ def check_rid(rid: object, what: str = "") -> None:
     Raises:
         InvalidDemandError: ``rid`` is a bool or not an int (numpy integers pass).
     """
-    if type(rid) is not int and (isinstance(rid, bool)
-                                 or not isinstance(rid, int | np.integer)):
+    if type(rid) is not int and not is_whole(rid):
         raise InvalidDemandError(f"{what + ': ' if what else ''}request ids are ints, got "
                                  f"{type(rid).__name__} {rid!r}")
 
@@ -168,11 +167,11 @@ def batch_ids(batch: Sequence[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[
         pass
     for entry in batch:
         if (not isinstance(entry, tuple | list) or len(entry) != 2
-                or isinstance(entry[0], bool) or not isinstance(entry[0], int | np.integer)):
+                or not is_whole(entry[0])):
             raise InvalidDemandError(f"a batch entry is a (request id, tokens) pair of "
                                      f"ints, got {entry!r}")
         rid, extend = entry
-        if (isinstance(extend, bool) or not isinstance(extend, int | np.integer) or extend < 0
+        if (not is_whole(extend) or extend < 0
                 or extend > MAX_BATCH_TOKENS):
             raise InvalidDemandError(f"request {rid}: {extend!r} tokens (an int in [0, "
                                      f"2**62])")

@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from kvchain.alloc.snapshot import Demand
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import InvalidDemandError
+from kvchain.field_types import is_whole
 
 Spans = tuple[tuple[int, int], ...]
 
@@ -74,7 +73,7 @@ def _token_counts(*counts: object) -> tuple[int, ...]:
     """
     out = []
     for v in counts:
-        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+        if not is_whole(v):
             raise InvalidDemandError(f"token counts must be integers, got {v!r} "
                                      f"({type(v).__name__})")
         out.append(int(v))

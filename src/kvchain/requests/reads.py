@@ -13,6 +13,7 @@ import numpy as np
 from kvchain.alloc.allocator import Allocator
 from kvchain.bands.geometry import RequestGeometry
 from kvchain.errors import InvalidDemandError
+from kvchain.field_types import is_whole
 from kvchain.requests.batch import check_flag, request_ids
 from kvchain.requests.rows import Rows
 
@@ -33,8 +34,7 @@ class Reads:
 
     def _check_band(self, band: int) -> None:
         """Raises InvalidDemandError unless ``band`` is an int band index of this chain."""
-        if isinstance(band, bool) or not isinstance(band, int | np.integer) \
-                or not 0 <= band < self._geom.num_bands:
+        if not is_whole(band) or not 0 <= band < self._geom.num_bands:
             raise InvalidDemandError(f"no band {band} in this chain")
 
     def page_table(self, rid: int, band: int) -> np.ndarray:
