@@ -17,9 +17,14 @@ import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvchain.baselines import ManagerKind
 from kvchain.sim.compare import ManagerRun
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +140,77 @@ def waste_series(run: ManagerRun) -> tuple[list[float], list[float]]:
             [(p.held_bytes - p.needed_bytes) / 1e9 for p in run.series])
 
 
+def _bar_panel(ax: Axes, spread: MetricSpread, names: list[str],
+               colors: Mapping[str, str]) -> None:
+    """One metric's bars (in the metric's unit), one per manager that has a value, in run
+    order and the manager's color, labelled with their values; the best (and any within
+    0.5 % of it) outlined in black; titled with the metric and its direction."""
+    shown = [n for n in names if n in spread.values]
+    values = [spread.values[n] for n in shown]
+    bars = ax.bar(shown, values, color=[colors[n] for n in shown])
+    best = spread.best()
+    for bar, name in zip(bars, shown, strict=True):
+        if name in best:
+            bar.set_edgecolor("black")
+            bar.set_linewidth(2.0)
+    ax.bar_label(bars, labels=[spread.metric.fmt.format(v) for v in values], fontsize=8)
+    ax.set_title(f"{spread.metric.label}\n{spread.metric.direction}", fontsize=9)
+    ax.set_ylim(0, max(values) * 1.18 if max(values) > 0 else 1)
+    ax.tick_params(axis="x", labelsize=8)
+
+
+def _waste_panel(ax: Axes, drawn: Mapping[str, tuple[list[float], list[float]]],
+                 colors: Mapping[str, str]) -> None:
+    """Bytes held beyond need (GB, 1e9 B) over simulated time (s), one line per manager of
+    ``drawn`` (:func:`waste_series`), in the manager's color."""
+    for name, (t, gb) in drawn.items():
+        ax.plot(t, gb, color=colors[name], lw=1, label=name)
+    ax.set_title("GB held beyond what running requests need\nlower is better",
+                 fontsize=9)
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("GB (1e9 B)")
+    ax.legend(fontsize=7, loc="upper left", frameon=False)
+
+
+def _notes(names: list[str], differing: list[MetricSpread], equal: list[MetricSpread],
+           drawn: Mapping[str, object], cached: bool) -> list[str]:
+    """The notes under the comparison: that nothing differs (if so), the metrics every
+    manager shares with their value, the managers left out of the time panel, what the
+    prefix cache leaves undrawn, and how to read the bars."""
+    notes = []
+    if not differing:
+        notes.append("no metric differs by more than 1 % between the managers")
+    if equal:
+        notes.append("equal for every manager (within 1 %): " + "; ".join(
+            f"{s.metric.label} {s.metric.fmt.format(next(iter(s.values.values())))}"
+            for s in equal))
+    left_out = [n for n in names if n not in drawn]
+    if left_out and drawn:
+        notes.append(f"held = needed throughout (not drawn): {', '.join(left_out)}")
+    if cached:
+        notes.append("prefix cache on: bytes held over time and allocation efficiency not "
+                     "drawn (held bytes include cached prefixes, which are useful, not "
+                     "waste)")
+    notes.append("best bar outlined (with any within 0.5 % of it); U* = mean bytes needed "
+                 "/ buffer over steps with requests waiting")
+    return notes
+
+
+def _place_notes(fig: Figure, notes: list[str], width: float, title: str) -> None:
+    """Write ``notes`` (7 pt, wrapped to the figure's ``width`` in inches) under the panels
+    and ``title`` (if any) above them, and lay the panels out in the space between."""
+    # notes at 7 pt: about 17 characters per inch of width; wrapped here so the space
+    # they take is known and kept clear of the panels' labels
+    text = "\n".join(textwrap.fill(n, int(width * 17)) for n in notes)
+    height = fig.get_figheight()
+    bottom = (text.count("\n") + 1) * 7 * 1.35 / 72 + 0.15  # inches of notes
+    fig.text(0.01, 0.01, text, fontsize=7, va="bottom")
+    if title:
+        fig.suptitle(textwrap.fill(title, int(width * 9)), fontsize=11)
+    top = 1 - (0.55 if title else 0.1) / height
+    fig.tight_layout(rect=(0, bottom / height, 1, top))
+
+
 def compare_plot(runs: Mapping[ManagerKind, ManagerRun], path: Path, *,
                  title: str = "") -> Path:
     """Write the comparison's PNG to ``path`` and return it.
@@ -171,55 +247,13 @@ def compare_plot(runs: Mapping[ManagerKind, ManagerRun], path: Path, *,
     fig, grid = plt.subplots(rows, cols, figsize=(width, 3.9 * rows + 1.6), squeeze=False)
     axes = [ax for row in grid for ax in row]
     for ax, spread in zip(axes, differing, strict=False):
-        shown = [n for n in names if n in spread.values]
-        values = [spread.values[n] for n in shown]
-        bars = ax.bar(shown, values, color=[colors[n] for n in shown])
-        best = spread.best()
-        for bar, name in zip(bars, shown, strict=True):
-            if name in best:
-                bar.set_edgecolor("black")
-                bar.set_linewidth(2.0)
-        ax.bar_label(bars, labels=[spread.metric.fmt.format(v) for v in values], fontsize=8)
-        ax.set_title(f"{spread.metric.label}\n{spread.metric.direction}", fontsize=9)
-        ax.set_ylim(0, max(values) * 1.18 if max(values) > 0 else 1)
-        ax.tick_params(axis="x", labelsize=8)
+        _bar_panel(ax, spread, names, colors)
     if drawn:
-        ax = axes[len(differing)]
-        for name, (t, gb) in drawn.items():
-            ax.plot(t, gb, color=colors[name], lw=1, label=name)
-        ax.set_title("GB held beyond what running requests need\nlower is better",
-                     fontsize=9)
-        ax.set_xlabel("simulated time (s)")
-        ax.set_ylabel("GB (1e9 B)")
-        ax.legend(fontsize=7, loc="upper left", frameon=False)
+        _waste_panel(axes[len(differing)], drawn, colors)
     for ax in axes[panels:]:
         ax.set_visible(False)
-    notes = []
-    if not differing:
-        notes.append("no metric differs by more than 1 % between the managers")
-    if equal:
-        notes.append("equal for every manager (within 1 %): " + "; ".join(
-            f"{s.metric.label} {s.metric.fmt.format(next(iter(s.values.values())))}"
-            for s in equal))
-    left_out = [n for n in names if n not in drawn]
-    if left_out and drawn:
-        notes.append(f"held = needed throughout (not drawn): {', '.join(left_out)}")
-    if cached:
-        notes.append("prefix cache on: bytes held over time and allocation efficiency not "
-                     "drawn (held bytes include cached prefixes, which are useful, not "
-                     "waste)")
-    notes.append("best bar outlined (with any within 0.5 % of it); U* = mean bytes needed "
-                 "/ buffer over steps with requests waiting")
-    # notes at 7 pt: about 17 characters per inch of width; wrapped here so the space
-    # they take is known and kept clear of the panels' labels
-    text = "\n".join(textwrap.fill(n, int(width * 17)) for n in notes)
-    height = fig.get_figheight()
-    bottom = (text.count("\n") + 1) * 7 * 1.35 / 72 + 0.15  # inches of notes
-    fig.text(0.01, 0.01, text, fontsize=7, va="bottom")
-    if title:
-        fig.suptitle(textwrap.fill(title, int(width * 9)), fontsize=11)
-    top = 1 - (0.55 if title else 0.1) / height
-    fig.tight_layout(rect=(0, bottom / height, 1, top))
+    notes = _notes(names, differing, equal, drawn, cached)
+    _place_notes(fig, notes, width, title)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

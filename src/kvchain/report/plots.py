@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.artist import Artist
@@ -149,6 +150,74 @@ _LAYERS = (
 _HOLE_ALPHA = 0.14
 
 
+def _shade(color: str, alpha: float, hatch: str | None) -> dict[str, Any]:
+    """Fill keywords of one owner's shade (a band chart layer or key, a utilization area):
+    ``color`` at ``alpha``, hatched in translucent white, no outline."""
+    return {"facecolor": to_rgba(color, alpha), "edgecolor": to_rgba("white", 0.7),
+            "hatch": hatch, "linewidth": 0}
+
+
+def _draw_band(axes: Axes, times: np.ndarray, arrays: Mapping[str, np.ndarray],
+               anchor: Anchor, color: str, divisor: float) -> set[str]:
+    """Draw one band of :func:`band_chart` (``arrays`` from :func:`_band_series`, bytes;
+    drawn in ``divisor`` units): its span pale (holes), its owners' bytes stacked from
+    ``anchor`` outward, its frontiers as thin lines. Returns the owner keys it drew."""
+    lo, hi = arrays["lo"], arrays["hi"]
+    present = ~np.isnan(lo)
+    axes.fill_between(
+        times, lo / divisor, hi / divisor, where=present, step="post",
+        color=color, alpha=_HOLE_ALPHA, linewidth=0,
+    )  # fmt: skip
+    drawn: set[str] = set()
+    done = np.zeros_like(lo)  # bytes stacked so far from the anchor
+    for key, alpha, hatch, _ in _LAYERS:
+        size = np.nan_to_num(arrays[key])
+        if anchor is Anchor.HIGH:
+            y0, y1 = hi - done - size, hi - done
+        else:
+            y0, y1 = lo + done, lo + done + size
+        done = done + size
+        if not np.any(size > 0):
+            continue
+        drawn.add(key)
+        axes.fill_between(times, y0 / divisor, y1 / divisor, where=present, step="post",
+                          **_shade(color, alpha, hatch))
+    for edge in (lo, hi):  # frontiers as thin lines, so touching bands stay apart
+        axes.step(times, edge / divisor, where="post", color=color, linewidth=0.7)
+    return drawn
+
+
+def _owner_keys(drawn: set[str]) -> list[Artist]:
+    """Legend keys of the owner layers in ``drawn``, then the holes' key, in shades of gray
+    (each band draws them in its own color)."""
+    gray = "#555555"
+    keys: list[Artist] = [Patch(**_shade(gray, alpha, hatch), label=text)
+                          for key, alpha, hatch, text in _LAYERS if key in drawn]
+    keys.append(Patch(facecolor=to_rgba(gray, _HOLE_ALPHA), linewidth=0,
+                      label="holes (free pages inside a band's span)"))
+    return keys
+
+
+def _finish_band_axes(axes: Axes, times: np.ndarray, top: float,
+                      handles: list[Artist]) -> None:
+    """The band chart's frame: lines at 0 and at the buffer's end (``top``, in the y axis's
+    unit), x limits from the first step's start to the last step's end (s), the legend
+    (``handles``) and the note on shades, outside the axes on the right."""
+    axes.axhline(top, color="black", linewidth=0.8)
+    axes.axhline(0, color="black", linewidth=0.8)
+    start = float(times[0])
+    axes.set_xlim(start, float(times[-1]) if times[-1] > start else start + 1)
+    axes.margins(x=0)
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                fontsize="small", frameon=False)
+    axes.text(
+        1.01, 0.0, "white: free gap between bands\nshades (in each band's color) stack\n"
+        "byte totals from each band's anchor", transform=axes.transAxes, fontsize="small",
+        color="gray", va="bottom",
+    )  # fmt: skip
+    axes.grid(axis="y", alpha=0.25)
+
+
 # bands.png's title; ``owners`` names who holds the bytes drawn.
 _BAND_TITLE = "KV buffer over time: each band's pages by owner ({owners})"
 
@@ -195,55 +264,13 @@ def band_chart(samples: Sequence[StepSample], buffer_bytes: int, path: str | Pat
     for index, (label, arrays) in enumerate(_band_series(samples).items()):
         color = _color(label, index)
         anchor = _anchor_of(label, samples, buffer_bytes)
-        lo, hi = arrays["lo"], arrays["hi"]
-        present = ~np.isnan(lo)
-        axes.fill_between(
-            times, lo / divisor, hi / divisor, where=present, step="post",
-            color=color, alpha=_HOLE_ALPHA, linewidth=0,
-        )  # fmt: skip
-        done = np.zeros_like(lo)  # bytes stacked so far from the anchor
-        for key, alpha, hatch, _ in _LAYERS:
-            size = np.nan_to_num(arrays[key])
-            if anchor is Anchor.HIGH:
-                y0, y1 = hi - done - size, hi - done
-            else:
-                y0, y1 = lo + done, lo + done + size
-            done = done + size
-            if not np.any(size > 0):
-                continue
-            drawn.add(key)
-            axes.fill_between(
-                times, y0 / divisor, y1 / divisor, where=present, step="post",
-                facecolor=to_rgba(color, alpha), edgecolor=to_rgba("white", 0.7),
-                hatch=hatch, linewidth=0,
-            )  # fmt: skip
-        for edge in (lo, hi):  # frontiers as thin lines, so touching bands stay apart
-            axes.step(times, edge / divisor, where="post", color=color, linewidth=0.7)
+        drawn |= _draw_band(axes, times, arrays, anchor, color, divisor)
         handles.append(Patch(facecolor=to_rgba(color, 0.92),
                              label=f"{label} band ({anchor.value} anchored)"))
     if drawn - {"request"}:  # the title names the prefix cache only where it holds bytes
         axes.set_title(_BAND_TITLE.format(owners="requests, prefix cache"))
-    gray = "#555555"  # the owner keys are shades of gray: each band draws them in its color
-    for key, alpha, hatch, text in _LAYERS:
-        if key not in drawn:
-            continue
-        handles.append(Patch(facecolor=to_rgba(gray, alpha), edgecolor=to_rgba("white", 0.7),
-                             hatch=hatch, linewidth=0, label=text))
-    handles.append(Patch(facecolor=to_rgba(gray, _HOLE_ALPHA), linewidth=0,
-                         label="holes (free pages inside a band's span)"))
-    axes.axhline(buffer_bytes / divisor, color="black", linewidth=0.8)
-    axes.axhline(0, color="black", linewidth=0.8)
-    start = float(times[0])
-    axes.set_xlim(start, float(times[-1]) if times[-1] > start else start + 1)
-    axes.margins(x=0)
-    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                fontsize="small", frameon=False)
-    axes.text(
-        1.01, 0.0, "white: free gap between bands\nshades (in each band's color) stack\n"
-        "byte totals from each band's anchor", transform=axes.transAxes, fontsize="small",
-        color="gray", va="bottom",
-    )  # fmt: skip
-    axes.grid(axis="y", alpha=0.25)
+    handles.extend(_owner_keys(drawn))
+    _finish_band_axes(axes, times, buffer_bytes / divisor, handles)
     return _save(figure, path)
 
 
@@ -261,6 +288,81 @@ _SHARES = (
     ("evictable_bytes", "#8ecae6", "///", "prefix cache, evictable (eviction frees it)",
      "cache_evictable"),
 )
+
+
+def _bytes_axis(axes: Axes, buffer_bytes: int) -> None:
+    """The right axis of the utilization panel: its % of the buffer in bytes (a decimal
+    unit, :func:`_byte_unit`), labelled with the buffer's size."""
+    divisor, unit = _byte_unit(buffer_bytes)
+    scale = buffer_bytes / divisor / 100  # % of the buffer -> the byte unit
+
+    def to_bytes(percent: ArrayLike) -> ArrayLike:
+        return np.asarray(percent, dtype=np.float64) * scale
+
+    def to_percent(size: ArrayLike) -> ArrayLike:
+        return np.asarray(size, dtype=np.float64) / scale
+
+    right = axes.secondary_yaxis("right", functions=(to_bytes, to_percent))
+    right.set_ylabel(f"{unit} (buffer {buffer_bytes / divisor:,.2f} {unit})")
+
+
+def _owner_stack(axes: Axes, times: np.ndarray, samples: Sequence[StepSample],
+                 totals: StepTotals | None, cached_run: bool) -> None:
+    """The owners of the held bytes as stacked areas (% of the buffer, :data:`_SHARES`
+    order; the requests' only when ``cached_run`` is false), each legend entry with its
+    share's mean and peak when ``totals`` has them."""
+    base = np.zeros(len(times))
+    for attribute, color, hatch, text, share in _SHARES:
+        if not cached_run and attribute != "request_bytes":
+            continue
+        part = _held(np.array([100 * getattr(s, attribute) / s.buffer_bytes
+                               for s in samples]))
+        if totals is not None:
+            summary = getattr(totals, share)
+            mean = summary.mean(totals)
+            if mean is not None and summary.peak is not None:
+                text = f"{text}: {_mean_peak_text(mean, summary.peak)}"
+        axes.fill_between(times, base, base + part, step="post",
+                          **_shade(color, 0.8, hatch), label=text)
+        base = base + part
+
+
+def _held_lines(axes: Axes, times: np.ndarray, samples: Sequence[StepSample],
+                totals: StepTotals | None, cached_run: bool) -> None:
+    """Every held byte (% of the buffer, black; its mean and peak from ``totals`` when
+    given), then the needed bytes (%, dashed) when the samples carry them."""
+    held = "held (requests + cache)" if cached_run else "held (requests only)"
+    if totals is not None and totals.mean_utilization is not None \
+            and totals.peak_utilization is not None:
+        held = f"{held}: {_mean_peak_text(totals.mean_utilization, totals.peak_utilization)}"
+    axes.step(times, _held(np.array([100 * s.utilization for s in samples])), where="post",
+              color="black", linewidth=0.8, label=held)
+    if any(s.needed_bytes is not None for s in samples):
+        needed = _held(
+            np.array(
+                [
+                    np.nan if s.needed_bytes is None else 100 * s.needed_bytes / s.buffer_bytes
+                    for s in samples
+                ]
+            )
+        )
+        axes.step(
+            times, needed, where="post", color="#264653", linestyle="--",
+            label="needed (bytes the live requests need)",
+        )  # fmt: skip
+
+
+def _queue_panel(axes: Axes, times: np.ndarray, samples: Sequence[StepSample]) -> None:
+    """The running and waiting requests over time (counts, integer ticks), with a legend."""
+    running = _held(np.array([s.running for s in samples]))
+    waiting = _held(np.array([s.waiting for s in samples]))
+    axes.step(times, running, where="post", color="#2a9d8f", label="running (in the batch)")
+    axes.step(times, waiting, where="post", color="#7b5ea7", label="waiting (queued)")
+    axes.set_ylim(0, 1.1 * max(1, int(running.max()), int(waiting.max())))
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))  # request counts
+    axes.legend(loc="upper left", bbox_to_anchor=(1.08, 1.0), fontsize="small",
+                frameon=False)
+    axes.grid(alpha=0.25)
 
 
 def utilization_chart(samples: Sequence[StepSample], path: str | Path, *,
@@ -295,69 +397,18 @@ def utilization_chart(samples: Sequence[StepSample], path: str | Path, *,
     if not samples:
         _empty_note(top, "no steps recorded")
         return _save(figure, path)
-    buffer_bytes = samples[-1].buffer_bytes
-    divisor, unit = _byte_unit(buffer_bytes)
-    scale = buffer_bytes / divisor / 100  # % of the buffer -> the byte unit
-
-    def to_bytes(percent: ArrayLike) -> ArrayLike:
-        return np.asarray(percent, dtype=np.float64) * scale
-
-    def to_percent(size: ArrayLike) -> ArrayLike:
-        return np.asarray(size, dtype=np.float64) / scale
-
-    right = top.secondary_yaxis("right", functions=(to_bytes, to_percent))
-    right.set_ylabel(f"{unit} (buffer {buffer_bytes / divisor:,.2f} {unit})")
+    _bytes_axis(top, samples[-1].buffer_bytes)
     cached_run = (totals.prefix_cache if totals is not None
                   else any(s.cached_bytes for s in samples))
     times = _step_times(samples)
-    base = np.zeros(len(times))
-    for attribute, color, hatch, text, share in _SHARES:
-        if not cached_run and attribute != "request_bytes":
-            continue
-        part = _held(np.array([100 * getattr(s, attribute) / s.buffer_bytes
-                               for s in samples]))
-        if totals is not None:
-            summary = getattr(totals, share)
-            mean = summary.mean(totals)
-            if mean is not None and summary.peak is not None:
-                text = f"{text}: {_mean_peak_text(mean, summary.peak)}"
-        top.fill_between(times, base, base + part, step="post", facecolor=to_rgba(color, 0.8),
-                         edgecolor=to_rgba("white", 0.7), hatch=hatch, linewidth=0,
-                         label=text)
-        base = base + part
-    held = "held (requests + cache)" if cached_run else "held (requests only)"
-    if totals is not None and totals.mean_utilization is not None \
-            and totals.peak_utilization is not None:
-        held = f"{held}: {_mean_peak_text(totals.mean_utilization, totals.peak_utilization)}"
-    top.step(times, _held(np.array([100 * s.utilization for s in samples])), where="post",
-             color="black", linewidth=0.8, label=held)
-    if any(s.needed_bytes is not None for s in samples):
-        needed = _held(
-            np.array(
-                [
-                    np.nan if s.needed_bytes is None else 100 * s.needed_bytes / s.buffer_bytes
-                    for s in samples
-                ]
-            )
-        )
-        top.step(
-            times, needed, where="post", color="#264653", linestyle="--",
-            label="needed (bytes the live requests need)",
-        )  # fmt: skip
+    _owner_stack(top, times, samples, totals, cached_run)
+    _held_lines(top, times, samples, totals, cached_run)
     top.legend(loc="upper left", bbox_to_anchor=(1.08, 1.0), fontsize="small", frameon=False)
     if not cached_run:
         top.text(1.08, 0.0, "no prefix cache in this run:\nevery held page is a request's",
                  transform=top.transAxes, fontsize="small", color="gray", va="bottom")
     top.grid(alpha=0.25)
-    running = _held(np.array([s.running for s in samples]))
-    waiting = _held(np.array([s.waiting for s in samples]))
-    bottom.step(times, running, where="post", color="#2a9d8f", label="running (in the batch)")
-    bottom.step(times, waiting, where="post", color="#7b5ea7", label="waiting (queued)")
-    bottom.set_ylim(0, 1.1 * max(1, int(running.max()), int(waiting.max())))
-    bottom.yaxis.set_major_locator(MaxNLocator(integer=True))  # request counts
-    bottom.legend(loc="upper left", bbox_to_anchor=(1.08, 1.0), fontsize="small",
-                  frameon=False)
-    bottom.grid(alpha=0.25)
+    _queue_panel(bottom, times, samples)
     return _save(figure, path)
 
 
