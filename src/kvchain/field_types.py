@@ -67,7 +67,8 @@ def is_whole(value: object) -> TypeGuard[int | np.integer]:
     (``16.0`` or ``1e10`` would run on as a float and ``nan`` compares False with every
     bound, so range checks alone let it through) or anything else. Range checks are the
     caller's; this is the one test of the kind every count argument shares."""
-    return not isinstance(value, bool) and isinstance(value, int | np.integer)
+    return type(value) is int or (not isinstance(value, bool)
+                                  and isinstance(value, int | np.integer))
 
 
 def check_field_types(obj: Any) -> None:
