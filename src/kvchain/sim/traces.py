@@ -49,6 +49,7 @@ from types import MappingProxyType
 import numpy as np
 
 from kvchain.errors import ConfigError, DuplicateFieldError, TraceError
+from kvchain.field_types import type_problem
 from kvchain.unique_fields import unique_fields
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -828,10 +829,26 @@ def _resolve(name_or_path: str | Path) -> tuple[Path, BundledTrace | None]:
     return path, None
 
 
-def _check_options(
-    first: int | None, start_s: float, end_s: float | None, rate_scale: float
-) -> None:
-    if first is not None and (isinstance(first, bool) or first < 1):
+def _check_options(first: int | None, start_s: float, end_s: float | None,
+                   rate_scale: float, rate: float | None, seed: int, block_tokens: int
+                   ) -> None:
+    """Refuse :func:`load_trace` options of the wrong type (counts are Python ints, times
+    and rates ints or floats, never bools: :func:`~kvchain.field_types.type_problem`, as
+    :class:`~kvchain.sim.run_options.RunOptions` reads the same fields) or out of range.
+
+    Raises:
+        ConfigError: the first option that is wrong, named.
+    """
+    for name, value, kind in (("first", first, int), ("start_s", start_s, float),
+                              ("end_s", end_s, float), ("rate_scale", rate_scale, float),
+                              ("rate", rate, float), ("seed", seed, int),
+                              ("block_tokens", block_tokens, int)):
+        optional = name in ("first", "end_s", "rate")
+        problem = (None if value is None and optional else "given" if value is None
+                   else type_problem(value, kind))
+        if problem is not None:
+            raise ConfigError(f"{name} must be {problem}, got {value!r}")
+    if first is not None and first < 1:
         raise ConfigError(f"first must be a positive number of requests, got {first!r}")
     if not (math.isfinite(start_s) and start_s >= 0):
         raise ConfigError(f"start_s must be finite and >= 0 seconds, got {start_s!r}")
@@ -839,6 +856,10 @@ def _check_options(
         raise ConfigError(f"end_s must be greater than start_s ({start_s} s), got {end_s!r}")
     if not (math.isfinite(rate_scale) and rate_scale > 0):
         raise ConfigError(f"rate_scale must be finite and > 0, got {rate_scale!r}")
+    if seed < 0:
+        raise ConfigError(f"seed must be >= 0, got {seed!r}")
+    if block_tokens < 1:
+        raise ConfigError(f"block_tokens must be >= 1, got {block_tokens!r}")
 
 
 def load_trace(
@@ -892,12 +913,12 @@ def load_trace(
             nested too deep or with a > 4,300-digit integer, a CSV field over
             ``csv.field_size_limit()``, bytes that are not UTF-8). A leading UTF-8
             byte-order mark is accepted.
-        ConfigError: invalid options, ``rate`` given for a trace that has arrival times, or
-            a cut that leaves no request.
+        ConfigError: an option of the wrong type (a count not an int, a time or rate not
+            a number, a bool for either) or out of range (:func:`_check_options`),
+            ``rate`` given for a trace that has arrival times, or a cut that leaves no
+            request.
     """
-    _check_options(first, start_s, end_s, rate_scale)
-    if isinstance(block_tokens, bool) or block_tokens < 1:
-        raise ConfigError(f"block_tokens must be >= 1, got {block_tokens!r}")
+    _check_options(first, start_s, end_s, rate_scale, rate, seed, block_tokens)
     path, bundled = _resolve(name_or_path)
     fmt = bundled.format if bundled is not None else detect_format(path)
     if fmt is TraceFormat.MOONCAKE and block_tokens != MOONCAKE_BLOCK_TOKENS:
