@@ -330,7 +330,11 @@ def check_page(band: BandLayout, j: Any, nbytes: int) -> int:
     if not is_whole(j):
         raise BufferArgumentError(f"page index must be an integer, got {j!r}")
     j = int(j)
-    check_in_grid(band, np.array([j], dtype=np.int64), grid_pages(band, nbytes), "page")
+    num_pages = grid_pages(band, nbytes)
+    if not 0 <= j < num_pages:  # checked as a Python int: past int64 too (2**63)
+        raise BufferArgumentError(
+            f"page {j} is outside the {band.label} band's grid of {num_pages} pages "
+            f"(page_bytes {band.page_bytes:,} B, grid_base {band.grid_base:,} B)")
     return j
 
 

@@ -98,15 +98,20 @@ def resend_point(page_size: int, whole_pages: int, prompt_tokens: int) -> int:
 
     Raises:
         InvalidRequestError: ``prompt_tokens`` below ``whole_pages * page_size`` (keys for
-            more pages than the prompt has), or a count that is not an int.
+            more pages than the prompt has), a count that is not an int (Python or NumPy,
+            never a bool) or is negative, or ``page_size < 1``.
     """
-    for name, v in (("whole_pages", whole_pages), ("prompt_tokens", prompt_tokens)):
-        if not is_whole(v) or v < 0:
-            raise InvalidRequestError(f"resend_point: {name} must be an int >= 0, got {v!r}")
+    for name, v, low in (("page_size", page_size, 1), ("whole_pages", whole_pages, 0),
+                         ("prompt_tokens", prompt_tokens, 0)):
+        if not is_whole(v) or v < low:
+            raise InvalidRequestError(f"resend_point: {name} must be an int >= {low}, "
+                                      f"got {v!r}")
+    # Python ints from here: NumPy's fixed-width product would wrap (2**60 pages of 16).
+    page_size, whole_pages, prompt_tokens = int(page_size), int(whole_pages), int(prompt_tokens)
     if prompt_tokens < whole_pages * page_size:
         raise InvalidRequestError(f"resend_point: {whole_pages} whole pages of {page_size} "
                                   f"tokens for a prompt of {prompt_tokens} tokens")
-    return min(int(whole_pages), max(0, (int(prompt_tokens) - 1) // page_size))
+    return min(whole_pages, max(0, (prompt_tokens - 1) // page_size))
 
 
 def resume_points(geom: CacheGeometry, whole_pages: int, interval_pages: int,

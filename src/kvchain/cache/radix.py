@@ -182,6 +182,8 @@ class PrefixCache(InsertMixin, EvictMixin):
             if not is_whole(v) or v < 0:
                 raise InvalidRequestError(f"resume_points: {name} must be an int >= 0, "
                                           f"got {v!r}")
+        # Python ints from here (NumPy's fixed-width arithmetic would wrap)
+        whole_pages, hit, matched = int(whole_pages), int(hit), int(matched)
         pts = resume_points(self.geom, whole_pages, self.interval_pages, self.policy,
                             prompt_tokens)
         if not self.junctions:

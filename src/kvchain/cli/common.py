@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -212,14 +212,21 @@ def overload_hint(summary: SimSummary, trace: Trace) -> str | None:
                    "(--tp N)")
 
 
-def prepare_out_dir(out: Path | None) -> None:
-    """Create the output folder before a long run, so a bad path fails at once.
+def prepare_out_dir(out: Path | None, writes: Sequence[str] = ()) -> None:
+    """Create the output folder before a long run, so a bad path fails at once; ``writes``
+    names the files the command will write there (an existing one is replaced).
 
     Raises:
-        ConfigError: the path exists and is not a folder, or cannot be created or written.
+        ConfigError: the path exists and is not a folder, or cannot be created or written;
+            a name of ``writes`` is taken by something other than a file (a folder), which
+            would fail the write after the run.
     """
     if out is None:
         return
+    for name in writes:
+        path = out / name
+        if path.exists() and not path.is_file():
+            raise ConfigError(f"cannot write {path}: it exists and is not a file")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".kvchain-write-test"

@@ -105,7 +105,7 @@ def compare(
     except KVChainError as exc:
         fail(exc)
     prep = prepare_run(model=model, config=config, spec=spec, gpu=gpu, tp=tp, trace=trace,
-                       given=given, out=out)
+                       given=given, out=out, writes=("compare.json", "compare.png"))
     model_spec, gpu_spec = prep.model, prep.gpu
     tr, cfg, cfg_layout = prep.trace, prep.config, prep.layout
     buffer = cfg_layout.buffer_bytes

@@ -4,6 +4,7 @@ what the run chose (notes and warnings on stderr)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,12 +46,15 @@ class PreparedRun:
 
 
 def prepare_run(*, model: str, config: Path | None, spec: Path | None, gpu: str, tp: int,
-                trace: str | None, given: GivenOptions, out: Path | None) -> PreparedRun:
+                trace: str | None, given: GivenOptions, out: Path | None,
+                writes: Sequence[str] = ()) -> PreparedRun:
     """Check ``tp``, resolve the options (:func:`kvchain.sim.run_options.resolve_run`),
     load the model, GPU and trace, build the :class:`SimConfig` and its layout, check the
-    prefix-cache settings and that the cost model can price the model (roofline clock), prepare
-    ``out``; then print the chosen-settings note, the buffer warning, the defaulted config
-    fields and the options this run cannot act on (stderr).
+    prefix-cache settings and that the cost model can price the model (roofline clock),
+    prepare ``out`` for the files ``writes`` names
+    (:func:`~kvchain.cli.common.prepare_out_dir`); then print the chosen-settings note, the
+    buffer warning, the defaulted config fields and the options this run cannot act on
+    (stderr).
 
     Exits 2 (:func:`kvchain.cli.common.fail`) on any typed error, before anything ran.
     """
@@ -69,7 +73,7 @@ def prepare_run(*, model: str, config: Path | None, spec: Path | None, gpu: str,
         sim_config.check_cache(layout)
         if run.clock is ClockKind.ROOFLINE:
             GPUCostModel(model_spec, gpu_spec)  # a model it cannot price fails here, typed
-        prepare_out_dir(out)
+        prepare_out_dir(out, writes)
     except KVChainError as exc:
         fail(exc)
     chosen = chosen_note(resolved, given, tr, layout)

@@ -36,11 +36,11 @@ from kvchain.cli.run_options import (
 )
 from kvchain.errors import KVChainError
 from kvchain.layout import ChainLayout
-from kvchain.report.plots import hit_rate_chart, host_chart, write_all_plots
+from kvchain.report.plots import PLOT_FILES, hit_rate_chart, host_chart, write_all_plots
 from kvchain.report.tables import band_table, summary_table
 from kvchain.sim.cost import ClockKind
 from kvchain.sim.engine import SimResult, simulate
-from kvchain.sim.metrics import write_outputs
+from kvchain.sim.metrics import OUTPUT_FILES, write_outputs
 from kvchain.sim.traces import TRACE_FORMATS_HELP
 
 
@@ -70,7 +70,7 @@ def simulate_command(
     """
     console = Console(stderr=as_json)
     prep = prepare_run(model=model, config=config, spec=spec, gpu=gpu, tp=tp, trace=trace,
-                       given=given, out=out)
+                       given=given, out=out, writes=SIMULATE_FILES)
     run, tr, layout = prep.options, prep.trace, prep.layout
     if not as_json:
         console.print(f"[bold]{escape(prep.model.name)}[/bold] on {prep.gpu.name}, trace "
@@ -98,6 +98,12 @@ def simulate_command(
     hint_text = overload_hint(summary, tr)
     if hint_text is not None:
         hint(hint_text)
+
+
+HIT_RATE_FILE, HOST_FILE = "hit_rate.png", "host.png"
+SIMULATE_FILES = (*OUTPUT_FILES, *PLOT_FILES, HIT_RATE_FILE, HOST_FILE)
+"""Every file ``kvchain simulate --out`` may write (the last two with the prefix cache, the
+host tier)."""
 
 
 def _simulate(prep: PreparedRun, console: Console, as_json: bool) -> tuple[SimResult, float]:
@@ -140,11 +146,11 @@ def _write(out: Path, result: SimResult, layout: ChainLayout, settings: Mapping[
     plots = write_all_plots(result.recorder, out)
     stats = result.prefix_cache
     if stats is not None:
-        plots.append(hit_rate_chart(stats.timeline, out / "hit_rate.png", stats.bounds()))
+        plots.append(hit_rate_chart(stats.timeline, out / HIT_RATE_FILE, stats.bounds()))
         if stats.host_slots:
             plots.append(host_chart(stats.host_timeline, [b.label for b in layout.bands],
                                     stats.host_slot_bytes, stats.host_slots,
-                                    out / "host.png"))
+                                    out / HOST_FILE))
     return plots
 
 

@@ -120,9 +120,10 @@ def declare_model(
             or ``chunk_tokens`` that is not a positive int; window bytes without
             ``window_tokens`` (or local bytes without ``chunk_tokens``) or the reverse;
             ``windows`` or ``locals_`` not a sequence (``None``, a number, a string); an
-            entry of ``windows`` or ``locals_`` without positive int bytes and tokens; two
-            window (or two local) classes of one size; no class at all; a ``name`` or
-            ``source`` that is not a string.
+            entry of ``windows`` or ``locals_`` that is not a ``(bytes, tokens)`` tuple or
+            list of positive ints (a dict or a set is refused: its order is not the
+            pair's); two window (or two local) classes of one size; no class at all; a
+            ``name`` or ``source`` that is not a string.
     """
     if not isinstance(name, str) or not name:
         raise ConfigError(f"declared model name must be a non-empty string, got {name!r}")
@@ -202,6 +203,8 @@ def _declared_classes(name: str, state: int, window: tuple[int, int | None],
                               f"pairs, got {extra!r}"[:300])
         for entry in extra:
             try:
+                if not isinstance(entry, tuple | list):  # a dict or set would unpack too
+                    raise TypeError(entry)
                 nbytes, tokens = entry
                 declared_count(f"{lifetime} bytes", nbytes, positive=True)
                 declared_count(f"{lifetime} tokens", tokens, positive=True)

@@ -67,6 +67,7 @@ from kvchain.sim.metrics import (
     MetricsRecorder,
     SimSummary,
     band_samples,
+    check_max_step_samples,
     request_owned_pages,
     summarize,
 )
@@ -129,7 +130,9 @@ class SimConfig(RunOptions):
 
     Raises:
         ConfigError: as :class:`RunOptions` (a wrong type names the field, a value out of
-            range its flag); ``spec_tokens`` at or past the model's context
+            range its flag); ``max_step_samples`` not ``None`` or an int >= 6
+            (:func:`~kvchain.sim.metrics.check_max_step_samples`); ``spec_tokens`` at or
+            past the model's context
             (:func:`~kvchain.model.draft.check_spec_tokens`); a given ``scheduler`` that
             the scheduler options contradict; its ``retract_to`` without ``host_bytes``
             (:func:`~kvchain.sim.run_options.check_retract_to`).
@@ -144,6 +147,7 @@ class SimConfig(RunOptions):
 
     def __post_init__(self) -> None:
         RunOptions.__post_init__(self)
+        check_max_step_samples(self.max_step_samples)
         check_spec_tokens(self.spec_tokens, self.model)
         if self.scheduler is FROM_OPTIONS:
             object.__setattr__(self, "scheduler", self.scheduler_config())
@@ -163,8 +167,10 @@ class SimConfig(RunOptions):
         the scheduler built from them.
 
         Raises:
-            ConfigError: as :class:`SimConfig`.
+            ConfigError: ``options`` not a :class:`RunOptions`; as :class:`SimConfig`.
         """
+        if not isinstance(options, RunOptions):
+            raise ConfigError(f"options must be a RunOptions, got {type(options).__name__}")
         return cls(model, gpu, trace, **{f.name: getattr(options, f.name)
                                          for f in fields(RunOptions)})
 

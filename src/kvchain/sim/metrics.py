@@ -468,6 +468,9 @@ class StepTotals:
 
 # --- the recorder -----------------------------------------------------------------------
 
+OUTPUT_FILES = ("metrics.json", "requests.csv")
+"""The files :func:`write_outputs` writes, in that order."""
+
 DEFAULT_MAX_STEP_SAMPLES = 2_000
 """Default cap on kept step samples, extremes included: about one per pixel column of the
 band chart (11 inches at 100-200 dpi), a few hundred kB whatever the run's length."""
@@ -493,6 +496,18 @@ class _ShareSum:
 
     def totals(self) -> ShareTotals:
         return ShareTotals(self.seconds, self.total, self.peak)
+
+
+def check_max_step_samples(value: object) -> None:
+    """Refuse a cap on kept step samples other than ``None`` or an int of at least 6 (the
+    five extremes kept plus one ordinary sample; :class:`MetricsRecorder`).
+
+    Raises:
+        ConfigError: ``value`` is not ``None`` or an int (never a bool) ``>= 6``.
+    """
+    if value is not None and (type(value) is not int or value < 2 + _EXTREMES):
+        raise ConfigError(f"max_step_samples must be an int >= {2 + _EXTREMES} or None, "
+                          f"got {value!r}")
 
 
 class MetricsRecorder:
@@ -535,10 +550,7 @@ class MetricsRecorder:
 
     def __init__(self, *, max_step_samples: int | None = DEFAULT_MAX_STEP_SAMPLES,
                  prefix_cache: bool = True) -> None:
-        if max_step_samples is not None and (type(max_step_samples) is not int
-                                             or max_step_samples < 2 + _EXTREMES):
-            raise ConfigError(f"max_step_samples must be an int >= {2 + _EXTREMES} or None, "
-                              f"got {max_step_samples!r}")
+        check_max_step_samples(max_step_samples)
         if not isinstance(prefix_cache, bool):
             raise ConfigError(f"prefix_cache must be a bool, got {prefix_cache!r}")
         self._max_samples = max_step_samples
@@ -1245,9 +1257,9 @@ def write_outputs(
     metrics_text = f'{metrics_text[:-2]},\n  "step_samples": {steps_text}\n}}'
     directory = Path(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    metrics_path = directory / "metrics.json"
+    metrics_path = directory / OUTPUT_FILES[0]
     metrics_path.write_text(metrics_text + "\n", encoding="utf-8")
-    requests_path = directory / "requests.csv"
+    requests_path = directory / OUTPUT_FILES[1]
     with requests_path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(REQUEST_CSV_COLUMNS)
