@@ -25,9 +25,11 @@ from kvchain.cli.run_options import GivenOptions, inert_warnings, run_options
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.report.sweep import (
     append_row,
+    check_row,
+    numbered_rows,
     plot_rows,
     print_whole,
-    read_rows,
+    row_columns,
     slo_table,
     sweep_table,
     write_table,
@@ -35,6 +37,7 @@ from kvchain.report.sweep import (
 from kvchain.sim.sweep import (
     AXES,
     SLO,
+    SLOTask,
     SweepGrid,
     SweepPoint,
     check_search_bounds,
@@ -160,8 +163,11 @@ def sweep_command(
                "managers": _split(managers, "managers")}
         data.update({k: v for k, v in cli.items() if v is not None})
         data.update(given.typed_values())
+        jsonl = out / ("slo.jsonl" if slo is not None else "sweep.jsonl")
         plan = _plan(data, given, workers, slo, target_rate, slo_range, slo_tol,
-                     ray or ray_address is not None)
+                     ray or ray_address is not None, jsonl if resume else None)
+        if jsonl.is_dir():  # not removable as a finished sweep's file: refuse before a write
+            raise ConfigError(f"{jsonl}: a folder, not a sweep's JSON-lines file")
         prepare_out_dir(out)
     except KVChainError as exc:
         fail(exc)
@@ -170,7 +176,6 @@ def sweep_command(
     chosen = sweep_defaults_note(data, plan.grid, plan.slo is not None)
     if chosen:
         note(chosen)
-    jsonl = out / ("slo.jsonl" if plan.slo is not None else "sweep.jsonl")
     rows, ran, wall = _run(plan, jsonl, resume, ray or ray_address is not None,
                            ray_address, console)
     if plan.slo is not None:
@@ -195,8 +200,11 @@ def sweep_command(
 @dataclass(frozen=True)
 class _SweepPlan:
     """A checked sweep, before any run: the grid and its points, the local workers, the
-    SLO search's targets and bounds (``slo`` None: a plain grid), and the warnings of
-    options a configuration cannot act on (message -> ``model/trace`` of each)."""
+    SLO search's targets and bounds (``slo`` None: a plain grid), the warnings of
+    options a configuration cannot act on (message -> ``model/trace`` of each), what runs
+    (``tasks``: the points, or one :class:`SLOTask` per configuration) with their
+    ``keys``, and the rows of the resume file that match a key (``done``: key -> row,
+    checked; empty without ``--resume``)."""
 
     grid: SweepGrid
     points: list[SweepPoint]
@@ -206,15 +214,20 @@ class _SweepPlan:
     hi: float
     tol: float
     inert: dict[str, list[str]]
+    tasks: list[SweepPoint] | list[SLOTask]
+    keys: list[str]
+    done: dict[str, dict[str, Any]]
 
 
 def _plan(data: dict[str, Any], given: GivenOptions, workers: int | None, slo: str | None,
           target_rate: float | None, slo_range: str | None, slo_tol: float | None,
-          use_ray: bool) -> _SweepPlan:
-    """Check the whole sweep before any run or any line of output: the grid (``data``:
-    the grid file's keys under the options given), the workers, the SLO flags (each
-    needs ``--slo``), Ray when asked for, and every configuration (unknown model, GPU or
-    trace; the cache on for a keyless trace).
+          use_ray: bool, resume_from: Path | None) -> _SweepPlan:
+    """Check the whole sweep before any run, any line of output or any write: the grid
+    (``data``: the grid file's keys under the options given), the workers, the SLO flags
+    (each needs ``--slo``; targets, rate and bounds finite), Ray when asked for, every
+    configuration (unknown model, GPU or trace; the cache on for a keyless trace), and
+    the rows of ``resume_from`` (``--resume``'s jsonl; None: not resuming) that match a
+    task (:func:`_resumed`).
 
     Raises:
         ConfigError and subclasses: the first of the above that fails;
@@ -245,28 +258,44 @@ def _plan(data: dict[str, Any], given: GivenOptions, workers: int | None, slo: s
         for message in inert_warnings(p.run_options(), given, config.cache_on(layout),
                                       layout):
             inert.setdefault(message, []).append(f"{p.model}/{p.trace}")
-    return _SweepPlan(grid, points, n_workers, slo_spec, lo, hi, tol, inert)
+    tasks: list[SweepPoint] | list[SLOTask] = points
+    if slo_spec is not None:
+        tasks = slo_tasks(points, slo_spec, lo, hi, tol)
+    keys = [t.key() for t in tasks]
+    columns = row_columns(None if slo_spec is None else [m for m, _ in slo_spec.targets])
+    done = _resumed(resume_from, set(keys), columns) if resume_from is not None else {}
+    return _SweepPlan(grid, points, n_workers, slo_spec, lo, hi, tol, inert, tasks, keys,
+                      done)
+
+
+def _resumed(jsonl: Path, keys: set[str], columns: dict[str, tuple[type, ...]],
+             ) -> dict[str, dict[str, Any]]:
+    """The rows of ``jsonl`` whose key is one of ``keys`` (key -> row, the last of equal
+    keys), each upgraded (:func:`upgrade_row`) and checked to carry ``columns``
+    (:func:`check_row`); rows of other keys are kept in the file but not read further.
+
+    Raises:
+        ConfigError: as :func:`numbered_rows` and :func:`check_row` (naming file and line).
+    """
+    done: dict[str, dict[str, Any]] = {}
+    for line, row in numbered_rows(jsonl):
+        if row["key"] in keys:
+            row = upgrade_row(row)
+            check_row(row, columns, f"{jsonl}:{line}")
+            done[row["key"]] = row
+    return done
 
 
 def _run(plan: _SweepPlan, jsonl: Path, resume: bool, use_ray: bool,
          ray_address: str | None, console: Console) -> tuple[list[dict[str, Any]], int, float]:
-    """Run the plan's points (or its SLO searches) not already in ``jsonl`` (with
-    ``resume``; without it the file is replaced), each row appended as it finishes, on
-    Ray or the local workers with a progress bar. Returns every row in the plan's order,
-    the number run and their wall time (s). Exits (:func:`fail` / :func:`stopped`) on an
-    unreadable ``jsonl``, Ray unavailable, or a run that stops."""
-    if plan.slo is not None:
-        tasks: list[Any] = slo_tasks(plan.points, plan.slo, plan.lo, plan.hi, plan.tol)
-        fn: Any = run_slo_search
-        keys = [t.point.config_key() for t in tasks]
-    else:
-        tasks, fn = list(plan.points), run_point
-        keys = [t.key() for t in tasks]
-    try:
-        done_rows = ({r.get("key"): upgrade_row(r) for r in read_rows(jsonl)}
-                     if resume else {})
-    except KVChainError as exc:
-        fail(exc)
+    """Run the plan's tasks (points or SLO searches) not already done (``plan.done``, read
+    with ``resume``; without it ``jsonl`` is replaced), each row appended to ``jsonl`` as it
+    finishes, on Ray or the local workers with a progress bar. Returns every row in the
+    plan's order, the number run and their wall time (s). Exits (:func:`fail` /
+    :func:`stopped`) on Ray unavailable or a run that stops."""
+    tasks: list[Any] = list(plan.tasks)
+    fn: Any = run_slo_search if plan.slo is not None else run_point
+    keys, done_rows = plan.keys, plan.done
     if not resume and jsonl.exists():
         jsonl.unlink()
     todo = [i for i, k in enumerate(keys) if k not in done_rows]

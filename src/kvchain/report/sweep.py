@@ -32,18 +32,31 @@ from kvchain.sim.run_options import RunOptions
 Row = Mapping[str, Any]
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSON-lines file (empty when it does not exist); a torn last line (an
-    interrupted write) is skipped.
+def numbered_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """The rows of a sweep's JSON-lines file with their line numbers (empty when it does
+    not exist); a torn last line (an interrupted write) is skipped. Every row is a JSON
+    object with a string ``key`` (``--resume`` matches rows on it).
 
     Raises:
-        ConfigError: a line before the last that is not a JSON object.
+        ConfigError: the file cannot be read (e.g. a folder) or is not UTF-8 text, or a
+            line (before the last, for bad JSON) that is not a JSON object with a string
+            ``key``; the message names the file and the line.
     """
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    rows: list[dict[str, Any]] = []
-    for n, line in enumerate(lines, 1):
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    lines = data.split(b"\n")
+    if lines and not lines[-1].strip():
+        lines.pop()  # the newline that ends the last row
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for n, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}:{n}: not UTF-8 text") from None
         if not line.strip():
             continue
         try:
@@ -54,8 +67,73 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             raise ConfigError(f"{path}:{n}: not a JSON row") from None
         if not isinstance(row, dict):
             raise ConfigError(f"{path}:{n}: not a JSON object")
-        rows.append(row)
+        if not isinstance(row.get("key"), str):
+            raise ConfigError(f"{path}:{n}: a row needs a string \"key\", got "
+                              f"{row.get('key')!r}")
+        rows.append((n, row))
     return rows
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of :func:`numbered_rows`, without their line numbers.
+
+    Raises:
+        ConfigError: as :func:`numbered_rows`.
+    """
+    return [row for _, row in numbered_rows(path)]
+
+
+_NUMBER: tuple[type, ...] = (int, float)
+_MAYBE_NUMBER: tuple[type, ...] = (int, float, type(None))
+_SCALAR: tuple[type, ...] = (str, int, float, bool, type(None))
+_SETTINGS: dict[str, tuple[type, ...]] = {
+    "key": (str,), "model": (str,), "gpu": (str,), "tp": (int,), "trace": (str,),
+    "mem_fraction": _NUMBER, "manager": (str,), "requests": _SCALAR, "end_s": _SCALAR,
+    "page_size": _SCALAR, "max_running": _SCALAR, "chunk_size": _SCALAR, "seed": _SCALAR,
+    "prefix_cache": (str,)}
+
+
+def row_columns(slo_metrics: Sequence[str] | None) -> dict[str, tuple[type, ...]]:
+    """The columns the tables, plots and GPU counts read from a result row, each with the
+    JSON types a fresh row's value has (``type(None)``: may be null; ``bool`` only where
+    listed, though it is an ``int``): a plain sweep's row (:func:`kvchain.sim.sweep.
+    run_point`) when ``slo_metrics`` is None, else an SLO search's row (:func:`kvchain.sim.
+    sweep.run_slo_search`) with those target metrics (e.g. ``["ttft_p99"]``). Columns a
+    fresh row has only sometimes (the hit rates) are not listed: :func:`check_row` checks
+    them when present."""
+    if slo_metrics is None:
+        return {**_SETTINGS, "rate_scale": _NUMBER, "requests_total": (int,),
+                "requests_finished": (int,), "offered_rate_rps": _MAYBE_NUMBER,
+                "output_tokens_per_s": _MAYBE_NUMBER, "ttft_p99_s": _MAYBE_NUMBER,
+                "tpot_p99_s": _MAYBE_NUMBER}
+    columns = {**_SETTINGS, "slo": (str,), "rel_tol": _NUMBER, "evaluations": (int,),
+               "max_rate_scale": _MAYBE_NUMBER, "fail_rate_scale": _MAYBE_NUMBER,
+               "max_rate_rps": _MAYBE_NUMBER, "fail_rate_rps": _MAYBE_NUMBER}
+    for metric in slo_metrics:
+        columns[f"at_best_{metric}_s"] = _MAYBE_NUMBER
+        columns[f"at_fail_{metric}_s"] = _MAYBE_NUMBER
+    return columns
+
+
+_SOMETIMES = {"prefix_hit_rate_pct": _MAYBE_NUMBER, "host_hit_rate_pct": _MAYBE_NUMBER}
+
+
+def check_row(row: Row, columns: Mapping[str, tuple[type, ...]], where: str) -> None:
+    """Refuse a row read back (``--resume``) that lacks a column of ``columns``
+    (:func:`row_columns`) or holds a value of another type there (or in a hit-rate column
+    it has), rather than crash or show it later.
+
+    Raises:
+        ConfigError: the first such column, with ``where`` (``file:line``).
+    """
+    for name, kinds in {**columns, **{k: v for k, v in _SOMETIMES.items() if k in row}}.items():
+        if name not in row:
+            raise ConfigError(f"{where}: the row has no {name!r}")
+        value = row[name]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise ConfigError(f"{where}: {name!r} is {value!r}, expected "
+                              + " or ".join("null" if k is type(None) else k.__name__
+                                            for k in kinds))
 
 
 def append_row(path: Path, row: Row) -> None:

@@ -426,8 +426,9 @@ def parse_slo(text: str) -> SLO:
     metric of :data:`SLO_METRICS` and a unit ``s``, ``ms`` or ``us``.
 
     Raises:
-        SweepConfigError: an empty string, an unknown metric or unit, a non-positive value,
-            or a metric given twice.
+        SweepConfigError: an empty string, an unknown metric or unit, a target that is not
+            a finite number > 0 (e.g. ``1e400s``, or ``1e-400s``, which is 0), or a metric
+            given twice.
     """
     targets: dict[str, float] = {}
     for part in (p.strip() for p in text.split(",")):
@@ -444,11 +445,12 @@ def parse_slo(text: str) -> SLO:
                                    f"{', '.join(SLO_METRICS)}")
         if unit not in _UNITS:
             raise SweepConfigError(f"SLO {part!r}: unit must be s, ms or us")
-        if value <= 0:
-            raise SweepConfigError(f"SLO {part!r}: the target must be > 0")
+        target = value * _UNITS[unit]
+        if not (target > 0 and math.isfinite(target)):
+            raise SweepConfigError(f"SLO {part!r}: the target must be a finite number > 0")
         if metric in targets:
             raise SweepConfigError(f"SLO metric {metric!r} given twice")
-        targets[metric] = value * _UNITS[unit]
+        targets[metric] = target
     if not targets:
         raise SweepConfigError(f"SLO {text!r}: no target given")
     return SLO(tuple(targets.items()))
@@ -482,11 +484,12 @@ def check_search_bounds(lo: float, hi: float, rel_tol: float) -> None:
 
     Raises:
         SweepConfigError: ``lo <= 0``, ``hi <= lo``, ``hi`` not finite, or ``rel_tol`` not
-            > 0 (NaN included).
+            a finite number > 0 (NaN and infinity included: an infinite tolerance would stop
+            the search after its two end points).
     """
-    if not (0 < lo < hi and math.isfinite(hi)) or not rel_tol > 0:
-        raise SweepConfigError(f"SLO search needs 0 < lo < hi and rel_tol > 0, got lo={lo}, "
-                               f"hi={hi}, rel_tol={rel_tol}")
+    if not (0 < lo < hi and math.isfinite(hi)) or not (rel_tol > 0 and math.isfinite(rel_tol)):
+        raise SweepConfigError(f"SLO search needs 0 < lo < hi and a finite rel_tol > 0, got "
+                               f"lo={lo}, hi={hi}, rel_tol={rel_tol}")
 
 
 def bisect_rate(evaluate: Callable[[float], Mapping[str, Any]], slo: SLO, lo: float, hi: float,
@@ -533,10 +536,12 @@ def gpus_needed(target_rps: float, rate_rps: float | None, tp: int) -> int | Non
     ``rate_rps``: ``ceil(target / rate) x tp`` (None when no rate meets the targets).
 
     Raises:
-        SweepConfigError: a target rate <= 0.
+        SweepConfigError: a target rate that is not a finite number > 0 (NaN and infinity
+            included: no number of GPUs serves an infinite rate).
     """
-    if not target_rps > 0:
-        raise SweepConfigError(f"target rate must be > 0 requests/s, got {target_rps}")
+    if not (target_rps > 0 and math.isfinite(target_rps)):
+        raise SweepConfigError(f"target rate must be a finite number > 0 requests/s, got "
+                               f"{target_rps}")
     if rate_rps is None or rate_rps <= 0:
         return None
     return math.ceil(target_rps / rate_rps - 1e-9) * tp
@@ -553,22 +558,37 @@ class SLOTask:
     hi: float
     rel_tol: float
 
+    def key(self) -> str:
+        """A stable text key of the search (``--resume`` matches SLO rows on it): the
+        configuration (:meth:`SweepPoint.config_key`), then the targets (sorted, seconds
+        by ``repr``), the searched range and the tolerance, e.g. ``...|slo='ttft_p99=2.0'|
+        lo=0.25|hi=64.0|rel_tol=0.02``. Equal keys mean the same search; other targets, range
+        or tolerance are another search (a row keyed on the configuration alone, as rows
+        were before, matches none)."""
+        targets = ",".join(f"{m}={v!r}" for m, v in sorted(self.slo.targets))
+        return (f"{self.point.config_key()}|slo={targets!r}|lo={float(self.lo)!r}"
+                f"|hi={float(self.hi)!r}|rel_tol={float(self.rel_tol)!r}")
+
 
 def run_slo_search(task: SLOTask,
                    evaluate: Callable[[SweepPoint], Mapping[str, Any]] = run_point,
                    ) -> dict[str, Any]:
     """Bisect one configuration's rate scale (:func:`bisect_rate` over ``evaluate``) into a
-    flat row: the configuration's parameters, ``max_rate_scale``, ``fail_rate_scale``,
-    ``max_rate_rps`` (offered request rate at the best scale), ``evaluations``, the SLO
-    text, the target metrics at the best scale prefixed ``at_best_``, and at the lowest
-    failing scale ``fail_rate_rps`` and the target metrics prefixed ``at_fail_``: where the
-    targets fail even at the range's low end ("not met"), these are what was measured
-    there (``at_best_`` is then empty)."""
+    flat row: ``key`` (:meth:`SLOTask.key`), the configuration's parameters,
+    ``max_rate_scale``, ``fail_rate_scale``, ``max_rate_rps`` (offered request rate at the
+    best scale), ``evaluations``, the SLO text, the target metrics at the best scale
+    prefixed ``at_best_``, and at the lowest failing scale ``fail_rate_rps`` and the target
+    metrics prefixed ``at_fail_``: where the targets fail even at the range's low end ("not
+    met"), these are what was measured there (``at_best_`` is then empty).
+
+    Raises:
+        ConfigError and subclasses: as :func:`bisect_rate` and ``evaluate``.
+    """
     result = bisect_rate(lambda s: evaluate(replace(task.point, rate_scale=s)), task.slo,
                          task.lo, task.hi, task.rel_tol)
     params = task.point.params()
     del params["rate_scale"]
-    row: dict[str, Any] = {"key": task.point.config_key(), **params, "slo": task.slo.text(),
+    row: dict[str, Any] = {"key": task.key(), **params, "slo": task.slo.text(),
                            "rel_tol": task.rel_tol, "max_rate_scale": result.best_scale,
                            "fail_rate_scale": result.fail_scale,
                            "evaluations": result.evaluations}
