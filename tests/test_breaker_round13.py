@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.buffer.host_fixtures import FULL_BAND, LAYOUT
 from typer.testing import CliRunner
 
 from kvchain.buffer import NumpyBuffer
@@ -17,7 +18,6 @@ from kvchain.model.declared import declare_model
 from kvchain.sim.engine import SimConfig
 from kvchain.sim.run_options import RunOptions
 from kvchain.sim.traces import load_trace
-from tests.buffer.host_fixtures import FULL_BAND, LAYOUT
 
 runner = CliRunner()
 _load_commands()

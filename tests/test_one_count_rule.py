@@ -1,6 +1,7 @@
 """One copy of the count rule: every check that a value is a whole number (a Python or
 NumPy int, never a bool) goes through :func:`kvchain.field_types.is_whole`; 14 checks in
-10 modules had their own spelling of it (``isinstance(v, bool) or not isinstance(v, int | np.integer)``)."""
+10 modules had their own spelling of it (``isinstance(v, bool) or not
+isinstance(v, int | np.integer)``)."""
 
 from __future__ import annotations
 
