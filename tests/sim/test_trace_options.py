@@ -49,3 +49,32 @@ def test_the_good_values_of_the_same_options_cut_as_asked():
     a = load_trace("sharegpt", rate=2, seed=3, first=5)
     b = load_trace("sharegpt", rate=2.0, seed=3, first=5)
     assert [r.arrival_s for r in a.requests] == [r.arrival_s for r in b.requests]
+
+
+def test_a_tiny_rate_scale_names_itself():
+    """Before: "request 1: arrival_s must be finite", naming no option."""
+    with pytest.raises(ConfigError, match="rate_scale"):
+        load_trace("azure-conv", first=3, rate_scale=1e-308)
+    assert len(load_trace("azure-conv", first=3, rate_scale=1e-3).requests) == 3
+
+
+def test_a_digit_separator_in_a_csv_time_is_refused(tmp_path):
+    """float() reads "1_0" as 10; a count's "1_000" was already refused."""
+    from kvchain.errors import TraceError
+
+    good = tmp_path / "t.csv"
+    good.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n10,10,2\n")
+    assert [r.arrival_s for r in load_trace(good).requests] == [0.0, 10.0]
+    bad = tmp_path / "u.csv"
+    bad.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n1_0,10,2\n")
+    with pytest.raises(TraceError, match="not a number"):
+        load_trace(bad)
+
+
+def test_a_huge_time_states_the_limit(tmp_path):
+    from kvchain.errors import TraceError
+
+    bad = tmp_path / "h.csv"
+    bad.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,2\n1e20,10,2\n")
+    with pytest.raises(TraceError, match="at most 9,007,199,254,741 seconds"):
+        load_trace(bad)

@@ -186,8 +186,8 @@ def test_csv_arrival_s_text_is_parsed_and_a_negative_time_refused(tmp_path):
     earliest becoming 0 (a -5 is refused, not shifted)."""
     bad = tmp_path / "neg.csv"
     bad.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,3\n-5,10,3\n")
-    with pytest.raises(TraceError, match=r"line 3, field 'arrival_s': must be finite and "
-                                         r">= 0 seconds, got -5.0"):
+    with pytest.raises(TraceError, match=r"line 3, field 'arrival_s': must be finite, >= 0 "
+                                         r"and at most 9,007,199,254,741 seconds, got -5.0"):
         load_trace(bad)
     good = tmp_path / "late.csv"
     good.write_text("arrival_s,prompt_tokens,output_tokens\n7.5,10,3\n5,11,3\n")

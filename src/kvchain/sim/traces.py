@@ -599,8 +599,9 @@ def _arrival_ns(value: object, path: Path, line: int, text: bool) -> int:
     give numbers as numbers.
 
     Raises:
-        TraceError: not a number (a bool, a JSON string, unparsable CSV text), or not
-            finite and ``>= 0`` seconds.
+        TraceError: not a number (a bool, a JSON string, unparsable CSV text, or text
+            with a ``_`` digit separator), or not finite, ``>= 0`` and at most
+            :data:`MAX_MOONCAKE_TIMESTAMP_MS` / 1,000 seconds.
     """
     if isinstance(value, str) and not text:
         raise _error(path, line, "arrival_s", f"not a number: {value!r} (a JSON string; "
@@ -608,6 +609,8 @@ def _arrival_ns(value: object, path: Path, line: int, text: bool) -> int:
     if isinstance(value, str):
         raw = value
         try:
+            if "_" in raw:  # float() reads "1_0" as 10; counts refuse the digit separator
+                raise ValueError(raw)
             value = float(raw.strip())
         except ValueError:
             raise _error(path, line, "arrival_s", f"not a number: {raw[:40]!r}") from None
@@ -615,7 +618,8 @@ def _arrival_ns(value: object, path: Path, line: int, text: bool) -> int:
         raise _error(path, line, "arrival_s", f"not a number: {value!r}"[:200])
     finite = isinstance(value, int) or math.isfinite(value)
     if not (finite and 0 <= value <= MAX_MOONCAKE_TIMESTAMP_MS / 1000):
-        raise _error(path, line, "arrival_s", f"must be finite and >= 0 seconds, got {value!r}")
+        raise _error(path, line, "arrival_s", f"must be finite, >= 0 and at most "
+                     f"{MAX_MOONCAKE_TIMESTAMP_MS / 1000:,.0f} seconds, got {value!r}")
     return round(value * _NS_PER_S)
 
 
@@ -983,17 +987,25 @@ def _cut(ordered: list[_Row], arrival_s: list[float], first: int | None, start_s
          end_s: float | None, rate_scale: float) -> list[TraceRequest]:
     """The requests of ``ordered`` (arrival times ``arrival_s``, s) in the window
     ``[start_s, end_s)`` moved to start at 0, at most ``first`` of them, their times divided
-    by ``rate_scale``."""
+    by ``rate_scale``.
+
+    Raises:
+        ConfigError: a ``rate_scale`` so small that a scaled time overflows.
+    """
     requests: list[TraceRequest] = []
     for row, t in zip(ordered, arrival_s, strict=True):
         if t < start_s or (end_s is not None and t >= end_s):
             continue
         if first is not None and len(requests) >= first:
             break
+        scaled = (t - start_s) / rate_scale
+        if not math.isfinite(scaled):
+            raise ConfigError(f"rate_scale {rate_scale!r} puts an arrival at {t - start_s:g} s "
+                              f"past any finite time")
         requests.append(
             TraceRequest(
                 request_id=row.row_index,
-                arrival_s=(t - start_s) / rate_scale,
+                arrival_s=scaled,
                 prompt_tokens=row.prompt_tokens,
                 output_tokens=row.output_tokens,
                 prefix_block_ids=row.prefix_block_ids,
