@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvchain.cache.keys import page_keys_from_blocks, page_keys_from_tokens
 from kvchain.errors import InvalidRequestError
@@ -45,3 +47,17 @@ def test_bad_tokens_are_refused():
         page_keys_from_tokens([1, -2], 1)
     with pytest.raises(InvalidRequestError):
         page_keys_from_tokens([1, 2], 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 400), st.randoms())
+def test_block_keys_are_the_formula_for_every_page(block, page, prompt, rng):
+    # key j = hash(key j - 1, (j + 1)P, ids of blocks jP // B .. ((j + 1)P - 1) // B),
+    # written out page by page (the function reuses a block's slice across its pages)
+    ids = [rng.randrange(5) for _ in range(-(-prompt // block))]
+    keys, parent = [], 0
+    for j in range(prompt // page):
+        end = (j + 1) * page
+        parent = hash((parent, end, *ids[j * page // block:(end - 1) // block + 1]))
+        keys.append(parent)
+    assert page_keys_from_blocks(ids, block, prompt, page) == tuple(keys)

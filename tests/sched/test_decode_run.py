@@ -5,6 +5,7 @@ decide nothing else (values by hand)."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -164,3 +165,44 @@ def test_run_decodes_checks_its_arguments():
     # window releases page 0 once the next token's window starts at 16 (token 143): none.
     assert seen == [(j, False) for j in range(5)]
     assert np.array_equal(run.released, np.zeros(5, dtype=bool))
+
+
+def _reference_times(times, last):
+    """The one-by-one check ``_check_run_times`` must agree with: each a finite time >= 0
+    (s), each at or after the one before, the first at or after ``last``."""
+    for t in times:
+        if (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)
+                or t < 0 or t < last):
+            return False
+        last = t
+    return True
+
+
+@pytest.mark.parametrize("times, last", [
+    ([1.0, 1.0, 2.5], 0.5), ([1.0, 2.0], 1.0), ([0.0], 0.0),  # good
+    ([np.float64(1.0), np.float64(2.0)], 0.0), ([1, 2], 0.0),  # not floats: one by one
+    ([1.0, 0.5], 0.0), ([0.5], 1.0),  # back: within the run, before the clock
+    ([1.0, float("nan")], 0.0), ([float("nan")], 0.0), ([1.0, float("inf")], 0.0),
+    ([True], 0.0), ([1.0, "2"], 0.0), ([-1.0], -2.0),
+])
+def test_run_times_fast_scan_agrees_with_the_one_by_one_check(times, last):
+    from kvchain.sched.scheduler import _check_run_times
+
+    if _reference_times(times, last):
+        _check_run_times(times, last)
+    else:
+        with pytest.raises(InvalidRequestError):
+            _check_run_times(times, last)
+
+
+def test_run_decodes_refuses_a_nan_or_backward_time_and_changes_nothing():
+    sched = small_scheduler()
+    sched.add(Request(1, 100, 30, 0.0), 0.0)
+    sched.complete(sched.step(0.0), StepOutcome(0.01), 0.01)
+    run = sched.plan_decode_run(5)
+    assert run is not None
+    for times in ([1.0, float("nan"), 2.0], [1.0, 0.9, 2.0], [0.001, 1.0, 2.0]):
+        with pytest.raises(InvalidRequestError):
+            sched.run_decodes(run, 3, times)  # 0.001 s: before the step clock (0.01 s)
+    assert sched.request(1).computed == 100 and sched.counters.steps == 1
+    assert sched.run_decodes(run, 3, [1.0, 1.0, 2.0]) == 3

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from kvchain.cli import _load_commands, app
 from kvchain.errors import ConfigError
-from kvchain.sim.prefix_bounds import hit_bound
+from kvchain.sim.prefix_bounds import hit_bound, keyed_prompts, walk_bound
 from kvchain.sim.traces import TraceRequest, load_trace
 
 
@@ -75,3 +75,38 @@ def test_cli_bad_input_exits_2(args):
     _load_commands()
     result = CliRunner().invoke(app, ["prefix-bounds", *args])
     assert result.exit_code == 2, result.output
+
+
+def test_walk_bound_by_hand_reads_the_keys_it_is_given():
+    # Pages of 16 tokens. p0 keys (1, 2); p1 (1, 2, 3) hits 2 pages; p2 (1, 2, 3) again.
+    # Infinite: 0 + 32 + 48 = 80 hit tokens of 32 + 48 + 48 = 128.
+    # LRU of 2: after p1 the order (least recent first) is 3, 2, 1, so 3 is evicted and
+    # p2 hits 2 pages: 0 + 32 + 32 = 64.
+    keyed = [(32, (1, 2)), (48, (1, 2, 3)), (48, (1, 2, 3))]
+    inf = walk_bound(keyed, 16)
+    assert (inf.requests, inf.prompt_tokens, inf.hit_tokens) == (3, 128, 80)
+    assert walk_bound(keyed, 16, 2).hit_tokens == 64
+    # hit_bound is the walk over keyed_prompts: the same totals as by hand above
+    assert keyed_prompts(tiny(), 2, 4)[1][0] == 10
+    assert walk_bound(keyed_prompts(tiny(), 2, 4), 2) == hit_bound(tiny(), 2, block_tokens=4)
+    with pytest.raises(ConfigError):
+        walk_bound(keyed, 16, 0)
+
+
+def test_add_bounds_uses_the_runs_keys_and_computes_the_rest():
+    from kvchain.sim.prefix import PrefixCacheStats as PrefixStats
+    from kvchain.sim.traces import Trace
+    from kvchain.testing.geometry import shape_geometry
+
+    trace = Trace("tiny", tuple(tiny()), "by hand", "none", block_tokens=4)
+    layout = shape_geometry("window|full", 2, pages=4096).layout()
+    computed = PrefixStats().add_bounds(trace, layout)
+    assert computed["prefix_infinite_bound_pct"] == round(100 * 12 / 29, 2)
+    # the run's keys for r1 and r2 (every key), r0 and r3 from their block ids: the same
+    given = {r.request_id: keyed_prompts([r], 2, 4)[0][1] for r in tiny()[1:3]}
+    assert PrefixStats().add_bounds(trace, layout, None, given) == computed
+    # a planted wrong key for r1 (its first page differs from r0's): r1 hits nothing, so
+    # 4 of 29 tokens (r2's pages 0-1): the keys given are the ones counted
+    planted = {1: (999, *given[1][1:])}
+    assert PrefixStats().add_bounds(trace, layout, None, planted)[
+        "prefix_infinite_bound_pct"] == round(100 * 4 / 29, 2)

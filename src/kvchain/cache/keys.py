@@ -93,9 +93,11 @@ def page_keys_from_blocks(block_ids: Sequence[int], block_tokens: int, prompt_to
                                   f"of {block_tokens}: expected {expected}")
     keys: list[int] = []
     parent = ROOT_KEY
-    for j in range(prompt_tokens // page_tokens):
-        start, end = j * page_tokens, (j + 1) * page_tokens
-        first, last = start // block_tokens, (end - 1) // block_tokens
-        parent = hash((parent, end, *ids[first:last + 1]))
+    span, blocks = (-1, -1), ids[:0]
+    for end in range(page_tokens, prompt_tokens + 1, page_tokens):  # page j ends at (j + 1)P
+        covered = ((end - page_tokens) // block_tokens, (end - 1) // block_tokens)
+        if covered != span:  # the blocks page j overlaps (the same for a block's pages)
+            span, blocks = covered, ids[covered[0]:covered[1] + 1]
+        parent = hash((parent, end, *blocks))
         keys.append(parent)
     return tuple(keys)

@@ -107,8 +107,8 @@ class Request:
         if not isinstance(self.status, RequestStatus):
             raise InvalidRequestError(f"request {self.rid}: status must be a RequestStatus, "
                                       f"got {self.status!r}")
-        if self.page_keys is not None and (type(self.page_keys) is not tuple
-                                           or any(type(k) is not int for k in self.page_keys)):
+        if self.page_keys is not None and (type(self.page_keys) is not tuple  # C-level scan:
+                                           or not set(map(type, self.page_keys)) <= {int}):
             raise InvalidRequestError(f"request {self.rid}: page_keys must be a tuple of ints")
         if self.page_keys is not None and len(self.page_keys) > self.prompt_tokens:
             # a key per whole page: never more keys than tokens, whatever the page size

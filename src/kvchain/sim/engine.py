@@ -710,7 +710,8 @@ class _Run:
                    if self.config.scheduler.partial_hits else {}),
                 "prefix_evicted_pages": sum(cache.evicted_pages),
                 "cow_state_copies": kv.glue.cow_state_copies,
-                **stats.add_bounds(served, self.layout, admitted)}
+                **stats.add_bounds(served, self.layout, admitted, {
+                    rid: r.page_keys for rid, r in self.sched.requests.items()})}
 
 
 @contextmanager

@@ -5,7 +5,7 @@ show)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -15,7 +15,7 @@ from kvchain.cache.radix import CacheGeometry, ResumePolicy, cache_refusal, resu
 from kvchain.errors import TraceError
 from kvchain.layout import ChainLayout
 from kvchain.model.layers import LifetimeClass
-from kvchain.sim.prefix_bounds import HitBound, hit_bound, lru_capacity_pages
+from kvchain.sim.prefix_bounds import HitBound, lru_capacity_pages, walk_bound
 from kvchain.sim.traces import MOONCAKE_BLOCK_TOKENS, Trace, TraceRequest
 
 
@@ -98,7 +98,9 @@ class PrefixCacheStats:
         return out
 
     def add_bounds(self, trace: Trace, layout: ChainLayout,
-                   admitted: Collection[int] | None = None) -> dict[str, float]:
+                   admitted: Collection[int] | None = None,
+                   page_keys: Mapping[int, tuple[int, ...] | None] | None = None
+                   ) -> dict[str, float]:
         """Compute the infinite-cache and LRU bounds of ``trace``'s prompts at the run's
         page size (the LRU holding ``layout.buffer_bytes`` of full-attention pages) into
         this record; return them as ``extra`` counters in percent
@@ -108,7 +110,15 @@ class PrefixCacheStats:
         :attr:`prompt_tokens` counts); the bounds are then over those requests alone, so
         a request rejected (it never fits, or passes the context) or never reached by the
         run's end weighs in neither rate. ``None``: every request of the trace. A prompt
-        without content keys counts as a miss in both, as in the run's rate."""
+        without content keys counts as a miss in both, as in the run's rate.
+
+        ``page_keys``: request id -> the page keys the run gave the request
+        (:func:`request_page_keys` at the run's page size; ``None`` or absent: computed
+        here from its block ids): the keys are computed once per request for the run and
+        both bounds.
+
+        Raises:
+            InvalidRequestError: block ids that do not match a prompt's length."""
         page, block = layout.page_size, trace_block_tokens(trace)
         requests = (trace.requests if admitted is None else
                     [r for r in trace.requests if r.request_id in admitted])
@@ -120,14 +130,16 @@ class PrefixCacheStats:
             total = bound.prompt_tokens + unkeyed
             return bound.hit_tokens / total if total else 0.0
 
-        self.infinite_bound = rate(hit_bound(requests, page, block_tokens=block))
+        known = page_keys or {}
+        keyed = [(r.prompt_tokens, keys) for r in requests
+                 if (keys := _bound_keys(r, known, block, page)) is not None]
+        self.infinite_bound = rate(walk_bound(keyed, page))
         extra = {"prefix_infinite_bound_pct": round(100 * self.infinite_bound, 2)}
         full = layout.index_of(LifetimeClass.FULL)
         if full is not None:
             per_token = layout.bands[full].page_bytes // page
             self.lru_capacity_pages = lru_capacity_pages(layout.buffer_bytes, per_token, page)
-            self.lru_bound = rate(hit_bound(requests, page, block_tokens=block,
-                                            capacity_pages=self.lru_capacity_pages))
+            self.lru_bound = rate(walk_bound(keyed, page, self.lru_capacity_pages))
             extra["prefix_lru_bound_pct"] = round(100 * self.lru_bound, 2)
         return extra
 
@@ -195,6 +207,18 @@ def host_interval_tokens(trace: Trace, geom: CacheGeometry, interval_tokens: int
     if not points:
         return interval_tokens
     return interval_tokens * max(1, round(pages / points / ipages))
+
+
+def _bound_keys(request: TraceRequest, known: Mapping[int, tuple[int, ...] | None],
+                block_tokens: int, page_tokens: int) -> tuple[int, ...] | None:
+    """The page keys a bound counts ``request`` with: the run's (``known``), else those of
+    its block ids, else ``None`` (no content ids: skipped, as
+    :func:`~kvchain.sim.prefix_bounds.keyed_prompts` skips it)."""
+    keys = known.get(request.request_id)
+    if keys is None and request.prefix_block_ids is not None:
+        keys = page_keys_from_blocks(request.prefix_block_ids, block_tokens,
+                                     request.prompt_tokens, page_tokens)
+    return keys
 
 
 def truncated_request(request: TraceRequest, prompt_tokens: int,

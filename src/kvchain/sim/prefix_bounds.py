@@ -69,19 +69,26 @@ def lru_capacity_pages(capacity_bytes: int, full_bytes_per_token: int, page_toke
     return max(capacity_bytes // (full_bytes_per_token * page_tokens), 1)
 
 
-def _keyed(requests: Iterable[TraceRequest], page_tokens: int,
-           block_tokens: int) -> Iterable[tuple[int, tuple[int, ...]]]:
-    for r in requests:
-        if r.prefix_block_ids is None:
-            continue
-        yield r.prompt_tokens, page_keys_from_blocks(r.prefix_block_ids, block_tokens,
-                                                     r.prompt_tokens, page_tokens)
+def keyed_prompts(requests: Iterable[TraceRequest], page_tokens: int,
+                  block_tokens: int = DEFAULT_BLOCK_TOKENS) -> list[tuple[int, tuple[int, ...]]]:
+    """``(prompt tokens, page keys)`` of each request with content block ids, in order
+    (:func:`~kvchain.cache.keys.page_keys_from_blocks`; those without ids are skipped):
+    what :func:`walk_bound` reads, computed once for any number of cache sizes.
+
+    Raises:
+        InvalidRequestError: block ids that do not match a prompt's length, or a size
+            not an int >= 1.
+    """
+    return [(r.prompt_tokens, page_keys_from_blocks(r.prefix_block_ids, block_tokens,
+                                                     r.prompt_tokens, page_tokens))
+            for r in requests if r.prefix_block_ids is not None]
 
 
 def hit_bound(requests: Iterable[TraceRequest], page_tokens: int, *,
               capacity_pages: int | None = None,
               block_tokens: int = DEFAULT_BLOCK_TOKENS) -> HitBound:
-    """The infinite-cache (``capacity_pages=None``) or LRU bound of a trace's prompts.
+    """The infinite-cache (``capacity_pages=None``) or LRU bound of a trace's prompts
+    (:func:`walk_bound` over :func:`keyed_prompts`).
 
     Args:
         requests: in arrival order; those without ``prefix_block_ids`` are skipped.
@@ -98,12 +105,33 @@ def hit_bound(requests: Iterable[TraceRequest], page_tokens: int, *,
         ConfigError: ``page_tokens`` or ``capacity_pages`` not an int >= 1.
         InvalidRequestError: block ids that do not match a prompt's length.
     """
+    _check_sizes(page_tokens, capacity_pages)
+    return walk_bound(keyed_prompts(requests, page_tokens, block_tokens), page_tokens,
+                      capacity_pages)
+
+
+def _check_sizes(page_tokens: int, capacity_pages: int | None) -> None:
+    """Refuse a page size or capacity that is not an int >= 1 (ConfigError)."""
     for name, value in (("page_tokens", page_tokens), ("capacity_pages", capacity_pages)):
         if value is not None and (type(value) is not int or value < 1):
             raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def walk_bound(keyed: Iterable[tuple[int, tuple[int, ...]]], page_tokens: int,
+               capacity_pages: int | None = None) -> HitBound:
+    """The bound of prompts given as ``(prompt tokens, page keys)`` in arrival order
+    (:func:`keyed_prompts`): each hits its longest run of leading pages whose keys the
+    cache holds (``P`` tokens a page), then every page of it becomes most recent, its
+    deepest page least recent of them; an LRU of ``capacity_pages`` pages then evicts
+    the least recent keys (``None``: an infinite cache, nothing evicted).
+
+    Raises:
+        ConfigError: ``page_tokens`` or ``capacity_pages`` not an int >= 1.
+    """
+    _check_sizes(page_tokens, capacity_pages)
     lru: OrderedDict[int, None] = OrderedDict()
     count = prompt = hit = 0
-    for tokens, keys in _keyed(requests, page_tokens, block_tokens):
+    for tokens, keys in keyed:
         count += 1
         prompt += tokens
         n = 0
