@@ -147,12 +147,19 @@ def test_plan_decode_run_bounds_and_refusals():
     assert sched.plan_decode_run(100).steps == 30 - 9  # request 1 alone, to its end
 
 
-def test_run_decodes_checks_its_arguments():
+def _decoding_one():
+    """A scheduler whose request 1 (100 prompt, 30 output tokens) has prefilled at 0.01 s,
+    and the plan of its next 5 decode steps."""
     sched = small_scheduler()
     sched.add(Request(1, 100, 30, 0.0), 0.0)
     sched.complete(sched.step(0.0), StepOutcome(0.01), 0.01)
     run = sched.plan_decode_run(5)
     assert run is not None
+    return sched, run
+
+
+def test_run_decodes_checks_its_arguments():
+    sched, run = _decoding_one()
     for bad in (0, 6):
         with pytest.raises(InvalidRequestError):
             sched.run_decodes(run, bad, [1.0] * 6)
@@ -196,11 +203,7 @@ def test_run_times_fast_scan_agrees_with_the_one_by_one_check(times, last):
 
 
 def test_run_decodes_refuses_a_nan_or_backward_time_and_changes_nothing():
-    sched = small_scheduler()
-    sched.add(Request(1, 100, 30, 0.0), 0.0)
-    sched.complete(sched.step(0.0), StepOutcome(0.01), 0.01)
-    run = sched.plan_decode_run(5)
-    assert run is not None
+    sched, run = _decoding_one()
     for times in ([1.0, float("nan"), 2.0], [1.0, 0.9, 2.0], [0.001, 1.0, 2.0]):
         with pytest.raises(InvalidRequestError):
             sched.run_decodes(run, 3, times)  # 0.001 s: before the step clock (0.01 s)
