@@ -40,7 +40,7 @@ from kvchain.requests.batch import (
     request_ids,
 )
 from kvchain.requests.cache_glue import CacheGlue
-from kvchain.requests.demand import NOTHING_HELD, request_demand, request_demands
+from kvchain.requests.demand import NOTHING_HELD, HeldPages, request_demand, request_demands
 from kvchain.requests.lookup import SlotLookup
 from kvchain.requests.plan import StepPlan
 from kvchain.requests.rows import Rows
@@ -120,17 +120,9 @@ class StepPath:
             InvalidDemandError: ``rid`` not an int id (:func:`check_rid`: a bool would
                 alias request 0 or 1); as :func:`request_demand`.
         """
-        check_rid(rid)
-        facts = self._requests.get(rid)
-        if facts is None:
-            sus = self._suspended.get(rid)
-            held, tokens = (sus.held, sus.tokens) if sus is not None else (NOTHING_HELD, 0)
-            return request_demand(self._geom, held, tokens, extend, headroom, headroom_chunk,
-                                  horizon=horizon)
-        slot = facts.slot
-        return request_demand(self._geom, self._table.held(slot), int(self._table.tokens[slot]),
-                              extend, headroom, headroom_chunk, facts.points,
-                              horizon, facts.gap)
+        held, tokens, points, gap = self._position(rid)
+        return request_demand(self._geom, held, tokens, extend, headroom, headroom_chunk,
+                              points, horizon, gap)
 
     def demand_pair(self, rid: int, extend: int, headroom: int = 0, headroom_chunk: int = 1,
                     horizon: int = 0) -> tuple[Demand, Demand]:
@@ -143,17 +135,27 @@ class StepPath:
             InvalidDemandError: ``rid`` not an int id (:func:`check_rid`: a bool would
                 alias request 0 or 1); as :func:`request_demand`.
         """
+        held, tokens, points, gap = self._position(rid)
+        return request_demands(self._geom, held, tokens, extend, headroom, headroom_chunk,
+                               points, horizon, gap)
+
+    def _position(self, rid: int) -> tuple[HeldPages, int, Sequence[int], int]:
+        """``(held pages, tokens, checkpoint points, recompute gap)`` of ``rid``, what its
+        demand is priced from: its table row; a request suspended to host at its position
+        once resumed; one unknown here from nothing held (no points, no gap).
+
+        Raises:
+            InvalidDemandError: ``rid`` not an int id (:func:`check_rid`).
+        """
         check_rid(rid)
         facts = self._requests.get(rid)
         if facts is None:
             sus = self._suspended.get(rid)
-            held, tokens = (sus.held, sus.tokens) if sus is not None else (NOTHING_HELD, 0)
-            return request_demands(self._geom, held, tokens, extend, headroom, headroom_chunk,
-                                   horizon=horizon)
+            if sus is None:
+                return NOTHING_HELD, 0, (), 0
+            return sus.held, sus.tokens, (), 0
         slot = facts.slot
-        return request_demands(self._geom, self._table.held(slot),
-                               int(self._table.tokens[slot]), extend, headroom,
-                               headroom_chunk, facts.points, horizon, facts.gap)
+        return self._table.held(slot), int(self._table.tokens[slot]), facts.points, facts.gap
 
     def decode_demands(self, rids: Sequence[int], drafts: int = 0) -> DecodeBatch:
         """``[self._demand(rid, 1 + drafts) for rid in rids]`` (equal values), for a decode
