@@ -202,3 +202,19 @@ def test_the_help_states_the_arrival_rule_the_reader_applies():
     assert "any origin" not in text
     assert "arrival_s: seconds, finite and >= 0 (the earliest is taken as 0" in text
     assert "a negative time is refused); in JSONL a number, not a string" in text
+
+
+@pytest.mark.parametrize("ids", ["[true, 7]", "[7, false]", "[-1, 7]", "[7, 2.0]", '[7, "8"]',
+                                 "[7, null]", '"7 8"'])
+def test_jsonl_hash_ids_refuse_a_bool_a_negative_or_a_non_int(tmp_path, ids):
+    """Each of 600 tokens' 2 block ids (blocks of 512) must be a JSON integer >= 0: a bool
+    (an int in Python), -1, 2.0, a string or null names line 1 and the field; [7, 8]
+    loads."""
+    path = tmp_path / "ids.jsonl"
+    row = '{{"arrival_s": 0, "prompt_tokens": 600, "output_tokens": 3, "hash_ids": {}}}\n'
+    path.write_text(row.format(ids))
+    with pytest.raises(TraceError, match=r"line 1, field 'hash_ids': must be a list of "
+                                         r"non-negative integers"):
+        load_trace(path)
+    path.write_text(row.format("[7, 8]"))
+    assert load_trace(path).requests[0].prefix_block_ids == (7, 8)
