@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -61,3 +63,13 @@ def test_block_keys_are_the_formula_for_every_page(block, page, prompt, rng):
         parent = hash((parent, end, *ids[j * page // block:(end - 1) // block + 1]))
         keys.append(parent)
     assert page_keys_from_blocks(ids, block, prompt, page) == tuple(keys)
+
+
+@pytest.mark.parametrize("ids, shown", [((1, True), "True"), ((-1, 2), "-1"), ((1, 2.0), "2.0"),
+                                        ((1, "2"), "'2'"), ((1, None), "None")])
+def test_block_ids_refuse_the_first_bad_id_by_name(ids, shown):
+    """20 tokens in blocks of 16 take 2 ids, each an int >= 0: the first bad one is named
+    (a bool is an int in Python, refused all the same); (1, 2) gives 20 // 4 = 5 keys."""
+    with pytest.raises(InvalidRequestError, match=f"non-negative ints, got {re.escape(shown)}$"):
+        page_keys_from_blocks(ids, 16, 20, 4)
+    assert len(page_keys_from_blocks((1, 2), 16, 20, 4)) == 5

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kvchain.cli import _load_commands, app
@@ -110,3 +112,18 @@ def test_add_bounds_uses_the_runs_keys_and_computes_the_rest():
     planted = {1: (999, *given[1][1:])}
     assert PrefixStats().add_bounds(trace, layout, None, planted)[
         "prefix_infinite_bound_pct"] == round(100 * 4 / 29, 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 200),
+                          st.lists(st.integers(0, 15), max_size=8).map(tuple)), max_size=12))
+def test_infinite_walk_is_an_lru_that_never_fills(keyed):
+    """The infinite cache is walked as a set (recency cannot matter when nothing is
+    evicted): it hits what an LRU larger than every key ever seen hits, duplicates in a
+    prompt included."""
+    distinct = len({k for _, keys in keyed for k in keys})
+    infinite = walk_bound(keyed, 16)
+    lru = walk_bound(keyed, 16, distinct + 1)
+    assert (infinite.requests, infinite.prompt_tokens, infinite.hit_tokens) == (
+        lru.requests, lru.prompt_tokens, lru.hit_tokens)
+    assert infinite.capacity_pages is None

@@ -84,9 +84,10 @@ def page_keys_from_blocks(block_ids: Sequence[int], block_tokens: int, prompt_to
     _check_positive("prompt_tokens", prompt_tokens)
     _check_positive("page_tokens", page_tokens)
     ids = tuple(block_ids)
-    for b in ids:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-            raise InvalidRequestError(f"block ids must be non-negative ints, got {b!r}")
+    if not set(map(type, ids)) <= {int} or (ids and min(ids) < 0):  # one C-level scan
+        for b in ids:  # name the first bad id (a bool, an int subclass, a negative)
+            if type(b) is not int or b < 0:
+                raise InvalidRequestError(f"block ids must be non-negative ints, got {b!r}")
     expected = -(-prompt_tokens // block_tokens)
     if len(ids) != expected:
         raise InvalidRequestError(f"{len(ids)} block ids for {prompt_tokens} tokens in blocks "

@@ -20,7 +20,7 @@ cached pages.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 from kvchain.cache.keys import page_keys_from_blocks
@@ -129,19 +129,41 @@ def walk_bound(keyed: Iterable[tuple[int, tuple[int, ...]]], page_tokens: int,
         ConfigError: ``page_tokens`` or ``capacity_pages`` not an int >= 1.
     """
     _check_sizes(page_tokens, capacity_pages)
+    if capacity_pages is None:
+        return _walk_infinite(keyed, page_tokens)
     lru: OrderedDict[int, None] = OrderedDict()
     count = prompt = hit = 0
     for tokens, keys in keyed:
         count += 1
         prompt += tokens
-        n = 0
-        while n < len(keys) and keys[n] in lru:
-            n += 1
-        hit += n * page_tokens
+        hit += _leading_hits(keys, lru) * page_tokens
         for key in reversed(keys):  # the deepest page least recent: evicted first
             lru[key] = None
             lru.move_to_end(key)
-        if capacity_pages is not None:
-            while len(lru) > capacity_pages:
-                lru.popitem(last=False)
+        for _ in range(len(lru) - capacity_pages):
+            lru.popitem(last=False)
     return HitBound(count, prompt, hit, capacity_pages)
+
+
+def _walk_infinite(keyed: Iterable[tuple[int, tuple[int, ...]]],
+                   page_tokens: int) -> HitBound:
+    """:func:`walk_bound` of an infinite cache: nothing is evicted, so recency does not
+    matter and the cache is the set of keys seen."""
+    seen: set[int] = set()
+    count = prompt = hit = 0
+    for tokens, keys in keyed:
+        count += 1
+        prompt += tokens
+        hit += _leading_hits(keys, seen) * page_tokens
+        seen.update(keys)
+    return HitBound(count, prompt, hit, None)
+
+
+def _leading_hits(keys: tuple[int, ...], cached: Container[int]) -> int:
+    """How many leading ``keys`` ``cached`` holds (pages)."""
+    n = 0
+    for key in keys:
+        if key not in cached:
+            break
+        n += 1
+    return n
