@@ -4,6 +4,7 @@ flags: targets, tolerance and target rate."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 
@@ -54,6 +55,15 @@ def test_gpus_needed_refuses_a_rate_that_is_not_finite_and_positive(rate):
     with pytest.raises(ConfigError, match="finite number > 0"):
         gpus_needed(rate, 10.0, 1)
     assert gpus_needed(25.0, 10.0, 2) == 6
+
+
+def test_gpus_needed_of_a_huge_target_over_a_tiny_rate_is_exact():
+    """1e308 req/s over replicas of 0.25 req/s: the float quotient is infinite (before,
+    math.ceil raised OverflowError after every search); the count is 4e308 replicas
+    exactly, rounded up, times tp. 1.0 / 0.1 still needs 10 replicas, not 11."""
+    assert gpus_needed(1e308, 0.25, 2) == int(1e308) * 4 * 2
+    assert gpus_needed(1e308, 5e-324, 1) == math.ceil(Fraction(1e308) / Fraction(5e-324))
+    assert gpus_needed(1.0, 0.1, 1) == 10
 
 
 @pytest.mark.parametrize("tol", [math.inf, math.nan, 0.0])

@@ -37,6 +37,7 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -533,7 +534,9 @@ def bisect_rate(evaluate: Callable[[float], Mapping[str, Any]], slo: SLO, lo: fl
 
 def gpus_needed(target_rps: float, rate_rps: float | None, tp: int) -> int | None:
     """GPUs to serve ``target_rps`` requests/s with replicas of ``tp`` GPUs each sustaining
-    ``rate_rps``: ``ceil(target / rate) x tp`` (None when no rate meets the targets).
+    ``rate_rps``: ``ceil(target / rate) x tp`` (None when no rate meets the targets); a
+    quotient past the float range (a huge target over a tiny rate) is taken exactly, so
+    every finite target gets a count.
 
     Raises:
         SweepConfigError: a target rate that is not a finite number > 0 (NaN and infinity
@@ -544,7 +547,13 @@ def gpus_needed(target_rps: float, rate_rps: float | None, tp: int) -> int | Non
                                f"{target_rps}")
     if rate_rps is None or rate_rps <= 0:
         return None
-    return math.ceil(target_rps / rate_rps - 1e-9) * tp
+    replicas = target_rps / rate_rps
+    if not math.isfinite(replicas):
+        # A huge finite target over a tiny rate overflows the float quotient (1e308 /
+        # 0.25): the exact quotient of the two floats, rounded up, is the count.
+        return math.ceil(Fraction(target_rps) / Fraction(rate_rps)) * tp
+    # 1e-9 absorbs the float quotient's rounding (1.0 / 0.1 = 10.000000000000002)
+    return math.ceil(replicas - 1e-9) * tp
 
 
 @dataclass(frozen=True, slots=True)
