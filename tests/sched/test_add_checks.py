@@ -12,6 +12,7 @@ input of the same call changes the state, so the "nothing changed" check could f
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -222,3 +223,26 @@ def test_request_refuses_an_id_that_is_not_an_int(rid: object) -> None:
     assert sched.request(np.int64(1)).prompt_tokens == 12  # type: ignore[arg-type]
     with pytest.raises(UnknownRequestError, match="no request 5"):
         sched.request(5)
+
+
+def test_one_request_object_is_queued_by_one_scheduler() -> None:
+    """Was: the same waiting Request queued by two schedulers, each then mutating its
+    status, computed and output_done under the other. The second add is refused and
+    changes nothing; a copy (dataclasses.replace) is fresh and runs there; the original
+    stays queued by the first (still waiting, nothing computed)."""
+    first, second = scheduler(), scheduler()
+    r = Request(0, 8, 4)
+    assert first.add(r, 0.0) is True
+    before = state_of(second)
+    with pytest.raises(InvalidRequestError, match="already queued by another scheduler"):
+        second.add(r, 0.0)
+    assert state_of(second) == before and second.drain_events() == []
+    copy = dataclasses.replace(r)
+    assert second.add(copy, 0.0) is True
+    batch = second.step(0.0)
+    assert batch.prefills == (PrefillChunk(0, 0, 8),)
+    assert (r.status, r.computed, copy.computed) == (RequestStatus.WAITING, 0, 0)
+    second.complete(batch, StepOutcome(0.01), 0.01)
+    assert (copy.computed, r.computed) == (8, 0)
+    with pytest.raises(InvalidRequestError, match="duplicate request id 0"):
+        first.add(r, 0.0)  # its own scheduler: the duplicate id, as before

@@ -66,6 +66,9 @@ class Request:
     max_tokens: int | None = None
     page_keys: tuple[int, ...] | None = None
     hit_tokens: int = 0
+    # The scheduler that queued it (Scheduler.add sets it; not a constructor argument, so
+    # dataclasses.replace makes a fresh copy): one request object lives in one scheduler.
+    _holder: object | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.check()

@@ -182,7 +182,9 @@ class Scheduler:
                 (:func:`_check_fresh`: not ``WAITING``, or with progress - ``computed``,
                 ``output_done``, ``retractions``, ``hit_tokens`` not 0, or a
                 ``prefill_target`` other than its prompt); a duplicate id, or an id whose
-                pages the KV manager already holds; page keys other than one per whole
+                pages the KV manager already holds; a request object another scheduler
+                has queued (each holds and mutates its own: add a copy, which
+                ``dataclasses.replace`` makes); page keys other than one per whole
                 page of the prompt (``prompt_tokens // P``:
                 :func:`~kvchain.requests.prompt_keys.check_page_keys`); or ``now`` not a finite
                 time >= 0 (s) (it may be behind the step clock: the simulator adds the
@@ -199,11 +201,16 @@ class Scheduler:
                             self.kv.geom.page_size)
         if request.rid in self.requests:
             raise InvalidRequestError(f"duplicate request id {request.rid}")
+        if request._holder is not None:
+            raise InvalidRequestError(f"request {request.rid}: this Request object is already "
+                                      f"queued by another scheduler (both would mutate it); "
+                                      f"add a copy (dataclasses.replace)")
         if request.rid in self.kv:
             raise InvalidRequestError(f"request {request.rid}: the KV manager already holds "
                                       f"pages for this id (a request is added before any of "
                                       f"its pages are taken)")
         self.requests[request.rid] = request
+        request._holder = self
         self._emit(EventKind.ARRIVED, request.rid, now)
         context = self.config.max_context_tokens
         total = request.prompt_tokens + request.output_tokens
