@@ -120,7 +120,7 @@ def test_bad_files(tmp_path):
         load_hf_config(tmp_path / "missing.json")
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    with pytest.raises(ConfigError, match="invalid JSON"):
         load_hf_config(broken)
     array = tmp_path / "array.json"
     array.write_text("[1, 2]")

@@ -8,7 +8,6 @@ and notes go to stderr, always through :func:`fail`, :func:`warn`, :func:`hint` 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from kvchain.model.params import WeightFormat
 from kvchain.model.spec import ModelSpec
 from kvchain.sim.metrics import SimSummary
 from kvchain.sim.traces import Trace
+from kvchain.unique_fields import user_json
 
 
 def buffer_warnings(model: ModelSpec, gpu: GPUSpec, buffer_bytes: int | None, *,
@@ -270,8 +270,8 @@ def _config_vocab(config: Path) -> int | None:
     """``vocab_size`` of a Hugging Face config.json (its text config's for a multimodal
     one), or ``None`` when it gives none (the loader read the file already)."""
     try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = user_json(config.read_text(encoding="utf-8"), unique=False)
+    except (OSError, ValueError):  # ConfigError and UnicodeDecodeError included
         return None
     if not isinstance(data, dict):
         return None

@@ -48,7 +48,6 @@ Jet-Nemotron: NVlabs/Jet-Nemotron ``jetai/modeling/configs/jetlm_2B.json``).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -61,6 +60,7 @@ from kvchain.errors import ConfigError, MissingFieldError, UnknownFamilyError
 from kvchain.model.hf_family_defaults import family_defaults
 from kvchain.model.hf_transformers import ReadThrough, read_through_transformers
 from kvchain.model.spec import DefaultedField
+from kvchain.unique_fields import user_json
 
 
 class Mixer(StrEnum):
@@ -306,11 +306,9 @@ def _load_json_file(path: Path) -> object:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 text: {exc}") from exc
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from exc
-    except (ValueError, RecursionError) as exc:  # > 4,300-digit integer, deep nesting
-        raise ConfigError(f"config file {path} is not a usable JSON config: {exc}") from exc
+        return user_json(text, unique=False)  # a Hugging Face config keeps json's rule
+    except ConfigError as exc:  # invalid or unusable JSON
+        raise ConfigError(f"config file {path}: {exc}") from None
 
 
 def _architectures(raw: Mapping[str, object]) -> tuple[str, ...]:

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kvchain.errors import ConfigError
 from kvchain.model.declared import declare_model
 from kvchain.model.spec import ModelSpec
-from kvchain.unique_fields import unique_fields
+from kvchain.unique_fields import user_json
 
 _PARAM_OF_FIELD = {"locals": "locals_"}
 _CLASS_LISTS = ("windows", "locals")
@@ -115,8 +114,8 @@ def load_spec_file(path: str | Path) -> ModelSpec:
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=unique_fields)
-    except (OSError, ValueError) as exc:
+        data = user_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ConfigError and UnicodeDecodeError included
         raise ConfigError(f"spec file {path}: {exc}") from None
     try:
         return spec_from_mapping(data, default_name=path.stem,

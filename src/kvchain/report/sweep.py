@@ -28,6 +28,7 @@ from rich.table import Table
 
 from kvchain.errors import ConfigError
 from kvchain.sim.run_options import RunOptions
+from kvchain.unique_fields import user_json
 
 Row = Mapping[str, Any]
 
@@ -60,8 +61,8 @@ def numbered_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except ValueError:
+            row = user_json(line, unique=False)
+        except ConfigError:
             if n == len(lines):
                 break
             raise ConfigError(f"{path}:{n}: not a JSON row") from None

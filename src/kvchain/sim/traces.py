@@ -50,7 +50,7 @@ import numpy as np
 
 from kvchain.errors import ConfigError, DuplicateFieldError, TraceError
 from kvchain.field_types import type_problem
-from kvchain.unique_fields import unique_fields
+from kvchain.unique_fields import unique_fields, user_json
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per Mooncake ``hash_ids`` block (Mooncake FAST'25 trace README: 512-token blocks;
@@ -697,14 +697,12 @@ def _json_objects(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
         if not text.strip():
             continue
         try:
-            obj = json.loads(text, object_pairs_hook=unique_fields)
+            obj = user_json(text)
         except DuplicateFieldError as exc:
             raise _error(path, line, exc.field, f"given twice in one object ({exc.first!r}, "
                          f"then {exc.second!r})"[:300]) from None
-        except json.JSONDecodeError as exc:
-            raise _error(path, line, "<json>", f"invalid JSON: {exc.msg}") from None
-        except (ValueError, RecursionError) as exc:  # > 4,300-digit int, deep nesting
-            raise _error(path, line, "<json>", f"unusable JSON: {exc}"[:300]) from None
+        except ConfigError as exc:  # invalid or unusable JSON
+            raise _error(path, line, "<json>", str(exc)) from None
         if not isinstance(obj, dict):
             raise _error(path, line, "<json>", "each line must be a JSON object")
         yield line, obj

@@ -51,6 +51,7 @@ from kvchain.testing.streams import (
     op_from_json,
     op_to_json,
 )
+from kvchain.unique_fields import user_json
 
 STREAM_VERSION = 1
 
@@ -189,9 +190,9 @@ def read_stream(path: Path) -> tuple[StreamSection, ...]:
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{number}: not JSON: {exc}") from exc
+            data = user_json(line, unique=False)
+        except ConfigError as exc:  # invalid or unusable JSON
+            raise ConfigError(f"{path}:{number}: not JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}:{number}: expected a JSON object")
         if data.get("kind") == "header":

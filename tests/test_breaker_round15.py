@@ -1,0 +1,82 @@
+"""A breaker's finds of round 15 at the CLI's entry points (``plan``, ``compare``,
+``models``, ``prefix-bounds``) and the readers under them, each refused with a typed
+error that changes nothing, beside a sibling where the good input works."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvchain.cli import _load_commands, app
+from kvchain.errors import ConfigError, DuplicateFieldError
+from kvchain.model.spec_file import load_spec_file
+from kvchain.report.sweep import numbered_rows
+from kvchain.unique_fields import user_json
+
+runner = CliRunner()
+_load_commands()
+
+DEEP = "[" * 100_000 + "]" * 100_000  # past the json module's recursion limit
+
+
+# --- every reader of a user's JSON: one parser, one kind of error ----------------------------
+
+@pytest.mark.parametrize(("text", "match"), [
+    (DEEP, "unusable JSON: maximum recursion depth"),
+    ('{"a": ' + "9" * 5_000 + "}", "unusable JSON: Exceeds the limit"),
+    ("{not json", "invalid JSON: Expecting property name"),
+])
+def test_user_json_refuses_every_bad_text_as_a_config_error(text, match):
+    with pytest.raises(ConfigError, match=match):
+        user_json(text)
+
+
+def test_user_json_reads_and_refuses_a_field_named_twice():
+    assert user_json('{"a": [1, {"b": 2}]}') == {"a": [1, {"b": 2}]}
+    with pytest.raises(DuplicateFieldError):
+        user_json('{"a": 1, "a": 2}')
+    assert user_json('{"a": 1, "a": 2}', unique=False) == {"a": 2}  # json's own rule
+
+
+def test_a_deeply_nested_spec_file_is_a_config_error(tmp_path):
+    """Before: RecursionError escaped ``load_spec_file`` (a traceback, exit 1)."""
+    path = tmp_path / "deep.json"
+    path.write_text(DEEP)
+    with pytest.raises(ConfigError, match=r"spec file .*deep\.json: unusable JSON"):
+        load_spec_file(path)
+    result = runner.invoke(app, ["plan", "--spec", str(path)])
+    assert result.exit_code == 2
+    assert "unusable JSON" in result.stderr and not result.stdout
+
+
+def test_a_spec_file_reads(tmp_path):
+    path = tmp_path / "ok.json"
+    path.write_text(json.dumps({"full": 32_000, "name": "tiny"}))
+    assert load_spec_file(path).name == "tiny"
+
+
+def test_a_deeply_nested_resume_row_is_a_config_error(tmp_path):
+    """Before: a RecursionError from the ``--resume`` file's row (not a ValueError)."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"key": "a"}\n' + DEEP + "\n" + '{"key": "b"}\n')
+    with pytest.raises(ConfigError, match=r"rows\.jsonl:2: not a JSON row"):
+        numbered_rows(path)
+    path.write_text('{"key": "a"}\n{"key": "b"}\n')
+    assert [n for n, _ in numbered_rows(path)] == [1, 2]
+
+
+def test_a_deeply_nested_replay_line_is_a_config_error(tmp_path):
+    """Before: RecursionError (deep nesting) and ValueError (a 5,000-digit int) escaped
+    ``read_stream``, which caught only a JSONDecodeError."""
+    from kvchain.testing.replay import generate_section, read_stream, write_stream
+
+    path = tmp_path / "ops.jsonl"
+    write_stream(path, [generate_section("window|full", 20, seed=1)])
+    assert len(read_stream(path)[0].ops) == 20
+    good = path.read_text()
+    for bad, why in ((DEEP, "maximum recursion depth"), ("9" * 5_000, "Exceeds the limit")):
+        path.write_text(good + bad + "\n")
+        with pytest.raises(ConfigError, match=f"ops\\.jsonl:22: not JSON: unusable JSON: {why}"):
+            read_stream(path)
