@@ -80,3 +80,94 @@ def test_a_deeply_nested_replay_line_is_a_config_error(tmp_path):
         path.write_text(good + bad + "\n")
         with pytest.raises(ConfigError, match=f"ops\\.jsonl:22: not JSON: unusable JSON: {why}"):
             read_stream(path)
+
+
+# --- what the commands print: names as they are, at a width that shows them ----------------
+
+MARKUP_NAME = "[/bold]x $\\frac$"  # rich markup and matplotlib mathtext, both unbalanced
+
+
+def _markup_spec(tmp_path):
+    path = tmp_path / "mk.json"
+    path.write_text(json.dumps({"full": 32_000, "name": MARKUP_NAME,
+                                "weight_bytes": 10**9, "total_params": 1_000,
+                                "active_params": 1_000}))
+    return path
+
+
+@pytest.mark.parametrize("command", [["plan"], ["simulate", "--requests", "3"],
+                                     ["compare", "--requests", "3", "--managers", "kvchain"]])
+def test_a_name_with_markup_prints_as_it_is(tmp_path, command):
+    """Before: compare's and simulate's table titles read the model name as rich markup
+    (MarkupError after the run: exit 1, a traceback); plan escaped it by hand."""
+    result = runner.invoke(app, [*command, "--spec", str(_markup_spec(tmp_path))],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.stderr
+    assert MARKUP_NAME in result.stdout
+    assert "\\[" not in result.stdout  # no escape left over
+
+
+def test_compare_plots_a_name_with_mathtext(tmp_path):
+    """Before: the PNG's title read "$\\frac$" as mathtext, and savefig failed after
+    compare.json was written."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["compare", "--requests", "3", "--managers", "kvchain",
+                                 "--spec", str(_markup_spec(tmp_path)), "--out", str(out),
+                                 "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert (out / "compare.png").stat().st_size > 0
+    assert json.loads((out / "compare.json").read_text())["kvchain"]["summary"]
+
+
+@pytest.mark.parametrize("columns", ["0", "1", "20"])
+def test_a_tiny_terminal_width_still_shows_the_table(columns):
+    """Before: ``COLUMNS=0`` printed nothing and exited 0; 20 cut numbers to "…"."""
+    result = runner.invoke(app, ["models"], env={"COLUMNS": columns})
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert any(line.split()[:2] == ["gpt-oss-120b", "36,864"] for line in lines if line.strip())
+    assert "…" not in result.stdout
+    assert max(map(len, lines)) <= 80
+
+
+def test_an_80_column_terminal_is_kept():
+    wide = runner.invoke(app, ["models"], env={"COLUMNS": "80"}).stdout
+    assert wide == runner.invoke(app, ["models"], env={"COLUMNS": "0"}).stdout
+
+
+class _FullDisk:
+    """A standard output on a full disk (``> /dev/full``)."""
+
+    encoding = "utf-8"
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+
+@pytest.mark.parametrize("command", [["models", "--json"], ["plan"]])
+def test_a_full_stdout_is_an_error_not_a_traceback(monkeypatch, capsys, command):
+    """Before: OSError ENOSPC escaped ``main`` (a traceback, exit 1)."""
+    from kvchain.cli import main
+
+    monkeypatch.setattr("sys.argv", ["kvchain", *command])
+    monkeypatch.setattr("sys.stdout", _FullDisk())
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 1
+    assert "error: cannot write: [Errno 28] No space left on device" in capsys.readouterr().err
+
+
+def test_main_runs_a_command(monkeypatch, capsys):
+    from kvchain.cli import main
+
+    monkeypatch.setattr("sys.argv", ["kvchain", "models", "--json"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 0
+    assert json.loads(capsys.readouterr().out)[0]["name"] == "gpt-oss-120b"

@@ -66,6 +66,18 @@ def _load_commands() -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    A write that fails past the commands' own checks (standard output on a full disk,
+    ``> /dev/full``; an output file whose disk fails mid-run) ends as ``error: cannot
+    write: <why>`` on stderr with exit 1, not a traceback; a reader that closed the pipe
+    (``| head``) ends quietly (click's own handling).
+    """
     _load_commands()
-    app(prog_name="kvchain")
+    try:
+        app(prog_name="kvchain")
+    except OSError as exc:
+        try:
+            fail(f"cannot write: {exc}", code=1)
+        except typer.Exit as done:  # outside the app: exit as it would have
+            raise SystemExit(done.exit_code) from None

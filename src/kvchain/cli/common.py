@@ -86,9 +86,32 @@ def note_defaults(model: ModelSpec, config: Path | None) -> None:
         note(text)
 
 
+#: The narrowest console a command prints to, in columns (the tables are laid out for
+#: 80): a terminal or ``COLUMNS`` below it (``COLUMNS=0`` printed nothing and exited 0,
+#: ``COLUMNS=20`` cut numbers to "…") gets this width, and the terminal wraps the lines.
+MIN_COLUMNS = 80
+
+
+def _at_least_min_width(console: Console) -> Console:
+    if console.width < MIN_COLUMNS:
+        console.width = MIN_COLUMNS
+    return console
+
+
+def out_console(stderr: bool = False, width: int | None = None) -> Console:
+    """A rich console for a command's results: stdout (``stderr``: stderr, for the
+    tables a ``--json`` run moves off stdout), ``width`` columns (``None``: the
+    terminal's), at least :data:`MIN_COLUMNS`. It reads no markup in what it prints, so
+    a model, trace or file name such as ``[/bold]x`` prints as it is (a markup error
+    before); styles are given as ``rich.text.Text`` spans."""
+    return _at_least_min_width(Console(stderr=stderr, markup=False, width=width))
+
+
 def stderr_console() -> Console:
-    """A rich console on stderr (messages; never results)."""
-    return Console(stderr=True)
+    """A rich console on stderr (messages; never results), at least :data:`MIN_COLUMNS`
+    wide; :func:`fail`, :func:`warn`, :func:`hint` and :func:`note` escape the message
+    after their styled prefix."""
+    return _at_least_min_width(Console(stderr=True))
 
 
 def fail(message: object, code: int = 2) -> NoReturn:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from kvchain.baselines import ManagerKind
 from kvchain.cli import app
@@ -25,6 +25,7 @@ from kvchain.cli.common import (
     hint,
     note,
     note_rejections,
+    out_console,
     overload_hint,
     stopped,
 )
@@ -93,7 +94,7 @@ def compare(
     about 3 minutes on one core for the four managers: the ideal's one-token pages are the
     slow part); what the run chose for you is printed on stderr (note:).
     """
-    console = Console(stderr=as_json)
+    console = out_console(stderr=as_json)
     try:
         kinds = [ManagerKind(m.strip()) for m in managers.split(",") if m.strip()]
     except ValueError:
@@ -136,7 +137,7 @@ def compare(
             console.print(table)
         console.print(METRIC_DEFINITIONS, soft_wrap=False)
         for k, r in runs.items():
-            console.print(f"[bold]{k}[/bold]: {r.rule}")
+            console.print(Text.assemble((str(k), "bold"), f": {r.rule}"))
     for k, r in runs.items():
         note_rejections(r.rejected, who=str(k))
         straddle = r.straddle_note(trace_block_tokens(tr))

@@ -15,12 +15,11 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
 from kvchain.catalog import list_models, load_model
 from kvchain.cli import app
-from kvchain.cli.common import fail
+from kvchain.cli.common import fail, out_console
 from kvchain.errors import ConfigError
 from kvchain.model import CacheDtype, LifetimeClass
 
@@ -187,11 +186,11 @@ def models_command(
         typer.echo(json.dumps([asdict(r) for r in rows], indent=2))
         return
     table = _table(rows, tp, kv_dtype, wide)
-    console = Console()
+    console = out_console()
     if wide:
         # The wide table is as wide as its cells: a narrower terminal wraps its lines (or
         # `less -S` scrolls them) rather than rich cutting numbers to "…".
-        needed = Console(width=10_000).measure(table).maximum
+        needed = out_console(width=10_000).measure(table).maximum
         if needed > console.width:
-            console = Console(width=needed)
+            console = out_console(width=needed)
     console.print(table)

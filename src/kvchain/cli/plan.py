@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from kvchain.bands.geometry import StateRollback
 from kvchain.cache.host_tier import (
@@ -38,6 +38,7 @@ from kvchain.cli.common import (
     fail,
     load_spec,
     note_defaults,
+    out_console,
     warn,
     warn_buffer,
 )
@@ -173,7 +174,7 @@ def plan_command(
     if as_json:
         print(json.dumps(plan_report(result, host, speculative, draft), indent=2))
         return
-    console = Console()
+    console = out_console()
     _print_plan(console, result)
     if draft is not None:
         _print_draft(console, draft)
@@ -199,7 +200,7 @@ def _print_speculative(console: Console, spec: SpeculativeCapacity,
     if layout.indices_of(LifetimeClass.LOCAL):
         holds.append("C + k chunk tokens until verified")
     pools = (f"{spec.pools_concurrent:,}" if spec.pools_holds_none is None
-             else f"none ({escape(spec.pools_holds_none)})")
+             else f"none ({spec.pools_holds_none})")
     console.print(f"speculative decoding, k = {spec.spec_tokens} drafts per decode "
                   f"(--spec-tokens; {', '.join(holds)}): concurrent requests "
                   f"{spec.chain_concurrent:,} on the chain (k = 0: {spec.chain_plain:,}), "
@@ -258,7 +259,7 @@ def _print_draft(console: Console, draft: DraftReport) -> None:
     """One line: the draft's bands and weights, and the concurrency with and without it."""
     bands = ", ".join(f"{label} {per_token:,} B/token" if per_token else
                       f"{label} {per_slot:,} B/slot" for label, per_token, per_slot in draft.bands)
-    console.print(f"draft model {escape(draft.name)} ({draft.kind}; --draft-model): "
+    console.print(f"draft model {draft.name} ({draft.kind}; --draft-model): "
                   f"{bands or 'no bands (shares the target KV)'}, weights "
                   f"{draft.weight_bytes:,} B (KV buffer {draft.buffer_bytes:,} B, alone "
                   f"{draft.buffer_bytes_alone:,} B): concurrent requests "
@@ -440,9 +441,10 @@ def _print_host(console: Console, host: HostReport) -> None:
                f"a resume point every {tier.interval_tokens:,} tokens (--host-interval)")
     parts = ", ".join(f"{c.label} {c.per_interval} x {c.page_bytes:,} B"
                       for c in tier.classes)
-    console.print(f"host tier {tier.host_bytes:,} B ({escape(host.given)}), {spacing}: "
-                  f"[bold]{tier.resumable_tokens:,}[/bold] tokens of resumable prefix "
-                  f"({tier.intervals:,} intervals of {tier.interval_bytes:,} B: {parts})")
+    console.print(Text.assemble(
+        f"host tier {tier.host_bytes:,} B ({host.given}), {spacing}: ",
+        (f"{tier.resumable_tokens:,}", "bold"), " tokens of resumable prefix "
+        f"({tier.intervals:,} intervals of {tier.interval_bytes:,} B: {parts})"))
     table = Table(title="host tier by class")
     for col in ("class", "page bytes", "per interval", "slots", "bytes"):
         table.add_column(col, justify="left" if col == "class" else "right")
@@ -452,7 +454,7 @@ def _print_host(console: Console, host: HostReport) -> None:
     console.print(table)
     t = host.timing
     if t is None:
-        console.print(f"host hit not priced: {escape(host.why_unpriced)}")
+        console.print(f"host hit not priced: {host.why_unpriced}")
         return
     verdict = (f"saves {t.saved_s * 1e3:,.1f} ms" if t.saved_s >= 0
                else f"costs {-t.saved_s * 1e3:,.1f} ms more than recomputing")
@@ -481,8 +483,8 @@ def _print_plan(console: Console, result: CapacityPlan) -> None:
                   f"- weights {budget.weight_bytes:,} - engine reserve "
                   f"{budget.reserve_bytes:,} (activations, CUDA context, NCCL; CUDA graphs "
                   f"in the other {1 - (budget.mem_fraction or 0):.2g})")
-    console.print(f"[bold]{escape(result.model.name)}[/bold] on {gpu_spec.name}, {scope}: "
-                  f"KV buffer {budget.buffer_bytes:,} B{source}", soft_wrap=False)
+    console.print(Text.assemble((result.model.name, "bold"), f" on {gpu_spec.name}, {scope}: "
+                                f"KV buffer {budget.buffer_bytes:,} B{source}"), soft_wrap=False)
     console.print(band_table(layout))
     table = Table(title=f"capacity for ({prompt:,} prompt, {output:,} output) requests"
                         + (f", per rank (tp {result.tp})" if result.tp > 1 else ""))
@@ -521,7 +523,7 @@ def _print_plan(console: Console, result: CapacityPlan) -> None:
     if rules:
         console.print("fixed pools: " + "; ".join(rules))
     if pools.holds_none is not None:
-        console.print(f"fixed pools hold no request (0 concurrent): {escape(pools.holds_none)}")
+        console.print(f"fixed pools hold no request (0 concurrent): {pools.holds_none}")
 
 
 def _capacity_rows(ours: Capacity, pools: Capacity, ours_longest: LongestRequest,
@@ -562,7 +564,7 @@ def _context_words(model: ModelSpec) -> str:
     if model.draft is None:
         return f"the model's context {context:,} tokens (max_position_embeddings)"
     return (f"the context {context:,} tokens (the shorter max_position_embeddings of the "
-            f"target and the draft {escape(model.draft.name)})")
+            f"target and the draft {model.draft.name})")
 
 
 _BOUND_WORDS = {"kv_bytes": "the KV buffer", "context": "the context length"}

@@ -14,11 +14,10 @@ import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from kvchain.cli import app
-from kvchain.cli.common import fail, load_spec, warn
+from kvchain.cli.common import fail, load_spec, out_console, warn
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.model.layers import LifetimeClass
 from kvchain.sim.prefix_bounds import HitBound, hit_bound
@@ -43,7 +42,7 @@ def prefix_bounds_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, not a table.")] = False,
 ) -> None:
     """Hit-rate bounds of a prefix cache on a trace: infinite cache and LRU of a size."""
-    console = Console()
+    console = out_console()
     try:
         check_values(requests=requests, page_size=page_size, tp=tp,
                     capacity_pages=capacity_pages, capacity_bytes=capacity_bytes)

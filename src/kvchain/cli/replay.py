@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from kvchain.cli import app
-from kvchain.cli.common import fail
+from kvchain.cli.common import fail, out_console
 from kvchain.errors import ConfigError
 from kvchain.sim.run_options import check_values
 from kvchain.testing.geometry import SHAPES
@@ -58,7 +58,7 @@ def replay_command(
                                        "(offload, load-back, host eviction).")] = False,
 ) -> None:
     """Replay a recorded operation stream with audits, or generate one (--generate)."""
-    console = Console()
+    console = out_console()
     try:
         if generate is not None:
             if stream is not None:
@@ -113,6 +113,6 @@ def replay_command(
         console.print(table)
         for r in reports:
             for m in r.messages:
-                console.print(f"[red]{r.shape}[/red] {m}")
+                console.print(Text.assemble((r.shape, "red"), f" {m}"))
     if not all(r.ok for r in reports):
         raise typer.Exit(1)

@@ -10,14 +10,15 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from kvchain.cache.radix import CacheGeometry
 from kvchain.cli import app
 from kvchain.cli.common import (
     hint,
     note_rejections,
+    out_console,
     overload_hint,
     stopped,
 )
@@ -68,16 +69,15 @@ def simulate_command(
     from --mem-fraction 0.90, the roofline clock. A trace you name runs whole and at its own
     rate unless told otherwise. What the run chose for you is printed on stderr (note:).
     """
-    console = Console(stderr=as_json)
+    console = out_console(stderr=as_json)
     prep = prepare_run(model=model, config=config, spec=spec, gpu=gpu, tp=tp, trace=trace,
                        given=given, out=out, writes=SIMULATE_FILES)
     run, tr, layout = prep.options, prep.trace, prep.layout
     if not as_json:
-        console.print(f"[bold]{escape(prep.model.name)}[/bold] on {prep.gpu.name}, trace "
-                      f"[bold]{escape(tr.name)}[/bold] ({len(tr):,} requests, "
-                      f"{tr.duration_s:,.0f} s)"
-                      + (f", step clock {run.step_ms:g} ms"
-                         if run.clock is ClockKind.STEPS else ""))
+        console.print(Text.assemble(
+            (prep.model.name, "bold"), f" on {prep.gpu.name}, trace ", (tr.name, "bold"),
+            f" ({len(tr):,} requests, {tr.duration_s:,.0f} s)"
+            + (f", step clock {run.step_ms:g} ms" if run.clock is ClockKind.STEPS else "")))
         console.print(band_table(layout))
     result, wall = _simulate(prep, console, as_json)
     summary = result.summary

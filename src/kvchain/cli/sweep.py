@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.cli import app
-from kvchain.cli.common import fail, note, prepare_out_dir, stopped, warn
+from kvchain.cli.common import fail, note, out_console, prepare_out_dir, stopped, warn
 from kvchain.cli.run_options import GivenOptions, inert_warnings, run_options
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.report.sweep import (
@@ -152,7 +152,7 @@ def sweep_command(
     --prefix-caches) applies to every point, with simulate's defaults; a grid file takes
     the same names as keys (reserve = "full"), and an option given here overrides it.
     """
-    console = Console()
+    console = out_console()
     try:
         data: dict[str, Any] = load_grid_file(grid) if grid is not None else {}
         cli = {"models": _split(models, "models"), "gpus": _split(gpus, "gpus"),

@@ -204,9 +204,11 @@ def _place_notes(fig: Figure, notes: list[str], width: float, title: str) -> Non
     text = "\n".join(textwrap.fill(n, int(width * 17)) for n in notes)
     height = fig.get_figheight()
     bottom = (text.count("\n") + 1) * 7 * 1.35 / 72 + 0.15  # inches of notes
-    fig.text(0.01, 0.01, text, fontsize=7, va="bottom")
+    # parse_math off: a model or trace name in the title (or a note) may hold "$", which
+    # matplotlib would read as mathtext (a name such as "$\\frac$" failed the savefig)
+    fig.text(0.01, 0.01, text, fontsize=7, va="bottom", parse_math=False)
     if title:
-        fig.suptitle(textwrap.fill(title, int(width * 9)), fontsize=11)
+        fig.suptitle(textwrap.fill(title, int(width * 9)), fontsize=11, parse_math=False)
     top = 1 - (0.55 if title else 0.1) / height
     fig.tight_layout(rect=(0, bottom / height, 1, top))
 

@@ -415,7 +415,7 @@ def sweep_table(rows: Sequence[Row]) -> Table:
 def table_width(table: Table) -> int:
     """Columns (characters) ``table`` needs to show every cell whole: its widest rendering
     measured on an unbounded console (the title may still wrap)."""
-    wide = Console(width=100_000, file=io.StringIO(), color_system=None)
+    wide = Console(width=100_000, file=io.StringIO(), color_system=None, markup=False)
     return wide.measure(table).maximum
 
 
