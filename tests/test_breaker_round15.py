@@ -171,3 +171,54 @@ def test_main_runs_a_command(monkeypatch, capsys):
         main()
     assert done.value.code == 0
     assert json.loads(capsys.readouterr().out)[0]["name"] == "gpt-oss-120b"
+
+
+# --- plan: options that would print a capacity that is not there ---------------------------
+
+def test_most_state_slots_by_hand():
+    from kvchain.capacity import most_state_slots
+    from kvchain.layout import plan_layout
+    from kvchain.model.declared import declare_model
+
+    # 20 slots of 50,000,000 B fill the 1e9 B buffer; 19 leave room for a 16,000 B page;
+    # 18 x 5e7 + 16,000 B is all a 950,015,999 B buffer holds
+    model = declare_model("f", full=1_000, state=50_000_000)
+    assert most_state_slots(plan_layout(model.classes, 10**9, 16)) == 19
+    assert most_state_slots(plan_layout(model.classes, 950_016_000, 16)) == 19
+    assert most_state_slots(plan_layout(model.classes, 950_015_999, 16)) == 18
+    assert most_state_slots(plan_layout(declare_model("g", full=1_000).classes, 10**9,
+                                        16)) is None
+
+
+def test_plan_refuses_more_slots_held_than_the_buffer_holds(tmp_path):
+    """Before: past the slots the chain holds, the token-capacity row vanished from the
+    table (0 on both sides) and the JSON said 0 tokens, with nothing on stderr."""
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({"name": "s", "full": 1_000, "state": 50_000_000}))
+    args = ["plan", "--spec", str(spec), "--buffer-bytes", str(10**9), "--json"]
+    held = json.loads(runner.invoke(app, [*args, "--slots-held", "19"]).stdout)
+    # 19 slots leave 50,000,000 B: 3,125 pages of 16,000 B, 50,000 tokens
+    assert held["chain_capacity"]["slots_held"] == 19
+    assert held["chain_capacity"]["full_tokens"] == 50_000
+    result = runner.invoke(app, [*args, "--slots-held", "20"])
+    assert result.exit_code == 2 and not result.stdout
+    assert "--slots-held 20 passes the 19 state slots" in result.stderr
+
+
+def test_plan_warns_of_slots_held_without_a_state_band():
+    result = runner.invoke(app, ["plan", "--slots-held", "5", "--json"])
+    assert result.exit_code == 0
+    assert "changes nothing: gpt-oss-120b has no state band" in result.stderr
+
+
+def test_plan_notes_a_draft_without_spec_tokens():
+    """plan prices a draft's weights and KV at any k (a planner's question); without
+    --spec-tokens it now says that its drafts are not priced (compare refuses the run)."""
+    result = runner.invoke(app, ["plan", "--model", "Qwen3-8B", "--draft-model",
+                                 "Qwen3-0.6B", "--json"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0
+    assert "without --spec-tokens: the figures price the draft's weights and KV" in \
+        result.stderr
+    priced = runner.invoke(app, ["plan", "--model", "Qwen3-8B", "--draft-model",
+                                 "Qwen3-0.6B", "--spec-tokens", "3", "--json"])
+    assert "without --spec-tokens" not in priced.stderr

@@ -239,6 +239,38 @@ def _concurrency(parts: _Parts, prompt: int, output: int) -> int:
                for (_, snap), u in zip(parts, unit, strict=True))
 
 
+def _slots_demand(g: RequestGeometry, slots: int) -> Demand:
+    """``slots`` state slots in every state band of ``g`` (a draft's too), nothing else."""
+    pages = [0] * g.num_bands
+    for band in g.states:
+        pages[band] = slots
+    return Demand(tuple(pages))
+
+
+def most_state_slots(layout: ChainLayout) -> int | None:
+    """The most state slots the chain of ``layout`` holds (one in every state band per
+    slot) with room left for one page of every full-attention band: the largest
+    ``slots_held`` whose token capacity (:attr:`Capacity.full_tokens`) is not 0 for want
+    of room; ``None`` when the layout has no state band. ``O(log buffer_bytes)`` calls of
+    :func:`fits`.
+
+    Example (tests/test_breaker_round15.py): a 1e9 B buffer of 16-token pages, 1,000 B
+    per full-attention token and a 50,000,000 B state slot: 20 slots are the whole buffer
+    (no byte for a token), 19 leave 50,000,000 B, room for a 16,000 B page: 19.
+    """
+    (g, snap), = _chain_parts(layout)
+    if not g.states:
+        return None
+
+    def room(n: int) -> bool:
+        pages = list(_slots_demand(g, n).pages)
+        for band in g.fulls:
+            pages[band] += 1
+        return fits(snap, Demand(tuple(pages)))
+
+    return largest_fitting(lambda n: n == 0 or room(n), layout.buffer_bytes)
+
+
 def _capacity(parts: _Parts, buffer_bytes: int, prompt: int, output: int,
               slots_held: int | None) -> Capacity:
     def all_fit(demands: list[Demand]) -> bool:
@@ -254,12 +286,7 @@ def _capacity(parts: _Parts, buffer_bytes: int, prompt: int, output: int,
         longest = None
     concurrent = _concurrency(parts, prompt, output)
     slots = concurrent if slots_held is None else slots_held
-    held_all: list[Demand] = []
-    for g, _ in parts:
-        slot_pages = [0] * g.num_bands
-        for band in g.states:  # every state band holds the slots (a draft's too)
-            slot_pages[band] = slots
-        held_all.append(Demand(tuple(slot_pages)))
+    held_all = [_slots_demand(g, slots) for g, _ in parts]
     full_tokens = 0
     if all_fit(held_all):  # every pool holds its share of the slots
         counts = []

@@ -28,6 +28,7 @@ from kvchain.capacity import (
     LongestRequest,
     SpeculativeCapacity,
     longest_request,
+    most_state_slots,
     plan_capacity,
     speculative_capacity,
 )
@@ -37,6 +38,7 @@ from kvchain.cli.common import (
     check_draft_vocabulary,
     fail,
     load_spec,
+    note,
     note_defaults,
     out_console,
     warn,
@@ -157,6 +159,7 @@ def plan_command(
             draft = draft_report(result, plan_capacity(
                 target, gpu_spec, tp=tp, mem_fraction=mem_fraction, buffer_bytes=buffer_bytes,
                 page_size=page_size, prompt=prompt, output=output, slots_held=slots_held))
+        _check_slots_held(slots_held, result.layout)
         host = None
         if host_bytes is not None or host_fraction is not None:
             host = host_report(result, host_bytes, host_fraction, host_interval)
@@ -168,6 +171,13 @@ def plan_command(
     if buffer_bytes is not None and option_typed(ctx, "mem_fraction"):
         warn(mem_fraction_unused(mem_fraction))
     note_defaults(model_spec, config)
+    if slots_held is not None and most_state_slots(result.layout) is None:
+        warn(f"--slots-held {slots_held:,} changes nothing: {model_spec.name} has no "
+             f"state band")
+    if draft_model is not None and not spec_tokens:
+        note(f"--draft-model {draft_model} without --spec-tokens: the figures price the "
+             f"draft's weights and KV, not its drafts (give --spec-tokens k to price k "
+             f"drafts per decode)")
     typed = frozenset(n for n in ("spec_rollback",) if option_typed(ctx, n))
     for message in speculative_warnings(spec_tokens, spec_rollback, typed, result.layout):
         warn(message)
@@ -182,6 +192,22 @@ def plan_command(
         _print_speculative(console, speculative, result.layout)
     if host is not None:
         _print_host(console, host)
+
+
+def _check_slots_held(slots_held: int | None, layout: ChainLayout) -> None:
+    """Refuse more state slots held than the chain holds with room for one token's page:
+    its token capacity would be 0 for want of room, and both sides' rows would vanish
+    from the table (a model without a state band is warned about instead: it holds no
+    slot).
+
+    Raises:
+        ConfigError: ``slots_held`` past :func:`~kvchain.capacity.most_state_slots`.
+    """
+    most = most_state_slots(layout)
+    if slots_held is not None and most is not None and slots_held > most:
+        raise ConfigError(f"--slots-held {slots_held:,} passes the {most:,} state slots "
+                          f"this buffer holds with room for a page of tokens: no token "
+                          f"capacity to measure (give at most {most:,})")
 
 
 def _print_speculative(console: Console, spec: SpeculativeCapacity,
