@@ -222,3 +222,27 @@ def test_plan_notes_a_draft_without_spec_tokens():
     priced = runner.invoke(app, ["plan", "--model", "Qwen3-8B", "--draft-model",
                                  "Qwen3-0.6B", "--spec-tokens", "3", "--json"])
     assert "without --spec-tokens" not in priced.stderr
+
+
+# --- traces: a rate scale that moves arrivals past the times a trace may hold ---------------
+
+@pytest.mark.parametrize("scale", [1e-10, 1e-13, 1e-300])
+def test_a_rate_scale_past_the_time_limit_is_refused(tmp_path, scale):
+    """Before: arrivals at 1e13 s and later lost the milliseconds of a step (the second of
+    two identical requests got a TTFT of 0 from 1e-13 down), exit 0 without a word."""
+    from kvchain.sim.traces import load_trace
+
+    path = tmp_path / "two.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,1000,50\n1000,1000,50\n")
+    with pytest.raises(ConfigError, match="past the 9,007,199,254,741 s limit"):
+        load_trace(path, rate_scale=scale)
+
+
+def test_a_rate_scale_to_the_time_limit_loads(tmp_path):
+    from kvchain.sim.traces import load_trace
+
+    path = tmp_path / "two.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,1000,50\n1000,1000,50\n")
+    # 1,000 s / (1,000 / 9,007,199,254.741) = the limit itself, 2**53 ms
+    trace = load_trace(path, rate_scale=1000 / (2**53 / 1000))
+    assert trace.requests[1].arrival_s == pytest.approx(2**53 / 1000, rel=1e-15)

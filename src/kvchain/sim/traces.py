@@ -989,8 +989,12 @@ def _cut(ordered: list[_Row], arrival_s: list[float], first: int | None, start_s
     by ``rate_scale``.
 
     Raises:
-        ConfigError: a ``rate_scale`` so small that a scaled time overflows.
+        ConfigError: a ``rate_scale`` so small that a scaled time passes the limit of a
+            trace's times (:data:`MAX_MOONCAKE_TIMESTAMP_MS` / 1,000 s, as the loaders
+            check them: past it float seconds lose the milliseconds a step takes, and the
+            latencies came out wrong).
     """
+    limit = MAX_MOONCAKE_TIMESTAMP_MS / 1000
     requests: list[TraceRequest] = []
     for row, t in zip(ordered, arrival_s, strict=True):
         if t < start_s or (end_s is not None and t >= end_s):
@@ -998,9 +1002,10 @@ def _cut(ordered: list[_Row], arrival_s: list[float], first: int | None, start_s
         if first is not None and len(requests) >= first:
             break
         scaled = (t - start_s) / rate_scale
-        if not math.isfinite(scaled):
-            raise ConfigError(f"rate_scale {rate_scale!r} puts an arrival at {t - start_s:g} s "
-                              f"past any finite time")
+        if not scaled <= limit:  # an infinite time included
+            raise ConfigError(f"rate_scale {rate_scale!r} puts the arrival at {t - start_s:g} s "
+                              f"at {scaled:g} s, past the {limit:,.0f} s limit of a trace's "
+                              f"times (a larger --rate-scale)")
         requests.append(
             TraceRequest(
                 request_id=row.row_index,
