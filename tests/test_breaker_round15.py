@@ -246,3 +246,23 @@ def test_a_rate_scale_to_the_time_limit_loads(tmp_path):
     # 1,000 s / (1,000 / 9,007,199,254.741) = the limit itself, 2**53 ms
     trace = load_trace(path, rate_scale=1000 / (2**53 / 1000))
     assert trace.requests[1].arrival_s == pytest.approx(2**53 / 1000, rel=1e-15)
+
+
+# --- compare: a run that stops leaves stdout empty and names the manager --------------------
+
+def test_a_stopped_compare_prints_nothing_on_stdout():
+    """Before: the progress bar wrote a newline to stdout before the error."""
+    result = runner.invoke(app, ["compare", "--requests", "3", "--managers",
+                                 "kvchain,fixed-pools", "--buffer-bytes", "6488064"])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    # the fixed pools fail (the window pool's share holds no request), not the chain
+    assert "error: fixed-pools: the buffer (window|full, 6,488,064 B) cannot hold" in \
+        " ".join(result.stderr.split())
+
+
+def test_the_chain_alone_runs_on_that_buffer():
+    result = runner.invoke(app, ["compare", "--requests", "3", "--managers", "kvchain",
+                                 "--buffer-bytes", "6488064", "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert set(json.loads(result.stdout)) == {"kvchain"}

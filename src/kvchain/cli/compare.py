@@ -27,6 +27,7 @@ from kvchain.cli.common import (
     note_rejections,
     out_console,
     overload_hint,
+    stderr_console,
     stopped,
 )
 from kvchain.cli.prepare import prepare_run
@@ -114,7 +115,7 @@ def compare(
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(),
                       TextColumn("{task.completed:,}/{task.total:,} requests"),
-                      TimeElapsedColumn(), console=console, transient=True,
+                      TimeElapsedColumn(), console=stderr_console(), transient=True,
                       disable=as_json) as bar:
             tasks = {k: bar.add_task(str(k), total=len(tr)) for k in kinds}
             runs = compare_managers(cfg, kinds, progress=lambda k, done, _total: bar.update(

@@ -20,6 +20,7 @@ from kvchain.cli.common import (
     note_rejections,
     out_console,
     overload_hint,
+    stderr_console,
     stopped,
 )
 from kvchain.cli.prepare import PreparedRun, prepare_run
@@ -111,7 +112,7 @@ def _simulate(prep: PreparedRun, console: Console, as_json: bool) -> tuple[SimRe
     its result and its wall time (s). Exits (:func:`stopped`) on a run that stops."""
     started = time.perf_counter()
     with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,}/"
-                  "{task.total:,} requests"), TimeElapsedColumn(), console=console,
+                  "{task.total:,} requests"), TimeElapsedColumn(), console=stderr_console(),
                   transient=True, disable=as_json) as bar:
         task = bar.add_task("simulate", total=len(prep.trace))
         try:

@@ -20,7 +20,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvchain.cli import app
-from kvchain.cli.common import fail, note, out_console, prepare_out_dir, stopped, warn
+from kvchain.cli.common import (
+    fail,
+    note,
+    out_console,
+    prepare_out_dir,
+    stderr_console,
+    stopped,
+    warn,
+)
 from kvchain.cli.run_options import GivenOptions, inert_warnings, run_options
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.report.sweep import (
@@ -305,7 +313,7 @@ def _run(plan: _SweepPlan, jsonl: Path, resume: bool, use_ray: bool,
                      f"{plan.workers} local worker(s)"))
     started = time.perf_counter()
     with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
+                  TimeElapsedColumn(), console=stderr_console(), transient=True) as bar:
         task_id = bar.add_task("sweep", total=len(todo))
 
         def on_done(_i: int, row: dict[str, Any]) -> None:

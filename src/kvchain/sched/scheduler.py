@@ -156,7 +156,7 @@ class Scheduler:
             needed = _demand_bytes(self._empty, smallest) + self.chain.layout.reserved_bytes
             why = self._empty_budget().refusal(smallest)
             raise BufferTooSmallError(
-                f"the chain ({self.chain.layout.shape_name}, {self._empty.buffer_bytes:,} B) "
+                f"the buffer ({self.chain.layout.shape_name}, {self._empty.buffer_bytes:,} B) "
                 f"cannot hold the smallest request ({needed:,} B of pages with null pages): "
                 f"{why}", needed_bytes=needed, available_bytes=self._empty.buffer_bytes)
 

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from kvchain.baselines import ManagerKind, build_manager
-from kvchain.errors import ConfigError
+from kvchain.errors import BufferTooSmallError, ConfigError
 from kvchain.model.layers import CacheClass, LifetimeClass
 from kvchain.sched.request import StepBatch
 from kvchain.sched.scheduler import Scheduler
@@ -284,12 +284,18 @@ def compare_managers(config: SimConfig, kinds: Sequence[ManagerKind] = tuple(Man
 
     Raises:
         ConfigError: ``kinds`` empty, not managers, or with a repeat (:func:`check_kinds`);
-            and what :func:`run_manager` raises.
+            and what :func:`run_manager` raises, its message led by the manager's name
+            (``fixed-pools: the buffer ... cannot hold the smallest request``).
     """
     check_kinds(kinds)
     runs = {}
     for k in kinds:
         step = None if progress is None else (
             lambda done, total, k=k: progress(k, done, total))
-        runs[k] = run_manager(config, k, audit_every_step=audit_every_step, progress=step)
+        try:
+            runs[k] = run_manager(config, k, audit_every_step=audit_every_step,
+                                  progress=step)
+        except BufferTooSmallError as exc:  # each manager splits the buffer its own way
+            raise BufferTooSmallError(f"{k}: {exc}", needed_bytes=exc.needed_bytes,
+                                      available_bytes=exc.available_bytes) from None
     return runs
