@@ -266,3 +266,45 @@ def test_the_chain_alone_runs_on_that_buffer():
                                  "--buffer-bytes", "6488064", "--json"])
     assert result.exit_code == 0, result.stderr
     assert set(json.loads(result.stdout)) == {"kvchain"}
+
+
+# --- Hugging Face configs: fields read as something they cannot be -------------------------
+
+_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+          "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 32,
+          "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 512,
+          "vocab_size": 1000}
+
+
+@pytest.mark.parametrize("kv_heads", [64, 3, 12])
+def test_kv_heads_that_do_not_divide_the_query_heads_are_refused(kv_heads):
+    """Before: 64 KV heads of 32 query heads priced 2x the bytes of multi-head attention,
+    3 of 32 (no whole group) a fraction of a group, both accepted."""
+    from kvchain.model import load_hf_config
+
+    with pytest.raises(ConfigError, match=f"'num_key_value_heads' \\({kv_heads}\\) must "
+                                          f"divide 'num_attention_heads' \\(32\\)"):
+        load_hf_config({**_LLAMA, "num_key_value_heads": kv_heads})
+
+
+@pytest.mark.parametrize(("kv_heads", "per_token"), [(32, 2 * 2 * 32 * 64 * 2),
+                                                     (8, 2 * 2 * 8 * 64 * 2),
+                                                     (1, 2 * 2 * 1 * 64 * 2)])
+def test_kv_heads_that_divide_the_query_heads_load(kv_heads, per_token):
+    from kvchain.model import load_hf_config
+
+    # 2 layers x (K + V) x heads x 64 dims x 2 B (bf16)
+    model = load_hf_config({**_LLAMA, "num_key_value_heads": kv_heads})
+    assert sum(c.bytes_per_token for c in model.classes) == per_token
+
+
+@pytest.mark.parametrize(("field", "value"), [("text_config", 5), ("text_config", []),
+                                              ("quantization_config", 5),
+                                              ("quantization_config", "fp8")])
+def test_a_config_object_field_of_another_type_is_refused(field, value):
+    """Before: ignored (exit 0), while a bad ``layer_types`` was refused."""
+    from kvchain.model import load_hf_config
+
+    with pytest.raises(ConfigError, match=f"config field '{field}' must be a JSON object"):
+        load_hf_config({**_LLAMA, field: value})
+    assert load_hf_config({**_LLAMA, field: None}).classes  # null: not given

@@ -285,6 +285,12 @@ def attention_geometry(cfg: HFConfig, mixer: Mixer, layer: int | None = None) ->
     if "head_dim" in over:
         k_dim = v_dim = over["head_dim"]
     kv_heads = over.get("num_key_value_heads", kv_heads)
+    if kv_heads > q_heads or q_heads % kv_heads:
+        # grouped-query attention: each KV head serves num_attention_heads //
+        # num_key_value_heads query heads (transformers' repeat_kv repeats it that often)
+        raise ConfigError(f"config field 'num_key_value_heads' ({kv_heads}) must divide "
+                          f"'num_attention_heads' ({q_heads}): each KV head serves a whole "
+                          f"group of query heads")
     shared = cfg.is_family("deepseek_v4")
     return AttentionGeometry(q_heads, kv_heads, k_dim, v_dim, window, None, gate, shared)
 

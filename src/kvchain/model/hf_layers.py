@@ -363,6 +363,11 @@ def read_config(
     view: Mapping[str, object] = read.fields
     merged: dict[str, object] = dict(view)
     text = view.get("text_config")
+    for key in ("text_config", "quantization_config"):  # read as objects further down
+        value = view.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"config field {key!r} must be a JSON object, got "
+                              f"{type(value).__name__} {value!r}"[:200])
     types = [str(raw.get("model_type", "")).lower()]
     if isinstance(text, Mapping):
         merged.update(text)
