@@ -308,3 +308,44 @@ def test_a_config_object_field_of_another_type_is_refused(field, value):
     with pytest.raises(ConfigError, match=f"config field '{field}' must be a JSON object"):
         load_hf_config({**_LLAMA, field: value})
     assert load_hf_config({**_LLAMA, field: None}).classes  # null: not given
+
+
+# --- prefix-bounds: a trace whose keys would not fit in memory ------------------------------
+
+def _keyed_request(rid, tokens):
+    from kvchain.sim.traces import TraceRequest
+
+    return TraceRequest(request_id=rid, arrival_s=0.0, prompt_tokens=tokens,
+                        output_tokens=1, prefix_block_ids=tuple(range(-(-tokens // 512))))
+
+
+def test_keyed_prompts_refuses_more_pages_than_it_keys(monkeypatch):
+    """Before: one 2**31-token prompt at P = 1 passed every check and then built 2.1e9 keys
+    (about 170 GB). The limit is checked from the token counts, before any key."""
+    from kvchain.sim import prefix_bounds
+
+    monkeypatch.setattr(prefix_bounds, "MAX_KEYED_PAGES", 100)
+    # 1,000 + 615 tokens at P = 16: 62 + 38 = 100 whole pages: keyed
+    keyed = prefix_bounds.keyed_prompts([_keyed_request(0, 1_000), _keyed_request(1, 615)], 16)
+    assert [len(keys) for _, keys in keyed] == [62, 38]
+    # 1,000 + 624 tokens: 62 + 39 = 101
+    with pytest.raises(ConfigError, match="make 101 pages of 16 tokens, past the 100"):
+        prefix_bounds.keyed_prompts([_keyed_request(0, 1_000), _keyed_request(1, 624)], 16)
+
+
+def test_prefix_bounds_refuses_a_trace_past_the_key_limit(tmp_path):
+    from kvchain.sim.prefix_bounds import MAX_KEYED_PAGES
+
+    # two prompts of 2**24 + 1 tokens at P = 1: 2**25 + 2 pages
+    path = tmp_path / "big.jsonl"
+    tokens = 2**24 + 1
+    row = {"timestamp": 0, "input_length": tokens, "output_length": 1,
+           "hash_ids": list(range(-(-tokens // 512)))}
+    path.write_text((json.dumps(row) + "\n") * 2)
+    result = runner.invoke(app, ["prefix-bounds", "--trace", str(path), "--page-size", "1"])
+    assert result.exit_code == 2 and not result.stdout
+    assert f"make {2 * tokens:,} pages of 1 tokens, past the {MAX_KEYED_PAGES:,}" in \
+        " ".join(result.stderr.split())
+    ok = runner.invoke(app, ["prefix-bounds", "--trace", str(path), "--page-size", "16",
+                             "--json"])
+    assert ok.exit_code == 0, ok.stderr

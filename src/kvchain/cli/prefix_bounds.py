@@ -20,7 +20,7 @@ from kvchain.cli import app
 from kvchain.cli.common import fail, load_spec, out_console, warn
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.model.layers import LifetimeClass
-from kvchain.sim.prefix_bounds import HitBound, hit_bound
+from kvchain.sim.prefix_bounds import HitBound, keyed_prompts, walk_bound
 from kvchain.sim.run_options import check_values
 from kvchain.sim.traces import load_trace
 
@@ -65,11 +65,10 @@ def prefix_bounds_command(
             capacity_pages = capacity_bytes // page_bytes
         loaded = load_trace(trace, first=requests)
         block_tokens = int(getattr(loaded, "block_tokens", 512))
-        bounds: list[HitBound] = [hit_bound(loaded.requests, page_size,
-                                            block_tokens=block_tokens)]
+        keyed = keyed_prompts(loaded.requests, page_size, block_tokens)  # once for both
+        bounds: list[HitBound] = [walk_bound(keyed, page_size)]
         if capacity_pages is not None:
-            bounds.append(hit_bound(loaded.requests, page_size, capacity_pages=capacity_pages,
-                                    block_tokens=block_tokens))
+            bounds.append(walk_bound(keyed, page_size, capacity_pages))
     except KVChainError as exc:  # bad options, traces, block ids: typed, exit 2
         fail(exc)
     if model is not None and capacity_bytes is None:

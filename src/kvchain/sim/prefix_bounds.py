@@ -30,6 +30,12 @@ from kvchain.sim.traces import TraceRequest
 DEFAULT_BLOCK_TOKENS = 512
 """Tokens per content block of the Mooncake traces (their ``hash_ids``)."""
 
+MAX_KEYED_PAGES = 2**25
+"""Most page keys :func:`keyed_prompts` computes (33,554,432): a key costs about 80 B in
+memory between the keys and the infinite cache's set (a Python int and two references),
+some 2.7 GB at the limit; the whole bundled Mooncake trace is 9,049,613 pages at ``P =
+16``. One 2**31-token prompt at ``P = 1`` would have been 2.1e9 keys (about 170 GB)."""
+
 
 @dataclass(frozen=True, slots=True)
 class HitBound:
@@ -78,10 +84,19 @@ def keyed_prompts(requests: Iterable[TraceRequest], page_tokens: int,
     Raises:
         InvalidRequestError: block ids that do not match a prompt's length, or a size
             not an int >= 1.
+        ConfigError: the prompts hold more than :data:`MAX_KEYED_PAGES` whole pages
+            (before any key is computed).
     """
+    keyed = [r for r in requests if r.prefix_block_ids is not None]
+    if type(page_tokens) is int and page_tokens >= 1:  # else the keys' check refuses it
+        pages = sum(r.prompt_tokens // page_tokens for r in keyed)
+        if pages > MAX_KEYED_PAGES:
+            raise ConfigError(f"the prompts make {pages:,} pages of {page_tokens} tokens, "
+                              f"past the {MAX_KEYED_PAGES:,} a bound keys (about 80 B each "
+                              f"in memory): a larger page size or fewer requests")
     return [(r.prompt_tokens, page_keys_from_blocks(r.prefix_block_ids, block_tokens,
                                                      r.prompt_tokens, page_tokens))
-            for r in requests if r.prefix_block_ids is not None]
+            for r in keyed]
 
 
 def hit_bound(requests: Iterable[TraceRequest], page_tokens: int, *,
