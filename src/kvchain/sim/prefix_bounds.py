@@ -87,16 +87,16 @@ def keyed_prompts(requests: Iterable[TraceRequest], page_tokens: int,
         ConfigError: the prompts hold more than :data:`MAX_KEYED_PAGES` whole pages
             (before any key is computed).
     """
-    keyed = [r for r in requests if r.prefix_block_ids is not None]
+    keyed = [(r.prompt_tokens, r.prefix_block_ids) for r in requests
+             if r.prefix_block_ids is not None]
     if type(page_tokens) is int and page_tokens >= 1:  # else the keys' check refuses it
-        pages = sum(r.prompt_tokens // page_tokens for r in keyed)
+        pages = sum(tokens // page_tokens for tokens, _ in keyed)
         if pages > MAX_KEYED_PAGES:
             raise ConfigError(f"the prompts make {pages:,} pages of {page_tokens} tokens, "
                               f"past the {MAX_KEYED_PAGES:,} a bound keys (about 80 B each "
                               f"in memory): a larger page size or fewer requests")
-    return [(r.prompt_tokens, page_keys_from_blocks(r.prefix_block_ids, block_tokens,
-                                                     r.prompt_tokens, page_tokens))
-            for r in keyed]
+    return [(tokens, page_keys_from_blocks(ids, block_tokens, tokens, page_tokens))
+            for tokens, ids in keyed]
 
 
 def hit_bound(requests: Iterable[TraceRequest], page_tokens: int, *,
