@@ -349,3 +349,17 @@ def test_prefix_bounds_refuses_a_trace_past_the_key_limit(tmp_path):
     ok = runner.invoke(app, ["prefix-bounds", "--trace", str(path), "--page-size", "16",
                              "--json"])
     assert ok.exit_code == 0, ok.stderr
+
+
+def test_a_trace_that_is_a_folder_or_empty_is_named_so(tmp_path):
+    """Before: a folder read "no such trace file", an empty name ".: no such trace file"."""
+    from kvchain.errors import TraceError
+    from kvchain.sim.traces import load_trace
+
+    with pytest.raises(TraceError, match="is a folder, not a trace file"):
+        load_trace(tmp_path)
+    with pytest.raises(TraceError, match="got an empty name"):
+        load_trace("")
+    with pytest.raises(TraceError, match="no such trace file"):
+        load_trace(tmp_path / "missing.csv")
+    assert len(load_trace("mooncake", first=3).requests) == 3

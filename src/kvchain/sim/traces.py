@@ -823,7 +823,12 @@ def _resolve(name_or_path: str | Path) -> tuple[Path, BundledTrace | None]:
         bundled = BUNDLED_TRACES[name_or_path]
         path = Path(str(resources.files("kvchain.sim").joinpath("data", bundled.filename)))
         return path, bundled
+    if not str(name_or_path):  # Path("") is ".", the current folder
+        raise TraceError(f"a trace is a file or a bundled name, got an empty name (bundled: "
+                         f"{', '.join(BUNDLED_TRACES)})")
     path = Path(name_or_path)
+    if path.is_dir():
+        raise TraceError(f"{path}: is a folder, not a trace file")
     if not path.is_file():
         raise TraceError(
             f"{path}: no such trace file, and not a bundled trace name "
