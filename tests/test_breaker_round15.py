@@ -363,3 +363,20 @@ def test_a_trace_that_is_a_folder_or_empty_is_named_so(tmp_path):
     with pytest.raises(TraceError, match="no such trace file"):
         load_trace(tmp_path / "missing.csv")
     assert len(load_trace("mooncake", first=3).requests) == 3
+
+
+def test_prefix_bounds_notes_pages_no_prompt_fills():
+    """Before: 0.00% with no word of why."""
+    args = ["prefix-bounds", "--requests", "20", "--json"]
+    big = runner.invoke(app, [*args, "--page-size", "1000000"], env={"COLUMNS": "200"})
+    assert big.exit_code == 0
+    assert json.loads(big.stdout)[0]["hit_tokens"] == 0
+    assert "no prompt fills a page of 1,000,000 tokens" in big.stderr
+    assert "no prompt fills" not in runner.invoke(app, args).stderr
+
+
+def test_models_warns_that_wide_changes_nothing_with_json():
+    result = runner.invoke(app, ["models", "--wide", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)
+    assert "--wide changes nothing with --json" in result.stderr
+    assert not runner.invoke(app, ["models", "--json"]).stderr

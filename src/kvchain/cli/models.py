@@ -19,7 +19,7 @@ from rich.table import Table
 
 from kvchain.catalog import list_models, load_model
 from kvchain.cli import app
-from kvchain.cli.common import fail, out_console
+from kvchain.cli.common import fail, out_console, warn
 from kvchain.errors import ConfigError
 from kvchain.model import CacheDtype, LifetimeClass
 
@@ -183,6 +183,8 @@ def models_command(
         fail(f"--tp {tp} splits no bundled model (each needs a tp that divides its heads, "
              f"e.g. {first.name}: {first.error}); --tp 1 splits nothing")
     if as_json:
+        if wide:
+            warn("--wide changes nothing with --json (the JSON holds every field)")
         typer.echo(json.dumps([asdict(r) for r in rows], indent=2))
         return
     table = _table(rows, tp, kv_dtype, wide)

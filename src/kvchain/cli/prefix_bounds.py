@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from kvchain.cli import app
-from kvchain.cli.common import fail, load_spec, out_console, warn
+from kvchain.cli.common import fail, load_spec, note, out_console, warn
 from kvchain.errors import ConfigError, KVChainError
 from kvchain.model.layers import LifetimeClass
 from kvchain.sim.prefix_bounds import HitBound, keyed_prompts, walk_bound
@@ -79,6 +79,9 @@ def prefix_bounds_command(
              "nothing")
     if bounds[0].requests == 0:
         fail(f"trace {loaded.name!r} has no content block ids")
+    if all(tokens < page_size for tokens, _ in keyed):
+        note(f"no prompt fills a page of {page_size:,} tokens (the longest is "
+             f"{max(tokens for tokens, _ in keyed):,}): a cache of whole pages hits none")
     rows = [{"cache": "infinite" if b.capacity_pages is None else f"LRU {b.capacity_pages:,} pages",
              "capacity_pages": b.capacity_pages, "requests": b.requests,
              "prompt_tokens": b.prompt_tokens, "hit_tokens": b.hit_tokens,
