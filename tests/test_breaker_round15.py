@@ -380,3 +380,18 @@ def test_models_warns_that_wide_changes_nothing_with_json():
     assert result.exit_code == 0 and json.loads(result.stdout)
     assert "--wide changes nothing with --json" in result.stderr
     assert not runner.invoke(app, ["models", "--json"]).stderr
+
+
+def test_compare_checks_every_manager_before_the_first_run(monkeypatch):
+    """Before: kvchain's whole run went first, then the fixed pools failed their set-up."""
+    from kvchain.sim import compare
+
+    ran = []
+    real = compare.run_manager
+    monkeypatch.setattr(compare, "run_manager",
+                        lambda config, kind, **kw: ran.append(kind) or real(config, kind, **kw))
+    args = ["compare", "--requests", "3", "--buffer-bytes", "6488064", "--json"]
+    result = runner.invoke(app, [*args, "--managers", "kvchain,fixed-pools"])
+    assert result.exit_code == 2 and ran == []
+    ok = runner.invoke(app, [*args, "--managers", "kvchain"])
+    assert ok.exit_code == 0 and [str(k) for k in ran] == ["kvchain"]

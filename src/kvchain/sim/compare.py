@@ -36,12 +36,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from kvchain.baselines import ManagerKind, build_manager
+from kvchain.baselines import ManagerKind, ManagerSetup, build_manager
 from kvchain.errors import BufferTooSmallError, ConfigError
 from kvchain.model.layers import CacheClass, LifetimeClass
 from kvchain.sched.request import StepBatch
 from kvchain.sched.scheduler import Scheduler
-from kvchain.sim.engine import SimConfig, simulate
+from kvchain.sim.engine import SimConfig, check_setup, simulate
 from kvchain.sim.metrics import SimSummary, summarize
 from kvchain.sim.prefix import PrefixCacheStats
 
@@ -221,14 +221,8 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
         AdmissionDivergenceError: the allocator refused an admitted batch (a bug).
     """
     buffer = config.layout().buffer_bytes
-    setup = build_manager(kind, config.model.classes, buffer, config.page_size)
-    # A manager with larger pages (equal-page) chunks prefills in whole pages of its own.
+    setup, config = _manager_setup(config, kind)
     page = setup.layout.page_size
-    sched = config.scheduler
-    if sched.chunk_size < page or sched.max_prefill_tokens < page:
-        config = replace(config, scheduler=replace(
-            sched, chunk_size=max(sched.chunk_size, page),
-            max_prefill_tokens=max(sched.max_prefill_tokens, page)))
     observer = _BytesObserver(NeededBytes.of(config.model.classes), buffer,
                               setup.layout.reserved_bytes)
     result = simulate(config, allocator=setup.allocator,
@@ -254,6 +248,20 @@ def run_manager(config: SimConfig, kind: ManagerKind, *, max_points: int = 2_000
                       tuple((r.request_id, r.rejected_reason)
                             for r in result.recorder.records
                             if r.rejected_reason is not None), page)
+
+
+def _manager_setup(config: SimConfig, kind: ManagerKind) -> tuple[ManagerSetup, SimConfig]:
+    """``kind``'s memory manager on ``config``'s buffer, and the config it runs under: a
+    manager with larger pages (equal-page) chunks prefills in whole pages of its own."""
+    setup = build_manager(kind, config.model.classes, config.layout().buffer_bytes,
+                          config.page_size)
+    page = setup.layout.page_size
+    sched = config.scheduler
+    if sched.chunk_size < page or sched.max_prefill_tokens < page:
+        config = replace(config, scheduler=replace(
+            sched, chunk_size=max(sched.chunk_size, page),
+            max_prefill_tokens=max(sched.max_prefill_tokens, page)))
+    return setup, config
 
 
 def check_kinds(kinds: Sequence[ManagerKind]) -> None:
@@ -288,14 +296,16 @@ def compare_managers(config: SimConfig, kinds: Sequence[ManagerKind] = tuple(Man
             (``fixed-pools: the buffer ... cannot hold the smallest request``).
     """
     check_kinds(kinds)
+    for k in kinds:  # every manager's set-up before the first run (check_setup)
+        try:
+            setup, manager_config = _manager_setup(config, k)
+            check_setup(manager_config, allocator=setup.allocator)
+        except BufferTooSmallError as exc:  # each manager splits the buffer its own way
+            raise BufferTooSmallError(f"{k}: {exc}", needed_bytes=exc.needed_bytes,
+                                      available_bytes=exc.available_bytes) from None
     runs = {}
     for k in kinds:
         step = None if progress is None else (
             lambda done, total, k=k: progress(k, done, total))
-        try:
-            runs[k] = run_manager(config, k, audit_every_step=audit_every_step,
-                                  progress=step)
-        except BufferTooSmallError as exc:  # each manager splits the buffer its own way
-            raise BufferTooSmallError(f"{k}: {exc}", needed_bytes=exc.needed_bytes,
-                                      available_bytes=exc.available_bytes) from None
+        runs[k] = run_manager(config, k, audit_every_step=audit_every_step, progress=step)
     return runs

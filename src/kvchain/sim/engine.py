@@ -315,6 +315,20 @@ def simulate(config: SimConfig, *, allocator: Allocator | None = None,
     return run.result()
 
 
+def check_setup(config: SimConfig, *, allocator: Allocator | None = None) -> None:
+    """Build what :func:`simulate` builds before its first step (the chain or
+    ``allocator``'s bands, the prefix cache and host tier, the request layer, the
+    scheduler) and drop it: its set-up's refusals, before any step runs. ``compare``
+    checks every memory manager this way before it runs the first, so a manager whose
+    split of the buffer holds no request fails at once, not after the others' runs.
+
+    Raises:
+        As :func:`simulate`'s set-up: ConfigError / BufferTooSmallError (the layout, the
+        cache or host settings, the scheduler's smallest-request check).
+    """
+    _Run(config, allocator, audit=False)
+
+
 def _prefix_cache(config: SimConfig, chain: Allocator, block: int, audit: bool
                   ) -> tuple[PrefixCache | None, HostTier | None, PrefixCacheStats | None]:
     """The run's prefix cache (none when :meth:`SimConfig.cache_on` says off or the memory
