@@ -395,3 +395,31 @@ def test_compare_checks_every_manager_before_the_first_run(monkeypatch):
     assert result.exit_code == 2 and ran == []
     ok = runner.invoke(app, [*args, "--managers", "kvchain"])
     assert ok.exit_code == 0 and [str(k) for k in ran] == ["kvchain"]
+
+
+def test_compare_writes_both_outputs_or_neither(monkeypatch, tmp_path, capsys):
+    """Before: compare.json was written, then the PNG's write failed: half the output and a
+    traceback."""
+    from kvchain.cli import compare as compare_cli
+    from kvchain.cli import main
+
+    def full_disk(runs, path, title=""):
+        path.write_bytes(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    out = tmp_path / "out"
+    argv = ["kvchain", "compare", "--requests", "3", "--managers", "kvchain", "--out",
+            str(out), "--json"]
+    monkeypatch.setattr("sys.argv", argv)
+    monkeypatch.setattr(compare_cli, "compare_plot", full_disk)
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 1
+    assert "error: cannot write: [Errno 28] No space left on device" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == []  # the folder made, nothing in it
+    monkeypatch.undo()
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "compare.png"]

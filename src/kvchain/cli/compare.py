@@ -67,6 +67,28 @@ def compare_json(runs: dict[ManagerKind, ManagerRun]) -> dict[str, object]:
     }
 
 
+def _write_both(out: Path, data: dict[str, object], runs: dict[ManagerKind, ManagerRun],
+                title: str) -> list[Path]:
+    """Write ``compare.json`` and ``compare.png`` into ``out``, both or neither: each is
+    written under a temporary name first and renamed into place once both are whole (a
+    failed write, a full disk say, left the JSON beside no plot, or half a file).
+
+    Raises:
+        OSError: a write failed (the temporary files are removed; ``main`` reports it).
+    """
+    json_path, png_path = out / "compare.json", out / "compare.png"
+    parts = (out / ".compare-partial.json", out / ".compare-partial.png")
+    try:
+        parts[0].write_text(json.dumps(data, indent=2))
+        compare_plot(runs, parts[1], title=title)
+        parts[0].replace(json_path)
+        parts[1].replace(png_path)
+    finally:
+        for part in parts:
+            part.unlink(missing_ok=True)
+    return [json_path, png_path]
+
+
 @app.command("compare", short_help="Every memory manager on one trace.",
              epilog="\b\n" + TRACE_FORMATS_HELP)
 @run_options()
@@ -123,10 +145,7 @@ def compare(
     except KVChainError as exc:
         stopped(exc)
     data = compare_json(runs)
-    written = []
-    if out is not None:
-        (out / "compare.json").write_text(json.dumps(data, indent=2))
-        written = [out / "compare.json", compare_plot(runs, out / "compare.png", title=title)]
+    written = [] if out is None else _write_both(out, data, runs, title)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
