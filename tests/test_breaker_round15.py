@@ -423,3 +423,25 @@ def test_compare_writes_both_outputs_or_neither(monkeypatch, tmp_path, capsys):
         main()
     assert done.value.code == 0
     assert sorted(p.name for p in out.iterdir()) == ["compare.json", "compare.png"]
+
+
+def test_simulate_writes_all_outputs_or_none(monkeypatch, tmp_path):
+    """The same kind in simulate: metrics.json and requests.csv were written before the
+    plots, and stayed when a plot's write failed."""
+    from kvchain.cli import simulate as simulate_cli
+
+    def full_disk(recorder, out_dir):
+        (out_dir / "bands.png").write_bytes(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    out = tmp_path / "out"
+    args = ["simulate", "--requests", "3", "--out", str(out), "--json"]
+    monkeypatch.setattr(simulate_cli, "write_all_plots", full_disk)
+    result = runner.invoke(app, args)
+    assert isinstance(result.exception, OSError)  # main() reports it: "cannot write"
+    assert list(out.iterdir()) == []
+    monkeypatch.undo()
+    assert runner.invoke(app, args).exit_code == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert {"metrics.json", "requests.csv", "bands.png"} <= set(names)
+    assert not [n for n in names if n.startswith(".kvchain-partial")]

@@ -9,7 +9,10 @@ and notes go to stderr, always through :func:`fail`, :func:`warn`, :func:`hint` 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -257,6 +260,26 @@ def prepare_out_dir(out: Path | None, writes: Sequence[str] = ()) -> None:
         probe.unlink()
     except OSError as exc:
         raise ConfigError(f"cannot write outputs to {out}: {exc.strerror or exc}") from None
+
+
+@contextmanager
+def staged_outputs(out: Path) -> Iterator[Path]:
+    """A new folder inside ``out`` (made by :func:`prepare_out_dir`) to write a command's
+    outputs into: when the block ends without an error, each file in it is renamed into
+    ``out`` (replacing one of the same name) and the folder is removed; on an error it is
+    removed with what it holds. ``out`` gets all of a command's files or none of them (a
+    failed write, a full disk say, left some files of the new run beside older ones).
+
+    Raises:
+        OSError: the folder cannot be made, or a rename fails.
+    """
+    stage = Path(tempfile.mkdtemp(prefix=".kvchain-partial-", dir=out))
+    try:
+        yield stage
+        for path in sorted(stage.iterdir()):
+            path.replace(out / path.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def load_spec(model: str, config: Path | None, *, spec_file: Path | None = None,

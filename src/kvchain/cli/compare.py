@@ -27,6 +27,7 @@ from kvchain.cli.common import (
     note_rejections,
     out_console,
     overload_hint,
+    staged_outputs,
     stderr_console,
     stopped,
 )
@@ -65,28 +66,6 @@ def compare_json(runs: dict[ManagerKind, ManagerRun]) -> dict[str, object]:
                                   if r.prefix_cache is not None else None)}
         for k, r in runs.items()
     }
-
-
-def _write_both(out: Path, data: dict[str, object], runs: dict[ManagerKind, ManagerRun],
-                title: str) -> list[Path]:
-    """Write ``compare.json`` and ``compare.png`` into ``out``, both or neither: each is
-    written under a temporary name first and renamed into place once both are whole (a
-    failed write, a full disk say, left the JSON beside no plot, or half a file).
-
-    Raises:
-        OSError: a write failed (the temporary files are removed; ``main`` reports it).
-    """
-    json_path, png_path = out / "compare.json", out / "compare.png"
-    parts = (out / ".compare-partial.json", out / ".compare-partial.png")
-    try:
-        parts[0].write_text(json.dumps(data, indent=2))
-        compare_plot(runs, parts[1], title=title)
-        parts[0].replace(json_path)
-        parts[1].replace(png_path)
-    finally:
-        for part in parts:
-            part.unlink(missing_ok=True)
-    return [json_path, png_path]
 
 
 @app.command("compare", short_help="Every memory manager on one trace.",
@@ -145,7 +124,12 @@ def compare(
     except KVChainError as exc:
         stopped(exc)
     data = compare_json(runs)
-    written = [] if out is None else _write_both(out, data, runs, title)
+    written = []
+    if out is not None:
+        with staged_outputs(out) as stage:  # both files or neither
+            (stage / "compare.json").write_text(json.dumps(data, indent=2))
+            compare_plot(runs, stage / "compare.png", title=title)
+        written = [out / "compare.json", out / "compare.png"]
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:

@@ -20,6 +20,7 @@ from kvchain.cli.common import (
     note_rejections,
     out_console,
     overload_hint,
+    staged_outputs,
     stderr_console,
     stopped,
 )
@@ -141,18 +142,20 @@ def _settings(prep: PreparedRun, result: SimResult, wall: float) -> dict[str, An
 
 def _write(out: Path, result: SimResult, layout: ChainLayout, settings: Mapping[str, Any],
            sections: Mapping[str, Any]) -> list[Path]:
-    """Write ``metrics.json``, ``requests.csv`` and the plots to ``out``; returns the
-    plots' paths."""
-    write_outputs(out, result.recorder, result.summary, config=settings, sections=sections)
-    plots = write_all_plots(result.recorder, out)
-    stats = result.prefix_cache
-    if stats is not None:
-        plots.append(hit_rate_chart(stats.timeline, out / HIT_RATE_FILE, stats.bounds()))
-        if stats.host_slots:
-            plots.append(host_chart(stats.host_timeline, [b.label for b in layout.bands],
-                                    stats.host_slot_bytes, stats.host_slots,
-                                    out / HOST_FILE))
-    return plots
+    """Write ``metrics.json``, ``requests.csv`` and the plots to ``out``, all or none
+    (:func:`~kvchain.cli.common.staged_outputs`); returns the plots' paths."""
+    with staged_outputs(out) as stage:
+        write_outputs(stage, result.recorder, result.summary, config=settings,
+                      sections=sections)
+        plots = write_all_plots(result.recorder, stage)
+        stats = result.prefix_cache
+        if stats is not None:
+            plots.append(hit_rate_chart(stats.timeline, stage / HIT_RATE_FILE, stats.bounds()))
+            if stats.host_slots:
+                plots.append(host_chart(stats.host_timeline, [b.label for b in layout.bands],
+                                        stats.host_slot_bytes, stats.host_slots,
+                                        stage / HOST_FILE))
+    return [out / p.name for p in plots]
 
 
 def _print_summary(console: Console, prep: PreparedRun, result: SimResult,
