@@ -445,3 +445,43 @@ def test_simulate_writes_all_outputs_or_none(monkeypatch, tmp_path):
     names = sorted(p.name for p in out.iterdir())
     assert {"metrics.json", "requests.csv", "bands.png"} <= set(names)
     assert not [n for n in names if n.startswith(".kvchain-partial")]
+
+
+# --- sweep --resume: a torn last row ------------------------------------------------------
+
+def test_drop_torn_row_by_hand(tmp_path):
+    from kvchain.report.sweep import drop_torn_row
+
+    path = tmp_path / "rows.jsonl"
+    assert not drop_torn_row(path)  # no file
+    for whole in ('{"key": "a"}\n', '{"key": "a"}\n{"key": "b"}\n', '{"key": "a"}'):
+        path.write_text(whole)
+        assert not drop_torn_row(path) and path.read_text() == whole
+    for torn in ('{"key": broken\n', '{"key": brok', '{"key": broken\n\n'):
+        path.write_text('{"key": "a"}\n' + torn)
+        assert drop_torn_row(path)
+        assert path.read_text() == '{"key": "a"}\n'
+    path.write_text('{"key": tor')
+    assert drop_torn_row(path) and path.read_text() == ""
+
+
+def test_sweep_resume_after_a_torn_row_resumes_again(tmp_path):
+    """Before: the next row was appended after the torn line (exit 0), and the resume after
+    it was refused: "sweep.jsonl:3: not a JSON row" (exit 2)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                     + "".join(f"{i * 0.5},{200 + 10 * i},8\n" for i in range(5)))
+    out = tmp_path / "r"
+    base = ["sweep", "--models", "Jet-Nemotron-2B", "--traces", str(trace), "--requests",
+            "5", "--workers", "1", "--no-plots", "--managers", "kvchain", "--out", str(out)]
+    assert runner.invoke(app, [*base, "--rate-scales", "1,2"]).exit_code == 0
+    rows = out / "sweep.jsonl"
+    with rows.open("a") as fh:
+        fh.write('{"key": broken\n')
+    third = runner.invoke(app, [*base, "--resume", "--rate-scales", "1,2,3"])
+    assert third.exit_code == 0, third.stderr
+    assert "torn last line (an interrupted write) is dropped" in " ".join(third.stderr.split())
+    fourth = runner.invoke(app, [*base, "--resume", "--rate-scales", "1,2,3,4"])
+    assert fourth.exit_code == 0, fourth.stderr
+    assert "4 points, 1 to run (3 already in sweep.jsonl)" in fourth.stdout
+    assert len(rows.read_text().splitlines()) == 4

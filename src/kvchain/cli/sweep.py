@@ -34,6 +34,7 @@ from kvchain.errors import ConfigError, KVChainError
 from kvchain.report.sweep import (
     append_row,
     check_row,
+    drop_torn_row,
     numbered_rows,
     plot_rows,
     print_whole,
@@ -306,6 +307,9 @@ def _run(plan: _SweepPlan, jsonl: Path, resume: bool, use_ray: bool,
     keys, done_rows = plan.keys, plan.done
     if not resume and jsonl.exists():
         jsonl.unlink()
+    elif resume and drop_torn_row(jsonl):  # else the next row would follow the torn one
+        warn(f"{jsonl}: its torn last line (an interrupted write) is dropped; its point "
+             f"runs again")
     todo = [i for i, k in enumerate(keys) if k not in done_rows]
     console.print(f"{len(tasks)} {'searches' if plan.slo else 'points'}, {len(todo)} to run "
                   f"({len(tasks) - len(todo)} already in {jsonl.name}) on "

@@ -137,6 +137,32 @@ def check_row(row: Row, columns: Mapping[str, tuple[type, ...]], where: str) -> 
                                             for k in kinds))
 
 
+def drop_torn_row(path: Path) -> bool:
+    """Cut a torn last line (not JSON: an interrupted write, the line
+    :func:`numbered_rows` skips) off the JSON-lines file ``path``, so rows appended next
+    start on a line of their own; returns whether one was cut (a missing file: no).
+
+    Raises:
+        OSError: the file cannot be read or written.
+    """
+    if not path.exists():
+        return False
+    data = path.read_bytes()
+    body = data.rstrip(b"\n")
+    start = body.rfind(b"\n") + 1
+    last = body[start:]
+    if not last.strip():
+        return False
+    try:
+        user_json(last.decode("utf-8"), unique=False)
+        return False
+    except (ConfigError, UnicodeDecodeError):
+        pass
+    with path.open("r+b") as fh:
+        fh.truncate(start)
+    return True
+
+
 def append_row(path: Path, row: Row) -> None:
     """Append one row to a JSON-lines file (flushed at once)."""
     with path.open("a", encoding="utf-8") as fh:
