@@ -485,3 +485,14 @@ def test_sweep_resume_after_a_torn_row_resumes_again(tmp_path):
     assert fourth.exit_code == 0, fourth.stderr
     assert "4 points, 1 to run (3 already in sweep.jsonl)" in fourth.stdout
     assert len(rows.read_text().splitlines()) == 4
+
+
+def test_simulate_prints_no_header_before_a_set_up_error():
+    """Before: the model line and the band table were on stdout before the host tier's
+    refusal (exit 2)."""
+    args = ["simulate", "--model", "Jet-Nemotron-2B", "--requests", "3"]
+    refused = runner.invoke(app, [*args, "--host-bytes", "1"])
+    assert refused.exit_code == 2 and refused.stdout == ""
+    assert "the host tier holds no resume interval" in " ".join(refused.stderr.split())
+    ran = runner.invoke(app, args, env={"COLUMNS": "120"})
+    assert ran.exit_code == 0 and ran.stdout.startswith("Jet-Nemotron-2B on H200")

@@ -42,7 +42,7 @@ from kvchain.layout import ChainLayout
 from kvchain.report.plots import PLOT_FILES, hit_rate_chart, host_chart, write_all_plots
 from kvchain.report.tables import band_table, summary_table
 from kvchain.sim.cost import ClockKind
-from kvchain.sim.engine import SimResult, simulate
+from kvchain.sim.engine import SimResult, check_setup, simulate
 from kvchain.sim.metrics import OUTPUT_FILES, write_outputs
 from kvchain.sim.traces import TRACE_FORMATS_HELP
 
@@ -76,6 +76,10 @@ def simulate_command(
                        given=given, out=out, writes=SIMULATE_FILES)
     run, tr, layout = prep.options, prep.trace, prep.layout
     if not as_json:
+        try:  # the set-up's refusals before the header: stdout holds results only
+            check_setup(prep.config)
+        except KVChainError as exc:
+            stopped(exc)
         console.print(Text.assemble(
             (prep.model.name, "bold"), f" on {prep.gpu.name}, trace ", (tr.name, "bold"),
             f" ({len(tr):,} requests, {tr.duration_s:,.0f} s)"
