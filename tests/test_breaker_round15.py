@@ -496,3 +496,13 @@ def test_simulate_prints_no_header_before_a_set_up_error():
     assert "the host tier holds no resume interval" in " ".join(refused.stderr.split())
     ran = runner.invoke(app, args, env={"COLUMNS": "120"})
     assert ran.exit_code == 0 and ran.stdout.startswith("Jet-Nemotron-2B on H200")
+
+
+def test_fast_forward_with_spec_tokens_is_warned_of():
+    """Speculative steps are never fast-forwarded (sim.engine: ``not self.spec``); typing
+    --fast-forward beside --spec-tokens said nothing."""
+    args = ["simulate", "--requests", "3", "--spec-tokens", "2", "--json"]
+    typed = runner.invoke(app, [*args, "--fast-forward"], env={"COLUMNS": "200"})
+    assert typed.exit_code == 0
+    assert "--fast-forward has no effect with --spec-tokens" in typed.stderr
+    assert "--fast-forward" not in runner.invoke(app, args).stderr

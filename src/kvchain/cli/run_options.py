@@ -205,7 +205,8 @@ def inert_warnings(run: RunOptions, given: GivenOptions, cache_on: bool,
     the prefix cache is off (``cache_on`` False: the order is FCFS), ``--cache-points``
     and ``--partial-hits`` while the cache is off, ``--step-ms`` with ``--clock
     roofline`` (step times come from the cost model), ``--mem-fraction`` with
-    ``--buffer-bytes`` (the buffer is given), and the speculative options
+    ``--buffer-bytes`` (the buffer is given), ``--fast-forward`` with ``--spec-tokens``
+    (speculative steps are not fast-forwarded), and the speculative options
     :func:`speculative_warnings` names (on ``layout``'s bands)."""
     out = []
     if run.policy is QueuePolicy.CACHE_AWARE and not cache_on:
@@ -221,6 +222,9 @@ def inert_warnings(run: RunOptions, given: GivenOptions, cache_on: bool,
                    f"times come from the GPU cost model; --clock steps uses the tick)")
     if "mem_fraction" in given.typed and run.buffer_bytes is not None:
         out.append(mem_fraction_unused(run.mem_fraction))
+    if "fast_forward" in given.typed and run.fast_forward and run.spec_tokens:
+        out.append("--fast-forward has no effect with --spec-tokens: speculative decode "
+                   "steps (random acceptances) run one by one")
     out += speculative_warnings(run.spec_tokens, run.spec_rollback, given.typed, layout)
     return out
 
