@@ -506,3 +506,21 @@ def test_fast_forward_with_spec_tokens_is_warned_of():
     assert typed.exit_code == 0
     assert "--fast-forward has no effect with --spec-tokens" in typed.stderr
     assert "--fast-forward" not in runner.invoke(app, args).stderr
+
+
+def test_more_requests_than_the_trace_holds_is_noted(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                     + "".join(f"{i * 0.5},{200 + 10 * i},8\n" for i in range(5)))
+    args = ["simulate", "--trace", str(trace), "--json"]
+    many = runner.invoke(app, [*args, "--requests", "100"], env={"COLUMNS": "300"})
+    assert many.exit_code == 0
+    assert "all 5 requests of the trace (fewer than --requests 100)" in many.stderr
+    assert "fewer than" not in runner.invoke(app, [*args, "--requests", "5"],
+                                             env={"COLUMNS": "300"}).stderr
+
+
+def test_the_draft_model_help_says_when_the_cache_is_off():
+    text = " ".join(runner.invoke(app, ["simulate", "--help"], env={"COLUMNS": "400"})
+                    .stdout.split())
+    assert "off where the draft's state band makes a second one beside the target's" in text

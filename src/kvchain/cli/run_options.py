@@ -176,6 +176,10 @@ def chosen_note(resolved: ResolvedRun, given: GivenOptions, trace: Trace,
                              "(the trace has no arrival times; --rate-scale, --seed)")
         elif "rate_scale" not in given.typed:
             items.append("its own arrival rate (--rate-scale 1)")
+    if ("requests" in given.typed and run.requests is not None
+            and len(trace) < run.requests):
+        items.append(f"all {len(trace):,} requests of the trace (fewer than --requests "
+                     f"{run.requests:,})")
     if run.buffer_bytes is None:
         items.append(f"KV buffer {layout.buffer_bytes:,} B from the GPU memory model "
                      f"(--mem-fraction {run.mem_fraction:g}, --buffer-bytes)")

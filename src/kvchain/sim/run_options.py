@@ -194,8 +194,9 @@ class RunOptions:
         "(draft.full, ...), its weights take GPU memory, and the cost model charges its k "
         "draft decodes and its prefill; needs --spec-tokens > 0. Without it the drafts are "
         "free (an MTP/EAGLE head). The prefix cache keeps the draft's full pages beside "
-        "the target's; it is off with a draft that has a state band, and --host-bytes "
-        "with the cache on is refused with a draft that has a full band."))
+        "the target's; it is off where the draft's state band makes a second one beside "
+        "the target's (one state band, the target's or the draft's, is cached), and "
+        "--host-bytes with the cache on is refused with a draft that has a full band."))
     spec_rollback: StateRollback = field(default=StateRollback.CHECKPOINTS, metadata=option(
         "Speculative decoding on a recurrent state: checkpoints (k more state slots per "
         "request, no recompute) or replay (one more slot; a step with a rejected draft "
