@@ -524,3 +524,19 @@ def test_the_draft_model_help_says_when_the_cache_is_off():
     text = " ".join(runner.invoke(app, ["simulate", "--help"], env={"COLUMNS": "400"})
                     .stdout.split())
     assert "off where the draft's state band makes a second one beside the target's" in text
+
+
+def test_a_stream_op_without_a_field_names_it():
+    """Before: the bare KeyError text, "bad operation {...}: 'pages'"."""
+    from kvchain.testing.streams import op_from_json
+
+    with pytest.raises(ConfigError, match="it lacks the field 'pages'"):
+        op_from_json({"op": "take"})
+    assert op_from_json({"op": "take", "pages": [1, 0]}).pages == (1, 0)
+
+
+def test_a_sweep_rate_scale_of_inf_says_finite():
+    from kvchain.sim.sweep import SweepConfigError, SweepGrid
+
+    with pytest.raises(SweepConfigError, match=r"finite numbers > 0, got \[inf\]"):
+        SweepGrid(rate_scales=(float("inf"),))

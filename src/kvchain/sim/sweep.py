@@ -214,7 +214,8 @@ class SweepGrid:
         if any(t < 1 for t in self.tp):
             raise SweepConfigError(f"tp must be >= 1, got {list(self.tp)}")
         if any(not (s > 0 and math.isfinite(s)) for s in self.rate_scales):
-            raise SweepConfigError(f"rate scales must be > 0, got {list(self.rate_scales)}")
+            raise SweepConfigError(f"rate scales must be finite numbers > 0, got "
+                                   f"{list(self.rate_scales)}")
         if any(not 0 < f <= 1 for f in self.mem_fractions):
             raise SweepConfigError(f"memory fractions must be in (0, 1], got "
                                    f"{list(self.mem_fractions)}")

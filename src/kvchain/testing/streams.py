@@ -239,7 +239,9 @@ def op_from_json(data: dict[str, object]) -> Op:
         if kind == "cache_unlock":
             return CacheUnlockOp(_int(data["unit"]))
         raise ValueError(f"unknown op {kind!r}")
-    except (KeyError, TypeError, ValueError) as exc:
+    except KeyError as exc:  # its str() is the bare key: "'pages'"
+        raise ConfigError(f"bad operation {data!r}: it lacks the field {exc}") from None
+    except (TypeError, ValueError) as exc:
         raise ConfigError(f"bad operation {data!r}: {exc}") from exc
 
 
