@@ -540,3 +540,31 @@ def test_a_sweep_rate_scale_of_inf_says_finite():
 
     with pytest.raises(SweepConfigError, match=r"finite numbers > 0, got \[inf\]"):
         SweepGrid(rate_scales=(float("inf"),))
+
+
+# --- partial hits: a prompt cached whole keeps its checkpoint ------------------------------
+
+FOUR = ("arrival_s,prompt_tokens,output_tokens,hash_ids\n0,1150,2,0 1 2\n"
+        "10,1644,2,0 1 2 1010\n20,1459,2,0 1 2\n30,1487,2,0 1 2\n")
+
+
+@pytest.mark.parametrize(("partial", "gap_tokens"), [(False, None), (True, 19 * 16)])
+def test_a_partial_hit_of_a_prompt_cached_whole_saves_its_checkpoint(tmp_path, partial,
+                                                                     gap_tokens):
+    """By hand, 16-token pages, checkpoints at prompt ends (``--cache-points ends``):
+    r0 (1,150 tokens, 71 keyed pages) checkpoints at 71; r1 (1,644, 102 pages) hits 71
+    (1,136 tokens) and caches pages to 102; r2 (1,459, 91 pages, all of them r1's) resumes
+    at 71 (1,136) and checkpoints at 91 (its end); r3 (1,487, 92 pages) hits 91 (1,456):
+    3,728 hit tokens. Before, r2's partial hit shared all 91 pages, so its prompt was
+    cached whole, nothing was inserted and the checkpoint at 91 was never saved: r3 too
+    resumed at 71 (3,408 hit tokens, 656 recomputed). Now the partial hit stops one page
+    short (90: a gap of 19 pages from 71) and the prefill's insert saves it."""
+    trace = tmp_path / "four.csv"
+    trace.write_text(FOUR)
+    args = ["simulate", "--trace", str(trace), "--model", "Jet-Nemotron-2B",
+            "--cache-points", "ends", "--json"] + (["--partial-hits"] if partial else [])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    extra = json.loads(result.stdout)["summary"]["extra"]
+    assert extra["prefix_hit_tokens"] == 1_136 + 1_136 + 1_456
+    assert extra.get("partial_tokens") == gap_tokens

@@ -229,6 +229,15 @@ class CacheGlue:
         if cache is None:
             return 0
         hit: Hit = cache.match(keys, prompt_tokens, max_gap)
+        if hit.gap and save_points and hit.pages == len(keys) and hit.pages in (
+                cache.resume_points(len(keys), hit.pages - hit.gap, hit.matched,
+                                    prompt_tokens)[0]):
+            # A partial hit of the prompt whole ends at its last resume point, where the
+            # cache has no checkpoint (else the hit were not partial), and a prompt cached
+            # whole inserts nothing: that checkpoint would never be saved, and later
+            # prompts through it would resume lower. One page short, the prefill's insert
+            # saves it (the gap is recomputed either way; one page more of its own KV).
+            hit = cache.match(keys, hit.pages * self.geom.page_size, max_gap)
         # the hit locked, its window tails and its checkpoint (until copied) referenced
         handle = facts.handle = cache.acquire(hit)
         g, h, slot = self.geom, hit.pages, facts.slot
