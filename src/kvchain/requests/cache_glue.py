@@ -228,16 +228,7 @@ class CacheGlue:
         cache = self.cache
         if cache is None:
             return 0
-        hit: Hit = cache.match(keys, prompt_tokens, max_gap)
-        if hit.gap and save_points and hit.pages == len(keys) and hit.pages in (
-                cache.resume_points(len(keys), hit.pages - hit.gap, hit.matched,
-                                    prompt_tokens)[0]):
-            # A partial hit of the prompt whole ends at its last resume point, where the
-            # cache has no checkpoint (else the hit were not partial), and a prompt cached
-            # whole inserts nothing: that checkpoint would never be saved, and later
-            # prompts through it would resume lower. One page short, the prefill's insert
-            # saves it (the gap is recomputed either way; one page more of its own KV).
-            hit = cache.match(keys, hit.pages * self.geom.page_size, max_gap)
+        hit = self._match(keys, prompt_tokens, save_points, max_gap)
         # the hit locked, its window tails and its checkpoint (until copied) referenced
         handle = facts.handle = cache.acquire(hit)
         g, h, slot = self.geom, hit.pages, facts.slot
@@ -271,6 +262,24 @@ class CacheGlue:
         facts.tails = tail_spans(g, facts.points, h)
         facts.retain = retained(g, facts.tails)
         return h * g.page_size
+
+    def _match(self, keys: tuple[int, ...], prompt_tokens: int, save_points: bool,
+               max_gap: int) -> Hit:
+        """:meth:`PrefixCache.match` of the prompt, save that a partial hit of the prompt
+        whole (``H`` its last keyed page) ending at one of its resume points stops one
+        page short: the cache has no checkpoint at ``H`` (else the hit were not partial)
+        and a prompt cached whole inserts nothing, so that checkpoint would never be
+        saved and later prompts through it would resume lower; one page short, the
+        prefill's insert saves it (the gap is recomputed either way; one full page more
+        of its own)."""
+        cache = self.cache
+        assert cache is not None
+        hit: Hit = cache.match(keys, prompt_tokens, max_gap)
+        if hit.gap and save_points and hit.pages == len(keys) and hit.pages in (
+                cache.resume_points(len(keys), hit.pages - hit.gap, hit.matched,
+                                    prompt_tokens)[0]):
+            hit = cache.match(keys, hit.pages * self.geom.page_size, max_gap)
+        return hit
 
     def detach(self, rid: int, facts: CacheFacts) -> None:
         """Check that ``rid`` took no page of its own since :meth:`attach`, then drop its
