@@ -171,7 +171,7 @@ def plan_command(
     if buffer_bytes is not None and option_typed(ctx, "mem_fraction"):
         warn(mem_fraction_unused(mem_fraction))
     note_defaults(model_spec, config)
-    if slots_held is not None and most_state_slots(result.layout) is None:
+    if slots_held is not None and not result.layout.indices_of(LifetimeClass.STATE):
         warn(f"--slots-held {slots_held:,} changes nothing: {model_spec.name} has no "
              f"state band")
     if draft_model is not None and not spec_tokens:
@@ -203,8 +203,10 @@ def _check_slots_held(slots_held: int | None, layout: ChainLayout) -> None:
     Raises:
         ConfigError: ``slots_held`` past :func:`~kvchain.capacity.most_state_slots`.
     """
+    if slots_held is None:
+        return
     most = most_state_slots(layout)
-    if slots_held is not None and most is not None and slots_held > most:
+    if most is not None and slots_held > most:
         raise ConfigError(f"--slots-held {slots_held:,} passes the {most:,} state slots "
                           f"this buffer holds with room for a page of tokens: no token "
                           f"capacity to measure (give at most {most:,})")
